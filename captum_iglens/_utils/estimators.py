@@ -1,0 +1,165 @@
+r"""
+The path integrals of IG-Lens, evaluated on captured residual-stream states.
+
+Every function takes ``points`` of shape ``(N, K, d)``: for each of ``N`` rows (a
+sequence position), the ``K = k + 1`` path points ``h_base, h_{L_1}, ..., h_{L_k}``
+in the model's dtype, and ``targets`` of shape ``(N,)``. The readout is pointwise
+over rows, so rows can be grouped freely; ``chunk_rows`` bounds how many rows go
+through the readout at once.
+"""
+
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import torch
+from captum.attr._utils.approximation_methods import approximation_parameters
+from torch import Tensor
+
+from captum_iglens.readout import Readout
+
+
+def _chunks(total: int, size: int) -> Iterator[slice]:
+    for start in range(0, total, size):
+        yield slice(start, min(start + size, total))
+
+
+def path_values(
+    readout: Readout, points: Tensor, targets: Tensor, chunk_rows: int
+) -> Tensor:
+    r"""
+    ``f_y`` at every path point, with no gradient.
+
+    Returns:
+        *Tensor* of shape ``(N, K)``, float32: ``softmax(readout(points))[y]``.
+    """
+    n, k, d = points.shape
+    flat = points.reshape(n * k, d)
+    flat_targets = targets.repeat_interleave(k)
+    values = torch.cat(
+        [
+            readout.log_prob(flat[rows], flat_targets[rows])
+            for rows in _chunks(n * k, chunk_rows)
+        ]
+    )
+    return values.exp().reshape(n, k)
+
+
+def _values_and_gradients(
+    readout: Readout,
+    hidden: Tensor,
+    targets: Tensor,
+    chunk_rows: int,
+    grad_kwargs: Optional[Dict[str, Any]],
+) -> Tuple[Tensor, Tensor]:
+    """``f_y`` and its gradient at each row of ``hidden`` (M, d); one backward a chunk."""
+    values, gradients = [], []
+    with torch.enable_grad():
+        for rows in _chunks(hidden.shape[0], chunk_rows):
+            x = hidden[rows].detach().requires_grad_(True)
+            prob = readout.log_prob(x, targets[rows]).exp()
+            (grad,) = torch.autograd.grad(
+                prob, x, grad_outputs=torch.ones_like(prob), **(grad_kwargs or {})
+            )
+            values.append(prob.detach())
+            gradients.append(grad.float())
+    return torch.cat(values), torch.cat(gradients)
+
+
+def _row_groups(n_rows: int, points_per_row: int, chunk_rows: int) -> Iterator[slice]:
+    """Groups of rows whose interpolation points fill about one readout chunk."""
+    return _chunks(n_rows, max(1, chunk_rows // points_per_row))
+
+
+def prediction_aware_attributions(
+    readout: Readout,
+    points: Tensor,
+    targets: Tensor,
+    n_steps: int,
+    chunk_rows: int,
+    grad_kwargs: Optional[Dict[str, Any]] = None,
+) -> Tensor:
+    r"""
+    Per-dimension prediction-aware attributions (the IDGI split).
+
+    Each segment is cut into ``n_steps`` equal steps. Step ``s`` is credited its
+    observed change ``f(p_s) - f(p_{s-1})``, split across dimensions in proportion
+    to ``g_i^2`` with ``g`` the gradient of ``f`` at the step's start. Where
+    ``g = 0`` the split follows ``Δ_i^2`` (the segment's direction), and where the
+    segment is empty too, the step has no change to split. Every step's shares sum
+    to its change, so each segment sums to ``f(end) - f(start)`` exactly.
+
+    Returns:
+        *Tensor* of shape ``(N, k, d)``, float32.
+    """
+    n, k_plus_1, d = points.shape
+    k = k_plus_1 - 1
+    fractions = torch.arange(n_steps, device=points.device, dtype=torch.float32)
+    fractions = (fractions / n_steps).view(1, 1, n_steps, 1)
+    out = torch.empty(n, k, d, device=points.device, dtype=torch.float32)
+    for rows in _row_groups(n, k * n_steps + 1, chunk_rows):
+        group = points[rows].float()
+        start, delta = group[:, :-1], group[:, 1:] - group[:, :-1]
+        grid = start.unsqueeze(2) + fractions * delta.unsqueeze(2)  # (g, k, m, d)
+        flat = torch.cat([grid.flatten(1, 2), group[:, -1:]], dim=1)  # (g, km+1, d)
+        flat_targets = targets[rows].repeat_interleave(k * n_steps + 1)
+        values, grads = _values_and_gradients(
+            readout,
+            flat.flatten(0, 1).to(points.dtype),
+            flat_targets,
+            chunk_rows,
+            grad_kwargs,
+        )
+        g_rows = group.shape[0]
+        change = values.view(g_rows, -1).diff(dim=1).view(g_rows, k, n_steps, 1)
+        grads = grads.view(g_rows, -1, d)[:, :-1].view(g_rows, k, n_steps, d)
+        shares = _split_weights(grads, delta.unsqueeze(2))
+        out[rows] = (shares * change).sum(dim=2)
+    return out
+
+
+def _split_weights(grads: Tensor, direction: Tensor) -> Tensor:
+    """``g_i² / ‖g‖²``; ``Δ_i² / ‖Δ‖²`` where ``g = 0``; zeros where both vanish."""
+    grad_sq, dir_sq = grads.square(), direction.square().expand_as(grads)
+    grad_norm = grad_sq.sum(-1, keepdim=True)
+    dir_norm = dir_sq.sum(-1, keepdim=True)
+    by_grad = grad_sq / grad_norm.clamp_min(torch.finfo(grads.dtype).tiny)
+    by_dir = dir_sq / dir_norm.clamp_min(torch.finfo(grads.dtype).tiny)
+    return torch.where(grad_norm > 0, by_grad, by_dir)
+
+
+def gradient_attributions(
+    readout: Readout,
+    points: Tensor,
+    targets: Tensor,
+    n_steps: int,
+    method: str,
+    chunk_rows: int,
+    grad_kwargs: Optional[Dict[str, Any]] = None,
+) -> Tensor:
+    r"""
+    Per-dimension Integrated Gradients of every segment with one of Captum's
+    approximation rules: ``Δ_i · Σ_s w_s ∂f/∂h_i(start + a_s Δ)``, with Captum's own
+    step sizes ``w_s`` and alphas ``a_s``.
+
+    Returns:
+        *Tensor* of shape ``(N, k, d)``, float32.
+    """
+    step_sizes_func, alphas_func = approximation_parameters(method)
+    n, k_plus_1, d = points.shape
+    k = k_plus_1 - 1
+    alphas = torch.tensor(alphas_func(n_steps), device=points.device)
+    weights = torch.tensor(step_sizes_func(n_steps), device=points.device)
+    alphas, weights = alphas.float().view(1, 1, -1, 1), weights.float().view(1, 1, -1, 1)
+    out = torch.empty(n, k, d, device=points.device, dtype=torch.float32)
+    for rows in _row_groups(n, k * n_steps, chunk_rows):
+        group = points[rows].float()
+        start, delta = group[:, :-1], group[:, 1:] - group[:, :-1]
+        grid = start.unsqueeze(2) + alphas * delta.unsqueeze(2)  # (g, k, m, d)
+        _, grads = _values_and_gradients(
+            readout,
+            grid.flatten(0, 2).to(points.dtype),
+            targets[rows].repeat_interleave(k * n_steps),
+            chunk_rows,
+            grad_kwargs,
+        )
+        out[rows] = delta * (weights * grads.view_as(grid)).sum(dim=2)
+    return out

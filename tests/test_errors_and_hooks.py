@@ -1,0 +1,164 @@
+"""Bad input gets a clear error; after any call the model is as it was."""
+
+import pytest
+import torch
+
+from captum_iglens import LayerIGLens, Readout
+from captum_iglens.architectures import decoder_layers
+from tests.helpers import assert_state_unchanged, hook_snapshot, left_padded, state_snapshot
+from tests.tiny_models import VOCAB, tiny_model
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama")
+
+
+@pytest.fixture
+def lens(llama):
+    return LayerIGLens.from_model(llama)
+
+
+def _ids(b=2, t=5):
+    return torch.randint(1, VOCAB, (b, t))
+
+
+BAD_CALLS = [
+    ("n_steps", dict(n_steps=0), ValueError),
+    ("n_steps", dict(n_steps=1, method="riemann_left"), ValueError),
+    ("method", dict(method="simpson"), ValueError),
+    ("target", dict(target=VOCAB), ValueError),
+    ("target", dict(target=-1), ValueError),
+    ("target", dict(target=torch.zeros(2, 3, dtype=torch.long)), ValueError),
+    ("target", dict(target=(9999,) * 20), TypeError),
+    ("target", dict(target=torch.tensor([0.5, 1.5])), TypeError),
+    ("positions", dict(positions=[5]), ValueError),
+    ("positions", dict(positions=[-6]), ValueError),
+    ("positions", dict(positions=[]), ValueError),
+    ("baselines", dict(baselines=torch.zeros(3, 5, 32)), ValueError),
+    ("baselines", dict(baselines="median"), TypeError),
+    ("internal_batch_size", dict(internal_batch_size=0), ValueError),
+    ("attribute_to_layer_input", dict(attribute_to_layer_input=True), ValueError),
+]
+
+
+@pytest.mark.parametrize("name, kwargs, error", BAD_CALLS)
+def test_bad_arguments_name_the_argument(lens, llama, name, kwargs, error):
+    hooks, state = hook_snapshot(llama), state_snapshot(llama)
+    with pytest.raises(error, match=name):
+        lens.attribute(_ids(), **kwargs)
+    assert hook_snapshot(llama) == hooks
+    assert_state_unchanged(llama, state)
+
+
+@pytest.mark.parametrize("inputs", [torch.zeros(0, 5, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long), torch.zeros(3, dtype=torch.long)])
+def test_empty_or_flat_inputs(lens, inputs):
+    with pytest.raises(ValueError, match="inputs"):
+        lens.attribute_map(inputs)
+
+
+def test_constructor_errors(llama):
+    blocks = decoder_layers(llama)
+    readout = Readout.from_model(llama)
+    other = tiny_model("llama")
+    with pytest.raises(TypeError, match="layer"):
+        LayerIGLens(llama, [], readout=readout)
+    with pytest.raises(TypeError, match="layer"):
+        LayerIGLens(llama, ["model.layers.0"], readout=readout)
+    with pytest.raises(ValueError, match="layer"):
+        LayerIGLens(llama, [blocks[0], blocks[0]], readout=readout)
+    with pytest.raises(ValueError, match=r"layer\[0\]"):
+        LayerIGLens(llama, [decoder_layers(other)[0]], readout=readout)
+    with pytest.raises(TypeError, match="readout"):
+        LayerIGLens(llama, blocks, readout=llama.lm_head)
+    with pytest.raises(TypeError, match="forward_func"):
+        LayerIGLens(None, blocks, readout=readout)
+    with pytest.raises(ValueError, match="layers"):
+        LayerIGLens.from_model(llama, layers=[len(blocks)])
+
+
+def test_layers_out_of_order_or_not_final(llama):
+    blocks = decoder_layers(llama)
+    readout = Readout.from_model(llama)
+    hooks = hook_snapshot(llama)
+    with pytest.raises(ValueError, match="execution order"):
+        LayerIGLens(llama, [blocks[1], blocks[0]], readout=readout).attribute_map(_ids())
+    with pytest.raises(ValueError, match="final block"):
+        LayerIGLens(llama, blocks[:-1], readout=readout).attribute_map(_ids())
+    assert hook_snapshot(llama) == hooks
+
+
+def test_forward_without_logits(llama):
+    blocks = decoder_layers(llama)
+    lens = LayerIGLens(lambda ids: {"x": llama(ids).logits}, blocks, readout=Readout.from_model(llama))
+    with pytest.raises(TypeError, match="forward_func"):
+        lens.attribute_map(_ids())
+    lens = LayerIGLens(lambda ids: llama(ids).logits[..., :10], blocks, readout=Readout.from_model(llama))
+    with pytest.raises(ValueError, match="forward_func"):
+        lens.attribute_map(_ids())
+
+
+def test_nan_names_the_layer(llama, monkeypatch):
+    blocks = decoder_layers(llama)
+    lens = LayerIGLens.from_model(llama)
+    handle = blocks[1].register_forward_hook(lambda m, a, o: o * float("nan"))
+    hooks = hook_snapshot(llama)
+    try:
+        with pytest.raises(ValueError, match="block 1"):
+            lens.attribute_map(_ids())
+    finally:
+        handle.remove()
+    assert hook_snapshot(llama) != hooks  # the test's own hook was there, and is kept
+    
+
+def test_layer_that_raises_leaves_no_hook(llama, monkeypatch):
+    lens = LayerIGLens.from_model(llama)
+    hooks, state = hook_snapshot(llama), state_snapshot(llama)
+    block = decoder_layers(llama)[1]
+
+    def broken(*args, **kwargs):
+        raise AssertionError("Raising error on execution")
+
+    monkeypatch.setattr(block, "forward", broken)
+    with pytest.raises(AssertionError, match="Raising error"):
+        lens.attribute(_ids())
+    assert hook_snapshot(llama) == hooks
+    assert_state_unchanged(llama, state)
+
+
+def test_error_during_backward_leaves_no_hook(llama):
+    lens = LayerIGLens.from_model(llama)
+    llama.train()
+    try:
+        hooks, state = hook_snapshot(llama), state_snapshot(llama)
+        with pytest.raises(TypeError):
+            lens.attribute(_ids(), grad_kwargs={"no_such_option": True})
+        assert hook_snapshot(llama) == hooks
+        assert_state_unchanged(llama, state)
+    finally:
+        llama.eval()
+
+
+def test_normal_call_keeps_hooks_weights_and_mode(llama):
+    lens = LayerIGLens.from_model(llama)
+    ids, mask = left_padded([5, 3], VOCAB)
+    own = decoder_layers(llama)[0].register_forward_hook(lambda m, a, o: None)
+    try:
+        hooks, state = hook_snapshot(llama), state_snapshot(llama)
+        lens.attribute(ids, additional_forward_args=(mask,), method="gausslegendre", n_steps=3)
+        lens.attribute_map(ids, additional_forward_args=(mask,))
+        assert hook_snapshot(llama) == hooks
+        assert_state_unchanged(llama, state)
+    finally:
+        own.remove()
+
+
+def test_gradients_forced_under_no_grad(lens):
+    with torch.no_grad():
+        attrs = lens.attribute(_ids(), method="riemann_middle", n_steps=4)
+    assert all(a.abs().sum() > 0 for a in attrs)
+
+
+def test_grad_kwargs_pass_through(lens):
+    a = lens.attribute(_ids(1, 3), method="gausslegendre", n_steps=3, grad_kwargs={"retain_graph": False})
+    assert len(a) == len(lens.layers)
