@@ -61,6 +61,12 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
     ``p_model(y) - f_y(h_base)``, exactly for the default ``"prediction_aware"``
     estimator, at any ``n_steps``.
 
+    The last path point, ``h_final``, is valued by the model's own output
+    probability, so that the credits add up to the change in the model's real
+    probability. The readout's evaluation of ``h_final`` is checked against the
+    model's logits on every call (and differs only by floating-point matrix-product
+    noise, which depends on the batch shape).
+
     A credit measures how much more probability the readout can get out of
     ``h_{L_j}`` than out of ``h_{L_{j-1}}`` (a conditional marginal of readout), not
     the total causal effect of a block through the blocks above it.
@@ -345,7 +351,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         if method == "prediction_aware":
             attrs = prediction_aware_attributions(
-                self.readout, points, targets, n_steps, chunk_rows, grad_kwargs
+                self.readout,
+                points,
+                targets,
+                path.model_prob.flatten(),
+                n_steps,
+                chunk_rows,
+                grad_kwargs,
             )
         else:
             attrs = gradient_attributions(
@@ -408,7 +420,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             b, p, k_plus_1, d = path.points.shape
             points = path.points.flatten(0, 1)
             targets = path.targets.flatten()
-            values = path_values(self.readout, points, targets, chunk_rows).view(b, p, -1)
+            # The last point is valued by the model's own output (see the class notes).
+            below_top = path_values(self.readout, points[:, :-1], targets, chunk_rows)
+            values = torch.cat([below_top.view(b, p, -1), path.model_prob[..., None]], -1)
         if method == "prediction_aware":
             credits = values.diff(dim=-1)
         else:

@@ -251,9 +251,9 @@ class Readout(nn.Module):
         for start in range(0, hidden.shape[0], rows):
             logits = self(hidden[start : start + rows]).float()
             tgt = target[start : start + rows].to(logits.device).unsqueeze(-1)
-            chunks.append(
-                logits.gather(-1, tgt).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-            )
+            # log_softmax subtracts the row maximum first; ``logit - logsumexp``
+            # would lose ~1e-6 absolute precision on large logits.
+            chunks.append(torch.log_softmax(logits, dim=-1).gather(-1, tgt).squeeze(-1))
         if not chunks:
             return hidden.new_zeros((0,), dtype=torch.float32)
         return torch.cat(chunks)

@@ -1,7 +1,7 @@
 r"""The token-by-layer result of IG-Lens, with onset detection and JSON export."""
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
@@ -90,6 +90,11 @@ class IGLensResult:
         reached = mass >= frac * total * (1 - 1e-6)
         index = reached.long().argmax(-1)
         return torch.where((total[..., 0] > 0) & self.mask, index, -1)
+
+    def to(self, device: Union[str, torch.device]) -> "IGLensResult":
+        """A copy with every tensor on ``device``."""
+        moved = {name: getattr(self, name).to(device) for name in _TENSOR_FIELDS}
+        return replace(self, **moved)
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dictionary of every field (tensors as nested lists)."""

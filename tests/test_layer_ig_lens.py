@@ -88,9 +88,13 @@ def test_exact_top_and_completeness_every_architecture(arch):
     lens = LayerIGLens.from_model(model)
     ids = torch.randint(0, VOCAB, (2, 6))
     result = lens.attribute_map(ids)
-    with torch.no_grad():
-        probs = model(ids).logits.float().softmax(-1)
+    states, logits = _block_outputs(model, ids, torch.ones_like(ids))
+    probs = logits.float().softmax(-1)
     expected = probs.gather(-1, result.targets[..., None])[..., 0]
+    with torch.no_grad():
+        read = lens.readout(states[-1]).float().softmax(-1)
+    top = read.gather(-1, result.targets[..., None])[..., 0]
+    assert (top - expected).abs().max() <= FP32_TOL  # f(h_final) = p_model
     assert (result.model_prob - expected).abs().max() <= FP32_TOL
     assert (result.lens[..., -1] - expected).abs().max() <= FP32_TOL
     assert result.delta.abs().max() <= FP32_TOL

@@ -248,8 +248,19 @@ def test_unknown_model_type_raises() -> None:
         message = str(info.value)
         assert "GPTNeoForCausalLM" in message
         assert "'gpt_neo'" in message
+        assert "not a supported architecture" in message
         assert "Readout(head=..., norm=..., post=...)" in message
         assert "layer=" in message
+
+
+def test_unknown_model_type_with_known_layout_raises() -> None:
+    # A Llama layout under an unknown name: nothing may be guessed from layout.
+    model = tiny_model("llama")
+    model.config.model_type = "made_up"
+    for build in (decoder_layers, readout_parts, Readout.from_model):
+        with pytest.raises(ValueError) as info:
+            build(model)
+        assert "LlamaForCausalLM (model_type='made_up')" in str(info.value)
 
 
 def test_model_without_config_raises() -> None:

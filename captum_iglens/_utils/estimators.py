@@ -73,6 +73,7 @@ def prediction_aware_attributions(
     readout: Readout,
     points: Tensor,
     targets: Tensor,
+    final_values: Tensor,
     n_steps: int,
     chunk_rows: int,
     grad_kwargs: Optional[Dict[str, Any]] = None,
@@ -86,6 +87,9 @@ def prediction_aware_attributions(
     ``g = 0`` the split follows ``Δ_i^2`` (the segment's direction), and where the
     segment is empty too, the step has no change to split. Every step's shares sum
     to its change, so each segment sums to ``f(end) - f(start)`` exactly.
+
+    ``final_values`` ``(N,)`` is ``f`` at the last path point as the model itself
+    computed it, used in place of the readout's evaluation of that point.
 
     Returns:
         *Tensor* of shape ``(N, k, d)``, float32.
@@ -109,7 +113,9 @@ def prediction_aware_attributions(
             grad_kwargs,
         )
         g_rows = group.shape[0]
-        change = values.view(g_rows, -1).diff(dim=1).view(g_rows, k, n_steps, 1)
+        values = values.view(g_rows, -1)
+        values[:, -1] = final_values[rows]
+        change = values.diff(dim=1).view(g_rows, k, n_steps, 1)
         grads = grads.view(g_rows, -1, d)[:, :-1].view(g_rows, k, n_steps, d)
         shares = _split_weights(grads, delta.unsqueeze(2))
         out[rows] = (shares * change).sum(dim=2)

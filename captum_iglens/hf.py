@@ -1,0 +1,216 @@
+r"""
+IG-Lens on text with a Hugging Face causal LM: prompt encoding, greedy generation and
+attribution of the generated (or a given) answer, kept as separate steps.
+"""
+
+from typing import Any, List, Literal, Optional, Sequence
+
+import captum
+import torch
+import transformers
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformers.generation.streamers import BaseStreamer
+
+import captum_iglens
+from captum_iglens.layer_ig_lens import BaselineType, LayerIGLens
+from captum_iglens.result import IGLensResult
+
+Positions = Literal["answer", "prompt", "all"]
+
+# End-of-turn markers of common chat templates; generation stops at any that exist.
+_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
+
+
+def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> Tensor:
+    r"""
+    Token ids of a prompt, with the tokenizer's chat template when it has one.
+
+    Args:
+
+        tokenizer (PreTrainedTokenizerBase): The model's tokenizer.
+        prompt (str): The user's text; must not be empty.
+        chat (bool, optional): Apply the chat template (a user turn followed by
+                    the assistant's header) when the tokenizer has one.
+                    Default: True.
+
+    Returns:
+        *Tensor* of shape ``(1, T)``: the prompt's token ids.
+    """
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("prompt: expected a non-empty string")
+    if chat and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    else:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+    return ids
+
+
+def stop_token_ids(tokenizer: Any) -> List[int]:
+    """The end-of-sequence and end-of-turn token ids the tokenizer knows."""
+    vocab = tokenizer.get_vocab()
+    ids = {vocab[token] for token in _END_OF_TURN if token in vocab}
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
+
+
+class _Progress(BaseStreamer):
+    """Advances a progress bar once per generated token."""
+
+    def __init__(self, bar: tqdm) -> None:
+        self.bar = bar
+        self.prompt_seen = False
+
+    def put(self, value: Tensor) -> None:
+        if self.prompt_seen:
+            self.bar.update(1)
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        self.bar.close()
+
+
+def generate_answer(
+    model: Any,
+    tokenizer: Any,
+    input_ids: Tensor,
+    *,
+    max_new_tokens: int = 32,
+    progress: bool = False,
+) -> Tensor:
+    r"""
+    Greedy continuation of a prompt, stopping at an end-of-sequence or end-of-turn
+    token (which is not included).
+
+    Args:
+
+        model (PreTrainedModel): The causal LM.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
+        input_ids (Tensor): ``(1, T)`` prompt ids.
+        max_new_tokens (int, optional): The most tokens to generate. Default: 32.
+        progress (bool, optional): Show a progress bar on stderr. Default: False.
+
+    Returns:
+        *Tensor* of shape ``(n,)``: the generated token ids, ``n <= max_new_tokens``.
+    """
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
+    stops = stop_token_ids(tokenizer)
+    device = next(model.parameters()).device
+    bar = tqdm(total=max_new_tokens, desc="generating", unit="tok", disable=not progress)
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids.to(device),
+            attention_mask=torch.ones_like(input_ids, device=device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=stops or None,
+            pad_token_id=tokenizer.pad_token_id
+            if tokenizer.pad_token_id is not None
+            else (stops[0] if stops else 0),
+            streamer=_Progress(bar),
+        )
+    answer = out[0, input_ids.shape[1] :].cpu()
+    ends = torch.isin(answer, torch.tensor(stops, dtype=answer.dtype)).nonzero()
+    return answer[: int(ends[0, 0])] if len(ends) else answer
+
+
+def _positions(prompt_length: int, total: int, which: Positions) -> Tensor:
+    """Positions that predict the tokens of the answer, the prompt, or both."""
+    first = {"answer": prompt_length - 1, "prompt": 0, "all": 0}
+    last = {"answer": total - 1, "prompt": prompt_length - 1, "all": total - 1}
+    if which not in first:
+        raise ValueError(f"positions: expected 'answer', 'prompt' or 'all', got {which!r}")
+    return torch.arange(first[which], last[which])
+
+
+def attribute_text(
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    *,
+    answer: Optional[str] = None,
+    chat: bool = True,
+    max_new_tokens: int = 32,
+    layers: Optional[Sequence[int]] = None,
+    positions: Positions = "answer",
+    baselines: BaselineType = None,
+    method: str = "prediction_aware",
+    n_steps: int = 50,
+    progress: bool = False,
+) -> IGLensResult:
+    r"""
+    The IG-Lens map of a model's answer to a prompt, with token strings attached.
+
+    The prompt is encoded (with the chat template by default) and the answer is
+    generated greedily unless given. Every attributed position ``t`` is credited
+    for the token that actually follows it in ``prompt + answer`` (teacher
+    forcing), which for a greedy answer is also the model's own prediction.
+
+    Args:
+
+        model (PreTrainedModel): A causal LM of a supported architecture.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
+        prompt (str): The user's text.
+        answer (str, optional): A precomputed answer to attribute instead of
+                    generating one. Default: None
+        chat (bool, optional): Apply the chat template. Default: True.
+        max_new_tokens (int, optional): Generation length limit. Default: 32.
+        layers (list[int], optional): Block indices on the path; the last block
+                    is always included. Default: all blocks.
+        positions (str, optional): ``"answer"``, ``"prompt"`` or ``"all"``: the
+                    tokens whose probabilities are attributed. Default: ``"answer"``.
+        baselines, method, n_steps: As in :meth:`LayerIGLens.attribute_map`.
+        progress (bool, optional): Progress bar for generation. Default: False.
+
+    Returns:
+        :class:`~captum_iglens.IGLensResult` for one sequence (``B = 1``), with
+        ``tokens`` (the attributed tokens as text) and ``metadata`` (prompt,
+        answer, settings, package versions).
+    """
+    prompt_ids = encode_prompt(tokenizer, prompt, chat=chat)
+    if answer is None:
+        answer_ids = generate_answer(
+            model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens, progress=progress
+        )
+    else:
+        answer_ids = tokenizer(answer, add_special_tokens=False, return_tensors="pt").input_ids[0]
+    ids = torch.cat([prompt_ids[0], answer_ids])[None]
+    pos = _positions(prompt_ids.shape[1], ids.shape[1], positions)
+    if pos.numel() == 0:
+        raise ValueError(
+            f"positions: nothing to attribute for positions={positions!r} (the "
+            f"{'answer is empty' if positions == 'answer' else 'prompt has one token'})"
+        )
+    lens = LayerIGLens.from_model(model, layers)
+    device = next(model.parameters()).device
+    result = lens.attribute_map(
+        ids.to(device),
+        baselines=baselines,
+        target=ids[:, pos + 1].to(device),
+        positions=pos,
+        method=method,
+        n_steps=n_steps,
+    )
+    result.tokens = [[tokenizer.decode([i]) for i in ids[0, pos + 1].tolist()]]
+    result.metadata = {
+        "prompt": prompt,
+        "answer": tokenizer.decode(answer_ids),
+        "chat": chat,
+        "positions": positions,
+        "baselines": baselines if isinstance(baselines, (str, int, float)) else None,
+        "model": getattr(model.config, "_name_or_path", "") or type(model).__name__,
+        "versions": {
+            "captum_iglens": captum_iglens.__version__,
+            "captum": captum.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+    }
+    return result.to("cpu")

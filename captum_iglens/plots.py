@@ -1,0 +1,355 @@
+r"""Matplotlib views of an :class:`~captum_iglens.IGLensResult`.
+
+Both functions follow the contract of Captum's ``LLMAttributionResult.plot_*``:
+they return ``(fig, ax)`` for further customisation, or show the figure and
+return ``None`` when ``show=True``. They use matplotlib's object API and work on
+a headless backend (Agg). The colour convention is Captum's: red for negative,
+white for zero, green for positive credit.
+"""
+
+from typing import TYPE_CHECKING, List, Optional, Tuple, Union
+
+import matplotlib.colors as mcolors
+import numpy as np
+from matplotlib.patches import Patch, Rectangle
+
+from captum_iglens.result import IGLensResult
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["plot_heatmap", "plot_trajectory"]
+
+#: Colours of credit given (up) and taken back (down); Captum's convention.
+UP_COLOR = "#2e8b3e"
+DOWN_COLOR = "#d0365b"
+_LABEL_CHARS = 28
+
+
+def _color_map() -> mcolors.Colormap:
+    """Captum's own diverging map (red, white, green), as its LLM plots use."""
+    try:
+        from captum.attr._core.llm_attr import LLMAttributionResult
+
+        # The method does not use ``self``; it is Captum's single source of truth.
+        return LLMAttributionResult._get_plot_color_map(None)  # type: ignore[arg-type]
+    except Exception:  # pragma: no cover - a future Captum may move it
+        return mcolors.LinearSegmentedColormap.from_list(
+            "RdWhGn", ["red", "white", "green"]
+        )
+
+
+def _check_result(result: IGLensResult, batch_index: int) -> int:
+    if not isinstance(result, IGLensResult):
+        raise TypeError(
+            f"result: expected a captum_iglens.IGLensResult, got {type(result).__name__}"
+        )
+    if result.attributions.dim() != 3 or 0 in tuple(result.attributions.shape):
+        raise ValueError(
+            "result: expected attributions of shape (B, P, k) with B, P, k >= 1, got "
+            f"{tuple(result.attributions.shape)}"
+        )
+    batch = result.attributions.shape[0]
+    if (
+        isinstance(batch_index, bool)
+        or not isinstance(batch_index, (int, np.integer))
+        or not -batch <= batch_index < batch
+    ):
+        raise ValueError(
+            f"batch_index: expected an int in [-{batch}, {batch}), got {batch_index!r}"
+        )
+    return int(batch_index) % batch
+
+
+def _token_text(result: IGLensResult, b: int, p: int) -> str:
+    """The target token as readable text: quoted, whitespace escaped, shortened."""
+    if result.tokens is not None:
+        text = repr(str(result.tokens[b][p]))
+    else:
+        text = f"id {int(result.targets[b, p])}"
+    if len(text) > _LABEL_CHARS:
+        text = text[: _LABEL_CHARS - 1] + "…"
+    return text
+
+
+def _finish(
+    fig: "Figure", ax: "Axes", show: bool
+) -> Union[None, Tuple["Figure", "Axes"]]:
+    if show:
+        import matplotlib.pyplot as plt
+
+        plt.show()
+        return None
+    return fig, ax
+
+
+def _new_axes(ax: Optional["Axes"], size: Tuple[float, float]) -> Tuple["Figure", "Axes"]:
+    if ax is not None:
+        return ax.figure, ax  # type: ignore[return-value]
+    import matplotlib.pyplot as plt
+
+    fig, new_ax = plt.subplots(figsize=size, layout="constrained")
+    fig.set_facecolor("white")
+    return fig, new_ax
+
+
+def _layer_ticks(ax: "Axes", labels: List[str], start: int = 0) -> None:
+    """Layer names on the x axis, from x = ``start``; vertical when long."""
+    labels = [str(n) for n in labels]
+    ax.set_xticks(np.arange(start, start + len(labels)), labels=labels)
+    if max(len(s) for s in labels) > 4:
+        ax.tick_params(axis="x", labelrotation=90)
+
+
+def plot_heatmap(
+    result: IGLensResult,
+    batch_index: int = 0,
+    *,
+    ax: Optional["Axes"] = None,
+    show: bool = False,
+    annotate_onset: bool = True,
+    onset_frac: float = 0.5,
+) -> Union[None, Tuple["Figure", "Axes"]]:
+    r"""
+    Plots the IG-Lens map of one sequence: attributed tokens (rows) by layers
+    (columns). Cell ``(t, j)`` is layer ``j``'s credit to the probability of
+    token ``t``, so each row sums to that token's change in probability
+    ``model_prob - base_prob``. Green cells add probability, red cells take it
+    back; the colour scale is symmetric around 0. Padding rows are left out.
+
+    Args:
+
+        result (IGLensResult): The map, e.g. from
+                    :meth:`~captum_iglens.LayerIGLens.attribute_map`.
+        batch_index (int, optional): Which sequence of the batch to plot
+                    (negative values count from the end). Default: 0
+        ax (matplotlib.axes.Axes, optional): Axes to draw on. Default: None (a
+                    new figure whose size grows with the number of layers and
+                    tokens).
+        show (bool, optional): Show the figure with ``plt.show()`` and return
+                    None. Default: False
+        annotate_onset (bool, optional): Outline each token's onset cell, the
+                    earliest layer at which the cumulative ``|credit|`` reaches
+                    ``onset_frac`` of the total (:meth:`IGLensResult.onset`).
+                    Default: True
+        onset_frac (float, optional): Fraction of the absolute credit mass that
+                    defines the onset, in ``(0, 1]``. Default: 0.5
+
+    Returns:
+        None or 2-element tuple of **fig**, **ax**:
+        - **fig** (*matplotlib.figure.Figure*): The figure, if ``show`` is False.
+        - **ax** (*matplotlib.axes.Axes*): The heatmap's axes; ``ax.images[0]``
+          holds the ``(n_tokens, n_layers)`` credits.
+
+    Raises:
+        ValueError: If ``result`` is empty or has no non-padding position in the
+            chosen sequence, if ``batch_index`` is out of range, or if
+            ``onset_frac`` is not in ``(0, 1]``.
+    """
+    b = _check_result(result, batch_index)
+    if not 0.0 < onset_frac <= 1.0:
+        raise ValueError(f"onset_frac: expected a number in (0, 1], got {onset_frac}")
+    rows = result.mask[b].nonzero()[:, 0].tolist()
+    if not rows:
+        raise ValueError(
+            f"result: sequence {batch_index} has no attributed (non-padding) position"
+        )
+    data = result.attributions[b, rows].detach().float().cpu().numpy()
+    n_rows, n_layers = data.shape
+    positions = result.positions.tolist()
+    labels = [
+        f"{_token_text(result, b, p)} @{positions[p]}  p={float(result.model_prob[b, p]):.2f}"
+        for p in rows
+    ]
+
+    width = 3.2 + 0.075 * max(len(s) for s in labels) + 0.42 * n_layers
+    height = 1.6 + 0.34 * n_rows
+    fig, ax = _new_axes(ax, (max(width, 5.0), max(height, 3.0)))
+
+    vmax = float(np.abs(data).max())
+    vmax = vmax if vmax > 0 else 1.0
+    norm = mcolors.Normalize(vmin=-vmax, vmax=vmax)
+    image = ax.imshow(
+        data, cmap=_color_map(), norm=norm, aspect="auto", interpolation="nearest"
+    )
+    ax.grid(False)
+    colorbar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
+    colorbar.set_label("credit (Δ probability)")
+
+    _layer_ticks(ax, result.layer_names)
+    ax.set_yticks(np.arange(n_rows), labels=labels)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("attributed token @position  p=model probability")
+    # Thin white grid between cells, so neighbouring equal colours stay apart.
+    ax.set_xticks(np.arange(-0.5, n_layers, 1.0), minor=True)
+    ax.set_yticks(np.arange(-0.5, n_rows, 1.0), minor=True)
+    ax.grid(which="minor", color="#bbbbbb", linewidth=0.4)
+    ax.tick_params(which="minor", length=0)
+
+    if n_layers <= 12 and n_rows <= 40:
+        for i in range(n_rows):
+            for j in range(n_layers):
+                val = data[i, j]
+                ax.text(
+                    j, i, f"{val:+.3f}", ha="center", va="center", fontsize=7,
+                    color="black" if 0.15 < norm(val) < 0.85 else "white",
+                )
+
+    title = f"IG-Lens credit per layer ({result.method})"
+    if annotate_onset:
+        onset = result.onset(onset_frac)[b, rows].tolist()
+        for i, j in enumerate(onset):
+            if j < 0:
+                continue
+            box = Rectangle(
+                (j - 0.5, i - 0.5), 1.0, 1.0, fill=False, edgecolor="black",
+                linewidth=2.0, zorder=3,
+            )
+            box.set_gid("onset")
+            ax.add_patch(box)
+        title += f"\nboxed: onset, where cumulative |credit| reaches {onset_frac:.0%}"
+    ax.set_title(title, fontsize=10)
+    return _finish(fig, ax, show)
+
+
+def plot_trajectory(
+    result: IGLensResult,
+    position: int,
+    batch_index: int = 0,
+    *,
+    ax: Optional["Axes"] = None,
+    show: bool = False,
+    onset_frac: float = 0.5,
+) -> Union[None, Tuple["Figure", "Axes"]]:
+    r"""
+    Plots how the probability of one attributed token builds up across layers.
+
+    Drawn on one axis, in probability units:
+
+    - the logit-lens level ``f(h_L)`` of each layer (``result.lens``, a line);
+    - the cumulative IG-Lens credit ``base_prob + cumsum(attributions)``
+      (hollow circles). Both coincide for the exact ``"prediction_aware"``
+      estimator; a gap shows an estimator's discretisation error;
+    - the per-layer credits as a waterfall: each bar spans from the cumulative
+      level before the layer to the level after it, green where the layer adds
+      probability, red where it gives probability back;
+    - the baseline level ``base_prob`` (at ``"base"``), the model's own
+      probability ``model_prob`` (a dashed horizontal line) and the onset layer
+      (a dotted vertical line).
+
+    Args:
+
+        result (IGLensResult): The map, e.g. from
+                    :meth:`~captum_iglens.LayerIGLens.attribute_map`.
+        position (int): Which attributed token: an index into
+                    ``result.positions`` (negative values count from the end),
+                    not a position in the sequence.
+        batch_index (int, optional): Which sequence of the batch (negative values
+                    count from the end). Default: 0
+        ax (matplotlib.axes.Axes, optional): Axes to draw on. Default: None (a
+                    new figure whose width grows with the number of layers).
+        show (bool, optional): Show the figure with ``plt.show()`` and return
+                    None. Default: False
+        onset_frac (float, optional): Fraction of the absolute credit mass that
+                    defines the onset, in ``(0, 1]``. Default: 0.5
+
+    Returns:
+        None or 2-element tuple of **fig**, **ax**:
+        - **fig** (*matplotlib.figure.Figure*): The figure, if ``show`` is False.
+        - **ax** (*matplotlib.axes.Axes*): The axes. Layer ``j`` is at x = ``j``
+          and the baseline at x = -1. Its lines carry the labels
+          ``"logit lens"`` and ``"cumulative credit"``; its bars are the
+          per-layer credits.
+
+    Raises:
+        ValueError: If ``result`` is empty, ``batch_index`` or ``position`` is
+            out of range, the position is padding in that sequence, or
+            ``onset_frac`` is not in ``(0, 1]``.
+    """
+    b = _check_result(result, batch_index)
+    n_pos = result.attributions.shape[1]
+    if (
+        isinstance(position, bool)
+        or not isinstance(position, (int, np.integer))
+        or not -n_pos <= position < n_pos
+    ):
+        raise ValueError(
+            f"position: expected an index into result.positions in [-{n_pos}, {n_pos}), "
+            f"got {position!r}"
+        )
+    p = int(position) % n_pos
+    if not bool(result.mask[b, p]):
+        raise ValueError(
+            f"position: index {position} is padding in sequence {batch_index} "
+            "(result.mask is False there)"
+        )
+    if not 0.0 < onset_frac <= 1.0:
+        raise ValueError(f"onset_frac: expected a number in (0, 1], got {onset_frac}")
+
+    credits = result.attributions[b, p].detach().double().cpu().numpy()
+    lens = result.lens[b, p].detach().double().cpu().numpy()
+    base = float(result.base_prob[b, p])
+    model_prob = float(result.model_prob[b, p])
+    cumulative = base + np.cumsum(credits)
+    before = np.concatenate([[base], cumulative[:-1]])
+    n_layers = len(credits)
+    x = np.arange(n_layers)
+
+    fig, ax = _new_axes(ax, (max(8.0, 5.0 + 0.32 * n_layers), 4.6))
+    colors = [UP_COLOR if c >= 0 else DOWN_COLOR for c in credits]
+    ax.bar(
+        x, credits, bottom=before, width=0.6, color=colors, alpha=0.45,
+        edgecolor=colors, linewidth=1.0, zorder=1,
+    )
+    ax.axhline(
+        model_prob, color="0.35", linestyle="--", linewidth=1.0,
+        label=f"model p = {model_prob:.4f}", zorder=0,
+    )
+    ax.plot(
+        [-1], [base], marker="D", color="0.25", linestyle="none",
+        label=f"baseline f(h_base) = {base:.4f}", zorder=4, clip_on=False,
+    )
+    ax.plot(
+        x, lens, color="#1f4e9c", linewidth=1.8, marker=".", markersize=5,
+        label="logit lens", zorder=3,
+    )
+    ax.plot(
+        x, cumulative, linestyle="none", marker="o", markersize=9,
+        markerfacecolor="none", markeredgecolor="#e08a00", markeredgewidth=1.6,
+        label="cumulative credit", zorder=4,
+    )
+    onset = int(result.onset(onset_frac)[b, p])
+    if onset >= 0:
+        ax.axvline(
+            onset, color="black", linestyle=":", linewidth=1.4,
+            label=f"onset ({onset_frac:.0%} of |credit|): layer {result.layer_names[onset]}",
+            zorder=2,
+        )
+
+    _layer_ticks(ax, ["base", *result.layer_names], start=-1)
+    ax.set_xlim(-1.6, n_layers - 0.4)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("p(token)")
+    ax.grid(axis="y", color="0.9", linewidth=0.8)
+    ax.set_axisbelow(True)
+    token = _token_text(result, b, p)
+    ax.set_title(
+        f"{token} at position {int(result.positions[p])}: "
+        f"p {base:.4f} → {model_prob:.4f} (Δp = {model_prob - base:+.4f})",
+        fontsize=10,
+    )
+    values = np.concatenate([[base, model_prob], lens, cumulative])
+    low, high = min(0.0, float(values.min())), float(values.max())
+    span = high - low if high > low else 1.0
+    ax.set_ylim(low - (0.03 * span if low < 0 else 0.0), high + 0.08 * span)
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [
+        Patch(facecolor=UP_COLOR, alpha=0.45, edgecolor=UP_COLOR, label="layer adds p"),
+        Patch(facecolor=DOWN_COLOR, alpha=0.45, edgecolor=DOWN_COLOR, label="layer takes p back"),
+    ]
+    ax.legend(
+        handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+        framealpha=0.9,
+    )
+    return _finish(fig, ax, show)
