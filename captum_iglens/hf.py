@@ -3,7 +3,7 @@ IG-Lens on text with a Hugging Face causal LM: prompt encoding, greedy generatio
 attribution of the generated (or a given) answer, kept as separate steps.
 """
 
-from typing import Any, List, Literal, Optional, Sequence
+from typing import Any, List, Literal, Optional, Sequence, Tuple, Union
 
 import captum
 import torch
@@ -121,13 +121,42 @@ def generate_answer(
     return answer[: int(ends[0, 0])] if len(ends) else answer
 
 
-def _positions(prompt_length: int, total: int, which: Positions) -> Tensor:
-    """Positions that predict the tokens of the answer, the prompt, or both."""
-    first = {"answer": prompt_length - 1, "prompt": 0, "all": 0}
-    last = {"answer": total - 1, "prompt": prompt_length - 1, "all": total - 1}
-    if which not in first:
-        raise ValueError(f"positions: expected 'answer', 'prompt' or 'all', got {which!r}")
-    return torch.arange(first[which], last[which])
+def teacher_forcing(
+    prompt_ids: Tensor, answer_ids: Tensor, positions: Positions = "answer"
+) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""
+    The sequence ``prompt + answer`` and, for the chosen tokens, the positions that
+    predict them and their ids.
+
+    Args:
+
+        prompt_ids (Tensor): ``(1, T_p)`` prompt ids.
+        answer_ids (Tensor): ``(n,)`` answer ids.
+        positions (str, optional): ``"answer"``, ``"prompt"`` or ``"all"``.
+                    Default: ``"answer"``.
+
+    Returns:
+        3-element tuple of **ids** ``(1, T)``, **positions** ``(P,)`` and
+        **targets** ``(1, P)``, where ``targets[0, i] = ids[0, positions[i] + 1]``.
+    """
+    prompt_length = prompt_ids.shape[1]
+    ids = torch.cat([prompt_ids[0], answer_ids.to(prompt_ids)])[None]
+    spans = {
+        "answer": (prompt_length - 1, ids.shape[1] - 1),
+        "prompt": (0, prompt_length - 1),
+        "all": (0, ids.shape[1] - 1),
+    }
+    if positions not in spans:
+        raise ValueError(
+            f"positions: expected 'answer', 'prompt' or 'all', got {positions!r}"
+        )
+    pos = torch.arange(*spans[positions])
+    if pos.numel() == 0:
+        raise ValueError(
+            f"positions: nothing to attribute for positions={positions!r} (the "
+            f"{'answer is empty' if positions == 'answer' else 'prompt has one token'})"
+        )
+    return ids, pos, ids[:, pos + 1]
 
 
 def attribute_text(
@@ -135,7 +164,7 @@ def attribute_text(
     tokenizer: Any,
     prompt: str,
     *,
-    answer: Optional[str] = None,
+    answer: Optional[Union[str, Tensor]] = None,
     chat: bool = True,
     max_new_tokens: int = 32,
     layers: Optional[Sequence[int]] = None,
@@ -158,8 +187,9 @@ def attribute_text(
         model (PreTrainedModel): A causal LM of a supported architecture.
         tokenizer (PreTrainedTokenizerBase): Its tokenizer.
         prompt (str): The user's text.
-        answer (str, optional): A precomputed answer to attribute instead of
-                    generating one. Default: None
+        answer (str or Tensor, optional): A precomputed answer to attribute
+                    instead of generating one: text, or token ids ``(n,)`` (ids
+                    avoid re-tokenising a generated answer). Default: None
         chat (bool, optional): Apply the chat template. Default: True.
         max_new_tokens (int, optional): Generation length limit. Default: 32.
         layers (list[int], optional): Block indices on the path; the last block
@@ -179,26 +209,22 @@ def attribute_text(
         answer_ids = generate_answer(
             model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens, progress=progress
         )
-    else:
+    elif isinstance(answer, str):
         answer_ids = tokenizer(answer, add_special_tokens=False, return_tensors="pt").input_ids[0]
-    ids = torch.cat([prompt_ids[0], answer_ids])[None]
-    pos = _positions(prompt_ids.shape[1], ids.shape[1], positions)
-    if pos.numel() == 0:
-        raise ValueError(
-            f"positions: nothing to attribute for positions={positions!r} (the "
-            f"{'answer is empty' if positions == 'answer' else 'prompt has one token'})"
-        )
+    else:
+        answer_ids = answer
+    ids, pos, targets = teacher_forcing(prompt_ids, answer_ids, positions)
     lens = LayerIGLens.from_model(model, layers)
     device = next(model.parameters()).device
     result = lens.attribute_map(
         ids.to(device),
         baselines=baselines,
-        target=ids[:, pos + 1].to(device),
+        target=targets.to(device),
         positions=pos,
         method=method,
         n_steps=n_steps,
     )
-    result.tokens = [[tokenizer.decode([i]) for i in ids[0, pos + 1].tolist()]]
+    result.tokens = [[tokenizer.decode([i]) for i in targets[0].tolist()]]
     result.metadata = {
         "prompt": prompt,
         "answer": tokenizer.decode(answer_ids),

@@ -1,5 +1,6 @@
 r"""The token-by-layer result of IG-Lens, with onset detection and JSON export."""
 
+import csv
 import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -90,6 +91,94 @@ class IGLensResult:
         reached = mass >= frac * total * (1 - 1e-6)
         index = reached.long().argmax(-1)
         return torch.where((total[..., 0] > 0) & self.mask, index, -1)
+
+    def format_table(
+        self, batch_index: int = 0, *, width: int = 100, onset_frac: float = 0.5
+    ) -> str:
+        r"""
+        A plain-text table of one sequence: a row per attributed token with the
+        layer credits, the logit-lens level at the last layer, ``Σ``, ``Δp``, the
+        model's probability and the onset layer.
+
+        Args:
+
+            batch_index (int, optional): The sequence to show. Default: 0.
+            width (int, optional): Characters available. When every layer does
+                        not fit, the layers with the largest ``|credit|`` are shown
+                        (in order) and a note says so; ``Σ`` always includes every
+                        layer. Default: 100.
+            onset_frac (float, optional): As in :meth:`onset`. Default: 0.5.
+
+        Returns:
+            *str*: the table, with a final completeness line
+            ``max |Σ - Δp|``.
+        """
+        if not 0 <= batch_index < self.attributions.shape[0]:
+            raise ValueError(
+                f"batch_index: expected 0 <= batch_index < "
+                f"{self.attributions.shape[0]}, got {batch_index}"
+            )
+        rows = self.mask[batch_index].nonzero()[:, 0].tolist()
+        credits = self.attributions[batch_index]
+        labels = self._token_labels(batch_index)
+        token_w = max([5] + [len(labels[r]) for r in rows])
+        fixed = token_w + 5 * 9 + 6
+        k = len(self.layer_names)
+        fits = max(1, (width - fixed) // 8)
+        if fits >= k:
+            shown = list(range(k))
+        else:
+            score = credits[rows].abs().amax(0) if rows else credits.abs().amax(0)
+            shown = sorted(score.topk(fits).indices.tolist())
+        onset = self.onset(onset_frac)[batch_index]
+        change = self.model_prob[batch_index] - self.base_prob[batch_index]
+        head = [f"{'token':<{token_w}}"] + [f"{'L' + self.layer_names[j]:>7}" for j in shown]
+        head += [f"{c:>8}" for c in ("lens@top", "Σ", "Δp", "p_model", "onset")]
+        lines = [" ".join(head)]
+        for r in rows:
+            cells = [f"{labels[r]:<{token_w}}"] + [f"{credits[r, j]:>+7.3f}" for j in shown]
+            cells += [
+                f"{self.lens[batch_index, r, -1]:>8.4f}",
+                f"{credits[r].sum():>+8.4f}",
+                f"{change[r]:>+8.4f}",
+                f"{self.model_prob[batch_index, r]:>8.4f}",
+                f"{self.layer_names[onset[r]] if onset[r] >= 0 else '-':>8}",
+            ]
+            lines.append(" ".join(cells))
+        if len(shown) < k:
+            lines.append(
+                f"(showing {len(shown)} of {k} layers, those with the largest |credit|; "
+                "Σ includes all layers)"
+            )
+        residual = (credits.sum(-1) - change)[rows].abs().max().item() if rows else 0.0
+        lines.append(f"completeness: max |Σ - Δp| = {residual:.2e} over {len(rows)} tokens")
+        return "\n".join(lines)
+
+    def _token_labels(self, batch_index: int) -> List[str]:
+        if self.tokens is not None:
+            return [repr(t)[1:-1][:16] for t in self.tokens[batch_index]]
+        return [f"#{int(t)}" for t in self.targets[batch_index]]
+
+    def to_csv(self, path: Union[str, Path]) -> None:
+        """Write a long-format CSV: batch, position, token, layer, credit, lens."""
+        with open(path, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["batch", "position", "token", "layer", "credit", "lens"])
+            for b in range(self.attributions.shape[0]):
+                labels = self.tokens[b] if self.tokens is not None else None
+                for p in self.mask[b].nonzero()[:, 0].tolist():
+                    token = labels[p] if labels else int(self.targets[b, p])
+                    for j, name in enumerate(self.layer_names):
+                        writer.writerow(
+                            [
+                                b,
+                                int(self.positions[p]),
+                                token,
+                                name,
+                                float(self.attributions[b, p, j]),
+                                float(self.lens[b, p, j]),
+                            ]
+                        )
 
     def to(self, device: Union[str, torch.device]) -> "IGLensResult":
         """A copy with every tensor on ``device``."""

