@@ -104,7 +104,8 @@ class LLMLayerAttribution(Attribution):
     def __init__(self, attr_method: LayerIGLens, tokenizer: TokenizerLike) -> None:
         if not isinstance(attr_method, self.SUPPORTED_METHODS):
             raise TypeError(
-                f"attr_method: {type(self).__name__} expects a captum_iglens.LayerIGLens, "
+                f"attr_method: {type(self).__name__} expects a "
+                "captum_iglens.LayerIGLens, "
                 f"got {type(attr_method).__name__}; for input-token attribution use "
                 "captum.attr.LLMGradientAttribution"
             )

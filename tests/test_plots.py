@@ -27,7 +27,7 @@ TOKENS = ["\n", " Paris", "ing", " ", "\t", "France", "'s"]
 
 @pytest.fixture(scope="module")
 def result():
-    """A real IG-Lens map of a left-padded batch (sequence 1 has 3 padding positions)."""
+    """A real IG-Lens map of a left-padded batch (sequence 1: 3 padding positions)."""
     model = tiny_model("llama", num_hidden_layers=4)
     lens = LayerIGLens.from_model(model)
     torch.manual_seed(0)
@@ -206,7 +206,8 @@ def test_trajectory_shows_both_signs():
     res.attributions[0, 0] = torch.tensor([0.2, -0.1, 0.3, -0.05])
     fig, ax = plot_trajectory(res, 0)
     try:
-        colors = [to_hex(r.get_facecolor(), keep_alpha=False) for r in ax.containers[0].patches]
+        bars = ax.containers[0].patches
+        colors = [to_hex(r.get_facecolor(), keep_alpha=False) for r in bars]
         assert colors == [UP_COLOR, DOWN_COLOR, UP_COLOR, DOWN_COLOR]
         low, high = ax.get_ylim()
         cumulative = float(res.base_prob[0, 0]) + np.cumsum([0.2, -0.1, 0.3, -0.05])

@@ -1,0 +1,91 @@
+"""The command-line tool, run end to end as a user would."""
+
+import csv
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from captum_iglens import IGLensResult
+from captum_iglens.cli import main
+
+PROMPT = "What is the capital of Vietnam?"
+
+
+def _run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "captum_iglens", *args],
+        input=stdin, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+@pytest.mark.real_model
+def test_main_job_end_to_end(tmp_path):
+    out = _run(
+        PROMPT, "--max-new-tokens", "6", "--json", str(tmp_path / "r.json"),
+        "--csv", str(tmp_path / "r.csv"), "--png", str(tmp_path / "r.png"),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    assert re.search(r"^token\s+L", out.stdout, re.M)
+    residual = float(re.search(r"max \|Σ - Δp\| = ([0-9.e+-]+)", out.stdout).group(1))
+    assert residual <= 1e-6
+    result = IGLensResult.load(tmp_path / "r.json")
+    change = result.model_prob - result.base_prob
+    assert (result.total - change).abs().max() <= 1e-6
+    assert result.metadata["prompt"] == PROMPT and result.metadata["versions"]["torch"]
+    with open(tmp_path / "r.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == result.attributions.numel()
+    by_token = {}
+    for row in rows:
+        by_token.setdefault(row["position"], 0.0)
+        by_token[row["position"]] += float(row["credit"])
+    assert torch.allclose(torch.tensor(list(by_token.values())), result.total[0], atol=1e-6)
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.real_model
+def test_stdin_layers_and_prompt_positions():
+    out = _run("--stdin", "--layers", "0,15", "--positions", "prompt", "--no-chat", stdin="Paris is the capital of")
+    assert out.returncode == 0, out.stderr
+    header = next(line for line in out.stdout.splitlines() if line.startswith("token"))
+    assert re.findall(r"\bL\d+", header) == ["L0", "L15", "L29"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["   "], "prompt"),
+        ([PROMPT, "--model", "/no/such/model"], "/no/such/model"),
+        ([PROMPT, "--layers", "0,99", "--max-new-tokens", "2"], "layers"),
+        ([PROMPT, "--n-steps", "0", "--max-new-tokens", "2"], "n_steps"),
+    ],
+)
+def test_bad_input_exits_with_one_line(args, message, capsys):
+    status = main(args)
+    err = capsys.readouterr().err
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("captum-iglens: error:") and message in lines[-1]
+    assert "Traceback" not in err
+
+
+def test_unrecognised_readout_is_a_clean_error(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, GPTBigCodeConfig, PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    config = GPTBigCodeConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    vocab = {f"w{i}": i for i in range(64)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="w1").save_pretrained(tmp_path)
+    status = main(["w2 w3 w4", "--model", str(tmp_path), "--no-chat", "--max-new-tokens", "2"])
+    err = capsys.readouterr().err
+    assert status == 2 and "gpt_bigcode" in err and "Readout(" in err
+    assert "Traceback" not in err

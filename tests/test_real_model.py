@@ -1,0 +1,95 @@
+"""Exactness and completeness on real weights: the default SmolLM2-135M-Instruct."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from captum_iglens import LayerIGLens
+from captum_iglens.architectures import decoder_layers
+from captum_iglens.hf import attribute_text, encode_prompt
+from tests.helpers import assert_state_unchanged, hook_snapshot, state_snapshot
+
+pytestmark = pytest.mark.real_model
+
+FP32_TOL = 1e-6
+PROMPTS = ["The capital of France is", "Water is made of hydrogen and"]
+
+
+@pytest.fixture(scope="module")
+def padded_batch(default_model):
+    _, tokenizer = default_model
+    rows = [tokenizer(p, return_tensors="pt").input_ids[0] for p in PROMPTS]
+    length = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), length, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, length - len(row) :] = row
+        mask[i, length - len(row) :] = 1
+    return ids, mask
+
+
+def test_readout_reproduces_model_logits(default_model, padded_batch):
+    model, _ = default_model
+    ids, mask = padded_batch
+    lens = LayerIGLens.from_model(model)
+    captured = {}
+    handle = decoder_layers(model)[-1].register_forward_hook(
+        lambda m, a, o: captured.setdefault("h", o.detach())
+    )
+    try:
+        with torch.no_grad():
+            logits = lens.forward_func(ids, mask)
+            ours = lens.readout(captured["h"])
+    finally:
+        handle.remove()
+    assert torch.equal(ours, logits)  # same shapes, same kernels: bitwise equal
+    probs, read = logits.float().softmax(-1), ours.float().softmax(-1)
+    y = probs.argmax(-1, keepdim=True)
+    assert (read.gather(-1, y) - probs.gather(-1, y))[mask.bool()].abs().max() <= FP32_TOL
+
+
+@pytest.mark.parametrize("n_steps", [1, 7])
+def test_completeness_every_position_padded_batch(default_model, padded_batch, n_steps):
+    model, _ = default_model
+    ids, mask = padded_batch
+    lens = LayerIGLens.from_model(model)
+    hooks, state = hook_snapshot(model), state_snapshot(model)
+    result = lens.attribute_map(ids, additional_forward_args=(mask,))
+    real = result.mask
+    assert real.sum() == mask.sum()
+    assert (result.total - (result.model_prob - result.base_prob))[real].abs().max() <= FP32_TOL
+    with torch.no_grad():
+        probs = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits.float().softmax(-1)
+    expected = probs.gather(-1, result.targets[..., None])[..., 0]
+    assert (result.model_prob - expected)[real].abs().max() <= FP32_TOL
+    attrs, delta = lens.attribute(
+        ids, additional_forward_args=(mask,), n_steps=n_steps, positions=[-2, -1],
+        return_convergence_delta=True,
+    )
+    assert delta.abs().max() <= FP32_TOL
+    per_layer = torch.stack([a.sum(-1) for a in attrs], dim=-1)
+    assert (per_layer - result.attributions[:, -2:]).abs().max() <= FP32_TOL
+    assert hook_snapshot(model) == hooks
+    assert_state_unchanged(model, state)
+
+
+def test_attribute_text_answer(default_model):
+    model, tokenizer = default_model
+    result = attribute_text(model, tokenizer, "What is the capital of Vietnam?", max_new_tokens=8)
+    assert result.attributions.shape[:2] == (1, len(result.tokens[0]))
+    assert result.attributions.shape[-1] == 30
+    assert result.delta.abs().max() <= FP32_TOL
+    prompt_length = encode_prompt(tokenizer, "What is the capital of Vietnam?").shape[1]
+    assert result.positions[0] == prompt_length - 1
+    assert "".join(result.tokens[0]) == result.metadata["answer"]
+
+
+def test_readme_python_example_runs(default_model, capsys):
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = re.search(r"## Python API\n\n```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(block, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    match = re.search(r"max \|Σ - Δp\| = ([0-9.e+-]+)", out)
+    assert match and float(match.group(1)) <= FP32_TOL
