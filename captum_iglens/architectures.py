@@ -11,7 +11,7 @@ raises :class:`ValueError`; nothing is guessed.
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 from torch import Tensor, nn
 
@@ -40,12 +40,23 @@ class Architecture:
         post (Callable): Builds the transform the model applies to the head's
                     output from the model, or returns ``None`` when it applies
                     none. Default: no transform.
+        mid (Callable): From the model's config, the path inside each block of
+                    the module whose input is the mid-block residual state
+                    ``h + attn(...)`` (the stream after attention, before the
+                    MLP), or ``None`` where the block adds attention and MLP in
+                    parallel and no such state exists. Default: none.
     """
 
     layers: str
     norm: Tuple[str, ...]
     head: Tuple[str, ...] = ("lm_head",)
     post: Callable[[nn.Module], Optional[nn.Module]] = _no_post
+    mid: Callable[[Any], Optional[str]] = lambda config: None
+
+
+def _mid(path: str, *, parallel_if: Callable[[Any], bool] = lambda c: False):
+    """Mid-block module ``path``, unless the config makes the block parallel."""
+    return lambda config: None if parallel_if(config) else path
 
 
 def _softcap_from_config(model: nn.Module) -> Optional[nn.Module]:
@@ -62,7 +73,16 @@ def _granite_logits_scaling(model: nn.Module) -> nn.Module:
     return LogitDivide(model.config.logits_scaling)
 
 
-_LLAMA_LIKE = Architecture(layers="model.layers", norm=("model.norm",))
+_POST_ATTENTION_NORM = _mid("post_attention_layernorm")
+_LLAMA_LIKE = Architecture(
+    layers="model.layers", norm=("model.norm",), mid=_POST_ATTENTION_NORM
+)
+_GEMMA2_LIKE = Architecture(
+    layers="model.layers",
+    norm=("model.norm",),
+    post=_softcap_from_config,
+    mid=_mid("pre_feedforward_layernorm"),
+)
 
 ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
     {
@@ -71,37 +91,68 @@ ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
         "qwen2": _LLAMA_LIKE,
         "qwen3": _LLAMA_LIKE,
         "gemma": _LLAMA_LIKE,
-        "gemma2": Architecture(
-            layers="model.layers", norm=("model.norm",), post=_softcap_from_config
+        "gemma2": _GEMMA2_LIKE,
+        "gemma3_text": _GEMMA2_LIKE,
+        "gpt2": Architecture(
+            layers="transformer.h",
+            norm=("transformer.ln_f",),
+            mid=_mid("ln_2", parallel_if=lambda c: c.add_cross_attention),
         ),
-        "gemma3_text": Architecture(
-            layers="model.layers", norm=("model.norm",), post=_softcap_from_config
-        ),
-        "gpt2": Architecture(layers="transformer.h", norm=("transformer.ln_f",)),
         # transformers 5 renamed GPT-NeoX's head from ``embed_out`` to ``lm_head``.
         "gpt_neox": Architecture(
             layers="gpt_neox.layers",
             norm=("gpt_neox.final_layer_norm",),
             head=("lm_head", "embed_out"),
+            mid=_mid(
+                "post_attention_layernorm", parallel_if=lambda c: c.use_parallel_residual
+            ),
         ),
         "gptj": Architecture(layers="transformer.h", norm=("transformer.ln_f",)),
         "opt": Architecture(
             layers="model.decoder.layers",
             norm=("model.decoder.final_layer_norm", "model.decoder.project_out"),
+            # Post-norm OPT normalises the stream after attention: no plain h_mid.
+            mid=_mid("final_layer_norm", parallel_if=lambda c: not c.do_layer_norm_before),
         ),
         "phi": Architecture(layers="model.layers", norm=("model.final_layernorm",)),
         "phi3": _LLAMA_LIKE,
-        "falcon": Architecture(layers="transformer.h", norm=("transformer.ln_f",)),
-        "bloom": Architecture(layers="transformer.h", norm=("transformer.ln_f",)),
-        "stablelm": _LLAMA_LIKE,
+        "falcon": Architecture(
+            layers="transformer.h",
+            norm=("transformer.ln_f",),
+            mid=_mid(
+                "post_attention_layernorm",
+                parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture,
+            ),
+        ),
+        "bloom": Architecture(
+            layers="transformer.h",
+            norm=("transformer.ln_f",),
+            # With the residual taken after the norm, the stream is not h + attn.
+            mid=_mid(
+                "post_attention_layernorm",
+                parallel_if=lambda c: c.apply_residual_connection_post_layernorm,
+            ),
+        ),
+        "stablelm": Architecture(
+            layers="model.layers",
+            norm=("model.norm",),
+            mid=_mid(
+                "post_attention_layernorm", parallel_if=lambda c: c.use_parallel_residual
+            ),
+        ),
         "cohere": Architecture(
             layers="model.layers", norm=("model.norm",), post=_cohere_logit_scale
         ),
         "granite": Architecture(
-            layers="model.layers", norm=("model.norm",), post=_granite_logits_scaling
+            layers="model.layers",
+            norm=("model.norm",),
+            post=_granite_logits_scaling,
+            mid=_POST_ATTENTION_NORM,
         ),
         "olmo": _LLAMA_LIKE,
-        "olmo2": _LLAMA_LIKE,
+        # OLMo2 normalises the attention output before adding it; the MLP reads
+        # the stream itself.
+        "olmo2": Architecture(layers="model.layers", norm=("model.norm",), mid=_mid("mlp")),
     }
 )
 r"""The supported architectures, keyed by ``model.config.model_type``."""
@@ -160,6 +211,40 @@ def decoder_layers(model: nn.Module) -> List[nn.Module]:
             attribute the table names.
     """
     return list(_resolve(model, _architecture(model).layers))
+
+
+def mid_block_modules(
+    model: nn.Module, blocks: List[nn.Module]
+) -> Optional[List[nn.Module]]:
+    r"""Returns, for each block, the module whose input is the mid-block state.
+
+    The mid-block state ``h_mid = h + attn(...)`` is the residual stream after a
+    block's attention and before its MLP. It exists only where the block adds
+    the two in sequence.
+
+    Args:
+        model (nn.Module): A ``*ForCausalLM`` model whose ``config.model_type``
+                    is in :data:`ARCHITECTURE_TABLE`.
+        blocks (list of nn.Module): Decoder blocks of ``model``.
+
+    Returns:
+        **modules** (list of nn.Module or None):
+            One module per block (a forward pre-hook on it sees ``h_mid``), or
+            ``None`` where the architecture (as configured) adds attention and MLP
+            in parallel: GPT-J, Phi, Cohere, parallel Falcon, GPT-NeoX and StableLM
+            with ``use_parallel_residual``, post-norm OPT, Bloom with the residual
+            after the norm.
+    """
+    path = _architecture(model).mid(model.config)
+    if path is None:
+        return None
+    modules = [_lookup(block, path) for block in blocks]
+    if any(not isinstance(m, nn.Module) for m in modules):
+        raise ValueError(
+            f"{type(model).__name__}: a decoder block has no module {path!r}, where "
+            "the architecture table expects the mid-block state"
+        )
+    return modules
 
 
 def readout_parts(

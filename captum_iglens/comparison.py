@@ -7,21 +7,19 @@ what each method cost.
 """
 
 import json
-import warnings
+import textwrap
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import captum
 import torch
-from captum.attr import LayerConductance, LayerIntegratedGradients
 from torch import Tensor
 from torch.nn import Module
 
-from captum_iglens._utils.estimators import path_values
+from captum_iglens._utils.compared import RUNNERS, Work
 from captum_iglens._utils.measure import Cost, measure, peak_memory_source
 from captum_iglens.layer_ig_lens import BaselineType, LayerIGLens, PositionsType
-from captum_iglens.readout import LogitDivide, LogitScale, Softcap
 
 #: Methods accepted by :func:`compare`, in the order of its table.
 METHODS: Tuple[str, ...] = (
@@ -108,10 +106,13 @@ class ComparisonResult:
     input_tokens: Optional[List[List[str]]] = None
     metadata: Dict[str, Any] = field(default_factory=dict)
 
-    def residual_stats(self, method: str) -> Tuple[float, float]:
-        """The largest and the median residual of ``method`` over non-padding tokens."""
-        residual = self.methods[method].residual[self.mask]
-        return residual.max().item(), residual.median().item()
+    def residual_stats(self, method: str, sequence: Optional[int] = None) -> Tuple[float, float]:
+        """The largest and the median residual of ``method`` over non-padding
+        tokens, of all sequences or of one."""
+        residual, mask = self.methods[method].residual, self.mask
+        if sequence is not None:
+            residual, mask = residual[sequence], mask[sequence]
+        return residual[mask].max().item(), residual[mask].median().item()
 
     def format_table(self) -> str:
         """The table: method, residual max / median, time, peak memory and passes."""
@@ -176,9 +177,10 @@ class ComparisonResult:
 
     def plot(self, sequence: int = 0) -> Tuple[Any, Dict[str, Any]]:
         r"""
-        Side-by-side heatmaps (layers across, the attributed tokens down a shared
-        axis) of one sequence, and a bar chart of each method's residuals on a log
-        scale. Needs matplotlib; works headless.
+        One heatmap per method (layers across, the attributed tokens down an axis
+        shared by all), side by side, each with its own symmetric colour scale
+        (Captum's red-white-green), and below them a bar chart of each method's
+        residuals ``|Σ_layers − Δp|`` on a log scale. Works headless.
 
         Args:
 
@@ -186,47 +188,57 @@ class ComparisonResult:
 
         Returns:
             2-element tuple of **figure**, **axes**: the ``matplotlib`` figure, and
-            a dict from method name (and ``"residuals"``) to its axes.
+            a dict from each method name, and ``"residuals"``, to its axes.
         """
         import matplotlib.pyplot as plt
 
+        from captum_iglens.plots import _color_map, _layer_ticks
+
         names = list(self.methods)
         rows = self.mask[sequence].nonzero()[:, 0].tolist()
-        labels = [self._label(sequence, i) for i in rows]
-        width = max(8.0, 2.6 * len(names))
-        fig = plt.figure(figsize=(width, 3.0 + 0.3 * len(rows) + 2.8))
-        grid = fig.add_gridspec(2, len(names), height_ratios=[1.0 + 0.12 * len(rows), 1.0])
+        fig = plt.figure(
+            figsize=(max(8.0, 2.4 * len(names)), 4.5 + 0.25 * len(rows)), layout="constrained"
+        )
+        fig.set_facecolor("white")
+        grid = fig.add_gridspec(2, len(names), height_ratios=[1.2 + 0.1 * len(rows), 1.0])
         axes: Dict[str, Any] = {}
         for col, name in enumerate(names):
             ax = fig.add_subplot(grid[0, col], sharey=axes.get(names[0]))
-            scores = self.methods[name].scores[sequence, rows].numpy()
-            top = max(float(abs(scores).max()), 1e-12)
-            if (scores >= 0).all():
-                image = ax.imshow(scores, cmap="viridis", vmin=0.0, vmax=top, aspect="auto")
-            else:
-                image = ax.imshow(scores, cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto")
-            fig.colorbar(image, ax=ax, fraction=0.08, pad=0.03)
-            ax.set_title(f"{name}\n({self.methods[name].unit})", fontsize=9)
-            ax.set_xticks(range(len(self.layer_names)), self.layer_names, fontsize=7)
+            scores = self.methods[name].scores[sequence, rows]
+            top = max(scores.abs().max().item(), 1e-12)
+            image = ax.imshow(
+                scores.numpy(), cmap=_color_map(), vmin=-top, vmax=top, aspect="auto"
+            )
+            fig.colorbar(image, ax=ax, location="bottom", shrink=0.9)
+            title = textwrap.fill(name.replace("_", " "), 22)
+            ax.set_title(f"{title}\n({self.methods[name].unit})", fontsize=9)
+            _layer_ticks(ax, self.layer_names)
+            ax.tick_params(labelsize=7)
             ax.set_xlabel("layer", fontsize=8)
-            ax.set_yticks(range(len(rows)), labels, fontsize=7)
-            ax.tick_params(axis="y", labelleft=col == 0)
+            if col == 0:
+                ax.set_yticks(range(len(rows)), [self._label(sequence, i) for i in rows])
+            else:
+                ax.tick_params(axis="y", labelleft=False)
             axes[name] = ax
         bars = fig.add_subplot(grid[1, :])
-        stats = [self.residual_stats(name) for name in names]
         floor = 1e-12
-        x = torch.arange(len(names)).numpy()
-        for offset, (label, column) in enumerate((("max", 0), ("median", 1))):
-            values = [max(s[column], floor) for s in stats]
-            bars.bar(x + (offset - 0.5) * 0.38, values, width=0.38, label=label)
+        x = torch.arange(len(names), dtype=torch.float64)
+        stats = [self.residual_stats(name, sequence) for name in names]
+        for shift, label, column in ((-0.2, "max", 0), (0.2, "median", 1)):
+            heights = [max(s[column], floor) for s in stats]
+            bars.bar((x + shift).numpy(), heights, width=0.4, label=label)
         bars.set_yscale("log")
         bars.set_ylim(bottom=floor)
-        bars.set_xticks(x, names, fontsize=8, rotation=12)
-        bars.set_ylabel("|Σ_layers − Δp|  (probability)", fontsize=8)
-        bars.set_title(f"Residuals (sequence {sequence}; floored at {floor:g})", fontsize=9)
+        bars.axhline(1e-6, color="grey", linestyle=":", linewidth=1)
+        ticks = [textwrap.fill(n.replace("_", " "), 22) for n in names]
+        bars.set_xticks(x.numpy(), ticks, fontsize=8)
+        bars.set_ylabel("|Σ_layers − Δp| (probability)", fontsize=8)
+        bars.set_title(
+            f"Telescoping residual per token, sequence {sequence} (floor {floor:g}; "
+            "dotted: 1e-6)", fontsize=9,
+        )
         bars.legend(fontsize=8)
         axes["residuals"] = bars
-        fig.tight_layout()
         return fig, axes
 
     def _label(self, sequence: int, row: int) -> str:
@@ -238,263 +250,6 @@ class ComparisonResult:
 
 def _plain(value: Any) -> Any:
     return value.tolist() if isinstance(value, Tensor) else value
-
-
-class _TargetProbability(Module):
-    r"""
-    ``F`` for Captum: the model's probability of ``target[i]`` at ``position[i]``
-    of sequence ``i``, one scalar per sequence, from token ids or from
-    ``inputs_embeds``. Position ids count from each sequence's first real token,
-    as in :class:`~captum_iglens.architectures.CausalLMForward`.
-    """
-
-    def __init__(self, model: Module, embeddings: bool) -> None:
-        super().__init__()
-        self.model = model
-        self.key = "inputs_embeds" if embeddings else "input_ids"
-
-    def forward(
-        self, inputs: Tensor, attention_mask: Optional[Tensor], position: Tensor, target: Tensor
-    ) -> Tensor:
-        position_ids = (
-            None
-            if attention_mask is None
-            else (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        )
-        logits = self.model(
-            **{self.key: inputs},
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            logits_to_keep=position[:, None],
-            use_cache=False,
-        ).logits[:, 0]
-        return logits.float().softmax(-1).gather(-1, target[:, None].to(logits.device))[:, 0]
-
-
-@dataclass
-class _Work:
-    """What every method receives: the same inputs, targets, positions and layers."""
-
-    model: Module
-    lens: LayerIGLens
-    input_ids: Tensor
-    attention_mask: Optional[Tensor]
-    targets: Tensor  # (B, P)
-    positions: Tensor  # (P,)
-    model_prob: Tensor  # (B, P)
-    h0_prob: Tensor  # (B, P): f(h_0)
-    n_steps: int
-    baselines: BaselineType
-    baseline_token: int
-
-    @property
-    def extra(self) -> Optional[Tuple[Tensor]]:
-        return None if self.attention_mask is None else (self.attention_mask,)
-
-    def stream(self) -> Tuple[Tensor, Tensor]:
-        """One forward: rows ``(B·P, k + 1, d)`` of ``h_0, h_{L_1} ... h_{L_k}``, and targets."""
-        path = self.lens._path(self.input_ids, None, self.targets, self.extra, self.positions)
-        return path.points.flatten(0, 1), path.targets.flatten()
-
-    def captum_rows(self) -> Tuple[Tensor, Tuple[Any, ...]]:
-        """Each sequence once per position: ids ``(B·P, T)`` and ``F``'s extra arguments."""
-        p = len(self.positions)
-        mask = self.attention_mask
-        rows = self.input_ids.repeat_interleave(p, 0)
-        extra = (
-            None if mask is None else mask.repeat_interleave(p, 0),
-            self.positions.to(rows.device).repeat(self.input_ids.shape[0]),
-            self.targets.flatten().to(rows.device),
-        )
-        return rows, extra
-
-
-_Outcome = Tuple[Tensor, Tensor, Tensor, str, str, Optional[Tensor]]
-
-
-def _ig_lens(work: _Work) -> _Outcome:
-    result = work.lens.attribute_map(
-        work.input_ids, work.baselines, work.targets, work.extra,
-        positions=work.positions, n_steps=work.n_steps,
-    )
-    change = result.model_prob - result.base_prob
-    start = "h_0" if work.baselines is None else f"baselines={work.baselines!r}"
-    note = f"prediction-aware IG of f_y along {start} -> h_L1 -> ... -> h_final."
-    return result.attributions, change, change, "probability", note, None
-
-
-def _levels(work: _Work) -> Tensor:
-    points, targets = work.stream()
-    chunk = work.lens.readout.rows_per_chunk()
-    return path_values(work.lens.readout, points, targets, chunk).view(*work.targets.shape, -1)
-
-
-def _logit_lens(work: _Work) -> _Outcome:
-    levels = _levels(work)
-    change = work.model_prob - levels[..., 0]
-    note = "levels f(h_L) (not attributions); their sum is compared with Δp = p − f(h_0)."
-    return levels[..., 1:], change, change, "probability", note, None
-
-
-def _logit_lens_diff(work: _Work) -> _Outcome:
-    levels = _levels(work)
-    change = work.model_prob - levels[..., 0]
-    note = (
-        "first differences f(h_L_j) − f(h_L_{j−1}) from f(h_0); they telescope, and "
-        "equal IG-Lens's map when its baseline is h_0."
-    )
-    return levels.diff(dim=-1), change, change, "probability", note, None
-
-
-def _frozen_logit(work: _Work) -> Tuple[Callable[[Tensor, Tensor, Tensor], Tensor], str]:
-    r"""``ℓ̃(x; h_f)[y]``: the target's logit of ``x`` with the final norm's scale taken from ``h_f``."""
-    readout = work.lens.readout
-    parts = list(readout.norm) if isinstance(readout.norm, torch.nn.Sequential) else [readout.norm]
-    norm, after = parts[0], [m for m in parts[1:]]
-    kind = type(norm).__name__
-    centered = isinstance(norm, torch.nn.LayerNorm) or "LayerNorm" in kind
-    if norm is not None and not (centered or "RMSNorm" in kind):
-        raise ValueError(f"dla: the final norm {kind} is neither a LayerNorm nor an RMSNorm")
-    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-5))
-    post = readout.post
-    if post is not None and not isinstance(post, (LogitScale, LogitDivide, Softcap)):
-        raise ValueError(f"dla: the final transform {type(post).__name__} is not supported")
-    skip_post = isinstance(post, Softcap)
-
-    def scale(h: Tensor) -> Tensor:
-        h = h.float()
-        h = h - h.mean(-1, keepdim=True) if centered else h
-        return (h.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-
-    def logit(x: Tensor, h_f: Tensor, targets: Tensor) -> Tensor:
-        z = x
-        if norm is not None:
-            zero = norm(torch.zeros_like(x[:1]))
-            z = (norm(x) - zero) * (scale(x) / scale(h_f)).to(x.dtype) + zero
-        for module in after:
-            z = module(z)
-        logits = readout.head(z)
-        if post is not None and not skip_post:
-            logits = post(logits)
-        return logits.float().gather(-1, targets[:, None].to(logits.device))[:, 0]
-
-    where = "before softcapping (not linear), " if skip_post else ""
-    return logit, where
-
-
-def _dla(work: _Work) -> _Outcome:
-    points, targets = work.stream()
-    n, k_plus_1, d = points.shape
-    logit, where = _frozen_logit(work)
-    # Rows per token: 0, h_0, Δ_1 ... Δ_k, h_final; all with h_final's norm scale.
-    rows = torch.cat(
-        [points.new_zeros(n, 1, d), points[:, :1], points.diff(dim=1), points[:, -1:]], dim=1
-    ).flatten(0, 1)
-    h_final = points[:, -1].repeat_interleave(k_plus_1 + 2, 0)
-    row_targets = targets.repeat_interleave(k_plus_1 + 2)
-    chunk = work.lens.readout.rows_per_chunk()
-    values = torch.cat(
-        [
-            logit(rows[s : s + chunk], h_final[s : s + chunk], row_targets[s : s + chunk])
-            for s in range(0, rows.shape[0], chunk)
-        ]
-    ).view(*work.targets.shape, k_plus_1 + 2)
-    scores = values[..., 2:-1] - values[..., :1]
-    logit_change = values[..., -1] - values[..., 1]
-    note = (
-        f"each update h_L_j − h_L_{{j−1}} (from h_0) through the head {where}with the "
-        "final norm's scale from h_final; sums to logit(h_final) − that of h_0 "
-        "(same scale), not to Δp = p − f(h_0)."
-    )
-    return scores, logit_change, work.model_prob - work.h0_prob, "logit", note, None
-
-
-def _captum_per_layer(work: _Work, conductance: bool) -> _Outcome:
-    rows, extra = work.captum_rows()
-    baseline = torch.full_like(rows, work.baseline_token)
-    forward = _TargetProbability(work.model, embeddings=conductance)
-    if conductance:
-        embed = work.model.get_input_embeddings()
-        with torch.no_grad():
-            rows, baseline = embed(rows), embed(baseline)
-    totals, deltas = [], []
-    for block in work.lens.layers:
-        method = LayerConductance(forward, block) if conductance else (
-            LayerIntegratedGradients(forward, block)
-        )
-        attributions, delta = method.attribute(
-            rows, baselines=baseline, additional_forward_args=extra,
-            n_steps=work.n_steps, return_convergence_delta=True,
-        )
-        totals.append(attributions.detach().float().flatten(1).sum(1))
-        deltas.append(delta.detach().float())
-    shape = work.targets.shape
-    scores = torch.stack(totals, -1).view(*shape, -1)
-    delta = torch.stack(deltas, -1).view(*shape, -1)
-    change = scores[..., 0] - delta[..., 0]  # F(x) − F(x'), the same for every layer
-    name = "LayerConductance over inputs_embeds" if conductance else (
-        "LayerIntegratedGradients over input_ids"
-    )
-    note = (
-        f"{name}, one call per block; F = p(target), baseline = token "
-        f"{work.baseline_token} at every position; each block's total ≈ F(x) − F(x')."
-    )
-    return scores, change, change, "probability", note, delta
-
-
-def _layer_conductance(work: _Work) -> _Outcome:
-    return _captum_per_layer(work, conductance=True)
-
-
-def _layer_integrated_gradients(work: _Work) -> _Outcome:
-    return _captum_per_layer(work, conductance=False)
-
-
-def _lig_multilayer(work: _Work) -> _Outcome:
-    rows, extra = work.captum_rows()
-    kwargs = dict(
-        baselines=torch.full_like(rows, work.baseline_token), additional_forward_args=extra,
-        n_steps=work.n_steps, return_convergence_delta=True,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "Multiple layers provided..."
-        lig = LayerIntegratedGradients(_TargetProbability(work.model, False), work.lens.layers)
-    try:
-        attributions, delta = lig.attribute(rows, **kwargs)
-        happened = "the call on the list of blocks ran as is"
-    except RuntimeError as error:
-        first = str(error).splitlines()[0]
-        attributions, delta = lig.attribute(
-            rows, **kwargs, grad_kwargs={"materialize_grads": True}
-        )
-        happened = (
-            f"on the list of blocks Captum raised RuntimeError ({first}); rerun with "
-            "grad_kwargs={'materialize_grads': True} (this row's cost includes both calls)"
-        )
-    shape = work.targets.shape
-    scores = torch.stack(
-        [a.detach().float().flatten(1).sum(1) for a in attributions], -1
-    ).view(*shape, -1)
-    delta = delta.detach().float().view(shape)
-    change = scores.sum(-1) - delta
-    zeros = [name for name, s in zip(work.lens.layer_names, scores.unbind(-1)) if not s.any()]
-    note = (
-        f"LayerIntegratedGradients, one call on the list of all {scores.shape[-1]} "
-        f"blocks (captum {captum.__version__}): {happened}; blocks with all-zero "
-        f"scores: {zeros or 'none'}."
-    )
-    return scores, change, change, "probability", note, delta
-
-
-_RUNNERS: Dict[str, Callable[[_Work], _Outcome]] = {
-    "ig_lens": _ig_lens,
-    "logit_lens": _logit_lens,
-    "logit_lens_diff": _logit_lens_diff,
-    "dla": _dla,
-    "layer_conductance": _layer_conductance,
-    "layer_integrated_gradients": _layer_integrated_gradients,
-    "layer_integrated_gradients_multilayer": _lig_multilayer,
-}
 
 
 def compare(
@@ -509,6 +264,7 @@ def compare(
     n_steps: int = 32,
     baselines: BaselineType = None,
     baseline_token: Optional[int] = None,
+    internal_batch_size: Optional[int] = None,
     tokenizer: Optional[Any] = None,
 ) -> ComparisonResult:
     r"""
@@ -589,6 +345,9 @@ def compare(
         baseline_token (int, optional): The token of Captum's baseline input.
                     Default: ``model.config.pad_token_id``, else its
                     ``bos_token_id``.
+        internal_batch_size (int, optional): Captum's ``internal_batch_size`` for
+                    its methods (rows per forward; at least ``2·B·P`` for
+                    LayerConductance). Default: None (all steps at once).
         tokenizer (PreTrainedTokenizerBase, optional): To label tokens as text.
                     Default: None
 
@@ -598,50 +357,52 @@ def compare(
     Peak memory is read with :func:`~captum_iglens._utils.measure.measure` (on CPU
     a lower bound: the growth of resident memory during the method).
     """
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown or not methods:
-        raise ValueError(f"methods: expected names from {list(METHODS)}, got {list(methods)}")
-    config = getattr(model, "config", None)
+    names = [methods] if isinstance(methods, str) else list(methods)
+    unknown = [m for m in names if m not in METHODS]
+    if unknown or not names:
+        raise ValueError(f"methods: expected names from {list(METHODS)}, got {names}")
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise ValueError(f"n_steps: expected an int >= 1, got {n_steps!r}")
     if baseline_token is None:
+        config = getattr(model, "config", None)
         pad, bos = getattr(config, "pad_token_id", None), getattr(config, "bos_token_id", None)
         baseline_token = pad if pad is not None else bos
-    if not isinstance(baseline_token, int):
+    if isinstance(baseline_token, bool) or not isinstance(baseline_token, int):
         raise ValueError(
-            "baseline_token: the model's config has no pad_token_id or bos_token_id; "
-            "pass the token id of Captum's baseline input"
+            "baseline_token: expected a token id; the model's config has no "
+            f"pad_token_id or bos_token_id (got {baseline_token!r})"
         )
     lens = LayerIGLens.from_model(model, layers)
     extra = None if attention_mask is None else (attention_mask,)
-    with torch.no_grad():
-        path = lens._path(input_ids, None, target, extra, positions)
-        h0_prob = path_values(
-            lens.readout, path.points[:, :, :1].flatten(0, 1), path.targets.flatten(),
-            lens.readout.rows_per_chunk(),
-        ).view(path.targets.shape)
-    work = _Work(
-        model, lens, input_ids, attention_mask, path.targets, path.positions,
-        path.model_prob, h0_prob, n_steps, baselines, baseline_token,
+    # The targets (and positions) every method attributes: IG-Lens's, from h_0.
+    setup = lens.attribute_map(input_ids, None, target, extra, positions=positions)
+    work = Work(
+        model, lens, input_ids, attention_mask, setup.targets.clone(),
+        setup.positions.clone(), setup.model_prob.clone(), setup.base_prob.clone(),
+        n_steps, baselines, baseline_token, internal_batch_size,
     )
     device = next(lens.readout.parameters()).device
-    mask = path.mask
+    mask = setup.mask.cpu().clone()
     results: Dict[str, MethodResult] = {}
-    for name in dict.fromkeys(methods):
+    for name in dict.fromkeys(names):
         with measure(model, lens.readout.head, device) as cost:
-            scores, expected, change, unit, note, delta = _RUNNERS[name](work)
-        masked = mask if delta is None or delta.dim() == 2 else mask[..., None]
+            out = RUNNERS[name](work)
+        delta = None if out.delta is None else out.delta.float().cpu()
+        if delta is not None:
+            delta = delta * (mask if delta.dim() == 2 else mask[..., None])
         results[name] = MethodResult(
-            scores=scores.float().cpu() * mask[..., None].cpu(),
-            expected=expected.float().cpu() * mask.cpu(),
-            prob_change=change.float().cpu() * mask.cpu(),
-            unit=unit,
-            note=note,
-            delta=None if delta is None else delta.cpu() * masked.cpu(),
+            scores=out.scores.float().cpu() * mask[..., None],
+            expected=out.expected.float().cpu() * mask,
+            prob_change=out.prob_change.float().cpu() * mask,
+            unit=out.unit,
+            note=out.note,
+            delta=delta,
             **{key: getattr(cost, key) for key in _COST_FIELDS},
         )
     tokens = input_tokens = None
     if tokenizer is not None:
-        at = input_ids[:, path.positions.to(input_ids.device)]
-        tokens = [[tokenizer.decode([int(t)]) for t in row] for row in path.targets]
+        at = input_ids[:, work.positions.to(input_ids.device)]
+        tokens = [[tokenizer.decode([int(t)]) for t in row] for row in work.targets]
         input_tokens = [[tokenizer.decode([int(t)]) for t in row] for row in at]
     metadata = dict(
         n_steps=n_steps,
@@ -653,6 +414,6 @@ def compare(
         model=type(model).__name__,
     )
     return ComparisonResult(
-        results, path.targets.cpu(), path.positions.cpu(), mask.cpu(),
+        results, work.targets.cpu(), work.positions.cpu(), mask,
         list(lens.layer_names), tokens, input_tokens, metadata,
     )

@@ -18,8 +18,12 @@ from captum.log import log_usage
 from torch import Tensor
 from torch.nn import Module, ModuleList
 
-from captum_iglens._utils.capture import ResidualCapture
-from captum_iglens.architectures import CausalLMForward, decoder_layers
+from captum_iglens._utils.capture import PathPoint, ResidualCapture
+from captum_iglens.architectures import (
+    CausalLMForward,
+    decoder_layers,
+    mid_block_modules,
+)
 from captum_iglens._utils.estimators import (
     gradient_attributions,
     path_values,
@@ -32,6 +36,7 @@ from captum_iglens.result import IGLensResult
 METHODS: Tuple[str, ...] = ("prediction_aware", *SUPPORTED_METHODS)
 
 BaselineType = Union[None, int, float, Tensor, str]
+Granularity = Literal["block", "sublayer"]
 PositionsType = Union[None, int, Sequence[int], Tensor]
 
 
@@ -44,6 +49,7 @@ class _Path:
     model_prob: Tensor  # (B, P)
     mask: Tensor  # (B, P)
     positions: Tensor  # (P,)
+    names: List[str]  # one per credited segment
 
 
 def _tolerance(dtype: torch.dtype) -> float:
@@ -87,6 +93,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         readout: Readout,
         input_layer: Optional[Module] = None,
         layer_names: Optional[Sequence[str]] = None,
+        sublayers: Optional[Sequence[Module]] = None,
     ) -> None:
         r"""
         Args:
@@ -115,6 +122,12 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         used in results and plots. Default: the blocks' qualified
                         names in ``forward_func`` when it is a module, else their
                         indices.
+            sublayers (list[torch.nn.Module], optional): For each block in
+                        ``layer``, the module whose *input* is the block's
+                        mid-block residual state ``h + attn(...)`` (after
+                        attention, before the MLP), e.g. Llama's
+                        ``post_attention_layernorm``. Needed for
+                        ``granularity="sublayer"``. Default: None
         """
         if not callable(forward_func):
             raise TypeError(
@@ -143,11 +156,20 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             raise ValueError(
                 f"layer_names: expected {len(layers)} names, got {len(names)}"
             )
+        if sublayers is not None and (
+            len(sublayers) != len(layers)
+            or not all(isinstance(m, Module) for m in sublayers)
+        ):
+            raise ValueError(
+                f"sublayers: expected one torch.nn.Module per block ({len(layers)}), "
+                f"got {sublayers!r}"
+            )
         if isinstance(forward_func, Module):
             inside = {id(m) for m in forward_func.modules()}
-            for i, module in enumerate([*layers, input_layer]):
+            named = [(f"layer[{i}]", m) for i, m in enumerate(layers)]
+            named += [(f"sublayers[{i}]", m) for i, m in enumerate(sublayers or ())]
+            for what, module in [*named, ("input_layer", input_layer)]:
                 if id(module) not in inside:
-                    what = "input_layer" if i == len(layers) else f"layer[{i}]"
                     raise ValueError(
                         f"{what}: {type(module).__name__} is not a submodule of "
                         "forward_func"
@@ -160,6 +182,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         self.input_layer = input_layer
         self.readout = readout
         self.layer_names: List[str] = names
+        self.sublayers: Optional[List[Module]] = (
+            None if sublayers is None else list(sublayers)
+        )
 
     @staticmethod
     def _default_names(forward_func: Callable[..., Any], layers: List[Module]) -> List[str]:
@@ -194,7 +219,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             *LayerIGLens* whose ``forward_func`` is
             :class:`~captum_iglens.architectures.CausalLMForward` (called with
             ``input_ids`` and, optionally, ``attention_mask``), whose ``layer`` is
-            a list of blocks, and whose layer names are the block indices.
+            a list of blocks, whose layer names are the block indices, and whose
+            ``sublayers`` come from the architecture table (None for blocks that
+            add attention and MLP in parallel).
         """
         blocks = decoder_layers(model)
         n = len(blocks)
@@ -205,12 +232,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                     f"layers: expected block indices in [-{n}, {n}), got {index!r}"
                 )
         chosen = sorted({i % n for i in chosen} | {n - 1})
+        layer = [blocks[i] for i in chosen]
         return cls(
             CausalLMForward(model),
-            [blocks[i] for i in chosen],
+            layer,
             readout=Readout.from_model(model, max_chunk_bytes=max_chunk_bytes),
             input_layer=blocks[0],
             layer_names=[str(i) for i in chosen],
+            sublayers=mid_block_modules(model, layer),
         )
 
     @classmethod
@@ -242,6 +271,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         attribute_to_layer_input: bool = False,
         grad_kwargs: Optional[Dict[str, Any]] = None,
         positions: PositionsType = None,
+        granularity: Granularity = "block",
     ) -> Tuple[Union[Tensor, List[Tensor]], Tensor]: ...
 
     @typing.overload
@@ -259,6 +289,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         grad_kwargs: Optional[Dict[str, Any]] = None,
         *,
         positions: PositionsType = None,
+        granularity: Granularity = "block",
     ) -> Union[Tensor, List[Tensor]]: ...
 
     @log_usage(part_of_slo=True)
@@ -276,6 +307,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         grad_kwargs: Optional[Dict[str, Any]] = None,
         *,
         positions: PositionsType = None,
+        granularity: Granularity = "block",
     ) -> Union[Union[Tensor, List[Tensor]], Tuple[Union[Tensor, List[Tensor]], Tensor]]:
         r"""
         Per-dimension IG-Lens attributions of every chosen block.
@@ -324,12 +356,19 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         end). Default: every position that is not padding in some
                         sequence of the batch (all positions without a mask); the
                         last position when ``forward_func`` returns ``(B, V)``.
+            granularity (str, optional): Keyword only. ``"block"``: one credit per
+                        block. ``"sublayer"``: two per block, ``"<name>.attn"``
+                        (up to the mid-block state ``h + attn(...)``) and
+                        ``"<name>.mlp"`` (the rest of the block); they add up to
+                        the block's credit. Needs ``sublayers``.
+                        Default: ``"block"``.
 
         Returns:
             **attributions** or 2-element tuple of **attributions**, **delta**:
             - **attributions** (*Tensor* or *list[Tensor]*): one float32 tensor
-              ``(B, P, d)`` per block, in a list when ``layer`` is a list. Summed
-              over ``d``, it is the block's credit; zero at padding.
+              ``(B, P, d)`` per block (two with ``granularity="sublayer"``), in a
+              list when ``layer`` is a list or there are two. Summed over ``d``,
+              it is the block's credit; zero at padding.
             - **delta** (*Tensor*, returned if return_convergence_delta=True):
               ``(B, P)``: ``Σ_layers Σ_d attributions - (p_model(y) - f(h_base))``,
               measured against the model's real output probability.
@@ -344,7 +383,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """
         self._check_settings(n_steps, method, internal_batch_size, attribute_to_layer_input)
         with torch.no_grad():
-            path = self._path(inputs, baselines, target, additional_forward_args, positions)
+            path = self._path(
+                inputs, baselines, target, additional_forward_args, positions, granularity
+            )
         b, p, k_plus_1, d = path.points.shape
         points = path.points.flatten(0, 1)
         targets = path.targets.flatten()
@@ -366,7 +407,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         attrs = attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
         per_layer = list(attrs.unbind(dim=2))
         out: Union[Tensor, List[Tensor]] = (
-            per_layer if isinstance(self.layer, list) else per_layer[0]
+            per_layer[0] if len(per_layer) == 1 and not isinstance(self.layer, list) else per_layer
         )
         if not return_convergence_delta:
             return out
@@ -384,6 +425,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         additional_forward_args: Optional[object] = None,
         *,
         positions: PositionsType = None,
+        granularity: Granularity = "block",
         method: str = "prediction_aware",
         n_steps: int = 50,
         internal_batch_size: Optional[int] = None,
@@ -399,8 +441,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
         Args:
 
-            inputs, baselines, target, additional_forward_args, positions:
-                        As in :meth:`attribute`.
+            inputs, baselines, target, additional_forward_args, positions,
+            granularity: As in :meth:`attribute`.
             method (str, optional): As in :meth:`attribute`.
                         Default: ``"prediction_aware"``.
             n_steps (int, optional): As in :meth:`attribute`; the map of
@@ -416,7 +458,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         grad_free = torch.inference_mode if method == "prediction_aware" else torch.no_grad
         with grad_free():
-            path = self._path(inputs, baselines, target, additional_forward_args, positions)
+            path = self._path(
+                inputs, baselines, target, additional_forward_args, positions, granularity
+            )
             b, p, k_plus_1, d = path.points.shape
             points = path.points.flatten(0, 1)
             targets = path.targets.flatten()
@@ -441,7 +485,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             targets=path.targets,
             positions=path.positions,
             mask=mask,
-            layer_names=list(self.layer_names),
+            layer_names=path.names,
             method=method,
             n_steps=n_steps,
         )
@@ -483,6 +527,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         target: TargetType,
         additional_forward_args: Optional[object],
         positions: PositionsType,
+        granularity: Granularity,
     ) -> _Path:
         formatted = _format_tensor_into_tuples(inputs) if isinstance(inputs, Tensor) else inputs
         if not isinstance(formatted, tuple) or not formatted or not isinstance(
@@ -507,10 +552,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         explicit_targets = self._explicit_targets(target, batch, len(pos), vocab)
         self._check_baselines(baselines)
 
-        capture = ResidualCapture(self.input_layer, self.layers, pos, device)
+        points, names = self._path_points(granularity)
+        capture = ResidualCapture(self.input_layer, points, pos, device)
         with capture:
             output = _run_forward(self.forward_func, formatted, None, extra)
-        h_0, outputs = capture.states()
+        h_0, outputs = capture.path()
         logits = self._logits(output, batch, length, vocab)
         if logits.dim() == 2:  # last-position logits: only the last position
             if positions is not None and pos.tolist() != [length - 1]:
@@ -531,7 +577,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             if attention_mask is None
             else attention_mask.to(device)[:, pos].bool()
         )
-        self._check_finite(logits, outputs, mask)
+        self._check_finite(logits, outputs, mask, names)
         targets = (
             logits.argmax(-1) if explicit_targets is None else explicit_targets.to(device)
         )
@@ -545,7 +591,31 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             model_prob=model_prob,
             mask=mask,
             positions=pos,
+            names=names,
         )
+
+    def _path_points(self, granularity: Granularity) -> Tuple[List[PathPoint], List[str]]:
+        """The hooked modules of the path, and a name for each segment's credit."""
+        if granularity == "block":
+            return [(m, False) for m in self.layers], list(self.layer_names)
+        if granularity != "sublayer":
+            raise ValueError(
+                f"granularity: expected 'block' or 'sublayer', got {granularity!r}"
+            )
+        if self.sublayers is None:
+            raise ValueError(
+                "granularity: 'sublayer' needs the module in front of each block's MLP "
+                "(sublayers=); from_model sets it except for architectures that add "
+                "attention and MLP in parallel (GPT-J, Phi, Cohere, parallel Falcon, "
+                "GPT-NeoX/StableLM with use_parallel_residual, ...), which have no "
+                "residual state between the two"
+            )
+        points: List[PathPoint] = []
+        names: List[str] = []
+        for name, mid, block in zip(self.layer_names, self.sublayers, self.layers):
+            points += [(mid, True), (block, False)]
+            names += [f"{name}.attn", f"{name}.mlp"]
+        return points, names
 
     def _attention_mask(
         self,
@@ -682,8 +752,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             f"{tuple(logits.shape)}"
         )
 
-    def _check_finite(self, logits: Tensor, outputs: List[Tensor], mask: Tensor) -> None:
-        for name, state in zip(self.layer_names, outputs):
+    @staticmethod
+    def _check_finite(
+        logits: Tensor, outputs: List[Tensor], mask: Tensor, names: List[str]
+    ) -> None:
+        for name, state in zip(names, outputs):
             if not torch.isfinite(state[mask]).all():
                 raise ValueError(
                     f"layer: block {name} produced NaN or inf hidden states; check the "

@@ -195,7 +195,7 @@ def load_model(
         raise FileNotFoundError(f"{path} does not exist; expected {expected}")
     if path.is_dir():
         if not (path / "config.json").is_file():
-            pass
+            raise FileNotFoundError(f"{path} has no config.json; expected {expected}")
         with _transformers_bars(_show(progress)):
             model = AutoModelForCausalLM.from_pretrained(
                 path, local_files_only=True, trust_remote_code=trust_remote_code
@@ -290,7 +290,7 @@ def _read_gguf(
             f"transformers kept {gguf.name} quantized; its weights cannot be cached"
         )
     bar.update()
-    return model.eval(), tokenizer
+    return model, tokenizer
 
 
 def _dequantize_kwargs() -> Dict[str, Any]:
@@ -368,18 +368,19 @@ def _load_verified(
         or manifest.get("format") != _FORMAT
         or manifest.get("source") != source
         or not isinstance(manifest.get("files"), dict)
-        or "model.safetensors" not in manifest["files"]
-        or not isinstance(manifest.get("reference"), dict)
+        or not any(name.endswith(".safetensors") for name in manifest["files"])
         or not _files_match(target, manifest["files"])
     ):
         return None
     model = AutoModelForCausalLM.from_pretrained(
         target, local_files_only=True, use_safetensors=True
-    ).eval()
+    )
     tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
-    if not _matches_reference(model, tokenizer, manifest["reference"]):
+    try:
+        matches = _matches_reference(model, tokenizer, manifest["reference"])
+    except (KeyError, TypeError, IndexError):  # a malformed reference
         return None
-    return model, tokenizer
+    return (model, tokenizer) if matches else None
 
 
 def _show(progress: bool) -> bool:

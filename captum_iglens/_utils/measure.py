@@ -1,11 +1,12 @@
 r"""What one attribution method costs: wall time, peak memory, and passes through the model."""
 
+import os
 import resource
 import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 from torch import Tensor
@@ -147,8 +148,10 @@ def measure(model: Module, head: Module, device: torch.device) -> Iterator[Cost]
     cost.peak_bytes = max(0, end_bytes - start_bytes)
 
 
-def peak_memory_source(device: Optional[torch.device]) -> str:
-    """A short description of how :func:`measure` reads peak memory on ``device``."""
-    if device is not None and device.type == "cuda":
+def peak_memory_source(device: torch.device) -> str:
+    """How :func:`measure` reads peak memory on ``device``."""
+    if device.type == "cuda":
         return "torch.cuda.max_memory_allocated"
-    return "VmHWM (reset via /proc/self/clear_refs)" if _reset_rss_peak() else "ru_maxrss"
+    if os.access(_CLEAR_REFS, os.W_OK):
+        return "growth of VmHWM after a reset through /proc/self/clear_refs"
+    return "growth of ru_maxrss (shows only a method that exceeds the earlier peak)"

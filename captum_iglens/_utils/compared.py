@@ -1,0 +1,316 @@
+r"""
+The methods that :func:`captum_iglens.comparison.compare` runs, each on the same
+:class:`Work`: it returns an :class:`Outcome` with a token-by-layer score.
+
+Every method gets the inputs, positions, targets and blocks IG-Lens got. The
+logit lens reads its levels from IG-Lens's own pass; DLA records the residual
+stream with its own hooks on the same blocks; Captum's methods are Captum's own
+classes.
+"""
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import captum
+import torch
+from captum.attr import LayerConductance, LayerIntegratedGradients
+from torch import Tensor
+from torch.nn import Module, Sequential
+
+from captum_iglens.layer_ig_lens import BaselineType, LayerIGLens
+from captum_iglens.readout import LogitDivide, LogitScale, Readout, Softcap
+
+
+@dataclass
+class Work:
+    """What every method receives: the same inputs, targets, positions and blocks."""
+
+    model: Module
+    lens: LayerIGLens
+    input_ids: Tensor  # (B, T)
+    attention_mask: Optional[Tensor]  # (B, T)
+    targets: Tensor  # (B, P)
+    positions: Tensor  # (P,)
+    model_prob: Tensor  # (B, P): the model's own probability of each target
+    h0_prob: Tensor  # (B, P): f(h_0)
+    n_steps: int
+    baselines: BaselineType  # IG-Lens's
+    baseline_token: int  # Captum's methods'
+    internal_batch_size: Optional[int]
+
+    @property
+    def extra(self) -> Optional[Tuple[Tensor]]:
+        return None if self.attention_mask is None else (self.attention_mask,)
+
+    def levels(self) -> Tensor:
+        """``(B, P, k + 1)``: ``f(h_0), f(h_{L_1}), ...`` from IG-Lens's own pass."""
+        result = self.lens.attribute_map(
+            self.input_ids, None, self.targets, self.extra, positions=self.positions
+        )
+        return torch.cat([result.base_prob[..., None], result.lens], -1).clone()
+
+    def stream(self) -> Tensor:
+        """One forward: rows ``(B·P, k + 1, d)`` of ``h_0, h_{L_1}, ..., h_{L_k}``."""
+        states: Dict[int, Tensor] = {}
+
+        def keep(index: int, hidden: Any) -> None:
+            hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+            states.setdefault(index, hidden.detach()[:, self.positions.to(hidden.device)])
+
+        def first(module: Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+            keep(0, args[0] if args else kwargs["hidden_states"])
+
+        handles = [self.lens.input_layer.register_forward_pre_hook(first, with_kwargs=True)]
+        try:
+            for i, block in enumerate(self.lens.layers, start=1):
+                handles.append(
+                    block.register_forward_hook(lambda m, a, out, i=i: keep(i, out))
+                )
+            self.lens.forward_func(self.input_ids, self.attention_mask)
+        finally:
+            for handle in handles:
+                handle.remove()
+        device = next(self.lens.readout.parameters()).device
+        return torch.stack([states[i].to(device) for i in sorted(states)], 2).flatten(0, 1)
+
+    def captum_rows(self) -> Tuple[Tensor, Tuple[Any, ...]]:
+        """Each sequence once per position: ids ``(B·P, T)``, and ``F``'s other arguments."""
+        p = len(self.positions)
+        rows = self.input_ids.repeat_interleave(p, 0)
+        mask = self.attention_mask
+        return rows, (
+            None if mask is None else mask.repeat_interleave(p, 0),
+            self.positions.to(rows.device).repeat(self.input_ids.shape[0]),
+            self.targets.flatten().to(rows.device),
+        )
+
+
+@dataclass
+class Outcome:
+    """A method's ``(B, P, k)`` scores, what their sum should be, and ``Δp``."""
+
+    scores: Tensor
+    expected: Tensor
+    prob_change: Tensor
+    unit: str
+    note: str
+    delta: Optional[Tensor] = None
+
+
+class TargetProbability(Module):
+    r"""
+    ``F`` for Captum: the model's probability of ``target[i]`` at ``position[i]``
+    of sequence ``i``, one scalar per sequence, from token ids or from
+    ``inputs_embeds``. Position ids count from each sequence's first real token,
+    as in :class:`~captum_iglens.architectures.CausalLMForward`.
+    """
+
+    def __init__(self, model: Module, embeddings: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.key = "inputs_embeds" if embeddings else "input_ids"
+
+    def forward(
+        self, inputs: Tensor, attention_mask: Optional[Tensor], position: Tensor, target: Tensor
+    ) -> Tensor:
+        position_ids = (
+            None
+            if attention_mask is None
+            else (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        )
+        logits = self.model(
+            **{self.key: inputs},
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            logits_to_keep=position[:, None],
+            use_cache=False,
+        ).logits[:, 0]
+        probs = logits.float().softmax(-1)
+        return probs.gather(-1, target[:, None].to(probs.device))[:, 0]
+
+
+def ig_lens(work: Work) -> Outcome:
+    result = work.lens.attribute_map(
+        work.input_ids, work.baselines, work.targets, work.extra,
+        positions=work.positions, n_steps=work.n_steps,
+    )
+    change = result.model_prob - result.base_prob
+    start = "h_0" if work.baselines is None else f"baselines={work.baselines!r}"
+    note = f"prediction-aware IG of f_y along {start} → h_L1 → … → h_final."
+    return Outcome(result.attributions, change, change, "probability", note)
+
+
+def logit_lens(work: Work) -> Outcome:
+    levels = work.levels()
+    change = levels[..., -1] - levels[..., 0]
+    note = "levels f(h_L), not attributions; their sum is set against Δp = p − f(h_0)."
+    return Outcome(levels[..., 1:], change, change, "probability", note)
+
+
+def logit_lens_diff(work: Work) -> Outcome:
+    levels = work.levels()
+    change = levels[..., -1] - levels[..., 0]
+    note = (
+        "first differences f(h_Lj) − f(h_Lj−1), from f(h_0): they telescope, and are "
+        "IG-Lens's map when its baseline is h_0."
+    )
+    return Outcome(levels.diff(dim=-1), change, change, "probability", note)
+
+
+def _frozen_logit(readout: Readout) -> Tuple[Callable[[Tensor, Tensor, Tensor], Tensor], bool]:
+    r"""
+    ``ℓ̃(x; h_f)``: the target's logit of ``x`` through the readout, with the final
+    norm's scale taken from ``h_f`` (affine in ``x``); and whether softcapping was
+    left out.
+    """
+    parts = list(readout.norm) if isinstance(readout.norm, Sequential) else [readout.norm]
+    norm, after = parts[0], parts[1:]
+    kind = type(norm).__name__
+    centered = "LayerNorm" in kind
+    if norm is not None and not (centered or "RMSNorm" in kind):
+        raise ValueError(f"dla: the final norm {kind} is neither a LayerNorm nor an RMSNorm")
+    # OLMo's parameter-free LayerNorm has no attribute and uses torch's default 1e-5.
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-5))
+    post = readout.post
+    if post is not None and not isinstance(post, (LogitScale, LogitDivide, Softcap)):
+        raise ValueError(f"dla: the final transform {type(post).__name__} is not supported")
+    skip_post = isinstance(post, Softcap)
+
+    def scale(h: Tensor) -> Tensor:
+        h = h.float()
+        h = h - h.mean(-1, keepdim=True) if centered else h
+        return (h.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+    def logit(x: Tensor, h_f: Tensor, targets: Tensor) -> Tensor:
+        z = x
+        if norm is not None:
+            # norm(x) − norm(0) is weight · centred(x) / scale(x); rescale to h_f's scale.
+            zero = norm(torch.zeros_like(x[:1]))
+            z = (norm(x) - zero) * (scale(x) / scale(h_f)).to(x.dtype) + zero
+        for module in after:
+            z = module(z)
+        logits = readout.head(z)
+        if post is not None and not skip_post:
+            logits = post(logits)
+        return logits.float().gather(-1, targets[:, None].to(logits.device))[:, 0]
+
+    return logit, skip_post
+
+
+def dla(work: Work) -> Outcome:
+    logit, skip_post = _frozen_logit(work.lens.readout)
+    with torch.no_grad():
+        points, targets = work.stream(), work.targets.flatten()
+        n, k_plus_1, d = points.shape
+        # Per token: 0, h_0, Δ_1 ... Δ_k, h_final; all at h_final's norm scale.
+        rows = torch.cat(
+            [points.new_zeros(n, 1, d), points[:, :1], points.diff(dim=1), points[:, -1:]], 1
+        ).flatten(0, 1)
+        h_final = points[:, -1].repeat_interleave(k_plus_1 + 2, 0)
+        row_targets = targets.repeat_interleave(k_plus_1 + 2)
+        chunk = work.lens.readout.rows_per_chunk()
+        values = torch.cat(
+            [
+                logit(rows[s : s + chunk], h_final[s : s + chunk], row_targets[s : s + chunk])
+                for s in range(0, rows.shape[0], chunk)
+            ]
+        ).view(*work.targets.shape, k_plus_1 + 2)
+    scores = values[..., 2:-1] - values[..., :1]  # the linear part: no biases
+    where = " before softcapping" if skip_post else ""
+    note = (
+        f"update h_Lj − h_Lj−1 (from h_0) in logits{where}, final norm's scale from "
+        "h_final; sums to logit(h_final) − logit(h_0) at that scale, read against "
+        "Δp = p − f(h_0)."
+    )
+    change = values[..., -1] - values[..., 1]
+    return Outcome(scores, change, work.model_prob - work.h0_prob, "logit", note)
+
+
+def _captum_per_block(work: Work, conductance: bool) -> Outcome:
+    rows, extra = work.captum_rows()
+    baseline = torch.full_like(rows, work.baseline_token)
+    forward = TargetProbability(work.model, embeddings=conductance)
+    if conductance:
+        embed = work.model.get_input_embeddings()
+        with torch.no_grad():
+            rows, baseline = embed(rows), embed(baseline)
+    totals, deltas = [], []
+    for block in work.lens.layers:
+        method = (
+            LayerConductance(forward, block)
+            if conductance
+            else LayerIntegratedGradients(forward, block)
+        )
+        attributions, delta = method.attribute(
+            rows, baselines=baseline, additional_forward_args=extra, n_steps=work.n_steps,
+            internal_batch_size=work.internal_batch_size, return_convergence_delta=True,
+        )
+        totals.append(attributions.detach().float().flatten(1).sum(1))
+        deltas.append(delta.detach().float())
+    shape = work.targets.shape
+    scores = torch.stack(totals, -1).view(*shape, -1)
+    delta = torch.stack(deltas, -1).view(*shape, -1)
+    change = scores[..., 0] - delta[..., 0]  # F(x) − F(x'): the same for every block
+    what = "LayerConductance on inputs_embeds" if conductance else "LayerIntegratedGradients"
+    note = (
+        f"{what}, one call per block, F = p(target), x' = token {work.baseline_token} "
+        "everywhere; each block's total ≈ F(x) − F(x') (up to delta), so Σ ≈ k·Δp."
+    )
+    return Outcome(scores, change, change, "probability", note, delta)
+
+
+def layer_conductance(work: Work) -> Outcome:
+    return _captum_per_block(work, conductance=True)
+
+
+def layer_integrated_gradients(work: Work) -> Outcome:
+    return _captum_per_block(work, conductance=False)
+
+
+def layer_integrated_gradients_multilayer(work: Work) -> Outcome:
+    rows, extra = work.captum_rows()
+    kwargs: Dict[str, Any] = dict(
+        baselines=torch.full_like(rows, work.baseline_token), additional_forward_args=extra,
+        n_steps=work.n_steps, internal_batch_size=work.internal_batch_size,
+        return_convergence_delta=True,
+    )
+    forward = TargetProbability(work.model, embeddings=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "Multiple layers provided..."
+        lig = LayerIntegratedGradients(forward, work.lens.layers)
+    try:
+        attributions, delta = lig.attribute(rows, **kwargs)
+        happened = "the call on the list of blocks ran"
+    except RuntimeError as error:
+        attributions, delta = lig.attribute(
+            rows, **kwargs, grad_kwargs={"materialize_grads": True}
+        )
+        happened = (
+            f"Captum raised RuntimeError ({str(error).splitlines()[0]}); rerun with "
+            "grad_kwargs={'materialize_grads': True} (cost counts both calls)"
+        )
+    shape = work.targets.shape
+    scores = torch.stack(
+        [a.detach().float().flatten(1).sum(1) for a in attributions], -1
+    ).view(*shape, -1)
+    delta = delta.detach().float().view(shape)
+    names = work.lens.layer_names
+    zeros = [name for name, s in zip(names, scores.unbind(-1)) if not s.any()]
+    note = (
+        f"one LayerIntegratedGradients call on all {len(names)} blocks (captum "
+        f"{captum.__version__}): {happened}; all-zero blocks: {zeros or 'none'}."
+    )
+    change = scores.sum(-1) - delta
+    return Outcome(scores, change, change, "probability", note, delta)
+
+
+RUNNERS: Dict[str, Callable[[Work], Outcome]] = {
+    "ig_lens": ig_lens,
+    "logit_lens": logit_lens,
+    "logit_lens_diff": logit_lens_diff,
+    "dla": dla,
+    "layer_conductance": layer_conductance,
+    "layer_integrated_gradients": layer_integrated_gradients,
+    "layer_integrated_gradients_multilayer": layer_integrated_gradients_multilayer,
+}
