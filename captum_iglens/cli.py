@@ -96,6 +96,10 @@ def _attribute_parser() -> argparse.ArgumentParser:
     parser.add_argument("--method", choices=METHODS, default="prediction_aware")
     parser.add_argument("--n-steps", type=int, default=50)
     parser.add_argument("--onset-frac", type=float, default=0.5)
+    parser.add_argument(
+        "--granularity", choices=("block", "sublayer"), default="block",
+        help="'sublayer' credits attention and MLP of each block separately",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the full result as JSON")
     parser.add_argument("--csv", metavar="PATH", help="write a long-format CSV")
     parser.add_argument("--png", metavar="PATH", help="write the heatmap as PNG")
@@ -189,6 +193,7 @@ def _attribute(argv: Sequence[str]) -> int:
             baselines=args.baseline,
             method=args.method,
             n_steps=args.n_steps,
+            granularity=args.granularity,
         ),
     )
     width = shutil.get_terminal_size((120, 24)).columns

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from transformers.generation.streamers import BaseStreamer
 
 import captum_iglens
-from captum_iglens.layer_ig_lens import BaselineType, LayerIGLens
+from captum_iglens.layer_ig_lens import BaselineType, Granularity, LayerIGLens
 from captum_iglens.result import IGLensResult
 
 Positions = Literal["answer", "prompt", "all"]
@@ -172,6 +172,7 @@ def attribute_text(
     baselines: BaselineType = None,
     method: str = "prediction_aware",
     n_steps: int = 50,
+    granularity: Granularity = "block",
     progress: bool = False,
 ) -> IGLensResult:
     r"""
@@ -196,7 +197,8 @@ def attribute_text(
                     is always included. Default: all blocks.
         positions (str, optional): ``"answer"``, ``"prompt"`` or ``"all"``: the
                     tokens whose probabilities are attributed. Default: ``"answer"``.
-        baselines, method, n_steps: As in :meth:`LayerIGLens.attribute_map`.
+        baselines, method, n_steps, granularity: As in
+                    :meth:`LayerIGLens.attribute_map`.
         progress (bool, optional): Progress bar for generation. Default: False.
 
     Returns:
@@ -223,6 +225,7 @@ def attribute_text(
         positions=pos,
         method=method,
         n_steps=n_steps,
+        granularity=granularity,
     )
     result.tokens = [[tokenizer.decode([i]) for i in targets[0].tolist()]]
     result.metadata = {
@@ -230,6 +233,7 @@ def attribute_text(
         "answer": tokenizer.decode(answer_ids),
         "chat": chat,
         "positions": positions,
+        "granularity": granularity,
         "baselines": baselines if isinstance(baselines, (str, int, float)) else None,
         "model": getattr(model.config, "_name_or_path", "") or type(model).__name__,
         "versions": {

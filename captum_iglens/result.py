@@ -122,9 +122,10 @@ class IGLensResult:
         credits = self.attributions[batch_index]
         labels = self._token_labels(batch_index)
         token_w = max([5] + [len(labels[r]) for r in rows])
+        col_w = max(7, 1 + max(len(n) for n in self.layer_names))
         fixed = token_w + 5 * 9 + 6
         k = len(self.layer_names)
-        fits = max(1, (width - fixed) // 8)
+        fits = max(1, (width - fixed) // (col_w + 1))
         if fits >= k:
             shown = list(range(k))
         else:
@@ -132,11 +133,13 @@ class IGLensResult:
             shown = sorted(score.topk(fits).indices.tolist())
         onset = self.onset(onset_frac)[batch_index]
         change = self.model_prob[batch_index] - self.base_prob[batch_index]
-        head = [f"{'token':<{token_w}}"] + [f"{'L' + self.layer_names[j]:>7}" for j in shown]
+        head = [f"{'token':<{token_w}}"]
+        head += [f"{'L' + self.layer_names[j]:>{col_w}}" for j in shown]
         head += [f"{c:>8}" for c in ("lens@top", "Σ", "Δp", "p_model", "onset")]
         lines = [" ".join(head)]
         for r in rows:
-            cells = [f"{labels[r]:<{token_w}}"] + [f"{credits[r, j]:>+7.3f}" for j in shown]
+            cells = [f"{labels[r]:<{token_w}}"]
+            cells += [f"{credits[r, j]:>+{col_w}.3f}" for j in shown]
             cells += [
                 f"{self.lens[batch_index, r, -1]:>8.4f}",
                 f"{credits[r].sum():>+8.4f}",

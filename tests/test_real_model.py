@@ -93,3 +93,17 @@ def test_readme_python_example_runs(default_model, capsys):
     out = capsys.readouterr().out
     match = re.search(r"max \|Σ - Δp\| = ([0-9.e+-]+)", out)
     assert match and float(match.group(1)) <= FP32_TOL
+
+
+def test_sublayer_map_on_real_weights(default_model, padded_batch):
+    model, _ = default_model
+    ids, mask = padded_batch
+    lens = LayerIGLens.from_model(model, layers=[5, 15])
+    blocks = lens.attribute_map(ids, additional_forward_args=(mask,), positions=[-1])
+    subs = lens.attribute_map(
+        ids, additional_forward_args=(mask,), positions=[-1], granularity="sublayer"
+    )
+    assert subs.layer_names == ["5.attn", "5.mlp", "15.attn", "15.mlp", "29.attn", "29.mlp"]
+    paired = subs.attributions.view(2, 1, 3, 2).sum(-1)
+    assert (paired - blocks.attributions).abs().max() <= FP32_TOL
+    assert subs.delta.abs().max() <= FP32_TOL
