@@ -1,6 +1,7 @@
 r"""IG-Lens: exact layer-wise attribution of a token's probability, in Captum's style."""
 
-from captum_iglens.layer_ig_lens import METHODS, LayerIGLens
+from captum_iglens._utils.estimators import METHODS
+from captum_iglens.layer_ig_lens import LayerIGLens
 from captum_iglens.readout import Readout
 from captum_iglens.result import IGLensResult
 

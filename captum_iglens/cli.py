@@ -13,9 +13,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from captum_iglens.layer_ig_lens import METHODS
+from captum_iglens._utils.estimators import METHODS
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 class CommandError(Exception):
@@ -40,8 +44,12 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _prompt_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", nargs="?", help="the prompt (or use --stdin)")
-    parser.add_argument("--stdin", action="store_true", help="read the prompt from stdin")
-    parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    parser.add_argument(
+        "--stdin", action="store_true", help="read the prompt from stdin"
+    )
+    parser.add_argument(
+        "--no-chat", action="store_true", help="do not apply the chat template"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument(
         "--layers",
@@ -50,11 +58,14 @@ def _prompt_arguments(parser: argparse.ArgumentParser) -> None:
         "included; default: all)",
     )
     parser.add_argument(
-        "--positions", choices=("answer", "prompt", "all"), default="answer",
+        "--positions",
+        choices=("answer", "prompt", "all"),
+        default="answer",
         help="which tokens to attribute (default: answer)",
     )
     parser.add_argument(
-        "--quiet", action="store_true",
+        "--quiet",
+        action="store_true",
         help="no progress bars (they are also off when stderr is not a terminal)",
     )
 
@@ -90,14 +101,18 @@ def _attribute_parser() -> argparse.ArgumentParser:
     )
     _prompt_arguments(parser)
     parser.add_argument(
-        "--baseline", type=_baseline, default=None,
+        "--baseline",
+        type=_baseline,
+        default=None,
         help="'h0' (the first block's input, default), 'mean', or a number",
     )
     parser.add_argument("--method", choices=METHODS, default="prediction_aware")
     parser.add_argument("--n-steps", type=int, default=50)
     parser.add_argument("--onset-frac", type=float, default=0.5)
     parser.add_argument(
-        "--granularity", choices=("block", "sublayer"), default="block",
+        "--granularity",
+        choices=("block", "sublayer"),
+        default="block",
         help="'sublayer' credits attention and MLP of each block separately",
     )
     parser.add_argument("--json", metavar="PATH", help="write the full result as JSON")
@@ -117,12 +132,16 @@ def _compare_parser() -> argparse.ArgumentParser:
     )
     _prompt_arguments(parser)
     parser.add_argument(
-        "--methods", type=lambda s: tuple(s.split(",")), default=tuple(COMPARED),
+        "--methods",
+        type=lambda s: tuple(s.split(",")),
+        default=tuple(COMPARED),
         help=f"comma-separated, from {','.join(COMPARED)}",
     )
     parser.add_argument("--n-steps", type=int, default=32)
     parser.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
-    parser.add_argument("--png", metavar="PATH", help="write the comparison plot as PNG")
+    parser.add_argument(
+        "--png", metavar="PATH", help="write the comparison plot as PNG"
+    )
     _model_arguments(parser)
     return parser
 
@@ -141,7 +160,9 @@ def _progress(args: argparse.Namespace) -> bool:
 def _load(args: argparse.Namespace) -> Tuple[Any, Any]:
     from captum_iglens.models import load_default, load_model
 
-    options = dict(dtype=_DTYPES[args.dtype], device=args.device, progress=_progress(args))
+    options = dict(
+        dtype=_DTYPES[args.dtype], device=args.device, progress=_progress(args)
+    )
     if args.model is None:
         return load_default(**options)
     return load_model(args.model, trust_remote_code=args.trust_remote_code, **options)
@@ -222,7 +243,10 @@ def _compare(argv: Sequence[str]) -> int:
     model, tokenizer = _load(args)
     prompt_ids = encode_prompt(tokenizer, prompt, chat=not args.no_chat)
     answer_ids = generate_answer(
-        model, tokenizer, prompt_ids, max_new_tokens=args.max_new_tokens,
+        model,
+        tokenizer,
+        prompt_ids,
+        max_new_tokens=args.max_new_tokens,
         progress=_progress(args),
     )
     ids, positions, targets = teacher_forcing(prompt_ids, answer_ids, args.positions)
@@ -260,7 +284,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv = argv[1:]
     try:
         return command(argv)
-    except (CommandError, ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as err:
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    except (
+        CommandError,
+        ValueError,
+        TypeError,
+        FileNotFoundError,
+        ModuleNotFoundError,
+    ) as err:
+        message = (
+            str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        )
         print(f"captum-iglens: error: {message}", file=sys.stderr)
         return 2

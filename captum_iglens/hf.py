@@ -100,10 +100,14 @@ def generate_answer(
         *Tensor* of shape ``(n,)``: the generated token ids, ``n <= max_new_tokens``.
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
+        raise ValueError(
+            f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}"
+        )
     stops = stop_token_ids(tokenizer)
     device = next(model.parameters()).device
-    bar = tqdm(total=max_new_tokens, desc="generating", unit="tok", disable=not progress)
+    bar = tqdm(
+        total=max_new_tokens, desc="generating", unit="tok", disable=not progress
+    )
     with torch.inference_mode():
         out = model.generate(
             input_ids.to(device),
@@ -111,9 +115,11 @@ def generate_answer(
             max_new_tokens=max_new_tokens,
             do_sample=False,
             eos_token_id=stops or None,
-            pad_token_id=tokenizer.pad_token_id
-            if tokenizer.pad_token_id is not None
-            else (stops[0] if stops else 0),
+            pad_token_id=(
+                tokenizer.pad_token_id
+                if tokenizer.pad_token_id is not None
+                else (stops[0] if stops else 0)
+            ),
             streamer=_Progress(bar),
         )
     answer = out[0, input_ids.shape[1] :].cpu()
@@ -209,10 +215,16 @@ def attribute_text(
     prompt_ids = encode_prompt(tokenizer, prompt, chat=chat)
     if answer is None:
         answer_ids = generate_answer(
-            model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens, progress=progress
+            model,
+            tokenizer,
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            progress=progress,
         )
     elif isinstance(answer, str):
-        answer_ids = tokenizer(answer, add_special_tokens=False, return_tensors="pt").input_ids[0]
+        answer_ids = tokenizer(
+            answer, add_special_tokens=False, return_tensors="pt"
+        ).input_ids[0]
     else:
         answer_ids = answer
     ids, pos, targets = teacher_forcing(prompt_ids, answer_ids, positions)

@@ -1,6 +1,5 @@
 r"""LayerIGLens: exact layer-wise attribution of a token's probability."""
 
-import inspect
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union
@@ -13,7 +12,6 @@ from captum._utils.common import (
 )
 from captum._utils.typing import TargetType
 from captum.attr import GradientAttribution, LayerAttribution
-from captum.attr._utils.approximation_methods import SUPPORTED_METHODS
 from captum.log import log_usage
 from torch import Tensor
 from torch.nn import Module, ModuleList
@@ -29,15 +27,21 @@ from captum_iglens._utils.estimators import (
     path_values,
     prediction_aware_attributions,
 )
+from captum_iglens._utils.inputs import (
+    BaselineType,
+    PositionsType,
+    attention_mask_of,
+    baseline_states,
+    check_baselines,
+    check_settings,
+    output_logits,
+    resolve_positions,
+    resolve_targets,
+)
 from captum_iglens.readout import Readout
 from captum_iglens.result import IGLensResult
 
-#: Estimators accepted by ``method=``: ours first, then Captum's rules.
-METHODS: Tuple[str, ...] = ("prediction_aware", *SUPPORTED_METHODS)
-
-BaselineType = Union[None, int, float, Tensor, str]
 Granularity = Literal["block", "sublayer"]
-PositionsType = Union[None, int, Sequence[int], Tensor]
 
 
 @dataclass
@@ -149,8 +153,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 "or Readout(head=..., norm=..., post=...)"
             )
         input_layer = layers[0] if input_layer is None else input_layer
-        names = self._default_names(forward_func, layers) if layer_names is None else (
-            [str(n) for n in layer_names]
+        names = (
+            self._default_names(forward_func, layers)
+            if layer_names is None
+            else ([str(n) for n in layer_names])
         )
         if len(names) != len(layers):
             raise ValueError(
@@ -187,7 +193,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         )
 
     @staticmethod
-    def _default_names(forward_func: Callable[..., Any], layers: List[Module]) -> List[str]:
+    def _default_names(
+        forward_func: Callable[..., Any], layers: List[Module]
+    ) -> List[str]:
         if isinstance(forward_func, Module):
             qualified = {id(m): name for name, m in forward_func.named_modules()}
             return [qualified.get(id(m), str(i)) for i, m in enumerate(layers)]
@@ -381,10 +389,15 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             ...     ids.input_ids, return_convergence_delta=True)
             >>> len(attr), attr[0].shape  # one (B, T, d) tensor per block
         """
-        self._check_settings(n_steps, method, internal_batch_size, attribute_to_layer_input)
+        check_settings(n_steps, method, internal_batch_size, attribute_to_layer_input)
         with torch.no_grad():
             path = self._path(
-                inputs, baselines, target, additional_forward_args, positions, granularity
+                inputs,
+                baselines,
+                target,
+                additional_forward_args,
+                positions,
+                granularity,
             )
         b, p, k_plus_1, d = path.points.shape
         points = path.points.flatten(0, 1)
@@ -407,7 +420,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         attrs = attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
         per_layer = list(attrs.unbind(dim=2))
         out: Union[Tensor, List[Tensor]] = (
-            per_layer[0] if len(per_layer) == 1 and not isinstance(self.layer, list) else per_layer
+            per_layer[0]
+            if len(per_layer) == 1 and not isinstance(self.layer, list)
+            else per_layer
         )
         if not return_convergence_delta:
             return out
@@ -454,25 +469,38 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``lens``
             of shape ``(B, P, k)`` and ``delta`` of shape ``(B, P)``.
         """
-        self._check_settings(n_steps, method, internal_batch_size, False)
+        check_settings(n_steps, method, internal_batch_size, False)
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
-        grad_free = torch.inference_mode if method == "prediction_aware" else torch.no_grad
+        grad_free = (
+            torch.inference_mode if method == "prediction_aware" else torch.no_grad
+        )
         with grad_free():
             path = self._path(
-                inputs, baselines, target, additional_forward_args, positions, granularity
+                inputs,
+                baselines,
+                target,
+                additional_forward_args,
+                positions,
+                granularity,
             )
             b, p, k_plus_1, d = path.points.shape
             points = path.points.flatten(0, 1)
             targets = path.targets.flatten()
             # The last point is valued by the model's own output (see the class notes).
             below_top = path_values(self.readout, points[:, :-1], targets, chunk_rows)
-            values = torch.cat([below_top.view(b, p, -1), path.model_prob[..., None]], -1)
+            values = torch.cat(
+                [below_top.view(b, p, -1), path.model_prob[..., None]], -1
+            )
         if method == "prediction_aware":
             credits = values.diff(dim=-1)
         else:
-            credits = gradient_attributions(
-                self.readout, points, targets, n_steps, method, chunk_rows
-            ).sum(-1).view(b, p, -1)
+            credits = (
+                gradient_attributions(
+                    self.readout, points, targets, n_steps, method, chunk_rows
+                )
+                .sum(-1)
+                .view(b, p, -1)
+            )
         mask = path.mask
         credits = credits * mask[..., None]
         delta = (credits.sum(-1) - (path.model_prob - values[..., 0])) * mask
@@ -492,34 +520,6 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
     # ------------------------------------------------------------------ internals
 
-    def _check_settings(
-        self,
-        n_steps: int,
-        method: str,
-        internal_batch_size: Optional[int],
-        attribute_to_layer_input: bool,
-    ) -> None:
-        if method not in METHODS:
-            raise ValueError(f"method: expected one of {list(METHODS)}, got {method!r}")
-        min_steps = 2 if method.startswith("riemann") else 1
-        if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < min_steps:
-            raise ValueError(
-                f"n_steps: expected an int >= {min_steps} for method {method!r}, "
-                f"got {n_steps!r}"
-            )
-        if internal_batch_size is not None and (
-            not isinstance(internal_batch_size, int) or internal_batch_size < 1
-        ):
-            raise ValueError(
-                f"internal_batch_size: expected None or an int >= 1, got "
-                f"{internal_batch_size!r}"
-            )
-        if attribute_to_layer_input:
-            raise ValueError(
-                "attribute_to_layer_input: IG-Lens follows the residual stream through "
-                "block outputs; pass False (choose earlier blocks in `layer` instead)"
-            )
-
     def _path(
         self,
         inputs: Union[Tensor, Tuple[Tensor, ...]],
@@ -529,9 +529,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         positions: PositionsType,
         granularity: Granularity,
     ) -> _Path:
-        formatted = _format_tensor_into_tuples(inputs) if isinstance(inputs, Tensor) else inputs
-        if not isinstance(formatted, tuple) or not formatted or not isinstance(
-            formatted[0], Tensor
+        formatted = (
+            _format_tensor_into_tuples(inputs) if isinstance(inputs, Tensor) else inputs
+        )
+        if (
+            not isinstance(formatted, tuple)
+            or not formatted
+            or not isinstance(formatted[0], Tensor)
         ):
             raise TypeError(
                 "inputs: expected a tensor (B, T) of token ids or (B, T, d) of "
@@ -540,24 +544,26 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         first = formatted[0]
         if first.dim() < 2 or first.shape[0] == 0 or first.shape[1] == 0:
             raise ValueError(
-                "inputs: expected a non-empty batch (B, T) or (B, T, d) with B, T >= 1, "
-                f"got shape {tuple(first.shape)}"
+                "inputs: expected a non-empty batch (B, T) or (B, T, d) with "
+                f"B, T >= 1, got shape {tuple(first.shape)}"
             )
         batch, length = first.shape[:2]
         extra = _format_additional_forward_args(additional_forward_args)
-        attention_mask = self._attention_mask(formatted, extra, batch, length)
+        attention_mask = attention_mask_of(
+            self.forward_func, formatted, extra, batch, length
+        )
         device = next(self.readout.parameters()).device
-        pos = self._positions(positions, length, attention_mask)
+        pos = resolve_positions(positions, length, attention_mask)
         vocab = self.readout.vocab_size
-        explicit_targets = self._explicit_targets(target, batch, len(pos), vocab)
-        self._check_baselines(baselines)
+        explicit_targets = resolve_targets(target, batch, len(pos), vocab)
+        check_baselines(baselines)
 
         points, names = self._path_points(granularity)
         capture = ResidualCapture(self.input_layer, points, pos, device)
         with capture:
             output = _run_forward(self.forward_func, formatted, None, extra)
         h_0, outputs = capture.path()
-        logits = self._logits(output, batch, length, vocab)
+        logits = output_logits(output, batch, length, vocab)
         if logits.dim() == 2:  # last-position logits: only the last position
             if positions is not None and pos.tolist() != [length - 1]:
                 raise ValueError(
@@ -579,12 +585,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         )
         self._check_finite(logits, outputs, mask, names)
         targets = (
-            logits.argmax(-1) if explicit_targets is None else explicit_targets.to(device)
+            logits.argmax(-1)
+            if explicit_targets is None
+            else explicit_targets.to(device)
         )
         model_prob = logits.softmax(-1).gather(-1, targets[..., None])[..., 0]
         pos = pos.to(device)
         self._check_top(outputs[-1], logits, mask)
-        base = self._baseline(baselines, h_0, attention_mask).index_select(1, pos)
+        base = baseline_states(baselines, h_0, attention_mask).index_select(1, pos)
         return _Path(
             points=torch.stack([base, *outputs], dim=2),
             targets=targets,
@@ -594,7 +602,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             names=names,
         )
 
-    def _path_points(self, granularity: Granularity) -> Tuple[List[PathPoint], List[str]]:
+    def _path_points(
+        self, granularity: Granularity
+    ) -> Tuple[List[PathPoint], List[str]]:
         """The hooked modules of the path, and a name for each segment's credit."""
         if granularity == "block":
             return [(m, False) for m in self.layers], list(self.layer_names)
@@ -616,141 +626,6 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             points += [(mid, True), (block, False)]
             names += [f"{name}.attn", f"{name}.mlp"]
         return points, names
-
-    def _attention_mask(
-        self,
-        inputs: Tuple[Tensor, ...],
-        extra: Optional[Tuple[Any, ...]],
-        batch: int,
-        length: int,
-    ) -> Optional[Tensor]:
-        """The tensor bound to a parameter named ``attention_mask``, if any."""
-        func = self.forward_func
-        try:
-            bound = inspect.signature(
-                func.forward if isinstance(func, Module) else func
-            ).bind_partial(
-                *inputs, *(extra or ())
-            )
-        except (TypeError, ValueError):
-            return None
-        mask = bound.arguments.get("attention_mask")
-        if not isinstance(mask, Tensor):
-            return None
-        if tuple(mask.shape) != (batch, length):
-            raise ValueError(
-                f"additional_forward_args: expected attention_mask of shape "
-                f"({batch}, {length}), got {tuple(mask.shape)}"
-            )
-        return mask
-
-    @staticmethod
-    def _positions(
-        positions: PositionsType, length: int, attention_mask: Optional[Tensor]
-    ) -> Tensor:
-        if positions is None:
-            if attention_mask is None:
-                return torch.arange(length)
-            return attention_mask.bool().any(0).nonzero()[:, 0].cpu()
-        pos = torch.as_tensor(positions)
-        if pos.dtype not in (torch.int64, torch.int32) or pos.dim() > 1 or pos.numel() == 0:
-            raise ValueError(
-                "positions: expected a non-empty 1-D list or tensor of int positions, "
-                f"got {positions!r}"
-            )
-        pos = pos.reshape(-1).long().cpu()
-        if ((pos < -length) | (pos >= length)).any():
-            raise ValueError(
-                f"positions: expected values in [-{length}, {length}), got "
-                f"{pos.tolist()}"
-            )
-        return pos % length
-
-    @staticmethod
-    def _explicit_targets(
-        target: TargetType, batch: int, n_positions: int, vocab: int
-    ) -> Optional[Tensor]:
-        if target is None:
-            return None
-        if isinstance(target, bool) or not isinstance(target, (int, list, Tensor)):
-            raise TypeError(
-                "target: expected None, an int, a list of B ints, or a LongTensor "
-                f"(B,) or (B, P) of token ids; got {type(target).__name__}"
-            )
-        ids = torch.as_tensor(target)
-        if ids.is_floating_point() or ids.dtype == torch.bool:
-            raise TypeError(f"target: expected integer token ids, got dtype {ids.dtype}")
-        if ids.dim() == 0:
-            ids = ids.expand(batch, n_positions)
-        elif ids.dim() == 1 and ids.shape[0] == batch:
-            ids = ids[:, None].expand(batch, n_positions)
-        elif tuple(ids.shape) != (batch, n_positions):
-            raise ValueError(
-                f"target: expected an int, {batch} ids (one per example) or a "
-                f"({batch}, {n_positions}) tensor (one per attributed position), got "
-                f"shape {tuple(ids.shape)}"
-            )
-        if ((ids < 0) | (ids >= vocab)).any():
-            raise ValueError(
-                f"target: token ids must lie in [0, {vocab}), got min "
-                f"{int(ids.min())}, max {int(ids.max())}"
-            )
-        return ids.long()
-
-    @staticmethod
-    def _check_baselines(baselines: BaselineType) -> None:
-        if isinstance(baselines, str):
-            valid = baselines == "mean"
-        else:
-            valid = baselines is None or (
-                isinstance(baselines, (int, float, Tensor))
-                and not isinstance(baselines, bool)
-            )
-        if not valid:
-            raise TypeError(
-                'baselines: expected None, "mean", a number, or a tensor broadcastable '
-                f"to the hidden states (B, T, d); got {baselines!r}"
-            )
-
-    @staticmethod
-    def _baseline(
-        baselines: BaselineType, h_0: Tensor, attention_mask: Optional[Tensor]
-    ) -> Tensor:
-        if baselines is None:
-            return h_0
-        if isinstance(baselines, str):
-            weight = (
-                torch.ones(h_0.shape[:2], device=h_0.device)
-                if attention_mask is None
-                else attention_mask.to(h_0.device).float()
-            )[..., None]
-            mean = (h_0.float() * weight).sum(1, keepdim=True) / weight.sum(1, keepdim=True)
-            return mean.to(h_0.dtype).expand_as(h_0)
-        value = torch.as_tensor(baselines, dtype=h_0.dtype, device=h_0.device)
-        try:
-            return torch.broadcast_to(value, h_0.shape)
-        except RuntimeError:
-            raise ValueError(
-                f"baselines: expected a tensor broadcastable to the hidden states "
-                f"{tuple(h_0.shape)}, got shape {tuple(value.shape)}"
-            ) from None
-
-    @staticmethod
-    def _logits(output: Any, batch: int, length: int, vocab: int) -> Tensor:
-        logits = getattr(output, "logits", output)
-        if not isinstance(logits, Tensor):
-            raise TypeError(
-                "forward_func: expected it to return logits (B, T, V), an object "
-                f"with .logits, or last-position logits (B, V); got "
-                f"{type(output).__name__}"
-            )
-        if tuple(logits.shape) in ((batch, vocab), (batch, length, vocab)):
-            return logits
-        raise ValueError(
-            f"forward_func: expected logits of shape ({batch}, {length}, {vocab}) or "
-            f"({batch}, {vocab}) (vocabulary from the readout), got "
-            f"{tuple(logits.shape)}"
-        )
 
     @staticmethod
     def _check_finite(

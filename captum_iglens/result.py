@@ -150,11 +150,13 @@ class IGLensResult:
             lines.append(" ".join(cells))
         if len(shown) < k:
             lines.append(
-                f"(showing {len(shown)} of {k} layers, those with the largest |credit|; "
-                "Σ includes all layers)"
+                f"(showing {len(shown)} of {k} layers, those with the largest "
+                "|credit|; Σ includes all layers)"
             )
         residual = (credits.sum(-1) - change)[rows].abs().max().item() if rows else 0.0
-        lines.append(f"completeness: max |Σ - Δp| = {residual:.2e} over {len(rows)} tokens")
+        lines.append(
+            f"completeness: max |Σ - Δp| = {residual:.2e} over {len(rows)} tokens"
+        )
         return "\n".join(lines)
 
     def _token_labels(self, batch_index: int) -> List[str]:

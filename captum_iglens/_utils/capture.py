@@ -92,7 +92,9 @@ class ResidualCapture:
         module = self.points[index][0]
         if at_input:
             return module.register_forward_pre_hook(
-                lambda m, args, kwargs: self._record(index, _hidden_of(None, args, kwargs)),
+                lambda m, args, kwargs: self._record(
+                    index, _hidden_of(None, args, kwargs)
+                ),
                 with_kwargs=True,
             )
         return module.register_forward_hook(

@@ -1,11 +1,11 @@
 r"""
-The methods that :func:`captum_iglens.comparison.compare` runs, each on the same
-:class:`Work`: it returns an :class:`Outcome` with a token-by-layer score.
+The methods that :func:`captum_iglens.comparison.compare` runs. Each takes the
+same :class:`Work` (the inputs, positions, targets and blocks IG-Lens got) and
+returns an :class:`Outcome` with a token-by-layer score.
 
-Every method gets the inputs, positions, targets and blocks IG-Lens got. The
-logit lens reads its levels from IG-Lens's own pass; DLA records the residual
+The logit lens reads its levels from IG-Lens's own pass; DLA records the residual
 stream with its own hooks on the same blocks; Captum's methods are Captum's own
-classes.
+classes, called through :class:`TargetProbability`.
 """
 
 import warnings
@@ -20,6 +20,8 @@ from torch.nn import Module, Sequential
 
 from captum_iglens.layer_ig_lens import BaselineType, LayerIGLens
 from captum_iglens.readout import LogitDivide, LogitScale, Readout, Softcap
+
+_UNUSED_IN_GRAPH = "not have been used in the graph"
 
 
 @dataclass
@@ -36,15 +38,15 @@ class Work:
     h0_prob: Tensor  # (B, P): f(h_0)
     n_steps: int
     baselines: BaselineType  # IG-Lens's
-    baseline_token: int  # Captum's methods'
-    internal_batch_size: Optional[int]
+    baseline_token: int  # the token of Captum's baseline input
+    internal_batch_size: Optional[int]  # Captum's
 
     @property
     def extra(self) -> Optional[Tuple[Tensor]]:
         return None if self.attention_mask is None else (self.attention_mask,)
 
     def levels(self) -> Tensor:
-        """``(B, P, k + 1)``: ``f(h_0), f(h_{L_1}), ...`` from IG-Lens's own pass."""
+        """``(B, P, k + 1)``: ``f(h_0), f(h_{L_1}), ...``, from IG-Lens's own pass."""
         result = self.lens.attribute_map(
             self.input_ids, None, self.targets, self.extra, positions=self.positions
         )
@@ -53,29 +55,32 @@ class Work:
     def stream(self) -> Tensor:
         """One forward: rows ``(B·P, k + 1, d)`` of ``h_0, h_{L_1}, ..., h_{L_k}``."""
         states: Dict[int, Tensor] = {}
+        positions = self.positions
 
         def keep(index: int, hidden: Any) -> None:
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden
-            states.setdefault(index, hidden.detach()[:, self.positions.to(hidden.device)])
+            states.setdefault(index, hidden.detach()[:, positions.to(hidden.device)])
 
-        def first(module: Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-            keep(0, args[0] if args else kwargs["hidden_states"])
+        def first(module: Module, args: Tuple[Any, ...], kw: Dict[str, Any]) -> None:
+            keep(0, args[0] if args else kw["hidden_states"])
 
-        handles = [self.lens.input_layer.register_forward_pre_hook(first, with_kwargs=True)]
+        lens = self.lens
+        handles = [lens.input_layer.register_forward_pre_hook(first, with_kwargs=True)]
         try:
-            for i, block in enumerate(self.lens.layers, start=1):
+            for i, block in enumerate(lens.layers, start=1):
                 handles.append(
                     block.register_forward_hook(lambda m, a, out, i=i: keep(i, out))
                 )
-            self.lens.forward_func(self.input_ids, self.attention_mask)
+            lens.forward_func(self.input_ids, self.attention_mask)
         finally:
             for handle in handles:
                 handle.remove()
-        device = next(self.lens.readout.parameters()).device
-        return torch.stack([states[i].to(device) for i in sorted(states)], 2).flatten(0, 1)
+        device = next(lens.readout.parameters()).device
+        rows = [states[i].to(device) for i in range(len(lens.layers) + 1)]
+        return torch.stack(rows, 2).flatten(0, 1)
 
     def captum_rows(self) -> Tuple[Tensor, Tuple[Any, ...]]:
-        """Each sequence once per position: ids ``(B·P, T)``, and ``F``'s other arguments."""
+        """Each sequence once per position: ids ``(B·P, T)``, and ``F``'s other args."""
         p = len(self.positions)
         rows = self.input_ids.repeat_interleave(p, 0)
         mask = self.attention_mask
@@ -103,7 +108,13 @@ class TargetProbability(Module):
     ``F`` for Captum: the model's probability of ``target[i]`` at ``position[i]``
     of sequence ``i``, one scalar per sequence, from token ids or from
     ``inputs_embeds``. Position ids count from each sequence's first real token,
-    as in :class:`~captum_iglens.architectures.CausalLMForward`.
+    as in :class:`~captum_iglens.architectures.CausalLMForward`; logits are
+    computed at ``position[i]`` only.
+
+    Args:
+
+        model (transformers.PreTrainedModel): The causal LM.
+        embeddings (bool): Take ``inputs_embeds`` (True) or ``input_ids`` (False).
     """
 
     def __init__(self, model: Module, embeddings: bool) -> None:
@@ -112,7 +123,11 @@ class TargetProbability(Module):
         self.key = "inputs_embeds" if embeddings else "input_ids"
 
     def forward(
-        self, inputs: Tensor, attention_mask: Optional[Tensor], position: Tensor, target: Tensor
+        self,
+        inputs: Tensor,
+        attention_mask: Optional[Tensor],
+        position: Tensor,
+        target: Tensor,
     ) -> Tensor:
         position_ids = (
             None
@@ -152,29 +167,32 @@ def logit_lens_diff(work: Work) -> Outcome:
     levels = work.levels()
     change = levels[..., -1] - levels[..., 0]
     note = (
-        "first differences f(h_Lj) − f(h_Lj−1), from f(h_0): they telescope, and are "
-        "IG-Lens's map when its baseline is h_0."
+        "first differences f(h_Lj) − f(h_Lj−1), from f(h_0): they telescope, and "
+        "are IG-Lens's map when its baseline is h_0."
     )
     return Outcome(levels.diff(dim=-1), change, change, "probability", note)
 
 
-def _frozen_logit(readout: Readout) -> Tuple[Callable[[Tensor, Tensor, Tensor], Tensor], bool]:
+def _frozen_logit(
+    readout: Readout,
+) -> Tuple[Callable[[Tensor, Tensor, Tensor], Tensor], bool]:
     r"""
-    ``ℓ̃(x; h_f)``: the target's logit of ``x`` through the readout, with the final
-    norm's scale taken from ``h_f`` (affine in ``x``); and whether softcapping was
-    left out.
+    ``ℓ̃(x; h_f)[y]``: the target's logit of ``x`` through the readout with the
+    final norm's scale taken from ``h_f``, which is affine in ``x``; and whether
+    softcapping (not affine) was left out.
     """
-    parts = list(readout.norm) if isinstance(readout.norm, Sequential) else [readout.norm]
+    norm = readout.norm
+    parts = list(norm) if isinstance(norm, Sequential) else [norm]
     norm, after = parts[0], parts[1:]
     kind = type(norm).__name__
     centered = "LayerNorm" in kind
     if norm is not None and not (centered or "RMSNorm" in kind):
-        raise ValueError(f"dla: the final norm {kind} is neither a LayerNorm nor an RMSNorm")
-    # OLMo's parameter-free LayerNorm has no attribute and uses torch's default 1e-5.
+        raise ValueError(f"dla: the final norm {kind} is not a LayerNorm or RMSNorm")
+    # OLMo's parameter-free LayerNorm stores no eps; it uses torch's default, 1e-5.
     eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-5))
     post = readout.post
     if post is not None and not isinstance(post, (LogitScale, LogitDivide, Softcap)):
-        raise ValueError(f"dla: the final transform {type(post).__name__} is not supported")
+        raise ValueError(f"dla: unsupported final transform {type(post).__name__}")
     skip_post = isinstance(post, Softcap)
 
     def scale(h: Tensor) -> Tensor:
@@ -185,7 +203,7 @@ def _frozen_logit(readout: Readout) -> Tuple[Callable[[Tensor, Tensor, Tensor], 
     def logit(x: Tensor, h_f: Tensor, targets: Tensor) -> Tensor:
         z = x
         if norm is not None:
-            # norm(x) − norm(0) is weight · centred(x) / scale(x); rescale to h_f's scale.
+            # norm(x) − norm(0) = weight · centred(x) / scale(x): rescale to h_f's.
             zero = norm(torch.zeros_like(x[:1]))
             z = (norm(x) - zero) * (scale(x) / scale(h_f)).to(x.dtype) + zero
         for module in after:
@@ -200,20 +218,20 @@ def _frozen_logit(readout: Readout) -> Tuple[Callable[[Tensor, Tensor, Tensor], 
 
 def dla(work: Work) -> Outcome:
     logit, skip_post = _frozen_logit(work.lens.readout)
+    chunk = work.lens.readout.rows_per_chunk()
     with torch.no_grad():
-        points, targets = work.stream(), work.targets.flatten()
+        points = work.stream()
         n, k_plus_1, d = points.shape
-        # Per token: 0, h_0, Δ_1 ... Δ_k, h_final; all at h_final's norm scale.
-        rows = torch.cat(
-            [points.new_zeros(n, 1, d), points[:, :1], points.diff(dim=1), points[:, -1:]], 1
-        ).flatten(0, 1)
+        # Per token: 0, h_0, Δ_1, ..., Δ_k, h_final; all at h_final's norm scale.
+        zeros = points.new_zeros(n, 1, d)
+        rows = torch.cat([zeros, points[:, :1], points.diff(dim=1), points[:, -1:]], 1)
+        rows = rows.flatten(0, 1)
         h_final = points[:, -1].repeat_interleave(k_plus_1 + 2, 0)
-        row_targets = targets.repeat_interleave(k_plus_1 + 2)
-        chunk = work.lens.readout.rows_per_chunk()
+        targets = work.targets.flatten().repeat_interleave(k_plus_1 + 2)
         values = torch.cat(
             [
-                logit(rows[s : s + chunk], h_final[s : s + chunk], row_targets[s : s + chunk])
-                for s in range(0, rows.shape[0], chunk)
+                logit(rows[c], h_final[c], targets[c])
+                for c in (slice(s, s + chunk) for s in range(0, rows.shape[0], chunk))
             ]
         ).view(*work.targets.shape, k_plus_1 + 2)
     scores = values[..., 2:-1] - values[..., :1]  # the linear part: no biases
@@ -243,19 +261,26 @@ def _captum_per_block(work: Work, conductance: bool) -> Outcome:
             else LayerIntegratedGradients(forward, block)
         )
         attributions, delta = method.attribute(
-            rows, baselines=baseline, additional_forward_args=extra, n_steps=work.n_steps,
-            internal_batch_size=work.internal_batch_size, return_convergence_delta=True,
+            rows,
+            baselines=baseline,
+            additional_forward_args=extra,
+            n_steps=work.n_steps,
+            internal_batch_size=work.internal_batch_size,
+            return_convergence_delta=True,
         )
         totals.append(attributions.detach().float().flatten(1).sum(1))
         deltas.append(delta.detach().float())
     shape = work.targets.shape
     scores = torch.stack(totals, -1).view(*shape, -1)
     delta = torch.stack(deltas, -1).view(*shape, -1)
-    change = scores[..., 0] - delta[..., 0]  # F(x) − F(x'): the same for every block
-    what = "LayerConductance on inputs_embeds" if conductance else "LayerIntegratedGradients"
+    change = scores[..., 0] - delta[..., 0]  # F(x) − F(x'), the same for every block
+    what = "LayerIntegratedGradients"
+    if conductance:
+        what = "LayerConductance on inputs_embeds"
     note = (
-        f"{what}, one call per block, F = p(target), x' = token {work.baseline_token} "
-        "everywhere; each block's total ≈ F(x) − F(x') (up to delta), so Σ ≈ k·Δp."
+        f"{what}, one call per block, F = p(target), x' = token "
+        f"{work.baseline_token} everywhere; each block's total ≈ F(x) − F(x') (up "
+        "to delta), so Σ ≈ k·Δp."
     )
     return Outcome(scores, change, change, "probability", note, delta)
 
@@ -271,8 +296,10 @@ def layer_integrated_gradients(work: Work) -> Outcome:
 def layer_integrated_gradients_multilayer(work: Work) -> Outcome:
     rows, extra = work.captum_rows()
     kwargs: Dict[str, Any] = dict(
-        baselines=torch.full_like(rows, work.baseline_token), additional_forward_args=extra,
-        n_steps=work.n_steps, internal_batch_size=work.internal_batch_size,
+        baselines=torch.full_like(rows, work.baseline_token),
+        additional_forward_args=extra,
+        n_steps=work.n_steps,
+        internal_batch_size=work.internal_batch_size,
         return_convergence_delta=True,
     )
     forward = TargetProbability(work.model, embeddings=False)
@@ -281,8 +308,10 @@ def layer_integrated_gradients_multilayer(work: Work) -> Outcome:
         lig = LayerIntegratedGradients(forward, work.lens.layers)
     try:
         attributions, delta = lig.attribute(rows, **kwargs)
-        happened = "the call on the list of blocks ran"
+        happened = "the call on the list of blocks ran as it is"
     except RuntimeError as error:
+        if _UNUSED_IN_GRAPH not in str(error):
+            raise
         attributions, delta = lig.attribute(
             rows, **kwargs, grad_kwargs={"materialize_grads": True}
         )
@@ -291,9 +320,8 @@ def layer_integrated_gradients_multilayer(work: Work) -> Outcome:
             "grad_kwargs={'materialize_grads': True} (cost counts both calls)"
         )
     shape = work.targets.shape
-    scores = torch.stack(
-        [a.detach().float().flatten(1).sum(1) for a in attributions], -1
-    ).view(*shape, -1)
+    totals = [a.detach().float().flatten(1).sum(1) for a in attributions]
+    scores = torch.stack(totals, -1).view(*shape, -1)
     delta = delta.detach().float().view(shape)
     names = work.lens.layer_names
     zeros = [name for name, s in zip(names, scores.unbind(-1)) if not s.any()]

@@ -11,10 +11,16 @@ through the readout at once.
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
-from captum.attr._utils.approximation_methods import approximation_parameters
+from captum.attr._utils.approximation_methods import (
+    SUPPORTED_METHODS,
+    approximation_parameters,
+)
 from torch import Tensor
 
 from captum_iglens.readout import Readout
+
+#: Estimators accepted by ``method=``: ours first, then Captum's rules.
+METHODS: Tuple[str, ...] = ("prediction_aware", *SUPPORTED_METHODS)
 
 
 def _chunks(total: int, size: int) -> Iterator[slice]:

@@ -1,4 +1,4 @@
-r"""What one attribution method costs: wall time, peak memory, and passes through the model."""
+r"""What one method costs: wall time, peak memory, passes through the model."""
 
 import os
 import resource

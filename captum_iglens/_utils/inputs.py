@@ -1,0 +1,180 @@
+r"""Validation and normalisation of the arguments of :class:`LayerIGLens`.
+
+Each check raises ``ValueError`` or ``TypeError`` naming the argument and what was
+expected, before any hook is registered on the model.
+"""
+
+import inspect
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
+
+import torch
+from captum._utils.typing import TargetType
+from torch import Tensor
+from torch.nn import Module
+
+from captum_iglens._utils.estimators import METHODS
+
+BaselineType = Union[None, int, float, Tensor, str]
+PositionsType = Union[None, int, Sequence[int], Tensor]
+
+
+def check_settings(
+    n_steps: int,
+    method: str,
+    internal_batch_size: Optional[int],
+    attribute_to_layer_input: bool,
+) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {list(METHODS)}, got {method!r}")
+    min_steps = 2 if method.startswith("riemann") else 1
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < min_steps:
+        raise ValueError(
+            f"n_steps: expected an int >= {min_steps} for method {method!r}, "
+            f"got {n_steps!r}"
+        )
+    if internal_batch_size is not None and (
+        not isinstance(internal_batch_size, int) or internal_batch_size < 1
+    ):
+        raise ValueError(
+            f"internal_batch_size: expected None or an int >= 1, got "
+            f"{internal_batch_size!r}"
+        )
+    if attribute_to_layer_input:
+        raise ValueError(
+            "attribute_to_layer_input: IG-Lens follows the residual stream through "
+            "block outputs; pass False (choose earlier blocks in `layer` instead)"
+        )
+
+
+def attention_mask_of(
+    forward_func: Callable[..., Any],
+    inputs: Tuple[Tensor, ...],
+    extra: Optional[Tuple[Any, ...]],
+    batch: int,
+    length: int,
+) -> Optional[Tensor]:
+    """The tensor bound to a parameter named ``attention_mask``, if any."""
+    func = forward_func
+    try:
+        bound = inspect.signature(
+            func.forward if isinstance(func, Module) else func
+        ).bind_partial(*inputs, *(extra or ()))
+    except (TypeError, ValueError):
+        return None
+    mask = bound.arguments.get("attention_mask")
+    if not isinstance(mask, Tensor):
+        return None
+    if tuple(mask.shape) != (batch, length):
+        raise ValueError(
+            f"additional_forward_args: expected attention_mask of shape "
+            f"({batch}, {length}), got {tuple(mask.shape)}"
+        )
+    return mask
+
+
+def resolve_positions(
+    positions: PositionsType, length: int, attention_mask: Optional[Tensor]
+) -> Tensor:
+    if positions is None:
+        if attention_mask is None:
+            return torch.arange(length)
+        return attention_mask.bool().any(0).nonzero()[:, 0].cpu()
+    pos = torch.as_tensor(positions)
+    if pos.dtype not in (torch.int64, torch.int32) or pos.dim() > 1 or pos.numel() == 0:
+        raise ValueError(
+            "positions: expected a non-empty 1-D list or tensor of int positions, "
+            f"got {positions!r}"
+        )
+    pos = pos.reshape(-1).long().cpu()
+    if ((pos < -length) | (pos >= length)).any():
+        raise ValueError(
+            f"positions: expected values in [-{length}, {length}), got "
+            f"{pos.tolist()}"
+        )
+    return pos % length
+
+
+def resolve_targets(
+    target: TargetType, batch: int, n_positions: int, vocab: int
+) -> Optional[Tensor]:
+    if target is None:
+        return None
+    if isinstance(target, bool) or not isinstance(target, (int, list, Tensor)):
+        raise TypeError(
+            "target: expected None, an int, a list of B ints, or a LongTensor "
+            f"(B,) or (B, P) of token ids; got {type(target).__name__}"
+        )
+    ids = torch.as_tensor(target)
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise TypeError(f"target: expected integer token ids, got dtype {ids.dtype}")
+    if ids.dim() == 0:
+        ids = ids.expand(batch, n_positions)
+    elif ids.dim() == 1 and ids.shape[0] == batch:
+        ids = ids[:, None].expand(batch, n_positions)
+    elif tuple(ids.shape) != (batch, n_positions):
+        raise ValueError(
+            f"target: expected an int, {batch} ids (one per example) or a "
+            f"({batch}, {n_positions}) tensor (one per attributed position), got "
+            f"shape {tuple(ids.shape)}"
+        )
+    if ((ids < 0) | (ids >= vocab)).any():
+        raise ValueError(
+            f"target: token ids must lie in [0, {vocab}), got min "
+            f"{int(ids.min())}, max {int(ids.max())}"
+        )
+    return ids.long()
+
+
+def check_baselines(baselines: BaselineType) -> None:
+    if isinstance(baselines, str):
+        valid = baselines == "mean"
+    else:
+        valid = baselines is None or (
+            isinstance(baselines, (int, float, Tensor))
+            and not isinstance(baselines, bool)
+        )
+    if not valid:
+        raise TypeError(
+            'baselines: expected None, "mean", a number, or a tensor broadcastable '
+            f"to the hidden states (B, T, d); got {baselines!r}"
+        )
+
+
+def baseline_states(
+    baselines: BaselineType, h_0: Tensor, attention_mask: Optional[Tensor]
+) -> Tensor:
+    if baselines is None:
+        return h_0
+    if isinstance(baselines, str):
+        weight = (
+            torch.ones(h_0.shape[:2], device=h_0.device)
+            if attention_mask is None
+            else attention_mask.to(h_0.device).float()
+        )[..., None]
+        mean = (h_0.float() * weight).sum(1, keepdim=True) / weight.sum(1, keepdim=True)
+        return mean.to(h_0.dtype).expand_as(h_0)
+    value = torch.as_tensor(baselines, dtype=h_0.dtype, device=h_0.device)
+    try:
+        return torch.broadcast_to(value, h_0.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"baselines: expected a tensor broadcastable to the hidden states "
+            f"{tuple(h_0.shape)}, got shape {tuple(value.shape)}"
+        ) from None
+
+
+def output_logits(output: Any, batch: int, length: int, vocab: int) -> Tensor:
+    logits = getattr(output, "logits", output)
+    if not isinstance(logits, Tensor):
+        raise TypeError(
+            "forward_func: expected it to return logits (B, T, V), an object "
+            f"with .logits, or last-position logits (B, V); got "
+            f"{type(output).__name__}"
+        )
+    if tuple(logits.shape) in ((batch, vocab), (batch, length, vocab)):
+        return logits
+    raise ValueError(
+        f"forward_func: expected logits of shape ({batch}, {length}, {vocab}) or "
+        f"({batch}, {vocab}) (vocabulary from the readout), got "
+        f"{tuple(logits.shape)}"
+    )

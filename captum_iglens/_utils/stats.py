@@ -1,0 +1,224 @@
+r"""
+Agreement statistics between a per-layer score and per-layer ablation drops, for
+one token at a time, and their bootstrap aggregation over tokens.
+
+Everything here is plain numpy on 1-D arrays of ``k`` layers. Ties are handled
+explicitly: ranks are averaged, and "the argmax layer" of a vector with tied
+maxima is taken uniformly at random among them, so every rate and distance is its
+expectation over that choice (a constant score earns exactly the chance rate).
+"""
+
+from typing import Dict, Tuple
+
+import numpy as np
+
+#: Relative slack of the onset rule, as in :meth:`IGLensResult.onset`.
+_ONSET_SLACK = 1e-6
+
+
+def _vector(values: np.ndarray, name: str) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"{name}: expected a non-empty 1-D array, got shape {array.shape}")
+    if not np.isfinite(array).all():
+        raise ValueError(f"{name}: expected finite values, got {array.tolist()}")
+    return array
+
+
+def _pair(score: np.ndarray, drop: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    score, drop = _vector(score, "score"), _vector(drop, "drop")
+    if score.shape != drop.shape:
+        raise ValueError(
+            f"score, drop: expected one value per layer each, got {score.size} and "
+            f"{drop.size}"
+        )
+    return score, drop
+
+
+def rankdata(values: np.ndarray) -> np.ndarray:
+    r"""
+    Ranks from 1 to ``n``, tied values sharing the average of their ranks
+    (``scipy.stats.rankdata(method="average")``).
+
+    Args:
+
+        values (np.ndarray): 1-D array of finite numbers.
+
+    Returns:
+        *np.ndarray* of float64 ranks, the shape of ``values``.
+    """
+    values = _vector(values, "values")
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(values.size)
+    ranks[order] = np.arange(1, values.size + 1)
+    _, groups = np.unique(values, return_inverse=True)
+    sums = np.bincount(groups, weights=ranks)
+    counts = np.bincount(groups)
+    return sums[groups] / counts[groups]
+
+
+def spearman(score: np.ndarray, drop: np.ndarray) -> float:
+    r"""
+    Spearman's rank correlation: the Pearson correlation of the average ranks.
+
+    Args:
+
+        score (np.ndarray): ``k`` per-layer scores.
+        drop (np.ndarray): ``k`` per-layer ablation drops.
+
+    Returns:
+        *float* in ``[-1, 1]``, or NaN when either vector is constant (the
+        correlation is undefined there).
+    """
+    score, drop = _pair(score, drop)
+    a = rankdata(score) - (score.size + 1) / 2
+    b = rankdata(drop) - (drop.size + 1) / 2
+    norm = np.sqrt((a * a).sum() * (b * b).sum())
+    return float((a * b).sum() / norm) if norm > 0 else float("nan")
+
+
+def _maxima(values: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(values == values.max())
+
+
+def top_k_hit(score: np.ndarray, drop: np.ndarray, k: int) -> float:
+    r"""
+    Whether the layer where ablation hurts most is among the ``k`` layers with
+    the highest score. With ``k = 1``: whether the score's argmax layer is the
+    ablation's argmax layer.
+
+    Ties are broken uniformly at random, and the expected hit is returned: for a
+    peak layer ``m`` with ``g`` layers scored strictly higher and ``e`` layers
+    (``m`` included) scored equally, ``m`` is in the top ``k`` with probability
+    ``clip((k - g) / e, 0, 1)``; this is averaged over the tied peak layers.
+
+    Args:
+
+        score (np.ndarray): ``k`` per-layer scores (higher: more important).
+        drop (np.ndarray): Per-layer ablation drops (higher: hurts more).
+        k (int): How many top-scored layers count as a hit, ``>= 1``.
+
+    Returns:
+        *float* in ``[0, 1]``.
+    """
+    score, drop = _pair(score, drop)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k: expected an int >= 1, got {k!r}")
+    hits = []
+    for m in _maxima(drop):
+        higher = int((score > score[m]).sum())
+        equal = int((score == score[m]).sum())
+        hits.append(min(max((k - higher) / equal, 0.0), 1.0))
+    return float(np.mean(hits))
+
+
+def peak_distance(score: np.ndarray, drop: np.ndarray) -> float:
+    r"""
+    ``|argmax score − argmax drop|`` in layers, averaged over tied maxima of
+    either vector.
+
+    Args:
+
+        score (np.ndarray): ``k`` per-layer scores.
+        drop (np.ndarray): ``k`` per-layer ablation drops.
+
+    Returns:
+        *float*, ``>= 0``.
+    """
+    score, drop = _pair(score, drop)
+    return float(np.abs(_maxima(score)[:, None] - _maxima(drop)[None, :]).mean())
+
+
+def onset_index(score: np.ndarray, frac: float = 0.5) -> int:
+    r"""
+    The onset rule of :meth:`captum_iglens.IGLensResult.onset` on any per-layer
+    score: the earliest layer at which the cumulative ``|score|`` reaches ``frac``
+    of the total ``|score|``.
+
+    Args:
+
+        score (np.ndarray): ``k`` per-layer scores.
+        frac (float, optional): Fraction of the absolute mass, in ``(0, 1]``.
+                    Default: 0.5.
+
+    Returns:
+        *int*: a layer index, or ``-1`` when the score is zero everywhere.
+    """
+    score = _vector(score, "score")
+    if not 0.0 < frac <= 1.0:
+        raise ValueError(f"frac: expected a number in (0, 1], got {frac}")
+    mass = np.cumsum(np.abs(score))
+    if mass[-1] <= 0:
+        return -1
+    return int(np.argmax(mass >= frac * mass[-1] * (1 - _ONSET_SLACK)))
+
+
+def onset_distance(score: np.ndarray, drop: np.ndarray, frac: float = 0.5) -> float:
+    r"""
+    ``|onset(score) − argmax drop|`` in layers (see :func:`onset_index`), averaged
+    over tied maxima of ``drop``.
+
+    Returns:
+        *float*, ``>= 0``; NaN when the score is zero everywhere (no onset).
+    """
+    score, drop = _pair(score, drop)
+    onset = onset_index(score, frac)
+    if onset < 0:
+        return float("nan")
+    return float(np.abs(onset - _maxima(drop)).mean())
+
+
+def nonmonotone_depth(trajectory: np.ndarray) -> float:
+    r"""
+    How far a trajectory rises and then falls: the largest ``min(rise, fall)``
+    over its points ``j``, where ``rise = τ_j − min_{i ≤ j} τ_i`` and
+    ``fall = τ_j − min_{l ≥ j} τ_l``. Zero for a monotone trajectory.
+
+    Args:
+
+        trajectory (np.ndarray): The values in path order, e.g. the logit-lens
+                    levels ``f(h_0), f(h_{L_1}), ..., f(h_final)``.
+
+    Returns:
+        *float*, ``>= 0``.
+    """
+    values = _vector(trajectory, "trajectory")
+    rise = values - np.minimum.accumulate(values)
+    fall = values - np.minimum.accumulate(values[::-1])[::-1]
+    return float(np.minimum(rise, fall).max())
+
+
+def bootstrap_mean(
+    values: np.ndarray, n_bootstrap: int = 1000, seed: int = 0, level: float = 0.95
+) -> Dict[str, float]:
+    r"""
+    The mean of per-token values and its percentile bootstrap confidence interval
+    (tokens resampled with replacement). NaN values are excluded and counted.
+
+    Args:
+
+        values (np.ndarray): 1-D per-token values (NaN where undefined).
+        n_bootstrap (int, optional): Resamples, ``>= 1``. Default: 1000.
+        seed (int, optional): Seed of the resampling. Default: 0.
+        level (float, optional): Coverage of the interval, in ``(0, 1)``.
+                    Default: 0.95.
+
+    Returns:
+        *dict* with ``mean``, ``lo``, ``hi`` (NaN when no value is defined),
+        ``n`` (defined values) and ``n_undefined`` (NaN values).
+    """
+    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int) or n_bootstrap < 1:
+        raise ValueError(f"n_bootstrap: expected an int >= 1, got {n_bootstrap!r}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level: expected a number in (0, 1), got {level}")
+    defined = array[~np.isnan(array)]
+    out = {"n": int(defined.size), "n_undefined": int(array.size - defined.size)}
+    if defined.size == 0:
+        return dict(out, mean=float("nan"), lo=float("nan"), hi=float("nan"))
+    rng = np.random.default_rng(seed)
+    samples = rng.integers(0, defined.size, size=(n_bootstrap, defined.size))
+    means = defined[samples].mean(axis=1)
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(means, [tail, 100 - tail])
+    return dict(out, mean=float(defined.mean()), lo=float(lo), hi=float(hi))
