@@ -409,7 +409,13 @@ def _build_cache(gguf: Path, source: Dict[str, Any], target: Path, show: bool) -
         tempfile.mkdtemp(prefix=f"{target.name}{_PARTIAL}", dir=target.parent)
     )
     try:
-        with tqdm(total=5, file=sys.stderr, disable=not show) as bar:
+        with tqdm(
+            desc=f"converting {gguf.name}",
+            total=5,
+            unit="stage",
+            file=sys.stderr,
+            disable=not show,
+        ) as bar:
             model, tokenizer = _read_gguf(gguf, bar)
             bar.set_description("recording the reference log-probabilities")
             reference = _reference(model, tokenizer)

@@ -13,7 +13,12 @@ from captum_iglens import LayerIGLens
 from captum_iglens._utils.compared import TargetProbability
 from captum_iglens.architectures import decoder_layers
 from captum_iglens.comparison import METHODS, ComparisonResult, compare
-from tests.helpers import assert_state_unchanged, hook_snapshot, left_padded, state_snapshot
+from tests.helpers import (
+    assert_state_unchanged,
+    hook_snapshot,
+    left_padded,
+    state_snapshot,
+)
 from tests.tiny_models import VOCAB, tiny_model
 
 matplotlib.use("Agg")
@@ -44,12 +49,18 @@ def run(llama, batch):
     return result, hooks, state
 
 
+def _forward(model, ids, mask):
+    with torch.no_grad():
+        return model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        ).logits
+
+
 def _probability(model, ids, mask, positions, targets):
     """The model's probability of each target, ``(B, P)``, from one plain forward."""
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
-    probs = logits[:, positions].float().softmax(-1)
+    probs = _forward(model, ids, mask)[:, positions].float().softmax(-1)
     return probs.gather(-1, targets[..., None])[..., 0]
 
 
@@ -63,10 +74,11 @@ def _states(model, ids, mask):
         )
     )
     for block in blocks:
-        handles.append(block.register_forward_hook(lambda m, a, o: states.append(o.detach())))
+        handles.append(
+            block.register_forward_hook(lambda m, a, o: states.append(o.detach()))
+        )
     try:
-        with torch.no_grad():
-            model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+        _forward(model, ids, mask)
     finally:
         for handle in handles:
             handle.remove()
@@ -85,8 +97,9 @@ def test_every_method_on_the_same_work(run):
     assert result.layer_names == ["0", "1"]
     for name, entry in result.methods.items():
         assert entry.scores.shape == (b, p, k), name
-        for tensor in (entry.layer_sum, entry.expected, entry.prob_change, entry.residual):
+        for tensor in (entry.layer_sum, entry.expected, entry.prob_change):
             assert tensor.shape == (b, p), name
+        assert entry.residual.shape == (b, p), name
 
 
 def test_hooks_and_state_unchanged(llama, run):
@@ -139,7 +152,12 @@ def test_logit_lens_levels_and_differences(llama, batch, run):
     assert (levels.scores - lens.lens).abs().max() <= FP32_TOL
     model_prob = _probability(llama, ids, mask, POSITIONS, result.targets)
     assert (levels.scores[..., -1] - model_prob).abs().max() <= FP32_TOL
-    # Levels are not additive; their first differences telescope (and are IG-Lens's map).
+    # Block 0's level, by hand: the model's own norm and head on its output.
+    h_1 = _states(llama, ids, mask)[1][:, POSITIONS]
+    probs = llama.lm_head(llama.model.norm(h_1)).float().softmax(-1)
+    by_hand = probs.gather(-1, result.targets[..., None])[..., 0]
+    assert (levels.scores[..., 0] - by_hand).abs().max() <= FP32_TOL
+    # Levels are not additive; their first differences telescope (IG-Lens's map).
     assert levels.residual.max() > 0.01
     assert diff.residual.max() <= FP32_TOL
     assert (diff.scores - result.methods["ig_lens"].scores).abs().max() <= FP32_TOL
@@ -161,16 +179,22 @@ def test_dla_matches_a_reference_and_sums_to_the_logit_difference(llama, batch, 
     h = torch.stack(states, 2)[:, POSITIONS]  # (B, P, 3, d): h_0, h_1, h_2
     rms = (h[:, :, -1].pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).sqrt()
     rows = head[result.targets]  # (B, P, d)
-    reference = ((h.diff(dim=2) * norm.weight / rms[:, :, None]) * rows[:, :, None]).sum(-1)
+    update = h.diff(dim=2) * norm.weight / rms[:, :, None]
+    reference = (update * rows[:, :, None]).sum(-1)
     assert (entry.scores - reference).abs().max() <= 1e-5
     # Read as probability, the logit sums are far from Δp; the residual says so.
-    assert (entry.prob_change - result.methods["logit_lens"].prob_change).abs().max() <= FP32_TOL
+    lens_change = result.methods["logit_lens"].prob_change
+    assert (entry.prob_change - lens_change).abs().max() <= FP32_TOL
     assert torch.allclose(entry.residual, (entry.layer_sum - entry.prob_change).abs())
     assert entry.residual.max() > 0.1
 
 
 @pytest.mark.parametrize(
-    "arch", ["gpt2", "gemma2", "opt-project-out", "cohere", "olmo", "gptj", "opt-no-final-norm"]
+    "arch",
+    [
+        "gpt2", "gemma2", "opt-project-out", "cohere", "olmo", "gptj",
+        "opt-no-final-norm",
+    ],
 )
 def test_dla_sums_to_the_logit_difference_across_architectures(arch):
     model = tiny_model(arch)
@@ -192,9 +216,9 @@ def test_captum_blocks_each_explain_the_whole_change(llama, batch, run, name):
     ids, mask = batch
     entry = result.methods[name]
     k = entry.scores.shape[-1]
-    change = _probability(llama, ids, mask, POSITIONS, result.targets) - _probability(
-        llama, torch.full_like(ids, llama.config.pad_token_id), mask, POSITIONS, result.targets
-    )
+    pad = torch.full_like(ids, llama.config.pad_token_id)
+    change = _probability(llama, ids, mask, POSITIONS, result.targets)
+    change = change - _probability(llama, pad, mask, POSITIONS, result.targets)
     assert (entry.expected - change).abs().max() <= FP32_TOL
     assert torch.equal(entry.prob_change, entry.expected)
     # Each block's total is the whole F(x) − F(x'), within Captum's own delta...
@@ -212,7 +236,8 @@ def test_captum_blocks_each_explain_the_whole_change(llama, batch, run, name):
 
 def test_captum_methods_share_one_baseline_input(run):
     result = run[0]
-    lc, lig = (result.methods[n] for n in ("layer_conductance", "layer_integrated_gradients"))
+    lc = result.methods["layer_conductance"]
+    lig = result.methods["layer_integrated_gradients"]
     assert (lc.expected - lig.expected).abs().max() <= FP32_TOL
     assert result.metadata["baseline_token"] == 0
 
@@ -225,11 +250,15 @@ def test_lig_on_dependent_blocks_raises_or_gives_zeros(llama, batch, run):
     blocks = decoder_layers(llama)
     forward = TargetProbability(llama, embeddings=False)
     rows = ids.repeat_interleave(3, 0)
-    extra = (mask.repeat_interleave(3, 0), torch.tensor([4, 5, 6]).repeat(2), result.targets.flatten())
+    extra = (
+        mask.repeat_interleave(3, 0),
+        torch.tensor([4, 5, 6]).repeat(2),
+        result.targets.flatten(),
+    )
     with pytest.warns(UserWarning, match="Multiple layers"):
         lig = LayerIntegratedGradients(forward, blocks)
     with pytest.raises(RuntimeError, match="not have been used in the graph"):
-        lig.attribute(rows, torch.zeros_like(rows), additional_forward_args=extra, n_steps=4)
+        lig.attribute(rows, torch.zeros_like(rows), None, extra, n_steps=4)
     entry = result.methods["layer_integrated_gradients_multilayer"]
     assert "RuntimeError" in entry.note and "all-zero blocks: ['0']" in entry.note
     assert torch.equal(entry.scores[..., 0], torch.zeros_like(entry.scores[..., 0]))
@@ -244,7 +273,8 @@ def test_costs_are_counted(run):
     result = run[0]
     for name in ("ig_lens", "logit_lens", "logit_lens_diff", "dla"):
         entry = result.methods[name]
-        assert (entry.forwards, entry.forward_sequences, entry.backwards) == (1, 2, 0), name
+        passes = (entry.forwards, entry.forward_sequences, entry.backwards)
+        assert passes == (1, 2, 0), name
         assert entry.readout_rows > 0
     for entry in result.methods.values():
         assert entry.seconds > 0 and entry.peak_bytes >= 0
@@ -253,11 +283,14 @@ def test_costs_are_counted(run):
 def test_table_json_and_plot(run, tmp_path):
     result = run[0]
     table = result.format_table()
-    assert table.splitlines()[0].startswith("method")
+    summary, header = table.splitlines()[:2]
+    assert summary.startswith("2 sequence(s) x 3 position(s) x 2 blocks (0, 1)")
+    assert header.split()[:5] == ["method", "resid", "max", "resid", "med"]
     for name in METHODS:
         assert name in table
     data = json.loads(json.dumps(result.to_dict()))
-    assert data["methods"]["ig_lens"]["residual"] == result.methods["ig_lens"].residual.tolist()
+    residual = result.methods["ig_lens"].residual
+    assert data["methods"]["ig_lens"]["residual"] == residual.tolist()
     result.save(tmp_path / "comparison.json")
     loaded = ComparisonResult.load(tmp_path / "comparison.json")
     assert loaded.format_table() == table
@@ -269,12 +302,27 @@ def test_table_json_and_plot(run, tmp_path):
     matplotlib.pyplot.close(fig)
 
 
+def test_without_attention_mask(llama):
+    ids = torch.randint(1, VOCAB, (1, 6))
+    methods = ("ig_lens", "dla", "layer_conductance", "layer_integrated_gradients")
+    result = compare(llama, ids, positions=[-1], n_steps=8, methods=methods)
+    assert result.methods["ig_lens"].residual.max() <= FP32_TOL
+    mask = torch.ones_like(ids)
+    change = _probability(llama, ids, mask, [-1], result.targets)
+    pad = torch.zeros_like(ids)  # the tiny model's pad token
+    change = change - _probability(llama, pad, mask, [-1], result.targets)
+    for name in methods[2:]:
+        assert (result.methods[name].expected - change).abs().max() <= FP32_TOL
+
+
 def test_bad_arguments(llama, batch):
     ids, mask = batch
     with pytest.raises(ValueError, match="layer_conductance"):
         compare(llama, ids, mask, methods=("ig_lens", "tuned_lens"))
     with pytest.raises(ValueError, match="n_steps"):
         compare(llama, ids, mask, n_steps=0)
+    with pytest.raises(ValueError, match="baseline_token"):
+        compare(llama, ids, mask, baseline_token=VOCAB)
 
 
 # ------------------------------------------------------------------- real model

@@ -222,3 +222,73 @@ def bootstrap_mean(
     tail = 100 * (1 - level) / 2
     lo, hi = np.percentile(means, [tail, 100 - tail])
     return dict(out, mean=float(defined.mean()), lo=float(lo), hi=float(hi))
+
+
+#: The agreement metrics of :func:`agreement`, in table order.
+METRICS: Tuple[str, ...] = ("spearman", "top1", "top3", "onset_distance", "peak_distance")
+
+
+def agreement(score: np.ndarray, drop: np.ndarray, frac: float = 0.5) -> Dict[str, float]:
+    r"""
+    Every agreement metric of one token's per-layer score with its ablation drops.
+
+    Args:
+
+        score (np.ndarray): ``k`` per-layer scores.
+        drop (np.ndarray): ``k`` per-layer ablation drops.
+        frac (float, optional): Onset fraction, as in :func:`onset_index`.
+                    Default: 0.5.
+
+    Returns:
+        *dict* keyed by :data:`METRICS`: :func:`spearman`, :func:`top_k_hit` with
+        ``k = 1`` and ``k = 3``, :func:`onset_distance`, :func:`peak_distance`.
+    """
+    return {
+        "spearman": spearman(score, drop),
+        "top1": top_k_hit(score, drop, 1),
+        "top3": top_k_hit(score, drop, 3),
+        "onset_distance": onset_distance(score, drop, frac),
+        "peak_distance": peak_distance(score, drop),
+    }
+
+
+def summarize(
+    values: Dict[str, Dict[str, np.ndarray]],
+    groups: Dict[str, np.ndarray],
+    computed: Dict[str, np.ndarray],
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+) -> Dict[str, Dict[str, Dict[str, Dict[str, float]]]]:
+    r"""
+    :func:`bootstrap_mean` of every method's every metric over every group of
+    tokens.
+
+    Args:
+
+        values (dict): ``values[method][metric]``: ``N`` per-token values, NaN
+                    where undefined or not computed.
+        groups (dict): ``groups[name]``: ``N`` booleans, the tokens of the group.
+        computed (dict): ``computed[method]``: ``N`` booleans, the tokens the
+                    method was run on (the others are left out, not counted as
+                    undefined).
+        n_bootstrap (int, optional): Resamples. Default: 1000.
+        seed (int, optional): Seed; every cell resamples with the same seed.
+                    Default: 0.
+
+    Returns:
+        *dict*: ``summary[group][method][metric]`` is :func:`bootstrap_mean`'s.
+    """
+    return {
+        group: {
+            method: {
+                metric: bootstrap_mean(
+                    array[np.asarray(members, bool) & np.asarray(computed[method], bool)],
+                    n_bootstrap,
+                    seed,
+                )
+                for metric, array in metrics.items()
+            }
+            for method, metrics in values.items()
+        }
+        for group, members in groups.items()
+    }
