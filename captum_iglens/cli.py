@@ -55,7 +55,7 @@ def _prompt_arguments(parser: argparse.ArgumentParser) -> None:
         "--layers",
         type=_int_list,
         help="comma-separated block indices, e.g. 0,10,20 (the last block is always "
-        "included; default: all)",
+        "included; default: all, and for compare four evenly spaced blocks)",
     )
     parser.add_argument(
         "--positions",
@@ -137,7 +137,13 @@ def _compare_parser() -> argparse.ArgumentParser:
         default=tuple(COMPARED),
         help=f"comma-separated, from {','.join(COMPARED)}",
     )
-    parser.add_argument("--n-steps", type=int, default=32)
+    parser.add_argument(
+        "--n-steps",
+        type=int,
+        default=8,
+        help="steps of Captum's methods (their cost grows with blocks x steps x "
+        "tokens; default: 8)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     parser.add_argument(
         "--png", metavar="PATH", help="write the comparison plot as PNG"
@@ -235,6 +241,7 @@ def _attribute(argv: Sequence[str]) -> int:
 
 
 def _compare(argv: Sequence[str]) -> int:
+    from captum_iglens.architectures import decoder_layers
     from captum_iglens.comparison import compare
     from captum_iglens.hf import encode_prompt, generate_answer, teacher_forcing
 
@@ -250,14 +257,17 @@ def _compare(argv: Sequence[str]) -> int:
         progress=_progress(args),
     )
     ids, positions, targets = teacher_forcing(prompt_ids, answer_ids, args.positions)
+    n_blocks = len(decoder_layers(model))
+    layers = args.layers or sorted({round(i * (n_blocks - 1) / 3) for i in range(4)})
     result = compare(
         model,
         ids.to(args.device),
         positions=positions,
         target=targets.to(args.device),
-        layers=args.layers,
+        layers=layers,
         methods=args.methods,
         n_steps=args.n_steps,
+        tokenizer=tokenizer,
     )
     print(f"prompt: {prompt}")
     print(f"answer: {tokenizer.decode(answer_ids)}")

@@ -281,6 +281,8 @@ def test_costs_are_counted(run):
 
 
 def test_table_json_and_plot(run, tmp_path):
+    import matplotlib.pyplot as plt
+
     result = run[0]
     table = result.format_table()
     summary, header = table.splitlines()[:2]
@@ -299,7 +301,7 @@ def test_table_json_and_plot(run, tmp_path):
     assert set(axes) == set(METHODS) | {"residuals"}
     assert axes["residuals"].get_yscale() == "log"
     fig.savefig(tmp_path / "comparison.png")
-    matplotlib.pyplot.close(fig)
+    plt.close(fig)
 
 
 def test_without_attention_mask(llama):
