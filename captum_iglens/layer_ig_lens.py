@@ -390,6 +390,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             >>> len(attr), attr[0].shape  # one (B, T, d) tensor per block
         """
         check_settings(n_steps, method, internal_batch_size, attribute_to_layer_input)
+        chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         with torch.no_grad():
             path = self._path(
                 inputs,
@@ -399,25 +400,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 positions,
                 granularity,
             )
-        b, p, k_plus_1, d = path.points.shape
-        points = path.points.flatten(0, 1)
-        targets = path.targets.flatten()
-        chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
-        if method == "prediction_aware":
-            attrs = prediction_aware_attributions(
-                self.readout,
-                points,
-                targets,
-                path.model_prob.flatten(),
-                n_steps,
-                chunk_rows,
-                grad_kwargs,
-            )
-        else:
-            attrs = gradient_attributions(
-                self.readout, points, targets, n_steps, method, chunk_rows, grad_kwargs
-            )
-        attrs = attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
+        attrs = self._per_dimension(path, method, n_steps, chunk_rows, grad_kwargs)
         per_layer = list(attrs.unbind(dim=2))
         out: Union[Tensor, List[Tensor]] = (
             per_layer[0]
@@ -427,9 +410,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         if not return_convergence_delta:
             return out
         with torch.no_grad():
-            base = path_values(self.readout, points[:, :1], targets, chunk_rows)
-        change = path.model_prob - base.view(b, p)
-        delta = (attrs.sum((-1, -2)) - change) * path.mask
+            base_prob = self._values(path, chunk_rows)[..., 0]
+        delta = (attrs.sum((-1, -2)) - (path.model_prob - base_prob)) * path.mask
         return out, delta
 
     def attribute_map(
@@ -483,24 +465,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 positions,
                 granularity,
             )
-            b, p, k_plus_1, d = path.points.shape
-            points = path.points.flatten(0, 1)
-            targets = path.targets.flatten()
-            # The last point is valued by the model's own output (see the class notes).
-            below_top = path_values(self.readout, points[:, :-1], targets, chunk_rows)
-            values = torch.cat(
-                [below_top.view(b, p, -1), path.model_prob[..., None]], -1
-            )
+            values = self._values(path, chunk_rows)
         if method == "prediction_aware":
             credits = values.diff(dim=-1)
         else:
-            credits = (
-                gradient_attributions(
-                    self.readout, points, targets, n_steps, method, chunk_rows
-                )
-                .sum(-1)
-                .view(b, p, -1)
-            )
+            credits = self._per_dimension(path, method, n_steps, chunk_rows).sum(-1)
         mask = path.mask
         credits = credits * mask[..., None]
         delta = (credits.sum(-1) - (path.model_prob - values[..., 0])) * mask
@@ -519,6 +488,44 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         )
 
     # ------------------------------------------------------------------ internals
+
+    def _values(self, path: _Path, chunk_rows: int) -> Tensor:
+        """``f`` at every path point, ``(B, P, k + 1)``; the last is the model's own."""
+        b, p = path.targets.shape
+        below_top = path_values(
+            self.readout,
+            path.points[:, :, :-1].flatten(0, 1),
+            path.targets.flatten(),
+            chunk_rows,
+        )
+        return torch.cat([below_top.view(b, p, -1), path.model_prob[..., None]], -1)
+
+    def _per_dimension(
+        self,
+        path: _Path,
+        method: str,
+        n_steps: int,
+        chunk_rows: int,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> Tensor:
+        """Per-dimension attributions ``(B, P, k, d)``, zero at padding."""
+        b, p, k_plus_1, d = path.points.shape
+        points, targets = path.points.flatten(0, 1), path.targets.flatten()
+        if method == "prediction_aware":
+            attrs = prediction_aware_attributions(
+                self.readout,
+                points,
+                targets,
+                path.model_prob.flatten(),
+                n_steps,
+                chunk_rows,
+                grad_kwargs,
+            )
+        else:
+            attrs = gradient_attributions(
+                self.readout, points, targets, n_steps, method, chunk_rows, grad_kwargs
+            )
+        return attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
 
     def _path(
         self,
