@@ -9,7 +9,7 @@ import captum
 import torch
 import transformers
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm
 from transformers.generation.streamers import BaseStreamer
 
 import captum_iglens
@@ -179,6 +179,7 @@ def attribute_text(
     method: str = "prediction_aware",
     n_steps: int = 50,
     granularity: Granularity = "block",
+    lens: Optional[LayerIGLens] = None,
     progress: bool = False,
 ) -> IGLensResult:
     r"""
@@ -205,6 +206,10 @@ def attribute_text(
                     tokens whose probabilities are attributed. Default: ``"answer"``.
         baselines, method, n_steps, granularity: As in
                     :meth:`LayerIGLens.attribute_map`.
+        lens (LayerIGLens, optional): The lens to use, e.g. one built by hand for
+                    a model outside the architecture table; its
+                    ``forward_func`` must take ``(input_ids)``. Default:
+                    ``LayerIGLens.from_model(model, layers)``.
         progress (bool, optional): Progress bar for generation. Default: False.
 
     Returns:
@@ -228,7 +233,10 @@ def attribute_text(
     else:
         answer_ids = answer
     ids, pos, targets = teacher_forcing(prompt_ids, answer_ids, positions)
-    lens = LayerIGLens.from_model(model, layers)
+    if lens is None:
+        lens = LayerIGLens.from_model(model, layers)
+    elif layers is not None:
+        raise ValueError("layers: pass either layers or lens, not both")
     device = next(model.parameters()).device
     result = lens.attribute_map(
         ids.to(device),

@@ -123,7 +123,7 @@ class IGLensResult:
         labels = self._token_labels(batch_index)
         token_w = max([5] + [len(labels[r]) for r in rows])
         col_w = max(7, 1 + max(len(n) for n in self.layer_names))
-        fixed = token_w + 5 * 9 + 6
+        fixed = token_w + 4 * 9 + col_w + 6
         k = len(self.layer_names)
         fits = max(1, (width - fixed) // (col_w + 1))
         if fits >= k:
@@ -135,7 +135,8 @@ class IGLensResult:
         change = self.model_prob[batch_index] - self.base_prob[batch_index]
         head = [f"{'token':<{token_w}}"]
         head += [f"{'L' + self.layer_names[j]:>{col_w}}" for j in shown]
-        head += [f"{c:>8}" for c in ("lens@top", "Σ", "Δp", "p_model", "onset")]
+        head += [f"{c:>8}" for c in ("lens@top", "Σ", "Δp", "p_model")]
+        head.append(f"{'onset':>{col_w}}")
         lines = [" ".join(head)]
         for r in rows:
             cells = [f"{labels[r]:<{token_w}}"]
@@ -145,7 +146,7 @@ class IGLensResult:
                 f"{credits[r].sum():>+8.4f}",
                 f"{change[r]:>+8.4f}",
                 f"{self.model_prob[batch_index, r]:>8.4f}",
-                f"{self.layer_names[onset[r]] if onset[r] >= 0 else '-':>8}",
+                f"{self.layer_names[onset[r]] if onset[r] >= 0 else '-':>{col_w}}",
             ]
             lines.append(" ".join(cells))
         if len(shown) < k:
