@@ -6,6 +6,8 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
+from captum_iglens.architectures import decoder_layers
+
 
 def hook_snapshot(model: Module) -> Dict[str, Tuple[List[int], ...]]:
     """Every hook id on every submodule, to compare before and after a call."""
@@ -48,3 +50,34 @@ def left_padded(lengths: List[int], vocab: int, pad_id: int = 0) -> Tuple[Tensor
         ids[row, total - length :] = torch.randint(1, vocab, (length,))
         mask[row, total - length :] = 1
     return ids, mask
+
+
+def block_states(model: Module, ids: Tensor, mask: Tensor) -> Tuple[List[Tensor], Tensor]:
+    """Reference states from the test's own hooks: ``[h_0, h_1, ..., h_n]`` and the
+    model's logits, from one forward with position ids counted from the mask."""
+    blocks, states, handles = decoder_layers(model), [], []
+    handles.append(
+        blocks[0].register_forward_pre_hook(
+            lambda m, a, k: states.append((a[0] if a else k["hidden_states"]).detach()),
+            with_kwargs=True,
+        )
+    )
+    for block in blocks:
+        handles.append(
+            block.register_forward_hook(
+                lambda m, a, o: states.append(
+                    (o[0] if isinstance(o, tuple) else o).detach()
+                )
+            )
+        )
+    try:
+        with torch.no_grad():
+            logits = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            ).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+    return states, logits

@@ -14,6 +14,7 @@ from captum_iglens._utils.compared import TargetProbability
 from captum_iglens.architectures import decoder_layers
 from captum_iglens.comparison import METHODS, ComparisonResult, compare
 from tests.helpers import (
+    block_states,
     assert_state_unchanged,
     hook_snapshot,
     left_padded,
@@ -49,40 +50,10 @@ def run(llama, batch):
     return result, hooks, state
 
 
-def _forward(model, ids, mask):
-    with torch.no_grad():
-        return model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-        ).logits
-
-
 def _probability(model, ids, mask, positions, targets):
     """The model's probability of each target, ``(B, P)``, from one plain forward."""
-    probs = _forward(model, ids, mask)[:, positions].float().softmax(-1)
+    probs = block_states(model, ids, mask)[1][:, positions].float().softmax(-1)
     return probs.gather(-1, targets[..., None])[..., 0]
-
-
-def _states(model, ids, mask):
-    """``h_0`` and every block's output, from the test's own hooks."""
-    blocks, states, handles = decoder_layers(model), [], []
-    handles.append(
-        blocks[0].register_forward_pre_hook(
-            lambda m, a, k: states.append((a[0] if a else k["hidden_states"]).detach()),
-            with_kwargs=True,
-        )
-    )
-    for block in blocks:
-        handles.append(
-            block.register_forward_hook(lambda m, a, o: states.append(o.detach()))
-        )
-    try:
-        _forward(model, ids, mask)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return states
 
 
 # ------------------------------------------------------------------- same work
@@ -153,7 +124,7 @@ def test_logit_lens_levels_and_differences(llama, batch, run):
     model_prob = _probability(llama, ids, mask, POSITIONS, result.targets)
     assert (levels.scores[..., -1] - model_prob).abs().max() <= FP32_TOL
     # Block 0's level, by hand: the model's own norm and head on its output.
-    h_1 = _states(llama, ids, mask)[1][:, POSITIONS]
+    h_1 = block_states(llama, ids, mask)[0][1][:, POSITIONS]
     probs = llama.lm_head(llama.model.norm(h_1)).float().softmax(-1)
     by_hand = probs.gather(-1, result.targets[..., None])[..., 0]
     assert (levels.scores[..., 0] - by_hand).abs().max() <= FP32_TOL
@@ -174,7 +145,7 @@ def test_dla_matches_a_reference_and_sums_to_the_logit_difference(llama, batch, 
     assert (entry.layer_sum - entry.expected).abs().max() <= 1e-5
     # Reference, by hand for Llama (RMSNorm, no biases): each block's update through
     # norm weight / rms(h_final) and the unembedding row of the target.
-    states = _states(llama, ids, mask)
+    states = block_states(llama, ids, mask)[0]
     norm, head = llama.model.norm, llama.lm_head.weight
     h = torch.stack(states, 2)[:, POSITIONS]  # (B, P, 3, d): h_0, h_1, h_2
     rms = (h[:, :, -1].pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).sqrt()

@@ -7,12 +7,7 @@ from torch import nn
 from captum_iglens import IGLensResult, LayerIGLens, Readout
 from captum_iglens._utils.estimators import _split_weights
 from captum_iglens.architectures import decoder_layers
-from tests.helpers import (
-    assert_state_unchanged,
-    hook_snapshot,
-    left_padded,
-    state_snapshot,
-)
+from tests.helpers import block_states, left_padded
 from tests.tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
 FP32_TOL = 1e-6
@@ -32,32 +27,6 @@ def lens(llama):
 def batch():
     torch.manual_seed(0)
     return left_padded([7, 4], VOCAB)
-
-
-def _block_outputs(model, ids, mask):
-    """Reference states: h_0 and every block's output, with the test's own hooks."""
-    blocks = decoder_layers(model)
-    states, handles = [], []
-    handles.append(
-        blocks[0].register_forward_pre_hook(
-            lambda m, a, k: states.append((a[0] if a else k["hidden_states"]).detach()),
-            with_kwargs=True,
-        )
-    )
-    for block in blocks:
-        handles.append(
-            block.register_forward_hook(
-                lambda m, a, o: states.append((o[0] if isinstance(o, tuple) else o).detach())
-            )
-        )
-    try:
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-    finally:
-        for h in handles:
-            h.remove()
-    return states, logits
 
 
 # ---------------------------------------------------------------- exactness
@@ -88,7 +57,7 @@ def test_exact_top_and_completeness_every_architecture(arch):
     lens = LayerIGLens.from_model(model)
     ids = torch.randint(0, VOCAB, (2, 6))
     result = lens.attribute_map(ids)
-    states, logits = _block_outputs(model, ids, torch.ones_like(ids))
+    states, logits = block_states(model, ids, torch.ones_like(ids))
     probs = logits.float().softmax(-1)
     expected = probs.gather(-1, result.targets[..., None])[..., 0]
     with torch.no_grad():
@@ -104,7 +73,7 @@ def test_exact_top_and_completeness_every_architecture(arch):
 def test_matches_hand_computed_path(llama, batch):
     """Credits equal softmax differences of independently captured states."""
     ids, mask = batch
-    states, logits = _block_outputs(llama, ids, mask)
+    states, logits = block_states(llama, ids, mask)
     readout = Readout.from_model(llama)
     lens = LayerIGLens.from_model(llama, layers=[0])
     result = lens.attribute_map(ids, additional_forward_args=(mask,))
@@ -154,7 +123,7 @@ def test_closed_form_toy_model():
 def test_gradient_methods_equal_captum_integrated_gradients(llama, method):
     ids = torch.randint(0, VOCAB, (1, 5))
     mask = torch.ones_like(ids)
-    states, logits = _block_outputs(llama, ids, mask)
+    states, logits = block_states(llama, ids, mask)
     readout = Readout.from_model(llama)
     target = logits.argmax(-1)[0]
     lens = LayerIGLens.from_model(llama)
