@@ -1,0 +1,188 @@
+"""Prompt sets: padded batches, JSON Lines output, resumption, two Gloo processes."""
+
+import json
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from captum_iglens import LayerIGLens
+from captum_iglens.batch import read_prompts, read_results, run_batch, to_result
+from captum_iglens.hf import encode_prompt, teacher_forcing
+from tests.tiny_models import VOCAB, tiny_model
+
+TOL = 1e-6
+FIELDS = ("attributions", "lens", "base_prob", "model_prob", "delta")
+
+# Prompts of different lengths, given answers of different lengths (one empty), and
+# generated answers.
+PROMPTS = [
+    {"id": "a", "prompt": "w5 w9 w13", "answer": "w20 w21 w22"},
+    {"id": 7, "prompt": "w40 w41 w42 w43 w44 w45 w46", "answer": "w60"},
+    {"id": "c", "prompt": "w7", "answer": "w8 w9 w10 w11 w12"},
+    {"id": "d", "prompt": "w100 w101 w102 w103"},
+    {"id": "e", "prompt": "w13 w4 w5 w6 w7", "answer": "w90 w91"},
+    {"id": "7", "prompt": "w30 w31", "answer": "w32 w33 w34 w35"},
+    {"id": "g", "prompt": "w50 w51 w52 w53 w54 w55"},
+    {"id": "h", "prompt": "w70 w71", "answer": ""},
+]
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    # The tiny models' pad, BOS and EOS ids are 0, 1 and 2.
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({f"w{i}": i for i in range(4, VOCAB)})
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+
+
+def _run(out_dir, **kwargs):
+    return run_batch(
+        tiny_model("llama"),
+        _tokenizer(),
+        PROMPTS,
+        out_dir,
+        batch_size=3,
+        max_new_tokens=4,
+        progress=False,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    path = _run(tmp_path_factory.mktemp("single"))
+    return path, read_results(path)
+
+
+def test_records_equal_per_prompt_maps(single_run):
+    path, records = single_run
+    assert path.name == "results.jsonl"
+    assert [r["id"] for r in records] == [p["id"] for p in PROMPTS]
+    model, tokenizer = tiny_model("llama"), _tokenizer()
+    lens = LayerIGLens.from_model(model)
+    attributed = 0
+    for record, item in zip(records, PROMPTS):
+        assert record["prompt"] == item["prompt"]
+        if "answer" in item:
+            assert record["answer"] == item["answer"]
+        result = to_result(record)
+        answer = result.targets[0]
+        if answer.numel() == 0:
+            assert record["answer"] == "" and result.attributions.shape == (1, 0, 2)
+            continue
+        attributed += 1
+        ids, positions, targets = teacher_forcing(
+            encode_prompt(tokenizer, item["prompt"]), answer
+        )
+        expected = lens.attribute_map(ids, target=targets, positions=positions)
+        assert torch.equal(result.positions, positions)
+        assert torch.equal(result.targets, targets)
+        assert result.layer_names == expected.layer_names == record["layer_names"]
+        assert record["tokens"] == [
+            [tokenizer.decode([t]) for t in targets[0].tolist()]
+        ]
+        for name in FIELDS:
+            torch.testing.assert_close(
+                getattr(result, name), getattr(expected, name), atol=TOL, rtol=0
+            )
+    assert attributed >= 5
+
+
+def test_layers_subset(tmp_path):
+    path = _run(tmp_path, layers=[0])
+    assert all(r["layer_names"] == ["0", "1"] for r in read_results(path))
+
+
+def test_resume_after_interruption_redoes_nothing(single_run, tmp_path, monkeypatch):
+    _, records = single_run
+    lines = (single_run[0]).read_text().splitlines(keepends=True)
+    # Interrupted while writing the fourth record: three complete lines and a half.
+    (tmp_path / "results.jsonl").write_text(
+        "".join(lines[:3]) + lines[3][: len(lines[3]) // 2]
+    )
+    assert [r["id"] for r in read_results(tmp_path / "results.jsonl")] == ["a", 7, "c"]
+    attributed = []
+    original = LayerIGLens.attribute_map
+
+    def counting(self, inputs, *args, **kwargs):
+        attributed.append(inputs.shape[0])
+        return original(self, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(LayerIGLens, "attribute_map", counting)
+    path = _run(tmp_path)
+    assert sum(attributed) <= len(PROMPTS) - 3  # only the unfinished prompts
+    assert path.read_text() == "".join(lines)
+    attributed.clear()
+    _run(tmp_path)  # everything is done
+    assert attributed == [] and path.read_text() == "".join(lines)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    import os
+
+    from captum_iglens.batch import init_distributed
+
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    assert init_distributed() == torch.device("cpu")
+    try:
+        path = _run(out_dir)
+        assert path.name == "results.jsonl" and path.exists()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_gloo_processes_merge_to_the_single_process_output(single_run, tmp_path):
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"]
+    merged = read_results(tmp_path / "results.jsonl")
+    expected = single_run[1]
+    assert [r["id"] for r in merged] == [r["id"] for r in expected]
+    for got, want in zip(merged, expected):
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            if key in FIELDS:
+                torch.testing.assert_close(
+                    torch.tensor(got[key]), torch.tensor(value), atol=TOL, rtol=0
+                )
+            else:
+                assert got[key] == value, key
+
+
+def test_read_prompts_and_bad_prompts(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n\n")
+    assert read_prompts(path) == PROMPTS
+    path.write_text('{"id": 1, "prompt": "w5"}\nnot json\n')
+    with pytest.raises(ValueError, match="p.jsonl:2"):
+        read_prompts(path)
+    for bad, message in (
+        ([{"id": 1, "prompt": "w5"}, {"id": 1, "prompt": "w6"}], "duplicate id"),
+        ([{"prompt": "w5"}], "'id'"),
+        ([{"id": "x", "prompt": "  "}], "prompt"),
+        ([{"id": "x", "prompt": "w5", "answer": 3}], "answer"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            run_batch(None, None, bad, tmp_path)
+    with pytest.raises(ValueError, match="batch_size"):
+        run_batch(None, None, PROMPTS, tmp_path, batch_size=0)
