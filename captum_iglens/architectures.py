@@ -104,7 +104,8 @@ ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
             norm=("gpt_neox.final_layer_norm",),
             head=("lm_head", "embed_out"),
             mid=_mid(
-                "post_attention_layernorm", parallel_if=lambda c: c.use_parallel_residual
+                "post_attention_layernorm",
+                parallel_if=lambda c: c.use_parallel_residual,
             ),
         ),
         "gptj": Architecture(layers="transformer.h", norm=("transformer.ln_f",)),
@@ -112,7 +113,9 @@ ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
             layers="model.decoder.layers",
             norm=("model.decoder.final_layer_norm", "model.decoder.project_out"),
             # Post-norm OPT normalises the stream after attention: no plain h_mid.
-            mid=_mid("final_layer_norm", parallel_if=lambda c: not c.do_layer_norm_before),
+            mid=_mid(
+                "final_layer_norm", parallel_if=lambda c: not c.do_layer_norm_before
+            ),
         ),
         "phi": Architecture(layers="model.layers", norm=("model.final_layernorm",)),
         "phi3": _LLAMA_LIKE,
@@ -137,7 +140,8 @@ ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
             layers="model.layers",
             norm=("model.norm",),
             mid=_mid(
-                "post_attention_layernorm", parallel_if=lambda c: c.use_parallel_residual
+                "post_attention_layernorm",
+                parallel_if=lambda c: c.use_parallel_residual,
             ),
         ),
         "cohere": Architecture(
@@ -152,7 +156,9 @@ ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
         "olmo": _LLAMA_LIKE,
         # OLMo2 normalises the attention output before adding it; the MLP reads
         # the stream itself.
-        "olmo2": Architecture(layers="model.layers", norm=("model.norm",), mid=_mid("mlp")),
+        "olmo2": Architecture(
+            layers="model.layers", norm=("model.norm",), mid=_mid("mlp")
+        ),
     }
 )
 r"""The supported architectures, keyed by ``model.config.model_type``."""
@@ -314,7 +320,9 @@ class CausalLMForward(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Optional[Tensor] = None
+    ) -> Tensor:
         position_ids = (
             None
             if attention_mask is None

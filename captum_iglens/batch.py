@@ -81,14 +81,9 @@ def to_result(record: Dict[str, Any]) -> IGLensResult:
     The :class:`~captum_iglens.IGLensResult` (``B = 1``) of one record of
     :func:`read_results`.
     """
-    result = IGLensResult.from_dict(
+    return IGLensResult.from_dict(
         {k: v for k, v in record.items() if k not in ("id", "prompt", "answer")}
     )
-    # JSON keeps no shape for an empty answer's (1, 0, k) maps.
-    shape = (*result.targets.shape, len(result.layer_names))
-    result.attributions = result.attributions.reshape(shape)
-    result.lens = result.lens.reshape(shape)
-    return result
 
 
 def init_distributed() -> torch.device:

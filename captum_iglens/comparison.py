@@ -414,7 +414,10 @@ def compare(
     extra = None if attention_mask is None else (attention_mask,)
     setup = lens.attribute_map(input_ids, None, target, extra, positions=positions)
     work = Work(
-        model, lens, input_ids, attention_mask,
+        model,
+        lens,
+        input_ids,
+        attention_mask,
         targets=setup.targets.clone(),
         positions=setup.positions.clone(),
         model_prob=setup.model_prob.clone(),
@@ -458,6 +461,12 @@ def compare(
         model=type(model).__name__,
     )
     return ComparisonResult(
-        results, work.targets.cpu(), work.positions.cpu(), mask,
-        list(lens.layer_names), tokens, input_tokens, metadata,
+        results,
+        work.targets.cpu(),
+        work.positions.cpu(),
+        mask,
+        list(lens.layer_names),
+        tokens,
+        input_tokens,
+        metadata,
     )

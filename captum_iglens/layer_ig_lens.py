@@ -38,7 +38,7 @@ from captum_iglens._utils.inputs import (
     resolve_positions,
     resolve_targets,
 )
-from captum_iglens.readout import Readout
+from captum_iglens.readout import Readout, target_log_prob
 from captum_iglens.result import IGLensResult
 
 Granularity = Literal["block", "sublayer"]
@@ -581,24 +581,18 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             pos = pos[-1:]
             if explicit_targets is not None:
                 explicit_targets = explicit_targets[:, -1:]
-            logits = logits[:, None]
+            logits, index = logits[:, None], torch.zeros(1, dtype=torch.long)
         else:
-            logits = logits[:, pos.to(logits.device)]
-        logits = logits.to(device).float()
+            index = pos
         mask = (
             torch.ones(batch, len(pos), dtype=torch.bool, device=device)
             if attention_mask is None
             else attention_mask.to(device)[:, pos].bool()
         )
-        self._check_finite(logits, outputs, mask, names)
-        targets = (
-            logits.argmax(-1)
-            if explicit_targets is None
-            else explicit_targets.to(device)
-        )
-        model_prob = logits.softmax(-1).gather(-1, targets[..., None])[..., 0]
+        self._check_states(outputs, mask, names)
+        targets, model_prob = self._read_output(logits, index, explicit_targets, mask)
+        self._check_top(outputs[-1], logits, index, mask)
         pos = pos.to(device)
-        self._check_top(outputs[-1], logits, mask)
         base = baseline_states(baselines, h_0, attention_mask).index_select(1, pos)
         return _Path(
             points=torch.stack([base, *outputs], dim=2),
@@ -635,24 +629,49 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         return points, names
 
     @staticmethod
-    def _check_finite(
-        logits: Tensor, outputs: List[Tensor], mask: Tensor, names: List[str]
-    ) -> None:
+    def _check_states(outputs: List[Tensor], mask: Tensor, names: List[str]) -> None:
         for name, state in zip(names, outputs):
             if not torch.isfinite(state[mask]).all():
                 raise ValueError(
                     f"layer: block {name} produced NaN or inf hidden states; check the "
                     "model's dtype and inputs"
                 )
-        if not torch.isfinite(logits[mask]).all():
-            raise ValueError("forward_func: the model's logits contain NaN or inf")
 
-    def _check_top(self, h_final: Tensor, logits: Tensor, mask: Tensor) -> None:
-        """The readout of the last block must reproduce the model's own logits."""
+    def _read_output(
+        self,
+        logits: Tensor,
+        index: Tensor,
+        targets: Optional[Tensor],
+        mask: Tensor,
+    ) -> Tuple[Tensor, Tensor]:
+        """Targets (greedy unless given) and the model's probability of them,
+        ``(B, P)`` each, from the model's logits at the attributed positions; read
+        in chunks of positions under the readout's memory budget."""
+        batch, device = logits.shape[0], mask.device
+        step = max(1, self.readout.rows_per_chunk() // batch)
+        chosen, log_probs = [], []
+        for start in range(0, len(index), step):
+            cols = slice(start, start + step)
+            rows = logits.index_select(1, index[cols].to(logits.device))
+            rows = rows.to(device=device, dtype=torch.float32)  # a copy we own
+            if not torch.isfinite(rows.amax(-1))[mask[:, cols]].all():
+                raise ValueError("forward_func: the model's logits contain NaN or inf")
+            y = rows.argmax(-1) if targets is None else targets[:, cols].to(device)
+            chosen.append(y)
+            log_probs.append(target_log_prob(rows.flatten(0, 1), y.flatten()))
+        targets = torch.cat(chosen, dim=1)
+        return targets, torch.cat(log_probs).view_as(targets).exp()
+
+    def _check_top(
+        self, h_final: Tensor, logits: Tensor, index: Tensor, mask: Tensor
+    ) -> None:
+        """The readout of the last block must reproduce the model's own logits,
+        checked in full at one real position of every sequence."""
         first = mask.float().argmax(-1)  # one real position per sequence
         rows = torch.arange(h_final.shape[0], device=h_final.device)
         ours = self.readout(h_final[rows, first]).float()
-        theirs = logits[rows, first]
+        theirs = logits[rows.to(logits.device), index[first.cpu()].to(logits.device)]
+        theirs = theirs.to(ours.device).float()
         scale = 1.0 + theirs.abs().max().item()
         error = (ours - theirs).abs().max().item()
         if error > _tolerance(h_final.dtype) * scale:

@@ -197,7 +197,12 @@ def plot_heatmap(
             for j in range(n_layers):
                 val = data[i, j]
                 ax.text(
-                    j, i, f"{val:+.3f}", ha="center", va="center", fontsize=7,
+                    j,
+                    i,
+                    f"{val:+.3f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
                     color="black" if 0.15 < norm(val) < 0.85 else "white",
                 )
 
@@ -211,8 +216,13 @@ def plot_heatmap(
             if j < 0:
                 continue
             box = Rectangle(
-                (j - 0.5, i - 0.5), 1.0, 1.0, fill=False, edgecolor="black",
-                linewidth=2.0, zorder=3,
+                (j - 0.5, i - 0.5),
+                1.0,
+                1.0,
+                fill=False,
+                edgecolor="black",
+                linewidth=2.0,
+                zorder=3,
             )
             box.set_gid("onset")
             ax.add_patch(box)
@@ -308,31 +318,64 @@ def plot_trajectory(
     fig, ax = _new_axes(ax, (max(8.0, 5.0 + 0.32 * n_layers), 4.6))
     colors = [UP_COLOR if c >= 0 else DOWN_COLOR for c in credits]
     ax.bar(
-        x, credits, bottom=before, width=0.6, color=colors, alpha=0.45,
-        edgecolor=colors, linewidth=1.0, zorder=1,
+        x,
+        credits,
+        bottom=before,
+        width=0.6,
+        color=colors,
+        alpha=0.45,
+        edgecolor=colors,
+        linewidth=1.0,
+        zorder=1,
     )
     ax.axhline(
-        model_prob, color="0.35", linestyle="--", linewidth=1.0,
-        label=f"model p = {model_prob:.4f}", zorder=0,
+        model_prob,
+        color="0.35",
+        linestyle="--",
+        linewidth=1.0,
+        label=f"model p = {model_prob:.4f}",
+        zorder=0,
     )
     ax.plot(
-        [-1], [base], marker="D", color="0.25", linestyle="none",
-        label=f"baseline f(h_base) = {base:.4f}", zorder=4, clip_on=False,
+        [-1],
+        [base],
+        marker="D",
+        color="0.25",
+        linestyle="none",
+        label=f"baseline f(h_base) = {base:.4f}",
+        zorder=4,
+        clip_on=False,
     )
     ax.plot(
-        x, lens, color="#1f4e9c", linewidth=1.8, marker=".", markersize=5,
-        label="logit lens", zorder=3,
+        x,
+        lens,
+        color="#1f4e9c",
+        linewidth=1.8,
+        marker=".",
+        markersize=5,
+        label="logit lens",
+        zorder=3,
     )
     ax.plot(
-        x, cumulative, linestyle="none", marker="o", markersize=9,
-        markerfacecolor="none", markeredgecolor="#e08a00", markeredgewidth=1.6,
-        label="cumulative credit", zorder=4,
+        x,
+        cumulative,
+        linestyle="none",
+        marker="o",
+        markersize=9,
+        markerfacecolor="none",
+        markeredgecolor="#e08a00",
+        markeredgewidth=1.6,
+        label="cumulative credit",
+        zorder=4,
     )
     onset = int(result.onset(onset_frac)[b, p])
     if onset >= 0:
         name = result.layer_names[onset]
         ax.axvline(
-            onset, color="black", linestyle=":", linewidth=1.4,
+            onset,
+            color="black",
+            linestyle=":",
+            linewidth=1.4,
             label=f"onset ({onset_frac:.0%} of |credit|): layer {name}",
             zorder=2,
         )
@@ -357,12 +400,17 @@ def plot_trajectory(
     handles += [
         Patch(facecolor=UP_COLOR, edgecolor=UP_COLOR, alpha=0.45, label="layer adds p"),
         Patch(
-            facecolor=DOWN_COLOR, edgecolor=DOWN_COLOR, alpha=0.45,
+            facecolor=DOWN_COLOR,
+            edgecolor=DOWN_COLOR,
+            alpha=0.45,
             label="layer takes p back",
         ),
     ]
     ax.legend(
-        handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+        handles=handles,
+        fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
         framealpha=0.9,
     )
     return _finish(fig, ax, show)

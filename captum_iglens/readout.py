@@ -250,16 +250,37 @@ class Readout(nn.Module):
         chunks: List[Tensor] = []
         for start in range(0, hidden.shape[0], rows):
             logits = self(hidden[start : start + rows]).float()
-            tgt = target[start : start + rows].to(logits.device).unsqueeze(-1)
-            # log_softmax subtracts the row maximum first; ``logit - logsumexp``
-            # would lose ~1e-6 absolute precision on large logits.
-            chunks.append(torch.log_softmax(logits, dim=-1).gather(-1, tgt).squeeze(-1))
+            chunks.append(target_log_prob(logits, target[start : start + rows]))
         if not chunks:
             return hidden.new_zeros((0,), dtype=torch.float32)
         return torch.cat(chunks)
 
     def extra_repr(self) -> str:
         return f"vocab_size={self.vocab_size}, max_chunk_bytes={self.max_chunk_bytes}"
+
+
+def target_log_prob(logits: Tensor, target: Tensor) -> Tensor:
+    r"""``log_softmax(logits)[target]`` per row, in float32.
+
+    Without grad, the computation overwrites ``logits`` (pass a tensor you own) so
+    that no second ``(N, V)`` tensor is allocated; with grad it uses
+    :func:`torch.log_softmax`. Both subtract the row maximum first: ``logit -
+    logsumexp`` would lose about 1e-6 of absolute precision on large logits.
+
+    Args:
+        logits (Tensor): ``(N, V)`` float32 logits.
+        target (Tensor): ``(N,)`` token ids.
+
+    Returns:
+        **log_prob** (Tensor): ``(N,)`` float32.
+    """
+    target = target.to(logits.device).unsqueeze(-1)
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return torch.log_softmax(logits, dim=-1).gather(-1, target).squeeze(-1)
+    top = logits.amax(-1, keepdim=True)
+    picked = logits.gather(-1, target) - top
+    normaliser = logits.sub_(top).exp_().sum(-1, keepdim=True).log_()
+    return (picked - normaliser).squeeze(-1)
 
 
 def _vocab_size(head: nn.Module) -> int:

@@ -207,10 +207,15 @@ class IGLensResult:
         if unknown:
             raise ValueError(f"data: unknown IGLensResult fields {sorted(unknown)}")
         kwargs = dict(data)
+        b, p = len(data["targets"]), len(data["positions"])
+        shapes = {"attributions": (b, p, -1), "lens": (b, p, -1), "positions": (p,)}
         for name in _TENSOR_FIELDS:
-            kwargs[name] = torch.tensor(
-                data[name], dtype=_DTYPES.get(name, torch.float32)
-            )
+            value = torch.tensor(data[name], dtype=_DTYPES.get(name, torch.float32))
+            # Nested lists keep no shape when a dimension is empty.
+            shape = shapes.get(name, (b, p))
+            if value.numel() == 0:
+                shape = tuple(len(data["layer_names"]) if n == -1 else n for n in shape)
+            kwargs[name] = value.reshape(shape)
         return cls(**kwargs)
 
     def save(self, path: Union[str, Path]) -> None:

@@ -147,8 +147,12 @@ class TargetProbability(Module):
 
 def ig_lens(work: Work) -> Outcome:
     result = work.lens.attribute_map(
-        work.input_ids, work.baselines, work.targets, work.extra,
-        positions=work.positions, n_steps=work.n_steps,
+        work.input_ids,
+        work.baselines,
+        work.targets,
+        work.extra,
+        positions=work.positions,
+        n_steps=work.n_steps,
     )
     change = result.model_prob - result.base_prob
     start = "h_0" if work.baselines is None else f"baselines={work.baselines!r}"

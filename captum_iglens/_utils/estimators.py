@@ -160,7 +160,9 @@ def gradient_attributions(
     k = k_plus_1 - 1
     alphas = torch.tensor(alphas_func(n_steps), device=points.device)
     weights = torch.tensor(step_sizes_func(n_steps), device=points.device)
-    alphas, weights = alphas.float().view(1, 1, -1, 1), weights.float().view(1, 1, -1, 1)
+    alphas, weights = alphas.float().view(1, 1, -1, 1), weights.float().view(
+        1, 1, -1, 1
+    )
     out = torch.empty(n, k, d, device=points.device, dtype=torch.float32)
     for rows in _row_groups(n, k * n_steps, chunk_rows):
         group = points[rows].float()

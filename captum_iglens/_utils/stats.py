@@ -19,7 +19,9 @@ _ONSET_SLACK = 1e-6
 def _vector(values: np.ndarray, name: str) -> np.ndarray:
     array = np.asarray(values, dtype=np.float64)
     if array.ndim != 1 or array.size == 0:
-        raise ValueError(f"{name}: expected a non-empty 1-D array, got shape {array.shape}")
+        raise ValueError(
+            f"{name}: expected a non-empty 1-D array, got shape {array.shape}"
+        )
     if not np.isfinite(array).all():
         raise ValueError(f"{name}: expected finite values, got {array.tolist()}")
     return array
@@ -208,7 +210,11 @@ def bootstrap_mean(
         ``n`` (defined values) and ``n_undefined`` (NaN values).
     """
     array = np.asarray(values, dtype=np.float64).reshape(-1)
-    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int) or n_bootstrap < 1:
+    if (
+        isinstance(n_bootstrap, bool)
+        or not isinstance(n_bootstrap, int)
+        or n_bootstrap < 1
+    ):
         raise ValueError(f"n_bootstrap: expected an int >= 1, got {n_bootstrap!r}")
     if not 0.0 < level < 1.0:
         raise ValueError(f"level: expected a number in (0, 1), got {level}")
@@ -225,10 +231,18 @@ def bootstrap_mean(
 
 
 #: The agreement metrics of :func:`agreement`, in table order.
-METRICS: Tuple[str, ...] = ("spearman", "top1", "top3", "onset_distance", "peak_distance")
+METRICS: Tuple[str, ...] = (
+    "spearman",
+    "top1",
+    "top3",
+    "onset_distance",
+    "peak_distance",
+)
 
 
-def agreement(score: np.ndarray, drop: np.ndarray, frac: float = 0.5) -> Dict[str, float]:
+def agreement(
+    score: np.ndarray, drop: np.ndarray, frac: float = 0.5
+) -> Dict[str, float]:
     r"""
     Every agreement metric of one token's per-layer score with its ablation drops.
 
@@ -282,7 +296,9 @@ def summarize(
         group: {
             method: {
                 metric: bootstrap_mean(
-                    array[np.asarray(members, bool) & np.asarray(computed[method], bool)],
+                    array[
+                        np.asarray(members, bool) & np.asarray(computed[method], bool)
+                    ],
                     n_bootstrap,
                     seed,
                 )
