@@ -95,7 +95,8 @@ def _attribute_parser() -> argparse.ArgumentParser:
         prog="captum-iglens",
         description="At which layer is the probability of each answer token "
         "produced? IG-Lens credits, which add up exactly to the change in "
-        "probability. Subcommand: `captum-iglens compare PROMPT` sets IG-Lens "
+        "probability. Subcommands: `captum-iglens batch PROMPTS.jsonl --out DIR` "
+        "for a prompt set; `captum-iglens compare PROMPT` sets IG-Lens "
         "beside Captum's LayerConductance / LayerIntegratedGradients, the logit "
         "lens and DLA.",
     )
@@ -283,7 +284,53 @@ def _compare(argv: Sequence[str]) -> int:
     return 0
 
 
-_SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {"compare": _compare}
+def _batch_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="captum-iglens batch",
+        description="Attribute a prompt set (JSON Lines with 'id', 'prompt' and "
+        "optionally 'answer') in padded batches; results are written incrementally "
+        "to OUT/results.jsonl and a rerun resumes where it stopped. Under torchrun "
+        "the prompts are split across processes.",
+    )
+    parser.add_argument("prompts", help="the prompt set, a .jsonl file")
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--no-chat", action="store_true")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--layers", type=_int_list, help="as for the main command")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    _model_arguments(parser)
+    return parser
+
+
+def _batch(argv: Sequence[str]) -> int:
+    from captum_iglens.batch import init_distributed, read_prompts, run_batch
+
+    args = _batch_parser().parse_args(argv)
+    prompts = read_prompts(args.prompts)
+    device = init_distributed()
+    if device.type == "cuda":
+        args.device = str(device)
+    model, tokenizer = _load(args)
+    path = run_batch(
+        model,
+        tokenizer,
+        prompts,
+        args.out,
+        batch_size=args.batch_size,
+        layers=args.layers,
+        max_new_tokens=args.max_new_tokens,
+        chat=not args.no_chat,
+        progress=_progress(args),
+    )
+    print(f"results: {path}")
+    return 0
+
+
+_SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {
+    "compare": _compare,
+    "batch": _batch,
+}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,6 +1,7 @@
 """The command-line tool, run end to end as a user would."""
 
 import csv
+import json
 import os
 import re
 import subprocess
@@ -89,3 +90,27 @@ def test_unrecognised_readout_is_a_clean_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert status == 2 and "gpt_bigcode" in err and "Readout(" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.real_model
+def test_batch_subcommand_writes_and_resumes(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        '{"id": "a", "prompt": "The capital of France is"}\n'
+        '{"id": "b", "prompt": "Water is made of"}\n'
+    )
+    args = ("batch", str(prompts), "--out", str(tmp_path / "out"), "--no-chat",
+            "--max-new-tokens", "3", "--layers", "10,20")
+    first = _run(*args)
+    assert first.returncode == 0, first.stderr
+    lines = (tmp_path / "out" / "results.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == ["a", "b"]
+    for line in lines:
+        result = IGLensResult.from_dict(
+            {k: v for k, v in json.loads(line).items() if k not in ("id", "prompt", "answer")}
+        )
+        assert result.layer_names == ["10", "20", "29"]
+        assert (result.total - (result.model_prob - result.base_prob)).abs().max() <= 1e-6
+    again = _run(*args)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "out" / "results.jsonl").read_text().splitlines() == lines
