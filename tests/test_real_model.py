@@ -86,13 +86,19 @@ def test_attribute_text_answer(default_model):
     assert "".join(result.tokens[0]) == result.metadata["answer"]
 
 
-def test_readme_python_example_runs(default_model, capsys):
+def test_readme_python_examples_run(default_model, capsys):
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    block = re.search(r"## Python API\n\n```python\n(.*?)```", readme, re.S).group(1)
-    exec(compile(block, "README.md", "exec"), {})
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert len(blocks) == 2
+    namespace = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)
     out = capsys.readouterr().out
     match = re.search(r"max \|Σ - Δp\| = ([0-9.e+-]+)", out)
     assert match and float(match.group(1)) <= FP32_TOL
+    res = namespace["res"]
+    assert res.token_attr.shape == (1, 30)
+    assert namespace["fig"] is not None
 
 
 def test_sublayer_map_on_real_weights(default_model, padded_batch):
