@@ -659,6 +659,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             y = rows.argmax(-1) if targets is None else targets[:, cols].to(device)
             chosen.append(y)
             log_probs.append(target_log_prob(rows.flatten(0, 1), y.flatten()))
+            del rows  # free this chunk before the next is read
         targets = torch.cat(chosen, dim=1)
         return targets, torch.cat(log_probs).view_as(targets).exp()
 

@@ -249,8 +249,10 @@ class Readout(nn.Module):
         rows = self.rows_per_chunk()
         chunks: List[Tensor] = []
         for start in range(0, hidden.shape[0], rows):
+            # No name keeps a chunk's logits alive while the next one is computed.
             logits = self(hidden[start : start + rows]).float()
             chunks.append(target_log_prob(logits, target[start : start + rows]))
+            del logits
         if not chunks:
             return hidden.new_zeros((0,), dtype=torch.float32)
         return torch.cat(chunks)
