@@ -6,9 +6,8 @@ update in a full forward pass should lower the model's real ``p(y)`` more than
 removing blocks with lower scores. This module measures that, for IG-Lens and for
 the alternatives, over a prompt set:
 
-- :func:`ablate`: the drop in ``p(y)`` when one block's update is removed, for
-  every chosen block, with the ablated forwards stacked along the batch.
-- :func:`mean_updates`: the reference updates of the ``"mean"`` ablation.
+- :func:`captum_iglens.ablation.ablate` measures the drop in ``p(y)`` when one
+  block's update is removed.
 - :func:`run_validation`: the study: the model's greedy answer to each prompt,
   its ablation drops, every method's per-layer scores, their agreement
   (:mod:`captum_iglens._utils.stats`) and bootstrap confidence intervals, in a
@@ -17,26 +16,36 @@ the alternatives, over a prompt set:
 """
 
 import json
+import textwrap
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.nn import Module
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
-from captum_iglens._utils.stats import METRICS, agreement, bootstrap_mean, nonmonotone_depth, summarize
-from captum_iglens.architectures import decoder_layers
+from captum_iglens._utils.stats import (
+    METRICS,
+    agreement,
+    bootstrap_mean,
+    nonmonotone_depth,
+    summarize,
+)
+from captum_iglens.ablation import (
+    MODES,
+    ablate,
+    chosen_blocks,
+    left_pad,
+    mean_updates,
+)
 from captum_iglens.comparison import compare
-from captum_iglens.hf import encode_prompt
+from captum_iglens.hf import encode_prompt, stop_token_ids
 
-#: Ablation modes accepted by :func:`ablate`.
-MODES: Tuple[str, ...] = ("skip", "mean", "zero-at-position")
 #: Methods compared with the ablation, in the order of the table.
 METHODS: Tuple[str, ...] = (
     "ig_lens",
@@ -117,7 +126,9 @@ def load_prompts(path: Optional[Union[str, Path]] = None) -> List[Fact]:
         except json.JSONDecodeError as error:
             raise ValueError(f"{source}:{number}: not valid JSON ({error})") from None
         if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-            raise ValueError(f"{source}:{number}: expected an object with a 'prompt' string")
+            raise ValueError(
+                f"{source}:{number}: expected an object with a 'prompt' string"
+            )
         facts.append(
             Fact(
                 id=str(record.get("id", number)),
@@ -133,282 +144,6 @@ def load_prompts(path: Optional[Union[str, Path]] = None) -> List[Fact]:
 
 
 # ----------------------------------------------------------------------- ablation
-
-
-@dataclass
-class Ablation:
-    r"""
-    The model's probability of each target, clean and with one block ablated.
-
-    Attributes:
-
-        clean (Tensor): ``(B, P)`` float32, from the unablated forward.
-        ablated (Tensor): ``(B, P, k)`` float32, with block ``L_j`` ablated.
-    """
-
-    clean: Tensor
-    ablated: Tensor
-
-    @property
-    def drop(self) -> Tensor:
-        """``(B, P, k)``: ``clean − ablated``; positive where the block helps ``y``."""
-        return self.clean[..., None] - self.ablated
-
-
-def _chosen(model: Module, layers: Optional[Sequence[int]]) -> Tuple[List[Module], List[int]]:
-    """The model's blocks and the sorted chosen indices (the last block always)."""
-    blocks = decoder_layers(model)
-    n = len(blocks)
-    chosen = range(n) if layers is None else layers
-    for index in chosen:
-        if isinstance(index, bool) or not isinstance(index, int) or not -n <= index < n:
-            raise ValueError(f"layers: expected block indices in [-{n}, {n}), got {index!r}")
-    return blocks, sorted({i % n for i in chosen} | {n - 1})
-
-
-def _probabilities(
-    model: Module, ids: Tensor, mask: Tensor, positions: Tensor, targets: Tensor
-) -> Tensor:
-    """``(B, P)``: the model's probability of ``targets`` at ``positions``."""
-    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=position_ids,
-        logits_to_keep=positions,
-        use_cache=False,
-    ).logits
-    return logits.float().softmax(-1).gather(-1, targets[..., None])[..., 0]
-
-
-def _inputs_of(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tensor:
-    hidden = args[0] if args else kwargs.get("hidden_states")
-    if not isinstance(hidden, Tensor):
-        raise TypeError("layer: expected a block's hidden states as its first input")
-    return hidden
-
-
-def _output_of(output: Any) -> Tensor:
-    hidden = output[0] if isinstance(output, (tuple, list)) else output
-    if not isinstance(hidden, Tensor):
-        raise TypeError("layer: expected a block's output to be (or start with) a tensor")
-    return hidden
-
-
-def _replace_output(output: Any, hidden: Tensor) -> Any:
-    return hidden if isinstance(output, Tensor) else (hidden, *output[1:])
-
-
-@contextmanager
-def _hooked(hooks: Dict[Module, Callable[..., Any]]) -> Iterator[None]:
-    """Forward hooks (with kwargs) owned here: registered on entry, removed on exit."""
-    handles = []
-    try:
-        for module, hook in hooks.items():
-            handles.append(module.register_forward_hook(hook, with_kwargs=True))
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def mean_updates(
-    model: Module,
-    sequences: Sequence[Tensor],
-    *,
-    layers: Optional[Sequence[int]] = None,
-    batch_size: int = 16,
-    pad_id: int = 0,
-) -> Tensor:
-    r"""
-    The mean update ``h_L − h_{L−1}`` of every chosen block over a reference set,
-    kept apart for the first token of a sequence (whose states are unlike any
-    other's: attention sinks) and for the other tokens.
-
-    Args:
-
-        model (PreTrainedModel): A causal LM of a supported architecture.
-        sequences (list[Tensor]): The reference token ids, 1-D each.
-        layers (list[int], optional): Block indices; the last block is always
-                    added. Default: all blocks.
-        batch_size (int, optional): Sequences per forward. Default: 16.
-        pad_id (int, optional): Id used for (left) padding. Default: 0.
-
-    Returns:
-        *Tensor* ``(k, 2, d)`` float32: ``[j, 0]`` the first tokens' mean update
-        of block ``L_j``, ``[j, 1]`` the other tokens'.
-    """
-    if not sequences:
-        raise ValueError("sequences: expected at least one reference sequence")
-    blocks, chosen = _chosen(model, layers)
-    device = next(model.parameters()).device
-    sums = [torch.zeros((), dtype=torch.float64, device=device)] * len(chosen)
-    counts = torch.zeros(2, dtype=torch.float64, device=device)
-    batch_in_flight: Dict[str, Tensor] = {}  # "where": (2, B, T), first / other tokens
-
-    def recorder(j: int) -> Callable[..., None]:
-        def hook(module: Module, args: Any, kwargs: Any, output: Any) -> None:
-            update = (_output_of(output) - _inputs_of(args, kwargs)).double()
-            sums[j] = sums[j] + torch.einsum(
-                "sbt,btd->sd", batch_in_flight["where"], update
-            )
-
-        return hook
-
-    with _hooked({blocks[i]: recorder(j) for j, i in enumerate(chosen)}):
-        for start in range(0, len(sequences), batch_size):
-            ids, mask = left_pad(sequences[start : start + batch_size], pad_id)
-            ids, mask = ids.to(device), mask.to(device)
-            first = _first_token(mask)
-            where = torch.stack([first, mask.bool() & ~first]).double()
-            batch_in_flight["where"] = where
-            counts += where.sum((1, 2))
-            last = torch.tensor([ids.shape[1] - 1], device=device)
-            with torch.inference_mode():
-                _probabilities(model, ids, mask, last, ids[:, -1:])
-    return (torch.stack(sums) / counts.clamp(min=1)[None, :, None]).float()
-
-
-def _first_token(mask: Tensor) -> Tensor:
-    """``(B, T)`` bool: the first real token of each left-padded sequence."""
-    first = mask.long().argmax(-1)
-    return torch.arange(mask.shape[1], device=mask.device)[None] == first[:, None]
-
-
-def left_pad(sequences: Sequence[Tensor], pad_id: int) -> Tuple[Tensor, Tensor]:
-    r"""
-    Stack 1-D token-id tensors into a left-padded batch.
-
-    Returns:
-        2-element tuple of **ids** ``(B, T)`` and **attention_mask** ``(B, T)``.
-    """
-    length = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(sequences), length, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        ids[row, length - len(seq) :] = seq
-        mask[row, length - len(seq) :] = 1
-    return ids, mask
-
-
-def ablate(
-    model: Module,
-    input_ids: Tensor,
-    attention_mask: Optional[Tensor] = None,
-    *,
-    positions: Union[Sequence[int], Tensor],
-    targets: Tensor,
-    layers: Optional[Sequence[int]] = None,
-    mode: str = "skip",
-    means: Optional[Tensor] = None,
-    max_batch: int = 256,
-) -> Ablation:
-    r"""
-    The model's real probability of each target with each chosen block's update
-    removed, one block at a time, in full forward passes.
-
-    Modes:
-
-    - ``"skip"``: the block's output is replaced by its input, at all positions.
-    - ``"mean"``: the block's update is replaced by its mean update over a
-      reference set (``means``, from :func:`mean_updates`), at all positions.
-    - ``"zero-at-position"``: the block is skipped only at the attributed position
-      (one forward per block and position).
-
-    The ablated copies of the batch are stacked along the batch dimension, up to
-    ``max_batch`` sequences per forward; each block's hook edits only the rows of
-    its own copy. The hooks are registered for one forward and removed after it,
-    whatever happens.
-
-    Args:
-
-        model (PreTrainedModel): A causal LM of a supported architecture.
-        input_ids (Tensor): ``(B, T)`` token ids.
-        attention_mask (Tensor, optional): ``(B, T)``, zeros at left padding.
-                    Default: None
-        positions (list[int] or Tensor): The ``P`` positions whose predictions
-                    are measured (negative values count from the end).
-        targets (Tensor): ``(B, P)`` token ids, the predicted tokens.
-        layers (list[int], optional): Block indices; the last block is always
-                    added. Default: all blocks.
-        mode (str, optional): One of :data:`MODES`. Default: ``"skip"``.
-        means (Tensor, optional): ``(k, 2, d)``, required by ``"mean"``.
-        max_batch (int, optional): The most sequences in one forward.
-                    Default: 256.
-
-    Returns:
-        :class:`Ablation`.
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
-    blocks, chosen = _chosen(model, layers)
-    device = next(model.parameters()).device
-    ids = input_ids.to(device)
-    batch, length = ids.shape
-    mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(device)
-    pos = torch.as_tensor(positions, dtype=torch.long).reshape(-1) % length
-    targets = torch.as_tensor(targets, device=device).reshape(batch, len(pos))
-    if mode == "mean" and (means is None or tuple(means.shape[:2]) != (len(chosen), 2)):
-        raise ValueError(
-            f'means: mode "mean" needs a ({len(chosen)}, 2, d) tensor from mean_updates'
-        )
-    # Each variant: a chosen block j and the position index it is ablated at (or all).
-    variants = [
-        (j, p if mode == "zero-at-position" else None)
-        for j in range(len(chosen))
-        for p in (range(len(pos)) if mode == "zero-at-position" else [None])
-    ]
-    fills = None
-    if mode == "mean":
-        first = _first_token(mask)[..., None]
-        fills = [torch.where(first, m[0], m[1]).to(device) for m in means]
-    plan: Dict[int, List[Tuple[int, Optional[int]]]] = {}  # the forward in flight
-
-    def editor(j: int) -> Callable[..., Any]:
-        def hook(module: Module, args: Any, kwargs: Any, output: Any) -> Any:
-            if j not in plan:
-                return None
-            before, after = _inputs_of(args, kwargs), _output_of(output)
-            edited = after.clone()
-            for replica, p in plan[j]:
-                rows = slice(replica * batch, (replica + 1) * batch)
-                if p is not None:
-                    edited[rows, pos[p]] = before[rows, pos[p]]
-                elif fills is None:
-                    edited[rows] = before[rows]
-                else:
-                    edited[rows] = before[rows] + fills[j].to(before.dtype)
-            return _replace_output(output, edited)
-
-        return hook
-
-    per_chunk = max(1, max_batch // batch)
-    out = []
-    with torch.inference_mode():
-        clean = _probabilities(model, ids, mask, pos.to(device), targets)
-        with _hooked({blocks[i]: editor(j) for j, i in enumerate(chosen)}):
-            for start in range(0, len(variants), per_chunk):
-                part = variants[start : start + per_chunk]
-                plan.clear()
-                for replica, (j, p) in enumerate(part):
-                    plan.setdefault(j, []).append((replica, p))
-                copies = len(part)
-                probs = _probabilities(
-                    model,
-                    ids.repeat(copies, 1),
-                    mask.repeat(copies, 1),
-                    pos.to(device),
-                    targets.repeat(copies, 1),
-                )
-                out.append(probs.view(copies, batch, len(pos)))
-    stacked = torch.cat(out)  # (variants, B, P)
-    if mode == "zero-at-position":  # variant (j, p) is read at position p only
-        k, p = len(chosen), len(pos)
-        stacked = stacked.view(k, p, batch, p).diagonal(dim1=1, dim2=3)  # (k, B, P)
-    return Ablation(clean=clean.cpu(), ablated=stacked.permute(1, 2, 0).cpu())
-
-
-# -------------------------------------------------------------------------- study
 
 
 def _plain(value: Any) -> Any:
@@ -451,6 +186,9 @@ class ValidationResult:
         drops (np.ndarray): ``(N, k)``: the ablation drops ``p − p_ablated``.
         trajectory (np.ndarray): ``(N, k + 1)``: the logit-lens levels
                     ``f(h_0), f(h_{L_1}), ..., p`` of the token.
+        nonmonotone_depth (np.ndarray): ``(N,)``: how far the trajectory rises
+                    and then falls
+                    (:func:`~captum_iglens._utils.stats.nonmonotone_depth`).
         scores (dict[str, np.ndarray]): ``(N, k)`` per method, NaN rows where
                     the method was not run.
         values (dict): ``values[method][metric]``: ``(N,)`` per-token agreement,
@@ -473,6 +211,7 @@ class ValidationResult:
     model_prob: np.ndarray
     drops: np.ndarray
     trajectory: np.ndarray
+    nonmonotone_depth: np.ndarray
     scores: Dict[str, np.ndarray]
     values: Dict[str, Dict[str, np.ndarray]]
     groups: Dict[str, np.ndarray]
@@ -482,7 +221,9 @@ class ValidationResult:
     def accuracy(self) -> Dict[str, float]:
         """The share of checked prompts answered correctly, with its bootstrap CI."""
         checked = np.array([np.nan if c is None else float(c) for c in self.correct])
-        return bootstrap_mean(checked, self.settings["n_bootstrap"], self.settings["seed"])
+        return bootstrap_mean(
+            checked, self.settings["n_bootstrap"], self.settings["seed"]
+        )
 
     def format_table(self, groups: Optional[Sequence[str]] = None) -> str:
         r"""
@@ -499,13 +240,18 @@ class ValidationResult:
         """
         k = len(self.layer_names)
         acc = self.accuracy()
+        threshold = self.settings["nonmonotone_threshold"]
         lines = [
             f"Per-layer scores vs causal ablation (mode={self.mode!r}, {k} blocks, "
             f"{len(self.facts)} prompts, one token each)",
-            f"model correct on {acc['mean'] * acc['n']:.0f}/{acc['n']} checked prompts: "
-            f"{_cell(acc, False)}",
-            f"non-monotone tokens (lens rises, then falls, by > "
-            f"{self.settings['nonmonotone_threshold']}): {int(self.groups['non_monotone'].sum())}",
+            (
+                f"model correct on {sum(c is True for c in self.correct)}/{acc['n']} "
+                f"checked prompts: {_cell(acc, False)}"
+                if acc["n"]
+                else "no answers to check"
+            ),
+            f"non-monotone tokens (lens rises, then falls, by > {threshold}): "
+            f"{int(self.groups['non_monotone'].sum())}",
         ]
         titles = {
             "spearman": "Spearman",
@@ -518,7 +264,8 @@ class ValidationResult:
         for group in names:
             lines += ["", f"[{group}] {int(self.groups[group].sum())} tokens"]
             lines.append(
-                f"{'method':<20}{'n':>4}  " + "".join(f"{titles[m]:<26}" for m in METRICS)
+                f"{'method':<20}{'n':>4}  "
+                + "".join(f"{titles[m]:<26}" for m in METRICS)
             )
             for method in self.methods:
                 row = self.summary[group][method]
@@ -527,14 +274,16 @@ class ValidationResult:
                     f"{method:<20}{row['top1']['n']:>4}  "
                     + "".join(f"{c:<26}" for c in cells)
                 )
-        undefined = {m: self.summary["all"][m]["spearman"]["n_undefined"] for m in self.methods}
+        undefined = {
+            m: self.summary["all"][m]["spearman"]["n_undefined"] for m in self.methods
+        }
         peaks = np.bincount(self.drops.argmax(1), minlength=k)
         credits = np.bincount(self.scores["ig_lens"].argmax(1), minlength=k)
         lines += [
             "",
             f"chance: Spearman 0, top-1 {1 / k:.3f}, top-3 {min(3, k) / k:.3f}. "
             "Spearman undefined (constant vector), excluded: "
-            + ", ".join(f"{m} {n}" for m, n in undefined.items() if n),
+            + (", ".join(f"{m} {n}" for m, n in undefined.items() if n) or "none"),
             f"ablation peak layer, most frequent: {self._most_frequent(peaks)}",
             f"IG-Lens argmax layer, most frequent: {self._most_frequent(credits)}",
         ]
@@ -543,7 +292,9 @@ class ValidationResult:
 
     def _most_frequent(self, counts: np.ndarray) -> str:
         order = np.argsort(-counts, kind="stable")[:5]
-        return ", ".join(f"L{self.layer_names[i]}×{counts[i]}" for i in order if counts[i])
+        return ", ".join(
+            f"L{self.layer_names[i]}×{counts[i]}" for i in order if counts[i]
+        )
 
     def __str__(self) -> str:
         return self.format_table()
@@ -564,8 +315,13 @@ class ValidationResult:
                     model_prob=float(self.model_prob[i]),
                     drops=self.drops[i],
                     trajectory=self.trajectory[i],
+                    nonmonotone_depth=float(self.nonmonotone_depth[i]),
                     groups=[g for g, members in self.groups.items() if members[i]],
-                    scores={m: s[i] for m, s in self.scores.items() if not np.isnan(s[i]).all()},
+                    scores={
+                        m: s[i]
+                        for m, s in self.scores.items()
+                        if not np.isnan(s[i]).all()
+                    },
                     agreement={
                         m: {metric: float(v[i]) for metric, v in metrics.items()}
                         for m, metrics in self.values.items()
@@ -589,7 +345,9 @@ class ValidationResult:
         """Write :meth:`to_dict` as JSON."""
         Path(path).write_text(json.dumps(self.to_dict(), ensure_ascii=False, indent=1))
 
-    def plot(self, examples: Optional[Sequence[int]] = None) -> Tuple[Any, Dict[str, Any]]:
+    def plot(
+        self, examples: Optional[Sequence[int]] = None
+    ) -> Tuple[Any, Dict[str, Any]]:
         r"""
         Top: for a few tokens, the ablation drop and the IG-Lens credit of every
         layer (both in probability). Bottom: every method's mean Spearman
@@ -619,18 +377,26 @@ class ValidationResult:
         fig = plt.figure(figsize=(5.0 * cols, 8.5), layout="constrained")
         fig.set_facecolor("white")
         grid = fig.add_gridspec(2, cols)
+        bottom = grid[1, :].subgridspec(1, 2)
         axes: Dict[str, Any] = {}
         layers = np.arange(len(self.layer_names))
         for col, i in enumerate(picks):
             ax = fig.add_subplot(grid[0, col])
             credit = self.scores["ig_lens"][i]
-            ax.bar(layers, credit, color=np.where(credit >= 0, UP_COLOR, DOWN_COLOR),
-                   label="IG-Lens credit")
-            ax.plot(layers, self.drops[i], "k.-", linewidth=1, label=f"{self.mode} drop")
+            ax.bar(
+                layers,
+                credit,
+                color=np.where(credit >= 0, UP_COLOR, DOWN_COLOR),
+                label="IG-Lens credit",
+            )
+            ax.plot(
+                layers, self.drops[i], "k.-", linewidth=1, label=f"{self.mode} drop"
+            )
             ax.axhline(0, color="grey", linewidth=0.5)
             ax.set_title(
-                f"{self.facts[i].prompt[-40:]!r} → {self.target_tokens[i]!r}\n"
-                f"p = {self.model_prob[i]:.3f}", fontsize=9,
+                textwrap.fill(f"{self.facts[i].prompt} → {self.target_tokens[i]!r}", 50)
+                + f"\np = {self.model_prob[i]:.3f}",
+                fontsize=9,
             )
             ax.set_xlabel("block", fontsize=8)
             ax.set_ylabel("probability", fontsize=8)
@@ -639,25 +405,97 @@ class ValidationResult:
         groups = [g for g in ("all", "non_monotone") if self.groups[g].any()]
         x = np.arange(len(self.methods))
         for col, metric in enumerate(("spearman", "top1")):
-            ax = fig.add_subplot(grid[1, col * cols // 2 : (col + 1) * cols // 2])
+            ax = fig.add_subplot(bottom[0, col])
             width = 0.8 / len(groups)
             for g, group in enumerate(groups):
                 cells = [self.summary[group][m][metric] for m in self.methods]
                 mean = np.array([c["mean"] for c in cells], dtype=float)
-                err = np.abs(np.array([[c["lo"], c["hi"]] for c in cells], dtype=float).T - mean)
-                ax.bar(x + (g - (len(groups) - 1) / 2) * width, mean, width, yerr=err,
-                       capsize=3, label=f"{group} (n={int(self.groups[group].sum())})")
+                err = np.abs(
+                    np.array([[c["lo"], c["hi"]] for c in cells], dtype=float).T - mean
+                )
+                ax.bar(
+                    x + (g - (len(groups) - 1) / 2) * width,
+                    mean,
+                    width,
+                    yerr=err,
+                    capsize=3,
+                    label=f"{group} tokens ({int(self.groups[group].sum())})",
+                )
             chance = 0.0 if metric == "spearman" else 1 / len(self.layer_names)
             ax.axhline(chance, color="grey", linestyle=":", linewidth=1, label="chance")
-            ax.set_xticks(x, [m.replace("_", " ") for m in self.methods], rotation=30,
-                          ha="right", fontsize=8)
+            ax.set_xticks(
+                x,
+                [
+                    f"{m.replace('_', ' ')} (n={self.summary['all'][m][metric]['n']})"
+                    for m in self.methods
+                ],
+                rotation=30,
+                ha="right",
+                fontsize=8,
+            )
             ax.set_title(
-                f"{'Spearman ρ' if metric == 'spearman' else 'top-1 hit rate'} with the "
-                f"{self.mode} drops (95% bootstrap CI)", fontsize=9,
+                f"{'Spearman ρ' if metric == 'spearman' else 'top-1 hit rate'} with "
+                f"the {self.mode} drops (95% bootstrap CI)",
+                fontsize=9,
             )
             ax.legend(fontsize=7)
             axes[metric] = ax
         return fig, axes
+
+
+def _greedy(
+    model: Module,
+    tokenizer: Any,
+    ids: Tensor,
+    mask: Tensor,
+    stops: List[int],
+    pad_id: int,
+    max_new_tokens: int,
+) -> Tuple[Tensor, List[str]]:
+    """The first greedy token ``(B, 1)`` and the greedy continuations as text."""
+    with torch.inference_mode():
+        continuation = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=stops,
+            pad_token_id=pad_id,
+        )[:, ids.shape[1] :]
+    texts = [tokenizer.decode(c, skip_special_tokens=True) for c in continuation]
+    return continuation[:, :1], texts
+
+
+def _lens_scores(
+    model: Module,
+    ids: Tensor,
+    mask: Tensor,
+    position: List[int],
+    targets: Tensor,
+    layers: Optional[Sequence[int]],
+    methods: Sequence[str],
+) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
+    """
+    ``(B, k)`` scores of IG-Lens (signed and absolute), the logit lens, and the
+    lens differences and DLA when asked for, from :func:`compare`; and the lens
+    trajectory ``f(h_0), f(h_{L_1}), ..., p`` ``(B, k + 1)``.
+    """
+    wanted = ["ig_lens", "logit_lens"]
+    wanted += [m for m in ("logit_lens_diff", "dla") if m in methods]
+    found = compare(
+        model,
+        ids,
+        mask,
+        positions=position,
+        target=targets,
+        layers=layers,
+        methods=wanted,
+    ).methods
+    scores = {name: found[name].scores[:, 0].numpy() for name in wanted}
+    scores["ig_lens_abs"] = np.abs(scores["ig_lens"])
+    levels = scores["logit_lens"]
+    base = levels[:, -1] - found["logit_lens"].prob_change[:, 0].numpy()
+    return scores, np.concatenate([base[:, None], levels], 1)
 
 
 def run_validation(
@@ -684,9 +522,9 @@ def run_validation(
 
     For each prompt, the model's greedy continuation is generated and its first
     token ``y`` (at the prompt's last position) is attributed: the drop in the
-    model's real ``p(y)`` when each block is ablated (:func:`ablate`), beside each
-    method's per-layer score of the same token, on the same blocks. Agreement per
-    token (:func:`~captum_iglens._utils.stats.agreement`) is aggregated with
+    model's real ``p(y)`` when each block is ablated
+    (:func:`~captum_iglens.ablation.ablate`), beside each method's per-layer
+    score of the same token, on the same blocks. Agreement per token (:func:`~captum_iglens._utils.stats.agreement`) is aggregated with
     percentile bootstrap intervals.
 
     Methods (:data:`METHODS`): ``"ig_lens"`` (signed credits) and
@@ -734,70 +572,82 @@ def run_validation(
     Returns:
         :class:`ValidationResult`; print it for the table.
     """
-    from captum_iglens.hf import stop_token_ids
-
     unknown = [m for m in methods if m not in METHODS]
     if unknown or not methods:
-        raise ValueError(f"methods: expected names from {list(METHODS)}, got {list(methods)}")
+        raise ValueError(
+            f"methods: expected names from {list(METHODS)}, got {list(methods)}"
+        )
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
     methods = list(dict.fromkeys(methods))
-    facts = [p if isinstance(p, Fact) else Fact(str(i), "", p) for i, p in enumerate(prompts)]
+    facts = [
+        p if isinstance(p, Fact) else Fact(str(i), "", p) for i, p in enumerate(prompts)
+    ]
     if not facts:
         raise ValueError("prompts: expected at least one prompt")
     started = time.perf_counter()
-    _, chosen = _chosen(model, layers)
+    _, chosen = chosen_blocks(model, layers)
     n, k = len(facts), len(chosen)
     device = next(model.parameters()).device
     encoded = [encode_prompt(tokenizer, f.prompt, chat=chat)[0] for f in facts]
     stops = stop_token_ids(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    means = mean_updates(model, encoded, layers=layers, pad_id=pad_id) if mode == "mean" else None
+    means = (
+        mean_updates(model, encoded, layers=layers, pad_id=pad_id)
+        if mode == "mean"
+        else None
+    )
     rng = np.random.default_rng(seed)
     conductance = np.zeros(n, bool)
     if "layer_conductance" in methods:
         conductance[rng.choice(n, min(conductance_prompts, n), replace=False)] = True
-    lens_methods = ["ig_lens", "logit_lens"] + [m for m in ("logit_lens_diff", "dla") if m in methods]
     generated, target_ids = [], []
     model_prob, drops, trajectory = np.zeros(n), np.zeros((n, k)), np.zeros((n, k + 1))
     scores = {m: np.full((n, k), np.nan) for m in methods}
     largest_prob_gap, conductance_delta, conductance_seconds = 0.0, [], 0.0
-    for start in tqdm(range(0, n, batch_size), desc=f"validation ({mode})", disable=not progress):
+    batches = range(0, n, batch_size)
+    for start in tqdm(batches, desc=f"validation ({mode})", disable=not progress):
         rows = np.arange(start, min(n, start + batch_size))
         ids, mask = left_pad([encoded[i] for i in rows], pad_id)
         ids, mask = ids.to(device), mask.to(device)
         position = [ids.shape[1] - 1]
-        with torch.inference_mode():
-            continuation = model.generate(
-                ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                eos_token_id=stops, pad_token_id=pad_id,
-            )[:, ids.shape[1] :]
-        targets = continuation[:, :1]
-        generated += [tokenizer.decode(c, skip_special_tokens=True) for c in continuation]
+        targets, texts = _greedy(
+            model, tokenizer, ids, mask, stops, pad_id, max_new_tokens
+        )
+        generated += texts
         target_ids += targets[:, 0].tolist()
-        ablation = ablate(model, ids, mask, positions=position, targets=targets, layers=layers,
-                          mode=mode, means=means)
-        drops[rows], model_prob[rows] = ablation.drop[:, 0].numpy(), ablation.clean[:, 0].numpy()
-        lens = compare(model, ids, mask, positions=position, target=targets, layers=layers,
-                       methods=lens_methods).methods
-        credits = lens["ig_lens"].scores[:, 0].numpy()
-        levels = lens["logit_lens"].scores[:, 0].numpy()
-        base = levels[:, -1] - lens["logit_lens"].prob_change[:, 0].numpy()
-        trajectory[rows] = np.concatenate([base[:, None], levels], 1)
-        largest_prob_gap = max(largest_prob_gap, float(np.abs(levels[:, -1] - model_prob[rows]).max()))
-        derived = {"ig_lens": credits, "ig_lens_abs": np.abs(credits), "logit_lens": levels}
+        ablation = ablate(
+            model,
+            ids,
+            mask,
+            positions=position,
+            targets=targets,
+            layers=layers,
+            mode=mode,
+            means=means,
+        )
+        drops[rows] = ablation.drop[:, 0].numpy()
+        model_prob[rows] = ablation.clean[:, 0].numpy()
+        found, trajectory[rows] = _lens_scores(
+            model, ids, mask, position, targets, layers, methods
+        )
+        gap = np.abs(trajectory[rows, -1] - model_prob[rows]).max()
+        largest_prob_gap = max(largest_prob_gap, float(gap))
         for m in methods:
-            if m in derived:
-                scores[m][rows] = derived[m]
-            elif m in lens:
-                scores[m][rows] = lens[m].scores[:, 0].numpy()
+            if m in found:
+                scores[m][rows] = found[m]
         subset = np.flatnonzero(conductance[rows])
         if len(subset):
             clock = time.perf_counter()
-            chosen_rows = torch.as_tensor(subset, device=device)
+            picked = torch.as_tensor(subset, device=device)
             result = compare(
-                model, ids[chosen_rows], mask[chosen_rows], positions=position,
-                target=targets[chosen_rows], layers=layers, methods=["layer_conductance"],
+                model,
+                ids[picked],
+                mask[picked],
+                positions=position,
+                target=targets[picked],
+                layers=layers,
+                methods=["layer_conductance"],
                 n_steps=conductance_steps,
             ).methods["layer_conductance"]
             scores["layer_conductance"][rows[subset]] = result.scores[:, 0].numpy()
@@ -831,17 +681,25 @@ def run_validation(
         notes.append("logit_lens_diff equals ig_lens by construction (baseline h_0).")
     if conductance.any():
         notes.append(
-            f"layer_conductance on a random subset of {int(conductance.sum())} prompts, "
-            f"{conductance_steps} steps (max |convergence delta| per token, median "
-            f"{np.median(conductance_delta):.2e}); compare within [conductance_subset]."
+            f"layer_conductance on a random subset of {int(conductance.sum())} "
+            f"prompts, {conductance_steps} steps (max |convergence delta| per "
+            f"token, median {np.median(conductance_delta):.2e}); compare within "
+            "[conductance_subset]."
         )
     settings = dict(
-        model=getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__,
-        n_prompts=n, layers=chosen, n_bootstrap=n_bootstrap, seed=seed, chat=chat,
-        conductance_prompts=int(conductance.sum()), conductance_steps=conductance_steps,
-        nonmonotone_threshold=nonmonotone_threshold, onset_frac=onset_frac,
-        max_new_tokens=max_new_tokens, notes=notes,
-        nonmonotone_depth=depth.tolist(),
+        model=getattr(getattr(model, "config", None), "_name_or_path", "")
+        or type(model).__name__,
+        n_prompts=n,
+        layers=chosen,
+        n_bootstrap=n_bootstrap,
+        seed=seed,
+        chat=chat,
+        conductance_prompts=int(conductance.sum()),
+        conductance_steps=conductance_steps,
+        nonmonotone_threshold=nonmonotone_threshold,
+        onset_frac=onset_frac,
+        max_new_tokens=max_new_tokens,
+        notes=notes,
         max_gap_lens_vs_ablation_clean_prob=largest_prob_gap,
         conductance_seconds=conductance_seconds,
         seconds=time.perf_counter() - started,
@@ -857,6 +715,7 @@ def run_validation(
         model_prob=model_prob,
         drops=drops,
         trajectory=trajectory,
+        nonmonotone_depth=depth,
         scores=scores,
         values=values,
         groups=groups,

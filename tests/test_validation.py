@@ -12,15 +12,14 @@ import torch
 from captum_iglens import IGLensResult, LayerIGLens
 from captum_iglens._utils import stats
 from captum_iglens.architectures import decoder_layers
-from captum_iglens.validation import (
-    METHODS,
-    Fact,
-    ablate,
-    load_prompts,
-    mean_updates,
-    run_validation,
+from captum_iglens.ablation import ablate, mean_updates
+from captum_iglens.validation import METHODS, Fact, load_prompts, run_validation
+from tests.helpers import (
+    assert_state_unchanged,
+    hook_snapshot,
+    left_padded,
+    state_snapshot,
 )
-from tests.helpers import assert_state_unchanged, hook_snapshot, left_padded, state_snapshot
 from tests.tiny_models import VOCAB, tiny_model
 
 matplotlib.use("Agg")
@@ -42,7 +41,9 @@ def test_spearman_hand_computed():
     assert stats.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
     assert stats.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     # Ties: ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4): 4.5 / sqrt(4.5 · 5).
-    assert stats.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(3 / math.sqrt(10))
+    assert stats.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(
+        3 / math.sqrt(10)
+    )
     # Invariant under monotone maps.
     assert stats.spearman([0.1, 5, 2], [1, 100, 7]) == pytest.approx(1.0)
 
@@ -95,15 +96,23 @@ def test_onset_rule_matches_the_result_onset():
     attributions = torch.randn(3, 4, 7)
     attributions[0, 1] = 0
     result = IGLensResult(
-        attributions=attributions, lens=attributions, base_prob=torch.zeros(3, 4),
-        model_prob=torch.zeros(3, 4), delta=torch.zeros(3, 4),
-        targets=torch.zeros(3, 4, dtype=torch.long), positions=torch.arange(4),
-        mask=torch.ones(3, 4, dtype=torch.bool), layer_names=[str(i) for i in range(7)],
-        method="prediction_aware", n_steps=1,
+        attributions=attributions,
+        lens=attributions,
+        base_prob=torch.zeros(3, 4),
+        model_prob=torch.zeros(3, 4),
+        delta=torch.zeros(3, 4),
+        targets=torch.zeros(3, 4, dtype=torch.long),
+        positions=torch.arange(4),
+        mask=torch.ones(3, 4, dtype=torch.bool),
+        layer_names=[str(i) for i in range(7)],
+        method="prediction_aware",
+        n_steps=1,
     )
     for frac in (0.25, 0.5, 0.9):
         expected = result.onset(frac)
-        ours = [[stats.onset_index(a.numpy(), frac) for a in row] for row in attributions]
+        ours = [
+            [stats.onset_index(a.numpy(), frac) for a in row] for row in attributions
+        ]
         assert ours == expected.tolist()
 
 
@@ -117,8 +126,13 @@ def test_nonmonotone_depth():
 
 def test_bootstrap_mean():
     constant = stats.bootstrap_mean(np.full(5, 0.3), 50)
-    assert constant == dict(mean=pytest.approx(0.3), lo=pytest.approx(0.3),
-                            hi=pytest.approx(0.3), n=5, n_undefined=0)
+    assert constant == dict(
+        mean=pytest.approx(0.3),
+        lo=pytest.approx(0.3),
+        hi=pytest.approx(0.3),
+        n=5,
+        n_undefined=0,
+    )
     values = np.array([np.nan, 0.0, 1.0, np.nan, 1.0, 0.0])
     out = stats.bootstrap_mean(values, 400, seed=3)
     assert (out["n"], out["n_undefined"], out["mean"]) == (4, 2, 0.5)
@@ -135,7 +149,10 @@ def test_summarize_leaves_out_tokens_a_method_did_not_run_on():
     groups = {"all": np.ones(4, bool), "first": np.array([1, 1, 0, 0], bool)}
     computed = {"a": np.array([1, 1, 1, 0], bool)}
     out = stats.summarize(values, groups, computed, 20)
-    assert out["all"]["a"]["top1"]["n"] == 2 and out["all"]["a"]["top1"]["n_undefined"] == 1
+    assert (
+        out["all"]["a"]["top1"]["n"] == 2
+        and out["all"]["a"]["top1"]["n_undefined"] == 1
+    )
     assert out["first"]["a"]["top1"]["mean"] == 0.5
 
 
@@ -145,7 +162,9 @@ def test_summarize_leaves_out_tokens_a_method_did_not_run_on():
 def _forward_probs(model, ids, mask, positions, targets):
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+        logits = model(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids
+        ).logits
     probs = logits[:, positions].float().softmax(-1)
     return probs.gather(-1, targets[..., None])[..., 0]
 
@@ -156,13 +175,17 @@ def _one_at_a_time(model, ids, mask, positions, targets, mode, means=None):
     out = torch.zeros(*targets.shape, len(blocks))
     first = torch.arange(ids.shape[1])[None] == mask.argmax(-1)[:, None]
     for j, block in enumerate(blocks):
-        where = list(enumerate(positions)) if mode == "zero-at-position" else [(None, None)]
+        where = (
+            list(enumerate(positions)) if mode == "zero-at-position" else [(None, None)]
+        )
         for index, position in where:
 
             def hook(module, args, kwargs, output, j=j, position=position):
                 before = args[0] if args else kwargs["hidden_states"]
                 if mode == "mean":
-                    return before + torch.where(first[..., None], means[j, 0], means[j, 1])
+                    return before + torch.where(
+                        first[..., None], means[j, 0], means[j, 1]
+                    )
                 if position is None:
                     return before
                 edited = output.clone()
@@ -200,18 +223,29 @@ def test_batched_ablation_equals_one_at_a_time(llama4, padded, mode):
     means = None
     if mode == "mean":
         torch.manual_seed(1)
-        means = mean_updates(llama4, [torch.randint(1, VOCAB, (n,)) for n in (4, 6, 3)],
-                             batch_size=2)
+        means = mean_updates(
+            llama4, [torch.randint(1, VOCAB, (n,)) for n in (4, 6, 3)], batch_size=2
+        )
     reference = _one_at_a_time(llama4, ids, mask, positions, targets, mode, means)
     clean = _forward_probs(llama4, ids, mask, positions, targets)
     for max_batch in (6, 256):  # uneven chunks of 3 copies; everything at once
-        result = ablate(llama4, ids, mask, positions=positions, targets=targets, mode=mode,
-                        means=means, max_batch=max_batch)
+        result = ablate(
+            llama4,
+            ids,
+            mask,
+            positions=positions,
+            targets=targets,
+            mode=mode,
+            means=means,
+            max_batch=max_batch,
+        )
         assert result.ablated.shape == (2, 2, 4)
         assert (result.ablated - reference).abs().max() <= FP32_TOL
         assert (result.clean - clean).abs().max() <= FP32_TOL
         assert torch.equal(result.drop, result.clean[..., None] - result.ablated)
-    assert (reference - clean[..., None]).abs().max() > 1e-3  # the ablations do something
+    assert (
+        reference - clean[..., None]
+    ).abs().max() > 1e-3  # the ablations do something
 
 
 def test_mean_updates_by_hand(llama4):
@@ -226,8 +260,13 @@ def test_mean_updates_by_hand(llama4):
     ]
     try:
         for seq in sequences:
-            _forward_probs(llama4, seq[None], torch.ones(1, len(seq), dtype=torch.long),
-                           [0], seq[None, :1])
+            _forward_probs(
+                llama4,
+                seq[None],
+                torch.ones(1, len(seq), dtype=torch.long),
+                [0],
+                seq[None, :1],
+            )
     finally:
         for handle in handles:
             handle.remove()
@@ -243,7 +282,9 @@ def test_mean_updates_by_hand(llama4):
 def test_ablation_owns_and_removes_its_hooks(llama4, padded):
     ids, mask = padded
     before, state = hook_snapshot(llama4), state_snapshot(llama4)
-    ablate(llama4, ids, mask, positions=[-1], targets=torch.tensor([[1], [2]]), layers=[1])
+    ablate(
+        llama4, ids, mask, positions=[-1], targets=torch.tensor([[1], [2]]), layers=[1]
+    )
     mean_updates(llama4, [ids[0]])
     assert hook_snapshot(llama4) == before
     # A failure inside the forward still removes them.
@@ -310,7 +351,9 @@ def _write(block, direction, reading, gain, scale):
 def _attribute(model, ids, position):
     """IG-Lens credits, skip-ablation drops and the model's probability of TARGET."""
     targets = torch.tensor([[TARGET]])
-    lens = LayerIGLens.from_model(model).attribute_map(ids, target=targets, positions=[position])
+    lens = LayerIGLens.from_model(model).attribute_map(
+        ids, target=targets, positions=[position]
+    )
     drops = ablate(model, ids, positions=[position], targets=targets).drop[0, 0]
     return lens.attributions[0, 0], drops, lens.model_prob[0, 0].item()
 
@@ -332,7 +375,9 @@ def test_planted_block_is_found_by_ablation_and_ig_lens():
     targets = torch.tensor([[TARGET]])
     for mode in ("zero-at-position", "mean"):
         means = mean_updates(model, [ids[0], ids[0, :2]]) if mode == "mean" else None
-        other = ablate(model, ids, positions=[3], targets=targets, mode=mode, means=means)
+        other = ablate(
+            model, ids, positions=[3], targets=targets, mode=mode, means=means
+        )
         assert int(other.drop[0, 0].argmax()) == planted, mode
 
 
@@ -409,7 +454,9 @@ class CharTokenizer:
     eos_token_id = 2
 
     def __call__(self, text, return_tensors=None):
-        return SimpleNamespace(input_ids=torch.tensor([[3 + ord(c) % 120 for c in text]]))
+        return SimpleNamespace(
+            input_ids=torch.tensor([[3 + ord(c) % 120 for c in text]])
+        )
 
     def decode(self, ids, skip_special_tokens=False):
         return "".join(chr(97 + int(i) % 26) if int(i) > 2 else "" for i in ids)
@@ -422,8 +469,15 @@ def test_runner_end_to_end(llama4, tmp_path):
     prompts = [Fact("a", "r", "abc", "x"), Fact("b", "r", "hello", "y"), "a prompt"]
     for mode in ("skip", "mean"):
         result = run_validation(
-            llama4, CharTokenizer(), prompts, mode=mode, n_bootstrap=30, progress=False,
-            batch_size=2, conductance_prompts=1, conductance_steps=2,
+            llama4,
+            CharTokenizer(),
+            prompts,
+            mode=mode,
+            n_bootstrap=30,
+            progress=False,
+            batch_size=2,
+            conductance_prompts=1,
+            conductance_steps=2,
         )
         assert result.methods == list(METHODS)
         assert result.drops.shape == (3, 4) and result.trajectory.shape == (3, 5)
@@ -432,10 +486,14 @@ def test_runner_end_to_end(llama4, tmp_path):
         assert result.summary["all"]["layer_conductance"]["top1"]["n"] == 1
         assert result.summary["all"]["ig_lens"]["top1"]["n"] == 3
         assert result.settings["max_gap_lens_vs_ablation_clean_prob"] <= FP32_TOL
-        assert np.array_equal(result.scores["ig_lens_abs"], np.abs(result.scores["ig_lens"]))
+        assert np.array_equal(
+            result.scores["ig_lens_abs"], np.abs(result.scores["ig_lens"])
+        )
         # The trajectory ends at the model's probability; the credits are its steps.
         assert np.abs(result.trajectory[:, -1] - result.model_prob).max() <= FP32_TOL
-        assert np.abs(np.diff(result.trajectory) - result.scores["ig_lens"]).max() <= 1e-5
+        assert (
+            np.abs(np.diff(result.trajectory) - result.scores["ig_lens"]).max() <= 1e-5
+        )
     table = result.format_table()
     for method in METHODS:
         assert method in table
@@ -456,8 +514,12 @@ def test_runner_end_to_end(llama4, tmp_path):
 def test_real_model_two_prompts(default_model):
     model, tokenizer = default_model
     result = run_validation(
-        model, tokenizer, load_prompts()[:2], methods=["ig_lens", "random"],
-        n_bootstrap=20, progress=False,
+        model,
+        tokenizer,
+        load_prompts()[:2],
+        methods=["ig_lens", "random"],
+        n_bootstrap=20,
+        progress=False,
     )
     assert result.correct == [True, True]
     assert result.drops.shape == (2, 30)

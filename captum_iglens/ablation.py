@@ -1,0 +1,288 @@
+r"""
+Causal ablation of decoder blocks: the drop in the model's real ``p(y)`` when one
+block's update is removed in a full forward pass, for every chosen block, with the
+ablated forwards stacked along the batch.
+
+- :func:`ablate`: the drops, in one of :data:`MODES`.
+- :func:`mean_updates`: the reference updates of the ``"mean"`` mode.
+"""
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from captum_iglens._utils.capture import _hidden_of
+from captum_iglens.architectures import decoder_layers
+
+#: Ablation modes accepted by :func:`ablate`.
+MODES: Tuple[str, ...] = ("skip", "mean", "zero-at-position")
+
+
+@dataclass
+class Ablation:
+    r"""
+    The model's probability of each target, clean and with one block ablated.
+
+    Attributes:
+
+        clean (Tensor): ``(B, P)`` float32, from the unablated forward.
+        ablated (Tensor): ``(B, P, k)`` float32, with block ``L_j`` ablated.
+    """
+
+    clean: Tensor
+    ablated: Tensor
+
+    @property
+    def drop(self) -> Tensor:
+        """``(B, P, k)``: ``clean − ablated``; positive where the block helps ``y``."""
+        return self.clean[..., None] - self.ablated
+
+
+def chosen_blocks(
+    model: Module, layers: Optional[Sequence[int]]
+) -> Tuple[List[Module], List[int]]:
+    """The model's blocks and the sorted chosen indices (the last block always)."""
+    blocks = decoder_layers(model)
+    n = len(blocks)
+    chosen = range(n) if layers is None else layers
+    for index in chosen:
+        if isinstance(index, bool) or not isinstance(index, int) or not -n <= index < n:
+            raise ValueError(
+                f"layers: expected block indices in [-{n}, {n}), got {index!r}"
+            )
+    return blocks, sorted({i % n for i in chosen} | {n - 1})
+
+
+def _probabilities(
+    model: Module, ids: Tensor, mask: Tensor, positions: Tensor, targets: Tensor
+) -> Tensor:
+    """``(B, P)``: the model's probability of ``targets`` at ``positions``."""
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=position_ids,
+        logits_to_keep=positions,
+        use_cache=False,
+    ).logits
+    return logits.float().softmax(-1).gather(-1, targets[..., None])[..., 0]
+
+
+def _replace_output(output: Any, hidden: Tensor) -> Any:
+    return hidden if isinstance(output, Tensor) else (hidden, *output[1:])
+
+
+@contextmanager
+def _hooked(hooks: Dict[Module, Callable[..., Any]]) -> Iterator[None]:
+    """Forward hooks (with kwargs) owned here: registered on entry, removed on exit."""
+    handles = []
+    try:
+        for module, hook in hooks.items():
+            handles.append(module.register_forward_hook(hook, with_kwargs=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def mean_updates(
+    model: Module,
+    sequences: Sequence[Tensor],
+    *,
+    layers: Optional[Sequence[int]] = None,
+    batch_size: int = 16,
+    pad_id: int = 0,
+) -> Tensor:
+    r"""
+    The mean update ``h_L − h_{L−1}`` of every chosen block over a reference set,
+    kept apart for the first token of a sequence (whose states are unlike any
+    other's: attention sinks) and for the other tokens.
+
+    Args:
+
+        model (PreTrainedModel): A causal LM of a supported architecture.
+        sequences (list[Tensor]): The reference token ids, 1-D each.
+        layers (list[int], optional): Block indices; the last block is always
+                    added. Default: all blocks.
+        batch_size (int, optional): Sequences per forward. Default: 16.
+        pad_id (int, optional): Id used for (left) padding. Default: 0.
+
+    Returns:
+        *Tensor* ``(k, 2, d)`` float32: ``[j, 0]`` the first tokens' mean update
+        of block ``L_j``, ``[j, 1]`` the other tokens'.
+    """
+    if not sequences:
+        raise ValueError("sequences: expected at least one reference sequence")
+    blocks, chosen = chosen_blocks(model, layers)
+    device = next(model.parameters()).device
+    sums = [torch.zeros((), dtype=torch.float64, device=device)] * len(chosen)
+    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    batch_in_flight: Dict[str, Tensor] = {}  # "where": (2, B, T), first / other tokens
+
+    def recorder(j: int) -> Callable[..., None]:
+        def hook(module: Module, args: Any, kwargs: Any, output: Any) -> None:
+            update = (_hidden_of(output) - _hidden_of(None, args, kwargs)).double()
+            sums[j] = sums[j] + torch.einsum(
+                "sbt,btd->sd", batch_in_flight["where"], update
+            )
+
+        return hook
+
+    with _hooked({blocks[i]: recorder(j) for j, i in enumerate(chosen)}):
+        for start in range(0, len(sequences), batch_size):
+            ids, mask = left_pad(sequences[start : start + batch_size], pad_id)
+            ids, mask = ids.to(device), mask.to(device)
+            first = _first_token(mask)
+            where = torch.stack([first, mask.bool() & ~first]).double()
+            batch_in_flight["where"] = where
+            counts += where.sum((1, 2))
+            last = torch.tensor([ids.shape[1] - 1], device=device)
+            with torch.inference_mode():
+                _probabilities(model, ids, mask, last, ids[:, -1:])
+    return (torch.stack(sums) / counts.clamp(min=1)[None, :, None]).float()
+
+
+def _first_token(mask: Tensor) -> Tensor:
+    """``(B, T)`` bool: the first real token of each left-padded sequence."""
+    first = mask.long().argmax(-1)
+    return torch.arange(mask.shape[1], device=mask.device)[None] == first[:, None]
+
+
+def left_pad(sequences: Sequence[Tensor], pad_id: int) -> Tuple[Tensor, Tensor]:
+    r"""
+    Stack 1-D token-id tensors into a left-padded batch.
+
+    Returns:
+        2-element tuple of **ids** ``(B, T)`` and **attention_mask** ``(B, T)``.
+    """
+    length = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), length, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, length - len(seq) :] = seq
+        mask[row, length - len(seq) :] = 1
+    return ids, mask
+
+
+def ablate(
+    model: Module,
+    input_ids: Tensor,
+    attention_mask: Optional[Tensor] = None,
+    *,
+    positions: Union[Sequence[int], Tensor],
+    targets: Tensor,
+    layers: Optional[Sequence[int]] = None,
+    mode: str = "skip",
+    means: Optional[Tensor] = None,
+    max_batch: int = 256,
+) -> Ablation:
+    r"""
+    The model's real probability of each target with each chosen block's update
+    removed, one block at a time, in full forward passes.
+
+    Modes:
+
+    - ``"skip"``: the block's output is replaced by its input, at all positions.
+    - ``"mean"``: the block's update is replaced by its mean update over a
+      reference set (``means``, from :func:`mean_updates`), at all positions.
+    - ``"zero-at-position"``: the block is skipped only at the attributed position
+      (one forward per block and position).
+
+    The ablated copies of the batch are stacked along the batch dimension, up to
+    ``max_batch`` sequences per forward. One hook per chosen block is registered
+    for the call and removed when it ends, whatever happens; in each forward, a
+    block's hook edits only the rows of the copies that ablate it.
+
+    Args:
+
+        model (PreTrainedModel): A causal LM of a supported architecture.
+        input_ids (Tensor): ``(B, T)`` token ids.
+        attention_mask (Tensor, optional): ``(B, T)``, zeros at left padding.
+                    Default: None
+        positions (list[int] or Tensor): The ``P`` positions whose predictions
+                    are measured (negative values count from the end).
+        targets (Tensor): ``(B, P)`` token ids, the predicted tokens.
+        layers (list[int], optional): Block indices; the last block is always
+                    added. Default: all blocks.
+        mode (str, optional): One of :data:`MODES`. Default: ``"skip"``.
+        means (Tensor, optional): ``(k, 2, d)``, required by ``"mean"``.
+        max_batch (int, optional): The most sequences in one forward.
+                    Default: 256.
+
+    Returns:
+        :class:`Ablation`.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
+    blocks, chosen = chosen_blocks(model, layers)
+    device = next(model.parameters()).device
+    ids = input_ids.to(device)
+    batch, length = ids.shape
+    mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(device)
+    pos = torch.as_tensor(positions, dtype=torch.long).reshape(-1) % length
+    targets = torch.as_tensor(targets, device=device).reshape(batch, len(pos))
+    if mode == "mean" and (means is None or tuple(means.shape[:2]) != (len(chosen), 2)):
+        raise ValueError(
+            f'means: mode "mean" needs a ({len(chosen)}, 2, d) tensor from mean_updates'
+        )
+    # Each variant: a chosen block j and the position index it is ablated at (or all).
+    variants = [
+        (j, p if mode == "zero-at-position" else None)
+        for j in range(len(chosen))
+        for p in (range(len(pos)) if mode == "zero-at-position" else [None])
+    ]
+    fills = None
+    if mode == "mean":
+        first = _first_token(mask)[..., None]
+        fills = [torch.where(first, m[0], m[1]).to(device) for m in means]
+    plan: Dict[int, List[Tuple[int, Optional[int]]]] = {}  # the forward in flight
+
+    def editor(j: int) -> Callable[..., Any]:
+        def hook(module: Module, args: Any, kwargs: Any, output: Any) -> Any:
+            if j not in plan:
+                return None
+            before, after = _hidden_of(None, args, kwargs), _hidden_of(output)
+            edited = after.clone()
+            for replica, p in plan[j]:
+                rows = slice(replica * batch, (replica + 1) * batch)
+                if p is not None:
+                    edited[rows, pos[p]] = before[rows, pos[p]]
+                elif fills is None:
+                    edited[rows] = before[rows]
+                else:
+                    edited[rows] = before[rows] + fills[j].to(before.dtype)
+            return _replace_output(output, edited)
+
+        return hook
+
+    per_chunk = max(1, max_batch // batch)
+    out = []
+    with torch.inference_mode():
+        clean = _probabilities(model, ids, mask, pos.to(device), targets)
+        with _hooked({blocks[i]: editor(j) for j, i in enumerate(chosen)}):
+            for start in range(0, len(variants), per_chunk):
+                part = variants[start : start + per_chunk]
+                plan.clear()
+                for replica, (j, p) in enumerate(part):
+                    plan.setdefault(j, []).append((replica, p))
+                copies = len(part)
+                probs = _probabilities(
+                    model,
+                    ids.repeat(copies, 1),
+                    mask.repeat(copies, 1),
+                    pos.to(device),
+                    targets.repeat(copies, 1),
+                )
+                out.append(probs.view(copies, batch, len(pos)))
+    stacked = torch.cat(out)  # (variants, B, P)
+    if mode == "zero-at-position":  # variant (j, p) is read at position p only
+        k, p = len(chosen), len(pos)
+        stacked = stacked.view(k, p, batch, p).diagonal(dim1=1, dim2=3)  # (k, B, P)
+    return Ablation(clean=clean.cpu(), ablated=stacked.permute(1, 2, 0).cpu())
+
+
+# -------------------------------------------------------------------------- study
