@@ -1,4 +1,4 @@
-r"""IG-Lens: exact layer-wise attribution of a token's probability, in Captum's style."""
+r"""IG-Lens: exact layer-wise attribution of a token's probability, Captum-style."""
 
 from captum_iglens._utils.estimators import METHODS
 from captum_iglens.layer_ig_lens import LayerIGLens

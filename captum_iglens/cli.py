@@ -327,9 +327,74 @@ def _batch(argv: Sequence[str]) -> int:
     return 0
 
 
+def _validate_parser() -> argparse.ArgumentParser:
+    from captum_iglens.ablation import MODES
+    from captum_iglens.validation import METHODS as SCORED
+
+    parser = argparse.ArgumentParser(
+        prog="captum-iglens validate",
+        description="Does each per-layer score predict where ablating a block "
+        "lowers p(y) most? Agreement (Spearman, top-1/top-3 hits, onset distance) "
+        "with bootstrap 95%% intervals, over a prompt set.",
+    )
+    parser.add_argument(
+        "--prompts", help="JSON Lines of facts (default: the shipped prompt set)"
+    )
+    parser.add_argument("--mode", choices=MODES, default="skip")
+    parser.add_argument(
+        "--methods",
+        type=lambda s: tuple(s.split(",")),
+        default=tuple(SCORED),
+        help=f"comma-separated, from {','.join(SCORED)}",
+    )
+    parser.add_argument(
+        "--limit", type=int, help="use only the first N prompts (a quick look)"
+    )
+    parser.add_argument(
+        "--conductance-prompts",
+        type=int,
+        default=16,
+        help="LayerConductance runs on this many prompts only (it is slow)",
+    )
+    parser.add_argument("--layers", type=_int_list, help="as for the main command")
+    parser.add_argument("--json", metavar="PATH", help="write the study as JSON")
+    parser.add_argument("--png", metavar="PATH", help="write the plots as PNG")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    _model_arguments(parser)
+    return parser
+
+
+def _validate(argv: Sequence[str]) -> int:
+    from captum_iglens.validation import load_prompts, run_validation
+
+    args = _validate_parser().parse_args(argv)
+    prompts = load_prompts(args.prompts)[: args.limit]
+    if not prompts:
+        raise CommandError("prompts: the prompt set is empty")
+    model, tokenizer = _load(args)
+    result = run_validation(
+        model,
+        tokenizer,
+        prompts,
+        mode=args.mode,
+        methods=args.methods,
+        layers=args.layers,
+        conductance_prompts=args.conductance_prompts,
+        progress=_progress(args),
+    )
+    print(result.format_table())
+    if args.json:
+        result.save(args.json)
+    if args.png:
+        fig = result.plot()[0]
+        fig.savefig(args.png, dpi=120, bbox_inches="tight")
+    return 0
+
+
 _SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {
     "compare": _compare,
     "batch": _batch,
+    "validate": _validate,
 }
 
 

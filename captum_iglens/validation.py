@@ -524,8 +524,9 @@ def run_validation(
     token ``y`` (at the prompt's last position) is attributed: the drop in the
     model's real ``p(y)`` when each block is ablated
     (:func:`~captum_iglens.ablation.ablate`), beside each method's per-layer
-    score of the same token, on the same blocks. Agreement per token (:func:`~captum_iglens._utils.stats.agreement`) is aggregated with
-    percentile bootstrap intervals.
+    score of the same token, on the same blocks. Agreement per token
+    (:func:`~captum_iglens._utils.stats.agreement`) is aggregated with percentile
+    bootstrap intervals.
 
     Methods (:data:`METHODS`): ``"ig_lens"`` (signed credits) and
     ``"ig_lens_abs"`` (their magnitudes); ``"logit_lens"`` (levels ``f(h_L)``);

@@ -114,3 +114,16 @@ def test_batch_subcommand_writes_and_resumes(tmp_path):
     again = _run(*args)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "out" / "results.jsonl").read_text().splitlines() == lines
+
+
+@pytest.mark.real_model
+def test_validate_subcommand(tmp_path):
+    out = _run(
+        "validate", "--limit", "3", "--methods", "ig_lens,random",
+        "--json", str(tmp_path / "v.json"), "--png", str(tmp_path / "v.png"),
+    )
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^ig_lens\s+3\s+[+-]\d", out.stdout, re.M)
+    data = json.loads((tmp_path / "v.json").read_text())
+    assert data["mode"] == "skip"
+    assert (tmp_path / "v.png").read_bytes()[:4] == b"\x89PNG"

@@ -56,7 +56,7 @@ def _values_and_gradients(
     chunk_rows: int,
     grad_kwargs: Optional[Dict[str, Any]],
 ) -> Tuple[Tensor, Tensor]:
-    """``f_y`` and its gradient at each row of ``hidden`` (M, d); one backward a chunk."""
+    """``f_y`` and its gradient at each row of ``hidden`` (M, d), a backward a chunk."""
     values, gradients = [], []
     with torch.enable_grad():
         for rows in _chunks(hidden.shape[0], chunk_rows):
