@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Un
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from captum_iglens.hf import encode_prompt, generate_answer
 from captum_iglens.layer_ig_lens import LayerIGLens
