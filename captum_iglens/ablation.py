@@ -17,6 +17,7 @@ from torch.nn import Module
 
 from captum_iglens._utils.capture import _hidden_of
 from captum_iglens.architectures import decoder_layers
+from captum_iglens.hf import left_pad
 
 #: Ablation modes accepted by :func:`ablate`.
 MODES: Tuple[str, ...] = ("skip", "mean", "zero-at-position")
@@ -150,22 +151,6 @@ def _first_token(mask: Tensor) -> Tensor:
     """``(B, T)`` bool: the first real token of each left-padded sequence."""
     first = mask.long().argmax(-1)
     return torch.arange(mask.shape[1], device=mask.device)[None] == first[:, None]
-
-
-def left_pad(sequences: Sequence[Tensor], pad_id: int) -> Tuple[Tensor, Tensor]:
-    r"""
-    Stack 1-D token-id tensors into a left-padded batch.
-
-    Returns:
-        2-element tuple of **ids** ``(B, T)`` and **attention_mask** ``(B, T)``.
-    """
-    length = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(sequences), length, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        ids[row, length - len(seq) :] = seq
-        mask[row, length - len(seq) :] = 1
-    return ids, mask
 
 
 def ablate(

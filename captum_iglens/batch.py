@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 from tqdm import tqdm
 
-from captum_iglens.hf import encode_prompt, generate_answer
+from captum_iglens.hf import encode_prompt, generate_answer, left_pad
 from captum_iglens.layer_ig_lens import LayerIGLens
 from captum_iglens.result import IGLensResult
 
@@ -359,12 +359,8 @@ def _attribute_padded(
     lens: LayerIGLens, sequences: List[Tensor], answer_lengths: List[int], pad_id: int
 ) -> List[IGLensResult]:
     """Each sequence's map of its last ``answer_lengths[i]`` tokens; one batch."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(sequences), width, dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        ids[row, width - len(sequence) :] = sequence
-        mask[row, width - len(sequence) :] = 1
+    ids, mask = left_pad(sequences, pad_id)
+    width = ids.shape[1]
     longest = max(answer_lengths)
     positions = torch.arange(width - 1 - longest, width - 1)
     device = next(lens.readout.parameters()).device

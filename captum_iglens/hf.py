@@ -127,6 +127,22 @@ def generate_answer(
     return answer[: int(ends[0, 0])] if len(ends) else answer
 
 
+def left_pad(sequences: Sequence[Tensor], pad_id: int) -> Tuple[Tensor, Tensor]:
+    r"""
+    Stack 1-D token-id tensors into a left-padded batch.
+
+    Returns:
+        2-element tuple of **ids** ``(B, T)`` and **attention_mask** ``(B, T)``.
+    """
+    length = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), length, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, length - len(seq) :] = seq
+        mask[row, length - len(seq) :] = 1
+    return ids, mask
+
+
 def teacher_forcing(
     prompt_ids: Tensor, answer_ids: Tensor, positions: Positions = "answer"
 ) -> Tuple[Tensor, Tensor, Tensor]:

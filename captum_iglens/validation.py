@@ -40,11 +40,10 @@ from captum_iglens.ablation import (
     MODES,
     ablate,
     chosen_blocks,
-    left_pad,
     mean_updates,
 )
 from captum_iglens.comparison import compare
-from captum_iglens.hf import encode_prompt, stop_token_ids
+from captum_iglens.hf import encode_prompt, left_pad, stop_token_ids
 
 #: Methods compared with the ablation, in the order of the table.
 METHODS: Tuple[str, ...] = (
