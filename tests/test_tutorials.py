@@ -8,6 +8,8 @@ with the interpreter running the tests, in the ``tutorials/`` folder.
 
 from pathlib import Path
 
+import nbclient
+import nbformat
 import pytest
 
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
@@ -16,7 +18,6 @@ CELL_TIMEOUT_S = 300
 
 
 def _read(path: Path):
-    nbformat = pytest.importorskip("nbformat")
     return nbformat.read(path, as_version=4)
 
 
@@ -42,7 +43,6 @@ def test_tutorial_is_committed_with_outputs(path):
 @pytest.mark.real_model
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_tutorial_runs(path):
-    nbclient = pytest.importorskip("nbclient")
     notebook = _read(path)
     client = nbclient.NotebookClient(
         notebook,
