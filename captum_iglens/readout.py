@@ -188,10 +188,10 @@ class Readout(nn.Module):
 
         Returns:
             **rows** (int):
-                The number of rows whose float32 logits, ``rows * V * 4`` bytes,
-                fit in ``max_chunk_bytes``; at least 1.
+                The number of rows whose float32 logits and their log-softmax,
+                ``rows * V * 8`` bytes, fit in ``max_chunk_bytes``; at least 1.
         """
-        return max(1, self.max_chunk_bytes // (4 * self.vocab_size))
+        return max(1, self.max_chunk_bytes // (8 * self.vocab_size))
 
     def forward(self, hidden: Tensor) -> Tensor:
         r"""Maps hidden states to logits as the model does.
@@ -264,10 +264,10 @@ class Readout(nn.Module):
 def target_log_prob(logits: Tensor, target: Tensor) -> Tensor:
     r"""``log_softmax(logits)[target]`` per row, in float32.
 
-    Without grad, the computation overwrites ``logits`` (pass a tensor you own) so
-    that no second ``(N, V)`` tensor is allocated; with grad it uses
-    :func:`torch.log_softmax`. Both subtract the row maximum first: ``logit -
-    logsumexp`` would lose about 1e-6 of absolute precision on large logits.
+    :func:`torch.log_softmax` subtracts the row maximum first (``logit -
+    logsumexp`` would lose about 1e-6 of absolute precision on large logits), and
+    its ``exp`` agrees with :func:`torch.softmax` of the same logits to float
+    precision, which is how users compute the model's probability.
 
     Args:
         logits (Tensor): ``(N, V)`` float32 logits.
@@ -277,12 +277,7 @@ def target_log_prob(logits: Tensor, target: Tensor) -> Tensor:
         **log_prob** (Tensor): ``(N,)`` float32.
     """
     target = target.to(logits.device).unsqueeze(-1)
-    if torch.is_grad_enabled() and logits.requires_grad:
-        return torch.log_softmax(logits, dim=-1).gather(-1, target).squeeze(-1)
-    top = logits.amax(-1, keepdim=True)
-    picked = logits.gather(-1, target) - top
-    normaliser = logits.sub_(top).exp_().sum(-1, keepdim=True).log_()
-    return (picked - normaliser).squeeze(-1)
+    return torch.log_softmax(logits, dim=-1).gather(-1, target).squeeze(-1)
 
 
 def _vocab_size(head: nn.Module) -> int:

@@ -288,7 +288,7 @@ def test_map_is_one_forward_and_no_backward(lens, batch, monkeypatch):
 
 def test_readout_rows_bounded_by_chunk(llama, batch):
     ids, mask = batch
-    lens = LayerIGLens.from_model(llama, max_chunk_bytes=VOCAB * 4 * 3)
+    lens = LayerIGLens.from_model(llama, max_chunk_bytes=VOCAB * 8 * 3)
     seen = []
     handle = lens.readout.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[0]))
     try:

@@ -182,7 +182,7 @@ def test_chunked_log_prob_equals_unchunked(model: nn.Module, rows: int) -> None:
     h = h_final.flatten(0, 1)
     y = _targets(h.shape[0])
     full = Readout.from_model(model)
-    chunked = Readout.from_model(model, max_chunk_bytes=rows * 4 * VOCAB)
+    chunked = Readout.from_model(model, max_chunk_bytes=rows * 8 * VOCAB)
     assert full.rows_per_chunk() >= h.shape[0]
     assert chunked.rows_per_chunk() == rows
     with torch.no_grad():
@@ -197,7 +197,7 @@ def test_chunking_bounds_rows_per_head_call(
     model = tiny_model("llama")
     h_final, _ = _last_block_output(model, _input_ids(batch=3, seq=5))
     h = h_final.flatten(0, 1)  # 15 rows
-    budget = 4 * 4 * VOCAB + 3  # four rows of float32 logits, plus slack
+    budget = 4 * 8 * VOCAB + 3  # four rows of logits and log-softmax, plus slack
     readout = Readout.from_model(model, max_chunk_bytes=budget)
     head = readout.head
     rows_seen: List[int] = []
@@ -212,13 +212,13 @@ def test_chunking_bounds_rows_per_head_call(
         readout.log_prob(h, _targets(h.shape[0]))
     assert readout.rows_per_chunk() == 4
     assert rows_seen == [4, 4, 4, 3]
-    assert max(rows_seen) * VOCAB * 4 <= budget
+    assert max(rows_seen) * VOCAB * 8 <= budget
 
 
 def test_rows_per_chunk_is_at_least_one() -> None:
     readout = Readout(nn.Linear(8, 1000), max_chunk_bytes=1)
     assert readout.rows_per_chunk() == 1
-    assert Readout(nn.Linear(8, 1000), max_chunk_bytes=8000).rows_per_chunk() == 2
+    assert Readout(nn.Linear(8, 1000), max_chunk_bytes=16000).rows_per_chunk() == 2
 
 
 def test_log_prob_of_no_rows() -> None:
@@ -317,7 +317,7 @@ def test_log_prob_gradients_flow(model: nn.Module) -> None:
     h_final, _ = _last_block_output(model, _input_ids())
     y = _targets(h_final.shape[0] * h_final.shape[1])
     h = h_final.flatten(0, 1).detach().requires_grad_()
-    readout = Readout.from_model(model, max_chunk_bytes=3 * 4 * VOCAB)
+    readout = Readout.from_model(model, max_chunk_bytes=3 * 8 * VOCAB)
     readout.log_prob(h, y).sum().backward()
     assert h.grad is not None
     assert torch.isfinite(h.grad).all()
