@@ -81,3 +81,18 @@ def block_states(model: Module, ids: Tensor, mask: Tensor) -> Tuple[List[Tensor]
         for handle in handles:
             handle.remove()
     return states, logits
+
+
+def word_tokenizer(vocab_size: int):
+    """A word-level fast tokenizer over ``<pad> <s> </s> <unk> w4 ... w{V-1}``, with
+    the ids of the tiny models' pad, BOS and EOS tokens (0, 1, 2)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({f"w{i}": i for i in range(4, vocab_size)})
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )

@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 from captum_iglens import LayerIGLens
 from captum_iglens.batch import read_prompts, read_results, run_batch, to_result
 from captum_iglens.hf import encode_prompt, teacher_forcing
+from tests.helpers import word_tokenizer
 from tests.tiny_models import VOCAB, tiny_model
 
 TOL = 1e-6
@@ -29,24 +30,10 @@ PROMPTS = [
 ]
 
 
-def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    # The tiny models' pad, BOS and EOS ids are 0, 1 and 2.
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    vocab.update({f"w{i}": i for i in range(4, VOCAB)})
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
-    )
-
-
 def _run(out_dir, **kwargs):
     return run_batch(
         tiny_model("llama"),
-        _tokenizer(),
+        word_tokenizer(VOCAB),
         PROMPTS,
         out_dir,
         batch_size=3,
@@ -66,7 +53,7 @@ def test_records_equal_per_prompt_maps(single_run):
     path, records = single_run
     assert path.name == "results.jsonl"
     assert [r["id"] for r in records] == [p["id"] for p in PROMPTS]
-    model, tokenizer = tiny_model("llama"), _tokenizer()
+    model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
     lens = LayerIGLens.from_model(model)
     attributed = 0
     for record, item in zip(records, PROMPTS):

@@ -12,6 +12,7 @@ import torch
 
 from captum_iglens import IGLensResult
 from captum_iglens.cli import main
+from tests.helpers import word_tokenizer
 
 PROMPT = "What is the capital of Vietnam?"
 
@@ -77,16 +78,12 @@ def test_bad_input_exits_with_one_line(args, message, capsys):
 
 
 def test_unrecognised_readout_is_a_clean_error(tmp_path, capsys):
-    from transformers import AutoModelForCausalLM, GPTBigCodeConfig, PreTrainedTokenizerFast
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, GPTBigCodeConfig
 
     config = GPTBigCodeConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    vocab = {f"w{i}": i for i in range(64)}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="w1").save_pretrained(tmp_path)
-    status = main(["w2 w3 w4", "--model", str(tmp_path), "--no-chat", "--max-new-tokens", "2"])
+    word_tokenizer(64).save_pretrained(tmp_path)
+    status = main(["w5 w6 w7", "--model", str(tmp_path), "--no-chat", "--max-new-tokens", "2"])
     err = capsys.readouterr().err
     assert status == 2 and "gpt_bigcode" in err and "Readout(" in err
     assert "Traceback" not in err
