@@ -80,7 +80,12 @@ def test_bad_input_exits_with_one_line(args, message, capsys):
 def test_unrecognised_readout_is_a_clean_error(tmp_path, capsys):
     from transformers import AutoModelForCausalLM, GPTBigCodeConfig
 
-    config = GPTBigCodeConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    # Token ids inside the vocabulary: transformers would otherwise log a warning
+    # through a handler bound to an earlier test's captured stderr.
+    config = GPTBigCodeConfig(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64,
+        bos_token_id=1, eos_token_id=2,
+    )
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     word_tokenizer(64).save_pretrained(tmp_path)
     status = main(["w5 w6 w7", "--model", str(tmp_path), "--no-chat", "--max-new-tokens", "2"])
