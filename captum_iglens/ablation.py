@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens._utils.capture import _hidden_of
-from captum_iglens.architectures import decoder_layers
+from captum_iglens.architectures import decoder_layers, position_ids_from_mask
 from captum_iglens.hf import left_pad
 
 #: Ablation modes accepted by :func:`ablate`.
@@ -62,11 +62,10 @@ def _probabilities(
     model: Module, ids: Tensor, mask: Tensor, positions: Tensor, targets: Tensor
 ) -> Tensor:
     """``(B, P)``: the model's probability of ``targets`` at ``positions``."""
-    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
     logits = model(
         input_ids=ids,
         attention_mask=mask,
-        position_ids=position_ids,
+        position_ids=position_ids_from_mask(mask),
         logits_to_keep=positions,
         use_cache=False,
     ).logits

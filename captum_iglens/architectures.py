@@ -303,6 +303,19 @@ def readout_parts(
     return norm, _resolve(model, heads[0]), arch.post(model)
 
 
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    r"""Position ids counted from each sequence's first real token, as ``generate``
+    counts them, so that a left-padded sequence is read as if it were alone.
+
+    Args:
+        attention_mask (Tensor): ``(B, T)``, ones at real tokens.
+
+    Returns:
+        **position_ids** (Tensor): ``(B, T)`` long; 0 at the padding.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 class CausalLMForward(nn.Module):
     r"""
     Calls a Hugging Face causal LM the way Captum calls a forward function:
@@ -324,9 +337,7 @@ class CausalLMForward(nn.Module):
         self, input_ids: Tensor, attention_mask: Optional[Tensor] = None
     ) -> Tensor:
         position_ids = (
-            None
-            if attention_mask is None
-            else (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            None if attention_mask is None else position_ids_from_mask(attention_mask)
         )
         return self.model(
             input_ids=input_ids,

@@ -18,6 +18,8 @@ from captum.attr import LayerConductance, LayerIntegratedGradients
 from torch import Tensor
 from torch.nn import Module, Sequential
 
+from captum_iglens._utils.capture import ResidualCapture
+from captum_iglens.architectures import position_ids_from_mask
 from captum_iglens.layer_ig_lens import BaselineType, LayerIGLens
 from captum_iglens.readout import LogitDivide, LogitScale, Readout, Softcap
 
@@ -54,29 +56,14 @@ class Work:
 
     def stream(self) -> Tensor:
         """One forward: rows ``(B·P, k + 1, d)`` of ``h_0, h_{L_1}, ..., h_{L_k}``."""
-        states: Dict[int, Tensor] = {}
-        positions = self.positions
-
-        def keep(index: int, hidden: Any) -> None:
-            hidden = hidden[0] if isinstance(hidden, tuple) else hidden
-            states.setdefault(index, hidden.detach()[:, positions.to(hidden.device)])
-
-        def first(module: Module, args: Tuple[Any, ...], kw: Dict[str, Any]) -> None:
-            keep(0, args[0] if args else kw["hidden_states"])
-
         lens = self.lens
-        handles = [lens.input_layer.register_forward_pre_hook(first, with_kwargs=True)]
-        try:
-            for i, block in enumerate(lens.layers, start=1):
-                handles.append(
-                    block.register_forward_hook(lambda m, a, out, i=i: keep(i, out))
-                )
-            lens.forward_func(self.input_ids, self.attention_mask)
-        finally:
-            for handle in handles:
-                handle.remove()
         device = next(lens.readout.parameters()).device
-        rows = [states[i].to(device) for i in range(len(lens.layers) + 1)]
+        points = [(block, False) for block in lens.layers]
+        capture = ResidualCapture(lens.input_layer, points, self.positions, device)
+        with capture, torch.no_grad():
+            lens.forward_func(self.input_ids, self.attention_mask)
+        h_0, states = capture.path()
+        rows = [h_0.index_select(1, self.positions.to(device)), *states]
         return torch.stack(rows, 2).flatten(0, 1)
 
     def captum_rows(self) -> Tuple[Tensor, Tuple[Any, ...]]:
@@ -130,9 +117,7 @@ class TargetProbability(Module):
         target: Tensor,
     ) -> Tensor:
         position_ids = (
-            None
-            if attention_mask is None
-            else (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            None if attention_mask is None else position_ids_from_mask(attention_mask)
         )
         logits = self.model(
             **{self.key: inputs},
