@@ -52,9 +52,9 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens import LayerIGLens
-from captum_iglens.architectures import decoder_layers
-from captum_iglens.hf import encode_prompt, generate_answer, teacher_forcing
-from captum_iglens.models import load_default
+from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens.hf import encode_prompt, generate, teacher_forcing
+from captum_iglens.hf.models import load_default
 from captum_iglens.readout import Readout
 
 PROMPT = "What is the capital city of Vietnam? Answer in one short sentence, please."
@@ -151,7 +151,7 @@ class Case:
 def answer_case(model: Module, tokenizer: Any) -> Case:
     """The 46-token chat prompt and the model's 9-token greedy answer."""
     prompt_ids = encode_prompt(tokenizer, PROMPT)
-    answer = generate_answer(model, tokenizer, prompt_ids, max_new_tokens=9)
+    (answer,) = generate(model, tokenizer, [prompt_ids], max_new_tokens=9)
     return Case(*teacher_forcing(prompt_ids, answer))
 
 

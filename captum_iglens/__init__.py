@@ -1,10 +1,19 @@
 r"""IG-Lens: exact layer-wise attribution of a token's probability, Captum-style."""
 
-from captum_iglens._utils.estimators import METHODS
-from captum_iglens.layer_ig_lens import LayerIGLens
+from captum_iglens.attr import ESTIMATORS, LayerIGLens, attribute_text
+from captum_iglens.hf.architectures import register_architecture
 from captum_iglens.readout import Readout
 from captum_iglens.result import IGLensResult
+from captum_iglens.settings import Settings
+from captum_iglens.version import __version__
 
-__version__ = "0.1.0"
-
-__all__ = ["IGLensResult", "LayerIGLens", "METHODS", "Readout", "__version__"]
+__all__ = [
+    "ESTIMATORS",
+    "IGLensResult",
+    "LayerIGLens",
+    "Readout",
+    "Settings",
+    "__version__",
+    "attribute_text",
+    "register_architecture",
+]

@@ -3,6 +3,14 @@ The ``captum-iglens`` command: attribute a model's answer to a prompt across lay
 
     captum-iglens "What is the capital of Vietnam?"
     captum-iglens compare "What is the capital of Vietnam?"
+    captum-iglens batch PROMPTS.jsonl --out DIR
+    captum-iglens validate
+
+Every subcommand is prepared before any expensive work: its arguments are turned
+into :class:`~captum_iglens.Settings`, its input and output paths are checked,
+the model is loaded and the settings are checked against it. An error there is an
+input error: one line on stderr and exit status 2. Errors after that are internal
+and keep their traceback.
 """
 
 import argparse
@@ -13,21 +21,57 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from captum_iglens._utils.estimators import METHODS
+from captum_iglens.attr._utils.checks import GRANULARITIES
+from captum_iglens.attr._utils.estimators import ESTIMATORS
+from captum_iglens.hf.text import POSITIONS
+from captum_iglens.settings import Settings
 
 _DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+#: Errors of the preparation phase that are the user's input, not a bug.
+_INPUT_ERRORS = (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError)
+_SUBCOMMANDS = ("attribute", "compare", "batch", "validate")
+
+Job = Callable[[], int]
 
 
 class CommandError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
-def _model_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model")
+# --------------------------------------------------------------------- arguments
+
+
+def _int_list(text: str) -> List[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def _names(text: str) -> Tuple[str, ...]:
+    return tuple(part for part in text.split(",") if part)
+
+
+def _baseline(text: str) -> Any:
+    if text in ("h0", "mean"):
+        return None if text == "h0" else "mean"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'h0', 'mean' or a number, got {text!r}"
+        ) from None
+
+
+def _model_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("model")
     group.add_argument(
         "--quiet",
         action="store_true",
@@ -45,112 +89,188 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow a local model folder to run its own Python code (off by default)",
     )
+    return parent
 
 
-def _prompt_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompt", nargs="?", help="the prompt (or use --stdin)")
-    parser.add_argument(
-        "--stdin", action="store_true", help="read the prompt from stdin"
-    )
-    parser.add_argument(
-        "--no-chat", action="store_true", help="do not apply the chat template"
-    )
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument(
+def _settings_parent() -> argparse.ArgumentParser:
+    """One option per field of :class:`Settings`."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("attribution settings")
+    group.add_argument(
         "--layers",
         type=_int_list,
         help="comma-separated block indices, e.g. 0,10,20 (the last block is always "
         "included; default: all, and for compare four evenly spaced blocks)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--positions",
-        choices=("answer", "prompt", "all"),
+        choices=POSITIONS,
         default="answer",
         help="which tokens to attribute (default: answer)",
     )
-
-
-def _int_list(text: str) -> List[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-
-
-def _baseline(text: str) -> Any:
-    if text in ("h0", "mean"):
-        return None if text == "h0" else "mean"
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected 'h0', 'mean' or a number, got {text!r}"
-        ) from None
-
-
-def _attribute_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="captum-iglens",
-        description="At which layer is the probability of each answer token "
-        "produced? IG-Lens credits, which add up exactly to the change in "
-        "probability. Subcommands: `captum-iglens batch PROMPTS.jsonl --out DIR` "
-        "for a prompt set; `captum-iglens compare PROMPT` sets IG-Lens "
-        "beside Captum's LayerConductance / LayerIntegratedGradients, the logit "
-        "lens and DLA.",
-    )
-    _prompt_arguments(parser)
-    parser.add_argument(
+    group.add_argument(
         "--baseline",
         type=_baseline,
         default=None,
         help="'h0' (the first block's input, default), 'mean', or a number",
     )
-    parser.add_argument("--method", choices=METHODS, default="prediction_aware")
-    parser.add_argument("--n-steps", type=int, default=50)
-    parser.add_argument("--onset-frac", type=float, default=0.5)
-    parser.add_argument(
+    group.add_argument("--method", choices=ESTIMATORS, default="prediction_aware")
+    group.add_argument("--n-steps", type=int, default=50)
+    group.add_argument(
         "--granularity",
-        choices=("block", "sublayer"),
+        choices=GRANULARITIES,
         default="block",
         help="'sublayer' credits attention and MLP of each block separately",
     )
-    parser.add_argument("--json", metavar="PATH", help="write the full result as JSON")
-    parser.add_argument("--csv", metavar="PATH", help="write a long-format CSV")
-    parser.add_argument("--png", metavar="PATH", help="write the heatmap as PNG")
-    _model_arguments(parser)
-    return parser
-
-
-def _compare_parser() -> argparse.ArgumentParser:
-    from captum_iglens.comparison import METHODS as COMPARED
-
-    parser = argparse.ArgumentParser(
-        prog="captum-iglens compare",
-        description="IG-Lens beside the alternatives on the same tokens and layers: "
-        "scores, additivity residuals, time and passes.",
-    )
-    _prompt_arguments(parser)
-    parser.add_argument(
-        "--methods",
-        type=lambda s: tuple(s.split(",")),
-        default=tuple(COMPARED),
-        help=f"comma-separated, from {','.join(COMPARED)}",
-    )
-    parser.add_argument(
-        "--n-steps",
+    group.add_argument(
+        "--internal-batch-size",
         type=int,
-        default=8,
-        help="steps of Captum's methods (their cost grows with blocks x steps x "
-        "tokens; default: 8)",
+        help="rows through the readout at once (default: set by --max-chunk-mib)",
     )
-    parser.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
-    parser.add_argument(
-        "--png", metavar="PATH", help="write the comparison plot as PNG"
+    group.add_argument(
+        "--max-chunk-mib",
+        type=int,
+        default=256,
+        help="memory budget of one readout chunk, in MiB (default: 256)",
     )
-    _model_arguments(parser)
+    group.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="apply the chat template (default: on; off for validate)",
+    )
+    group.add_argument("--max-new-tokens", type=int, default=32)
+    return parent
+
+
+def _prompt_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("prompt", nargs="?", help="the prompt (or use --stdin)")
+    parent.add_argument(
+        "--stdin", action="store_true", help="read the prompt from stdin"
+    )
+    return parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    r"""The ``captum-iglens`` parser: one subparser per subcommand, sharing the
+    model, settings and prompt options through parent parsers."""
+    model, settings, prompt = _model_parent(), _settings_parent(), _prompt_parent()
+    parser = argparse.ArgumentParser(
+        prog="captum-iglens",
+        description="At which layer is the probability of each answer token "
+        "produced? IG-Lens credits, which add up exactly to the change in "
+        "probability. Without a subcommand, `attribute` is run.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    attribute = commands.add_parser(
+        "attribute",
+        parents=[prompt, settings, model],
+        help="the IG-Lens map of the model's answer to a prompt (the default)",
+        description="The IG-Lens map of the model's answer to a prompt.",
+    )
+    attribute.add_argument("--onset-frac", type=float, default=0.5)
+    attribute.add_argument("--json", metavar="PATH", help="write the result as JSON")
+    attribute.add_argument("--csv", metavar="PATH", help="write a long-format CSV")
+    attribute.add_argument("--png", metavar="PATH", help="write the heatmap as PNG")
+    attribute.set_defaults(prepare=_prepare_attribute)
+
+    from captum_iglens.studies.comparison import COMPARED_METHODS
+
+    compare = commands.add_parser(
+        "compare",
+        parents=[prompt, settings, model],
+        help="IG-Lens beside Captum's LayerConductance / LayerIntegratedGradients, "
+        "the logit lens and DLA",
+        description="IG-Lens beside the alternatives on the same tokens and layers: "
+        "scores, additivity residuals, time and passes. --n-steps is also the "
+        "steps of Captum's methods (their cost grows with blocks x steps x tokens).",
+    )
+    compare.add_argument(
+        "--methods",
+        type=_names,
+        default=COMPARED_METHODS,
+        help=f"comma-separated, from {','.join(COMPARED_METHODS)}",
+    )
+    compare.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+    compare.add_argument("--png", metavar="PATH", help="write the comparison plot")
+    compare.set_defaults(prepare=_prepare_compare, n_steps=8)
+
+    batch = commands.add_parser(
+        "batch",
+        parents=[settings, model],
+        help="attribute a prompt set, resumably",
+        description="Attribute a prompt set (JSON Lines with 'id', 'prompt' and "
+        "optionally 'answer') in padded batches; results are written incrementally "
+        "to OUT/results.jsonl and a rerun resumes where it stopped (with the same "
+        "settings and model only). Under torchrun the prompts are split across "
+        "processes.",
+    )
+    batch.add_argument("prompts", help="the prompt set, a .jsonl file")
+    batch.add_argument("--out", required=True, help="output folder")
+    batch.add_argument("--batch-size", type=int, default=8)
+    batch.set_defaults(prepare=_prepare_batch)
+
+    from captum_iglens.studies.validation import MODES, SCORED_METHODS
+
+    validate = commands.add_parser(
+        "validate",
+        parents=[settings, model],
+        help="does each per-layer score predict where ablation hurts most?",
+        description="Does each per-layer score predict where ablating a block "
+        "lowers p(y) most? Agreement (Spearman, top-1/top-3 hits, onset distance) "
+        "with bootstrap 95%% intervals, over a prompt set.",
+    )
+    validate.add_argument(
+        "--prompts", help="JSON Lines of facts (default: the shipped prompt set)"
+    )
+    validate.add_argument("--mode", choices=MODES, default="skip")
+    validate.add_argument(
+        "--methods",
+        type=_names,
+        default=SCORED_METHODS,
+        help=f"comma-separated, from {','.join(SCORED_METHODS)}",
+    )
+    validate.add_argument(
+        "--limit", type=int, help="use only the first N prompts (a quick look)"
+    )
+    validate.add_argument(
+        "--conductance-prompts",
+        type=int,
+        default=16,
+        help="LayerConductance runs on this many prompts only (it is slow)",
+    )
+    validate.add_argument("--json", metavar="PATH", help="write the study as JSON")
+    validate.add_argument("--png", metavar="PATH", help="write the plots as PNG")
+    validate.set_defaults(prepare=_prepare_validate, chat=False, max_new_tokens=8)
     return parser
+
+
+# ------------------------------------------------------------------- preparation
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings(
+        layers=args.layers,
+        positions=args.positions,
+        baselines=args.baseline,
+        method=args.method,
+        n_steps=args.n_steps,
+        granularity=args.granularity,
+        internal_batch_size=args.internal_batch_size,
+        max_chunk_bytes=args.max_chunk_mib * 2**20,
+        chat=args.chat,
+        max_new_tokens=args.max_new_tokens,
+    )
+
+
+def _outputs(args: argparse.Namespace, *names: str) -> None:
+    from captum_iglens._utils.serialization import check_writable
+
+    for name in names:
+        if getattr(args, name, None):
+            check_writable(getattr(args, name), f"--{name}")
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
@@ -164,15 +284,23 @@ def _progress(args: argparse.Namespace) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
 
-def _load(args: argparse.Namespace) -> Tuple[Any, Any]:
-    from captum_iglens.models import load_default, load_model
+def _load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
+    """The model and tokenizer, with the settings checked against the model."""
+    from captum_iglens.attr import LayerIGLens
+    from captum_iglens.hf.models import load_default, load_model
 
     options = dict(
         dtype=_DTYPES[args.dtype], device=args.device, progress=_progress(args)
     )
     if args.model is None:
-        return load_default(**options)
-    return load_model(args.model, trust_remote_code=args.trust_remote_code, **options)
+        model, tokenizer = load_default(**options)
+    else:
+        model, tokenizer = load_model(
+            args.model, trust_remote_code=args.trust_remote_code, **options
+        )
+    lens = LayerIGLens.from_model(model, settings.layers)
+    lens.segment_names(settings.granularity)
+    return model, tokenizer
 
 
 class _Stages:
@@ -191,225 +319,183 @@ class _Stages:
         return "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items())
 
 
-def _attribute(argv: Sequence[str]) -> int:
-    from captum_iglens.hf import attribute_text, encode_prompt, generate_answer
+def _save_figure(fig: Any, path: str) -> None:
+    fig.savefig(path, dpi=120, bbox_inches="tight")
 
-    args = _attribute_parser().parse_args(argv)
+
+def _prepare_attribute(args: argparse.Namespace) -> Job:
+    from captum_iglens.attr import attribute_text
+    from captum_iglens.hf.text import encode_prompt, generate
+
+    settings = _settings(args)
+    if not 0.0 < args.onset_frac <= 1.0:
+        raise CommandError(f"--onset-frac: expected (0, 1], got {args.onset_frac}")
+    _outputs(args, "json", "csv", "png")
     prompt = _read_prompt(args)
     stages = _Stages()
-    model, tokenizer = stages.run("load", lambda: _load(args))
-    answer_ids = stages.run(
-        "generate",
-        lambda: generate_answer(
-            model,
-            tokenizer,
-            encode_prompt(tokenizer, prompt, chat=not args.no_chat),
-            max_new_tokens=args.max_new_tokens,
-            progress=_progress(args),
-        ),
-    )
-    result = stages.run(
-        "attribute",
-        lambda: attribute_text(
+    model, tokenizer = stages.run("load", lambda: _load(args, settings))
+
+    def job() -> int:
+        (answer_ids,) = stages.run(
+            "generate",
+            lambda: generate(
+                model,
+                tokenizer,
+                [encode_prompt(tokenizer, prompt, chat=settings.chat)],
+                max_new_tokens=settings.max_new_tokens,
+                progress=_progress(args),
+            ),
+        )
+        print(f"prompt: {prompt}")
+        print(f"answer: {tokenizer.decode(answer_ids)}")
+        if len(answer_ids) == 0 and settings.positions == "answer":
+            print("captum-iglens: the answer is empty; nothing to attribute")
+            return 1
+        result = stages.run(
+            "attribute",
+            lambda: attribute_text(
+                model, tokenizer, prompt, answer=answer_ids, settings=settings
+            ),
+        )
+        width = shutil.get_terminal_size((120, 24)).columns
+        print(result.format_table(width=width, onset_frac=args.onset_frac))
+        if args.json:
+            result.save(args.json)
+        if args.csv:
+            result.to_csv(args.csv)
+        if args.png:
+            from captum_iglens.plots import plot_heatmap
+
+            _save_figure(plot_heatmap(result, onset_frac=args.onset_frac)[0], args.png)
+        print(stages.summary())
+        return 0
+
+    return job
+
+
+def _prepare_compare(args: argparse.Namespace) -> Job:
+    from captum_iglens.hf.architectures import decoder_layers
+    from captum_iglens.studies.comparison import COMPARED_METHODS, compare_text
+
+    settings = _settings(args)
+    unknown = [m for m in args.methods if m not in COMPARED_METHODS]
+    if unknown or not args.methods:
+        raise CommandError(
+            f"--methods: expected names from {','.join(COMPARED_METHODS)}, got "
+            f"{','.join(args.methods)}"
+        )
+    _outputs(args, "json", "png")
+    prompt = _read_prompt(args)
+    model, tokenizer = _load(args, settings)
+    if settings.layers is None:
+        n_blocks = len(decoder_layers(model))
+        spread = sorted({round(i * (n_blocks - 1) / 3) for i in range(4)})
+        settings = settings.replace(layers=spread)
+
+    def job() -> int:
+        result, answer = compare_text(
             model,
             tokenizer,
             prompt,
-            answer=answer_ids,
-            chat=not args.no_chat,
-            layers=args.layers,
-            positions=args.positions,
-            baselines=args.baseline,
-            method=args.method,
-            n_steps=args.n_steps,
-            granularity=args.granularity,
-        ),
-    )
-    width = shutil.get_terminal_size((120, 24)).columns
-    print(f"prompt: {prompt}")
-    print(f"answer: {tokenizer.decode(answer_ids)}")
-    print(result.format_table(width=width, onset_frac=args.onset_frac))
-    if args.json:
-        result.save(args.json)
-    if args.csv:
-        result.to_csv(args.csv)
-    if args.png:
-        from captum_iglens.plots import plot_heatmap
+            methods=args.methods,
+            settings=settings,
+            progress=_progress(args),
+        )
+        print(f"prompt: {prompt}")
+        print(f"answer: {tokenizer.decode(answer)}")
+        print(result.format_table())
+        if args.json:
+            result.save(args.json)
+        if args.png:
+            _save_figure(result.plot()[0], args.png)
+        return 0
 
-        fig, _ = plot_heatmap(result, onset_frac=args.onset_frac)
-        fig.savefig(args.png, dpi=120, bbox_inches="tight")
-    print(stages.summary())
-    return 0
+    return job
 
 
-def _compare(argv: Sequence[str]) -> int:
-    from captum_iglens.architectures import decoder_layers
-    from captum_iglens.comparison import compare
-    from captum_iglens.hf import encode_prompt, generate_answer, teacher_forcing
+def _prepare_batch(args: argparse.Namespace) -> Job:
+    from captum_iglens.studies.batch import init_distributed, run_batch
+    from captum_iglens.studies.prompts import read_prompts
 
-    args = _compare_parser().parse_args(argv)
-    prompt = _read_prompt(args)
-    model, tokenizer = _load(args)
-    prompt_ids = encode_prompt(tokenizer, prompt, chat=not args.no_chat)
-    answer_ids = generate_answer(
-        model,
-        tokenizer,
-        prompt_ids,
-        max_new_tokens=args.max_new_tokens,
-        progress=_progress(args),
-    )
-    ids, positions, targets = teacher_forcing(prompt_ids, answer_ids, args.positions)
-    n_blocks = len(decoder_layers(model))
-    layers = args.layers or sorted({round(i * (n_blocks - 1) / 3) for i in range(4)})
-    result = compare(
-        model,
-        ids.to(args.device),
-        positions=positions,
-        target=targets.to(args.device),
-        layers=layers,
-        methods=args.methods,
-        n_steps=args.n_steps,
-        tokenizer=tokenizer,
-    )
-    print(f"prompt: {prompt}")
-    print(f"answer: {tokenizer.decode(answer_ids)}")
-    print(result.format_table())
-    if args.json:
-        result.save(args.json)
-    if args.png:
-        fig, _ = result.plot()
-        fig.savefig(args.png, dpi=120, bbox_inches="tight")
-    return 0
-
-
-def _batch_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="captum-iglens batch",
-        description="Attribute a prompt set (JSON Lines with 'id', 'prompt' and "
-        "optionally 'answer') in padded batches; results are written incrementally "
-        "to OUT/results.jsonl and a rerun resumes where it stopped. Under torchrun "
-        "the prompts are split across processes.",
-    )
-    parser.add_argument("prompts", help="the prompt set, a .jsonl file")
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--no-chat", action="store_true")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--layers", type=_int_list, help="as for the main command")
-    _model_arguments(parser)
-    return parser
-
-
-def _batch(argv: Sequence[str]) -> int:
-    from captum_iglens.batch import init_distributed, read_prompts, run_batch
-
-    args = _batch_parser().parse_args(argv)
+    settings = _settings(args)
+    if args.batch_size < 1:
+        raise CommandError(f"--batch-size: expected an int >= 1, got {args.batch_size}")
     prompts = read_prompts(args.prompts)
     device = init_distributed()
     if device.type == "cuda":
         args.device = str(device)
-    model, tokenizer = _load(args)
-    path = run_batch(
-        model,
-        tokenizer,
-        prompts,
-        args.out,
-        batch_size=args.batch_size,
-        layers=args.layers,
-        max_new_tokens=args.max_new_tokens,
-        chat=not args.no_chat,
-        progress=_progress(args),
+    model, tokenizer = _load(args, settings)
+
+    def job() -> int:
+        path = run_batch(
+            model,
+            tokenizer,
+            prompts,
+            args.out,
+            settings=settings,
+            batch_size=args.batch_size,
+            progress=_progress(args),
+        )
+        print(f"results: {path}")
+        return 0
+
+    return job
+
+
+def _prepare_validate(args: argparse.Namespace) -> Job:
+    from captum_iglens.studies.validation import (
+        SCORED_METHODS,
+        StudyOptions,
+        load_facts,
+        run_validation,
     )
-    print(f"results: {path}")
-    return 0
 
+    settings = _settings(args)
+    unknown = [m for m in args.methods if m not in SCORED_METHODS]
+    if unknown or not args.methods:
+        raise CommandError(
+            f"--methods: expected names from {','.join(SCORED_METHODS)}, got "
+            f"{','.join(args.methods)}"
+        )
+    if args.limit is not None and args.limit < 1:
+        raise CommandError(f"--limit: expected an int >= 1, got {args.limit}")
+    study = StudyOptions(conductance_prompts=args.conductance_prompts)
+    _outputs(args, "json", "png")
+    prompts = load_facts(args.prompts)[: args.limit]
+    model, tokenizer = _load(args, settings)
 
-def _validate_parser() -> argparse.ArgumentParser:
-    from captum_iglens.ablation import MODES
-    from captum_iglens.validation import METHODS as SCORED
+    def job() -> int:
+        result = run_validation(
+            model,
+            tokenizer,
+            prompts,
+            mode=args.mode,
+            methods=args.methods,
+            settings=settings,
+            study=study,
+            progress=_progress(args),
+        )
+        print(result.format_table())
+        if args.json:
+            result.save(args.json)
+        if args.png:
+            _save_figure(result.plot()[0], args.png)
+        return 0
 
-    parser = argparse.ArgumentParser(
-        prog="captum-iglens validate",
-        description="Does each per-layer score predict where ablating a block "
-        "lowers p(y) most? Agreement (Spearman, top-1/top-3 hits, onset distance) "
-        "with bootstrap 95%% intervals, over a prompt set.",
-    )
-    parser.add_argument(
-        "--prompts", help="JSON Lines of facts (default: the shipped prompt set)"
-    )
-    parser.add_argument("--mode", choices=MODES, default="skip")
-    parser.add_argument(
-        "--methods",
-        type=lambda s: tuple(s.split(",")),
-        default=tuple(SCORED),
-        help=f"comma-separated, from {','.join(SCORED)}",
-    )
-    parser.add_argument(
-        "--limit", type=int, help="use only the first N prompts (a quick look)"
-    )
-    parser.add_argument(
-        "--conductance-prompts",
-        type=int,
-        default=16,
-        help="LayerConductance runs on this many prompts only (it is slow)",
-    )
-    parser.add_argument("--layers", type=_int_list, help="as for the main command")
-    parser.add_argument("--json", metavar="PATH", help="write the study as JSON")
-    parser.add_argument("--png", metavar="PATH", help="write the plots as PNG")
-    _model_arguments(parser)
-    return parser
-
-
-def _validate(argv: Sequence[str]) -> int:
-    from captum_iglens.validation import load_prompts, run_validation
-
-    args = _validate_parser().parse_args(argv)
-    prompts = load_prompts(args.prompts)[: args.limit]
-    if not prompts:
-        raise CommandError("prompts: the prompt set is empty")
-    model, tokenizer = _load(args)
-    result = run_validation(
-        model,
-        tokenizer,
-        prompts,
-        mode=args.mode,
-        methods=args.methods,
-        layers=args.layers,
-        conductance_prompts=args.conductance_prompts,
-        progress=_progress(args),
-    )
-    print(result.format_table())
-    if args.json:
-        result.save(args.json)
-    if args.png:
-        fig = result.plot()[0]
-        fig.savefig(args.png, dpi=120, bbox_inches="tight")
-    return 0
-
-
-_SUBCOMMANDS: Dict[str, Callable[[Sequence[str]], int]] = {
-    "compare": _compare,
-    "batch": _batch,
-    "validate": _validate,
-}
+    return job
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``captum-iglens`` and ``python -m captum_iglens``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = _SUBCOMMANDS.get(argv[0], _attribute) if argv else _attribute
-    if command is not _attribute:
-        argv = argv[1:]
+    if not argv or argv[0] not in (*_SUBCOMMANDS, "-h", "--help"):
+        argv = ["attribute", *argv]
+    args = build_parser().parse_args(argv)
     try:
-        return command(argv)
-    except (
-        CommandError,
-        ValueError,
-        TypeError,
-        FileNotFoundError,
-        ModuleNotFoundError,
-    ) as err:
-        message = (
-            str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        )
+        job = args.prepare(args)
+    except (CommandError, *_INPUT_ERRORS) as err:
+        text = str(err).strip()
+        message = text.splitlines()[0] if text else type(err).__name__
         print(f"captum-iglens: error: {message}", file=sys.stderr)
         return 2
+    return job()

@@ -1,13 +1,16 @@
-r"""Matplotlib views of an :class:`~captum_iglens.IGLensResult`.
+r"""Every figure of the package: the map of an :class:`~captum_iglens.IGLensResult`,
+the comparison of methods and the validation study.
 
-Both functions follow the contract of Captum's ``LLMAttributionResult.plot_*``:
-they return ``(fig, ax)`` for further customisation, or show the figure and
-return ``None`` when ``show=True``. They use matplotlib's object API and work on
+They follow the contract of Captum's ``LLMAttributionResult.plot_*``: they
+return ``(fig, ax)`` (a dict of axes for the multi-panel figures) for further
+customisation; the map's plots show the figure and return ``None`` when
+``show=True``. They use matplotlib's object API and work on
 a headless backend (Agg). The colour convention is Captum's: red for negative,
 white for zero, green for positive credit.
 """
 
-from typing import TYPE_CHECKING, List, Optional, Tuple, Union
+import textwrap
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 import matplotlib.colors as mcolors
 import numpy as np
@@ -19,7 +22,10 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["plot_heatmap", "plot_trajectory"]
+    from captum_iglens.studies.comparison.result import ComparisonResult
+    from captum_iglens.studies.validation.result import ValidationResult
+
+__all__ = ["plot_comparison", "plot_heatmap", "plot_trajectory", "plot_validation"]
 
 #: Colours of credit given (up) and taken back (down); Captum's convention.
 UP_COLOR = "#2e8b3e"
@@ -414,3 +420,172 @@ def plot_trajectory(
         framealpha=0.9,
     )
     return _finish(fig, ax, show)
+
+
+def plot_comparison(
+    result: "ComparisonResult", sequence: int = 0
+) -> Tuple["Figure", Dict[str, "Axes"]]:
+    r"""
+    One heatmap per method (layers across, the attributed tokens down an axis
+    shared by all), side by side, each with its own symmetric colour scale
+    (Captum's red-white-green), and below them a bar chart of each method's
+    residuals ``|Σ_layers − Δp|`` on a log scale. Works headless.
+
+    Args:
+
+        sequence (int, optional): Which sequence of the batch. Default: 0.
+
+    Returns:
+        2-element tuple of **figure**, **axes**: the ``matplotlib`` figure, and
+        a dict from each method's name, and ``"residuals"``, to its axes.
+    """
+    import matplotlib.pyplot as plt
+
+    names = list(result.methods)
+    rows = result.mask[sequence].nonzero()[:, 0].tolist()
+    fig = plt.figure(
+        figsize=(max(8.0, 2.4 * len(names)), 4.5 + 0.25 * len(rows)),
+        layout="constrained",
+    )
+    fig.set_facecolor("white")
+    grid = fig.add_gridspec(2, len(names), height_ratios=[1.2 + 0.1 * len(rows), 1])
+    axes: Dict[str, Any] = {}
+    for col, name in enumerate(names):
+        ax = fig.add_subplot(grid[0, col], sharey=axes.get(names[0]))
+        scores = result.methods[name].scores[sequence, rows]
+        top = max(scores.abs().max().item(), 1e-12)
+        image = ax.imshow(
+            scores.numpy(), cmap=_color_map(), vmin=-top, vmax=top, aspect="auto"
+        )
+        fig.colorbar(image, ax=ax, location="bottom", shrink=0.9)
+        title = textwrap.fill(name.replace("_", " "), 22)
+        ax.set_title(f"{title}\n({result.methods[name].unit})", fontsize=9)
+        _layer_ticks(ax, result.methods[name].layer_names)
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel("layer", fontsize=8)
+        if col == 0:
+            labels = [result.label(sequence, i) for i in rows]
+            ax.set_yticks(range(len(rows)), labels)
+        else:
+            ax.tick_params(axis="y", labelleft=False)
+        axes[name] = ax
+    bars = fig.add_subplot(grid[1, :])
+    floor = 1e-12
+    x = np.arange(len(names), dtype=np.float64)
+    stats = [result.residual_stats(name, sequence) for name in names]
+    for shift, label, column in ((-0.2, "max", 0), (0.2, "median", 1)):
+        heights = [max(s[column], floor) for s in stats]
+        bars.bar(x + shift, heights, width=0.4, label=label)
+        for xi, h in zip((x + shift).tolist(), heights):
+            if h <= floor:
+                bars.annotate("0", (xi, floor), ha="center", fontsize=7)
+    bars.set_yscale("log")
+    bars.set_ylim(bottom=floor)
+    bars.axhline(1e-6, color="grey", linestyle=":", linewidth=1)
+    ticks = [textwrap.fill(n.replace("_", " "), 22) for n in names]
+    bars.set_xticks(x, ticks, fontsize=8)
+    bars.set_ylabel("|Σ_layers − Δp| (probability)", fontsize=8)
+    bars.set_title(
+        f"Telescoping residual per token, sequence {sequence} (log scale; dotted: "
+        "1e-6; exact zeros marked 0)",
+        fontsize=9,
+    )
+    bars.legend(fontsize=8)
+    axes["residuals"] = bars
+    return fig, axes
+
+
+def plot_validation(
+    result: "ValidationResult", examples: Optional[Sequence[int]] = None
+) -> Tuple["Figure", Dict[str, "Axes"]]:
+    r"""
+    Top: for a few tokens, the ablation drop and the IG-Lens credit of every
+    layer (both in probability). Bottom: every method's mean Spearman
+    correlation and top-1 hit rate with their 95% intervals, over all tokens
+    and over the non-monotone ones. Works headless.
+
+    Args:
+
+        examples (list[int], optional): Indices of the tokens to show.
+                    Default: three, spread over the prompt set.
+
+    Returns:
+        2-element tuple of **figure**, **axes**: a dict with ``"example 0"``,
+        ..., ``"spearman"`` and ``"top1"``.
+    """
+    import matplotlib.pyplot as plt
+
+    n = len(result.facts)
+    picks = (
+        sorted(set(np.linspace(0, n - 1, min(3, n)).round().astype(int).tolist()))
+        if examples is None
+        else list(examples)
+    )
+    cols = max(len(picks), 2)
+    fig = plt.figure(figsize=(5.0 * cols, 8.5), layout="constrained")
+    fig.set_facecolor("white")
+    grid = fig.add_gridspec(2, cols)
+    bottom = grid[1, :].subgridspec(1, 2)
+    axes: Dict[str, Any] = {}
+    layers = np.arange(len(result.layer_names))
+    for col, i in enumerate(picks):
+        ax = fig.add_subplot(grid[0, col])
+        credit = result.scores["ig_lens"][i]
+        ax.bar(
+            layers,
+            credit,
+            color=np.where(credit >= 0, UP_COLOR, DOWN_COLOR),
+            label="IG-Lens credit",
+        )
+        ax.plot(
+            layers, result.drops[i], "k.-", linewidth=1, label=f"{result.mode} drop"
+        )
+        ax.axhline(0, color="grey", linewidth=0.5)
+        ax.set_title(
+            textwrap.fill(f"{result.facts[i].prompt} → {result.target_tokens[i]!r}", 50)
+            + f"\np = {result.model_prob[i]:.3f}",
+            fontsize=9,
+        )
+        ax.set_xlabel("block", fontsize=8)
+        ax.set_ylabel("probability", fontsize=8)
+        ax.legend(fontsize=7)
+        axes[f"example {col}"] = ax
+    groups = [g for g in ("all", "non_monotone") if result.groups[g].any()]
+    x = np.arange(len(result.methods))
+    for col, metric in enumerate(("spearman", "top1")):
+        ax = fig.add_subplot(bottom[0, col])
+        width = 0.8 / len(groups)
+        for g, group in enumerate(groups):
+            cells = [result.summary[group][m][metric] for m in result.methods]
+            mean = np.array([c["mean"] for c in cells], dtype=float)
+            err = np.abs(
+                np.array([[c["lo"], c["hi"]] for c in cells], dtype=float).T - mean
+            )
+            ax.bar(
+                x + (g - (len(groups) - 1) / 2) * width,
+                mean,
+                width,
+                yerr=err,
+                capsize=3,
+                label=f"{group} tokens ({int(result.groups[group].sum())})",
+            )
+        chance = 0.0 if metric == "spearman" else 1 / len(result.layer_names)
+        ax.axhline(chance, color="grey", linestyle=":", linewidth=1, label="chance")
+        ax.set_xticks(
+            x,
+            [
+                f"{m.replace('_', ' ')} (n={result.summary['all'][m][metric]['n']})"
+                for m in result.methods
+            ],
+            rotation=30,
+            ha="right",
+            fontsize=8,
+        )
+        ax.set_title(
+            f"{'Spearman ρ' if metric == 'spearman' else 'top-1 hit rate'} with "
+            f"the {result.mode} drops (95% bootstrap CI)",
+            fontsize=9,
+        )
+        ax.legend(fontsize=7)
+        axes[metric] = ax
+    return fig, axes

@@ -1,13 +1,23 @@
-r"""The token-by-layer result of IG-Lens, with onset detection and JSON export."""
+r"""The token-by-layer result of IG-Lens: checked on construction, sliced,
+concatenated, saved and loaded."""
 
 import csv
-import json
+import io
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
+
+from captum_iglens._utils.serialization import (
+    JsonDocument,
+    check_writable,
+    plain,
+    tensor_field,
+    write_atomic,
+)
+from captum_iglens.attr._utils.estimators import ESTIMATORS
 
 _TENSOR_FIELDS = (
     "attributions",
@@ -20,10 +30,16 @@ _TENSOR_FIELDS = (
     "mask",
 )
 _DTYPES = {"targets": torch.long, "positions": torch.long, "mask": torch.bool}
+# Probabilities may overshoot [0, 1] by float rounding only.
+_PROB_SLACK = 1e-4
+# |Σ credits − Δp − delta|: summation order only.
+_DELTA_SLACK = 1e-3
+
+Index = Union[None, int, slice, Sequence[int], Tensor]
 
 
 @dataclass
-class IGLensResult:
+class IGLensResult(JsonDocument):
     r"""
     The IG-Lens map for ``B`` sequences, ``P`` attributed positions and ``k`` layers.
 
@@ -64,6 +80,80 @@ class IGLensResult:
     n_steps: int
     tokens: Optional[List[List[str]]] = None
     metadata: Dict[str, Any] = field(default_factory=dict)
+
+    KIND = "IGLensResult"
+
+    def __post_init__(self) -> None:
+        for name in _TENSOR_FIELDS:
+            if not isinstance(getattr(self, name), Tensor):
+                raise TypeError(
+                    f"{name}: expected a tensor, got {type(getattr(self, name)).__name__}"
+                )
+        if self.attributions.dim() != 3:
+            raise ValueError(
+                "attributions: expected shape (B, P, k), got "
+                f"{tuple(self.attributions.shape)}"
+            )
+        b, p, k = self.attributions.shape
+        expected = {"lens": (b, p, k), "positions": (p,)}
+        for name in _TENSOR_FIELDS:
+            shape = expected.get(name, (b, p) if name != "attributions" else (b, p, k))
+            value = getattr(self, name)
+            if tuple(value.shape) != shape:
+                raise ValueError(
+                    f"{name}: expected shape {shape} to match attributions "
+                    f"(B={b}, P={p}, k={k}), got {tuple(value.shape)}"
+                )
+            want = _DTYPES.get(name)
+            if want is not None and value.dtype != want:
+                raise TypeError(f"{name}: expected dtype {want}, got {value.dtype}")
+            if want is None and not value.is_floating_point():
+                raise TypeError(f"{name}: expected a float tensor, got {value.dtype}")
+            if want is None and not torch.isfinite(value).all():
+                raise ValueError(f"{name}: contains NaN or inf")
+        if (self.targets < 0).any() or (self.positions < 0).any():
+            raise ValueError("targets/positions: expected non-negative ids")
+        for name in ("lens", "base_prob", "model_prob"):
+            value = getattr(self, name)
+            if ((value < -_PROB_SLACK) | (value > 1 + _PROB_SLACK)).any():
+                raise ValueError(f"{name}: probabilities must lie in [0, 1]")
+        if not (
+            isinstance(self.layer_names, list)
+            and len(self.layer_names) == k
+            and all(isinstance(n, str) for n in self.layer_names)
+        ):
+            raise ValueError(
+                f"layer_names: expected {k} strings, one per credit column, got "
+                f"{self.layer_names!r}"
+            )
+        if self.method not in ESTIMATORS:
+            raise ValueError(
+                f"method: expected one of {list(ESTIMATORS)}, got {self.method!r}"
+            )
+        if isinstance(self.n_steps, bool) or not isinstance(self.n_steps, int) or (
+            self.n_steps < 1
+        ):
+            raise ValueError(f"n_steps: expected an int >= 1, got {self.n_steps!r}")
+        if self.tokens is not None and not (
+            isinstance(self.tokens, list)
+            and len(self.tokens) == b
+            and all(
+                isinstance(row, list)
+                and len(row) == p
+                and all(isinstance(t, str) for t in row)
+                for row in self.tokens
+            )
+        ):
+            raise ValueError(f"tokens: expected {b} lists of {p} strings")
+        if not isinstance(self.metadata, dict):
+            raise TypeError(f"metadata: expected a dict, got {self.metadata!r}")
+        change = self.model_prob - self.base_prob
+        mismatch = (self.attributions.sum(-1) - change - self.delta).abs()
+        if (mismatch > _DELTA_SLACK)[self.mask].any():
+            raise ValueError(
+                "delta: does not equal Σ attributions − (model_prob − base_prob) "
+                f"(off by up to {mismatch[self.mask].max().item():.3g})"
+            )
 
     @property
     def total(self) -> Tensor:
@@ -165,64 +255,159 @@ class IGLensResult:
             return [repr(t)[1:-1][:16] for t in self.tokens[batch_index]]
         return [f"#{int(t)}" for t in self.targets[batch_index]]
 
-    def to_csv(self, path: Union[str, Path]) -> None:
-        """Write a long-format CSV: batch, position, token, layer, credit, lens."""
-        with open(path, "w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["batch", "position", "token", "layer", "credit", "lens"])
-            for b in range(self.attributions.shape[0]):
-                labels = self.tokens[b] if self.tokens is not None else None
-                for p in self.mask[b].nonzero()[:, 0].tolist():
-                    token = labels[p] if labels else int(self.targets[b, p])
-                    for j, name in enumerate(self.layer_names):
-                        writer.writerow(
-                            [
-                                b,
-                                int(self.positions[p]),
-                                token,
-                                name,
-                                float(self.attributions[b, p, j]),
-                                float(self.lens[b, p, j]),
-                            ]
-                        )
-
     def to(self, device: Union[str, torch.device]) -> "IGLensResult":
         """A copy with every tensor on ``device``."""
         moved = {name: getattr(self, name).to(device) for name in _TENSOR_FIELDS}
         return replace(self, **moved)
 
+    def select(self, batch: Index = None, positions: Index = None) -> "IGLensResult":
+        r"""
+        A result for some sequences and some attributed positions.
+
+        Args:
+
+            batch (int, slice, list[int] or Tensor, optional): Sequences to keep
+                        (an int keeps the dimension). Default: all.
+            positions (int, slice, list[int] or Tensor, optional): Indices into
+                        the attributed positions (the ``P`` axis, not token
+                        positions in the sequence). Default: all.
+
+        Returns:
+            *IGLensResult* with the same layers, method and metadata.
+        """
+        rows = _index(batch, self.attributions.shape[0], "batch")
+        cols = _index(positions, self.attributions.shape[1], "positions")
+        picked: Dict[str, Any] = {}
+        for name in _TENSOR_FIELDS:
+            value = getattr(self, name)
+            picked[name] = value[cols] if name == "positions" else value[rows][:, cols]
+        tokens = None
+        if self.tokens is not None:
+            tokens = [[self.tokens[r][c] for c in cols.tolist()] for r in rows.tolist()]
+        return replace(self, tokens=tokens, metadata=dict(self.metadata), **picked)
+
+    @classmethod
+    def empty(
+        cls, layer_names: Sequence[str], method: str, n_steps: int
+    ) -> "IGLensResult":
+        r"""A one-sequence result with no attributed positions (an empty answer)."""
+        k = len(layer_names)
+        return cls(
+            attributions=torch.zeros(1, 0, k),
+            lens=torch.zeros(1, 0, k),
+            base_prob=torch.zeros(1, 0),
+            model_prob=torch.zeros(1, 0),
+            delta=torch.zeros(1, 0),
+            targets=torch.zeros(1, 0, dtype=torch.long),
+            positions=torch.zeros(0, dtype=torch.long),
+            mask=torch.zeros(1, 0, dtype=torch.bool),
+            layer_names=list(layer_names),
+            method=method,
+            n_steps=n_steps,
+        )
+
+    @classmethod
+    def cat(cls, results: Sequence["IGLensResult"]) -> "IGLensResult":
+        r"""
+        Results of the same positions, layers and settings, stacked along the
+        batch. Metadata is taken from the first.
+
+        Args:
+
+            results (list[IGLensResult]): At least one.
+
+        Returns:
+            *IGLensResult* with ``B = Σ B_i``.
+        """
+        if not results:
+            raise ValueError("results: expected at least one result")
+        first = results[0]
+        for i, other in enumerate(results[1:], 1):
+            for name in ("layer_names", "method", "n_steps"):
+                if getattr(other, name) != getattr(first, name):
+                    raise ValueError(
+                        f"results[{i}]: {name} {getattr(other, name)!r} differs from "
+                        f"results[0]'s {getattr(first, name)!r}"
+                    )
+            if not torch.equal(other.positions, first.positions):
+                raise ValueError(f"results[{i}]: attributed positions differ")
+            if (other.tokens is None) != (first.tokens is None):
+                raise ValueError(f"results[{i}]: tokens given for some results only")
+        stacked = {
+            name: (
+                first.positions
+                if name == "positions"
+                else torch.cat([getattr(r, name) for r in results])
+            )
+            for name in _TENSOR_FIELDS
+        }
+        tokens = None
+        if first.tokens is not None:
+            tokens = [row for r in results for row in r.tokens]  # type: ignore[union-attr]
+        return replace(first, tokens=tokens, metadata=dict(first.metadata), **stacked)
+
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dictionary of every field (tensors as nested lists)."""
-        out: Dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = value.tolist() if isinstance(value, Tensor) else value
-        return out
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "IGLensResult":
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`; every field is checked."""
         names = {f.name for f in fields(cls)}
         unknown = set(data) - names
         if unknown:
-            raise ValueError(f"data: unknown IGLensResult fields {sorted(unknown)}")
+            raise ValueError(f"unknown IGLensResult fields {sorted(unknown)}")
+        missing = {f.name for f in fields(cls) if f.name not in ("tokens", "metadata")}
+        missing -= set(data)
+        if missing:
+            raise ValueError(f"missing IGLensResult fields {sorted(missing)}")
         kwargs = dict(data)
-        b, p = len(data["targets"]), len(data["positions"])
-        shapes = {"attributions": (b, p, -1), "lens": (b, p, -1), "positions": (p,)}
+        layer_names = data["layer_names"]
+        k = len(layer_names) if isinstance(layer_names, list) else -1
+        b = len(data["targets"]) if isinstance(data["targets"], list) else -1
+        p = len(data["positions"]) if isinstance(data["positions"], list) else -1
+        shapes = {"attributions": (b, p, k), "lens": (b, p, k), "positions": (p,)}
         for name in _TENSOR_FIELDS:
-            value = torch.tensor(data[name], dtype=_DTYPES.get(name, torch.float32))
-            # Nested lists keep no shape when a dimension is empty.
-            shape = shapes.get(name, (b, p))
-            if value.numel() == 0:
-                shape = tuple(len(data["layer_names"]) if n == -1 else n for n in shape)
-            kwargs[name] = value.reshape(shape)
+            dtype = _DTYPES.get(name, torch.float32)
+            kwargs[name] = tensor_field(data, name, dtype, shapes.get(name, (b, p)))
         return cls(**kwargs)
 
-    def save(self, path: Union[str, Path]) -> None:
-        """Write the result as JSON (no pickle: loading it never runs code)."""
-        Path(path).write_text(json.dumps(self.to_dict()))
+    def to_csv(self, path: Union[str, Path]) -> None:
+        """Write a long-format CSV: batch, position, token, layer, credit, lens."""
+        check_writable(path, "path")
+        lines = [["batch", "position", "token", "layer", "credit", "lens"]]
+        for b in range(self.attributions.shape[0]):
+            labels = self.tokens[b] if self.tokens is not None else None
+            for p in self.mask[b].nonzero()[:, 0].tolist():
+                token = labels[p] if labels else int(self.targets[b, p])
+                for j, name in enumerate(self.layer_names):
+                    lines.append(
+                        [
+                            b,
+                            int(self.positions[p]),
+                            token,
+                            name,
+                            float(self.attributions[b, p, j]),
+                            float(self.lens[b, p, j]),
+                        ]
+                    )
+        buffer = io.StringIO(newline="")
+        csv.writer(buffer).writerows(lines)
+        write_atomic(path, buffer.getvalue())
 
-    @classmethod
-    def load(cls, path: Union[str, Path]) -> "IGLensResult":
-        """Read a result written by :meth:`save`."""
-        return cls.from_dict(json.loads(Path(path).read_text()))
+
+def _index(index: Index, size: int, name: str) -> Tensor:
+    """An index along one axis as a long tensor of positions in ``[0, size)``."""
+    if index is None:
+        return torch.arange(size)
+    if isinstance(index, slice):
+        return torch.arange(size)[index]
+    if isinstance(index, bool):
+        raise TypeError(f"{name}: expected an int, slice or list of ints, got a bool")
+    picked = torch.as_tensor([index] if isinstance(index, int) else index)
+    if picked.dtype not in (torch.int64, torch.int32) and picked.numel():
+        raise TypeError(f"{name}: expected an int, slice or list of ints")
+    picked = picked.long().reshape(-1)
+    if ((picked < -size) | (picked >= size)).any():
+        raise ValueError(f"{name}: indices must lie in [-{size}, {size})")
+    return picked % size if size else picked

@@ -15,6 +15,6 @@ def _seed() -> None:
 @pytest.fixture(scope="session")
 def default_model():
     """The real default model (SmolLM2-135M-Instruct), loaded once per session."""
-    from captum_iglens.models import load_default
+    from captum_iglens.hf.models import load_default
 
     return load_default(progress=False)

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from captum_iglens.architectures import decoder_layers
+from captum_iglens.hf.architectures import decoder_layers
 
 
 def hook_snapshot(model: Module) -> Dict[str, Tuple[List[int], ...]]:

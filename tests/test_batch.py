@@ -8,7 +8,8 @@ import torch
 import torch.multiprocessing as mp
 
 from captum_iglens import LayerIGLens
-from captum_iglens.batch import read_prompts, read_results, run_batch, to_result
+from captum_iglens.studies.batch import read_results, run_batch, to_result
+from captum_iglens.studies.prompts import read_prompts
 from captum_iglens.hf import encode_prompt, teacher_forcing
 from tests.helpers import word_tokenizer
 from tests.tiny_models import VOCAB, tiny_model
@@ -92,6 +93,7 @@ def test_resume_after_interruption_redoes_nothing(single_run, tmp_path, monkeypa
     _, records = single_run
     lines = (single_run[0]).read_text().splitlines(keepends=True)
     # Interrupted while writing the fourth record: three complete lines and a half.
+    (tmp_path / "run.json").write_text((single_run[0].parent / "run.json").read_text())
     (tmp_path / "results.jsonl").write_text(
         "".join(lines[:3]) + lines[3][: len(lines[3]) // 2]
     )
@@ -121,7 +123,7 @@ def _free_port() -> int:
 def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     import os
 
-    from captum_iglens.batch import init_distributed
+    from captum_iglens.studies.batch import init_distributed
 
     os.environ.update(
         RANK=str(rank),
@@ -141,7 +143,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 def test_two_gloo_processes_merge_to_the_single_process_output(single_run, tmp_path):
     mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "run.json"]
     merged = read_results(tmp_path / "results.jsonl")
     expected = single_run[1]
     assert [r["id"] for r in merged] == [r["id"] for r in expected]

@@ -10,9 +10,9 @@ import torch
 from captum.attr import LayerIntegratedGradients
 
 from captum_iglens import LayerIGLens
-from captum_iglens._utils.compared import TargetProbability
-from captum_iglens.architectures import decoder_layers
-from captum_iglens.comparison import METHODS, ComparisonResult, compare
+from captum_iglens.studies.comparison.runners import TargetProbability
+from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens.studies.comparison import COMPARED_METHODS, ComparisonResult, compare
 from tests.helpers import (
     block_states,
     assert_state_unchanged,
@@ -61,7 +61,7 @@ def _probability(model, ids, mask, positions, targets):
 
 def test_every_method_on_the_same_work(run):
     result = run[0]
-    assert list(result.methods) == list(METHODS)
+    assert list(result.methods) == list(COMPARED_METHODS)
     b, p, k = 2, len(POSITIONS), 2
     assert result.positions.tolist() == [4, 5, 6]
     assert result.targets.shape == (b, p) and result.mask.all()
@@ -259,7 +259,7 @@ def test_table_json_and_plot(run, tmp_path):
     summary, header = table.splitlines()[:2]
     assert summary.startswith("2 sequence(s) x 3 position(s) x 2 blocks (0, 1)")
     assert header.split()[:5] == ["method", "resid", "max", "resid", "med"]
-    for name in METHODS:
+    for name in COMPARED_METHODS:
         assert name in table
     data = json.loads(json.dumps(result.to_dict()))
     residual = result.methods["ig_lens"].residual
@@ -269,7 +269,7 @@ def test_table_json_and_plot(run, tmp_path):
     assert loaded.format_table() == table
     assert torch.equal(loaded.methods["dla"].scores, result.methods["dla"].scores)
     fig, axes = result.plot(sequence=1)
-    assert set(axes) == set(METHODS) | {"residuals"}
+    assert set(axes) == set(COMPARED_METHODS) | {"residuals"}
     assert axes["residuals"].get_yscale() == "log"
     fig.savefig(tmp_path / "comparison.png")
     plt.close(fig)

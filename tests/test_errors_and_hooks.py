@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from captum_iglens import LayerIGLens, Readout
-from captum_iglens.architectures import decoder_layers
+from captum_iglens.hf.architectures import decoder_layers
 from tests.helpers import assert_state_unchanged, hook_snapshot, left_padded, state_snapshot
 from tests.tiny_models import VOCAB, tiny_model
 

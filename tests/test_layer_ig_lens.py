@@ -5,8 +5,8 @@ from captum.attr._utils.approximation_methods import SUPPORTED_METHODS
 from torch import nn
 
 from captum_iglens import IGLensResult, LayerIGLens, Readout
-from captum_iglens._utils.estimators import _split_weights
-from captum_iglens.architectures import decoder_layers
+from captum_iglens.attr._utils.estimators import _split_weights
+from captum_iglens.hf.architectures import decoder_layers
 from tests.helpers import block_states, left_padded
 from tests.tiny_models import ARCHITECTURES, VOCAB, tiny_model
 

@@ -19,8 +19,8 @@ from captum.attr import (  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from captum_iglens import IGLensResult, LayerIGLens  # noqa: E402
-from captum_iglens.architectures import decoder_layers  # noqa: E402
-from captum_iglens.llm_attr import LLMLayerAttribution  # noqa: E402
+from captum_iglens.hf.architectures import decoder_layers  # noqa: E402
+from captum_iglens.attr.llm_attr import LLMLayerAttribution  # noqa: E402
 from tests.tiny_models import tiny_model  # noqa: E402
 
 TOL = 1e-6

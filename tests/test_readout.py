@@ -3,8 +3,8 @@ from typing import Dict, List, Tuple
 
 import pytest
 import torch
-from captum_iglens.architectures import (
-    ARCHITECTURE_TABLE,
+from captum_iglens.hf.architectures import (
+    supported_model_types,
     decoder_layers,
     readout_parts,
 )
@@ -242,7 +242,7 @@ def test_unknown_model_type_raises() -> None:
         max_position_embeddings=64,
     )
     model = AutoModelForCausalLM.from_config(config)
-    assert "gpt_neo" not in ARCHITECTURE_TABLE
+    assert "gpt_neo" not in supported_model_types()
     for build in (decoder_layers, readout_parts, Readout.from_model):
         with pytest.raises(ValueError) as info:
             build(model)

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from captum_iglens import LayerIGLens
-from captum_iglens.architectures import decoder_layers
-from captum_iglens.hf import attribute_text, encode_prompt
+from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens import attribute_text
+from captum_iglens.hf import encode_prompt
 from tests.helpers import assert_state_unchanged, hook_snapshot, state_snapshot
 
 pytestmark = pytest.mark.real_model

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from captum_iglens import LayerIGLens
-from captum_iglens._utils.capture import ResidualCapture
-from captum_iglens.architectures import decoder_layers, mid_block_modules
+from captum_iglens.attr._utils.capture import ResidualCapture
+from captum_iglens.hf.architectures import decoder_layers, mid_block_modules
 from tests.helpers import hook_snapshot, left_padded
 from tests.tiny_models import ARCHITECTURES, VOCAB, tiny_model
 

@@ -10,10 +10,17 @@ import pytest
 import torch
 
 from captum_iglens import IGLensResult, LayerIGLens
-from captum_iglens._utils import stats
-from captum_iglens.architectures import decoder_layers
-from captum_iglens.ablation import ablate, mean_updates
-from captum_iglens.validation import METHODS, Fact, load_prompts, run_validation
+from captum_iglens.studies.validation import stats
+from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens.studies.validation.ablation import ablate, mean_updates
+from captum_iglens.studies.validation import (
+    SCORED_METHODS,
+    Fact,
+    StudyOptions,
+    ValidationResult,
+    load_facts,
+    run_validation,
+)
 from tests.helpers import (
     assert_state_unchanged,
     hook_snapshot,
@@ -97,10 +104,10 @@ def test_onset_rule_matches_the_result_onset():
     attributions[0, 1] = 0
     result = IGLensResult(
         attributions=attributions,
-        lens=attributions,
+        lens=torch.full((3, 4, 7), 0.5),
         base_prob=torch.zeros(3, 4),
         model_prob=torch.zeros(3, 4),
-        delta=torch.zeros(3, 4),
+        delta=attributions.sum(-1),
         targets=torch.zeros(3, 4, dtype=torch.long),
         positions=torch.arange(4),
         mask=torch.ones(3, 4, dtype=torch.bool),
@@ -418,7 +425,7 @@ def test_block_read_only_through_later_attention_makes_them_disagree():
 
 
 def test_shipped_prompt_set():
-    facts = load_prompts()
+    facts = load_facts()
     assert len(facts) >= 150
     assert len({f.id for f in facts}) == len(facts)
     assert len({f.relation for f in facts}) >= 6
@@ -437,13 +444,13 @@ def test_answer_check():
     assert Fact("y", "", "text").is_answered_by("anything") is None
 
 
-def test_load_prompts_errors(tmp_path):
+def test_load_facts_errors(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "A"}\n\n{"answer": "b"}\n')
     with pytest.raises(ValueError, match=":3: expected an object"):
-        load_prompts(path)
+        load_facts(path)
     path.write_text('{"prompt": "A", "answer": "b", "aliases": ["c"]}\n')
-    assert load_prompts(path) == [Fact("1", "", "A", "b", ("c",))]
+    assert load_facts(path) == [Fact("1", "", "A", "b", ("c",))]
 
 
 class CharTokenizer:
@@ -473,13 +480,12 @@ def test_runner_end_to_end(llama4, tmp_path):
             CharTokenizer(),
             prompts,
             mode=mode,
-            n_bootstrap=30,
             progress=False,
-            batch_size=2,
-            conductance_prompts=1,
-            conductance_steps=2,
+            study=StudyOptions(
+                n_bootstrap=30, batch_size=2, conductance_prompts=1, conductance_steps=2
+            ),
         )
-        assert result.methods == list(METHODS)
+        assert result.methods == list(SCORED_METHODS)
         assert result.drops.shape == (3, 4) and result.trajectory.shape == (3, 5)
         assert result.correct[2] is None and isinstance(result.correct[0], bool)
         assert result.groups["conductance_subset"].sum() == 1
@@ -495,7 +501,7 @@ def test_runner_end_to_end(llama4, tmp_path):
             np.abs(np.diff(result.trajectory) - result.scores["ig_lens"]).max() <= 1e-5
         )
     table = result.format_table()
-    for method in METHODS:
+    for method in SCORED_METHODS:
         assert method in table
     assert "[conductance_subset]" in table
     path = tmp_path / "v.json"
@@ -503,6 +509,13 @@ def test_runner_end_to_end(llama4, tmp_path):
     data = json.loads(path.read_text())
     json.dumps(data, allow_nan=False)
     assert data["mode"] == "mean" and len(data["tokens"]) == 3
+    loaded = ValidationResult.load(path)
+    assert loaded.format_table() == table
+    for name, scores in result.scores.items():
+        np.testing.assert_allclose(loaded.scores[name], scores, atol=1e-6)
+    np.testing.assert_allclose(loaded.drops, result.drops, atol=1e-6)
+    with pytest.raises(ValueError, match="holds a ValidationResult; expected a IGLensResult"):
+        IGLensResult.load(path)
     fig, axes = result.plot()
     assert {"spearman", "top1", "example 0"} <= set(axes)
     fig.savefig(tmp_path / "v.png")
@@ -516,9 +529,9 @@ def test_real_model_two_prompts(default_model):
     result = run_validation(
         model,
         tokenizer,
-        load_prompts()[:2],
+        load_facts()[:2],
         methods=["ig_lens", "random"],
-        n_bootstrap=20,
+        study=StudyOptions(n_bootstrap=20),
         progress=False,
     )
     assert result.correct == [True, True]

@@ -11,7 +11,8 @@ from captum.attr._utils.interpretable_input import TextTemplateInput, TextTokenI
 from torch import Tensor
 from torch.nn import Module
 
-from captum_iglens.layer_ig_lens import LayerIGLens
+from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.text import encode_answer, generate, teacher_forcing
 
 __all__ = ["LLMLayerAttribution"]
 
@@ -172,12 +173,11 @@ class LLMLayerAttribution(Attribution):
                 )
         prompt = self._prompt_ids(inp)
         target_ids = self._target_ids(prompt, target, gen_args)
-        n_prompt, n_out = prompt.shape[1], target_ids.shape[0]
+        n_prompt = prompt.shape[1]
 
-        ids = torch.cat([prompt, target_ids[None]], dim=1)[:, :-1]
-        positions = torch.arange(n_prompt - 1, n_prompt - 1 + n_out)
+        ids, positions, targets = teacher_forcing(prompt, target_ids)
         result = self.attr_method.attribute_map(
-            ids, target=target_ids[None], positions=positions, **kwargs
+            ids, target=targets, positions=positions, **kwargs
         )
         output_tokens = self._pretty_tokens(target_ids)
         result.tokens = [list(output_tokens)]
@@ -229,10 +229,7 @@ class LLMLayerAttribution(Attribution):
             if gen_args is not None:
                 raise ValueError("gen_args: must be None when a target is given")
             if isinstance(target, str):
-                ids = torch.tensor(
-                    self.tokenizer.encode(target, add_special_tokens=False),
-                    dtype=torch.long,
-                )
+                ids = encode_answer(self.tokenizer, target)
             elif isinstance(target, Tensor):
                 if target.is_floating_point() or target.dtype == torch.bool:
                     raise TypeError(
@@ -267,22 +264,14 @@ class LLMLayerAttribution(Attribution):
                 "text or token ids as target"
             )
         args = dict(DEFAULT_GEN_ARGS, **(gen_args or {}))
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        if pad is None:
-            pad = getattr(self.tokenizer, "eos_token_id", None)
-        if pad is not None:
-            args.setdefault("pad_token_id", pad)
-        with torch.no_grad():
-            out = self.model.generate(  # type: ignore[operator]
-                input_ids=prompt, attention_mask=torch.ones_like(prompt), **args
-            )
-        sequences = getattr(out, "sequences", out)
-        if not isinstance(sequences, Tensor) or sequences.dim() != 2:
-            raise ValueError(
-                "target: model.generate did not return token ids (B, T); got "
-                f"{type(out).__name__}"
-            )
-        return sequences[0, prompt.shape[1] :]
+        (answer,) = generate(
+            self.model,
+            self.tokenizer,
+            [prompt[0]],
+            max_new_tokens=args.pop("max_new_tokens"),
+            gen_args=args,
+        )
+        return answer
 
     def _pretty_tokens(self, ids: Tensor) -> List[str]:
         """Output tokens as text, the way Captum's LLM wrappers present them."""

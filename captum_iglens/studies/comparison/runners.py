@@ -1,5 +1,5 @@
 r"""
-The methods that :func:`captum_iglens.comparison.compare` runs. Each takes the
+The methods that :func:`captum_iglens.studies.compare` runs. Each takes the
 same :class:`Work` (the inputs, positions, targets and blocks IG-Lens got) and
 returns an :class:`Outcome` with a token-by-layer score.
 
@@ -10,7 +10,7 @@ classes, called through :class:`TargetProbability`.
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import captum
 import torch
@@ -18,10 +18,12 @@ from captum.attr import LayerConductance, LayerIntegratedGradients
 from torch import Tensor
 from torch.nn import Module, Sequential
 
-from captum_iglens._utils.capture import ResidualCapture
-from captum_iglens.architectures import position_ids_from_mask
-from captum_iglens.layer_ig_lens import BaselineType, LayerIGLens
+from captum_iglens.attr._utils.capture import ResidualCapture
+from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.architectures import final_norm_kind
+from captum_iglens.hf.forward import causal_lm_logits
 from captum_iglens.readout import LogitDivide, LogitScale, Readout, Softcap
+from captum_iglens.settings import Settings
 
 _UNUSED_IN_GRAPH = "not have been used in the graph"
 
@@ -38,21 +40,26 @@ class Work:
     positions: Tensor  # (P,)
     model_prob: Tensor  # (B, P): the model's own probability of each target
     h0_prob: Tensor  # (B, P): f(h_0)
-    n_steps: int
-    baselines: BaselineType  # IG-Lens's
+    settings: Settings  # IG-Lens's; n_steps and internal_batch_size also Captum's
     baseline_token: int  # the token of Captum's baseline input
-    internal_batch_size: Optional[int]  # Captum's
 
     @property
     def extra(self) -> Optional[Tuple[Tensor]]:
         return None if self.attention_mask is None else (self.attention_mask,)
 
-    def levels(self) -> Tensor:
-        """``(B, P, k + 1)``: ``f(h_0), f(h_{L_1}), ...``, from IG-Lens's own pass."""
+    def levels(self) -> Tuple[Tensor, List[str]]:
+        """``(B, P, k + 1)``: ``f(h_0), f(h_{L_1}), ...``, from IG-Lens's own pass
+        at the settings' granularity, and the names of the ``k`` columns."""
         result = self.lens.attribute_map(
-            self.input_ids, None, self.targets, self.extra, positions=self.positions
+            self.input_ids,
+            None,
+            self.targets,
+            self.extra,
+            positions=self.positions,
+            granularity=self.settings.granularity,
         )
-        return torch.cat([result.base_prob[..., None], result.lens], -1).clone()
+        levels = torch.cat([result.base_prob[..., None], result.lens], -1).clone()
+        return levels, result.layer_names
 
     def stream(self) -> Tensor:
         """One forward: rows ``(B·P, k + 1, d)`` of ``h_0, h_{L_1}, ..., h_{L_k}``."""
@@ -78,6 +85,14 @@ class Work:
         )
 
 
+def default_baseline_token(model: Module) -> Optional[int]:
+    r"""The token of Captum's baseline input when none is given: the config's
+    ``pad_token_id``, else its ``bos_token_id``."""
+    config = getattr(model, "config", None)
+    token = getattr(config, "pad_token_id", None)
+    return getattr(config, "bos_token_id", None) if token is None else token
+
+
 @dataclass
 class Outcome:
     """A method's ``(B, P, k)`` scores, what their sum should be, and ``Δp``."""
@@ -88,6 +103,7 @@ class Outcome:
     unit: str
     note: str
     delta: Optional[Tensor] = None
+    layer_names: Optional[List[str]] = None  # when not the chosen blocks
 
 
 class TargetProbability(Module):
@@ -95,7 +111,7 @@ class TargetProbability(Module):
     ``F`` for Captum: the model's probability of ``target[i]`` at ``position[i]``
     of sequence ``i``, one scalar per sequence, from token ids or from
     ``inputs_embeds``. Position ids count from each sequence's first real token,
-    as in :class:`~captum_iglens.architectures.CausalLMForward`; logits are
+    as in :func:`~captum_iglens.hf.forward.causal_lm_logits`; logits are
     computed at ``position[i]`` only.
 
     Args:
@@ -116,54 +132,64 @@ class TargetProbability(Module):
         position: Tensor,
         target: Tensor,
     ) -> Tensor:
-        position_ids = (
-            None if attention_mask is None else position_ids_from_mask(attention_mask)
-        )
-        logits = self.model(
+        logits = causal_lm_logits(
+            self.model,
             **{self.key: inputs},
             attention_mask=attention_mask,
-            position_ids=position_ids,
             logits_to_keep=position[:, None],
-            use_cache=False,
-        ).logits[:, 0]
+        )[:, 0]
         probs = logits.float().softmax(-1)
         return probs.gather(-1, target[:, None].to(probs.device))[:, 0]
 
 
 def ig_lens(work: Work) -> Outcome:
+    settings = work.settings
     result = work.lens.attribute_map(
         work.input_ids,
-        work.baselines,
-        work.targets,
-        work.extra,
+        target=work.targets,
+        additional_forward_args=work.extra,
         positions=work.positions,
-        n_steps=work.n_steps,
+        **settings.map_kwargs(),
     )
     change = result.model_prob - result.base_prob
-    start = "h_0" if work.baselines is None else f"baselines={work.baselines!r}"
-    note = f"prediction-aware IG of f_y along {start} → h_L1 → … → h_final."
-    return Outcome(result.attributions, change, change, "probability", note)
+    start = "h_0" if settings.baselines is None else f"baselines={settings.baselines!r}"
+    note = (
+        f"{settings.method.replace('_', '-')} IG of f_y along {start} → h_L1 → … → "
+        "h_final."
+    )
+    return Outcome(
+        result.attributions,
+        change,
+        change,
+        "probability",
+        note,
+        layer_names=result.layer_names,
+    )
 
 
 def logit_lens(work: Work) -> Outcome:
-    levels = work.levels()
+    levels, names = work.levels()
     change = levels[..., -1] - levels[..., 0]
     note = "levels f(h_L), not attributions; their sum is set against Δp = p − f(h_0)."
-    return Outcome(levels[..., 1:], change, change, "probability", note)
+    return Outcome(
+        levels[..., 1:], change, change, "probability", note, layer_names=names
+    )
 
 
 def logit_lens_diff(work: Work) -> Outcome:
-    levels = work.levels()
+    levels, names = work.levels()
     change = levels[..., -1] - levels[..., 0]
     note = (
         "first differences f(h_Lj) − f(h_Lj−1), from f(h_0): they telescope, and "
         "are IG-Lens's map when its baseline is h_0."
     )
-    return Outcome(levels.diff(dim=-1), change, change, "probability", note)
+    return Outcome(
+        levels.diff(dim=-1), change, change, "probability", note, layer_names=names
+    )
 
 
 def _frozen_logit(
-    readout: Readout,
+    readout: Readout, norm_kind: str
 ) -> Tuple[Callable[[Tensor, Tensor, Tensor], Tensor], bool]:
     r"""
     ``ℓ̃(x; h_f)[y]``: the target's logit of ``x`` through the readout with the
@@ -173,10 +199,7 @@ def _frozen_logit(
     norm = readout.norm
     parts = list(norm) if isinstance(norm, Sequential) else [norm]
     norm, after = parts[0], parts[1:]
-    kind = type(norm).__name__
-    centered = "LayerNorm" in kind
-    if norm is not None and not (centered or "RMSNorm" in kind):
-        raise ValueError(f"dla: the final norm {kind} is not a LayerNorm or RMSNorm")
+    centered = norm_kind == "layer"
     # OLMo's parameter-free LayerNorm stores no eps; it uses torch's default, 1e-5.
     eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-5))
     post = readout.post
@@ -206,7 +229,7 @@ def _frozen_logit(
 
 
 def dla(work: Work) -> Outcome:
-    logit, skip_post = _frozen_logit(work.lens.readout)
+    logit, skip_post = _frozen_logit(work.lens.readout, final_norm_kind(work.model))
     chunk = work.lens.readout.rows_per_chunk()
     with torch.no_grad():
         points = work.stream()
@@ -253,8 +276,8 @@ def _captum_per_block(work: Work, conductance: bool) -> Outcome:
             rows,
             baselines=baseline,
             additional_forward_args=extra,
-            n_steps=work.n_steps,
-            internal_batch_size=work.internal_batch_size,
+            n_steps=work.settings.n_steps,
+            internal_batch_size=work.settings.internal_batch_size,
             return_convergence_delta=True,
         )
         totals.append(attributions.detach().float().flatten(1).sum(1))
@@ -287,8 +310,8 @@ def layer_integrated_gradients_multilayer(work: Work) -> Outcome:
     kwargs: Dict[str, Any] = dict(
         baselines=torch.full_like(rows, work.baseline_token),
         additional_forward_args=extra,
-        n_steps=work.n_steps,
-        internal_batch_size=work.internal_batch_size,
+        n_steps=work.settings.n_steps,
+        internal_batch_size=work.settings.internal_batch_size,
         return_convergence_delta=True,
     )
     forward = TargetProbability(work.model, embeddings=False)

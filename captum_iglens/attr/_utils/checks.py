@@ -5,17 +5,20 @@ expected, before any hook is registered on the model.
 """
 
 import inspect
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Literal, Optional, Sequence, Tuple, Union
 
 import torch
 from captum._utils.typing import TargetType
 from torch import Tensor
 from torch.nn import Module
 
-from captum_iglens._utils.estimators import METHODS
+from captum_iglens.attr._utils.estimators import ESTIMATORS
 
 BaselineType = Union[None, int, float, Tensor, str]
 PositionsType = Union[None, int, Sequence[int], Tensor]
+Granularity = Literal["block", "sublayer"]
+#: Accepted by ``granularity=``.
+GRANULARITIES: Tuple[str, ...] = ("block", "sublayer")
 
 
 def check_settings(
@@ -24,8 +27,10 @@ def check_settings(
     internal_batch_size: Optional[int],
     attribute_to_layer_input: bool,
 ) -> None:
-    if method not in METHODS:
-        raise ValueError(f"method: expected one of {list(METHODS)}, got {method!r}")
+    if method not in ESTIMATORS:
+        raise ValueError(
+            f"method: expected one of {list(ESTIMATORS)}, got {method!r}"
+        )
     min_steps = 2 if method.startswith("riemann") else 1
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < min_steps:
         raise ValueError(
@@ -33,7 +38,9 @@ def check_settings(
             f"got {n_steps!r}"
         )
     if internal_batch_size is not None and (
-        not isinstance(internal_batch_size, int) or internal_batch_size < 1
+        isinstance(internal_batch_size, bool)
+        or not isinstance(internal_batch_size, int)
+        or internal_batch_size < 1
     ):
         raise ValueError(
             f"internal_batch_size: expected None or an int >= 1, got "
@@ -43,6 +50,13 @@ def check_settings(
         raise ValueError(
             "attribute_to_layer_input: IG-Lens follows the residual stream through "
             "block outputs; pass False (choose earlier blocks in `layer` instead)"
+        )
+
+
+def check_granularity(granularity: str) -> None:
+    if granularity not in GRANULARITIES:
+        raise ValueError(
+            f"granularity: expected one of {list(GRANULARITIES)}, got {granularity!r}"
         )
 
 
@@ -103,6 +117,12 @@ def resolve_targets(
         raise TypeError(
             "target: expected None, an int, a list of B ints, or a LongTensor "
             f"(B,) or (B, P) of token ids; got {type(target).__name__}"
+        )
+    if isinstance(target, list) and any(isinstance(t, tuple) for t in target):
+        raise ValueError(
+            "target: a list of tuples means one output index (position, token) per "
+            "example in Captum; pass the token ids as a (B, P) tensor and the "
+            "positions with positions= instead"
         )
     ids = torch.as_tensor(target)
     if ids.is_floating_point() or ids.dtype == torch.bool:

@@ -15,9 +15,10 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from captum_iglens._utils.capture import _hidden_of
-from captum_iglens.architectures import decoder_layers, position_ids_from_mask
-from captum_iglens.hf import left_pad
+from captum_iglens.attr._utils.capture import hidden_of
+from captum_iglens.hf.architectures import choose_blocks, decoder_layers
+from captum_iglens.hf.forward import causal_lm_logits
+from captum_iglens.hf.text import left_pad
 
 #: Ablation modes accepted by :func:`ablate`.
 MODES: Tuple[str, ...] = ("skip", "mean", "zero-at-position")
@@ -43,32 +44,13 @@ class Ablation:
         return self.clean[..., None] - self.ablated
 
 
-def chosen_blocks(
-    model: Module, layers: Optional[Sequence[int]]
-) -> Tuple[List[Module], List[int]]:
-    """The model's blocks and the sorted chosen indices (the last block always)."""
-    blocks = decoder_layers(model)
-    n = len(blocks)
-    chosen = range(n) if layers is None else layers
-    for index in chosen:
-        if isinstance(index, bool) or not isinstance(index, int) or not -n <= index < n:
-            raise ValueError(
-                f"layers: expected block indices in [-{n}, {n}), got {index!r}"
-            )
-    return blocks, sorted({i % n for i in chosen} | {n - 1})
-
-
 def _probabilities(
     model: Module, ids: Tensor, mask: Tensor, positions: Tensor, targets: Tensor
 ) -> Tensor:
     """``(B, P)``: the model's probability of ``targets`` at ``positions``."""
-    logits = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=position_ids_from_mask(mask),
-        logits_to_keep=positions,
-        use_cache=False,
-    ).logits
+    logits = causal_lm_logits(
+        model, input_ids=ids, attention_mask=mask, logits_to_keep=positions
+    )
     return logits.float().softmax(-1).gather(-1, targets[..., None])[..., 0]
 
 
@@ -117,7 +99,7 @@ def mean_updates(
     """
     if not sequences:
         raise ValueError("sequences: expected at least one reference sequence")
-    blocks, chosen = chosen_blocks(model, layers)
+    blocks, chosen = decoder_layers(model), choose_blocks(model, layers)
     device = next(model.parameters()).device
     sums = [torch.zeros((), dtype=torch.float64, device=device)] * len(chosen)
     counts = torch.zeros(2, dtype=torch.float64, device=device)
@@ -125,7 +107,7 @@ def mean_updates(
 
     def recorder(j: int) -> Callable[..., None]:
         def hook(module: Module, args: Any, kwargs: Any, output: Any) -> None:
-            update = (_hidden_of(output) - _hidden_of(None, args, kwargs)).double()
+            update = (hidden_of(output) - hidden_of(None, args, kwargs)).double()
             sums[j] = sums[j] + torch.einsum(
                 "sbt,btd->sd", batch_in_flight["where"], update
             )
@@ -202,7 +184,7 @@ def ablate(
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
-    blocks, chosen = chosen_blocks(model, layers)
+    blocks, chosen = decoder_layers(model), choose_blocks(model, layers)
     device = next(model.parameters()).device
     ids = input_ids.to(device)
     batch, length = ids.shape
@@ -229,7 +211,7 @@ def ablate(
         def hook(module: Module, args: Any, kwargs: Any, output: Any) -> Any:
             if j not in plan:
                 return None
-            before, after = _hidden_of(None, args, kwargs), _hidden_of(output)
+            before, after = hidden_of(None, args, kwargs), hidden_of(output)
             edited = after.clone()
             for replica, p in plan[j]:
                 rows = slice(replica * batch, (replica + 1) * batch)
@@ -268,5 +250,3 @@ def ablate(
         stacked = stacked.view(k, p, batch, p).diagonal(dim1=1, dim2=3)  # (k, B, P)
     return Ablation(clean=clean.cpu(), ablated=stacked.permute(1, 2, 0).cpu())
 
-
-# -------------------------------------------------------------------------- study

@@ -12,7 +12,7 @@ from torch.utils.hooks import RemovableHandle
 PathPoint = Tuple[Module, bool]
 
 
-def _hidden_of(value: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Tensor:
+def hidden_of(value: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Tensor:
     """The hidden-state tensor among a module's output, or among its inputs."""
     if kwargs is not None:  # inputs: first positional argument or `hidden_states`
         value = args[0] if args else kwargs.get("hidden_states")
@@ -72,7 +72,7 @@ class ResidualCapture:
         self, module: Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]
     ) -> None:
         if self.base is None:
-            self.base = _hidden_of(None, args, kwargs).detach().to(self.device)
+            self.base = hidden_of(None, args, kwargs).detach().to(self.device)
 
     def _record(self, index: int, hidden: Tensor) -> None:
         if index in self.states:
@@ -93,12 +93,12 @@ class ResidualCapture:
         if at_input:
             return module.register_forward_pre_hook(
                 lambda m, args, kwargs: self._record(
-                    index, _hidden_of(None, args, kwargs)
+                    index, hidden_of(None, args, kwargs)
                 ),
                 with_kwargs=True,
             )
         return module.register_forward_hook(
-            lambda m, args, output: self._record(index, _hidden_of(output))
+            lambda m, args, output: self._record(index, hidden_of(output))
         )
 
     def __enter__(self) -> "ResidualCapture":

@@ -12,51 +12,37 @@ batch. Each prompt keeps its own answer rows; the rows of a shorter answer's
 extra positions (prompt or padding) are computed and dropped.
 """
 
+import hashlib
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from tqdm import tqdm
 
-from captum_iglens.hf import encode_prompt, generate_answer, left_pad
-from captum_iglens.layer_ig_lens import LayerIGLens
+from captum_iglens._utils.serialization import plain, write_atomic
+from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.text import (
+    decode_tokens,
+    encode_answer,
+    encode_prompt,
+    generate,
+    left_pad,
+    pad_token_id,
+    positions_span,
+)
 from captum_iglens.result import IGLensResult
+from captum_iglens.settings import Settings, provenance
+from captum_iglens.studies.prompts import check_prompts, prompt_key
 
 #: The merged output of :func:`run_batch`, in ``out_dir``.
 RESULTS = "results.jsonl"
-
-PromptId = Union[str, int]
-
-
-def read_prompts(path: Union[str, Path]) -> List[Dict[str, Any]]:
-    r"""
-    Reads a prompt set: one JSON object per line, ``{"id": ..., "prompt": ...}``
-    with an optional ``"answer"``. Blank lines are skipped.
-
-    Args:
-
-        path (str or Path): The JSON Lines file.
-
-    Returns:
-        *list[dict]*: the prompts, in file order, checked as by :func:`run_batch`.
-    """
-    prompts = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                prompts.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(
-                    f"{path}:{number}: not a JSON object ({err.msg})"
-                ) from None
-    _check_prompts(prompts)
-    return prompts
+#: The settings and model identity of the run that writes ``out_dir``.
+RUN = "run.json"
 
 
 def read_results(path: Union[str, Path]) -> List[Dict[str, Any]]:
@@ -79,7 +65,7 @@ def read_results(path: Union[str, Path]) -> List[Dict[str, Any]]:
 def to_result(record: Dict[str, Any]) -> IGLensResult:
     r"""
     The :class:`~captum_iglens.IGLensResult` (``B = 1``) of one record of
-    :func:`read_results`.
+    :func:`read_results`; an inconsistent record raises ``ValueError``.
     """
     return IGLensResult.from_dict(
         {k: v for k, v in record.items() if k not in ("id", "prompt", "answer")}
@@ -114,11 +100,10 @@ def run_batch(
     prompts: Sequence[Dict[str, Any]],
     out_dir: Union[str, Path],
     *,
+    settings: Optional[Settings] = None,
     batch_size: int = 8,
-    layers: Optional[Sequence[int]] = None,
-    max_new_tokens: int = 32,
-    chat: bool = True,
     progress: bool = True,
+    **options: Any,
 ) -> Path:
     r"""
     Attributes every prompt's answer across layers and writes one JSON line per
@@ -126,7 +111,10 @@ def run_batch(
 
     Resumable: prompts whose ids already have a record in ``out_dir`` (in
     ``results.jsonl`` or a per-process file) are not redone, and an incomplete
-    last line left by an interruption is dropped.
+    last line left by an interruption is dropped. The settings and the model's
+    identity (its name and a checksum of its weights) are recorded in
+    ``out_dir/run.json``; resuming under other settings or another model raises
+    ``ValueError`` before any work, so one folder never mixes runs.
 
     When ``torch.distributed`` is initialised (see :func:`init_distributed`), each
     process takes every ``world_size``-th remaining prompt and writes
@@ -141,50 +129,63 @@ def run_batch(
         tokenizer (PreTrainedTokenizerBase): Its tokenizer.
         prompts (list[dict]): ``{"id": str or int, "prompt": str}``, ids unique,
                     with an optional ``"answer"`` (text) to attribute instead of
-                    a generated one.
+                    a generated one (see :func:`~captum_iglens.studies.read_prompts`).
         out_dir (str or Path): The output folder, created if needed.
+        settings (Settings, optional): Layers, positions, baselines, estimator,
+                    granularity, chat template, generation length, ...
+                    Default: ``Settings()``.
         batch_size (int, optional): Prompts per padded attribution batch.
                     Default: 8.
-        layers (list[int], optional): Block indices on the path; the last block
-                    is always included. Default: all blocks.
-        max_new_tokens (int, optional): Generation length limit. Default: 32.
-        chat (bool, optional): Apply the chat template. Default: True.
         progress (bool, optional): A progress bar on stderr (rank 0 only).
                     Default: True.
+        **options (Any): Fields of :class:`Settings` that override ``settings``.
 
     Returns:
         *Path*: ``out_dir/results.jsonl``. Each line holds ``id``, ``prompt``,
         ``answer`` and the fields of :meth:`IGLensResult.to_dict` for that prompt
-        alone (``B = 1``, ``P`` its answer tokens): ``tokens``, ``layer_names``,
-        ``attributions``, ``lens``, ``base_prob``, ``model_prob``, ``delta``,
-        ``targets``, ``positions`` (in the unpadded sequence), ...; read them
-        with :func:`read_results` and :func:`to_result`. An empty answer (the
-        model stopped at once) gets a record with no positions.
+        alone (``B = 1``, ``P`` its attributed tokens): ``tokens``,
+        ``layer_names``, ``attributions``, ``lens``, ``base_prob``,
+        ``model_prob``, ``delta``, ``targets``, ``positions`` (in the unpadded
+        sequence), ...; read them with :func:`read_results` and
+        :func:`to_result`. An empty answer (the model stopped at once) gets a
+        record with no positions.
     """
-    _check_prompts(prompts)
+    settings = Settings.resolve(settings, options)
+    check_prompts(prompts)
     if (
         isinstance(batch_size, bool)
         or not isinstance(batch_size, int)
         or batch_size < 1
     ):
         raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+    lens = LayerIGLens.from_model(
+        model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+    )
+    lens.segment_names(settings.granularity)  # fails now, not after generation
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out_dir: {out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    run = {**provenance(model, settings), "weights_sha256": weights_checksum(model)}
+    if rank == 0:
+        _claim(out, run)
+    if distributed:
+        dist.barrier()  # rank 0 has checked and written run.json
+        _claim(out, run)
     own = out / (f"results.rank{rank}.jsonl" if distributed else RESULTS)
 
     _drop_incomplete_line(own)
     done = {
-        _key(record["id"])
+        prompt_key(record["id"])
         for path in _result_files(out)
         for record in read_results(path)
     }
     if distributed:
         dist.barrier()  # every process has read the same finished set before any writes
-    todo = [p for p in prompts if _key(p["id"]) not in done][rank::world]
+    todo = [p for p in prompts if prompt_key(p["id"]) not in done][rank::world]
 
-    lens = LayerIGLens.from_model(model, layers)
     bar = tqdm(
         total=len(todo),
         desc="attributing",
@@ -194,9 +195,7 @@ def run_batch(
     with open(own, "a", encoding="utf-8") as handle:
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
-            for record in _attribute_batch(
-                model, tokenizer, lens, batch, max_new_tokens, chat
-            ):
+            for record in _attribute_batch(model, tokenizer, lens, batch, settings):
                 handle.write(json.dumps(record) + "\n")
                 handle.flush()
             bar.update(len(batch))
@@ -211,36 +210,51 @@ def run_batch(
     return out / RESULTS
 
 
+def weights_checksum(model: torch.nn.Module) -> str:
+    r"""SHA-256 of the model's parameters and buffers, in order: the identity of
+    the weights a run used, whatever file they came from."""
+    digest = hashlib.sha256()
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        data = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}:{data.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 # ------------------------------------------------------------------ internals
 
 
-def _check_prompts(prompts: Sequence[Dict[str, Any]]) -> None:
-    seen: Set[str] = set()
-    for index, item in enumerate(prompts):
-        where = f"prompts[{index}]"
-        if not isinstance(item, dict):
-            raise TypeError(
-                f"{where}: expected a dict with 'id' and 'prompt', got {item!r}"
-            )
-        if isinstance(item.get("id"), bool) or not isinstance(
-            item.get("id"), (str, int)
-        ):
+def _claim(out: Path, run: Dict[str, Any]) -> None:
+    """Records ``run`` in ``out/run.json``, or checks it against the one there."""
+    path = out / RUN
+    if not path.exists():
+        if any(f.exists() for f in _result_files(out)):
             raise ValueError(
-                f"{where}: expected an 'id' (str or int), got {item.get('id')!r}"
+                f"out_dir: {out} holds results but no {RUN}, so their settings are "
+                "unknown; choose a new --out folder"
             )
-        if not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
-            raise ValueError(f"{where}: expected a non-empty 'prompt' string")
-        if "answer" in item and not isinstance(item["answer"], str):
-            raise ValueError(f"{where}: 'answer' must be a string")
-        key = _key(item["id"])
-        if key in seen:
-            raise ValueError(f"{where}: duplicate id {item['id']!r}")
-        seen.add(key)
+        write_atomic(path, json.dumps(plain(run), indent=1))
+        return
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise ValueError(f"out_dir: {path} is not valid JSON") from None
+    ours = json.loads(json.dumps(plain(run)))
+    for key in ("settings", "model", "weights_sha256"):
+        if recorded.get(key) != ours[key]:
+            raise ValueError(
+                f"out_dir: {out} was written with other {key.replace('_', ' ')} "
+                f"({_differences(recorded.get(key), ours[key])}); resuming would mix "
+                "results. Rerun with the recorded settings or choose a new --out "
+                "folder"
+            )
 
 
-def _key(prompt_id: PromptId) -> str:
-    """Ids compared as JSON, so that 1 and "1" stay distinct."""
-    return json.dumps(prompt_id)
+def _differences(old: Any, new: Any) -> str:
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        return ", ".join(f"{k}: {old.get(k)!r} then, {new.get(k)!r} now" for k in keys)
+    return f"{str(old)[:16]!r} then, {str(new)[:16]!r} now"
 
 
 def _complete_lines(path: Path) -> Iterator[Tuple[Dict[str, Any], int]]:
@@ -286,30 +300,12 @@ def _merge(out: Path, prompts: Sequence[Dict[str, Any]]) -> None:
     records: Dict[str, Dict[str, Any]] = {}
     for path in files:
         for record in read_results(path):
-            records.setdefault(_key(record["id"]), record)
-    order = {_key(p["id"]): i for i, p in enumerate(prompts)}
+            records.setdefault(prompt_key(record["id"]), record)
+    order = {prompt_key(p["id"]): i for i, p in enumerate(prompts)}
     ranked = sorted(records, key=lambda key: order.get(key, len(order)))
-    partial = out / (RESULTS + ".partial")
-    with open(partial, "w", encoding="utf-8") as handle:
-        for key in ranked:
-            handle.write(json.dumps(records[key]) + "\n")
-    os.replace(partial, out / RESULTS)
+    write_atomic(out / RESULTS, "".join(json.dumps(records[k]) + "\n" for k in ranked))
     for path in files[1:]:
         path.unlink()
-
-
-def _answer_ids(
-    model: Any,
-    tokenizer: Any,
-    prompt_ids: Tensor,
-    item: Dict[str, Any],
-    max_new_tokens: int,
-) -> Tensor:
-    if "answer" in item:
-        return tokenizer(
-            item["answer"], add_special_tokens=False, return_tensors="pt"
-        ).input_ids[0]
-    return generate_answer(model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens)
 
 
 def _attribute_batch(
@@ -317,38 +313,44 @@ def _attribute_batch(
     tokenizer: Any,
     lens: LayerIGLens,
     batch: Sequence[Dict[str, Any]],
-    max_new_tokens: int,
-    chat: bool,
+    settings: Settings,
 ) -> List[Dict[str, Any]]:
     """One record per prompt of ``batch``, in order; one padded attribution pass."""
     prompt_ids = [
-        encode_prompt(tokenizer, item["prompt"], chat=chat)[0] for item in batch
+        encode_prompt(tokenizer, item["prompt"], chat=settings.chat)[0]
+        for item in batch
     ]
-    answers = [
-        _answer_ids(model, tokenizer, ids[None], item, max_new_tokens)
-        for ids, item in zip(prompt_ids, batch)
+    answers: List[Tensor] = [
+        encode_answer(tokenizer, item["answer"]) if "answer" in item else None
+        for item in batch
     ]
-    sequences = [torch.cat([p, a.to(p)]) for p, a in zip(prompt_ids, answers)]
-    to_attribute = [i for i, a in enumerate(answers) if len(a) > 0]
-    results: Dict[int, IGLensResult] = {}
-    if to_attribute:
-        attributed = _attribute_padded(
-            lens,
-            [sequences[i] for i in to_attribute],
-            [len(answers[i]) for i in to_attribute],
-            _pad_id(tokenizer),
+    missing = [i for i, a in enumerate(answers) if a is None]
+    if missing:
+        generated = generate(
+            model,
+            tokenizer,
+            [prompt_ids[i] for i in missing],
+            max_new_tokens=settings.max_new_tokens,
         )
-        results = dict(zip(to_attribute, attributed))
+        for i, answer in zip(missing, generated):
+            answers[i] = answer
+    sequences = [torch.cat([p, a.to(p)]) for p, a in zip(prompt_ids, answers)]
+    spans = [
+        positions_span(len(p), len(s), settings.positions)
+        for p, s in zip(prompt_ids, sequences)
+    ]
+    results = _attribute_padded(
+        lens, sequences, spans, pad_token_id(tokenizer), settings
+    )
     records = []
-    for i, item in enumerate(batch):
-        result = results[i] if i in results else _empty_result(lens)
-        result.tokens = [[tokenizer.decode([t]) for t in result.targets[0].tolist()]]
-        result.metadata = {"chat": chat}
+    for item, answer, result in zip(batch, answers, results):
+        result.tokens = [decode_tokens(tokenizer, result.targets[0].tolist())]
+        result.metadata = {"chat": settings.chat, "positions": settings.positions}
         records.append(
             {
                 "id": item["id"],
                 "prompt": item["prompt"],
-                "answer": tokenizer.decode(answers[i]),
+                "answer": tokenizer.decode(answer),
                 **result.to_dict(),
             }
         )
@@ -356,61 +358,41 @@ def _attribute_batch(
 
 
 def _attribute_padded(
-    lens: LayerIGLens, sequences: List[Tensor], answer_lengths: List[int], pad_id: int
+    lens: LayerIGLens,
+    sequences: List[Tensor],
+    spans: List[Tuple[int, int]],
+    pad_id: int,
+    settings: Settings,
 ) -> List[IGLensResult]:
-    """Each sequence's map of its last ``answer_lengths[i]`` tokens; one batch."""
+    """
+    Each sequence's map of its positions ``[start, end)``, from one padded pass.
+
+    With left padding, sequence ``i`` starts at column ``offset_i``; the pass
+    attributes the union of every sequence's columns, and each sequence keeps
+    its own. A sequence with nothing to attribute gets an empty map.
+    """
     ids, mask = left_pad(sequences, pad_id)
     width = ids.shape[1]
-    longest = max(answer_lengths)
-    positions = torch.arange(width - 1 - longest, width - 1)
+    offsets = [width - len(s) for s in sequences]
+    columns = [(o + a, o + b) for o, (a, b) in zip(offsets, spans)]
+    filled = [(a, b) for a, b in columns if b > a]
+    if not filled:
+        names = lens.segment_names(settings.granularity)
+        empty = IGLensResult.empty(names, settings.method, settings.n_steps)
+        return [empty] * len(sequences)
+    first, last = min(a for a, _ in filled), max(b for _, b in filled)
+    positions = torch.arange(first, last)
     device = next(lens.readout.parameters()).device
-    batch = lens.attribute_map(
+    found = lens.attribute_map(
         ids.to(device),
         target=ids[:, positions + 1].to(device),
         additional_forward_args=(mask.to(device),),
         positions=positions,
+        **settings.map_kwargs(),
     ).to("cpu")
     results = []
-    for row, (sequence, n) in enumerate(zip(sequences, answer_lengths)):
-        keep = slice(longest - n, longest)
-        results.append(
-            IGLensResult(
-                attributions=batch.attributions[row : row + 1, keep],
-                lens=batch.lens[row : row + 1, keep],
-                base_prob=batch.base_prob[row : row + 1, keep],
-                model_prob=batch.model_prob[row : row + 1, keep],
-                delta=batch.delta[row : row + 1, keep],
-                targets=batch.targets[row : row + 1, keep],
-                positions=positions[keep] - (width - len(sequence)),
-                mask=batch.mask[row : row + 1, keep],
-                layer_names=batch.layer_names,
-                method=batch.method,
-                n_steps=batch.n_steps,
-            )
-        )
+    for row, ((a, b), offset) in enumerate(zip(columns, offsets)):
+        keep = torch.arange(a - first, b - first) if b > a else torch.arange(0)
+        result = found.select(batch=[row], positions=keep)
+        results.append(replace(result, positions=result.positions - offset))
     return results
-
-
-def _empty_result(lens: LayerIGLens) -> IGLensResult:
-    """The result of an empty answer: no attributed positions."""
-    k = len(lens.layer_names)
-    return IGLensResult(
-        attributions=torch.zeros(1, 0, k),
-        lens=torch.zeros(1, 0, k),
-        base_prob=torch.zeros(1, 0),
-        model_prob=torch.zeros(1, 0),
-        delta=torch.zeros(1, 0),
-        targets=torch.zeros(1, 0, dtype=torch.long),
-        positions=torch.zeros(0, dtype=torch.long),
-        mask=torch.zeros(1, 0, dtype=torch.bool),
-        layer_names=list(lens.layer_names),
-        method="prediction_aware",
-        n_steps=50,
-    )
-
-
-def _pad_id(tokenizer: Any) -> int:
-    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
-        if candidate is not None:
-            return int(candidate)
-    return 0

@@ -16,32 +16,33 @@ from captum.log import log_usage
 from torch import Tensor
 from torch.nn import Module, ModuleList
 
-from captum_iglens._utils.capture import PathPoint, ResidualCapture
-from captum_iglens.architectures import (
-    CausalLMForward,
-    decoder_layers,
-    mid_block_modules,
-)
-from captum_iglens._utils.estimators import (
-    gradient_attributions,
-    path_values,
-    prediction_aware_attributions,
-)
-from captum_iglens._utils.inputs import (
+from captum_iglens.attr._utils.capture import PathPoint, ResidualCapture
+from captum_iglens.attr._utils.checks import (
     BaselineType,
+    Granularity,
     PositionsType,
     attention_mask_of,
     baseline_states,
     check_baselines,
+    check_granularity,
     check_settings,
     output_logits,
     resolve_positions,
     resolve_targets,
 )
-from captum_iglens.readout import Readout, target_log_prob
+from captum_iglens.attr._utils.estimators import (
+    gradient_attributions,
+    path_values,
+    prediction_aware_attributions,
+)
+from captum_iglens.hf.architectures import (
+    choose_blocks,
+    decoder_layers,
+    mid_block_modules,
+)
+from captum_iglens.hf.forward import CausalLMForward
+from captum_iglens.readout.readout import Readout, target_log_prob
 from captum_iglens.result import IGLensResult
-
-Granularity = Literal["block", "sublayer"]
 
 
 @dataclass
@@ -211,7 +212,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
     ) -> "LayerIGLens":
         r"""
         IG-Lens for a Hugging Face causal language model, from the architecture
-        table (see :func:`captum_iglens.architectures.decoder_layers`).
+        registry (see :func:`captum_iglens.register_architecture`).
 
         Args:
 
@@ -225,21 +226,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
         Returns:
             *LayerIGLens* whose ``forward_func`` is
-            :class:`~captum_iglens.architectures.CausalLMForward` (called with
+            :class:`~captum_iglens.hf.forward.CausalLMForward` (called with
             ``input_ids`` and, optionally, ``attention_mask``), whose ``layer`` is
             a list of blocks, whose layer names are the block indices, and whose
             ``sublayers`` come from the architecture table (None for blocks that
             add attention and MLP in parallel).
         """
         blocks = decoder_layers(model)
-        n = len(blocks)
-        chosen = list(range(n)) if layers is None else list(layers)
-        for index in chosen:
-            if not isinstance(index, int) or not -n <= index < n:
-                raise ValueError(
-                    f"layers: expected block indices in [-{n}, {n}), got {index!r}"
-                )
-        chosen = sorted({i % n for i in chosen} | {n - 1})
+        chosen = choose_blocks(model, layers)
         layer = [blocks[i] for i in chosen]
         return cls(
             CausalLMForward(model),
@@ -249,6 +243,16 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             layer_names=[str(i) for i in chosen],
             sublayers=mid_block_modules(model, layer),
         )
+
+    def segment_names(self, granularity: Granularity = "block") -> List[str]:
+        r"""
+        The names of the credited segments at a granularity: the layer names, or
+        ``"<name>.attn"`` and ``"<name>.mlp"`` per block for ``"sublayer"``.
+
+        Raises:
+            ValueError: If the granularity is unknown or not available.
+        """
+        return self._path_points(granularity)[1]
 
     @classmethod
     def get_name(cls) -> str:
@@ -607,12 +611,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         self, granularity: Granularity
     ) -> Tuple[List[PathPoint], List[str]]:
         """The hooked modules of the path, and a name for each segment's credit."""
+        check_granularity(granularity)
         if granularity == "block":
             return [(m, False) for m in self.layers], list(self.layer_names)
-        if granularity != "sublayer":
-            raise ValueError(
-                f"granularity: expected 'block' or 'sublayer', got {granularity!r}"
-            )
         if self.sublayers is None:
             raise ValueError(
                 "granularity: 'sublayer' needs the module in front of each block's MLP "

@@ -1,4 +1,4 @@
-r"""The readout ``R(h) = post(head(norm(h)))`` of a causal LM, and its final transforms.
+r"""The readout ``R(h) = post(head(norm(h)))`` of a causal LM.
 
 :class:`Readout` applies to one hidden vector exactly what the model applies
 between its last block and its logits. It holds references to the model's own
@@ -12,72 +12,7 @@ from typing import List, Optional
 import torch
 from torch import nn, Tensor
 
-
-class Softcap(nn.Module):
-    r"""Final-logit softcapping, ``cap * tanh(logits / cap)`` (Gemma 2 and 3).
-
-    The operations are those of the model's forward, in the same order, so the
-    result is bit-identical to the model's logits.
-
-    Args:
-        cap (float): The softcapping value, ``config.final_logit_softcapping``.
-                    Must be positive.
-    """
-
-    def __init__(self, cap: float) -> None:
-        super().__init__()
-        if not cap > 0:
-            raise ValueError(f"cap must be positive, got {cap!r}")
-        self.cap = cap
-
-    def forward(self, logits: Tensor) -> Tensor:
-        return torch.tanh(logits / self.cap) * self.cap
-
-    def extra_repr(self) -> str:
-        return f"cap={self.cap}"
-
-
-class LogitScale(nn.Module):
-    r"""Multiplies the logits by a constant, ``logits * factor`` (Cohere).
-
-    Args:
-        factor (float): The multiplier, e.g. Cohere's ``config.logit_scale``.
-    """
-
-    def __init__(self, factor: float) -> None:
-        super().__init__()
-        self.factor = factor
-
-    def forward(self, logits: Tensor) -> Tensor:
-        return logits * self.factor
-
-    def extra_repr(self) -> str:
-        return f"factor={self.factor}"
-
-
-class LogitDivide(nn.Module):
-    r"""Divides the logits by a constant, ``logits / divisor`` (Granite).
-
-    Kept apart from :class:`LogitScale` because ``x / s`` and ``x * (1 / s)``
-    can differ in the last bit, and the readout must reproduce the model's
-    logits exactly.
-
-    Args:
-        divisor (float): The divisor, e.g. Granite's ``config.logits_scaling``.
-                    Must be nonzero.
-    """
-
-    def __init__(self, divisor: float) -> None:
-        super().__init__()
-        if divisor == 0:
-            raise ValueError("divisor must be nonzero")
-        self.divisor = divisor
-
-    def forward(self, logits: Tensor) -> Tensor:
-        return logits / self.divisor
-
-    def extra_repr(self) -> str:
-        return f"divisor={self.divisor}"
+from captum_iglens.hf.architectures import readout_parts
 
 
 class Readout(nn.Module):
@@ -156,7 +91,7 @@ class Readout(nn.Module):
     ) -> "Readout":
         r"""Builds the readout of a supported Hugging Face causal LM.
 
-        The modules come from :func:`captum_iglens.architectures.readout_parts`.
+        The modules come from :func:`captum_iglens.hf.architectures.readout_parts`.
 
         Args:
             model (nn.Module): A ``*ForCausalLM`` model whose
@@ -172,9 +107,6 @@ class Readout(nn.Module):
             ValueError: If the architecture is not supported; then build
                 ``Readout(head=..., norm=..., post=...)`` by hand.
         """
-        # Imported here: architectures imports the transforms defined above.
-        from captum_iglens.architectures import readout_parts
-
         norm, head, post = readout_parts(model)
         return cls(head, norm, post, max_chunk_bytes=max_chunk_bytes)
 

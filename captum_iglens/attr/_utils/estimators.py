@@ -17,10 +17,10 @@ from captum.attr._utils.approximation_methods import (
 )
 from torch import Tensor
 
-from captum_iglens.readout import Readout
+from captum_iglens.readout.readout import Readout
 
 #: Estimators accepted by ``method=``: ours first, then Captum's rules.
-METHODS: Tuple[str, ...] = ("prediction_aware", *SUPPORTED_METHODS)
+ESTIMATORS: Tuple[str, ...] = ("prediction_aware", *SUPPORTED_METHODS)
 
 
 def _chunks(total: int, size: int) -> Iterator[slice]:

@@ -1,21 +1,25 @@
 r"""Where the decoder blocks and the readout live in Hugging Face causal LMs.
 
-One explicit table, keyed by ``model.config.model_type``, says for each supported
-architecture where the decoder blocks are, which modules sit between the last
-block and the head (the final norm, plus any output projection), where the head
-is, and which transform the model applies to the head's output (final-logit
-softcapping, logit scaling). Each entry was read from the architecture's
-``modeling_<name>.py`` in transformers. An architecture that is not in the table
-raises :class:`ValueError`; nothing is guessed.
+One explicit registry, keyed by ``model.config.model_type``, says for each
+supported architecture where the decoder blocks are, which modules sit between
+the last block and the head (the final norm, plus any output projection), what
+kind of norm that is, where the head is, and which transform the model applies
+to the head's output (final-logit softcapping, logit scaling). Each built-in
+entry was read from the architecture's ``modeling_<name>.py`` in transformers;
+users add their own with :func:`register_architecture`. An architecture that is
+not registered raises :class:`ValueError`; nothing is guessed.
 """
 
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, Callable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from torch import Tensor, nn
+from torch import nn
 
-from captum_iglens.readout import LogitDivide, LogitScale, Softcap
+from captum_iglens.readout.transforms import LogitDivide, LogitScale, Softcap
+
+#: Kinds of final norm: ``"rms"`` scales only, ``"layer"`` also centres,
+#: ``"none"`` where the model applies no final norm.
+NORM_KINDS: Tuple[str, ...] = ("rms", "layer", "none")
 
 _MISSING = object()
 
@@ -45,6 +49,9 @@ class Architecture:
                     ``h + attn(...)`` (the stream after attention, before the
                     MLP), or ``None`` where the block adds attention and MLP in
                     parallel and no such state exists. Default: none.
+        norm_kind (str): One of :data:`NORM_KINDS`: ``"rms"`` or ``"layer"``
+                    (the final norm also subtracts the mean). Read by DLA, which
+                    freezes the norm's scale. Default: ``"rms"``.
     """
 
     layers: str
@@ -52,6 +59,29 @@ class Architecture:
     head: Tuple[str, ...] = ("lm_head",)
     post: Callable[[nn.Module], Optional[nn.Module]] = _no_post
     mid: Callable[[Any], Optional[str]] = lambda config: None
+    norm_kind: str = "rms"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layers, str) or not self.layers:
+            raise ValueError(f"layers: expected a dotted path, got {self.layers!r}")
+        for name in ("norm", "head"):
+            paths = getattr(self, name)
+            if not isinstance(paths, tuple) or not all(
+                isinstance(p, str) and p for p in paths
+            ):
+                raise ValueError(
+                    f"{name}: expected a tuple of dotted paths, got {paths!r}"
+                )
+        if not self.head:
+            raise ValueError("head: expected at least one dotted path")
+        for name in ("post", "mid"):
+            if not callable(getattr(self, name)):
+                raise TypeError(f"{name}: expected a callable")
+        if self.norm_kind not in NORM_KINDS:
+            raise ValueError(
+                f"norm_kind: expected one of {list(NORM_KINDS)}, got "
+                f"{self.norm_kind!r}"
+            )
 
 
 def _mid(path: str, *, parallel_if: Callable[[Any], bool] = lambda c: False):
@@ -84,8 +114,9 @@ _GEMMA2_LIKE = Architecture(
     mid=_mid("pre_feedforward_layernorm"),
 )
 
-ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
-    {
+_LAYER_NORM = dict(norm_kind="layer")
+
+_REGISTRY: Dict[str, Architecture] = {
         "llama": _LLAMA_LIKE,
         "mistral": _LLAMA_LIKE,
         "qwen2": _LLAMA_LIKE,
@@ -94,12 +125,14 @@ ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
         "gemma2": _GEMMA2_LIKE,
         "gemma3_text": _GEMMA2_LIKE,
         "gpt2": Architecture(
+            **_LAYER_NORM,
             layers="transformer.h",
             norm=("transformer.ln_f",),
             mid=_mid("ln_2", parallel_if=lambda c: c.add_cross_attention),
         ),
         # transformers 5 renamed GPT-NeoX's head from ``embed_out`` to ``lm_head``.
         "gpt_neox": Architecture(
+            **_LAYER_NORM,
             layers="gpt_neox.layers",
             norm=("gpt_neox.final_layer_norm",),
             head=("lm_head", "embed_out"),
@@ -108,8 +141,11 @@ ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
                 parallel_if=lambda c: c.use_parallel_residual,
             ),
         ),
-        "gptj": Architecture(layers="transformer.h", norm=("transformer.ln_f",)),
+        "gptj": Architecture(
+            layers="transformer.h", norm=("transformer.ln_f",), **_LAYER_NORM
+        ),
         "opt": Architecture(
+            **_LAYER_NORM,
             layers="model.decoder.layers",
             norm=("model.decoder.final_layer_norm", "model.decoder.project_out"),
             # Post-norm OPT normalises the stream after attention: no plain h_mid.
@@ -117,9 +153,12 @@ ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
                 "final_layer_norm", parallel_if=lambda c: not c.do_layer_norm_before
             ),
         ),
-        "phi": Architecture(layers="model.layers", norm=("model.final_layernorm",)),
+        "phi": Architecture(
+            layers="model.layers", norm=("model.final_layernorm",), **_LAYER_NORM
+        ),
         "phi3": _LLAMA_LIKE,
         "falcon": Architecture(
+            **_LAYER_NORM,
             layers="transformer.h",
             norm=("transformer.ln_f",),
             mid=_mid(
@@ -128,6 +167,7 @@ ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
             ),
         ),
         "bloom": Architecture(
+            **_LAYER_NORM,
             layers="transformer.h",
             norm=("transformer.ln_f",),
             # With the residual taken after the norm, the stream is not h + attn.
@@ -137,6 +177,7 @@ ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
             ),
         ),
         "stablelm": Architecture(
+            **_LAYER_NORM,
             layers="model.layers",
             norm=("model.norm",),
             mid=_mid(
@@ -145,6 +186,7 @@ ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
             ),
         ),
         "cohere": Architecture(
+            **_LAYER_NORM,
             layers="model.layers", norm=("model.norm",), post=_cohere_logit_scale
         ),
         "granite": Architecture(
@@ -153,29 +195,133 @@ ARCHITECTURE_TABLE: Mapping[str, Architecture] = MappingProxyType(
             post=_granite_logits_scaling,
             mid=_POST_ATTENTION_NORM,
         ),
-        "olmo": _LLAMA_LIKE,
+        # OLMo's final norm is a parameter-free LayerNorm.
+        "olmo": Architecture(
+            layers="model.layers",
+            norm=("model.norm",),
+            mid=_POST_ATTENTION_NORM,
+            **_LAYER_NORM,
+        ),
         # OLMo2 normalises the attention output before adding it; the MLP reads
         # the stream itself.
         "olmo2": Architecture(
             layers="model.layers", norm=("model.norm",), mid=_mid("mlp")
         ),
-    }
-)
-r"""The supported architectures, keyed by ``model.config.model_type``."""
+}
 
 
-def _architecture(model: nn.Module) -> Architecture:
+def register_architecture(
+    model_type: str,
+    *,
+    layers: str,
+    norm: Sequence[str],
+    head: Sequence[str] = ("lm_head",),
+    post: Callable[[nn.Module], Optional[nn.Module]] = _no_post,
+    mid: Optional[str] = None,
+    norm_kind: str = "rms",
+    replace: bool = False,
+) -> Architecture:
+    r"""
+    Adds a model type to the registry, so that :meth:`LayerIGLens.from_model`,
+    :meth:`Readout.from_model` and everything built on them support it.
+
+    Nothing registered is trusted blindly: every IG-Lens call checks that the
+    readout of the last block reproduces the model's own logits, and raises
+    otherwise.
+
+    Args:
+
+        model_type (str): The ``config.model_type`` of the model.
+        layers (str): Dotted path of the ``nn.ModuleList`` of decoder blocks,
+                    e.g. ``"model.layers"``.
+        norm (list[str]): Dotted paths of what the model applies, in order,
+                    between its last block and its head (final norm, output
+                    projection); empty if nothing.
+        head (list[str], optional): Accepted dotted paths of the head.
+                    Default: ``("lm_head",)``.
+        post (Callable, optional): Builds the transform of the head's output
+                    from the model (e.g. ``lambda m: Softcap(30.0)``), or returns
+                    None. Default: no transform.
+        mid (str, optional): Path, inside each block, of the module whose input
+                    is the mid-block state ``h + attn(...)`` (needed for
+                    ``granularity="sublayer"``), e.g.
+                    ``"post_attention_layernorm"``. Default: None (no split).
+        norm_kind (str, optional): ``"rms"``, ``"layer"`` or ``"none"``.
+                    Default: ``"rms"``.
+        replace (bool, optional): Allow replacing an existing entry.
+                    Default: False.
+
+    Returns:
+        *Architecture*: the registered entry.
+
+    Examples::
+
+        >>> register_architecture(
+        ...     "my_llama", layers="model.layers", norm=("model.norm",),
+        ...     mid="post_attention_layernorm")
+        >>> lens = LayerIGLens.from_model(my_model)
+    """
+    if not isinstance(model_type, str) or not model_type:
+        raise ValueError(f"model_type: expected a non-empty string, got {model_type!r}")
+    if model_type in _REGISTRY and not replace:
+        raise ValueError(
+            f"model_type: {model_type!r} is already registered; pass replace=True "
+            "to replace it"
+        )
+    if mid is not None and (not isinstance(mid, str) or not mid):
+        raise ValueError(f"mid: expected a dotted path or None, got {mid!r}")
+    entry = Architecture(
+        layers=layers,
+        norm=tuple(norm),
+        head=tuple(head),
+        post=post,
+        mid=_mid(mid) if mid is not None else (lambda config: None),
+        norm_kind=norm_kind,
+    )
+    _REGISTRY[model_type] = entry
+    return entry
+
+
+def unregister_architecture(model_type: str) -> None:
+    r"""Removes a model type added with :func:`register_architecture`.
+
+    Args:
+
+        model_type (str): A registered ``config.model_type``.
+    """
+    if model_type not in _REGISTRY:
+        raise ValueError(f"model_type: {model_type!r} is not registered")
+    del _REGISTRY[model_type]
+
+
+def supported_model_types() -> List[str]:
+    r"""The registered model types, sorted."""
+    return sorted(_REGISTRY)
+
+
+def architecture(model: nn.Module) -> Architecture:
+    r"""The registry entry of a model, keyed by ``model.config.model_type``.
+
+    Raises:
+        ValueError: If the model type is not registered; the message says how to
+            register it.
+    """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in ARCHITECTURE_TABLE:
+    if model_type not in _REGISTRY:
         raise ValueError(
             f"{type(model).__name__} (model_type={model_type!r}) is not a supported "
-            f"architecture; supported model types: "
-            f"{', '.join(sorted(ARCHITECTURE_TABLE))}. Build the readout by hand, "
-            "Readout(head=..., norm=..., post=...), with the exact modules the "
-            "model applies after its last block, and pass layer= explicitly."
+            f"architecture; supported model types: {', '.join(supported_model_types())}. "
+            "Register it with captum_iglens.register_architecture("
+            f"{model_type!r}, layers=..., norm=(...,)), or build "
+            "Readout(head=..., norm=..., post=...) by hand and pass layer= explicitly."
         )
-    return ARCHITECTURE_TABLE[model_type]
+    return _REGISTRY[model_type]
+
+
+def final_norm_kind(model: nn.Module) -> str:
+    r"""The kind of the model's final norm, one of :data:`NORM_KINDS`."""
+    return architecture(model).norm_kind
 
 
 def _lookup(model: nn.Module, path: str) -> object:
@@ -205,7 +351,7 @@ def decoder_layers(model: nn.Module) -> List[nn.Module]:
 
     Args:
         model (nn.Module): A ``*ForCausalLM`` model whose ``config.model_type``
-                    is in :data:`ARCHITECTURE_TABLE`.
+                    is registered.
 
     Returns:
         **layers** (list of nn.Module):
@@ -216,7 +362,34 @@ def decoder_layers(model: nn.Module) -> List[nn.Module]:
         ValueError: If the model type is not supported or the model lacks the
             attribute the table names.
     """
-    return list(_resolve(model, _architecture(model).layers))
+    return list(_resolve(model, architecture(model).layers))
+
+
+def choose_blocks(model: nn.Module, layers: Optional[Sequence[int]]) -> List[int]:
+    r"""The one rule for choosing decoder blocks: sorted, unique indices, with the
+    last block always included.
+
+    Args:
+        model (nn.Module): A model of a registered architecture.
+        layers (list[int], optional): Block indices (negative ones count from the
+                    end); booleans are refused. Default: all blocks.
+
+    Returns:
+        *list[int]*: the chosen block indices, in ``[0, n)``, ending with ``n - 1``.
+    """
+    n = len(decoder_layers(model))
+    if layers is None:
+        return list(range(n))
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+        raise TypeError(
+            f"layers: expected a list of block indices, got {type(layers).__name__}"
+        )
+    for index in layers:
+        if isinstance(index, bool) or not isinstance(index, int) or not -n <= index < n:
+            raise ValueError(
+                f"layers: expected block indices in [-{n}, {n}), got {index!r}"
+            )
+    return sorted({i % n for i in layers} | {n - 1})
 
 
 def mid_block_modules(
@@ -230,7 +403,7 @@ def mid_block_modules(
 
     Args:
         model (nn.Module): A ``*ForCausalLM`` model whose ``config.model_type``
-                    is in :data:`ARCHITECTURE_TABLE`.
+                    is registered.
         blocks (list of nn.Module): Decoder blocks of ``model``.
 
     Returns:
@@ -241,7 +414,7 @@ def mid_block_modules(
             with ``use_parallel_residual``, post-norm OPT, Bloom with the residual
             after the norm.
     """
-    path = _architecture(model).mid(model.config)
+    path = architecture(model).mid(model.config)
     if path is None:
         return None
     modules = [_lookup(block, path) for block in blocks]
@@ -266,7 +439,7 @@ def readout_parts(
 
     Args:
         model (nn.Module): A ``*ForCausalLM`` model whose ``config.model_type``
-                    is in :data:`ARCHITECTURE_TABLE`.
+                    is registered.
 
     Returns:
         3-element tuple of **norm**, **head**, **post**:
@@ -283,7 +456,7 @@ def readout_parts(
         ValueError: If the model type is not supported or the model lacks an
             attribute the table names.
     """
-    arch = _architecture(model)
+    arch = architecture(model)
     norms = [m for m in (_resolve(model, p) for p in arch.norm) if m is not None]
     if not norms:
         norm = None
@@ -301,47 +474,3 @@ def readout_parts(
             "explicitly."
         )
     return norm, _resolve(model, heads[0]), arch.post(model)
-
-
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    r"""Position ids counted from each sequence's first real token, as ``generate``
-    counts them, so that a left-padded sequence is read as if it were alone.
-
-    Args:
-        attention_mask (Tensor): ``(B, T)``, ones at real tokens.
-
-    Returns:
-        **position_ids** (Tensor): ``(B, T)`` long; 0 at the padding.
-    """
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-class CausalLMForward(nn.Module):
-    r"""
-    Calls a Hugging Face causal LM the way Captum calls a forward function:
-    positionally, ``(input_ids, attention_mask=None)``, returning logits
-    ``(B, T, V)``. With an attention mask, position ids are counted from each
-    sequence's first real token, as ``generate`` does, so a left-padded sequence
-    gets the same logits as the same sequence alone.
-
-    Args:
-
-        model (transformers.PreTrainedModel): The causal LM.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self, input_ids: Tensor, attention_mask: Optional[Tensor] = None
-    ) -> Tensor:
-        position_ids = (
-            None if attention_mask is None else position_ids_from_mask(attention_mask)
-        )
-        return self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-        ).logits

@@ -1,0 +1,109 @@
+r"""
+IG-Lens on text with a Hugging Face causal LM: the map of a model's answer to a
+prompt, with the tokens attached.
+"""
+
+from typing import Any, Optional, Union
+
+from torch import Tensor
+
+from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.text import (
+    decode_tokens,
+    encode_answer,
+    encode_prompt,
+    generate,
+    teacher_forcing,
+)
+from captum_iglens.result import IGLensResult
+from captum_iglens.settings import Settings, provenance
+
+
+def attribute_text(
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    *,
+    answer: Optional[Union[str, Tensor]] = None,
+    settings: Optional[Settings] = None,
+    lens: Optional[LayerIGLens] = None,
+    progress: bool = False,
+    **options: Any,
+) -> IGLensResult:
+    r"""
+    The IG-Lens map of a model's answer to a prompt, with token strings attached.
+
+    The prompt is encoded (with the chat template unless ``chat=False``) and the
+    answer is generated greedily unless given. Every attributed position ``t`` is
+    credited for the token that actually follows it in ``prompt + answer``
+    (teacher forcing), which for a greedy answer is also the model's own
+    prediction.
+
+    Args:
+
+        model (PreTrainedModel): A causal LM of a supported architecture.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
+        prompt (str): The user's text.
+        answer (str or Tensor, optional): A precomputed answer to attribute
+                    instead of generating one: text, or token ids ``(n,)`` (ids
+                    avoid re-tokenising a generated answer). Default: None
+        settings (Settings, optional): Layers, positions, baselines, estimator,
+                    granularity, chat template, generation length, ...
+                    Default: ``Settings()``.
+        lens (LayerIGLens, optional): The lens to use, e.g. one built by hand for
+                    a model outside the registry; its ``forward_func`` must take
+                    ``(input_ids)``. Then ``settings.layers`` must be None.
+                    Default: ``LayerIGLens.from_model(model, settings.layers)``.
+        progress (bool, optional): Progress bar for generation. Default: False.
+        **options (Any): Fields of :class:`Settings` that override ``settings``,
+                    e.g. ``layers=[0, 10]`` or ``method="riemann_trapezoid"``.
+
+    Returns:
+        :class:`~captum_iglens.IGLensResult` for one sequence (``B = 1``), with
+        ``tokens`` (the attributed tokens as text) and ``metadata`` (prompt,
+        answer, settings, model, package versions).
+    """
+    settings = Settings.resolve(settings, options)
+    if lens is not None and settings.layers is not None:
+        raise ValueError("layers: pass either layers or lens, not both")
+    prompt_ids = encode_prompt(tokenizer, prompt, chat=settings.chat)
+    if answer is None:
+        (answer_ids,) = generate(
+            model,
+            tokenizer,
+            [prompt_ids],
+            max_new_tokens=settings.max_new_tokens,
+            progress=progress,
+        )
+    elif isinstance(answer, str):
+        answer_ids = encode_answer(tokenizer, answer)
+    else:
+        answer_ids = answer
+    ids, pos, targets = teacher_forcing(prompt_ids, answer_ids, settings.positions)
+    if pos.numel() == 0:
+        raise ValueError(
+            f"positions: nothing to attribute for positions={settings.positions!r} "
+            + (
+                "(the answer is empty)"
+                if settings.positions == "answer"
+                else "(the prompt has one token)"
+            )
+        )
+    if lens is None:
+        lens = LayerIGLens.from_model(
+            model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+        )
+    device = next(model.parameters()).device
+    result = lens.attribute_map(
+        ids.to(device),
+        target=targets.to(device),
+        positions=pos,
+        **settings.map_kwargs(),
+    )
+    result.tokens = [decode_tokens(tokenizer, targets[0].tolist())]
+    result.metadata = {
+        "prompt": prompt,
+        "answer": tokenizer.decode(answer_ids),
+        **provenance(model, settings),
+    }
+    return result.to("cpu")

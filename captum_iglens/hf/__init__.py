@@ -1,0 +1,48 @@
+r"""Hugging Face causal LMs: the architecture registry, the model forward, text in
+and out, and the embedded models. Nothing here imports the attribution."""
+
+from captum_iglens.hf.architectures import (
+    Architecture,
+    choose_blocks,
+    decoder_layers,
+    mid_block_modules,
+    readout_parts,
+    register_architecture,
+    supported_model_types,
+    unregister_architecture,
+)
+from captum_iglens.hf.forward import (
+    CausalLMForward,
+    causal_lm_logits,
+    position_ids_from_mask,
+)
+from captum_iglens.hf.text import (
+    encode_answer,
+    encode_prompt,
+    generate,
+    left_pad,
+    pad_token_id,
+    stop_token_ids,
+    teacher_forcing,
+)
+
+__all__ = [
+    "Architecture",
+    "CausalLMForward",
+    "causal_lm_logits",
+    "choose_blocks",
+    "decoder_layers",
+    "encode_answer",
+    "encode_prompt",
+    "generate",
+    "left_pad",
+    "mid_block_modules",
+    "pad_token_id",
+    "position_ids_from_mask",
+    "readout_parts",
+    "register_architecture",
+    "stop_token_ids",
+    "supported_model_types",
+    "teacher_forcing",
+    "unregister_architecture",
+]

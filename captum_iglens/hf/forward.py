@@ -1,0 +1,87 @@
+r"""The one way this package runs a Hugging Face causal LM: position ids counted
+from each sequence's first real token (as ``generate`` counts them), no cache, and
+logits kept only where they are needed."""
+
+from typing import Any, Dict, Optional, Union
+
+from torch import Tensor, nn
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    r"""Position ids counted from each sequence's first real token, as ``generate``
+    counts them, so that a left-padded sequence is read as if it were alone.
+
+    Args:
+        attention_mask (Tensor): ``(B, T)``, ones at real tokens.
+
+    Returns:
+        **position_ids** (Tensor): ``(B, T)`` long; 0 at the padding.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def causal_lm_logits(
+    model: nn.Module,
+    *,
+    input_ids: Optional[Tensor] = None,
+    inputs_embeds: Optional[Tensor] = None,
+    attention_mask: Optional[Tensor] = None,
+    logits_to_keep: Optional[Union[int, Tensor]] = None,
+) -> Tensor:
+    r"""
+    The logits of a causal LM, with position ids from the mask.
+
+    Args:
+
+        model (PreTrainedModel): The causal LM.
+        input_ids (Tensor, optional): ``(B, T)`` token ids.
+        inputs_embeds (Tensor, optional): ``(B, T, d)`` instead of ids.
+        attention_mask (Tensor, optional): ``(B, T)``, zeros at (left) padding.
+                    Default: None (no padding).
+        logits_to_keep (int or Tensor, optional): As in transformers: a tensor
+                    of position indices keeps the logits at those only.
+                    Default: None (every position).
+
+    Returns:
+        *Tensor*: logits ``(B, T', V)`` in the model's dtype.
+    """
+    position_ids = (
+        None if attention_mask is None else position_ids_from_mask(attention_mask)
+    )
+    inputs: Dict[str, Any] = (
+        {"input_ids": input_ids}
+        if inputs_embeds is None
+        else {"inputs_embeds": inputs_embeds}
+    )
+    if logits_to_keep is not None:
+        inputs["logits_to_keep"] = logits_to_keep
+    return model(
+        **inputs,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    ).logits
+
+
+class CausalLMForward(nn.Module):
+    r"""
+    Calls a Hugging Face causal LM the way Captum calls a forward function:
+    positionally, ``(input_ids, attention_mask=None)``, returning logits
+    ``(B, T, V)`` (see :func:`causal_lm_logits`), so a left-padded sequence gets
+    the same logits as the same sequence alone.
+
+    Args:
+
+        model (transformers.PreTrainedModel): The causal LM.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Optional[Tensor] = None
+    ) -> Tensor:
+        return causal_lm_logits(
+            self.model, input_ids=input_ids, attention_mask=attention_mask
+        )

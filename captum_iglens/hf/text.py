@@ -1,0 +1,231 @@
+r"""
+Text in and out of a Hugging Face causal LM, written once for every entry point:
+prompt encoding (with or without the chat template), one pad and stop policy, left
+padding, batched greedy generation and teacher forcing.
+"""
+
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+from transformers.generation.streamers import BaseStreamer
+
+#: Which tokens of ``prompt + answer`` are attributed.
+Positions = Literal["answer", "prompt", "all"]
+POSITIONS: Tuple[str, ...] = ("answer", "prompt", "all")
+
+# End-of-turn markers of common chat templates; generation stops at any that exist.
+_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
+
+
+def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> Tensor:
+    r"""
+    Token ids of a prompt, with the tokenizer's chat template when it has one.
+
+    Args:
+
+        tokenizer (PreTrainedTokenizerBase): The model's tokenizer.
+        prompt (str): The user's text; must not be empty.
+        chat (bool, optional): Apply the chat template (a user turn followed by
+                    the assistant's header) when the tokenizer has one.
+                    Default: True.
+
+    Returns:
+        *Tensor* of shape ``(1, T)``: the prompt's token ids.
+    """
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("prompt: expected a non-empty string")
+    if chat and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    return tokenizer(prompt, return_tensors="pt").input_ids
+
+
+def encode_answer(tokenizer: Any, answer: str) -> Tensor:
+    r"""
+    Token ids ``(n,)`` of an answer that continues a prompt (no special tokens).
+    """
+    if not isinstance(answer, str):
+        raise TypeError(f"answer: expected a string, got {type(answer).__name__}")
+    ids = tokenizer.encode(answer, add_special_tokens=False)
+    return torch.tensor(ids, dtype=torch.long).reshape(-1)
+
+
+def decode_tokens(tokenizer: Any, ids: Sequence[int]) -> List[str]:
+    r"""Each token id as its own text."""
+    return [tokenizer.decode([int(i)]) for i in ids]
+
+
+def stop_token_ids(tokenizer: Any) -> List[int]:
+    """The end-of-sequence and end-of-turn token ids the tokenizer knows (a
+    tokenizer without ``get_vocab``, as Captum's ``TokenizerLike`` allows, has
+    only its ``eos_token_id``)."""
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    vocab = get_vocab() if callable(get_vocab) else {}
+    ids = {vocab[token] for token in _END_OF_TURN if token in vocab}
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None:
+        ids.add(eos)
+    return sorted(ids)
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    r"""
+    The id used for padding: the tokenizer's pad token, else its end-of-sequence
+    token, else its first stop token, else 0. Padding is always masked, so the
+    choice never changes a result.
+    """
+    for name in ("pad_token_id", "eos_token_id"):
+        candidate = getattr(tokenizer, name, None)
+        if candidate is not None:
+            return int(candidate)
+    stops = stop_token_ids(tokenizer)
+    return stops[0] if stops else 0
+
+
+def left_pad(sequences: Sequence[Tensor], pad_id: int) -> Tuple[Tensor, Tensor]:
+    r"""
+    Stack 1-D token-id tensors into a left-padded batch.
+
+    Returns:
+        2-element tuple of **ids** ``(B, T)`` and **attention_mask** ``(B, T)``.
+    """
+    if not sequences:
+        raise ValueError("sequences: expected at least one sequence")
+    length = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), length, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, length - len(seq) :] = seq
+        mask[row, length - len(seq) :] = 1
+    return ids, mask
+
+
+class _Progress(BaseStreamer):
+    """Advances a progress bar once per generated token."""
+
+    def __init__(self, bar: tqdm) -> None:
+        self.bar = bar
+        self.prompt_seen = False
+
+    def put(self, value: Tensor) -> None:
+        if self.prompt_seen:
+            self.bar.update(1)
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        self.bar.close()
+
+
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Tensor],
+    *,
+    max_new_tokens: int = 32,
+    progress: bool = False,
+    gen_args: Optional[Dict[str, Any]] = None,
+) -> List[Tensor]:
+    r"""
+    Greedy continuations of a batch of prompts, generated together (left padded),
+    each cut at its first end-of-sequence or end-of-turn token (not included).
+
+    Args:
+
+        model (PreTrainedModel): The causal LM.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
+        prompts (list[Tensor]): 1-D prompt ids, one per prompt.
+        max_new_tokens (int, optional): The most tokens to generate. Default: 32.
+        progress (bool, optional): A per-token progress bar on stderr (one prompt
+                    only). Default: False.
+        gen_args (dict, optional): Further arguments of ``model.generate``, over
+                    the greedy defaults. Default: None.
+
+    Returns:
+        *list[Tensor]*: for each prompt, the generated ids ``(n,)``,
+        ``n <= max_new_tokens``, on the CPU.
+    """
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 1
+    ):
+        raise ValueError(
+            f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}"
+        )
+    stops = stop_token_ids(tokenizer)
+    ids, mask = left_pad([p.reshape(-1) for p in prompts], pad_token_id(tokenizer))
+    device = next(model.parameters()).device
+    args: Dict[str, Any] = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=stops or None,
+        pad_token_id=pad_token_id(tokenizer),
+    )
+    args.update(gen_args or {})
+    if progress and len(prompts) == 1:  # streamers take one sequence
+        bar = tqdm(total=args["max_new_tokens"], desc="generating", unit="tok")
+        args["streamer"] = _Progress(bar)
+    with torch.inference_mode():
+        out = model.generate(ids.to(device), attention_mask=mask.to(device), **args)
+    sequences = getattr(out, "sequences", out)
+    if not isinstance(sequences, Tensor) or sequences.dim() != 2:
+        raise ValueError(
+            f"model.generate did not return token ids (B, T); got {type(out).__name__}"
+        )
+    answers = []
+    stop = torch.tensor(stops, dtype=torch.long)
+    for row in sequences[:, ids.shape[1] :].cpu():
+        ends = torch.isin(row, stop).nonzero()
+        answers.append(row[: int(ends[0, 0])] if len(ends) else row)
+    return answers
+
+
+def teacher_forcing(
+    prompt_ids: Tensor, answer_ids: Tensor, positions: Positions = "answer"
+) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""
+    The sequence ``prompt + answer`` and, for the chosen tokens, the positions that
+    predict them and their ids.
+
+    Args:
+
+        prompt_ids (Tensor): ``(1, T_p)`` or ``(T_p,)`` prompt ids.
+        answer_ids (Tensor): ``(n,)`` answer ids.
+        positions (str, optional): ``"answer"``, ``"prompt"`` or ``"all"``.
+                    Default: ``"answer"``.
+
+    Returns:
+        3-element tuple of **ids** ``(1, T)``, **positions** ``(P,)`` and
+        **targets** ``(1, P)``, where ``targets[0, i] = ids[0, positions[i] + 1]``.
+        ``P`` is 0 when there is nothing to attribute (an empty answer).
+    """
+    prompt = prompt_ids.reshape(-1)
+    ids = torch.cat([prompt, answer_ids.reshape(-1).to(prompt)])[None]
+    start, end = positions_span(len(prompt), ids.shape[1], positions)
+    pos = torch.arange(start, end)
+    return ids, pos, ids[:, pos + 1]
+
+
+def positions_span(
+    prompt_length: int, length: int, positions: Positions
+) -> Tuple[int, int]:
+    r"""
+    The attributed positions ``[start, end)`` of a sequence of ``length`` tokens
+    whose first ``prompt_length`` are the prompt.
+    """
+    spans = {
+        "answer": (prompt_length - 1, length - 1),
+        "prompt": (0, prompt_length - 1),
+        "all": (0, length - 1),
+    }
+    if positions not in spans:
+        raise ValueError(
+            f"positions: expected one of {list(POSITIONS)}, got {positions!r}"
+        )
+    return spans[positions]

@@ -1,0 +1,176 @@
+r"""
+The settings of an IG-Lens run, declared once and accepted by every entry point
+(:func:`~captum_iglens.attribute_text`, :func:`~captum_iglens.studies.compare`,
+:func:`~captum_iglens.studies.run_batch`, :func:`~captum_iglens.studies.run_validation`
+and the command line), so that each of them offers every option, and a new option
+is added in one place.
+"""
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Dict, Optional, Tuple, Union
+
+import captum
+import torch
+import transformers
+
+from captum_iglens.attr._utils.checks import (
+    Granularity,
+    check_baselines,
+    check_granularity,
+    check_settings,
+)
+from captum_iglens.hf.text import POSITIONS, Positions
+from captum_iglens.version import __version__
+
+#: A baseline that can be written down: None (``h_0``), ``"mean"`` or a number.
+SettingsBaseline = Union[None, float, str]
+
+
+@dataclass(frozen=True)
+class Settings:
+    r"""
+    How IG-Lens attributes a model's answer to a prompt. Every field is checked on
+    construction, so a bad setting fails before any model is loaded.
+
+    Attributes:
+
+        layers (tuple[int, ...], optional): Decoder block indices on the path
+                    (negative ones count from the end); the last block is always
+                    added. Default: None (all blocks).
+        positions (str): Which tokens of ``prompt + answer`` are attributed:
+                    ``"answer"``, ``"prompt"`` or ``"all"``. Default: ``"answer"``.
+        baselines (None, float or str): The start of the path: None for ``h_0``,
+                    ``"mean"``, or a number (see :meth:`LayerIGLens.attribute`).
+                    Default: None.
+        method (str): The estimator, from :data:`captum_iglens.ESTIMATORS`.
+                    Default: ``"prediction_aware"``.
+        n_steps (int): Steps per segment. Default: 50.
+        granularity (str): ``"block"`` or ``"sublayer"``. Default: ``"block"``.
+        internal_batch_size (int, optional): Rows through the readout at once.
+                    Default: None (``max_chunk_bytes`` decides).
+        max_chunk_bytes (int): Memory budget of one readout chunk.
+                    Default: 256 MiB.
+        chat (bool): Apply the tokenizer's chat template to prompts.
+                    Default: True.
+        max_new_tokens (int): The longest generated answer. Default: 32.
+
+    Examples::
+
+        >>> settings = Settings(layers=(0, 10, 20), granularity="sublayer")
+        >>> result = attribute_text(model, tokenizer, "Hi", settings=settings)
+        >>> faster = settings.replace(method="riemann_trapezoid", n_steps=8)
+    """
+
+    layers: Optional[Tuple[int, ...]] = None
+    positions: Positions = "answer"
+    baselines: SettingsBaseline = None
+    method: str = "prediction_aware"
+    n_steps: int = 50
+    granularity: Granularity = "block"
+    internal_batch_size: Optional[int] = None
+    max_chunk_bytes: int = 256 * 2**20
+    chat: bool = True
+    max_new_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        if self.layers is not None:
+            if isinstance(self.layers, (str, bytes, int)):
+                raise TypeError(
+                    f"layers: expected a list of block indices, got {self.layers!r}"
+                )
+            layers = tuple(self.layers)
+            if not layers or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in layers
+            ):
+                raise ValueError(
+                    f"layers: expected a non-empty list of int block indices, got "
+                    f"{self.layers!r}"
+                )
+            object.__setattr__(self, "layers", layers)
+        if self.positions not in POSITIONS:
+            raise ValueError(
+                f"positions: expected one of {list(POSITIONS)}, got "
+                f"{self.positions!r}"
+            )
+        if not (self.baselines is None or isinstance(self.baselines, (int, float, str))):
+            raise TypeError(
+                'baselines: expected None, "mean" or a number in Settings (pass a '
+                "tensor baseline to LayerIGLens.attribute directly); got "
+                f"{type(self.baselines).__name__}"
+            )
+        check_baselines(self.baselines)
+        check_settings(self.n_steps, self.method, self.internal_batch_size, False)
+        check_granularity(self.granularity)
+        for name in ("max_chunk_bytes", "max_new_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        if not isinstance(self.chat, bool):
+            raise TypeError(f"chat: expected a bool, got {self.chat!r}")
+
+    @classmethod
+    def resolve(
+        cls, settings: Optional["Settings"], options: Dict[str, Any]
+    ) -> "Settings":
+        r"""``settings`` (default: ``Settings()``) with ``options``, fields of
+        :class:`Settings`, applied: how every entry point reads its settings."""
+        if settings is None:
+            settings = cls()
+        elif not isinstance(settings, cls):
+            raise TypeError(
+                "settings: expected a captum_iglens.Settings, got "
+                f"{type(settings).__name__}"
+            )
+        return settings.replace(**options) if options else settings
+
+    def replace(self, **changes: Any) -> "Settings":
+        r"""A copy with some fields changed (checked like a new one)."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise TypeError(
+                f"{', '.join(sorted(unknown))}: not a setting; settings are "
+                f"{', '.join(f.name for f in fields(self))}"
+            )
+        return replace(self, **changes)
+
+    def map_kwargs(self) -> Dict[str, Any]:
+        r"""The keyword arguments of :meth:`LayerIGLens.attribute_map` it sets."""
+        return dict(
+            baselines=self.baselines,
+            method=self.method,
+            n_steps=self.n_steps,
+            granularity=self.granularity,
+            internal_batch_size=self.internal_batch_size,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        r"""JSON-ready fields (``layers`` as a list)."""
+        data = asdict(self)
+        data["layers"] = None if self.layers is None else list(self.layers)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "Settings":
+        r"""The settings of :meth:`to_dict`; unknown fields are refused."""
+        if not isinstance(data, dict):
+            raise ValueError(f"settings: expected an object, got {type(data).__name__}")
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"settings: unknown field(s) {sorted(unknown)}")
+        return cls(**data)
+
+
+def provenance(model: Any, settings: Settings) -> Dict[str, Any]:
+    r"""What a result records about how it was made: the settings, the model and
+    the package versions."""
+    return {
+        "settings": settings.to_dict(),
+        "model": getattr(getattr(model, "config", None), "_name_or_path", "")
+        or type(model).__name__,
+        "versions": {
+            "captum_iglens": __version__,
+            "captum": captum.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+    }

@@ -1,0 +1,16 @@
+r"""IG-Lens beside the alternatives on the same tokens and layers."""
+
+from captum_iglens.studies.comparison.compare import (
+    COMPARED_METHODS,
+    compare,
+    compare_text,
+)
+from captum_iglens.studies.comparison.result import ComparisonResult, MethodResult
+
+__all__ = [
+    "COMPARED_METHODS",
+    "ComparisonResult",
+    "MethodResult",
+    "compare",
+    "compare_text",
+]

@@ -1,0 +1,287 @@
+r"""
+IG-Lens beside Captum's LayerConductance and LayerIntegratedGradients, the logit
+lens and Direct Logit Attribution, measured on the same work: for the same
+inputs, targets, positions and layers, each method's token-by-layer score, how far
+its sum over layers is from the change in probability (the telescoping residual),
+and what it cost (time, peak memory, passes through the model).
+
+A tuned lens is not compared: it needs a trained translator per layer.
+"""
+
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+import captum
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from captum_iglens.attr._utils.checks import PositionsType
+from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.text import decode_tokens, encode_prompt, generate, teacher_forcing
+from captum_iglens.settings import Settings, provenance
+from captum_iglens.studies.comparison.measure import measure, peak_memory_source
+from captum_iglens.studies.comparison.result import (
+    _COST_FIELDS,
+    ComparisonResult,
+    MethodResult,
+)
+from captum_iglens.studies.comparison.runners import (
+    RUNNERS,
+    Work,
+    default_baseline_token,
+)
+
+#: The methods :func:`compare` runs, in the order of its table.
+COMPARED_METHODS: Tuple[str, ...] = tuple(RUNNERS)
+
+
+def compare(
+    model: Module,
+    input_ids: Tensor,
+    attention_mask: Optional[Tensor] = None,
+    *,
+    positions: PositionsType = None,
+    target: Union[None, int, Sequence[int], Tensor] = None,
+    methods: Union[str, Sequence[str]] = COMPARED_METHODS,
+    settings: Optional[Settings] = None,
+    baseline_token: Optional[int] = None,
+    tokenizer: Optional[Any] = None,
+    **options: Any,
+) -> ComparisonResult:
+    r"""
+    Runs each method on the same inputs, targets, positions and blocks, and
+    measures each: a token-by-layer score ``(B, P, k)``, its sum over layers, the
+    telescoping residual ``|Σ_layers − Δp|`` in probability, wall time, peak
+    memory, and passes through the model. A first IG-Lens pass (counted in no
+    method's cost) fixes the targets and positions every method attributes.
+
+    The methods, :data:`COMPARED_METHODS`:
+
+    - ``"ig_lens"``: :meth:`LayerIGLens.attribute_map`. Its credits sum to
+      ``Δp = p_model − f(h_base)``.
+    - ``"logit_lens"``: the levels ``f(h_{L_j})``, read from IG-Lens's own pass
+      (a logit lens costs what IG-Lens costs). Levels, not attributions: their
+      sum is set against ``Δp = p_model − f(h_0)`` only to show it means nothing.
+    - ``"logit_lens_diff"``: the first differences of those levels, starting
+      from ``f(h_0)``. They telescope, and with IG-Lens's default baseline they
+      are IG-Lens's map (by the gradient theorem; IG-Lens adds the split over
+      hidden dimensions and the choice of baseline).
+    - ``"dla"``: Direct Logit Attribution, in logits. Block ``L_j`` gets its
+      update ``h_{L_j} − h_{L_{j−1}}`` (from ``h_0``; the updates of the blocks
+      between two chosen ones together) read through the final norm with its
+      scale taken from the final hidden state ``h_final`` (the usual convention,
+      TransformerLens's ``apply_ln_to_stack`` with the final scale; a LayerNorm
+      still centres, the norm's weight applies, its bias does not), any output
+      projection, and the head without its bias. Cohere's and Granite's logit
+      scaling are kept; final-logit softcapping, not linear, is left out. The
+      scores sum to the logit difference ``ℓ(h_final) − ℓ̃(h_0)``, the target's
+      logit minus that of ``h_0`` read at the same frozen scale; the residual
+      shows what comes of reading that sum as ``Δp = p_model − f(h_0)``.
+    - ``"layer_conductance"``: Captum's :class:`~captum.attr.LayerConductance`,
+      one call per block (it takes one layer). It interpolates the model's inputs,
+      so ``F`` runs the model on ``inputs_embeds``, the embedding module's output
+      for the ids (the model treats them as it treats the ids).
+    - ``"layer_integrated_gradients"``: Captum's
+      :class:`~captum.attr.LayerIntegratedGradients`, one call per block, ``F`` on
+      token ids.
+    - ``"layer_integrated_gradients_multilayer"``: one LayerIntegratedGradients
+      call on the list of blocks. The blocks depend on each other, and Captum
+      0.9.0 raises ``RuntimeError``; the retry with
+      ``grad_kwargs={"materialize_grads": True}`` runs, and gives zeros to every
+      block but the last. The note records both.
+
+    For Captum's methods ``F(x)`` is the model's probability of the target at the
+    position: each sequence is repeated once per position, so one call per block
+    attributes every position. Each block's total is the whole ``F(x) − F(x')``
+    (up to Captum's convergence delta, kept in ``delta``), so the sum over ``k``
+    blocks is about ``k`` times the change.
+
+    **Captum's baseline input** ``x'`` has the one token ``baseline_token`` at
+    every position: its embedding for LayerConductance, the ids themselves for
+    LayerIntegratedGradients, so both start from the same ``x'``. Like IG-Lens's
+    baselines it is the same at every position, and unlike the zero embedding it
+    is an input the model has seen (and one LayerIntegratedGradients on ids can
+    use). IG-Lens's default baseline ``h_0`` has no counterpart: ``h_0`` is the
+    input's own embedding, and ``x' = x`` gives ``F(x) − F(x') = 0``.
+
+    Args:
+
+        model (transformers.PreTrainedModel): A causal LM of a supported
+                    architecture, in eval mode.
+        input_ids (Tensor): ``(B, T)`` token ids.
+        attention_mask (Tensor, optional): ``(B, T)``, zeros at (left) padding.
+                    Default: None
+        positions (int, list[int] or Tensor, optional): The positions to
+                    attribute. Default: None (every non-padding position).
+        target (int, list[int] or Tensor, optional): As in
+                    :meth:`LayerIGLens.attribute`. Default: None (the model's
+                    greedy prediction at each position).
+        methods (str or list[str], optional): Names from
+                    :data:`COMPARED_METHODS`. Default: all of them.
+        settings (Settings, optional): ``layers`` (Captum's methods cost a full
+                    integral per block, so choose a few), IG-Lens's
+                    ``baselines``, ``method``, ``granularity`` (IG-Lens and the
+                    logit lens; the others stay per block) and
+                    ``max_chunk_bytes``; ``n_steps`` is also the steps of
+                    Captum's integrals (with Captum's default rule,
+                    ``"gausslegendre"``), and ``internal_batch_size`` is also
+                    Captum's (rows per forward, at least ``2·B·P`` for
+                    LayerConductance). The logit lens and DLA start at ``h_0``
+                    whatever the baseline is. Default: ``Settings()``.
+        baseline_token (int, optional): The token of Captum's baseline input.
+                    Default: None (``model.config.pad_token_id``, else its
+                    ``bos_token_id``)
+        tokenizer (PreTrainedTokenizerBase, optional): Labels tokens with text.
+                    Default: None
+        **options (Any): Fields of :class:`Settings` that override ``settings``.
+
+    Returns:
+        :class:`ComparisonResult`; print it, or call
+        :meth:`~ComparisonResult.format_table`, for the table. Peak memory on CPU
+        is a lower bound (see :class:`~captum_iglens._utils.measure.Cost`), and
+        times on a shared machine are noisy.
+
+    Examples::
+
+        >>> result = compare(model, ids, positions=[-3, -2, -1], layers=[9, 19])
+        >>> print(result.format_table())
+        >>> fig, axes = result.plot()
+    """
+    settings = Settings.resolve(settings, options)
+    names = [methods] if isinstance(methods, str) else list(methods)
+    unknown = [m for m in names if m not in COMPARED_METHODS]
+    if unknown or not names:
+        raise ValueError(
+            f"methods: expected names from {list(COMPARED_METHODS)}, got {names}"
+        )
+    if baseline_token is None:
+        baseline_token = default_baseline_token(model)
+    vocab = model.get_input_embeddings().num_embeddings
+    if (
+        isinstance(baseline_token, bool)
+        or not isinstance(baseline_token, int)
+        or not 0 <= baseline_token < vocab
+    ):
+        raise ValueError(
+            f"baseline_token: expected a token id in [0, {vocab}), got "
+            f"{baseline_token!r} (None takes the config's pad_token_id, else its "
+            "bos_token_id)"
+        )
+    lens = LayerIGLens.from_model(
+        model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+    )
+    lens.segment_names(settings.granularity)  # fails now, before any method runs
+    extra = None if attention_mask is None else (attention_mask,)
+    setup = lens.attribute_map(input_ids, None, target, extra, positions=positions)
+    work = Work(
+        model,
+        lens,
+        input_ids,
+        attention_mask,
+        targets=setup.targets.clone(),
+        positions=setup.positions.clone(),
+        model_prob=setup.model_prob.clone(),
+        h0_prob=setup.base_prob.clone(),
+        settings=settings,
+        baseline_token=baseline_token,
+    )
+    device = next(lens.readout.parameters()).device
+    mask = setup.mask.cpu().clone()
+    results: Dict[str, MethodResult] = {}
+    for name in dict.fromkeys(names):
+        with measure(model, lens.readout.head, device) as cost:
+            out = RUNNERS[name](work)
+        delta = out.delta
+        if delta is not None:
+            real = mask if delta.dim() == 2 else mask[..., None]
+            delta = delta.float().cpu() * real
+        results[name] = MethodResult(
+            scores=out.scores.float().cpu() * mask[..., None],
+            layer_names=out.layer_names or list(lens.layer_names),
+            expected=out.expected.float().cpu() * mask,
+            prob_change=out.prob_change.float().cpu() * mask,
+            unit=out.unit,
+            note=out.note,
+            delta=delta,
+            **{key: getattr(cost, key) for key in _COST_FIELDS},
+        )
+    tokens = input_tokens = None
+    if tokenizer is not None:
+        given = input_ids[:, work.positions.to(input_ids.device)]
+        tokens = [decode_tokens(tokenizer, row.tolist()) for row in work.targets]
+        input_tokens = [decode_tokens(tokenizer, row.tolist()) for row in given]
+    metadata = dict(
+        provenance(model, settings),
+        n_steps=settings.n_steps,
+        ig_lens_baseline="h_0" if settings.baselines is None else repr(settings.baselines),
+        baseline_token=baseline_token,
+        peak_memory=peak_memory_source(device),
+    )
+    return ComparisonResult(
+        results,
+        work.targets.cpu(),
+        work.positions.cpu(),
+        mask,
+        list(lens.layer_names),
+        tokens,
+        input_tokens,
+        metadata,
+    )
+
+
+def compare_text(
+    model: Module,
+    tokenizer: Any,
+    prompt: str,
+    *,
+    methods: Union[str, Sequence[str]] = COMPARED_METHODS,
+    settings: Optional[Settings] = None,
+    progress: bool = False,
+    **options: Any,
+) -> Tuple[ComparisonResult, Tensor]:
+    r"""
+    :func:`compare` on a model's greedy answer to a prompt, attributed by teacher
+    forcing at ``settings.positions``, as :func:`~captum_iglens.attribute_text`
+    does.
+
+    Args:
+
+        model (PreTrainedModel): A causal LM of a supported architecture.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
+        prompt (str): The user's text.
+        methods (str or list[str], optional): As in :func:`compare`.
+        settings (Settings, optional): As in :func:`compare`, with ``chat``,
+                    ``max_new_tokens`` and ``positions`` for the text.
+                    Default: ``Settings()``.
+        progress (bool, optional): Progress bar for generation. Default: False.
+        **options (Any): Fields of :class:`Settings` that override ``settings``.
+
+    Returns:
+        2-element tuple of the :class:`ComparisonResult` and the answer's token
+        ids ``(n,)``.
+    """
+    settings = Settings.resolve(settings, options)
+    prompt_ids = encode_prompt(tokenizer, prompt, chat=settings.chat)
+    (answer,) = generate(
+        model,
+        tokenizer,
+        [prompt_ids],
+        max_new_tokens=settings.max_new_tokens,
+        progress=progress,
+    )
+    ids, positions, targets = teacher_forcing(prompt_ids, answer, settings.positions)
+    if positions.numel() == 0:
+        raise ValueError(
+            f"positions: nothing to attribute for positions={settings.positions!r}"
+        )
+    device = next(model.parameters()).device
+    result = compare(
+        model,
+        ids.to(device),
+        positions=positions,
+        target=targets.to(device),
+        methods=methods,
+        settings=settings,
+        tokenizer=tokenizer,
+    )
+    return result, answer

@@ -1,0 +1,86 @@
+r"""The prompts of the validation study: short factual completions whose next
+word is the answer, e.g. ``"The capital of France is"`` → ``"Paris"``."""
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import List, Optional, Tuple, Union
+
+from captum_iglens.studies.prompts import read_prompts
+
+_PUNCTUATION = ".,;:!?\"'()[]«»“”‘’"
+
+
+@dataclass(frozen=True)
+class Fact:
+    r"""
+    One prompt of the validation set: a raw-text completion whose next word is the
+    answer, e.g. ``"The capital of France is"`` → ``"Paris"``.
+
+    Attributes:
+
+        id (str): A unique name, e.g. ``"capital-01"``.
+        relation (str): The kind of fact, e.g. ``"capital"``.
+        prompt (str): The text to complete.
+        answer (str, optional): The expected next word(s); None if unchecked.
+        aliases (tuple[str, ...]): Other accepted spellings of the answer.
+    """
+
+    id: str
+    relation: str
+    prompt: str
+    answer: Optional[str] = None
+    aliases: Tuple[str, ...] = ()
+
+    def is_answered_by(self, text: str) -> Optional[bool]:
+        r"""
+        Whether a continuation starts with the answer (or an alias), word by word,
+        case-insensitively, ignoring surrounding punctuation.
+
+        Returns:
+            *bool*, or None when the fact has no answer.
+        """
+        if self.answer is None:
+            return None
+        said = _words(text)
+        expected = [_words(a) for a in (self.answer, *self.aliases)]
+        return any(words and said[: len(words)] == words for words in expected)
+
+
+def _words(text: str) -> List[str]:
+    return [w.strip(_PUNCTUATION).lower() for w in text.split()]
+
+
+def load_facts(path: Optional[Union[str, Path]] = None) -> List[Fact]:
+    r"""
+    Reads a prompt set of facts (see :func:`~captum_iglens.studies.read_prompts`),
+    with the optional fields ``relation`` (str) and ``aliases`` (list of str).
+
+    Args:
+
+        path (str or Path, optional): A ``.jsonl`` file. Default: the set shipped
+                    with the package (``captum_iglens/data/facts.jsonl``).
+
+    Returns:
+        *list[Fact]*, in file order.
+    """
+    if path is None:
+        with resources.as_file(
+            resources.files("captum_iglens").joinpath("data/facts.jsonl")
+        ) as shipped:
+            return load_facts(shipped)
+    facts = []
+    for index, record in enumerate(read_prompts(path)):
+        aliases = record.get("aliases", [])
+        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+            raise ValueError(f"{path}[{index}]: 'aliases' must be a list of strings")
+        facts.append(
+            Fact(
+                id=str(record["id"]),
+                relation=str(record.get("relation", "")),
+                prompt=record["prompt"],
+                answer=record.get("answer"),
+                aliases=tuple(aliases),
+            )
+        )
+    return facts
