@@ -92,8 +92,12 @@ def _model_parent() -> argparse.ArgumentParser:
     return parent
 
 
-def _settings_parent() -> argparse.ArgumentParser:
-    """One option per field of :class:`Settings`."""
+def _settings_parent(
+    n_steps: int = 50, chat: bool = True, max_new_tokens: int = 32
+) -> argparse.ArgumentParser:
+    """One option per field of :class:`Settings`, with a subcommand's defaults
+    (a new parent per subcommand: argparse shares a parent's actions, so
+    ``set_defaults`` on one subcommand would change the others)."""
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("attribution settings")
     group.add_argument(
@@ -115,7 +119,7 @@ def _settings_parent() -> argparse.ArgumentParser:
         help="'h0' (the first block's input, default), 'mean', or a number",
     )
     group.add_argument("--method", choices=ESTIMATORS, default="prediction_aware")
-    group.add_argument("--n-steps", type=int, default=50)
+    group.add_argument("--n-steps", type=int, default=n_steps)
     group.add_argument(
         "--granularity",
         choices=GRANULARITIES,
@@ -136,10 +140,10 @@ def _settings_parent() -> argparse.ArgumentParser:
     group.add_argument(
         "--chat",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="apply the chat template (default: on; off for validate)",
+        default=chat,
+        help=f"apply the chat template (default: {'on' if chat else 'off'})",
     )
-    group.add_argument("--max-new-tokens", type=int, default=32)
+    group.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
     return parent
 
 
@@ -180,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare = commands.add_parser(
         "compare",
-        parents=[prompt, settings, model],
+        parents=[prompt, _settings_parent(n_steps=8), model],
         help="IG-Lens beside Captum's LayerConductance / LayerIntegratedGradients, "
         "the logit lens and DLA",
         description="IG-Lens beside the alternatives on the same tokens and layers: "
@@ -195,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     compare.add_argument("--png", metavar="PATH", help="write the comparison plot")
-    compare.set_defaults(prepare=_prepare_compare, n_steps=8)
+    compare.set_defaults(prepare=_prepare_compare)
 
     batch = commands.add_parser(
         "batch",
@@ -216,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = commands.add_parser(
         "validate",
-        parents=[settings, model],
+        parents=[_settings_parent(chat=False, max_new_tokens=8), model],
         help="does each per-layer score predict where ablation hurts most?",
         description="Does each per-layer score predict where ablating a block "
         "lowers p(y) most? Agreement (Spearman, top-1/top-3 hits, onset distance) "
@@ -243,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("--json", metavar="PATH", help="write the study as JSON")
     validate.add_argument("--png", metavar="PATH", help="write the plots as PNG")
-    validate.set_defaults(prepare=_prepare_validate, chat=False, max_new_tokens=8)
+    validate.set_defaults(prepare=_prepare_validate)
     return parser
 
 

@@ -10,7 +10,7 @@ white for zero, green for positive credit.
 """
 
 import textwrap
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import matplotlib.colors as mcolors
 import numpy as np

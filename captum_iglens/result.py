@@ -86,9 +86,8 @@ class IGLensResult(JsonDocument):
     def __post_init__(self) -> None:
         for name in _TENSOR_FIELDS:
             if not isinstance(getattr(self, name), Tensor):
-                raise TypeError(
-                    f"{name}: expected a tensor, got {type(getattr(self, name)).__name__}"
-                )
+                found = type(getattr(self, name)).__name__
+                raise TypeError(f"{name}: expected a tensor, got {found}")
         if self.attributions.dim() != 3:
             raise ValueError(
                 "attributions: expected shape (B, P, k), got "
@@ -130,8 +129,10 @@ class IGLensResult(JsonDocument):
             raise ValueError(
                 f"method: expected one of {list(ESTIMATORS)}, got {self.method!r}"
             )
-        if isinstance(self.n_steps, bool) or not isinstance(self.n_steps, int) or (
-            self.n_steps < 1
+        if (
+            isinstance(self.n_steps, bool)
+            or not isinstance(self.n_steps, int)
+            or (self.n_steps < 1)
         ):
             raise ValueError(f"n_steps: expected an int >= 1, got {self.n_steps!r}")
         if self.tokens is not None and not (
@@ -343,7 +344,7 @@ class IGLensResult(JsonDocument):
         }
         tokens = None
         if first.tokens is not None:
-            tokens = [row for r in results for row in r.tokens]  # type: ignore[union-attr]
+            tokens = [row for r in results for row in (r.tokens or [])]
         return replace(first, tokens=tokens, metadata=dict(first.metadata), **stacked)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -362,10 +363,12 @@ class IGLensResult(JsonDocument):
         if missing:
             raise ValueError(f"missing IGLensResult fields {sorted(missing)}")
         kwargs = dict(data)
-        layer_names = data["layer_names"]
-        k = len(layer_names) if isinstance(layer_names, list) else -1
         b = len(data["targets"]) if isinstance(data["targets"], list) else -1
         p = len(data["positions"]) if isinstance(data["positions"], list) else -1
+        # k is read from the credits (then checked against the names), unless they
+        # are empty and keep no shape.
+        names = data["layer_names"]
+        k = len(names) if b * p == 0 and isinstance(names, list) else -1
         shapes = {"attributions": (b, p, k), "lens": (b, p, k), "positions": (p,)}
         for name in _TENSOR_FIELDS:
             dtype = _DTYPES.get(name, torch.float32)

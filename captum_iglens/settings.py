@@ -92,7 +92,9 @@ class Settings:
                 f"positions: expected one of {list(POSITIONS)}, got "
                 f"{self.positions!r}"
             )
-        if not (self.baselines is None or isinstance(self.baselines, (int, float, str))):
+        if not (
+            self.baselines is None or isinstance(self.baselines, (int, float, str))
+        ):
             raise TypeError(
                 'baselines: expected None, "mean" or a number in Settings (pass a '
                 "tensor baseline to LayerIGLens.attribute directly); got "

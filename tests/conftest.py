@@ -13,6 +13,23 @@ def _seed() -> None:
 
 
 @pytest.fixture(scope="session")
+def llama():
+    """The shared tiny Llama (2 blocks, from its config; see tests/tiny_models.py).
+    Every test leaves its weights, mode and hooks as they were."""
+    from tests.tiny_models import tiny_model
+
+    return tiny_model("llama")
+
+
+@pytest.fixture
+def lens(llama):
+    """IG-Lens on the shared tiny Llama, every block on the path."""
+    from captum_iglens import LayerIGLens
+
+    return LayerIGLens.from_model(llama)
+
+
+@pytest.fixture(scope="session")
 def default_model():
     """The real default model (SmolLM2-135M-Instruct), loaded once per session."""
     from captum_iglens.hf.models import load_default

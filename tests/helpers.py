@@ -41,7 +41,9 @@ def assert_state_unchanged(model: Module, snapshot) -> None:
         assert torch.equal(value, now_weights[key]), key
 
 
-def left_padded(lengths: List[int], vocab: int, pad_id: int = 0) -> Tuple[Tensor, Tensor]:
+def left_padded(
+    lengths: List[int], vocab: int, pad_id: int = 0
+) -> Tuple[Tensor, Tensor]:
     """Random token ids ``(B, max(lengths))`` with left padding, and their mask."""
     total = max(lengths)
     ids = torch.full((len(lengths), total), pad_id, dtype=torch.long)
@@ -52,7 +54,9 @@ def left_padded(lengths: List[int], vocab: int, pad_id: int = 0) -> Tuple[Tensor
     return ids, mask
 
 
-def block_states(model: Module, ids: Tensor, mask: Tensor) -> Tuple[List[Tensor], Tensor]:
+def block_states(
+    model: Module, ids: Tensor, mask: Tensor
+) -> Tuple[List[Tensor], Tensor]:
     """Reference states from the test's own hooks: ``[h_0, h_1, ..., h_n]`` and the
     model's logits, from one forward with position ids counted from the mask."""
     blocks, states, handles = decoder_layers(model), [], []

@@ -20,7 +20,10 @@ PROMPT = "What is the capital of Vietnam?"
 def _run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "captum_iglens", *args],
-        input=stdin, capture_output=True, text=True, timeout=600,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**os.environ, "COLUMNS": "200"},
     )
 
@@ -28,8 +31,15 @@ def _run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
 @pytest.mark.real_model
 def test_main_job_end_to_end(tmp_path):
     out = _run(
-        PROMPT, "--max-new-tokens", "6", "--json", str(tmp_path / "r.json"),
-        "--csv", str(tmp_path / "r.csv"), "--png", str(tmp_path / "r.png"),
+        PROMPT,
+        "--max-new-tokens",
+        "6",
+        "--json",
+        str(tmp_path / "r.json"),
+        "--csv",
+        str(tmp_path / "r.csv"),
+        "--png",
+        str(tmp_path / "r.png"),
     )
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr
@@ -47,13 +57,23 @@ def test_main_job_end_to_end(tmp_path):
     for row in rows:
         by_token.setdefault(row["position"], 0.0)
         by_token[row["position"]] += float(row["credit"])
-    assert torch.allclose(torch.tensor(list(by_token.values())), result.total[0], atol=1e-6)
+    assert torch.allclose(
+        torch.tensor(list(by_token.values())), result.total[0], atol=1e-6
+    )
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.real_model
 def test_stdin_layers_and_prompt_positions():
-    out = _run("--stdin", "--layers", "0,15", "--positions", "prompt", "--no-chat", stdin="Paris is the capital of")
+    out = _run(
+        "--stdin",
+        "--layers",
+        "0,15",
+        "--positions",
+        "prompt",
+        "--no-chat",
+        stdin="Paris is the capital of",
+    )
     assert out.returncode == 0, out.stderr
     header = next(line for line in out.stdout.splitlines() if line.startswith("token"))
     assert re.findall(r"\bL\d+", header) == ["L0", "L15", "L29"]
@@ -83,12 +103,19 @@ def test_unrecognised_readout_is_a_clean_error(tmp_path, capsys):
     # Token ids inside the vocabulary: transformers would otherwise log a warning
     # through a handler bound to an earlier test's captured stderr.
     config = GPTBigCodeConfig(
-        vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64,
-        bos_token_id=1, eos_token_id=2,
+        vocab_size=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=64,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     word_tokenizer(64).save_pretrained(tmp_path)
-    status = main(["w5 w6 w7", "--model", str(tmp_path), "--no-chat", "--max-new-tokens", "2"])
+    status = main(
+        ["w5 w6 w7", "--model", str(tmp_path), "--no-chat", "--max-new-tokens", "2"]
+    )
     err = capsys.readouterr().err
     assert status == 2 and "gpt_bigcode" in err and "Readout(" in err
     assert "Traceback" not in err
@@ -101,18 +128,33 @@ def test_batch_subcommand_writes_and_resumes(tmp_path):
         '{"id": "a", "prompt": "The capital of France is"}\n'
         '{"id": "b", "prompt": "Water is made of"}\n'
     )
-    args = ("batch", str(prompts), "--out", str(tmp_path / "out"), "--no-chat",
-            "--max-new-tokens", "3", "--layers", "10,20")
+    args = (
+        "batch",
+        str(prompts),
+        "--out",
+        str(tmp_path / "out"),
+        "--no-chat",
+        "--max-new-tokens",
+        "3",
+        "--layers",
+        "10,20",
+    )
     first = _run(*args)
     assert first.returncode == 0, first.stderr
     lines = (tmp_path / "out" / "results.jsonl").read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == ["a", "b"]
     for line in lines:
         result = IGLensResult.from_dict(
-            {k: v for k, v in json.loads(line).items() if k not in ("id", "prompt", "answer")}
+            {
+                k: v
+                for k, v in json.loads(line).items()
+                if k not in ("id", "prompt", "answer")
+            }
         )
         assert result.layer_names == ["10", "20", "29"]
-        assert (result.total - (result.model_prob - result.base_prob)).abs().max() <= 1e-6
+        assert (
+            result.total - (result.model_prob - result.base_prob)
+        ).abs().max() <= 1e-6
     again = _run(*args)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "out" / "results.jsonl").read_text().splitlines() == lines
@@ -121,11 +163,82 @@ def test_batch_subcommand_writes_and_resumes(tmp_path):
 @pytest.mark.real_model
 def test_validate_subcommand(tmp_path):
     out = _run(
-        "validate", "--limit", "3", "--methods", "ig_lens,random",
-        "--json", str(tmp_path / "v.json"), "--png", str(tmp_path / "v.png"),
+        "validate",
+        "--limit",
+        "3",
+        "--methods",
+        "ig_lens,random",
+        "--json",
+        str(tmp_path / "v.json"),
+        "--png",
+        str(tmp_path / "v.png"),
     )
     assert out.returncode == 0, out.stderr
     assert re.search(r"^ig_lens\s+3\s+[+-]\d", out.stdout, re.M)
     data = json.loads((tmp_path / "v.json").read_text())
     assert data["mode"] == "skip"
     assert (tmp_path / "v.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_each_subcommand_keeps_its_own_defaults():
+    from captum_iglens.cli import build_parser
+
+    parser = build_parser()
+    attribute = parser.parse_args(["attribute", "x"])
+    compare = parser.parse_args(["compare", "x"])
+    validate = parser.parse_args(["validate"])
+    batch = parser.parse_args(["batch", "p.jsonl", "--out", "o"])
+    assert (attribute.n_steps, attribute.chat, attribute.max_new_tokens) == (
+        50,
+        True,
+        32,
+    )
+    assert (compare.n_steps, compare.chat) == (8, True)
+    assert (validate.chat, validate.max_new_tokens) == (False, 8)
+    assert (batch.n_steps, batch.chat) == (50, True)
+    for args in (compare, validate, batch):
+        assert {"baseline", "method", "granularity", "positions", "layers"} <= set(
+            vars(args)
+        )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["x", "--json", "/no/such/dir/r.json"], "--json"),
+        (["x", "--baseline", "median"], "baseline"),
+        (["batch", "/no/such/prompts.jsonl", "--out", "o"], "prompts"),
+        (["validate", "--limit", "0"], "--limit"),
+        (["compare", "x", "--methods", "ig_lens,nope"], "--methods"),
+        (["x", "--max-new-tokens", "0"], "max_new_tokens"),
+    ],
+)
+def test_input_errors_before_the_model_loads(args, message, capsys, monkeypatch):
+    import captum_iglens.hf.models as models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was checked")
+
+    monkeypatch.setattr(models, "load_default", no_model)
+    try:
+        status = main(args)
+    except SystemExit as exit:  # argparse's own usage errors
+        status = exit.code
+    err = capsys.readouterr().err
+    assert status == 2 and message in err.strip().splitlines()[-1]
+    assert "Traceback" not in err
+
+
+def test_internal_errors_keep_their_traceback(tmp_path, monkeypatch):
+    import captum_iglens.attr as attr
+    from tests.tiny_models import tiny_model
+
+    tiny_model("llama").save_pretrained(tmp_path)
+    word_tokenizer(128).save_pretrained(tmp_path)
+
+    def broken(*args, **kwargs):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(attr, "attribute_text", broken)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["w5 w6", "--model", str(tmp_path), "--no-chat", "--max-new-tokens", "2"])

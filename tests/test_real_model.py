@@ -48,7 +48,9 @@ def test_readout_reproduces_model_logits(default_model, padded_batch):
     assert torch.equal(ours, logits)  # same shapes, same kernels: bitwise equal
     probs, read = logits.float().softmax(-1), ours.float().softmax(-1)
     y = probs.argmax(-1, keepdim=True)
-    assert (read.gather(-1, y) - probs.gather(-1, y))[mask.bool()].abs().max() <= FP32_TOL
+    assert (read.gather(-1, y) - probs.gather(-1, y))[
+        mask.bool()
+    ].abs().max() <= FP32_TOL
 
 
 @pytest.mark.parametrize("n_steps", [1, 7])
@@ -60,13 +62,26 @@ def test_completeness_every_position_padded_batch(default_model, padded_batch, n
     result = lens.attribute_map(ids, additional_forward_args=(mask,))
     real = result.mask
     assert real.sum() == mask.sum()
-    assert (result.total - (result.model_prob - result.base_prob))[real].abs().max() <= FP32_TOL
+    assert (result.total - (result.model_prob - result.base_prob))[
+        real
+    ].abs().max() <= FP32_TOL
     with torch.no_grad():
-        probs = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits.float().softmax(-1)
+        probs = (
+            model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            )
+            .logits.float()
+            .softmax(-1)
+        )
     expected = probs.gather(-1, result.targets[..., None])[..., 0]
     assert (result.model_prob - expected)[real].abs().max() <= FP32_TOL
     attrs, delta = lens.attribute(
-        ids, additional_forward_args=(mask,), n_steps=n_steps, positions=[-2, -1],
+        ids,
+        additional_forward_args=(mask,),
+        n_steps=n_steps,
+        positions=[-2, -1],
         return_convergence_delta=True,
     )
     assert delta.abs().max() <= FP32_TOL
@@ -78,7 +93,9 @@ def test_completeness_every_position_padded_batch(default_model, padded_batch, n
 
 def test_attribute_text_answer(default_model):
     model, tokenizer = default_model
-    result = attribute_text(model, tokenizer, "What is the capital of Vietnam?", max_new_tokens=8)
+    result = attribute_text(
+        model, tokenizer, "What is the capital of Vietnam?", max_new_tokens=8
+    )
     assert result.attributions.shape[:2] == (1, len(result.tokens[0]))
     assert result.attributions.shape[-1] == 30
     assert result.delta.abs().max() <= FP32_TOL
@@ -110,7 +127,14 @@ def test_sublayer_map_on_real_weights(default_model, padded_batch):
     subs = lens.attribute_map(
         ids, additional_forward_args=(mask,), positions=[-1], granularity="sublayer"
     )
-    assert subs.layer_names == ["5.attn", "5.mlp", "15.attn", "15.mlp", "29.attn", "29.mlp"]
+    assert subs.layer_names == [
+        "5.attn",
+        "5.mlp",
+        "15.attn",
+        "15.mlp",
+        "29.attn",
+        "29.mlp",
+    ]
     paired = subs.attributions.view(2, 1, 3, 2).sum(-1)
     assert (paired - blocks.attributions).abs().max() <= FP32_TOL
     assert subs.delta.abs().max() <= FP32_TOL

@@ -11,7 +11,7 @@ not registered raises :class:`ValueError`; nothing is guessed.
 """
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -117,96 +117,94 @@ _GEMMA2_LIKE = Architecture(
 _LAYER_NORM = dict(norm_kind="layer")
 
 _REGISTRY: Dict[str, Architecture] = {
-        "llama": _LLAMA_LIKE,
-        "mistral": _LLAMA_LIKE,
-        "qwen2": _LLAMA_LIKE,
-        "qwen3": _LLAMA_LIKE,
-        "gemma": _LLAMA_LIKE,
-        "gemma2": _GEMMA2_LIKE,
-        "gemma3_text": _GEMMA2_LIKE,
-        "gpt2": Architecture(
-            **_LAYER_NORM,
-            layers="transformer.h",
-            norm=("transformer.ln_f",),
-            mid=_mid("ln_2", parallel_if=lambda c: c.add_cross_attention),
+    "llama": _LLAMA_LIKE,
+    "mistral": _LLAMA_LIKE,
+    "qwen2": _LLAMA_LIKE,
+    "qwen3": _LLAMA_LIKE,
+    "gemma": _LLAMA_LIKE,
+    "gemma2": _GEMMA2_LIKE,
+    "gemma3_text": _GEMMA2_LIKE,
+    "gpt2": Architecture(
+        **_LAYER_NORM,
+        layers="transformer.h",
+        norm=("transformer.ln_f",),
+        mid=_mid("ln_2", parallel_if=lambda c: c.add_cross_attention),
+    ),
+    # transformers 5 renamed GPT-NeoX's head from ``embed_out`` to ``lm_head``.
+    "gpt_neox": Architecture(
+        **_LAYER_NORM,
+        layers="gpt_neox.layers",
+        norm=("gpt_neox.final_layer_norm",),
+        head=("lm_head", "embed_out"),
+        mid=_mid(
+            "post_attention_layernorm",
+            parallel_if=lambda c: c.use_parallel_residual,
         ),
-        # transformers 5 renamed GPT-NeoX's head from ``embed_out`` to ``lm_head``.
-        "gpt_neox": Architecture(
-            **_LAYER_NORM,
-            layers="gpt_neox.layers",
-            norm=("gpt_neox.final_layer_norm",),
-            head=("lm_head", "embed_out"),
-            mid=_mid(
-                "post_attention_layernorm",
-                parallel_if=lambda c: c.use_parallel_residual,
-            ),
+    ),
+    "gptj": Architecture(
+        layers="transformer.h", norm=("transformer.ln_f",), **_LAYER_NORM
+    ),
+    "opt": Architecture(
+        **_LAYER_NORM,
+        layers="model.decoder.layers",
+        norm=("model.decoder.final_layer_norm", "model.decoder.project_out"),
+        # Post-norm OPT normalises the stream after attention: no plain h_mid.
+        mid=_mid("final_layer_norm", parallel_if=lambda c: not c.do_layer_norm_before),
+    ),
+    "phi": Architecture(
+        layers="model.layers", norm=("model.final_layernorm",), **_LAYER_NORM
+    ),
+    "phi3": _LLAMA_LIKE,
+    "falcon": Architecture(
+        **_LAYER_NORM,
+        layers="transformer.h",
+        norm=("transformer.ln_f",),
+        mid=_mid(
+            "post_attention_layernorm",
+            parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture,
         ),
-        "gptj": Architecture(
-            layers="transformer.h", norm=("transformer.ln_f",), **_LAYER_NORM
+    ),
+    "bloom": Architecture(
+        **_LAYER_NORM,
+        layers="transformer.h",
+        norm=("transformer.ln_f",),
+        # With the residual taken after the norm, the stream is not h + attn.
+        mid=_mid(
+            "post_attention_layernorm",
+            parallel_if=lambda c: c.apply_residual_connection_post_layernorm,
         ),
-        "opt": Architecture(
-            **_LAYER_NORM,
-            layers="model.decoder.layers",
-            norm=("model.decoder.final_layer_norm", "model.decoder.project_out"),
-            # Post-norm OPT normalises the stream after attention: no plain h_mid.
-            mid=_mid(
-                "final_layer_norm", parallel_if=lambda c: not c.do_layer_norm_before
-            ),
+    ),
+    "stablelm": Architecture(
+        **_LAYER_NORM,
+        layers="model.layers",
+        norm=("model.norm",),
+        mid=_mid(
+            "post_attention_layernorm",
+            parallel_if=lambda c: c.use_parallel_residual,
         ),
-        "phi": Architecture(
-            layers="model.layers", norm=("model.final_layernorm",), **_LAYER_NORM
-        ),
-        "phi3": _LLAMA_LIKE,
-        "falcon": Architecture(
-            **_LAYER_NORM,
-            layers="transformer.h",
-            norm=("transformer.ln_f",),
-            mid=_mid(
-                "post_attention_layernorm",
-                parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture,
-            ),
-        ),
-        "bloom": Architecture(
-            **_LAYER_NORM,
-            layers="transformer.h",
-            norm=("transformer.ln_f",),
-            # With the residual taken after the norm, the stream is not h + attn.
-            mid=_mid(
-                "post_attention_layernorm",
-                parallel_if=lambda c: c.apply_residual_connection_post_layernorm,
-            ),
-        ),
-        "stablelm": Architecture(
-            **_LAYER_NORM,
-            layers="model.layers",
-            norm=("model.norm",),
-            mid=_mid(
-                "post_attention_layernorm",
-                parallel_if=lambda c: c.use_parallel_residual,
-            ),
-        ),
-        "cohere": Architecture(
-            **_LAYER_NORM,
-            layers="model.layers", norm=("model.norm",), post=_cohere_logit_scale
-        ),
-        "granite": Architecture(
-            layers="model.layers",
-            norm=("model.norm",),
-            post=_granite_logits_scaling,
-            mid=_POST_ATTENTION_NORM,
-        ),
-        # OLMo's final norm is a parameter-free LayerNorm.
-        "olmo": Architecture(
-            layers="model.layers",
-            norm=("model.norm",),
-            mid=_POST_ATTENTION_NORM,
-            **_LAYER_NORM,
-        ),
-        # OLMo2 normalises the attention output before adding it; the MLP reads
-        # the stream itself.
-        "olmo2": Architecture(
-            layers="model.layers", norm=("model.norm",), mid=_mid("mlp")
-        ),
+    ),
+    "cohere": Architecture(
+        **_LAYER_NORM,
+        layers="model.layers",
+        norm=("model.norm",),
+        post=_cohere_logit_scale,
+    ),
+    "granite": Architecture(
+        layers="model.layers",
+        norm=("model.norm",),
+        post=_granite_logits_scaling,
+        mid=_POST_ATTENTION_NORM,
+    ),
+    # OLMo's final norm is a parameter-free LayerNorm.
+    "olmo": Architecture(
+        layers="model.layers",
+        norm=("model.norm",),
+        mid=_POST_ATTENTION_NORM,
+        **_LAYER_NORM,
+    ),
+    # OLMo2 normalises the attention output before adding it; the MLP reads
+    # the stream itself.
+    "olmo2": Architecture(layers="model.layers", norm=("model.norm",), mid=_mid("mlp")),
 }
 
 
@@ -268,6 +266,12 @@ def register_architecture(
             f"model_type: {model_type!r} is already registered; pass replace=True "
             "to replace it"
         )
+    for name, paths in (("norm", norm), ("head", head)):
+        if isinstance(paths, str):
+            raise ValueError(
+                f"{name}: expected a list of dotted paths, got the string {paths!r}; "
+                f"write ({paths!r},)"
+            )
     if mid is not None and (not isinstance(mid, str) or not mid):
         raise ValueError(f"mid: expected a dotted path or None, got {mid!r}")
     entry = Architecture(
@@ -311,7 +315,8 @@ def architecture(model: nn.Module) -> Architecture:
     if model_type not in _REGISTRY:
         raise ValueError(
             f"{type(model).__name__} (model_type={model_type!r}) is not a supported "
-            f"architecture; supported model types: {', '.join(supported_model_types())}. "
+            "architecture; supported model types: "
+            f"{', '.join(supported_model_types())}. "
             "Register it with captum_iglens.register_architecture("
             f"{model_type!r}, layers=..., norm=(...,)), or build "
             "Readout(head=..., norm=..., post=...) by hand and pass layer= explicitly."

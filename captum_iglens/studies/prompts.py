@@ -39,7 +39,9 @@ def read_prompts(path: Union[str, Path]) -> List[Dict[str, Any]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not a JSON object ({err.msg})") from None
+            raise ValueError(
+                f"{path}:{number}: not a JSON object ({err.msg})"
+            ) from None
         if isinstance(record, dict):
             record.setdefault("id", number)
         _check_prompt(record, f"{path}:{number}", seen)
@@ -73,7 +75,9 @@ def _check_prompt(item: Any, entry: str, seen: Set[str]) -> None:
             f"{item!r:.80}"
         )
     if isinstance(item.get("id"), bool) or not isinstance(item.get("id"), (str, int)):
-        raise ValueError(f"{entry}: expected an 'id' (str or int), got {item.get('id')!r}")
+        raise ValueError(
+            f"{entry}: expected an 'id' (str or int), got {item.get('id')!r}"
+        )
     if "answer" in item and not isinstance(item["answer"], str):
         raise ValueError(f"{entry}: 'answer' must be a string")
     key = prompt_key(item["id"])

@@ -28,9 +28,7 @@ def check_settings(
     attribute_to_layer_input: bool,
 ) -> None:
     if method not in ESTIMATORS:
-        raise ValueError(
-            f"method: expected one of {list(ESTIMATORS)}, got {method!r}"
-        )
+        raise ValueError(f"method: expected one of {list(ESTIMATORS)}, got {method!r}")
     min_steps = 2 if method.startswith("riemann") else 1
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < min_steps:
         raise ValueError(

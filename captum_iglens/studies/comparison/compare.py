@@ -10,14 +10,17 @@ A tuned lens is not compared: it needs a trained translator per layer.
 
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
-import captum
-import torch
 from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.checks import PositionsType
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
-from captum_iglens.hf.text import decode_tokens, encode_prompt, generate, teacher_forcing
+from captum_iglens.hf.text import (
+    decode_tokens,
+    encode_prompt,
+    generate,
+    teacher_forcing,
+)
 from captum_iglens.settings import Settings, provenance
 from captum_iglens.studies.comparison.measure import measure, peak_memory_source
 from captum_iglens.studies.comparison.result import (
@@ -213,7 +216,9 @@ def compare(
     metadata = dict(
         provenance(model, settings),
         n_steps=settings.n_steps,
-        ig_lens_baseline="h_0" if settings.baselines is None else repr(settings.baselines),
+        ig_lens_baseline=(
+            "h_0" if settings.baselines is None else repr(settings.baselines)
+        ),
         baseline_token=baseline_token,
         peak_memory=peak_memory_source(device),
     )

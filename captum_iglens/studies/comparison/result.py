@@ -91,7 +91,10 @@ class MethodResult:
         for name in ("expected", "prob_change"):
             if tuple(getattr(self, name).shape) != (b, p):
                 raise ValueError(f"{name}: expected shape {(b, p)}")
-        if self.delta is not None and tuple(self.delta.shape) not in ((b, p), (b, p, k)):
+        if self.delta is not None and tuple(self.delta.shape) not in (
+            (b, p),
+            (b, p, k),
+        ):
             raise ValueError(f"delta: expected shape {(b, p)} or {(b, p, k)}")
         for name in _COST_FIELDS:
             if isinstance(getattr(self, name), bool) or getattr(self, name) < 0:
@@ -236,7 +239,8 @@ class ComparisonResult(JsonDocument):
         return cls(**kwargs)
 
     def plot(self, sequence: int = 0) -> Tuple[Any, Dict[str, Any]]:
-        r"""The methods side by side; see :func:`captum_iglens.plots.plot_comparison`."""
+        r"""The methods side by side; see
+        :func:`captum_iglens.plots.plot_comparison`."""
         from captum_iglens.plots import plot_comparison
 
         return plot_comparison(self, sequence)
@@ -248,5 +252,3 @@ class ComparisonResult(JsonDocument):
             return f"{position}→{int(self.targets[sequence, row])}"
         given, target = self.input_tokens[sequence][row], self.tokens[sequence][row]
         return f"{position} {given!r}→{target!r}"
-
-

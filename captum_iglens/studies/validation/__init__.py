@@ -1,6 +1,11 @@
 r"""Does the IG-Lens onset predict where causal ablation hurts most?"""
 
-from captum_iglens.studies.validation.ablation import MODES, Ablation, ablate, mean_updates
+from captum_iglens.studies.validation.ablation import (
+    MODES,
+    Ablation,
+    ablate,
+    mean_updates,
+)
 from captum_iglens.studies.validation.facts import Fact, load_facts
 from captum_iglens.studies.validation.result import ValidationResult
 from captum_iglens.studies.validation.scoring import SCORED_METHODS

@@ -249,4 +249,3 @@ def ablate(
         k, p = len(chosen), len(pos)
         stacked = stacked.view(k, p, batch, p).diagonal(dim1=1, dim2=3)  # (k, B, P)
     return Ablation(clean=clean.cpu(), ablated=stacked.permute(1, 2, 0).cpu())
-

@@ -72,7 +72,9 @@ def load_facts(path: Optional[Union[str, Path]] = None) -> List[Fact]:
     facts = []
     for index, record in enumerate(read_prompts(path)):
         aliases = record.get("aliases", [])
-        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        if not isinstance(aliases, list) or not all(
+            isinstance(a, str) for a in aliases
+        ):
             raise ValueError(f"{path}[{index}]: 'aliases' must be a list of strings")
         facts.append(
             Fact(

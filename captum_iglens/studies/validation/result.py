@@ -85,9 +85,8 @@ class ValidationResult(JsonDocument):
         }
         for name, shape in shapes.items():
             if np.shape(getattr(self, name)) != shape:
-                raise ValueError(
-                    f"{name}: expected shape {shape}, got {np.shape(getattr(self, name))}"
-                )
+                found = np.shape(getattr(self, name))
+                raise ValueError(f"{name}: expected shape {shape}, got {found}")
         for method in self.methods:
             if np.shape(self.scores.get(method)) != (n, k):
                 raise ValueError(f"scores.{method}: expected shape {(n, k)}")
@@ -267,8 +266,9 @@ class ValidationResult(JsonDocument):
                 target_tokens=[t["token"] for t in tokens],
                 model_prob=_floats([t["model_prob"] for t in tokens], "model_prob"),
                 drops=_floats([t["drops"] for t in tokens], "drops").reshape(n, k),
-                trajectory=_floats([t["trajectory"] for t in tokens], "trajectory")
-                .reshape(n, k + 1),
+                trajectory=_floats(
+                    [t["trajectory"] for t in tokens], "trajectory"
+                ).reshape(n, k + 1),
                 nonmonotone_depth=_floats(
                     [t["nonmonotone_depth"] for t in tokens], "nonmonotone_depth"
                 ),

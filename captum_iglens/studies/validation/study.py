@@ -159,7 +159,9 @@ def run_validation(
     Returns:
         :class:`ValidationResult`; print it for the table.
     """
-    settings = Settings.resolve(STUDY_SETTINGS if settings is None else settings, options)
+    settings = Settings.resolve(
+        STUDY_SETTINGS if settings is None else settings, options
+    )
     if settings.granularity != "block" or settings.positions != "answer":
         raise ValueError(
             "settings: the validation study ablates whole blocks and attributes the "

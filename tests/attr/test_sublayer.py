@@ -32,15 +32,22 @@ def test_sublayer_credits_add_up_to_block_credits(arch, overrides):
     lens = LayerIGLens.from_model(model)
     ids, mask = left_padded([6, 4], VOCAB)
     blocks = lens.attribute_map(ids, additional_forward_args=(mask,))
-    subs = lens.attribute_map(ids, additional_forward_args=(mask,), granularity="sublayer")
-    names = [n for block in blocks.layer_names for n in (f"{block}.attn", f"{block}.mlp")]
+    subs = lens.attribute_map(
+        ids, additional_forward_args=(mask,), granularity="sublayer"
+    )
+    names = [
+        n for block in blocks.layer_names for n in (f"{block}.attn", f"{block}.mlp")
+    ]
     assert subs.layer_names == names
     paired = subs.attributions.view(*subs.attributions.shape[:2], -1, 2).sum(-1)
     assert (paired - blocks.attributions).abs().max() <= FP32_TOL
     assert subs.delta.abs().max() <= FP32_TOL
     assert torch.equal(subs.lens[..., 1::2], blocks.lens)
     attrs, delta = lens.attribute(
-        ids, additional_forward_args=(mask,), granularity="sublayer", n_steps=3,
+        ids,
+        additional_forward_args=(mask,),
+        granularity="sublayer",
+        n_steps=3,
         return_convergence_delta=True,
     )
     assert len(attrs) == len(names) and delta.abs().max() <= FP32_TOL
@@ -65,7 +72,8 @@ def test_bad_granularity():
 
 
 def test_mid_block_state_matches_submodules_by_hand():
-    """h_mid = block input + attention output; block output = h_mid + mlp(norm(h_mid))."""
+    """h_mid = block input + attention output; the block's output is
+    h_mid + mlp(norm(h_mid))."""
     model = tiny_model("llama")
     lens = LayerIGLens.from_model(model)
     block = decoder_layers(model)[1]
@@ -76,13 +84,16 @@ def test_mid_block_state_matches_submodules_by_hand():
 
     handles = [
         block.register_forward_pre_hook(
-            lambda m, a, k: keep("in", a[0] if a else k["hidden_states"]), with_kwargs=True
+            lambda m, a, k: keep("in", a[0] if a else k["hidden_states"]),
+            with_kwargs=True,
         ),
         block.self_attn.register_forward_hook(lambda m, a, o: keep("attn", o[0])),
     ]
     ids = torch.randint(0, VOCAB, (2, 5))
     points, _ = lens._path_points("sublayer")
-    capture = ResidualCapture(lens.input_layer, points, torch.arange(5), torch.device("cpu"))
+    capture = ResidualCapture(
+        lens.input_layer, points, torch.arange(5), torch.device("cpu")
+    )
     try:
         with capture, torch.no_grad():
             out = model(ids)

@@ -5,18 +5,13 @@ import torch
 
 from captum_iglens import LayerIGLens, Readout
 from captum_iglens.hf.architectures import decoder_layers
-from tests.helpers import assert_state_unchanged, hook_snapshot, left_padded, state_snapshot
+from tests.helpers import (
+    assert_state_unchanged,
+    hook_snapshot,
+    left_padded,
+    state_snapshot,
+)
 from tests.tiny_models import VOCAB, tiny_model
-
-
-@pytest.fixture(scope="module")
-def llama():
-    return tiny_model("llama")
-
-
-@pytest.fixture
-def lens(llama):
-    return LayerIGLens.from_model(llama)
 
 
 def _ids(b=2, t=5):
@@ -51,7 +46,14 @@ def test_bad_arguments_name_the_argument(lens, llama, name, kwargs, error):
     assert_state_unchanged(llama, state)
 
 
-@pytest.mark.parametrize("inputs", [torch.zeros(0, 5, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long), torch.zeros(3, dtype=torch.long)])
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        torch.zeros(0, 5, dtype=torch.long),
+        torch.zeros(2, 0, dtype=torch.long),
+        torch.zeros(3, dtype=torch.long),
+    ],
+)
 def test_empty_or_flat_inputs(lens, inputs):
     with pytest.raises(ValueError, match="inputs"):
         lens.attribute_map(inputs)
@@ -82,7 +84,9 @@ def test_layers_out_of_order_or_not_final(llama):
     readout = Readout.from_model(llama)
     hooks = hook_snapshot(llama)
     with pytest.raises(ValueError, match="execution order"):
-        LayerIGLens(llama, [blocks[1], blocks[0]], readout=readout).attribute_map(_ids())
+        LayerIGLens(llama, [blocks[1], blocks[0]], readout=readout).attribute_map(
+            _ids()
+        )
     with pytest.raises(ValueError, match="final block"):
         LayerIGLens(llama, blocks[:-1], readout=readout).attribute_map(_ids())
     assert hook_snapshot(llama) == hooks
@@ -90,10 +94,16 @@ def test_layers_out_of_order_or_not_final(llama):
 
 def test_forward_without_logits(llama):
     blocks = decoder_layers(llama)
-    lens = LayerIGLens(lambda ids: {"x": llama(ids).logits}, blocks, readout=Readout.from_model(llama))
+    lens = LayerIGLens(
+        lambda ids: {"x": llama(ids).logits}, blocks, readout=Readout.from_model(llama)
+    )
     with pytest.raises(TypeError, match="forward_func"):
         lens.attribute_map(_ids())
-    lens = LayerIGLens(lambda ids: llama(ids).logits[..., :10], blocks, readout=Readout.from_model(llama))
+    lens = LayerIGLens(
+        lambda ids: llama(ids).logits[..., :10],
+        blocks,
+        readout=Readout.from_model(llama),
+    )
     with pytest.raises(ValueError, match="forward_func"):
         lens.attribute_map(_ids())
 
@@ -109,7 +119,7 @@ def test_nan_names_the_layer(llama, monkeypatch):
     finally:
         handle.remove()
     assert hook_snapshot(llama) != hooks  # the test's own hook was there, and is kept
-    
+
 
 def test_layer_that_raises_leaves_no_hook(llama, monkeypatch):
     lens = LayerIGLens.from_model(llama)
@@ -145,7 +155,9 @@ def test_normal_call_keeps_hooks_weights_and_mode(llama):
     own = decoder_layers(llama)[0].register_forward_hook(lambda m, a, o: None)
     try:
         hooks, state = hook_snapshot(llama), state_snapshot(llama)
-        lens.attribute(ids, additional_forward_args=(mask,), method="gausslegendre", n_steps=3)
+        lens.attribute(
+            ids, additional_forward_args=(mask,), method="gausslegendre", n_steps=3
+        )
         lens.attribute_map(ids, additional_forward_args=(mask,))
         assert hook_snapshot(llama) == hooks
         assert_state_unchanged(llama, state)
@@ -160,5 +172,10 @@ def test_gradients_forced_under_no_grad(lens):
 
 
 def test_grad_kwargs_pass_through(lens):
-    a = lens.attribute(_ids(1, 3), method="gausslegendre", n_steps=3, grad_kwargs={"retain_graph": False})
+    a = lens.attribute(
+        _ids(1, 3),
+        method="gausslegendre",
+        n_steps=3,
+        grad_kwargs={"retain_graph": False},
+    )
     assert len(a) == len(lens.layers)

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from captum_iglens import LayerIGLens
+from captum_iglens import LayerIGLens, Settings
 from captum_iglens.studies.batch import read_results, run_batch, to_result
 from captum_iglens.studies.prompts import read_prompts
-from captum_iglens.hf import encode_prompt, teacher_forcing
+from captum_iglens.hf import encode_answer, encode_prompt, teacher_forcing
 from tests.helpers import word_tokenizer
 from tests.tiny_models import VOCAB, tiny_model
 
@@ -175,3 +175,82 @@ def test_read_prompts_and_bad_prompts(tmp_path):
             run_batch(None, None, bad, tmp_path)
     with pytest.raises(ValueError, match="batch_size"):
         run_batch(None, None, PROMPTS, tmp_path, batch_size=0)
+
+
+# ------------------------------------------------------------ settings and resume
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(method="riemann_trapezoid", n_steps=3),
+        dict(baselines="mean"),
+        dict(baselines=0.0),
+        dict(granularity="sublayer"),
+        dict(positions="prompt"),
+        dict(positions="all"),
+        dict(chat=False, max_new_tokens=2),
+    ],
+)
+def test_every_setting_reaches_the_attribution(tmp_path, monkeypatch, options):
+    seen = []
+    original = LayerIGLens.attribute_map
+
+    def spy(self, inputs, *args, **kwargs):
+        seen.append(kwargs)
+        return original(self, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(LayerIGLens, "attribute_map", spy)
+    model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
+    prompts = [p for p in PROMPTS if p.get("answer")][:3]
+    path = run_batch(
+        model, tokenizer, prompts, tmp_path, progress=False, batch_size=2, **options
+    )
+    settings = Settings(**options)
+    for kwargs in seen:
+        for name, value in settings.map_kwargs().items():
+            assert kwargs[name] == value, name
+    for record, item in zip(read_results(path), prompts):
+        result = to_result(record)
+        assert result.method == settings.method and result.n_steps == settings.n_steps
+        if settings.granularity == "sublayer":
+            assert result.layer_names == ["0.attn", "0.mlp", "1.attn", "1.mlp"]
+        ids, positions, targets = teacher_forcing(
+            encode_prompt(tokenizer, item["prompt"], chat=settings.chat),
+            encode_answer(tokenizer, item["answer"]),
+            settings.positions,
+        )
+        assert torch.equal(result.positions, positions)
+        assert torch.equal(result.targets, targets)
+        if positions.numel() == 0:  # a one-token prompt has no prompt positions
+            assert result.attributions.shape[1] == 0
+            continue
+        expected = LayerIGLens.from_model(model).attribute_map(
+            ids, target=targets, positions=positions, **settings.map_kwargs()
+        )
+        torch.testing.assert_close(
+            result.attributions, expected.attributions, atol=TOL, rtol=0
+        )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [dict(layers=[0]), dict(chat=False), dict(method="riemann_left", n_steps=2)],
+)
+def test_resume_under_other_settings_is_refused(tmp_path, change):
+    model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
+    run_batch(model, tokenizer, PROMPTS[:2], tmp_path, progress=False)
+    before = (tmp_path / "results.jsonl").read_text()
+    with pytest.raises(ValueError, match="new --out folder"):
+        run_batch(model, tokenizer, PROMPTS, tmp_path, progress=False, **change)
+    assert (tmp_path / "results.jsonl").read_text() == before
+
+
+def test_resume_with_another_model_is_refused(tmp_path):
+    tokenizer = word_tokenizer(VOCAB)
+    run_batch(tiny_model("llama"), tokenizer, PROMPTS[:2], tmp_path, progress=False)
+    other = tiny_model("llama")
+    with torch.no_grad():
+        other.lm_head.weight[0, 0] += 1.0
+    with pytest.raises(ValueError, match="weights sha256"):
+        run_batch(other, tokenizer, PROMPTS, tmp_path, progress=False)

@@ -85,13 +85,13 @@ class DummyTokenizer:
 
 
 @pytest.fixture(scope="module")
-def llama():
+def llama3():
     return tiny_model("llama", num_hidden_layers=3)
 
 
 @pytest.fixture(scope="module")
-def lens(llama):
-    return LayerIGLens.from_model(llama)
+def lens(llama3):
+    return LayerIGLens.from_model(llama3)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def _check_result(res, lens, n_out):
     assert torch.equal(res.output_probs, iglens.model_prob[0])
 
 
-def test_string_target_teacher_forcing(llama, lens, tokenizer):
+def test_string_target_teacher_forcing(llama3, lens, tokenizer):
     llm_attr = LLMLayerAttribution(lens, tokenizer)
     inp = TextTokenInput("a b c d", tokenizer)
     res = llm_attr.attribute(inp, target="x y z")
@@ -133,25 +133,25 @@ def test_string_target_teacher_forcing(llama, lens, tokenizer):
     target = torch.tensor([ord("x"), ord("y"), ord("z")])
     assert torch.equal(res.iglens.targets[0], target)
     prompt = inp.to_model_input()
-    expected = _reference_probs(llama, prompt, prompt.shape[1], target)
+    expected = _reference_probs(llama3, prompt, prompt.shape[1], target)
     assert torch.allclose(res.output_probs, expected, atol=TOL)
     # The attributed positions are those that predict each target token.
     n_prompt = prompt.shape[1]
     assert res.iglens.positions.tolist() == [n_prompt - 1, n_prompt, n_prompt + 1]
 
 
-def test_tensor_target_and_template_input(llama, lens, tokenizer):
+def test_tensor_target_and_template_input(llama3, lens, tokenizer):
     llm_attr = LLMLayerAttribution(lens, tokenizer)
     inp = TextTemplateInput("{} b {} d", ["a", "c"])
     target = torch.tensor([[ord("q"), ord("r")]])
     res = llm_attr.attribute(inp, target=target)
     _check_result(res, lens, 2)
     prompt = tokenizer.encode("a b c d", return_tensors="pt")
-    expected = _reference_probs(llama, prompt, prompt.shape[1], target[0])
+    expected = _reference_probs(llama3, prompt, prompt.shape[1], target[0])
     assert torch.allclose(res.output_probs, expected, atol=TOL)
 
 
-def test_generated_target_is_greedy(llama, lens, tokenizer):
+def test_generated_target_is_greedy(llama3, lens, tokenizer):
     llm_attr = LLMLayerAttribution(lens, tokenizer)
     inp = TextTokenInput("a b c", tokenizer)
     res = llm_attr.attribute(inp, gen_args={"max_new_tokens": 4, "eos_token_id": None})
@@ -160,10 +160,10 @@ def test_generated_target_is_greedy(llama, lens, tokenizer):
     prompt = inp.to_model_input()
     generated = res.iglens.targets[0]
     with torch.no_grad():
-        logits = llama(torch.cat([prompt, generated[None]], dim=1)).logits[0]
+        logits = llama3(torch.cat([prompt, generated[None]], dim=1)).logits[0]
     n = prompt.shape[1]
     assert torch.equal(logits[n - 1 : n - 1 + 4].argmax(-1), generated)
-    expected = _reference_probs(llama, prompt, n, generated)
+    expected = _reference_probs(llama3, prompt, n, generated)
     assert torch.allclose(res.output_probs, expected, atol=TOL)
 
 
@@ -196,12 +196,12 @@ def test_kwargs_reach_attribute_map(lens, tokenizer):
         llm_attr.attribute(inp, target="x y", positions=[0])
 
 
-def test_wrong_attr_method_and_inputs(llama, lens, tokenizer):
-    lig = LayerIntegratedGradients(llama, decoder_layers(llama)[0])
+def test_wrong_attr_method_and_inputs(llama3, lens, tokenizer):
+    lig = LayerIntegratedGradients(llama3, decoder_layers(llama3)[0])
     with pytest.raises(TypeError, match="attr_method"):
         LLMLayerAttribution(lig, tokenizer)
     with pytest.raises(TypeError, match="attr_method"):
-        LLMLayerAttribution(llama, tokenizer)
+        LLMLayerAttribution(llama3, tokenizer)
     llm_attr = LLMLayerAttribution(lens, tokenizer)
     with pytest.raises(TypeError, match="inp"):
         llm_attr.attribute("a b c", target="x")
@@ -214,11 +214,11 @@ def test_wrong_attr_method_and_inputs(llama, lens, tokenizer):
         llm_attr.attribute(inp, target=torch.tensor([], dtype=torch.long))
 
 
-def test_no_generate_raises_clearly(llama, tokenizer):
-    lens = LayerIGLens.from_model(llama)
-    blocks = decoder_layers(llama)
+def test_no_generate_raises_clearly(llama3, tokenizer):
+    lens = LayerIGLens.from_model(llama3)
+    blocks = decoder_layers(llama3)
     plain = LayerIGLens(
-        lambda ids: llama(ids).logits,
+        lambda ids: llama3(ids).logits,
         blocks,
         readout=lens.readout,
         layer_names=["a", "b", "c"],
@@ -233,12 +233,12 @@ def test_no_generate_raises_clearly(llama, tokenizer):
     assert res.token_attr.shape == (1, 3)
 
 
-def test_forward_func_is_hf_model(llama, tokenizer):
+def test_forward_func_is_hf_model(llama3, tokenizer):
     """LayerIGLens built on the HF model itself also generates."""
-    ref = LayerIGLens.from_model(llama)
-    direct = LayerIGLens(llama, decoder_layers(llama), readout=ref.readout)
+    ref = LayerIGLens.from_model(llama3)
+    direct = LayerIGLens(llama3, decoder_layers(llama3), readout=ref.readout)
     llm_attr = LLMLayerAttribution(direct, tokenizer)
-    assert llm_attr.model is llama
+    assert llm_attr.model is llama3
     res = llm_attr.attribute(
         TextTokenInput("a b", tokenizer),
         gen_args={"max_new_tokens": 2, "eos_token_id": None},

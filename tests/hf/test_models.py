@@ -107,9 +107,10 @@ def test_first_load_converts_and_second_load_uses_cache(
     folder = converted.cache / models.DEFAULT_MODEL
     assert (folder / "model.safetensors").is_file()
     manifest = json.loads((folder / "captum_iglens_manifest.json").read_text())
-    assert manifest["files"]["model.safetensors"]["size"] == (
-        folder / "model.safetensors"
-    ).stat().st_size
+    assert (
+        manifest["files"]["model.safetensors"]["size"]
+        == (folder / "model.safetensors").stat().st_size
+    )
     assert manifest["source"]["size"] == models.default_gguf_path().stat().st_size
     assert not [p for p in folder.iterdir() if p.suffix in {".bin", ".pt", ".pkl"}]
 
@@ -250,9 +251,7 @@ def test_damaged_cache_is_rebuilt(
     damage(folder)
     model, tokenizer = models.load_model(gguf, cache_dir=cache, progress=False)
     assert len(reads) == 2
-    assert torch.equal(
-        _logits(model, tokenizer), _logits(original, original_tokenizer)
-    )
+    assert torch.equal(_logits(model, tokenizer), _logits(original, original_tokenizer))
     assert _no_partials(cache)
     assert {p.name: p.stat().st_size for p in folder.iterdir()} == sizes
 

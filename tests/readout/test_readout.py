@@ -139,7 +139,9 @@ def test_log_prob_matches_model_probabilities(model: nn.Module) -> None:
 # OLMo's final LayerNorm has no weight or bias, so it is idempotent up to eps (a
 # second application moves logits by ~1e-5 only); OPT without a final norm has
 # nothing to apply twice.
-NORM_TWICE_VISIBLE = [a for a in ARCHITECTURES if a not in ("olmo", "opt-no-final-norm")]
+NORM_TWICE_VISIBLE = [
+    a for a in ARCHITECTURES if a not in ("olmo", "opt-no-final-norm")
+]
 
 
 @pytest.mark.parametrize("arch", NORM_TWICE_VISIBLE)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from captum.attr import LayerIntegratedGradients
 
-from captum_iglens import LayerIGLens
+from captum_iglens import LayerIGLens, Settings
 from captum_iglens.studies.comparison.runners import TargetProbability
 from captum_iglens.hf.architectures import decoder_layers
 from captum_iglens.studies.comparison import COMPARED_METHODS, ComparisonResult, compare
@@ -30,7 +30,7 @@ N_STEPS = 64  # enough for Captum's convergence deltas to stay well under |Δp| 
 
 
 @pytest.fixture(scope="module")
-def llama():
+def calm_llama():
     # Weights a little smaller than the other tests' tiny models: Captum's integrals
     # then converge in 64 steps, so its per-block totals are clearly ≈ F(x) − F(x').
     return tiny_model("llama", initializer_range=0.1)
@@ -43,10 +43,10 @@ def batch():
 
 
 @pytest.fixture(scope="module")
-def run(llama, batch):
+def run(calm_llama, batch):
     ids, mask = batch
-    hooks, state = hook_snapshot(llama), state_snapshot(llama)
-    result = compare(llama, ids, mask, positions=POSITIONS, n_steps=N_STEPS)
+    hooks, state = hook_snapshot(calm_llama), state_snapshot(calm_llama)
+    result = compare(calm_llama, ids, mask, positions=POSITIONS, n_steps=N_STEPS)
     return result, hooks, state
 
 
@@ -73,22 +73,22 @@ def test_every_method_on_the_same_work(run):
         assert entry.residual.shape == (b, p), name
 
 
-def test_hooks_and_state_unchanged(llama, run):
+def test_hooks_and_state_unchanged(calm_llama, run):
     _, hooks, state = run
-    assert hook_snapshot(llama) == hooks
-    assert_state_unchanged(llama, state)
+    assert hook_snapshot(calm_llama) == hooks
+    assert_state_unchanged(calm_llama, state)
 
 
 # ------------------------------------------------------------------- IG-Lens
 
 
-def test_ig_lens_is_additive(llama, batch, run):
+def test_ig_lens_is_additive(calm_llama, batch, run):
     result = run[0]
     ids, mask = batch
     entry = result.methods["ig_lens"]
     assert entry.residual.max() <= FP32_TOL
     assert (entry.layer_sum - entry.expected).abs().max() <= FP32_TOL
-    direct = LayerIGLens.from_model(llama).attribute_map(
+    direct = LayerIGLens.from_model(calm_llama).attribute_map(
         ids, additional_forward_args=(mask,), positions=POSITIONS
     )
     assert torch.equal(direct.targets, result.targets)
@@ -96,10 +96,14 @@ def test_ig_lens_is_additive(llama, batch, run):
     assert entry.forwards == 1 and entry.backwards == 0
 
 
-def test_ig_lens_baseline_is_passed_through(llama, batch):
+def test_ig_lens_baseline_is_passed_through(calm_llama, batch):
     ids, mask = batch
     result = compare(
-        llama, ids, mask, positions=POSITIONS, baselines=0.0,
+        calm_llama,
+        ids,
+        mask,
+        positions=POSITIONS,
+        baselines=0.0,
         methods=("ig_lens", "logit_lens_diff"),
     )
     ig, diff = result.methods["ig_lens"], result.methods["logit_lens_diff"]
@@ -113,19 +117,19 @@ def test_ig_lens_baseline_is_passed_through(llama, batch):
 # ------------------------------------------------------------------- logit lens
 
 
-def test_logit_lens_levels_and_differences(llama, batch, run):
+def test_logit_lens_levels_and_differences(calm_llama, batch, run):
     result = run[0]
     ids, mask = batch
     levels, diff = result.methods["logit_lens"], result.methods["logit_lens_diff"]
-    lens = LayerIGLens.from_model(llama).attribute_map(
+    lens = LayerIGLens.from_model(calm_llama).attribute_map(
         ids, additional_forward_args=(mask,), positions=POSITIONS
     )
     assert (levels.scores - lens.lens).abs().max() <= FP32_TOL
-    model_prob = _probability(llama, ids, mask, POSITIONS, result.targets)
+    model_prob = _probability(calm_llama, ids, mask, POSITIONS, result.targets)
     assert (levels.scores[..., -1] - model_prob).abs().max() <= FP32_TOL
     # Block 0's level, by hand: the model's own norm and head on its output.
-    h_1 = block_states(llama, ids, mask)[0][1][:, POSITIONS]
-    probs = llama.lm_head(llama.model.norm(h_1)).float().softmax(-1)
+    h_1 = block_states(calm_llama, ids, mask)[0][1][:, POSITIONS]
+    probs = calm_llama.lm_head(calm_llama.model.norm(h_1)).float().softmax(-1)
     by_hand = probs.gather(-1, result.targets[..., None])[..., 0]
     assert (levels.scores[..., 0] - by_hand).abs().max() <= FP32_TOL
     # Levels are not additive; their first differences telescope (IG-Lens's map).
@@ -137,7 +141,9 @@ def test_logit_lens_levels_and_differences(llama, batch, run):
 # ------------------------------------------------------------------- DLA
 
 
-def test_dla_matches_a_reference_and_sums_to_the_logit_difference(llama, batch, run):
+def test_dla_matches_a_reference_and_sums_to_the_logit_difference(
+    calm_llama, batch, run
+):
     result = run[0]
     ids, mask = batch
     entry = result.methods["dla"]
@@ -145,8 +151,8 @@ def test_dla_matches_a_reference_and_sums_to_the_logit_difference(llama, batch, 
     assert (entry.layer_sum - entry.expected).abs().max() <= 1e-5
     # Reference, by hand for Llama (RMSNorm, no biases): each block's update through
     # norm weight / rms(h_final) and the unembedding row of the target.
-    states = block_states(llama, ids, mask)[0]
-    norm, head = llama.model.norm, llama.lm_head.weight
+    states = block_states(calm_llama, ids, mask)[0]
+    norm, head = calm_llama.model.norm, calm_llama.lm_head.weight
     h = torch.stack(states, 2)[:, POSITIONS]  # (B, P, 3, d): h_0, h_1, h_2
     rms = (h[:, :, -1].pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).sqrt()
     rows = head[result.targets]  # (B, P, d)
@@ -163,7 +169,12 @@ def test_dla_matches_a_reference_and_sums_to_the_logit_difference(llama, batch, 
 @pytest.mark.parametrize(
     "arch",
     [
-        "gpt2", "gemma2", "opt-project-out", "cohere", "olmo", "gptj",
+        "gpt2",
+        "gemma2",
+        "opt-project-out",
+        "cohere",
+        "olmo",
+        "gptj",
         "opt-no-final-norm",
     ],
 )
@@ -182,14 +193,14 @@ def test_dla_sums_to_the_logit_difference_across_architectures(arch):
 
 
 @pytest.mark.parametrize("name", ["layer_conductance", "layer_integrated_gradients"])
-def test_captum_blocks_each_explain_the_whole_change(llama, batch, run, name):
+def test_captum_blocks_each_explain_the_whole_change(calm_llama, batch, run, name):
     result = run[0]
     ids, mask = batch
     entry = result.methods[name]
     k = entry.scores.shape[-1]
-    pad = torch.full_like(ids, llama.config.pad_token_id)
-    change = _probability(llama, ids, mask, POSITIONS, result.targets)
-    change = change - _probability(llama, pad, mask, POSITIONS, result.targets)
+    pad = torch.full_like(ids, calm_llama.config.pad_token_id)
+    change = _probability(calm_llama, ids, mask, POSITIONS, result.targets)
+    change = change - _probability(calm_llama, pad, mask, POSITIONS, result.targets)
     assert (entry.expected - change).abs().max() <= FP32_TOL
     assert torch.equal(entry.prob_change, entry.expected)
     # Each block's total is the whole F(x) − F(x'), within Captum's own delta...
@@ -213,13 +224,13 @@ def test_captum_methods_share_one_baseline_input(run):
     assert result.metadata["baseline_token"] == 0
 
 
-def test_lig_on_dependent_blocks_raises_or_gives_zeros(llama, batch, run):
+def test_lig_on_dependent_blocks_raises_or_gives_zeros(calm_llama, batch, run):
     # Pinned: if a Captum release changes this, the finding must be checked again.
     assert captum.__version__ == "0.9.0"
     result = run[0]
     ids, mask = batch
-    blocks = decoder_layers(llama)
-    forward = TargetProbability(llama, embeddings=False)
+    blocks = decoder_layers(calm_llama)
+    forward = TargetProbability(calm_llama, embeddings=False)
     rows = ids.repeat_interleave(3, 0)
     extra = (
         mask.repeat_interleave(3, 0),
@@ -275,27 +286,27 @@ def test_table_json_and_plot(run, tmp_path):
     plt.close(fig)
 
 
-def test_without_attention_mask(llama):
+def test_without_attention_mask(calm_llama):
     ids = torch.randint(1, VOCAB, (1, 6))
     methods = ("ig_lens", "dla", "layer_conductance", "layer_integrated_gradients")
-    result = compare(llama, ids, positions=[-1], n_steps=8, methods=methods)
+    result = compare(calm_llama, ids, positions=[-1], n_steps=8, methods=methods)
     assert result.methods["ig_lens"].residual.max() <= FP32_TOL
     mask = torch.ones_like(ids)
-    change = _probability(llama, ids, mask, [-1], result.targets)
+    change = _probability(calm_llama, ids, mask, [-1], result.targets)
     pad = torch.zeros_like(ids)  # the tiny model's pad token
-    change = change - _probability(llama, pad, mask, [-1], result.targets)
+    change = change - _probability(calm_llama, pad, mask, [-1], result.targets)
     for name in methods[2:]:
         assert (result.methods[name].expected - change).abs().max() <= FP32_TOL
 
 
-def test_bad_arguments(llama, batch):
+def test_bad_arguments(calm_llama, batch):
     ids, mask = batch
     with pytest.raises(ValueError, match="layer_conductance"):
-        compare(llama, ids, mask, methods=("ig_lens", "tuned_lens"))
+        compare(calm_llama, ids, mask, methods=("ig_lens", "tuned_lens"))
     with pytest.raises(ValueError, match="n_steps"):
-        compare(llama, ids, mask, n_steps=0)
+        compare(calm_llama, ids, mask, n_steps=0)
     with pytest.raises(ValueError, match="baseline_token"):
-        compare(llama, ids, mask, baseline_token=VOCAB)
+        compare(calm_llama, ids, mask, baseline_token=VOCAB)
 
 
 # ------------------------------------------------------------------- real model
@@ -306,8 +317,12 @@ def test_real_model_ig_lens_is_exact(default_model):
     model, tokenizer = default_model
     ids = tokenizer("The capital of France is Paris.", return_tensors="pt").input_ids
     result = compare(
-        model, ids, positions=[-3, -2, -1], layers=[9, 19],
-        methods=("ig_lens", "logit_lens_diff", "dla"), tokenizer=tokenizer,
+        model,
+        ids,
+        positions=[-3, -2, -1],
+        layers=[9, 19],
+        methods=("ig_lens", "logit_lens_diff", "dla"),
+        tokenizer=tokenizer,
     )
     assert result.layer_names == ["9", "19", "29"]
     assert result.methods["ig_lens"].residual.max() <= FP32_TOL
@@ -317,3 +332,68 @@ def test_real_model_ig_lens_is_exact(default_model):
     assert (dla.layer_sum - dla.expected).abs().max() <= 1e-5 * scale
     assert dla.residual.max() > 0.1
     assert result.tokens[0][0] == " Paris"
+
+
+# ------------------------------------------------------------------- settings
+
+
+def test_settings_reach_every_method(calm_llama, batch, monkeypatch, tmp_path):
+    ids, mask = batch
+    steps = []
+    original = LayerIntegratedGradients.attribute
+
+    def spy(self, *args, **kwargs):
+        steps.append(kwargs["n_steps"])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LayerIntegratedGradients, "attribute", spy)
+    settings = Settings(
+        layers=(0,),
+        method="riemann_trapezoid",
+        n_steps=3,
+        baselines="mean",
+        granularity="sublayer",
+    )
+    result = compare(
+        calm_llama,
+        ids,
+        mask,
+        positions=[-1],
+        methods=["ig_lens", "logit_lens", "dla", "layer_integrated_gradients"],
+        settings=settings,
+    )
+    assert steps == [3, 3]  # one call per block, with the settings' steps
+    sublayers = ["0.attn", "0.mlp", "1.attn", "1.mlp"]
+    assert result.methods["ig_lens"].layer_names == sublayers
+    assert result.methods["logit_lens"].layer_names == sublayers
+    assert result.methods["dla"].layer_names == ["0", "1"]
+    expected = LayerIGLens.from_model(calm_llama).attribute_map(
+        ids,
+        target=result.targets,
+        additional_forward_args=(mask,),
+        positions=[-1],
+        **settings.map_kwargs(),
+    )
+    torch.testing.assert_close(
+        result.methods["ig_lens"].scores,
+        expected.attributions * expected.mask[..., None],
+        atol=FP32_TOL,
+        rtol=0,
+    )
+    path = tmp_path / "c.json"
+    result.save(path)
+    loaded = ComparisonResult.load(path)
+    assert loaded.methods["ig_lens"].layer_names == sublayers
+    assert loaded.format_table() == result.format_table()
+    fig, axes = loaded.plot()
+    assert set(axes) == set(result.methods) | {"residuals"}
+
+
+def test_malformed_comparison_file_is_refused(run, tmp_path):
+    result = run[0]
+    data = result.to_dict()
+    data["methods"]["dla"]["scores"][0][0].pop()
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"kind": "ComparisonResult", **data}))
+    with pytest.raises(ValueError, match="methods.dla.scores"):
+        ComparisonResult.load(path)

@@ -14,16 +14,6 @@ FP32_TOL = 1e-6
 
 
 @pytest.fixture(scope="module")
-def llama():
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def lens(llama):
-    return LayerIGLens.from_model(llama)
-
-
-@pytest.fixture(scope="module")
 def batch():
     torch.manual_seed(0)
     return left_padded([7, 4], VOCAB)
@@ -41,7 +31,10 @@ def test_completeness_map_and_per_dimension(lens, batch, n_steps):
     assert (result.total - change)[real].abs().max() <= FP32_TOL
     assert result.delta[real].abs().max() <= FP32_TOL
     attrs, delta = lens.attribute(
-        ids, additional_forward_args=(mask,), n_steps=n_steps, return_convergence_delta=True
+        ids,
+        additional_forward_args=(mask,),
+        n_steps=n_steps,
+        return_convergence_delta=True,
     )
     per_layer = torch.stack([a.sum(-1) for a in attrs], dim=-1)
     assert delta.shape == (2, ids.shape[1])
@@ -79,7 +72,10 @@ def test_matches_hand_computed_path(llama, batch):
     result = lens.attribute_map(ids, additional_forward_args=(mask,))
     target = logits.argmax(-1)
     with torch.no_grad():
-        f = [readout(s).float().softmax(-1).gather(-1, target[..., None])[..., 0] for s in states]
+        f = [
+            readout(s).float().softmax(-1).gather(-1, target[..., None])[..., 0]
+            for s in states
+        ]
     expected = torch.stack([f[1] - f[0], f[-1] - f[1]], dim=-1) * mask[..., None]
     assert result.layer_names == ["0", str(len(states) - 2)]
     assert torch.allclose(result.attributions, expected, atol=FP32_TOL)
@@ -99,7 +95,9 @@ def test_closed_form_toy_model():
     class Toy(nn.Module):
         def __init__(self):
             super().__init__()
-            self.blocks = nn.ModuleList([Add(torch.tensor([1.0, 0, 0])), Add(torch.tensor([0, 2.0, 0]))])
+            self.blocks = nn.ModuleList(
+                [Add(torch.tensor([1.0, 0, 0])), Add(torch.tensor([0, 2.0, 0]))]
+            )
             self.head = nn.Identity()
 
         def forward(self, x):
@@ -115,8 +113,13 @@ def test_closed_form_toy_model():
     lens = LayerIGLens(toy, toy.blocks, readout=Readout(head=head))
     x = torch.zeros(1, 1, 3)
     result = lens.attribute_map(x, target=1)
-    p = [torch.softmax(torch.tensor(v), 0)[1] for v in ([0.0, 0, 0], [1.0, 0, 0], [1.0, 2, 0])]
-    assert torch.allclose(result.attributions[0, 0], torch.stack([p[1] - p[0], p[2] - p[1]]))
+    p = [
+        torch.softmax(torch.tensor(v), 0)[1]
+        for v in ([0.0, 0, 0], [1.0, 0, 0], [1.0, 2, 0])
+    ]
+    assert torch.allclose(
+        result.attributions[0, 0], torch.stack([p[1] - p[0], p[2] - p[1]])
+    )
 
 
 @pytest.mark.parametrize("method", SUPPORTED_METHODS)
@@ -131,7 +134,11 @@ def test_gradient_methods_equal_captum_integrated_gradients(llama, method):
     ig = IntegratedGradients(lambda h: readout(h).float().softmax(-1))
     for j, attr in enumerate(attrs):
         expected = ig.attribute(
-            states[j + 1][0], baselines=states[j][0], target=target.tolist(), n_steps=8, method=method
+            states[j + 1][0],
+            baselines=states[j][0],
+            target=target.tolist(),
+            n_steps=8,
+            method=method,
         )
         assert torch.allclose(attr[0], expected, atol=1e-5), (method, j)
 
@@ -141,8 +148,14 @@ def test_gradient_methods_converge(lens, batch, method):
     ids, mask = batch
     deltas = [
         lens.attribute(
-            ids, additional_forward_args=(mask,), method=method, n_steps=n, return_convergence_delta=True
-        )[1].abs().mean()
+            ids,
+            additional_forward_args=(mask,),
+            method=method,
+            n_steps=n,
+            return_convergence_delta=True,
+        )[1]
+        .abs()
+        .mean()
         for n in (4, 64)
     ]
     assert deltas[1] < deltas[0]
@@ -154,7 +167,10 @@ def test_trapezoid_bias_follows_captum_weights(lens, batch):
     result = lens.attribute_map(ids, additional_forward_args=(mask,))
     n = 16
     _, delta = lens.attribute(
-        ids, additional_forward_args=(mask,), method="riemann_trapezoid", n_steps=n,
+        ids,
+        additional_forward_args=(mask,),
+        method="riemann_trapezoid",
+        n_steps=n,
         return_convergence_delta=True,
     )
     change = (result.model_prob - result.base_prob) * result.mask
@@ -178,7 +194,9 @@ def test_baselines_keep_completeness(lens, batch, baselines):
     ids, mask = batch
     if baselines == "tensor":
         baselines = torch.randn(1, 1, 32)
-    result = lens.attribute_map(ids, baselines=baselines, additional_forward_args=(mask,))
+    result = lens.attribute_map(
+        ids, baselines=baselines, additional_forward_args=(mask,)
+    )
     assert result.delta.abs().max() <= FP32_TOL
     default = lens.attribute_map(ids, additional_forward_args=(mask,))
     assert not torch.allclose(result.base_prob, default.base_prob)
@@ -193,7 +211,9 @@ def test_batch_invariance_and_internal_batch_size(lens, batch):
         for a, b in zip(together, alone):
             assert torch.allclose(a[row, -length:], b[0], atol=1e-5)
     for size in (4, 20):
-        chunked = lens.attribute(ids, additional_forward_args=(mask,), n_steps=5, internal_batch_size=size)
+        chunked = lens.attribute(
+            ids, additional_forward_args=(mask,), n_steps=5, internal_batch_size=size
+        )
         for a, b in zip(together, chunked):
             assert torch.allclose(a, b, atol=1e-6)
 
@@ -203,8 +223,12 @@ def test_positions_and_targets(lens, batch):
     full = lens.attribute_map(ids, additional_forward_args=(mask,))
     some = lens.attribute_map(ids, additional_forward_args=(mask,), positions=[-1, 3])
     assert some.positions.tolist() == [6, 3]
-    assert torch.allclose(some.attributions, full.attributions[:, [6, 3]], atol=FP32_TOL)
-    per_example = lens.attribute_map(ids, additional_forward_args=(mask,), target=[5, 9])
+    assert torch.allclose(
+        some.attributions, full.attributions[:, [6, 3]], atol=FP32_TOL
+    )
+    per_example = lens.attribute_map(
+        ids, additional_forward_args=(mask,), target=[5, 9]
+    )
     assert (per_example.targets == torch.tensor([[5], [9]])).all()
     per_position = torch.randint(0, VOCAB, (2, 2))
     explicit = lens.attribute_map(
@@ -217,8 +241,10 @@ def test_positions_and_targets(lens, batch):
 def test_last_position_logits_and_single_layer(llama):
     blocks = decoder_layers(llama)
     lens = LayerIGLens(
-        lambda ids: llama(ids).logits[:, -1], blocks[-1],
-        readout=Readout.from_model(llama), input_layer=blocks[0],
+        lambda ids: llama(ids).logits[:, -1],
+        blocks[-1],
+        readout=Readout.from_model(llama),
+        input_layer=blocks[0],
     )
     ids = torch.randint(0, VOCAB, (2, 5))
     attr, delta = lens.attribute(ids, return_convergence_delta=True)
@@ -230,7 +256,8 @@ def test_last_position_logits_and_single_layer(llama):
 
 def test_module_list_returns_list_and_captum_conventions(llama):
     lens = LayerIGLens(
-        lambda ids: llama(ids), llama.model.layers,
+        lambda ids: llama(ids),
+        llama.model.layers,
         readout=Readout.from_model(llama),
     )
     out = lens.attribute(torch.randint(0, VOCAB, (1, 3)))
@@ -290,7 +317,9 @@ def test_readout_rows_bounded_by_chunk(llama, batch):
     ids, mask = batch
     lens = LayerIGLens.from_model(llama, max_chunk_bytes=VOCAB * 8 * 3)
     seen = []
-    handle = lens.readout.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[0]))
+    handle = lens.readout.register_forward_pre_hook(
+        lambda m, a: seen.append(a[0].shape[0])
+    )
     try:
         result = lens.attribute_map(ids, additional_forward_args=(mask,))
     finally:

@@ -1,0 +1,105 @@
+"""The architecture registry: built-in entries, block selection, user registration."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPTBigCodeConfig
+
+from captum_iglens import LayerIGLens, Readout, register_architecture
+from captum_iglens.hf import choose_blocks, supported_model_types
+from captum_iglens.hf.architectures import (
+    NORM_KINDS,
+    final_norm_kind,
+    unregister_architecture,
+)
+from tests.helpers import block_states, left_padded
+
+
+@pytest.fixture
+def bigcode():
+    config = GPTBigCodeConfig(
+        vocab_size=64, n_embd=32, n_layer=3, n_head=2, n_positions=64
+    )
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_block_selection_is_one_rule(llama):
+    assert choose_blocks(llama, None) == [0, 1]
+    assert choose_blocks(llama, [0]) == [0, 1]
+    assert choose_blocks(llama, [-2, 0]) == [0, 1]
+    for bad in ([True], [2], [-3], [0.0]):
+        with pytest.raises(ValueError, match="layers"):
+            choose_blocks(llama, bad)
+    with pytest.raises(ValueError, match="layers"):
+        LayerIGLens.from_model(llama, layers=[True])  # once read as block 1
+    with pytest.raises(TypeError, match="layers"):
+        choose_blocks(llama, 1)
+
+
+def test_norm_kind_is_data(llama):
+    assert final_norm_kind(llama) == "rms"
+    assert set(NORM_KINDS) == {"rms", "layer", "none"}
+
+
+def test_register_a_new_model_type(bigcode):
+    assert "gpt_bigcode" not in supported_model_types()
+    with pytest.raises(ValueError, match="register_architecture"):
+        LayerIGLens.from_model(bigcode)
+    register_architecture(
+        "gpt_bigcode",
+        layers="transformer.h",
+        norm=("transformer.ln_f",),
+        mid="ln_2",
+        norm_kind="layer",
+    )
+    try:
+        assert "gpt_bigcode" in supported_model_types()
+        lens = LayerIGLens.from_model(bigcode)
+        assert lens.layer_names == ["0", "1", "2"]
+        ids, mask = left_padded([6, 4], 64)
+        for granularity in ("block", "sublayer"):
+            result = lens.attribute_map(
+                ids, additional_forward_args=(mask,), granularity=granularity
+            )
+            change = result.model_prob - result.base_prob
+            residual = (result.total - change)[result.mask].abs().max()
+            assert residual <= 1e-6
+        # The readout of the last block's output is the model's own head.
+        states, logits = block_states(bigcode, ids, mask)
+        with torch.no_grad():
+            ours = Readout.from_model(bigcode)(states[-1])
+        torch.testing.assert_close(ours, logits, atol=1e-5, rtol=0)
+        with pytest.raises(ValueError, match="already registered"):
+            register_architecture(
+                "gpt_bigcode", layers="transformer.h", norm=("transformer.ln_f",)
+            )
+    finally:
+        unregister_architecture("gpt_bigcode")
+    assert "gpt_bigcode" not in supported_model_types()
+
+
+def test_a_wrong_registration_is_caught_on_use(bigcode):
+    # Forgetting the final norm: the readout no longer reproduces the logits.
+    register_architecture("gpt_bigcode", layers="transformer.h", norm=())
+    try:
+        lens = LayerIGLens.from_model(bigcode)
+        with pytest.raises(ValueError, match="does not reproduce the model's logits"):
+            lens.attribute_map(torch.tensor([[5, 6, 7]]))
+    finally:
+        unregister_architecture("gpt_bigcode")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(layers=""), "layers"),
+        (dict(layers="transformer.h", norm="transformer.ln_f"), "norm"),
+        (dict(layers="transformer.h", norm=(), norm_kind="batch"), "norm_kind"),
+        (dict(layers="transformer.h", norm=(), mid=""), "mid"),
+        (dict(layers="transformer.h", norm=(), head=()), "head"),
+    ],
+)
+def test_bad_registration_is_named(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        register_architecture("my_model", **{"norm": (), **kwargs})
+    assert "my_model" not in supported_model_types()

@@ -1,0 +1,73 @@
+"""Text in and out: encoding, one pad/stop policy, batched greedy generation,
+teacher forcing."""
+
+import pytest
+import torch
+
+from captum_iglens.hf import (
+    encode_answer,
+    encode_prompt,
+    generate,
+    left_pad,
+    pad_token_id,
+    stop_token_ids,
+    teacher_forcing,
+)
+from tests.helpers import word_tokenizer
+from tests.tiny_models import VOCAB
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return word_tokenizer(VOCAB)
+
+
+class Bare:
+    """A tokenizer with only Captum's TokenizerLike attributes."""
+
+    eos_token_id = None
+
+
+def test_pad_and_stop_policy(tokenizer):
+    assert pad_token_id(tokenizer) == 0
+    assert stop_token_ids(tokenizer) == [2]
+    assert pad_token_id(Bare()) == 0 and stop_token_ids(Bare()) == []
+    no_pad = Bare()
+    no_pad.eos_token_id = 9
+    assert pad_token_id(no_pad) == 9 and stop_token_ids(no_pad) == [9]
+
+
+def test_left_pad():
+    ids, mask = left_pad([torch.tensor([5, 6, 7]), torch.tensor([8])], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    with pytest.raises(ValueError, match="sequences"):
+        left_pad([], 0)
+
+
+def test_batched_generation_equals_one_at_a_time(llama, tokenizer):
+    prompts = [
+        encode_prompt(tokenizer, text)[0] for text in ("w5 w6 w7 w8", "w9", "w10 w11")
+    ]
+    together = generate(llama, tokenizer, prompts, max_new_tokens=5)
+    for prompt, answer in zip(prompts, together):
+        (alone,) = generate(llama, tokenizer, [prompt], max_new_tokens=5)
+        assert torch.equal(answer, alone)
+        assert 2 not in answer.tolist()  # cut at the stop token
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(llama, tokenizer, prompts, max_new_tokens=0)
+
+
+def test_teacher_forcing_spans(tokenizer):
+    prompt = encode_prompt(tokenizer, "w5 w6 w7")
+    answer = encode_answer(tokenizer, "w8 w9")
+    ids, pos, targets = teacher_forcing(prompt, answer, "answer")
+    assert ids.tolist() == [[5, 6, 7, 8, 9]]
+    assert pos.tolist() == [2, 3] and targets.tolist() == [[8, 9]]
+    assert teacher_forcing(prompt, answer, "prompt")[1].tolist() == [0, 1]
+    assert teacher_forcing(prompt, answer, "all")[1].tolist() == [0, 1, 2, 3]
+    assert teacher_forcing(prompt, answer[:0], "answer")[1].numel() == 0
+    with pytest.raises(ValueError, match="positions"):
+        teacher_forcing(prompt, answer, "middle")
+    with pytest.raises(ValueError, match="prompt"):
+        encode_prompt(tokenizer, "  ")

@@ -1,0 +1,137 @@
+"""IGLensResult: checked on construction and on load, sliced, concatenated."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from captum_iglens import IGLensResult
+from tests.helpers import left_padded
+from tests.tiny_models import VOCAB
+
+
+@pytest.fixture
+def result(lens):
+    torch.manual_seed(0)
+    ids, mask = left_padded([6, 4, 5], VOCAB)
+    res = lens.attribute_map(ids, additional_forward_args=(mask,))
+    res.tokens = [[f"t{b}{p}" for p in range(res.positions.numel())] for b in range(3)]
+    res.metadata = {"note": "test"}
+    return res
+
+
+def _same(a: IGLensResult, b: IGLensResult) -> None:
+    for name in ("attributions", "lens", "base_prob", "model_prob", "delta"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
+    for name in ("targets", "positions", "mask"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert (a.layer_names, a.method, a.n_steps, a.tokens, a.metadata) == (
+        b.layer_names,
+        b.method,
+        b.n_steps,
+        b.tokens,
+        b.metadata,
+    )
+
+
+def test_save_load_round_trip(result, tmp_path):
+    path = tmp_path / "r.json"
+    result.save(path)
+    _same(IGLensResult.load(path), result)
+    assert json.loads(path.read_text())["kind"] == "IGLensResult"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no partial file
+
+
+def test_select_and_cat(result):
+    one = result.select(batch=1, positions=[0, 2])
+    assert one.attributions.shape == (1, 2, result.attributions.shape[-1])
+    assert torch.equal(one.attributions[0], result.attributions[1, [0, 2]])
+    assert torch.equal(one.positions, result.positions[[0, 2]])
+    assert one.tokens == [["t10", "t12"]]
+    _same(
+        IGLensResult.cat([result.select(batch=[0]), result.select(batch=[1, 2])]),
+        result,
+    )
+    _same(result.select(batch=slice(None), positions=slice(None)), result)
+    empty = result.select(batch=[0], positions=[])
+    assert empty.attributions.shape == (1, 0, len(result.layer_names))
+    with pytest.raises(ValueError, match="batch"):
+        result.select(batch=3)
+    with pytest.raises(ValueError, match="positions differ"):
+        IGLensResult.cat([result.select(positions=[0]), result.select(positions=[1])])
+    with pytest.raises(ValueError, match="method"):
+        IGLensResult.cat([result, replace(result, method="riemann_left")])
+
+
+def test_empty_answer_result_round_trips(tmp_path):
+    empty = IGLensResult.empty(["0", "1"], "prediction_aware", 50)
+    empty.save(tmp_path / "e.json")
+    loaded = IGLensResult.load(tmp_path / "e.json")
+    assert loaded.attributions.shape == (1, 0, 2) and loaded.layer_names == ["0", "1"]
+    assert "completeness" in loaded.format_table()
+
+
+def _corrupt(data, field, value):
+    data = json.loads(json.dumps(data))
+    if callable(value):
+        value(data)
+    else:
+        data[field] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("layer_names", lambda d: d["layer_names"].pop()),
+        (
+            "attributions",
+            lambda d: [row.pop() for seq in d["attributions"] for row in seq],
+        ),
+        ("model_prob", lambda d: d["model_prob"][0].__setitem__(-1, 1.5)),
+        ("targets", lambda d: d["targets"][0].__setitem__(0, -3)),
+        ("targets", lambda d: d["targets"][0].__setitem__(0, 2.5)),
+        ("mask", lambda d: d["mask"][0].__setitem__(0, 1)),
+        ("method", "simpson"),
+        ("n_steps", 2.5),
+        ("delta", lambda d: d["delta"][0].__setitem__(-1, 0.5)),
+        ("lens", lambda d: d["lens"][0][0].__setitem__(0, None)),
+        ("positions", "0,1"),
+        ("tokens", [["a"]]),
+    ],
+)
+def test_inconsistent_file_is_refused_naming_the_field(result, tmp_path, field, value):
+    path = tmp_path / "bad.json"
+    data = _corrupt({"kind": "IGLensResult", **result.to_dict()}, field, value)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=field):
+        IGLensResult.load(path)
+
+
+def test_non_finite_and_foreign_files_are_refused(result, tmp_path):
+    path = tmp_path / "bad.json"
+    text = json.dumps(result.to_dict()).replace("0.0", "NaN", 1)
+    path.write_text(text)
+    with pytest.raises(ValueError, match="NaN"):
+        IGLensResult.load(path)
+    path.write_text(json.dumps({"kind": "ComparisonResult", **result.to_dict()}))
+    with pytest.raises(ValueError, match="holds a ComparisonResult"):
+        IGLensResult.load(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="JSON object"):
+        IGLensResult.load(path)
+
+
+def test_construction_checks_shapes(result):
+    with pytest.raises(ValueError, match="lens"):
+        replace(result, lens=result.lens[..., :-1])
+    with pytest.raises(TypeError, match="mask"):
+        replace(result, mask=result.mask.long())
+
+
+def test_save_into_a_missing_folder_fails_first(result, tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        result.save(tmp_path / "missing" / "r.json")
+    with pytest.raises(ValueError, match="does not exist"):
+        result.to_csv(tmp_path / "missing" / "r.csv")

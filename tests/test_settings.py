@@ -1,0 +1,62 @@
+"""Settings: checked on construction, replaced, serialised, resolved with options."""
+
+import pytest
+
+from captum_iglens import Settings
+
+
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("layers", "0,1", TypeError),
+        ("layers", [], ValueError),
+        ("layers", [True], ValueError),
+        ("layers", [0.5], ValueError),
+        ("positions", "middle", ValueError),
+        ("baselines", "median", TypeError),
+        ("baselines", [0.0], TypeError),
+        ("method", "simpson", ValueError),
+        ("n_steps", 0, ValueError),
+        ("n_steps", 2.0, ValueError),
+        ("granularity", "head", ValueError),
+        ("internal_batch_size", 0, ValueError),
+        ("max_chunk_bytes", 0, ValueError),
+        ("max_new_tokens", True, ValueError),
+        ("chat", "yes", TypeError),
+    ],
+)
+def test_bad_field_is_named(field, value, error):
+    with pytest.raises(error, match=field if field != "baselines" else "baselines"):
+        Settings(**{field: value})
+
+
+def test_riemann_needs_two_steps():
+    Settings(method="riemann_left", n_steps=2)
+    with pytest.raises(ValueError, match="n_steps"):
+        Settings(method="riemann_left", n_steps=1)
+
+
+def test_layers_become_a_tuple_and_replace_checks_again():
+    settings = Settings(layers=[3, 1])
+    assert settings.layers == (3, 1)
+    assert settings.replace(n_steps=7).n_steps == 7
+    with pytest.raises(ValueError, match="n_steps"):
+        settings.replace(n_steps=-1)
+    with pytest.raises(TypeError, match="nsteps: not a setting"):
+        settings.replace(nsteps=7)
+
+
+def test_dict_round_trip_and_unknown_fields():
+    settings = Settings(layers=(0, 5), baselines="mean", granularity="sublayer")
+    assert Settings.from_dict(settings.to_dict()) == settings
+    with pytest.raises(ValueError, match="unknown field"):
+        Settings.from_dict({**settings.to_dict(), "colour": "red"})
+
+
+def test_resolve_applies_options_over_settings():
+    base = Settings(method="riemann_trapezoid", n_steps=4)
+    assert Settings.resolve(None, {}) == Settings()
+    assert Settings.resolve(base, {}) is base
+    assert Settings.resolve(base, {"n_steps": 9}) == base.replace(n_steps=9)
+    with pytest.raises(TypeError, match="settings"):
+        Settings.resolve({"n_steps": 9}, {})
