@@ -327,6 +327,14 @@ def _save_figure(fig: Any, path: str) -> None:
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
+def _write(result: Any, args: argparse.Namespace) -> None:
+    """``--json`` and ``--png`` of a comparison or validation result."""
+    if args.json:
+        result.save(args.json)
+    if args.png:
+        _save_figure(result.plot()[0], args.png)
+
+
 def _prepare_attribute(args: argparse.Namespace) -> Job:
     from captum_iglens.attr import attribute_text
     from captum_iglens.hf.text import encode_prompt, generate
@@ -408,10 +416,7 @@ def _prepare_compare(args: argparse.Namespace) -> Job:
         print(f"prompt: {prompt}")
         print(f"answer: {tokenizer.decode(answer)}")
         print(result.format_table())
-        if args.json:
-            result.save(args.json)
-        if args.png:
-            _save_figure(result.plot()[0], args.png)
+        _write(result, args)
         return 0
 
     return job
@@ -480,10 +485,7 @@ def _prepare_validate(args: argparse.Namespace) -> Job:
             progress=_progress(args),
         )
         print(result.format_table())
-        if args.json:
-            result.save(args.json)
-        if args.png:
-            _save_figure(result.plot()[0], args.png)
+        _write(result, args)
         return 0
 
     return job

@@ -5,11 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import torch
-from captum._utils.common import (
-    _format_additional_forward_args,
-    _format_tensor_into_tuples,
-    _run_forward,
-)
+from captum._utils.common import _format_additional_forward_args, _run_forward
 from captum._utils.typing import TargetType
 from captum.attr import GradientAttribution, LayerAttribution
 from captum.log import log_usage
@@ -24,8 +20,10 @@ from captum_iglens.attr._utils.checks import (
     attention_mask_of,
     baseline_states,
     check_baselines,
+    check_construction,
     check_granularity,
     check_settings,
+    format_inputs,
     output_logits,
     resolve_positions,
     resolve_targets,
@@ -134,53 +132,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         ``post_attention_layernorm``. Needed for
                         ``granularity="sublayer"``. Default: None
         """
-        if not callable(forward_func):
-            raise TypeError(
-                f"forward_func: expected a callable, got {type(forward_func).__name__}"
-            )
-        is_list = isinstance(layer, (list, tuple, ModuleList))
-        layers = list(layer) if is_list else [layer]
-        if not layers or not all(isinstance(m, Module) for m in layers):
-            raise TypeError(
-                "layer: expected a non-empty list of torch.nn.Module blocks, got "
-                f"{type(layer).__name__}"
-            )
-        if len({id(m) for m in layers}) != len(layers):
-            raise ValueError("layer: each block may appear only once")
-        if not isinstance(readout, Readout):
-            raise TypeError(
-                "readout: expected a captum_iglens.Readout, got "
-                f"{type(readout).__name__}; build one with Readout.from_model(model) "
-                "or Readout(head=..., norm=..., post=...)"
-            )
-        input_layer = layers[0] if input_layer is None else input_layer
-        names = (
-            self._default_names(forward_func, layers)
-            if layer_names is None
-            else ([str(n) for n in layer_names])
+        layers, input_layer, names, sublayers = check_construction(
+            forward_func, layer, readout, input_layer, layer_names, sublayers
         )
-        if len(names) != len(layers):
-            raise ValueError(
-                f"layer_names: expected {len(layers)} names, got {len(names)}"
-            )
-        if sublayers is not None and (
-            len(sublayers) != len(layers)
-            or not all(isinstance(m, Module) for m in sublayers)
-        ):
-            raise ValueError(
-                f"sublayers: expected one torch.nn.Module per block ({len(layers)}), "
-                f"got {sublayers!r}"
-            )
-        if isinstance(forward_func, Module):
-            inside = {id(m) for m in forward_func.modules()}
-            named = [(f"layer[{i}]", m) for i, m in enumerate(layers)]
-            named += [(f"sublayers[{i}]", m) for i, m in enumerate(sublayers or ())]
-            for what, module in [*named, ("input_layer", input_layer)]:
-                if id(module) not in inside:
-                    raise ValueError(
-                        f"{what}: {type(module).__name__} is not a submodule of "
-                        "forward_func"
-                    )
+        is_list = isinstance(layer, (list, tuple, ModuleList))
         LayerAttribution.__init__(
             self, forward_func, layers if is_list else layers[0], device_ids
         )
@@ -189,18 +144,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         self.input_layer = input_layer
         self.readout = readout
         self.layer_names: List[str] = names
-        self.sublayers: Optional[List[Module]] = (
-            None if sublayers is None else list(sublayers)
-        )
-
-    @staticmethod
-    def _default_names(
-        forward_func: Callable[..., Any], layers: List[Module]
-    ) -> List[str]:
-        if isinstance(forward_func, Module):
-            qualified = {id(m): name for name, m in forward_func.named_modules()}
-            return [qualified.get(id(m), str(i)) for i, m in enumerate(layers)]
-        return [str(i) for i in range(len(layers))]
+        self.sublayers: Optional[List[Module]] = sublayers
 
     @classmethod
     def from_model(
@@ -540,51 +484,30 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         positions: PositionsType,
         granularity: Granularity,
     ) -> _Path:
-        formatted = (
-            _format_tensor_into_tuples(inputs) if isinstance(inputs, Tensor) else inputs
-        )
-        if (
-            not isinstance(formatted, tuple)
-            or not formatted
-            or not isinstance(formatted[0], Tensor)
-        ):
-            raise TypeError(
-                "inputs: expected a tensor (B, T) of token ids or (B, T, d) of "
-                f"embeddings, or a tuple led by one; got {type(inputs).__name__}"
-            )
-        first = formatted[0]
-        if first.dim() < 2 or first.shape[0] == 0 or first.shape[1] == 0:
-            raise ValueError(
-                "inputs: expected a non-empty batch (B, T) or (B, T, d) with "
-                f"B, T >= 1, got shape {tuple(first.shape)}"
-            )
-        batch, length = first.shape[:2]
+        formatted, batch, length = format_inputs(inputs)
         extra = _format_additional_forward_args(additional_forward_args)
         attention_mask = attention_mask_of(
             self.forward_func, formatted, extra, batch, length
         )
-        device = next(self.readout.parameters()).device
         pos = resolve_positions(positions, length, attention_mask)
-        vocab = self.readout.vocab_size
-        explicit_targets = resolve_targets(target, batch, len(pos), vocab)
+        targets = resolve_targets(target, batch, len(pos), self.readout.vocab_size)
         check_baselines(baselines)
-
         points, names = self._path_points(granularity)
+
+        device = next(self.readout.parameters()).device
         capture = ResidualCapture(self.input_layer, points, pos, device)
         with capture:
             output = _run_forward(self.forward_func, formatted, None, extra)
         h_0, outputs = capture.path()
-        logits = output_logits(output, batch, length, vocab)
+        logits = output_logits(output, batch, length, self.readout.vocab_size)
         if logits.dim() == 2:  # last-position logits: only the last position
             if positions is not None and pos.tolist() != [length - 1]:
                 raise ValueError(
                     "positions: forward_func returns last-position logits (B, V), "
                     f"so only position {length - 1} (or -1) can be attributed"
                 )
-            outputs = [h[:, -1:] for h in outputs]
-            pos = pos[-1:]
-            if explicit_targets is not None:
-                explicit_targets = explicit_targets[:, -1:]
+            outputs, pos = [h[:, -1:] for h in outputs], pos[-1:]
+            targets = None if targets is None else targets[:, -1:]
             logits, index = logits[:, None], torch.zeros(1, dtype=torch.long)
         else:
             index = pos
@@ -594,7 +517,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             else attention_mask.to(device)[:, pos].bool()
         )
         self._check_states(outputs, mask, names)
-        targets, model_prob = self._read_output(logits, index, explicit_targets, mask)
+        targets, model_prob = self._read_output(logits, index, targets, mask)
         self._check_top(outputs[-1], logits, index, mask)
         pos = pos.to(device)
         base = baseline_states(baselines, h_0, attention_mask).index_select(1, pos)

@@ -8,13 +8,7 @@ from typing import Any, Optional, Union
 from torch import Tensor
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
-from captum_iglens.hf.text import (
-    decode_tokens,
-    encode_answer,
-    encode_prompt,
-    generate,
-    teacher_forcing,
-)
+from captum_iglens.hf.text import answered_prompt, decode_tokens
 from captum_iglens.result import IGLensResult
 from captum_iglens.settings import Settings, provenance
 
@@ -66,20 +60,16 @@ def attribute_text(
     settings = Settings.resolve(settings, options)
     if lens is not None and settings.layers is not None:
         raise ValueError("layers: pass either layers or lens, not both")
-    prompt_ids = encode_prompt(tokenizer, prompt, chat=settings.chat)
-    if answer is None:
-        (answer_ids,) = generate(
-            model,
-            tokenizer,
-            [prompt_ids],
-            max_new_tokens=settings.max_new_tokens,
-            progress=progress,
-        )
-    elif isinstance(answer, str):
-        answer_ids = encode_answer(tokenizer, answer)
-    else:
-        answer_ids = answer
-    ids, pos, targets = teacher_forcing(prompt_ids, answer_ids, settings.positions)
+    ids, pos, targets, answer_ids = answered_prompt(
+        model,
+        tokenizer,
+        prompt,
+        answer=answer,
+        chat=settings.chat,
+        max_new_tokens=settings.max_new_tokens,
+        positions=settings.positions,
+        progress=progress,
+    )
     if pos.numel() == 0:
         raise ValueError(
             f"positions: nothing to attribute for positions={settings.positions!r} "

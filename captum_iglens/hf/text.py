@@ -4,7 +4,7 @@ prompt encoding (with or without the chat template), one pad and stop policy, le
 padding, batched greedy generation and teacher forcing.
 """
 
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -184,6 +184,51 @@ def generate(
         ends = torch.isin(row, stop).nonzero()
         answers.append(row[: int(ends[0, 0])] if len(ends) else row)
     return answers
+
+
+def answered_prompt(
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    *,
+    answer: Optional[Union[str, Tensor]] = None,
+    chat: bool = True,
+    max_new_tokens: int = 32,
+    positions: Positions = "answer",
+    progress: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""
+    A prompt and its answer (greedy unless given), ready for teacher forcing.
+
+    Args:
+
+        model (PreTrainedModel): The causal LM.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
+        prompt (str): The user's text.
+        answer (str or Tensor, optional): The answer as text or ids ``(n,)``.
+                    Default: None (generated).
+        chat, max_new_tokens, positions, progress: As in :func:`encode_prompt`,
+                    :func:`generate` and :func:`teacher_forcing`.
+
+    Returns:
+        4-element tuple of **ids** ``(1, T)``, **positions** ``(P,)``,
+        **targets** ``(1, P)`` (see :func:`teacher_forcing`) and the answer's
+        **answer_ids** ``(n,)``.
+    """
+    prompt_ids = encode_prompt(tokenizer, prompt, chat=chat)
+    if answer is None:
+        (answer_ids,) = generate(
+            model,
+            tokenizer,
+            [prompt_ids],
+            max_new_tokens=max_new_tokens,
+            progress=progress,
+        )
+    elif isinstance(answer, str):
+        answer_ids = encode_answer(tokenizer, answer)
+    else:
+        answer_ids = answer
+    return (*teacher_forcing(prompt_ids, answer_ids, positions), answer_ids)
 
 
 def teacher_forcing(

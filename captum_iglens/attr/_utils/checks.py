@@ -5,20 +5,89 @@ expected, before any hook is registered on the model.
 """
 
 import inspect
-from typing import Any, Callable, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Literal, Optional, Sequence, Tuple, Union
 
 import torch
+from captum._utils.common import _format_tensor_into_tuples
 from captum._utils.typing import TargetType
 from torch import Tensor
-from torch.nn import Module
+from torch.nn import Module, ModuleList
 
 from captum_iglens.attr._utils.estimators import ESTIMATORS
+from captum_iglens.readout.readout import Readout
 
 BaselineType = Union[None, int, float, Tensor, str]
 PositionsType = Union[None, int, Sequence[int], Tensor]
 Granularity = Literal["block", "sublayer"]
 #: Accepted by ``granularity=``.
 GRANULARITIES: Tuple[str, ...] = ("block", "sublayer")
+
+
+def check_construction(
+    forward_func: Callable[..., Any],
+    layer: Union[Module, Sequence[Module]],
+    readout: Readout,
+    input_layer: Optional[Module],
+    layer_names: Optional[Sequence[str]],
+    sublayers: Optional[Sequence[Module]],
+) -> Tuple[List[Module], Module, List[str], Optional[List[Module]]]:
+    """The arguments of ``LayerIGLens.__init__``, checked: the blocks as a list,
+    the input layer, a name per block and the mid-block modules."""
+    if not callable(forward_func):
+        raise TypeError(
+            f"forward_func: expected a callable, got {type(forward_func).__name__}"
+        )
+    is_list = isinstance(layer, (list, tuple, ModuleList))
+    layers = list(layer) if is_list else [layer]
+    if not layers or not all(isinstance(m, Module) for m in layers):
+        raise TypeError(
+            "layer: expected a non-empty list of torch.nn.Module blocks, got "
+            f"{type(layer).__name__}"
+        )
+    if len({id(m) for m in layers}) != len(layers):
+        raise ValueError("layer: each block may appear only once")
+    if not isinstance(readout, Readout):
+        raise TypeError(
+            "readout: expected a captum_iglens.Readout, got "
+            f"{type(readout).__name__}; build one with Readout.from_model(model) "
+            "or Readout(head=..., norm=..., post=...)"
+        )
+    input_layer = layers[0] if input_layer is None else input_layer
+    names = (
+        _default_names(forward_func, layers)
+        if layer_names is None
+        else [str(n) for n in layer_names]
+    )
+    if len(names) != len(layers):
+        raise ValueError(f"layer_names: expected {len(layers)} names, got {len(names)}")
+    if sublayers is not None and (
+        len(sublayers) != len(layers)
+        or not all(isinstance(m, Module) for m in sublayers)
+    ):
+        raise ValueError(
+            f"sublayers: expected one torch.nn.Module per block ({len(layers)}), "
+            f"got {sublayers!r}"
+        )
+    if isinstance(forward_func, Module):
+        inside = {id(m) for m in forward_func.modules()}
+        named = [(f"layer[{i}]", m) for i, m in enumerate(layers)]
+        named += [(f"sublayers[{i}]", m) for i, m in enumerate(sublayers or ())]
+        for what, module in [*named, ("input_layer", input_layer)]:
+            if id(module) not in inside:
+                raise ValueError(
+                    f"{what}: {type(module).__name__} is not a submodule of "
+                    "forward_func"
+                )
+    return layers, input_layer, names, None if sublayers is None else list(sublayers)
+
+
+def _default_names(forward_func: Callable[..., Any], layers: List[Module]) -> List[str]:
+    """The blocks' qualified names in ``forward_func`` when it is a module, else
+    their indices."""
+    if isinstance(forward_func, Module):
+        qualified = {id(m): name for name, m in forward_func.named_modules()}
+        return [qualified.get(id(m), str(i)) for i, m in enumerate(layers)]
+    return [str(i) for i in range(len(layers))]
 
 
 def check_settings(
@@ -56,6 +125,32 @@ def check_granularity(granularity: str) -> None:
         raise ValueError(
             f"granularity: expected one of {list(GRANULARITIES)}, got {granularity!r}"
         )
+
+
+def format_inputs(
+    inputs: Union[Tensor, Tuple[Tensor, ...]],
+) -> Tuple[Tuple[Tensor, ...], int, int]:
+    """The inputs as Captum's tuple, with the batch size and sequence length of
+    the first (token ids ``(B, T)`` or embeddings ``(B, T, d)``)."""
+    formatted = (
+        _format_tensor_into_tuples(inputs) if isinstance(inputs, Tensor) else inputs
+    )
+    if (
+        not isinstance(formatted, tuple)
+        or not formatted
+        or not isinstance(formatted[0], Tensor)
+    ):
+        raise TypeError(
+            "inputs: expected a tensor (B, T) of token ids or (B, T, d) of "
+            f"embeddings, or a tuple led by one; got {type(inputs).__name__}"
+        )
+    first = formatted[0]
+    if first.dim() < 2 or first.shape[0] == 0 or first.shape[1] == 0:
+        raise ValueError(
+            "inputs: expected a non-empty batch (B, T) or (B, T, d) with "
+            f"B, T >= 1, got shape {tuple(first.shape)}"
+        )
+    return formatted, first.shape[0], first.shape[1]
 
 
 def attention_mask_of(

@@ -15,12 +15,7 @@ from torch.nn import Module
 
 from captum_iglens.attr._utils.checks import PositionsType
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
-from captum_iglens.hf.text import (
-    decode_tokens,
-    encode_prompt,
-    generate,
-    teacher_forcing,
-)
+from captum_iglens.hf.text import answered_prompt, decode_tokens
 from captum_iglens.settings import Settings, provenance
 from captum_iglens.studies.comparison.measure import measure, peak_memory_source
 from captum_iglens.studies.comparison.result import (
@@ -176,17 +171,15 @@ def compare(
     lens.segment_names(settings.granularity)  # fails now, before any method runs
     extra = None if attention_mask is None else (attention_mask,)
     setup = lens.attribute_map(input_ids, None, target, extra, positions=positions)
-    work = Work(
+    work = Work.from_map(
         model,
         lens,
         input_ids,
         attention_mask,
-        targets=setup.targets.clone(),
-        positions=setup.positions.clone(),
-        model_prob=setup.model_prob.clone(),
-        h0_prob=setup.base_prob.clone(),
-        settings=settings,
-        baseline_token=baseline_token,
+        setup,
+        setup.base_prob,
+        settings,
+        baseline_token,
     )
     device = next(lens.readout.parameters()).device
     mask = setup.mask.cpu().clone()
@@ -266,15 +259,15 @@ def compare_text(
         ids ``(n,)``.
     """
     settings = Settings.resolve(settings, options)
-    prompt_ids = encode_prompt(tokenizer, prompt, chat=settings.chat)
-    (answer,) = generate(
+    ids, positions, targets, answer = answered_prompt(
         model,
         tokenizer,
-        [prompt_ids],
+        prompt,
+        chat=settings.chat,
         max_new_tokens=settings.max_new_tokens,
+        positions=settings.positions,
         progress=progress,
     )
-    ids, positions, targets = teacher_forcing(prompt_ids, answer, settings.positions)
     if positions.numel() == 0:
         raise ValueError(
             f"positions: nothing to attribute for positions={settings.positions!r}"

@@ -23,6 +23,7 @@ from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import final_norm_kind
 from captum_iglens.hf.forward import causal_lm_logits
 from captum_iglens.readout import LogitDivide, LogitScale, Readout, Softcap
+from captum_iglens.result import IGLensResult
 from captum_iglens.settings import Settings
 
 _UNUSED_IN_GRAPH = "not have been used in the graph"
@@ -42,6 +43,32 @@ class Work:
     h0_prob: Tensor  # (B, P): f(h_0)
     settings: Settings  # IG-Lens's; n_steps and internal_batch_size also Captum's
     baseline_token: int  # the token of Captum's baseline input
+
+    @classmethod
+    def from_map(
+        cls,
+        model: Module,
+        lens: LayerIGLens,
+        input_ids: Tensor,
+        attention_mask: Optional[Tensor],
+        found: IGLensResult,
+        h0_prob: Tensor,
+        settings: Settings,
+        baseline_token: int,
+    ) -> "Work":
+        """The work of the targets and positions of an IG-Lens map ``found``."""
+        return cls(
+            model,
+            lens,
+            input_ids,
+            attention_mask,
+            targets=found.targets.clone(),
+            positions=found.positions.clone(),
+            model_prob=found.model_prob.clone(),
+            h0_prob=h0_prob.clone(),
+            settings=settings,
+            baseline_token=baseline_token,
+        )
 
     @property
     def extra(self) -> Optional[Tuple[Tensor]]:

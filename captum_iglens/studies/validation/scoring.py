@@ -66,17 +66,15 @@ def lens_scores(
         "logit_lens_diff": trajectory.diff(dim=-1).cpu().numpy(),
     }
     scores["ig_lens_abs"] = np.abs(scores["ig_lens"])
-    work = Work(
+    work = Work.from_map(
         model,
         lens,
         ids,
         mask,
-        targets=found.targets.clone(),
-        positions=found.positions.clone(),
-        model_prob=found.model_prob.clone(),
-        h0_prob=from_h0.base_prob.clone(),
-        settings=settings,
-        baseline_token=default_baseline_token(model),
+        found,
+        from_h0.base_prob,
+        settings,
+        default_baseline_token(model),
     )
     if "dla" in methods:
         scores["dla"] = dla(work).scores[:, 0].float().cpu().numpy()
