@@ -320,7 +320,7 @@ def _attribute_batch(
         encode_prompt(tokenizer, item["prompt"], chat=settings.chat)[0]
         for item in batch
     ]
-    answers: List[Tensor] = [
+    answers: List[Optional[Tensor]] = [
         encode_answer(tokenizer, item["answer"]) if "answer" in item else None
         for item in batch
     ]

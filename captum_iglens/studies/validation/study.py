@@ -21,7 +21,6 @@ from torch.nn import Module
 from tqdm import tqdm
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
-from captum_iglens.hf.architectures import choose_blocks
 from captum_iglens.hf.text import (
     decode_tokens,
     encode_prompt,
@@ -183,10 +182,10 @@ def run_validation(
     if not facts:
         raise ValueError("prompts: expected at least one prompt")
     started = time.perf_counter()
-    chosen = choose_blocks(model, settings.layers)
     lens = LayerIGLens.from_model(
         model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
+    chosen = [int(name) for name in lens.layer_names]  # from_model's block indices
     n, k = len(facts), len(chosen)
     device = next(model.parameters()).device
     encoded = [encode_prompt(tokenizer, f.prompt, chat=settings.chat)[0] for f in facts]
@@ -282,7 +281,7 @@ def run_validation(
     return ValidationResult(
         mode=mode,
         methods=methods,
-        layer_names=[str(i) for i in chosen],
+        layer_names=list(lens.layer_names),
         facts=facts,
         generated=generated,
         correct=correct,
