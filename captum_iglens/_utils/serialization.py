@@ -40,15 +40,35 @@ def plain(value: Any) -> Any:
 
 def check_writable(path: PathLike, what: str) -> Path:
     r"""The path of an output file, checked before any work: its folder must exist
-    and it must not be a folder. Raises ``ValueError`` naming ``what``."""
+    and be writable, and the path must not be a folder or a read-only file.
+    Raises ``ValueError`` naming ``what``."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{what}: {path} is a folder; expected a file path")
-    if not path.parent.is_dir():
-        raise ValueError(f"{what}: the folder {path.parent} does not exist")
-    if not os.access(path.parent, os.W_OK):
-        raise ValueError(f"{what}: the folder {path.parent} is not writable")
+    _check_folder_exists(path.parent, what)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{what}: {path} exists and is read-only")
     return path
+
+
+def check_folder(path: PathLike, what: str) -> Path:
+    r"""The path of an output folder, checked before any work: an existing,
+    writable folder, or a new one whose parent is an existing, writable folder.
+    Raises ``ValueError`` naming ``what``."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what}: {path} is a file; expected a folder")
+    _check_folder_exists(path if path.exists() else path.parent, what)
+    return path
+
+
+def _check_folder_exists(folder: Path, what: str) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{what}: {folder} is a file, not a folder")
+    if not folder.is_dir():
+        raise ValueError(f"{what}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{what}: the folder {folder} is not writable")
 
 
 def write_atomic(path: PathLike, text: str) -> None:

@@ -24,6 +24,7 @@ from captum_iglens.attr._utils.checks import (
     check_granularity,
     check_settings,
     format_inputs,
+    forward_module,
     output_logits,
     resolve_positions,
     resolve_targets,
@@ -495,7 +496,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         points, names = self._path_points(granularity)
 
         device = next(self.readout.parameters()).device
-        capture = ResidualCapture(self.input_layer, points, pos, device)
+        owner = forward_module(self.forward_func)
+        in_eval = [self.readout] if owner is None else [self.readout, owner]
+        capture = ResidualCapture(self.input_layer, points, pos, device, in_eval)
         with capture:
             output = _run_forward(self.forward_func, formatted, None, extra)
         h_0, outputs = capture.path()

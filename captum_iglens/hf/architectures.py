@@ -10,6 +10,7 @@ users add their own with :func:`register_architecture`. An architecture that is
 not registered raises :class:`ValueError`; nothing is guessed.
 """
 
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -389,12 +390,25 @@ def choose_blocks(model: nn.Module, layers: Optional[Sequence[int]]) -> List[int
         raise TypeError(
             f"layers: expected a list of block indices, got {type(layers).__name__}"
         )
-    for index in layers:
-        if isinstance(index, bool) or not isinstance(index, int) or not -n <= index < n:
-            raise ValueError(
-                f"layers: expected block indices in [-{n}, {n}), got {index!r}"
-            )
-    return sorted({i % n for i in layers} | {n - 1})
+    indices = [_block_index(index, n) for index in layers]
+    return sorted({i % n for i in indices} | {n - 1})
+
+
+def _block_index(index: object, n: int) -> int:
+    """An integer block index in ``[-n, n)``: Python, numpy and 0-d torch integers
+    are accepted, booleans and floats are not."""
+    try:
+        value = None if isinstance(index, bool) else operator.index(index)
+    except TypeError:
+        value = None
+    if value is None:
+        raise TypeError(
+            f"layers: expected integer block indices, got {index!r} "
+            f"({type(index).__name__})"
+        )
+    if not -n <= value < n:
+        raise ValueError(f"layers: expected block indices in [-{n}, {n}), got {value}")
+    return value
 
 
 def mid_block_modules(

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 from tqdm import tqdm
 
-from captum_iglens._utils.serialization import plain, write_atomic
+from captum_iglens._utils.serialization import check_folder, plain, write_atomic
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.text import (
     decode_tokens,
@@ -130,7 +130,8 @@ def run_batch(
         prompts (list[dict]): ``{"id": str or int, "prompt": str}``, ids unique,
                     with an optional ``"answer"`` (text) to attribute instead of
                     a generated one (see :func:`~captum_iglens.studies.read_prompts`).
-        out_dir (str or Path): The output folder, created if needed.
+        out_dir (str or Path): The output folder, created if missing (its
+                    parent must exist).
         settings (Settings, optional): Layers, positions, baselines, estimator,
                     granularity, chat template, generation length, ...
                     Default: ``Settings()``.
@@ -162,10 +163,8 @@ def run_batch(
         model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
     lens.segment_names(settings.granularity)  # fails now, not after generation
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"out_dir: {out} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_folder(out_dir, "out_dir")
+    out.mkdir(exist_ok=True)
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     run = {**provenance(model, settings), "weights_sha256": weights_checksum(model)}

@@ -179,3 +179,57 @@ def test_grad_kwargs_pass_through(lens):
         grad_kwargs={"retain_graph": False},
     )
     assert len(a) == len(lens.layers)
+
+
+def test_training_mode_is_evaluated_in_eval_mode_and_restored():
+    # Dropout everywhere: in training mode every forward would differ.
+    model = tiny_model("gpt2", resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5)
+    lens = LayerIGLens.from_model(model)
+    ids = _ids()
+    expected = lens.attribute_map(ids).attributions
+    model.train()
+    model.transformer.h[0].eval()  # a mixed state must come back as it was
+    modes = {name: m.training for name, m in model.named_modules()}
+    for _ in range(2):
+        torch.testing.assert_close(
+            lens.attribute_map(ids).attributions, expected, rtol=0, atol=0
+        )
+    assert {name: m.training for name, m in model.named_modules()} == modes
+
+
+def test_concurrent_calls_on_one_model_are_safe(llama):
+    import threading
+
+    lenses = [LayerIGLens.from_model(llama), LayerIGLens.from_model(llama)]
+    inputs = [_ids(2, 6), _ids(3, 4)]
+    expected = [lens.attribute_map(x) for lens, x in zip(lenses, inputs)]
+    hooks = hook_snapshot(llama)
+    results, errors = {}, []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(3):
+                results[i] = lenses[i % 2].attribute_map(inputs[i % 2])
+        except Exception as err:  # reported below, in the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for i, result in results.items():
+        torch.testing.assert_close(
+            result.attributions, expected[i % 2].attributions, rtol=0, atol=0
+        )
+    assert hook_snapshot(llama) == hooks
+
+
+def test_a_model_on_the_meta_device_is_refused():
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(tiny_model("llama").config)
+    with pytest.raises(ValueError, match="meta device"):
+        LayerIGLens.from_model(model)

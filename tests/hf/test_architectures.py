@@ -1,5 +1,6 @@
 """The architecture registry: built-in entries, block selection, user registration."""
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPTBigCodeConfig
@@ -27,11 +28,16 @@ def test_block_selection_is_one_rule(llama):
     assert choose_blocks(llama, None) == [0, 1]
     assert choose_blocks(llama, [0]) == [0, 1]
     assert choose_blocks(llama, [-2, 0]) == [0, 1]
-    for bad in ([True], [2], [-3], [0.0]):
+    for bad in ([2], [-3]):
         with pytest.raises(ValueError, match="layers"):
             choose_blocks(llama, bad)
-    with pytest.raises(ValueError, match="layers"):
+    for bad in ([True], [0.0], [torch.tensor(1.0)], ["1"]):
+        with pytest.raises(TypeError, match="integer block indices"):
+            choose_blocks(llama, bad)
+    with pytest.raises(TypeError, match="layers"):
         LayerIGLens.from_model(llama, layers=[True])  # once read as block 1
+    # numpy and torch integers are integers
+    assert choose_blocks(llama, [np.int64(0), torch.tensor(-2)]) == [0, 1]
     with pytest.raises(TypeError, match="layers"):
         choose_blocks(llama, 1)
 

@@ -1,5 +1,7 @@
 r"""Owned, scoped hooks that record the residual stream during one forward pass."""
 
+import threading
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -10,6 +12,18 @@ from torch.utils.hooks import RemovableHandle
 #: A point on the path: a module and whether its input (True) or output (False)
 #: is the residual-stream state.
 PathPoint = Tuple[Module, bool]
+
+
+_LOCKS: "weakref.WeakKeyDictionary[Module, threading.RLock]" = (
+    weakref.WeakKeyDictionary()
+)
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_of(module: Module) -> "threading.RLock":
+    """One lock per model (keyed by its first block), shared by every capture."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(module, threading.RLock())
 
 
 def hidden_of(value: Any, args: Tuple[Any, ...] = (), kwargs: Any = None) -> Tensor:
@@ -37,6 +51,12 @@ class ResidualCapture:
     handles are removed on exit, whatever happened in between. Hooks that others
     registered on the same modules are never touched.
 
+    For the pass, the model is in eval mode (dropout off, so the map is
+    deterministic) and each module's ``training`` flag is restored on exit.
+    Captures on one model are serialised: a capture entered while another thread
+    holds one on the same first block waits for it, so concurrent calls on one
+    model are safe (and run one at a time).
+
     Args:
 
         base_layer (Module): The model's first block; a forward pre-hook on it
@@ -50,6 +70,9 @@ class ResidualCapture:
                     the hidden states) to keep.
         device (torch.device): Where recorded tensors are moved (the readout's
                     device), so that blocks may live on different devices.
+        modules (list[Module], optional): Further modules (e.g. the whole model)
+                    put in eval mode for the pass, besides ``base_layer`` and the
+                    points' modules. Default: ()
     """
 
     def __init__(
@@ -58,6 +81,7 @@ class ResidualCapture:
         points: Sequence[PathPoint],
         positions: Tensor,
         device: torch.device,
+        modules: Sequence[Module] = (),
     ) -> None:
         self.base_layer = base_layer
         self.points = list(points)
@@ -67,6 +91,10 @@ class ResidualCapture:
         self.states: Dict[int, Tensor] = {}
         self.order: List[int] = []
         self._handles: List[RemovableHandle] = []
+        roots = [*modules, base_layer, *(m for m, _ in self.points)]
+        self._modes = {id(m): m for root in roots for m in root.modules()}
+        self._training: List[Tuple[Module, bool]] = []
+        self._lock = _lock_of(base_layer)
 
     def _record_base(
         self, module: Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]
@@ -102,7 +130,11 @@ class ResidualCapture:
         )
 
     def __enter__(self) -> "ResidualCapture":
+        self._lock.acquire()
         try:
+            self._training = [(m, m.training) for m in self._modes.values()]
+            for module, _ in self._training:
+                module.training = False
             self._handles.append(
                 self.base_layer.register_forward_pre_hook(
                     self._record_base, with_kwargs=True
@@ -111,12 +143,18 @@ class ResidualCapture:
             for index, (_, at_input) in enumerate(self.points):
                 self._handles.append(self._hook(index, at_input))
         except BaseException:
-            self.remove()
+            self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        self.remove()
+        try:
+            self.remove()
+            for module, training in self._training:
+                module.training = training
+            self._training = []
+        finally:
+            self._lock.release()
 
     def remove(self) -> None:
         """Remove exactly the hooks this object registered."""

@@ -23,6 +23,14 @@ Granularity = Literal["block", "sublayer"]
 GRANULARITIES: Tuple[str, ...] = ("block", "sublayer")
 
 
+def forward_module(forward_func: Callable[..., Any]) -> Optional[Module]:
+    """The module that ``forward_func`` is, or is a bound method of; else None."""
+    if isinstance(forward_func, Module):
+        return forward_func
+    owner = getattr(forward_func, "__self__", None)
+    return owner if isinstance(owner, Module) else None
+
+
 def check_construction(
     forward_func: Callable[..., Any],
     layer: Union[Module, Sequence[Module]],
@@ -46,6 +54,15 @@ def check_construction(
         )
     if len({id(m) for m in layers}) != len(layers):
         raise ValueError("layer: each block may appear only once")
+    owner = forward_module(forward_func)
+    for module in (*layers, readout, *([] if owner is None else [owner])):
+        if isinstance(module, Module) and any(
+            p.is_meta for p in module.parameters()
+        ):
+            raise ValueError(
+                "model: its weights are on the meta device (not loaded); load "
+                "them first, e.g. with from_pretrained(...) without device='meta'"
+            )
     if not isinstance(readout, Readout):
         raise TypeError(
             "readout: expected a captum_iglens.Readout, got "
