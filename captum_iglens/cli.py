@@ -17,6 +17,7 @@ import argparse
 import shutil
 import sys
 import time
+import warnings
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import torch
@@ -554,8 +555,13 @@ def _with_subcommand(argv: List[str]) -> List[str]:
     return ["attribute", *argv]
 
 
+def _warning_line(message: Any, category: Any, *args: Any, **kwargs: Any) -> str:
+    return f"captum-iglens: warning: {message}\n"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``captum-iglens`` and ``python -m captum_iglens``."""
+    warnings.formatwarning = _warning_line
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(_with_subcommand(argv))
     try:

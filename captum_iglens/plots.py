@@ -119,6 +119,8 @@ def plot_heatmap(
     show: bool = False,
     annotate_onset: bool = True,
     onset_frac: float = 0.5,
+    start: int = 0,
+    max_rows: int = 100,
 ) -> Union[None, Tuple["Figure", "Axes"]]:
     r"""
     Plots the IG-Lens map of one sequence: attributed tokens (rows) by layers
@@ -144,6 +146,11 @@ def plot_heatmap(
                     Default: True
         onset_frac (float, optional): Fraction of the absolute credit mass that
                     defines the onset, in ``(0, 1]``. Default: 0.5
+        start (int, optional): The first attributed token drawn (a page of a long
+                    map). Default: 0
+        max_rows (int, optional): The most tokens drawn; a longer map is drawn
+                    a page at a time (the title says which tokens are shown), so
+                    the figure stays a readable size. Default: 100
 
     Returns:
         None or 2-element tuple of **fig**, **ax**:
@@ -159,11 +166,19 @@ def plot_heatmap(
     b = _check_result(result, batch_index)
     if not 0.0 < onset_frac <= 1.0:
         raise ValueError(f"onset_frac: expected a number in (0, 1], got {onset_frac}")
-    rows = result.mask[b].nonzero()[:, 0].tolist()
-    if not rows:
+    for name, value, low in (("start", start, 0), ("max_rows", max_rows, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+    all_rows = result.mask[b].nonzero()[:, 0].tolist()
+    if not all_rows:
         raise ValueError(
             f"result: sequence {batch_index} has no attributed (non-padding) position"
         )
+    if start >= len(all_rows):
+        raise ValueError(
+            f"start: expected a token index below {len(all_rows)}, got {start}"
+        )
+    rows = all_rows[start : start + max_rows]
     data = result.attributions[b, rows].detach().float().cpu().numpy()
     n_rows, n_layers = data.shape
     positions = result.positions.tolist()
@@ -233,6 +248,11 @@ def plot_heatmap(
             box.set_gid("onset")
             ax.add_patch(box)
         title += f"\nboxed: onset, where cumulative |credit| reaches {onset_frac:.0%}"
+    if len(rows) < len(all_rows):
+        title += (
+            f"\ntokens {start + 1}–{start + len(rows)} of {len(all_rows)} "
+            "(pass start= for another page)"
+        )
     ax.set_title(title, fontsize=10)
     return _finish(fig, ax, show)
 
@@ -277,6 +297,11 @@ def plot_trajectory(
                     None. Default: False
         onset_frac (float, optional): Fraction of the absolute credit mass that
                     defines the onset, in ``(0, 1]``. Default: 0.5
+        start (int, optional): The first attributed token drawn (a page of a long
+                    map). Default: 0
+        max_rows (int, optional): The most tokens drawn; a longer map is drawn
+                    a page at a time (the title says which tokens are shown), so
+                    the figure stays a readable size. Default: 100
 
     Returns:
         None or 2-element tuple of **fig**, **ax**:

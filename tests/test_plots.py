@@ -149,6 +149,29 @@ def test_heatmap_figure_scales_with_grid():
         plt.close(big_fig)
 
 
+def test_long_maps_are_drawn_a_page_at_a_time():
+    long = _synthetic(p=1500, k=4)
+    fig, ax = plot_heatmap(long, annotate_onset=False)
+    try:
+        assert fig.get_size_inches()[1] < 40
+        assert "tokens 1–100 of 1500" in ax.get_title()
+        np.testing.assert_array_equal(
+            ax.images[0].get_array(), long.attributions[0, :100].numpy()
+        )
+    finally:
+        plt.close(fig)
+    fig, ax = plot_heatmap(long, start=1450, max_rows=100)
+    try:
+        assert "tokens 1451–1500 of 1500" in ax.get_title()
+        np.testing.assert_array_equal(
+            ax.images[0].get_array(), long.attributions[0, 1450:].numpy()
+        )
+    finally:
+        plt.close(fig)
+    with pytest.raises(ValueError, match="start"):
+        plot_heatmap(long, start=1500)
+
+
 def test_heatmap_on_given_axes_and_show(monkeypatch):
     fig, given = plt.subplots()
     try:

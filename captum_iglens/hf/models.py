@@ -16,6 +16,7 @@ sizes and checksums and re-runs the prompt; a cache that fails any check is rebu
 Only safetensors and JSON are written.
 """
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -36,6 +37,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers import modeling_gguf_pytorch_utils as gguf_utils
 from transformers.utils import logging as hf_logging
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -220,12 +222,36 @@ def load_model(
 
 def _cache_root(cache_dir: Optional[PathLike]) -> Path:
     if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    if os.environ.get("CAPTUM_IGLENS_CACHE"):
-        return Path(os.environ["CAPTUM_IGLENS_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "captum_iglens"
+        root, what = Path(cache_dir).expanduser(), "cache_dir"
+    elif os.environ.get("CAPTUM_IGLENS_CACHE"):
+        root = Path(os.environ["CAPTUM_IGLENS_CACHE"]).expanduser()
+        what = "CAPTUM_IGLENS_CACHE"
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+        root, what = base / "captum_iglens", "the model cache"
+    existing = next((p for p in (root, *root.parents) if p.exists()), root)
+    if not existing.is_dir():
+        raise ValueError(
+            f"{what}: {existing} is a file; point CAPTUM_IGLENS_CACHE at a folder"
+        )
+    return root
+
+
+def _check_cache_writable(root: Path) -> None:
+    """Before a conversion: the cache folder must be creatable and writable."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"model cache: cannot create {root} ({err.strerror}); set "
+            "CAPTUM_IGLENS_CACHE to a writable folder"
+        ) from None
+    if not os.access(root, os.W_OK):
+        raise ValueError(
+            f"model cache: {root} is not writable and holds no valid cache; set "
+            "CAPTUM_IGLENS_CACHE to a writable folder"
+        )
 
 
 def _load_gguf(
@@ -244,7 +270,7 @@ def _load_gguf(
     with _transformers_bars(show):
         loaded = _load_verified(target, source)
         if loaded is None:
-            root.mkdir(parents=True, exist_ok=True)
+            _check_cache_writable(root)
             with FileLock(str(root / f".{name}.lock")):
                 # Another process may have built the cache while this one waited.
                 loaded = _load_verified(target, source)
@@ -389,13 +415,17 @@ def _show(progress: bool) -> bool:
 
 @contextmanager
 def _transformers_bars(show: bool) -> Iterator[None]:
-    """Turn the ``transformers`` loading bars off for the block unless ``show``."""
+    """Turn the ``transformers`` loading bars off for the block unless ``show``,
+    the GGUF de-quantization bar included (it ignores transformers' switch)."""
     was_enabled = hf_logging.is_progress_bar_enabled()
+    gguf_bar = gguf_utils.tqdm
     if not show:
         hf_logging.disable_progress_bar()
+        gguf_utils.tqdm = functools.partial(gguf_bar, disable=True)
     try:
         yield
     finally:
+        gguf_utils.tqdm = gguf_bar
         if was_enabled:
             hf_logging.enable_progress_bar()
 

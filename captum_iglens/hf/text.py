@@ -4,6 +4,9 @@ prompt encoding (with or without the chat template), one pad and stop policy, le
 padding, batched greedy generation and teacher forcing.
 """
 
+import functools
+import re
+import warnings
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import torch
@@ -28,8 +31,9 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> Tensor:
         tokenizer (PreTrainedTokenizerBase): The model's tokenizer.
         prompt (str): The user's text; must not be empty.
         chat (bool, optional): Apply the chat template (a user turn followed by
-                    the assistant's header) when the tokenizer has one.
-                    Default: True.
+                    the assistant's header) when the tokenizer has one; a
+                    tokenizer without one gets the raw prompt, with a warning
+                    (shown once). Default: True.
 
     Returns:
         *Tensor* of shape ``(1, T)``: the prompt's token ids.
@@ -43,6 +47,11 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> Tensor:
             add_generation_prompt=True,
         )
         return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    if chat:
+        warnings.warn(
+            "the tokenizer has no chat template; the raw prompt is used",
+            stacklevel=2,
+        )
     return tokenizer(prompt, return_tensors="pt").input_ids
 
 
@@ -57,8 +66,64 @@ def encode_answer(tokenizer: Any, answer: str) -> Tensor:
 
 
 def decode_tokens(tokenizer: Any, ids: Sequence[int]) -> List[str]:
-    r"""Each token id as its own text."""
-    return [tokenizer.decode([int(i)]) for i in ids]
+    r"""
+    Each token id as its own text. A token that holds only part of a multi-byte
+    character (CJK, emoji, ... split by byte-level BPE or byte fallback) decodes
+    to U+FFFD on its own; its bytes are then shown, the complete characters as
+    text and the partial ones as escapes (``"\xe6\x97"``), so no two such
+    tokens look alike.
+
+    Args:
+
+        tokenizer (PreTrainedTokenizerBase): Any tokenizer with ``decode``.
+        ids (list[int]): Token ids.
+
+    Returns:
+        *list[str]*: one text per id.
+    """
+    texts = []
+    for i in ids:
+        text = tokenizer.decode([int(i)])
+        raw = _token_bytes(tokenizer, int(i)) if "\ufffd" in text else None
+        texts.append(text if raw is None else raw.decode("utf-8", "backslashreplace"))
+    return texts
+
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _token_bytes(tokenizer: Any, token_id: int) -> Optional[bytes]:
+    """The raw bytes of a byte-level (GPT-2 style) or byte-fallback
+    (``<0xE6>``) token; None when the tokenizer has neither."""
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    piece = convert(token_id) if callable(convert) else None
+    if not isinstance(piece, str):
+        return None
+    fallback = _BYTE_FALLBACK.fullmatch(piece)
+    if fallback:
+        return bytes([int(fallback.group(1), 16)])
+    byte_of = _byte_decoder()
+    if piece and all(char in byte_of for char in piece):
+        return bytes(byte_of[char] for char in piece)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> Dict[str, int]:
+    """Byte-level BPE's printable stand-ins for the 256 byte values, inverted."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\xa1"), ord("\xac") + 1),
+        *range(ord("\xae"), ord("\xff") + 1),
+    ]
+    chars = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
 
 
 def stop_token_ids(tokenizer: Any) -> List[int]:
@@ -122,6 +187,34 @@ class _Progress(BaseStreamer):
         self.bar.close()
 
 
+def _within_context(model: Any, prompt_length: int, max_new_tokens: int) -> int:
+    """``max_new_tokens``, capped (with a warning) so that prompt and answer fit
+    in the model's context length when its config states one."""
+    config = getattr(model, "config", None)
+    context = next(
+        (
+            getattr(config, name)
+            for name in ("max_position_embeddings", "n_positions", "n_ctx")
+            if isinstance(getattr(config, name, None), int)
+        ),
+        None,
+    )
+    if context is None or prompt_length + max_new_tokens <= context:
+        return max_new_tokens
+    room = context - prompt_length
+    if room < 1:
+        raise ValueError(
+            f"prompt: {prompt_length} tokens leave no room for an answer in the "
+            f"model's context of {context} tokens"
+        )
+    warnings.warn(
+        f"max_new_tokens: capped at {room}, the model's context length ({context}) "
+        f"minus the prompt ({prompt_length} tokens)",
+        stacklevel=3,
+    )
+    return room
+
+
 def generate(
     model: Any,
     tokenizer: Any,
@@ -140,7 +233,9 @@ def generate(
         model (PreTrainedModel): The causal LM.
         tokenizer (PreTrainedTokenizerBase): Its tokenizer.
         prompts (list[Tensor]): 1-D prompt ids, one per prompt.
-        max_new_tokens (int, optional): The most tokens to generate. Default: 32.
+        max_new_tokens (int, optional): The most tokens to generate; capped, with
+                    a warning, at what the model's context length leaves after
+                    the prompt. Default: 32.
         progress (bool, optional): A per-token progress bar on stderr (one prompt
                     only). Default: False.
         gen_args (dict, optional): Further arguments of ``model.generate``, over
@@ -162,7 +257,7 @@ def generate(
     ids, mask = left_pad([p.reshape(-1) for p in prompts], pad_token_id(tokenizer))
     device = next(model.parameters()).device
     args: Dict[str, Any] = dict(
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=_within_context(model, ids.shape[1], max_new_tokens),
         do_sample=False,
         eos_token_id=stops or None,
         pad_token_id=pad_token_id(tokenizer),

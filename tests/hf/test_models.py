@@ -152,6 +152,32 @@ def test_cache_root_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert models._cache_root(tmp_path / "arg") == tmp_path / "arg"
 
 
+def test_cache_pointing_at_a_file_is_an_input_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from captum_iglens.cli import main
+
+    a_file = tmp_path / "cache"
+    a_file.write_text("not a folder")
+    monkeypatch.setenv("CAPTUM_IGLENS_CACHE", str(a_file / "below"))
+    with pytest.raises(ValueError, match="CAPTUM_IGLENS_CACHE"):
+        models._cache_root(None)
+    monkeypatch.setattr(models, "default_gguf_path", lambda: tmp_path / "m.gguf")
+    (tmp_path / "m.gguf").write_bytes(b"")
+    assert main(["x"]) == 2
+
+
+def test_quiet_conversion_shows_no_gguf_bar(capfd: pytest.CaptureFixture) -> None:
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    with models._transformers_bars(False):
+        list(gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF"))
+    assert "Converting" not in capfd.readouterr().err
+    with models._transformers_bars(True):
+        list(gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF"))
+    assert "Converting" in capfd.readouterr().err
+
+
 @pytest.mark.real_model
 def test_dtype_and_device(
     converted: Converted, monkeypatch: pytest.MonkeyPatch

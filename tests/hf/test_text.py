@@ -71,3 +71,52 @@ def test_teacher_forcing_spans(tokenizer):
         teacher_forcing(prompt, answer, "middle")
     with pytest.raises(ValueError, match="prompt"):
         encode_prompt(tokenizer, "  ")
+
+
+def test_partial_multibyte_tokens_show_their_bytes():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from captum_iglens.hf.text import decode_tokens
+
+    # Byte-level BPE without merges: every UTF-8 byte is its own token.
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer, tok.decoder = byte_level, decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok)
+    text = "a是🙂"
+    ids = tokenizer.encode(text)
+    assert len(ids) == 1 + 3 + 4
+    expected = ["a"] + [f"\\x{b:02x}" for b in text[1:].encode("utf-8")]
+    assert decode_tokens(tokenizer, ids) == expected
+
+    class ByteFallback:  # a SentencePiece-style tokenizer with <0x..> pieces
+        def decode(self, ids):
+            return "\ufffd"
+
+        def convert_ids_to_tokens(self, i):
+            return f"<0x{i:02X}>"
+
+    assert decode_tokens(ByteFallback(), [0xE6, 0x41]) == ["\\xe6", "A"]
+
+
+def test_generation_stops_at_the_context_length(llama, tokenizer):
+    prompt = encode_prompt(tokenizer, "w5 w6 w7", chat=False)[0]
+    context = llama.config.max_position_embeddings
+    # Never stopping: the stop tokens are not stop tokens for this call.
+    never = dict(eos_token_id=None)
+    with pytest.warns(UserWarning, match=f"capped at {context - len(prompt)}"):
+        (answer,) = generate(
+            llama, tokenizer, [prompt], max_new_tokens=10**6, gen_args=never
+        )
+    assert len(prompt) + len(answer) <= context
+    with pytest.raises(ValueError, match="no room"):
+        generate(llama, tokenizer, [torch.ones(context, dtype=torch.long)])
+
+
+def test_no_chat_template_is_said(tokenizer):
+    assert not getattr(tokenizer, "chat_template", None)
+    with pytest.warns(UserWarning, match="raw prompt"):
+        encode_prompt(tokenizer, "w5", chat=True)
