@@ -38,6 +38,11 @@ _DELTA_SLACK = 1e-3
 Index = Union[None, int, slice, Sequence[int], Tensor]
 
 
+def _visible(text: str) -> str:
+    """Text with its non-printable characters (newlines, tabs) escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 @dataclass
 class IGLensResult(JsonDocument):
     r"""
@@ -253,8 +258,24 @@ class IGLensResult(JsonDocument):
 
     def _token_labels(self, batch_index: int) -> List[str]:
         if self.tokens is not None:
-            return [repr(t)[1:-1][:16] for t in self.tokens[batch_index]]
+            return [_visible(t)[:16] for t in self.tokens[batch_index]]
         return [f"#{int(t)}" for t in self.targets[batch_index]]
+
+    def with_tokens(self, tokenizer: Any) -> "IGLensResult":
+        r"""A copy whose ``tokens`` are the targets' text, decoded one token at a
+        time by ``tokenizer`` (for tables, CSV and plots).
+
+        Args:
+
+            tokenizer (PreTrainedTokenizerBase): Any tokenizer with ``decode``.
+
+        Returns:
+            *IGLensResult*: the same map with ``tokens`` set.
+        """
+        from captum_iglens.hf.text import decode_tokens
+
+        tokens = [decode_tokens(tokenizer, row.tolist()) for row in self.targets]
+        return replace(self, tokens=tokens)
 
     def to(self, device: Union[str, torch.device]) -> "IGLensResult":
         """A copy with every tensor on ``device``."""

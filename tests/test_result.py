@@ -135,3 +135,16 @@ def test_save_into_a_missing_folder_fails_first(result, tmp_path):
         result.save(tmp_path / "missing" / "r.json")
     with pytest.raises(ValueError, match="does not exist"):
         result.to_csv(tmp_path / "missing" / "r.csv")
+
+
+def test_with_tokens_attaches_the_targets_text(result):
+    from tests.helpers import word_tokenizer
+
+    bare = replace(result, tokens=None)
+    assert "#" in bare.format_table()
+    vocab = {i: t for t, i in word_tokenizer(VOCAB).get_vocab().items()}
+    named = bare.with_tokens(word_tokenizer(VOCAB))
+    assert named.tokens == [[vocab[int(t)] for t in row] for row in result.targets]
+    assert bare.tokens is None and vocab[int(result.targets[0, -1])] in (
+        named.format_table()
+    )

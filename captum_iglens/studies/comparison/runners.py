@@ -284,6 +284,66 @@ def dla(work: Work) -> Outcome:
     return Outcome(scores, change, work.model_prob - work.h0_prob, "logit", note)
 
 
+#: Memory that one of Captum's calls may hold at once (activations kept for the
+#: backward pass), when ``internal_batch_size`` is not set.
+CAPTUM_BUDGET = 1 << 30
+
+
+def sequence_bytes(model: Module, length: int) -> int:
+    """A generous estimate of the activations one sequence of ``length`` tokens
+    keeps for a backward pass through ``model`` (float32)."""
+    config = model.config
+    d = config.hidden_size
+    inner = getattr(config, "intermediate_size", None) or 4 * d
+    heads = config.num_attention_heads
+    per_token = 20 * d + 4 * inner + 2 * heads * length
+    return 4 * config.num_hidden_layers * length * per_token
+
+
+def _captum_chunks(work: Work, rows: Tensor) -> Tuple[int, int]:
+    """Rows per Captum call and its ``internal_batch_size`` (interpolated
+    sequences per forward/backward pass), under :data:`CAPTUM_BUDGET` unless
+    the settings fix ``internal_batch_size``. LayerConductance needs at least
+    two sequences per row in one pass, hence at most ``size // 2`` rows."""
+    size = work.settings.internal_batch_size
+    if size is None:
+        size = CAPTUM_BUDGET // sequence_bytes(work.model, rows.shape[1])
+    size = max(size, 2)
+    return max(1, min(len(rows), size // 2)), size
+
+
+def _attribute_in_chunks(
+    method: Any,
+    work: Work,
+    rows: Tensor,
+    baseline: Tensor,
+    extra: Tuple[Any, ...],
+    **kwargs: Any,
+) -> Tuple[Any, Tensor]:
+    """``method.attribute`` on groups of rows, so that memory stays bounded; the
+    attributions (a tensor or a list of them) and deltas are joined."""
+    group, size = _captum_chunks(work, rows)
+    pieces, deltas = [], []
+    for start in range(0, len(rows), group):
+        cut = slice(start, start + group)
+        attributions, delta = method.attribute(
+            rows[cut],
+            baselines=baseline[cut],
+            additional_forward_args=tuple(
+                None if a is None else a[cut] for a in extra
+            ),
+            n_steps=work.settings.n_steps,
+            internal_batch_size=size,
+            return_convergence_delta=True,
+            **kwargs,
+        )
+        pieces.append(attributions)
+        deltas.append(delta.detach().float())
+    if isinstance(pieces[0], (list, tuple)):
+        return [torch.cat(layer) for layer in zip(*pieces)], torch.cat(deltas)
+    return torch.cat(pieces), torch.cat(deltas)
+
+
 def _captum_per_block(work: Work, conductance: bool) -> Outcome:
     rows, extra = work.captum_rows()
     baseline = torch.full_like(rows, work.baseline_token)
@@ -299,16 +359,9 @@ def _captum_per_block(work: Work, conductance: bool) -> Outcome:
             if conductance
             else LayerIntegratedGradients(forward, block)
         )
-        attributions, delta = method.attribute(
-            rows,
-            baselines=baseline,
-            additional_forward_args=extra,
-            n_steps=work.settings.n_steps,
-            internal_batch_size=work.settings.internal_batch_size,
-            return_convergence_delta=True,
-        )
+        attributions, delta = _attribute_in_chunks(method, work, rows, baseline, extra)
         totals.append(attributions.detach().float().flatten(1).sum(1))
-        deltas.append(delta.detach().float())
+        deltas.append(delta)
     shape = work.targets.shape
     scores = torch.stack(totals, -1).view(*shape, -1)
     delta = torch.stack(deltas, -1).view(*shape, -1)
@@ -334,25 +387,19 @@ def layer_integrated_gradients(work: Work) -> Outcome:
 
 def layer_integrated_gradients_multilayer(work: Work) -> Outcome:
     rows, extra = work.captum_rows()
-    kwargs: Dict[str, Any] = dict(
-        baselines=torch.full_like(rows, work.baseline_token),
-        additional_forward_args=extra,
-        n_steps=work.settings.n_steps,
-        internal_batch_size=work.settings.internal_batch_size,
-        return_convergence_delta=True,
-    )
+    call = (work, rows, torch.full_like(rows, work.baseline_token), extra)
     forward = TargetProbability(work.model, embeddings=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "Multiple layers provided..."
         lig = LayerIntegratedGradients(forward, work.lens.layers)
     try:
-        attributions, delta = lig.attribute(rows, **kwargs)
+        attributions, delta = _attribute_in_chunks(lig, *call)
         happened = "the call on the list of blocks ran as it is"
     except RuntimeError as error:
         if _UNUSED_IN_GRAPH not in str(error):
             raise
-        attributions, delta = lig.attribute(
-            rows, **kwargs, grad_kwargs={"materialize_grads": True}
+        attributions, delta = _attribute_in_chunks(
+            lig, *call, grad_kwargs={"materialize_grads": True}
         )
         happened = (
             f"Captum raised RuntimeError ({str(error).splitlines()[0]}); rerun with "
@@ -365,7 +412,7 @@ def layer_integrated_gradients_multilayer(work: Work) -> Outcome:
     names = work.lens.layer_names
     zeros = [name for name, s in zip(names, scores.unbind(-1)) if not s.any()]
     note = (
-        f"one LayerIntegratedGradients call on all {len(names)} blocks (captum "
+        f"LayerIntegratedGradients on all {len(names)} blocks at once (captum "
         f"{captum.__version__}): {happened}; all-zero blocks: {zeros or 'none'}."
     )
     change = scores.sum(-1) - delta

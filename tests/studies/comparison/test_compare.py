@@ -216,6 +216,34 @@ def test_captum_blocks_each_explain_the_whole_change(calm_llama, batch, run, nam
     assert entry.forward_sequences >= k * N_STEPS * ids.shape[0] * len(POSITIONS)
 
 
+def test_captum_memory_is_bounded_by_row_groups(calm_llama, batch, run, monkeypatch):
+    import captum_iglens.studies.comparison.runners as runners
+
+    ids, mask = batch
+    names = ("layer_conductance", "layer_integrated_gradients_multilayer")
+    # A budget of two sequences: one row per Captum call, two sequences a pass.
+    seq = runners.sequence_bytes(calm_llama, ids.shape[1])
+    monkeypatch.setattr(runners, "CAPTUM_BUDGET", 2 * seq)
+    calls = []
+    attribute = LayerIntegratedGradients.attribute
+
+    def spy(self, inputs, *args, internal_batch_size=None, **kwargs):
+        calls.append((len(inputs), internal_batch_size))
+        return attribute(
+            self, inputs, *args, internal_batch_size=internal_batch_size, **kwargs
+        )
+
+    monkeypatch.setattr(LayerIntegratedGradients, "attribute", spy)
+    small = compare(
+        calm_llama, ids, mask, positions=POSITIONS, n_steps=N_STEPS, methods=names
+    )
+    assert calls and set(calls) == {(1, 2)}
+    for name in names:
+        torch.testing.assert_close(
+            small.methods[name].scores, run[0].methods[name].scores, atol=1e-5, rtol=0
+        )
+
+
 def test_captum_methods_share_one_baseline_input(run):
     result = run[0]
     lc = result.methods["layer_conductance"]
