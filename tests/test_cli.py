@@ -211,6 +211,8 @@ def test_each_subcommand_keeps_its_own_defaults():
         (["validate", "--limit", "0"], "--limit"),
         (["compare", "x", "--methods", "ig_lens,nope"], "--methods"),
         (["x", "--max-new-tokens", "0"], "max_new_tokens"),
+        (["x", "--baseline", "nan"], "baselines"),
+        (["x", "--baseline=-inf"], "baselines"),
         (["x", "--layers", ""], "--layers"),
         (["x", "--layers", "0,,5"], "--layers"),
         (["x", "--stdin"], "not both"),

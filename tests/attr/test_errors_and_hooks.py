@@ -32,6 +32,9 @@ BAD_CALLS = [
     ("positions", dict(positions=[]), ValueError),
     ("baselines", dict(baselines=torch.zeros(3, 5, 32)), ValueError),
     ("baselines", dict(baselines="median"), TypeError),
+    ("baselines", dict(baselines=float("nan")), ValueError),
+    ("baselines", dict(baselines=float("inf")), ValueError),
+    ("baselines", dict(baselines=torch.full((1, 1, 32), float("-inf"))), ValueError),
     ("internal_batch_size", dict(internal_batch_size=0), ValueError),
     ("attribute_to_layer_input", dict(attribute_to_layer_input=True), ValueError),
 ]

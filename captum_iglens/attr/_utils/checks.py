@@ -268,6 +268,13 @@ def check_baselines(baselines: BaselineType) -> None:
             'baselines: expected None, "mean", a number, or a tensor broadcastable '
             f"to the hidden states (B, T, d); got {baselines!r}"
         )
+    finite = (
+        torch.isfinite(torch.as_tensor(baselines)).all()
+        if isinstance(baselines, (int, float, Tensor))
+        else True
+    )
+    if not finite:
+        raise ValueError("baselines: expected finite values, got NaN or inf")
 
 
 def baseline_states(
