@@ -256,6 +256,18 @@ class IGLensResult(JsonDocument):
             return [repr(t)[1:-1][:16] for t in self.tokens[batch_index]]
         return [f"#{int(t)}" for t in self.targets[batch_index]]
 
+    def to_html(self, path: Union[str, Path]) -> None:
+        r"""Writes the interactive viewer of this map, one self-contained HTML file
+        (see :mod:`captum_iglens.viewer`)."""
+        from captum_iglens.viewer import write_html
+
+        write_html(self, path)
+
+    def _repr_html_(self) -> str:
+        from captum_iglens.viewer import notebook_html
+
+        return notebook_html(self)
+
     def to(self, device: Union[str, torch.device]) -> "IGLensResult":
         """A copy with every tensor on ``device``."""
         moved = {name: getattr(self, name).to(device) for name in _TENSOR_FIELDS}
