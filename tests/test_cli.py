@@ -40,6 +40,8 @@ def test_main_job_end_to_end(tmp_path):
         str(tmp_path / "r.csv"),
         "--png",
         str(tmp_path / "r.png"),
+        "--html",
+        str(tmp_path / "r.html"),
     )
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr
@@ -61,6 +63,8 @@ def test_main_job_end_to_end(tmp_path):
         torch.tensor(list(by_token.values())), result.total[0], atol=1e-6
     )
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "r.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "iglens-data" in page
 
 
 @pytest.mark.real_model
@@ -206,6 +210,9 @@ def test_each_subcommand_keeps_its_own_defaults():
     "args, message",
     [
         (["x", "--json", "/no/such/dir/r.json"], "--json"),
+        (["x", "--html", "/no/such/dir/r.html"], "--html"),
+        (["compare", "x", "--html", "/no/such/dir/c.html"], "--html"),
+        (["validate", "--html", "/no/such/dir/v.html"], "--html"),
         (["x", "--baseline", "median"], "baseline"),
         (["batch", "/no/such/prompts.jsonl", "--out", "o"], "prompts"),
         (["validate", "--limit", "0"], "--limit"),

@@ -55,8 +55,10 @@ def embed_json(data: Dict[str, Any]) -> str:
 
 
 def _static(name: str) -> str:
-    return resources.files("captum_iglens.viewer").joinpath("static", name).read_text(
-        encoding="utf-8"
+    return (
+        resources.files("captum_iglens.viewer")
+        .joinpath("static", name)
+        .read_text(encoding="utf-8")
     )
 
 
@@ -74,14 +76,14 @@ def render_page(data: Dict[str, Any]) -> str:
     """
     title = _TITLES.get(data.get("kind"), "IG-Lens")
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         # Nothing may be fetched: the policy forbids every source but inline code.
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
         "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n"
         f"<title>{html.escape(title)}</title>\n"
         f"<style>\n{_static('viewer.css')}</style>\n</head>\n<body>\n"
-        "<div id=\"app\"></div>\n"
-        f"<script type=\"application/json\" id=\"{DATA_ID}\">{embed_json(data)}"
+        '<div id="app"></div>\n'
+        f'<script type="application/json" id="{DATA_ID}">{embed_json(data)}'
         "</script>\n"
         f"<script>\n{_static('viewer.js')}</script>\n</body>\n</html>\n"
     )

@@ -233,7 +233,9 @@ def comparison_payload(result: Any) -> Dict[str, Any]:
             target = int(result.targets[b, p])
             given = result.input_tokens[b][p] if result.input_tokens else ""
             text = result.tokens[b][p] if result.tokens else f"#{target}"
-            labels.append({"token": text, "given": given, "pos": int(result.positions[p])})
+            labels.append(
+                {"token": text, "given": given, "pos": int(result.positions[p])}
+            )
         methods = []
         for name, m in result.methods.items():
             methods.append(

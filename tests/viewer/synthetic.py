@@ -46,7 +46,10 @@ def synthetic_result(
         method="prediction_aware",
         n_steps=50,
         tokens=[list(words) for _ in range(b)],
-        metadata={"prompt": "What is the capital of Vietnam?", "answer": "".join(words)},
+        metadata={
+            "prompt": "What is the capital of Vietnam?",
+            "answer": "".join(words),
+        },
     )
     if top_k is not None:
         probs = torch.rand(b, p, k, top_k, generator=gen).sort(-1, descending=True)[0]

@@ -79,9 +79,10 @@
       add(label, document.createTextNode(' ' + opt[1]));
     });
   }
-  function topBars(values, n) {
+  // The n largest |values| as (value, index), ignoring those under floor.
+  function topBars(values, n, floor) {
     return values.map(function (v, i) { return [v, i]; })
-      .filter(function (p) { return p[0] !== null && Math.abs(p[0]) > 0; })
+      .filter(function (p) { return p[0] !== null && Math.abs(p[0]) > floor; })
       .sort(function (a, b) { return Math.abs(b[0]) - Math.abs(a[0]); }).slice(0, n);
   }
 
@@ -310,8 +311,10 @@
           { cls: 'cumulative', values: cum, name: 'cumulative credit' }
         ]
       }));
-      var built = topBars(row.credit.map(function (v) { return v > 0 ? v : null; }), 3);
-      var back = topBars(row.credit.map(function (v) { return v < 0 ? v : null; }), 3);
+      var big = 0;
+      row.credit.forEach(function (v) { big = Math.max(big, Math.abs(v)); });
+      var built = topBars(row.credit.map(function (v) { return v > 0 ? v : null; }), 3, 1e-3 * big);
+      var back = topBars(row.credit.map(function (v) { return v < 0 ? v : null; }), 3, 1e-3 * big);
       var describe = function (list) {
         return list.length ? list.map(function (p) { return layers[p[1]] + ' ' + fmt(p[0], true, 3); }).join(', ') : 'none';
       };
