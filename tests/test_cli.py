@@ -142,6 +142,7 @@ def test_batch_subcommand_writes_and_resumes(tmp_path):
         "3",
         "--layers",
         "10,20",
+        "--html",
     )
     first = _run(*args)
     assert first.returncode == 0, first.stderr
@@ -159,6 +160,7 @@ def test_batch_subcommand_writes_and_resumes(tmp_path):
         assert (
             result.total - (result.model_prob - result.base_prob)
         ).abs().max() <= 1e-6
+    assert "iglens-data" in (tmp_path / "out" / "index.html").read_text()
     again = _run(*args)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "out" / "results.jsonl").read_text().splitlines() == lines

@@ -5,6 +5,11 @@
   var SVGNS = 'http://www.w3.org/2000/svg';
   var DATA = JSON.parse(document.getElementById('iglens-data').textContent);
   var WHITE = [255, 255, 255], RED = [178, 24, 43], BLUE = [33, 102, 172];
+  var redraw = null, pending = null;  // the map on show, redrawn when the window resizes
+  window.addEventListener('resize', function () {
+    clearTimeout(pending);
+    pending = setTimeout(function () { if (redraw) redraw(); }, 150);
+  });
   var GREEN = [0, 104, 55], PURPLE = [84, 39, 143];
 
   // ------------------------------------------------------------------ helpers
@@ -318,6 +323,7 @@
       var describe = function (list) {
         return list.length ? list.map(function (p) { return layers[p[1]] + ' ' + fmt(p[0], true, 3); }).join(', ') : 'none';
       };
+      add(trajBody, h('div', 'hint', 'lens level = f(h_base) + cumulative credit, f(h_base) = ' + fmt(row.base)));
       add(trajBody, h('div', 'hint', 'built at: ' + describe(built)));
       add(trajBody, h('div', 'hint', 'given back at: ' + describe(back)));
       var line = add(trajBody, h('div', 'completeness'));
@@ -337,11 +343,7 @@
       if (t) showRow(Number(t.getAttribute('data-row')));
     });
     draw();
-    var pending = null;
-    window.addEventListener('resize', function () {
-      clearTimeout(pending);
-      pending = setTimeout(draw, 150);
-    });
+    redraw = draw;
   }
 
   // ------------------------------------------------------------------ pages
