@@ -291,3 +291,20 @@ def test_comparison_and_validation_pages(
     assert browser.find_element("css selector", "#trajectory polyline.lens")
     assert console_errors(browser) == []
     screenshot(browser, "validation.png")
+
+
+def test_sequences_padding_and_empty_result(browser, tmp_path):
+    from selenium.webdriver.support.ui import Select
+
+    from captum_iglens import IGLensResult
+
+    result = synthetic_result(4, 3, batch=2)
+    result.mask[1, :2] = False
+    result.to_html(tmp_path / "b2.html")
+    open_page(browser, tmp_path / "b2.html")
+    assert len(cells(browser)) == 4 * 3
+    Select(browser.find_element("tag name", "select")).select_by_index(1)
+    assert len(cells(browser)) == 2 * 3  # padding rows are not drawn
+    IGLensResult.empty(["0", "1"], "prediction_aware", 8).to_html(tmp_path / "e.html")
+    open_page(browser, tmp_path / "e.html")
+    assert cells(browser) == [] and console_errors(browser) == []
