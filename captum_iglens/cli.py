@@ -37,6 +37,7 @@ _INPUT_ERRORS = (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError)
 _SUBCOMMANDS = ("attribute", "compare", "batch", "validate")
 
 Job = Callable[[], int]
+_HTML_HELP = "write the interactive viewer, one self-contained HTML file"
 
 
 class CommandError(Exception):
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     attribute.add_argument("--json", metavar="PATH", help="write the result as JSON")
     attribute.add_argument("--csv", metavar="PATH", help="write a long-format CSV")
     attribute.add_argument("--png", metavar="PATH", help="write the heatmap as PNG")
+    attribute.add_argument("--html", metavar="PATH", help=_HTML_HELP)
     attribute.set_defaults(prepare=_prepare_attribute)
 
     from captum_iglens.studies.comparison import COMPARED_METHODS
@@ -212,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     compare.add_argument("--png", metavar="PATH", help="write the comparison plot")
+    compare.add_argument("--html", metavar="PATH", help=_HTML_HELP)
     compare.set_defaults(prepare=_prepare_compare)
 
     batch = commands.add_parser(
@@ -227,6 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("prompts", help="the prompt set, a .jsonl file")
     batch.add_argument("--out", required=True, help="output folder")
     batch.add_argument("--batch-size", type=int, default=8)
+    batch.add_argument(
+        "--html",
+        action="store_true",
+        help="also write OUT/index.html, the interactive viewer of the whole set",
+    )
     batch.set_defaults(prepare=_prepare_batch)
 
     from captum_iglens.studies.validation import MODES, SCORED_METHODS
@@ -260,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("--json", metavar="PATH", help="write the study as JSON")
     validate.add_argument("--png", metavar="PATH", help="write the plots as PNG")
+    validate.add_argument("--html", metavar="PATH", help=_HTML_HELP)
     validate.set_defaults(prepare=_prepare_validate)
     return parser
 
@@ -372,9 +381,11 @@ def _save_figure(fig: Any, path: str) -> None:
 
 
 def _write(result: Any, args: argparse.Namespace) -> None:
-    """``--json`` and ``--png`` of a comparison or validation result."""
+    """``--json``, ``--png`` and ``--html`` of a comparison or validation result."""
     if args.json:
         result.save(args.json)
+    if args.html:
+        result.to_html(args.html)
     if args.png:
         _save_figure(result.plot()[0], args.png)
 
@@ -386,7 +397,7 @@ def _prepare_attribute(args: argparse.Namespace) -> Job:
     settings = _settings(args)
     if not 0.0 < args.onset_frac <= 1.0:
         raise CommandError(f"--onset-frac: expected (0, 1], got {args.onset_frac}")
-    _outputs(args, "json", "csv", "png")
+    _outputs(args, "json", "csv", "png", "html")
     prompt = _read_prompt(args)
     stages = _Stages()
     model, tokenizer = stages.run("load", lambda: _load(args, settings))
@@ -419,6 +430,8 @@ def _prepare_attribute(args: argparse.Namespace) -> Job:
             result.save(args.json)
         if args.csv:
             result.to_csv(args.csv)
+        if args.html:
+            result.to_html(args.html)
         if args.png:
             from captum_iglens.plots import plot_heatmap
 
@@ -440,7 +453,7 @@ def _prepare_compare(args: argparse.Namespace) -> Job:
             f"--methods: expected names from {','.join(COMPARED_METHODS)}, got "
             f"{','.join(args.methods)}"
         )
-    _outputs(args, "json", "png")
+    _outputs(args, "json", "png", "html")
     prompt = _read_prompt(args)
     model, tokenizer = _load(args, settings)
     if settings.layers is None:
@@ -492,6 +505,10 @@ def _prepare_batch(args: argparse.Namespace) -> Job:
             progress=_progress(args),
         )
         print(f"results: {path}")
+        if args.html:
+            from captum_iglens.studies.batch import write_html
+
+            print(f"viewer: {write_html(args.out)}")
         return 0
 
     return job
@@ -515,7 +532,7 @@ def _prepare_validate(args: argparse.Namespace) -> Job:
     if args.limit is not None and args.limit < 1:
         raise CommandError(f"--limit: expected an int >= 1, got {args.limit}")
     study = StudyOptions(conductance_prompts=args.conductance_prompts)
-    _outputs(args, "json", "png")
+    _outputs(args, "json", "png", "html")
     prompts = load_facts(args.prompts)[: args.limit]
     model, tokenizer = _load(args, settings)
 

@@ -277,6 +277,18 @@ class IGLensResult(JsonDocument):
         tokens = [decode_tokens(tokenizer, row.tolist()) for row in self.targets]
         return replace(self, tokens=tokens)
 
+    def to_html(self, path: Union[str, Path]) -> None:
+        r"""Writes the interactive viewer of this map, one self-contained HTML file
+        (see :mod:`captum_iglens.viewer`)."""
+        from captum_iglens.viewer import write_html
+
+        write_html(self, path)
+
+    def _repr_html_(self) -> str:
+        from captum_iglens.viewer import notebook_html
+
+        return notebook_html(self)
+
     def to(self, device: Union[str, torch.device]) -> "IGLensResult":
         """A copy with every tensor on ``device``."""
         moved = {name: getattr(self, name).to(device) for name in _TENSOR_FIELDS}

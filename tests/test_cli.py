@@ -40,6 +40,8 @@ def test_main_job_end_to_end(tmp_path):
         str(tmp_path / "r.csv"),
         "--png",
         str(tmp_path / "r.png"),
+        "--html",
+        str(tmp_path / "r.html"),
     )
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr
@@ -61,6 +63,8 @@ def test_main_job_end_to_end(tmp_path):
         torch.tensor(list(by_token.values())), result.total[0], atol=1e-6
     )
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "r.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "iglens-data" in page
 
 
 @pytest.mark.real_model
@@ -138,6 +142,7 @@ def test_batch_subcommand_writes_and_resumes(tmp_path):
         "3",
         "--layers",
         "10,20",
+        "--html",
     )
     first = _run(*args)
     assert first.returncode == 0, first.stderr
@@ -155,6 +160,7 @@ def test_batch_subcommand_writes_and_resumes(tmp_path):
         assert (
             result.total - (result.model_prob - result.base_prob)
         ).abs().max() <= 1e-6
+    assert "iglens-data" in (tmp_path / "out" / "index.html").read_text()
     again = _run(*args)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "out" / "results.jsonl").read_text().splitlines() == lines
@@ -206,6 +212,9 @@ def test_each_subcommand_keeps_its_own_defaults():
     "args, message",
     [
         (["x", "--json", "/no/such/dir/r.json"], "--json"),
+        (["x", "--html", "/no/such/dir/r.html"], "--html"),
+        (["compare", "x", "--html", "/no/such/dir/c.html"], "--html"),
+        (["validate", "--html", "/no/such/dir/v.html"], "--html"),
         (["x", "--baseline", "median"], "baseline"),
         (["batch", "/no/such/prompts.jsonl", "--out", "o"], "prompts"),
         (["validate", "--limit", "0"], "--limit"),

@@ -93,6 +93,7 @@ def _is_package(name: str) -> bool:
         "captum_iglens.readout",
         "captum_iglens.settings",
         "captum_iglens.result",
+        "captum_iglens.viewer",
     ],
 )
 def test_helpers_never_import_the_algorithms(prefix):

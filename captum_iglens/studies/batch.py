@@ -24,7 +24,12 @@ import torch.distributed as dist
 from torch import Tensor
 from tqdm import tqdm
 
-from captum_iglens._utils.serialization import check_folder, plain, write_atomic
+from captum_iglens._utils.serialization import (
+    check_folder,
+    check_writable,
+    plain,
+    write_atomic,
+)
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.text import (
     decode_tokens,
@@ -70,6 +75,36 @@ def to_result(record: Dict[str, Any]) -> IGLensResult:
     return IGLensResult.from_dict(
         {k: v for k, v in record.items() if k not in ("id", "prompt", "answer")}
     )
+
+
+def write_html(
+    out_dir: Union[str, Path], path: Optional[Union[str, Path]] = None
+) -> Path:
+    r"""
+    Writes the interactive viewer of a folder written by :func:`run_batch`: the
+    mean credit per layer, the distribution of onsets and every prompt's map, in
+    one self-contained HTML file.
+
+    Args:
+
+        out_dir (str or Path): The output folder (``results.jsonl``, ``run.json``).
+        path (str or Path, optional): The page. Default: ``out_dir/index.html``.
+
+    Returns:
+        *Path*: the page written.
+    """
+    from captum_iglens.viewer import batch_payload, render_page
+
+    out = Path(out_dir)
+    if not (out / RESULTS).is_file():
+        raise ValueError(f"out_dir: {out} holds no {RESULTS}")
+    run = json.loads((out / RUN).read_text()) if (out / RUN).is_file() else {}
+    records = read_results(out / RESULTS)
+    items = [dict(record, result=to_result(record)) for record in records]
+    page = Path(path) if path is not None else out / "index.html"
+    check_writable(page, "path")
+    write_atomic(page, render_page(batch_payload(items, run)))
+    return page
 
 
 def init_distributed() -> torch.device:

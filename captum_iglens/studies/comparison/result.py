@@ -2,7 +2,8 @@ r"""The result of :func:`~captum_iglens.studies.compare`: every method's map, it
 additivity residual and its cost, checked, saved and loaded like every result."""
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Optional, Tuple
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -237,6 +238,18 @@ class ComparisonResult(JsonDocument):
             mask=tensor_field(data, "mask", torch.bool, (b, p)),
         )
         return cls(**kwargs)
+
+    def to_html(self, path: Union[str, Path]) -> None:
+        r"""Writes the interactive viewer of this result, one self-contained HTML
+        file (see :mod:`captum_iglens.viewer`)."""
+        from captum_iglens.viewer import write_html
+
+        write_html(self, path)
+
+    def _repr_html_(self) -> str:
+        from captum_iglens.viewer import notebook_html
+
+        return notebook_html(self)
 
     def plot(self, sequence: int = 0) -> Tuple[Any, Dict[str, Any]]:
         r"""The methods side by side; see

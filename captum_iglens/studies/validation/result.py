@@ -2,7 +2,8 @@ r"""The result of the validation study: per-token drops, scores and agreement,
 with the summary table; checked, saved and loaded like every result."""
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -280,6 +281,18 @@ class ValidationResult(JsonDocument):
             )
         except KeyError as missing_key:
             raise ValueError(f"tokens: an entry lacks {missing_key}") from None
+
+    def to_html(self, path: Union[str, Path]) -> None:
+        r"""Writes the interactive viewer of this result, one self-contained HTML
+        file (see :mod:`captum_iglens.viewer`)."""
+        from captum_iglens.viewer import write_html
+
+        write_html(self, path)
+
+    def _repr_html_(self) -> str:
+        from captum_iglens.viewer import notebook_html
+
+        return notebook_html(self)
 
     def plot(
         self, examples: Optional[Sequence[int]] = None

@@ -1,0 +1,319 @@
+r"""
+The data of a viewer page: each result type turned into plain JSON-ready values,
+rows of attributed tokens only, floats rounded to :data:`DIGITS` significant
+digits (the precision the page shows), so that a 200-token by 30-layer map with
+its top-5 views stays well under 2 MB.
+
+The builders read results by their fields (duck typing on ``KIND``) and never
+import the result classes or the algorithms that make them.
+"""
+
+import math
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+#: Significant digits of every number in a page (and shown by it).
+DIGITS = 4
+#: Significant digits of a completeness residual ``|Σ − Δp|``.
+RESIDUAL_DIGITS = 3
+
+#: The optional per-layer views of an IG-Lens map, read when the result has them.
+VIEWS = ("top_ids", "top_probs", "top_tokens", "entropy", "kl", "rank")
+
+
+def sig(value: Any, digits: int = DIGITS) -> Any:
+    r"""``value`` (a number, tensor, array or nested list) as nested lists of
+    floats rounded to ``digits`` significant digits; NaN and inf become None."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [sig(item, digits) for item in value]
+    value = float(value)
+    if not math.isfinite(value):
+        return None
+    return float(f"{value:.{digits}g}")
+
+
+class _Vocab:
+    """The strings of the top-token views, stored once per page."""
+
+    def __init__(self) -> None:
+        self.index: Dict[str, int] = {}
+        self.strings: List[str] = []
+
+    def __call__(self, text: str) -> int:
+        if text not in self.index:
+            self.index[text] = len(self.strings)
+            self.strings.append(text)
+        return self.index[text]
+
+
+def _views(result: Any) -> Dict[str, Any]:
+    views = {name: getattr(result, name, None) for name in VIEWS}
+    return {
+        name: value.tolist() if isinstance(value, torch.Tensor) else value
+        for name, value in views.items()
+    }
+
+
+def _top_rows(views: Dict[str, Any], b: int, p: int, vocab: _Vocab) -> Dict[str, Any]:
+    """The optional views of one token: per layer, the top tokens (indices into
+    the page's vocabulary), their probabilities, entropy, KL and target rank."""
+    row: Dict[str, Any] = {}
+    ids, texts = views["top_ids"], views["top_tokens"]
+    if views["top_probs"] is not None and (ids is not None or texts is not None):
+        probs = views["top_probs"][b][p]
+        k, top_k = len(probs), len(probs[0]) if len(probs) else 0
+        row["top"] = [
+            [
+                vocab(
+                    texts[b][p][j][i]
+                    if texts is not None
+                    else f"#{int(ids[b][p][j][i])}"
+                )
+                for i in range(top_k)
+            ]
+            for j in range(k)
+        ]
+        row["topp"] = sig(probs)
+    for name in ("entropy", "kl"):
+        if views[name] is not None:
+            row[name] = sig(views[name][b][p])
+    if views["rank"] is not None:
+        row["rank"] = [int(r) for r in views["rank"][b][p]]
+    return row
+
+
+def map_sequences(result: Any, vocab: Optional[_Vocab] = None) -> List[Dict[str, Any]]:
+    r"""
+    The rows of an IG-Lens map, one list per sequence.
+
+    Args:
+
+        result (IGLensResult): ``(B, P, k)``.
+        vocab (optional): Collects the top-token strings; a new one by default.
+
+    Returns:
+        *list[dict]*: per sequence, ``rows``: one object per attributed
+        (non-padding) token with its text, position, target id, ``credit`` and
+        ``lens`` (``k`` each), ``base``, ``prob`` (``p_model``), ``sum``, ``dp``,
+        ``resid`` (``|Σ − Δp|``, from the unrounded values), ``onset`` (a column
+        index or -1) and, when the result has them, the top-token views.
+    """
+    vocab = vocab if vocab is not None else _Vocab()
+    views = _views(result)
+    onset = result.onset()
+    total = result.attributions.double().sum(-1)
+    change = result.model_prob.double() - result.base_prob.double()
+    sequences = []
+    for b in range(result.attributions.shape[0]):
+        rows = []
+        for p in result.mask[b].nonzero()[:, 0].tolist():
+            target = int(result.targets[b, p])
+            text = result.tokens[b][p] if result.tokens is not None else f"#{target}"
+            row = {
+                "token": text,
+                "pos": int(result.positions[p]),
+                "id": target,
+                "credit": sig(result.attributions[b, p]),
+                "lens": sig(result.lens[b, p]),
+                "base": sig(result.base_prob[b, p]),
+                "prob": sig(result.model_prob[b, p]),
+                "sum": sig(total[b, p]),
+                "dp": sig(change[b, p]),
+                "resid": sig((total[b, p] - change[b, p]).abs(), RESIDUAL_DIGITS),
+                "onset": int(onset[b, p]),
+            }
+            row.update(_top_rows(views, b, p, vocab))
+            rows.append(row)
+        sequences.append({"rows": rows})
+    return sequences
+
+
+def _about(result: Any) -> Dict[str, Any]:
+    metadata = dict(getattr(result, "metadata", {}) or {})
+    keep = ("prompt", "answer", "model", "granularity", "baselines", "positions")
+    about = {key: metadata[key] for key in keep if key in metadata}
+    return {key: value for key, value in about.items() if isinstance(value, str)}
+
+
+def map_payload(result: Any) -> Dict[str, Any]:
+    r"""The page data of an :class:`~captum_iglens.IGLensResult`."""
+    vocab = _Vocab()
+    sequences = map_sequences(result, vocab)
+    return {
+        "kind": "map",
+        "layers": list(result.layer_names),
+        "method": result.method,
+        "n_steps": result.n_steps,
+        "about": _about(result),
+        "sequences": sequences,
+        "vocab": vocab.strings,
+    }
+
+
+def batch_payload(
+    items: Sequence[Dict[str, Any]], run: Dict[str, Any]
+) -> Dict[str, Any]:
+    r"""
+    The page data of a prompt set.
+
+    Args:
+
+        items (list[dict]): One per prompt: ``id``, ``prompt``, ``answer`` and
+                    ``result`` (a one-sequence IGLensResult).
+        run (dict): The run's settings (``run.json``); a few are shown.
+
+    Returns:
+        *dict*: the layers, each prompt's map, the mean credit per layer over
+        every attributed token of every prompt (with the mean ``Δp`` it sums
+        to), and the count of onsets per layer.
+    """
+    layers: List[str] = []
+    vocab = _Vocab()
+    credit_sum: Optional[torch.Tensor] = None
+    change_sum, n_tokens = 0.0, 0
+    prompts = []
+    for item in items:
+        result = item["result"]
+        if not layers:
+            layers = list(result.layer_names)
+            credit_sum = torch.zeros(len(layers), dtype=torch.float64)
+            onsets = [0] * len(layers)
+        if list(result.layer_names) != layers:
+            raise ValueError(
+                f"items: prompt {item['id']!r} has layers {result.layer_names}, "
+                f"expected {layers}"
+            )
+        mask = result.mask[0]
+        credit_sum += result.attributions[0][mask].double().sum(0)
+        change_sum += (result.model_prob[0] - result.base_prob[0]).double()[mask].sum()
+        n_tokens += int(mask.sum())
+        for j in result.onset()[0][mask].tolist():
+            if j >= 0:
+                onsets[j] += 1
+        (sequence,) = map_sequences(result, vocab)
+        prompts.append(
+            {
+                "id": str(item["id"]),
+                "prompt": str(item["prompt"]),
+                "answer": str(item["answer"]),
+                "rows": sequence["rows"],
+            }
+        )
+    mean = (credit_sum / max(n_tokens, 1)) if credit_sum is not None else []
+    mean_change = float(change_sum) / max(n_tokens, 1)
+    keep = ("model", "method", "n_steps", "granularity", "baselines", "positions")
+    return {
+        "kind": "batch",
+        "layers": layers,
+        "about": {k: str(run[k]) for k in keep if k in run and run[k] is not None},
+        "mean_credit": sig(mean),
+        "mean_credit_sum": sig(float(sum(mean)) if n_tokens else 0.0),
+        "mean_dp": sig(mean_change),
+        "n_tokens": n_tokens,
+        "onsets": onsets if layers else [],
+        "prompts": prompts,
+        "vocab": vocab.strings,
+    }
+
+
+def comparison_payload(result: Any) -> Dict[str, Any]:
+    r"""The page data of a :class:`~captum_iglens.studies.ComparisonResult`: per
+    sequence the attributed tokens, and per method its columns, scores, ``Δp``,
+    expected sum and residual ``|Σ − Δp|`` per token."""
+    sequences = []
+    b_count = result.targets.shape[0]
+    for b in range(b_count):
+        rows = result.mask[b].nonzero()[:, 0].tolist()
+        labels = []
+        for p in rows:
+            target = int(result.targets[b, p])
+            given = result.input_tokens[b][p] if result.input_tokens else ""
+            text = result.tokens[b][p] if result.tokens else f"#{target}"
+            labels.append(
+                {"token": text, "given": given, "pos": int(result.positions[p])}
+            )
+        methods = []
+        for name, m in result.methods.items():
+            methods.append(
+                {
+                    "name": name,
+                    "unit": m.unit,
+                    "note": m.note,
+                    "layers": list(m.layer_names),
+                    "scores": sig(m.scores[b, rows]),
+                    "sum": sig(m.layer_sum[b, rows]),
+                    "dp": sig(m.prob_change[b, rows]),
+                    "expected": sig(m.expected[b, rows]),
+                    "resid": sig(m.residual[b, rows], RESIDUAL_DIGITS),
+                }
+            )
+        sequences.append({"rows": labels, "methods": methods})
+    return {
+        "kind": "comparison",
+        "layers": list(result.layer_names),
+        "about": _about(result),
+        "sequences": sequences,
+    }
+
+
+def validation_payload(result: Any) -> Dict[str, Any]:
+    r"""The page data of a :class:`~captum_iglens.studies.ValidationResult`: per
+    prompt its token, ablation drops, logit-lens trajectory and scores, and the
+    summary table."""
+    prompts = []
+    for i, fact in enumerate(result.facts):
+        scores = {
+            m: sig(s[i]) for m, s in result.scores.items() if not np.isnan(s[i]).all()
+        }
+        prompts.append(
+            {
+                "id": str(fact.id),
+                "prompt": fact.prompt,
+                "answer": fact.answer,
+                "generated": result.generated[i],
+                "correct": result.correct[i],
+                "token": result.target_tokens[i],
+                "prob": sig(result.model_prob[i]),
+                "drops": sig(result.drops[i]),
+                "trajectory": sig(result.trajectory[i]),
+                "scores": scores,
+            }
+        )
+    summary = {
+        str(group): {
+            str(method): {
+                str(metric): {key: sig(value) for key, value in stats.items()}
+                for metric, stats in metrics.items()
+            }
+            for method, metrics in by_method.items()
+        }
+        for group, by_method in result.summary.items()
+    }
+    return {
+        "kind": "validation",
+        "layers": list(result.layer_names),
+        "mode": result.mode,
+        "methods": list(result.methods),
+        "prompts": prompts,
+        "summary": summary,
+    }
+
+
+def payload(result: Any) -> Dict[str, Any]:
+    r"""The page data of any result with a ``KIND`` the viewer knows."""
+    builders = {
+        "IGLensResult": map_payload,
+        "ComparisonResult": comparison_payload,
+        "ValidationResult": validation_payload,
+    }
+    kind = getattr(result, "KIND", None)
+    if kind not in builders:
+        raise TypeError(
+            f"result: expected an IGLensResult, ComparisonResult or "
+            f"ValidationResult, got {type(result).__name__}"
+        )
+    return builders[kind](result)

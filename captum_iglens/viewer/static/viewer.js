@@ -1,0 +1,589 @@
+/* captum-iglens viewer: plain JavaScript and SVG, no library, no network.
+   Every string of the data is written with textContent (never as markup). */
+(function () {
+  'use strict';
+  var SVGNS = 'http://www.w3.org/2000/svg';
+  var DATA = JSON.parse(document.getElementById('iglens-data').textContent);
+  var WHITE = [255, 255, 255], RED = [178, 24, 43], BLUE = [33, 102, 172];
+  var redraw = null, pending = null;  // the map on show, redrawn when the window resizes
+  window.addEventListener('resize', function () {
+    clearTimeout(pending);
+    pending = setTimeout(function () { if (redraw) redraw(); }, 150);
+  });
+  var GREEN = [0, 104, 55], PURPLE = [84, 39, 143];
+
+  // ------------------------------------------------------------------ helpers
+  function h(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  function add(parent, child) { parent.appendChild(child); return child; }
+  function sv(tag, attrs, text) {
+    var e = document.createElementNS(SVGNS, tag);
+    Object.keys(attrs || {}).forEach(function (k) { e.setAttribute(k, attrs[k]); });
+    if (text !== undefined) e.textContent = String(text);
+    return e;
+  }
+  function fmt(v, signed, digits) {
+    if (v === null || v === undefined) return '–';
+    var t = v === 0 ? '0' : Number(v).toPrecision(digits || 4);
+    return signed && v > 0 ? '+' + t : t;
+  }
+  function mix(a, b, t) {
+    return 'rgb(' + [0, 1, 2].map(function (i) {
+      return Math.round(a[i] + (b[i] - a[i]) * t);
+    }).join(',') + ')';
+  }
+  // Colour intensity grows with sqrt(|v| / scale): small credits stay visible.
+  function diverging(v, scale) {
+    if (!scale || !v) return mix(WHITE, WHITE, 0);
+    var t = Math.sqrt(Math.min(1, Math.abs(v) / scale));
+    return mix(WHITE, v > 0 ? RED : BLUE, t);
+  }
+  function sequential(v, scale, to) {
+    if (!scale || !v) return mix(WHITE, WHITE, 0);
+    return mix(WHITE, to, Math.sqrt(Math.min(1, Math.abs(v) / scale)));
+  }
+  function legend(kind, scale, what) {
+    var box = h('span', 'legend');
+    var bar = h('span', 'bar');
+    var stops = kind === 'div'
+      ? [diverging(-scale, scale), 'rgb(255,255,255)', diverging(scale, scale)]
+      : ['rgb(255,255,255)', sequential(scale, scale, kind === 'lens' ? GREEN : PURPLE)];
+    bar.style.background = 'linear-gradient(to right,' + stops.join(',') + ')';
+    add(box, h('span', null, kind === 'div' ? fmt(-scale, true, 2) : '0'));
+    add(box, bar);
+    add(box, h('span', null, fmt(scale, kind === 'div', 2)));
+    add(box, h('span', null, what + ' (colour ∝ √|value|)'));
+    return box;
+  }
+  function kv(table, key, field) {
+    var tr = add(table, h('tr'));
+    add(tr, h('td', null, key));
+    var td = add(tr, h('td', 'v'));
+    td.setAttribute('data-field', field);
+    return td;
+  }
+  function header(root, title, about) {
+    add(root, h('h1', null, title));
+    Object.keys(about || {}).forEach(function (key) {
+      var line = add(root, h('div', 'about'));
+      add(line, h('b', null, key + ': '));
+      add(line, document.createTextNode(about[key]));
+    });
+  }
+  function radio(parent, name, options, value, onChange) {
+    options.forEach(function (opt) {
+      var label = add(parent, h('label'));
+      var input = add(label, h('input'));
+      input.type = 'radio'; input.name = name; input.value = opt[0];
+      input.checked = opt[0] === value;
+      input.addEventListener('change', function () { onChange(opt[0]); });
+      add(label, document.createTextNode(' ' + opt[1]));
+    });
+  }
+  // The n largest |values| as (value, index), ignoring those under floor.
+  function topBars(values, n, floor) {
+    return values.map(function (v, i) { return [v, i]; })
+      .filter(function (p) { return p[0] !== null && Math.abs(p[0]) > floor; })
+      .sort(function (a, b) { return Math.abs(b[0]) - Math.abs(a[0]); }).slice(0, n);
+  }
+
+  // ------------------------------------------------------------------ chart
+  /* A small SVG chart: x = labels, optional bars from 0, optional lines. */
+  function chart(opts) {
+    var W = opts.width || 360, H = opts.height || 200, L = 40, R = 8, T = 10, B = 34;
+    var n = opts.labels.length, all = [0];
+    (opts.series || []).forEach(function (s) { all = all.concat(s.values); });
+    if (opts.bars) all = all.concat(opts.bars);
+    all = all.filter(function (v) { return v !== null && v !== undefined; });
+    var lo = Math.min.apply(null, all), hi = Math.max.apply(null, all);
+    if (hi - lo < 1e-9) hi = lo + 1;
+    var pad = (hi - lo) * 0.05; lo -= lo < 0 ? pad : 0; hi += pad;
+    var x = function (i) { return L + (n <= 1 ? 0 : i * (W - L - R) / (n - 1)); };
+    var y = function (v) { return T + (hi - v) * (H - T - B) / (hi - lo); };
+    var root = sv('svg', { width: W, height: H, viewBox: '0 0 ' + W + ' ' + H });
+    add(root, sv('line', { x1: L, x2: W - R, y1: y(0), y2: y(0), 'class': 'axis' }));
+    add(root, sv('line', { x1: L, x2: L, y1: T, y2: H - B, 'class': 'axis' }));
+    [lo, 0, hi].forEach(function (v) {
+      add(root, sv('text', { x: L - 3, y: y(v) + 3, 'text-anchor': 'end' }, fmt(v, false, 2)));
+    });
+    var bw = Math.max(1, Math.min(14, (W - L - R) / Math.max(n, 1) * 0.7));
+    if (opts.bars) {
+      opts.bars.forEach(function (v, i) {
+        if (v === null || v === undefined) return;
+        var top = Math.min(y(v), y(0)), ht = Math.max(0.5, Math.abs(y(v) - y(0)));
+        var r = add(root, sv('rect', {
+          x: x(i) - bw / 2, y: top, width: bw, height: ht, 'class': v >= 0 ? 'up' : 'down'
+        }));
+        add(r, sv('title', {}, opts.labels[i] + ': ' + fmt(v, opts.signed)));
+      });
+    }
+    (opts.series || []).forEach(function (s) {
+      var pts = s.values.map(function (v, i) { return x(i).toFixed(1) + ',' + y(v).toFixed(1); });
+      add(root, sv('polyline', { points: pts.join(' '), 'class': s.cls }));
+    });
+    var every = Math.max(1, Math.ceil(n / 8));
+    opts.labels.forEach(function (label, i) {
+      if (i % every && i !== n - 1) return;
+      add(root, sv('text', {
+        x: x(i), y: H - B + 12, 'text-anchor': 'end',
+        transform: 'rotate(-35 ' + x(i) + ' ' + (H - B + 12) + ')'
+      }, label));
+    });
+    var lx = L + 4;
+    (opts.series || []).forEach(function (s) {
+      add(root, sv('line', { x1: lx, x2: lx + 16, y1: T + 4, y2: T + 4, 'class': s.cls }));
+      add(root, sv('text', { x: lx + 20, y: T + 7 }, s.name));
+      lx += 30 + 6 * s.name.length;
+    });
+    return root;
+  }
+
+  // ------------------------------------------------------------------ columns
+  /* Heads (L3.attn.h2) and biases (L3.attn.bias) of one module form a group
+     that can be collapsed into one column (credit summed, lens after the last). */
+  function groupColumns(names) {
+    var groups = [];
+    names.forEach(function (name, i) {
+      var key = name.replace(/\.(h\d+|bias)$/, '');
+      var last = groups[groups.length - 1];
+      if (key !== name && last && last.key === key && last.grouped) last.members.push(i);
+      else groups.push({ key: key, members: [i], grouped: key !== name });
+    });
+    return groups;
+  }
+  function displayColumns(groups, collapsed) {
+    var cols = [];
+    groups.forEach(function (g, gi) {
+      if (g.grouped && collapsed[gi]) {
+        cols.push({ members: g.members, label: g.key + ' ▸' + g.members.length, group: gi, head: 'group' });
+      } else {
+        g.members.forEach(function (m, k) {
+          cols.push({ members: [m], label: null, group: g.grouped ? gi : -1, head: g.grouped ? 'member' : '', first: k === 0 });
+        });
+      }
+    });
+    return cols;
+  }
+
+  // ------------------------------------------------------------------ map view
+  /* The answer tokens x layers map of one sequence, with its hover panel and
+     the trajectory of a clicked token. */
+  function renderMap(root, layers, rows, vocab) {
+    var groups = groupColumns(layers);
+    var many = layers.length > 60;
+    var collapsed = groups.map(function (g) { return g.grouped && many; });
+    var state = { view: 'credit', absolute: false, row: -1 };
+    var controls = add(root, h('div', 'controls'));
+    radio(controls, 'view' + Math.random(), [['credit', 'credit'], ['lens', 'lens level f(h_L)']], 'credit',
+      function (v) { state.view = v; draw(); });
+    var absLabel = add(controls, h('label'));
+    var abs = add(absLabel, h('input'));
+    abs.type = 'checkbox'; abs.id = 'absolute';
+    abs.addEventListener('change', function () { state.absolute = abs.checked; draw(); });
+    add(absLabel, document.createTextNode(' absolute |credit|'));
+    if (groups.some(function (g) { return g.grouped; })) {
+      var expand = add(controls, h('button', null, 'expand all heads'));
+      expand.addEventListener('click', function () { collapsed = collapsed.map(function () { return false; }); draw(); });
+      var collapse = add(controls, h('button', null, 'collapse heads per module'));
+      collapse.addEventListener('click', function () { collapsed = groups.map(function (g) { return g.grouped; }); draw(); });
+    }
+    var legendSlot = add(controls, h('span'));
+    add(root, h('div', 'hint', rows.length + ' tokens × ' + layers.length +
+      ' layers. Hover a cell for its numbers; click a token for its trajectory. ' +
+      'A black frame marks the onset (the layer by which half of the token\'s |credit| is given).'));
+    var layout = add(root, h('div', 'layout'));
+    var main = add(layout, h('div', 'main'));
+    var side = add(layout, h('div', 'side'));
+    var info = add(side, h('div', 'panel'));
+    info.id = 'info';
+    add(info, h('h3', null, 'Cell'));
+    var infoHint = add(info, h('div', 'hint', 'Hover a cell of the map.'));
+    var kvt = add(info, h('table', 'kv'));
+    var f = {
+      token: kv(kvt, 'token', 'token'), layer: kv(kvt, 'layer', 'layer'),
+      credit: kv(kvt, 'credit', 'credit'), before: kv(kvt, 'lens before', 'lens_before'),
+      after: kv(kvt, 'lens after', 'lens_after'), entropy: kv(kvt, 'entropy (nats)', 'entropy'),
+      kl: kv(kvt, 'KL (nats)', 'kl'), rank: kv(kvt, 'target rank', 'rank')
+    };
+    var topTable = add(info, h('table', 'top'));
+    topTable.id = 'top-tokens';
+    var traj = add(side, h('div', 'panel'));
+    traj.id = 'trajectory';
+    add(traj, h('h3', null, 'Trajectory'));
+    var trajBody = add(traj, h('div', 'hint', 'Click a token (a row label) to draw its trajectory.'));
+    var cols = [], grid = null;
+
+    function value(row, col) {
+      if (state.view === 'lens') return row.lens[col.members[col.members.length - 1]];
+      var s = 0;
+      col.members.forEach(function (m) { s += row.credit[m]; });
+      return state.absolute ? Math.abs(s) : s;
+    }
+    function draw() {
+      cols = displayColumns(groups, collapsed);
+      var scale = 0;
+      rows.forEach(function (row) { cols.forEach(function (c) { scale = Math.max(scale, Math.abs(value(row, c))); }); });
+      if (state.view === 'lens') scale = 1;
+      var kind = state.view === 'lens' ? 'lens' : (state.absolute ? 'abs' : 'div');
+      legendSlot.textContent = '';
+      add(legendSlot, legend(kind, scale, state.view === 'lens' ? 'probability' : 'credit'));
+      var maxLen = 4;
+      rows.forEach(function (r) { maxLen = Math.max(maxLen, r.token.length + String(r.pos).length + 1); });
+      var labelW = Math.min(220, 16 + 7.3 * maxLen);
+      var avail = Math.max(300, main.clientWidth - labelW - 8);
+      var cw = Math.max(4, Math.min(26, Math.floor(avail / cols.length) - 1));
+      if (grid) main.removeChild(grid);
+      grid = add(main, h('div', 'grid'));
+      grid.id = 'map';
+      grid.style.gridTemplateColumns = labelW + 'px repeat(' + cols.length + ', ' + cw + 'px)';
+      add(grid, h('div'));
+      cols.forEach(function (c, ci) {
+        var name = c.label || layers[c.members[0]];
+        var showText = cw >= 10 || c.head === 'group' || (c.head === 'member' && c.first) || ci % Math.ceil(10 / cw) === 0;
+        var head = add(grid, h('div', 'colhead' + (c.head ? ' ' + c.head : ''), showText ? name : ''));
+        head.setAttribute('title', name + (c.head ? ' (click to ' + (c.head === 'group' ? 'expand' : 'collapse') + ')' : ''));
+        head.style.height = '72px';
+        if (c.head) {
+          head.addEventListener('click', function () { collapsed[c.group] = c.head !== 'group'; draw(); });
+        }
+      });
+      rows.forEach(function (row, ri) {
+        var label = add(grid, h('div', 'rowhead' + (ri === state.row ? ' selected' : '')));
+        label.setAttribute('data-row', ri);
+        add(label, h('span', 'pos', row.pos + ' '));
+        add(label, h('span', 'tok', row.token));
+        label.setAttribute('title', row.token);
+        var onset = row.onset;
+        cols.forEach(function (c, ci) {
+          var v = value(row, c);
+          var cell = h('div', 'cell');
+          if (onset >= 0 && c.members.indexOf(onset) >= 0) cell.className = 'cell onset';
+          cell.style.background = kind === 'div' ? diverging(v, scale)
+            : sequential(v, scale, kind === 'lens' ? GREEN : PURPLE);
+          cell.setAttribute('data-row', ri);
+          cell.setAttribute('data-col', ci);
+          grid.appendChild(cell);
+        });
+      });
+    }
+    function showCell(ri, ci) {
+      var row = rows[ri], c = cols[ci], first = c.members[0], last = c.members[c.members.length - 1];
+      var credit = 0;
+      c.members.forEach(function (m) { credit += row.credit[m]; });
+      infoHint.textContent = '';
+      f.token.textContent = row.token;
+      f.layer.textContent = c.members.length > 1
+        ? groups[c.group].key + ' (' + c.members.length + ' parts, summed)' : layers[first];
+      f.credit.textContent = fmt(credit, true);
+      f.before.textContent = fmt(first > 0 ? row.lens[first - 1] : row.base);
+      f.after.textContent = fmt(row.lens[last]);
+      f.entropy.textContent = row.entropy ? fmt(row.entropy[last]) : '–';
+      f.kl.textContent = row.kl ? fmt(row.kl[last]) : '–';
+      f.rank.textContent = row.rank ? String(row.rank[last]) : '–';
+      topTable.textContent = '';
+      if (row.top) {
+        row.top[last].forEach(function (vi, i) {
+          var p = row.topp[last][i], text = vocab[vi];
+          var tr = add(topTable, h('tr', text === row.token ? 'target' : null));
+          add(tr, h('td', 'tok', text));
+          add(tr, h('td', 'p', fmt(p)));
+          var bar = add(add(tr, h('td')), h('span', 'pbar'));
+          bar.style.width = Math.round(80 * Math.max(0, Math.min(1, p))) + 'px';
+        });
+      }
+    }
+    function showRow(ri) {
+      state.row = ri;
+      Array.prototype.forEach.call(grid.querySelectorAll('.rowhead'), function (e) {
+        e.classList.toggle('selected', Number(e.getAttribute('data-row')) === ri);
+      });
+      var row = rows[ri], cum = [0], s = 0;
+      row.credit.forEach(function (v) { s += v; cum.push(s); });
+      trajBody.textContent = '';
+      trajBody.className = '';
+      var title = add(trajBody, h('div'));
+      add(title, document.createTextNode('token '));
+      add(title, h('b', 'tok', row.token));
+      add(title, document.createTextNode(' at position ' + row.pos + ', p_model = ' + fmt(row.prob)));
+      add(trajBody, chart({
+        labels: ['h_base'].concat(layers), bars: [null].concat(row.credit), signed: true,
+        series: [
+          { cls: 'lens', values: [row.base].concat(row.lens), name: 'lens level' },
+          { cls: 'cumulative', values: cum, name: 'cumulative credit' }
+        ]
+      }));
+      var big = 0;
+      row.credit.forEach(function (v) { big = Math.max(big, Math.abs(v)); });
+      var built = topBars(row.credit.map(function (v) { return v > 0 ? v : null; }), 3, 1e-3 * big);
+      var back = topBars(row.credit.map(function (v) { return v < 0 ? v : null; }), 3, 1e-3 * big);
+      var describe = function (list) {
+        return list.length ? list.map(function (p) { return layers[p[1]] + ' ' + fmt(p[0], true, 3); }).join(', ') : 'none';
+      };
+      add(trajBody, h('div', 'hint', 'lens level = f(h_base) + cumulative credit, f(h_base) = ' + fmt(row.base)));
+      add(trajBody, h('div', 'hint', 'built at: ' + describe(built)));
+      add(trajBody, h('div', 'hint', 'given back at: ' + describe(back)));
+      var line = add(trajBody, h('div', 'completeness'));
+      line.id = 'completeness';
+      line.textContent = 'Σ = ' + fmt(row.sum, true) + '   Δp = ' + fmt(row.dp, true) +
+        '   |Σ − Δp| = ' + fmt(row.resid, false, 3);
+    }
+    main.addEventListener('mouseover', function (ev) {
+      var t = ev.target;
+      if (!t.classList || !t.classList.contains('cell')) return;
+      Array.prototype.forEach.call(grid.querySelectorAll('.cell.hover'), function (e) { e.classList.remove('hover'); });
+      t.classList.add('hover');
+      showCell(Number(t.getAttribute('data-row')), Number(t.getAttribute('data-col')));
+    });
+    main.addEventListener('click', function (ev) {
+      var t = ev.target.closest ? ev.target.closest('[data-row]') : null;
+      if (t) showRow(Number(t.getAttribute('data-row')));
+    });
+    draw();
+    redraw = draw;
+  }
+
+  // ------------------------------------------------------------------ pages
+  function pageMap(root, d) {
+    header(root, 'IG-Lens map', Object.assign({}, d.about, { method: d.method + ', n_steps = ' + d.n_steps }));
+    var slot = h('div');
+    if (d.sequences.length > 1) {
+      var controls = add(root, h('div', 'controls'));
+      add(controls, h('span', null, 'sequence '));
+      var select = add(controls, h('select'));
+      d.sequences.forEach(function (s, i) { add(select, h('option', null, String(i))).value = i; });
+      select.addEventListener('change', function () { show(Number(select.value)); });
+    }
+    add(root, slot);
+    function show(i) {
+      slot.textContent = '';
+      renderMap(slot, d.layers, d.sequences[i].rows, d.vocab);
+    }
+    show(0);
+  }
+
+  function pageBatch(root, d) {
+    header(root, 'IG-Lens prompt set', d.about);
+    add(root, h('div', 'about', d.prompts.length + ' prompts, ' + d.n_tokens + ' attributed tokens, ' + d.layers.length + ' layers'));
+    var top = add(root, h('div', 'layout'));
+    var p1 = add(top, h('div', 'panel'));
+    add(p1, h('h3', null, 'Mean credit per layer'));
+    add(p1, chart({ labels: d.layers, bars: d.mean_credit, width: 460, signed: true }));
+    var sum = add(p1, h('div', 'completeness'));
+    sum.id = 'mean-sum';
+    sum.textContent = 'Σ over layers = ' + fmt(d.mean_credit_sum, true) + '   mean Δp = ' + fmt(d.mean_dp, true);
+    var p2 = add(top, h('div', 'panel'));
+    add(p2, h('h3', null, 'Onset layer, count of tokens'));
+    add(p2, chart({ labels: d.layers, bars: d.onsets, width: 460 }));
+    add(root, h('h2', null, 'Prompts (click one to open its map)'));
+    var list = add(root, h('ul', 'prompts'));
+    list.id = 'prompts';
+    var slot = add(root, h('div'));
+    slot.id = 'prompt-map';
+    d.prompts.forEach(function (p, i) {
+      var li = add(list, h('li'));
+      li.setAttribute('data-index', i);
+      add(li, h('span', 'id', p.id));
+      add(li, h('span', 'prompt', p.prompt));
+      add(li, document.createTextNode(' → '));
+      add(li, h('span', 'answer', p.answer));
+      li.addEventListener('click', function () { open(i); });
+    });
+    function open(i) {
+      Array.prototype.forEach.call(list.children, function (e, j) { e.classList.toggle('selected', i === j); });
+      slot.textContent = '';
+      var p = d.prompts[i];
+      add(slot, h('h2', null, 'Prompt ' + p.id));
+      var about = add(slot, h('div', 'about'));
+      about.textContent = p.prompt + '\n→ ' + p.answer;
+      if (p.rows.length) renderMap(slot, d.layers, p.rows, d.vocab);
+      else add(slot, h('div', 'hint', 'No attributed tokens (an empty answer).'));
+    }
+    if (d.prompts.length) open(0);
+  }
+
+  function pageComparison(root, d) {
+    header(root, 'IG-Lens comparison', d.about);
+    add(root, h('div', 'hint', 'Each method on the same answer tokens; colour scaled per method. ' +
+      'resid = |Σ_layers score − Δp|, in probability.'));
+    var slot = h('div');
+    if (d.sequences.length > 1) {
+      var controls = add(root, h('div', 'controls'));
+      var select = add(controls, h('select'));
+      d.sequences.forEach(function (s, i) { add(select, h('option', null, 'sequence ' + i)).value = i; });
+      select.addEventListener('change', function () { show(Number(select.value)); });
+    }
+    add(root, slot);
+    function show(si) {
+      slot.textContent = '';
+      var seq = d.sequences[si];
+      var layout = add(slot, h('div', 'layout'));
+      var main = add(layout, h('div', 'main'));
+      var side = add(layout, h('div', 'side'));
+      var info = add(side, h('div', 'panel'));
+      info.id = 'info';
+      var kvt = add(info, h('table', 'kv'));
+      var f = {
+        method: kv(kvt, 'method', 'method'), token: kv(kvt, 'token', 'token'), layer: kv(kvt, 'layer', 'layer'),
+        score: kv(kvt, 'score', 'score'), sum: kv(kvt, 'Σ layers', 'sum'), dp: kv(kvt, 'Δp', 'dp'),
+        expected: kv(kvt, 'expected Σ', 'expected'), resid: kv(kvt, '|Σ − Δp|', 'resid')
+      };
+      var grid = add(main, h('div', 'grid'));
+      grid.id = 'map';
+      var template = ['minmax(120px, max-content)'];
+      seq.methods.forEach(function (m) { template.push('repeat(' + m.layers.length + ', 18px) 64px 10px'); });
+      grid.style.gridTemplateColumns = template.join(' ');
+      add(grid, h('div'));
+      seq.methods.forEach(function (m) {
+        var head = add(grid, h('div', 'methodhead', m.name + ' (' + m.unit + ')'));
+        head.style.gridColumn = 'span ' + (m.layers.length + 2);
+      });
+      add(grid, h('div'));
+      seq.methods.forEach(function (m) {
+        m.layers.forEach(function (name) {
+          var c = add(grid, h('div', 'colhead', name));
+          c.style.height = '54px';
+        });
+        add(grid, h('div', 'num', 'resid'));
+        add(grid, h('div', 'gap'));
+      });
+      seq.rows.forEach(function (row, ri) {
+        var label = add(grid, h('div', 'rowhead'));
+        add(label, h('span', 'pos', row.pos + ' '));
+        add(label, h('span', 'tok', row.token));
+        seq.methods.forEach(function (m, mi) {
+          var scale = 0;
+          m.scores.forEach(function (r) { r.forEach(function (v) { scale = Math.max(scale, Math.abs(v)); }); });
+          m.scores[ri].forEach(function (v, j) {
+            var cell = add(grid, h('div', 'cell'));
+            cell.style.background = diverging(v, scale);
+            cell.setAttribute('data-row', ri);
+            cell.setAttribute('data-method', mi);
+            cell.setAttribute('data-col', j);
+          });
+          add(grid, h('div', 'num', fmt(m.resid[ri], false, 3)));
+          add(grid, h('div', 'gap'));
+        });
+      });
+      main.addEventListener('mouseover', function (ev) {
+        var t = ev.target;
+        if (!t.classList || !t.classList.contains('cell')) return;
+        var ri = Number(t.getAttribute('data-row')), m = seq.methods[Number(t.getAttribute('data-method'))];
+        var j = Number(t.getAttribute('data-col'));
+        f.method.textContent = m.name + ' (' + m.unit + ')';
+        f.token.textContent = seq.rows[ri].token;
+        f.layer.textContent = m.layers[j];
+        f.score.textContent = fmt(m.scores[ri][j], true);
+        f.sum.textContent = fmt(m.sum[ri], true);
+        f.dp.textContent = fmt(m.dp[ri], true);
+        f.expected.textContent = fmt(m.expected[ri], true);
+        f.resid.textContent = fmt(m.resid[ri], false, 3);
+      });
+      var notes = add(slot, h('div', 'panel'));
+      add(notes, h('h3', null, 'Methods'));
+      seq.methods.forEach(function (m) {
+        var line = add(notes, h('div', 'about'));
+        add(line, h('b', null, m.name + ': '));
+        add(line, document.createTextNode(m.note));
+      });
+    }
+    show(0);
+  }
+
+  function pageValidation(root, d) {
+    header(root, 'IG-Lens validation', { mode: d.mode, methods: d.methods.join(', ') });
+    var metrics = [];
+    Object.keys(d.summary).forEach(function (g) {
+      Object.keys(d.summary[g]).forEach(function (m) {
+        Object.keys(d.summary[g][m]).forEach(function (k) { if (metrics.indexOf(k) < 0) metrics.push(k); });
+      });
+    });
+    Object.keys(d.summary).forEach(function (g) {
+      add(root, h('h2', null, 'group: ' + g));
+      var table = add(root, h('table', 'stats'));
+      var tr = add(table, h('tr'));
+      add(tr, h('th', null, 'method'));
+      metrics.forEach(function (k) { add(tr, h('th', null, k)); });
+      Object.keys(d.summary[g]).forEach(function (m) {
+        var row = add(table, h('tr'));
+        add(row, h('td', null, m));
+        metrics.forEach(function (k) {
+          var s = d.summary[g][m][k];
+          add(row, h('td', 'v', s && s.n ? fmt(s.mean, false, 3) + ' [' + fmt(s.lo, false, 3) + ', ' + fmt(s.hi, false, 3) + '] n=' + s.n : '–'));
+        });
+      });
+    });
+    var state = { view: 'drops' };
+    var controls = add(root, h('div', 'controls'));
+    radio(controls, 'vview', [['drops', 'ablation drop']].concat(d.methods.map(function (m) { return [m, m]; })), 'drops',
+      function (v) { state.view = v; draw(); });
+    var layout = add(root, h('div', 'layout'));
+    var main = add(layout, h('div', 'main'));
+    var side = add(layout, h('div', 'side'));
+    var info = add(side, h('div', 'panel'));
+    info.id = 'info';
+    var kvt = add(info, h('table', 'kv'));
+    var f = { prompt: kv(kvt, 'prompt', 'prompt'), token: kv(kvt, 'token', 'token'),
+      layer: kv(kvt, 'layer', 'layer'), drop: kv(kvt, 'ablation drop', 'drop') };
+    var scoreFields = {};
+    d.methods.forEach(function (m) { scoreFields[m] = kv(kvt, m, 'score-' + m); });
+    var traj = add(side, h('div', 'panel'));
+    traj.id = 'trajectory';
+    var trajBody = add(traj, h('div', 'hint', 'Click a prompt for its lens trajectory and drops.'));
+    var grid = null;
+    function values(p) { return state.view === 'drops' ? p.drops : (p.scores[state.view] || null); }
+    function draw() {
+      var scale = 0;
+      d.prompts.forEach(function (p) { (values(p) || []).forEach(function (v) { scale = Math.max(scale, Math.abs(v || 0)); }); });
+      if (grid) main.removeChild(grid);
+      grid = add(main, h('div', 'grid'));
+      grid.id = 'map';
+      grid.style.gridTemplateColumns = '260px repeat(' + d.layers.length + ', 16px)';
+      add(grid, h('div'));
+      d.layers.forEach(function (name) { add(grid, h('div', 'colhead', name)).style.height = '40px'; });
+      d.prompts.forEach(function (p, ri) {
+        var label = add(grid, h('div', 'rowhead'));
+        label.setAttribute('data-row', ri);
+        add(label, h('span', 'tok', p.token));
+        add(label, h('span', 'pos', '  ' + p.prompt));
+        var vals = values(p);
+        d.layers.forEach(function (name, j) {
+          var cell = add(grid, h('div', 'cell'));
+          cell.style.background = vals ? diverging(vals[j], scale) : '#eee';
+          cell.setAttribute('data-row', ri);
+          cell.setAttribute('data-col', j);
+        });
+      });
+    }
+    main.addEventListener('mouseover', function (ev) {
+      var t = ev.target;
+      if (!t.classList || !t.classList.contains('cell')) return;
+      var p = d.prompts[Number(t.getAttribute('data-row'))], j = Number(t.getAttribute('data-col'));
+      f.prompt.textContent = p.prompt;
+      f.token.textContent = p.token;
+      f.layer.textContent = d.layers[j];
+      f.drop.textContent = fmt(p.drops[j], true);
+      d.methods.forEach(function (m) { scoreFields[m].textContent = p.scores[m] ? fmt(p.scores[m][j], true) : '–'; });
+    });
+    main.addEventListener('click', function (ev) {
+      var t = ev.target.closest ? ev.target.closest('[data-row]') : null;
+      if (!t) return;
+      var p = d.prompts[Number(t.getAttribute('data-row'))];
+      trajBody.textContent = '';
+      trajBody.className = '';
+      add(trajBody, h('div', null, p.prompt + ' → ' + p.generated));
+      add(trajBody, chart({
+        labels: ['h_0'].concat(d.layers), signed: true,
+        series: [{ cls: 'lens', values: p.trajectory.slice(0, d.layers.length + 1), name: 'lens level' },
+          { cls: 'drops', values: [0].concat(p.drops), name: 'ablation drop' }]
+      }));
+    });
+    draw();
+  }
+
+  var pages = { map: pageMap, batch: pageBatch, comparison: pageComparison, validation: pageValidation };
+  pages[DATA.kind](document.getElementById('app'), DATA);
+}());

@@ -1,0 +1,69 @@
+"""Results of every kind for the viewer's tests, made on tiny models or without
+a model at all."""
+
+import pytest
+import torch
+
+from tests.helpers import word_tokenizer
+from tests.tiny_models import VOCAB, tiny_model
+from tests.viewer.synthetic import synthetic_result
+
+HOSTILE = [
+    '<img src=x onerror="window.__pwned=1">',
+    "</script><script>window.__pwned=2</script>",
+]
+
+
+@pytest.fixture
+def hostile_result():
+    """A map whose token texts are markup and script."""
+    tokens = [" a", HOSTILE[0], HOSTILE[1], " b & c"]
+    result = synthetic_result(4, 6, tokens=tokens)
+    result.metadata["prompt"] = HOSTILE[1]
+    result.top_tokens[0][1][2][0] = HOSTILE[0]
+    return result
+
+
+@pytest.fixture(scope="session")
+def comparison_result():
+    from captum_iglens.studies.comparison import compare
+
+    torch.manual_seed(0)
+    ids = torch.randint(3, VOCAB, (1, 7))
+    return compare(
+        tiny_model("llama"),
+        ids,
+        positions=[-3, -2, -1],
+        methods=("dla", "ig_lens"),
+        n_steps=4,
+    )
+
+
+@pytest.fixture(scope="session")
+def validation_result():
+    from captum_iglens.studies.validation import Fact, StudyOptions, run_validation
+    from tests.studies.validation.test_study import CharTokenizer
+
+    prompts = [Fact("a", "r", "abc", "x"), Fact("b", "r", "hello", "y"), "a prompt"]
+    return run_validation(
+        tiny_model("llama", num_hidden_layers=4),
+        CharTokenizer(),
+        prompts,
+        methods=["ig_lens", "random"],
+        progress=False,
+        study=StudyOptions(n_bootstrap=20, batch_size=2),
+    )
+
+
+@pytest.fixture(scope="session")
+def batch_dir(tmp_path_factory):
+    from captum_iglens.studies.batch import run_batch
+
+    prompts = [
+        {"id": "a", "prompt": "w5 w9 w13", "answer": "w20 w21 w22"},
+        {"id": "b", "prompt": "w40 w41", "answer": "w60"},
+        {"id": "c", "prompt": "w7", "answer": "w8 w9 w10 w11"},
+    ]
+    out = tmp_path_factory.mktemp("batch")
+    run_batch(tiny_model("llama"), word_tokenizer(VOCAB), prompts, out, progress=False)
+    return out

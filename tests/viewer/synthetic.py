@@ -1,0 +1,68 @@
+"""Synthetic IG-Lens results for the viewer's tests: any number of positions and
+layers, with or without the optional top-token views, made without a model."""
+
+from typing import List, Optional
+
+import torch
+
+from captum_iglens import IGLensResult
+
+
+def synthetic_result(
+    positions: int = 6,
+    layers: int = 5,
+    *,
+    batch: int = 1,
+    top_k: Optional[int] = 5,
+    tokens: Optional[List[str]] = None,
+    layer_names: Optional[List[str]] = None,
+    seed: int = 0,
+) -> IGLensResult:
+    r"""
+    A consistent ``(batch, positions, layers)`` map: a random logit-lens
+    trajectory per token, credits its differences (so they add up to ``Δp``),
+    and, unless ``top_k`` is None, the optional views (``top_ids``,
+    ``top_probs``, ``top_tokens``, ``entropy``, ``kl``, ``rank``) set as
+    attributes the way a result that has them carries them.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    b, p, k = batch, positions, layers
+    levels = torch.sigmoid(torch.randn(b, p, k + 1, generator=gen).cumsum(-1) - 1)
+    base, lens = levels[..., 0].contiguous(), levels[..., 1:].contiguous()
+    attributions = torch.diff(levels, dim=-1)
+    model_prob = lens[..., -1].clone()
+    delta = attributions.sum(-1) - (model_prob - base)
+    words = tokens or [f" w{i}" for i in range(p)]
+    result = IGLensResult(
+        attributions=attributions,
+        lens=lens,
+        base_prob=base,
+        model_prob=model_prob,
+        delta=delta,
+        targets=torch.randint(0, 1000, (b, p), generator=gen),
+        positions=torch.arange(10, 10 + p),
+        mask=torch.ones(b, p, dtype=torch.bool),
+        layer_names=layer_names or [str(i) for i in range(k)],
+        method="prediction_aware",
+        n_steps=50,
+        tokens=[list(words) for _ in range(b)],
+        metadata={
+            "prompt": "What is the capital of Vietnam?",
+            "answer": "".join(words),
+        },
+    )
+    if top_k is not None:
+        probs = torch.rand(b, p, k, top_k, generator=gen).sort(-1, descending=True)[0]
+        result.top_probs = probs / probs.sum(-1, keepdim=True) * 0.9
+        result.top_ids = torch.randint(0, 5000, (b, p, k, top_k), generator=gen)
+        result.top_tokens = [
+            [
+                [[f" t{int(i)}" for i in result.top_ids[s, q, j]] for j in range(k)]
+                for q in range(p)
+            ]
+            for s in range(b)
+        ]
+        result.entropy = torch.rand(b, p, k, generator=gen) * 5
+        result.kl = torch.rand(b, p, k, generator=gen) * 3
+        result.rank = torch.randint(1, 100, (b, p, k), generator=gen)
+    return result

@@ -1,0 +1,310 @@
+"""The viewer in a real headless Chromium (Debian's chromium and chromium-driver
+packages, driven by Selenium through that executable; nothing is downloaded).
+Skipped only where Chromium is not installed; CI (.ci/run) installs it."""
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from captum_iglens.studies.batch import write_html
+from captum_iglens.viewer import batch_payload, render_page
+from tests.viewer.conftest import HOSTILE
+from tests.viewer.synthetic import synthetic_result
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="Chromium is not installed (apt-get install chromium chromium-driver); "
+    ".ci/run installs it",
+)
+#: Where the screenshots of a run are kept for a person to look at.
+SHOTS = Path(os.environ.get("IGLENS_SCREENSHOTS", "/tmp/iglens-viewer-shots"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,900",
+    ):
+        options.add_argument(arg)
+    options.set_capability(
+        "goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"}
+    )
+    # An explicit driver: Selenium Manager never looks for (or downloads) one.
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def open_page(browser, path: Path) -> None:
+    browser.get_log("browser")
+    browser.get_log("performance")
+    browser.get(path.resolve().as_uri())
+    assert browser.find_element("id", "app").text
+
+
+def console_errors(browser) -> list:
+    return [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def requests_made(browser, page: Path) -> list:
+    """Every URL the page asked for (CDP network log), but the page itself."""
+    urls = []
+    for entry in browser.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+    return [u for u in urls if u != page.resolve().as_uri()]
+
+
+def hover(browser, element) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(browser).move_to_element(element).perform()
+
+
+def field(browser, name: str) -> str:
+    return browser.find_element("css selector", f'#info [data-field="{name}"]').text
+
+
+def cells(browser):
+    return browser.find_elements("css selector", "#map .cell")
+
+
+def screenshot(browser, name: str) -> None:
+    """Saves a screenshot for a person to look at and checks it is not blank."""
+    from PIL import Image
+
+    png = browser.get_screenshot_as_png()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    (SHOTS / name).write_bytes(png)
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    colours = image.getcolors(maxcolors=1 << 20)
+    inked = sum(n for n, c in colours if sum(c) < 3 * 245)
+    assert len(colours) > 20 and inked > 0.02 * image.width * image.height
+
+
+def close_to(shown: str, exact: float, digits: int = 4) -> bool:
+    from tests.viewer.test_html import close_to as close
+
+    return close(float(shown), exact, digits)
+
+
+@pytest.fixture
+def map_page(tmp_path):
+    result = synthetic_result(7, 12)
+    result.save(tmp_path / "r.json")
+    result.to_html(tmp_path / "r.html")
+    return result, tmp_path
+
+
+def test_map_loads_offline_cleanly(browser, map_page):
+    result, folder = map_page
+    page = folder / "r.html"
+    open_page(browser, page)
+    assert console_errors(browser) == []
+    assert requests_made(browser, page) == []
+    entries = browser.execute_script(
+        "return performance.getEntriesByType('resource').length"
+    )
+    assert entries == 0
+    assert len(cells(browser)) == 7 * 12
+    assert len(browser.find_elements("css selector", "#map .cell.onset")) == 7
+    screenshot(browser, "map.png")
+
+
+def test_hover_shows_the_numbers_of_the_results_json(browser, map_page):
+    result, folder = map_page
+    saved = json.loads((folder / "r.json").read_text())
+    open_page(browser, folder / "r.html")
+    k = len(saved["layer_names"])
+    for row, col in [(0, 0), (3, 5), (6, 11)]:
+        hover(browser, cells(browser)[row * k + col])
+        assert field(browser, "layer") == saved["layer_names"][col]
+        assert close_to(field(browser, "credit"), saved["attributions"][0][row][col])
+        before = saved["lens"][0][row][col - 1] if col else saved["base_prob"][0][row]
+        assert close_to(field(browser, "lens_before"), before)
+        assert close_to(field(browser, "lens_after"), saved["lens"][0][row][col])
+        # The optional views come from the result itself (not saved in its JSON).
+        assert close_to(field(browser, "entropy"), float(result.entropy[0, row, col]))
+        assert close_to(field(browser, "kl"), float(result.kl[0, row, col]))
+        assert field(browser, "rank") == str(int(result.rank[0, row, col]))
+        top = browser.find_elements("css selector", "#top-tokens tr")
+        shown = [r.find_element("css selector", "td").text for r in top]
+        assert shown == result.top_tokens[0][row][col]
+        probs = [float(r.find_elements("css selector", "td")[1].text) for r in top]
+        for shown, exact in zip(probs, result.top_probs[0, row, col].tolist()):
+            assert close_to(str(shown), exact)
+    assert console_errors(browser) == []
+
+
+def test_click_draws_trajectory_and_completeness(browser, map_page):
+    result, folder = map_page
+    open_page(browser, folder / "r.html")
+    assert not browser.find_elements("css selector", "#trajectory polyline")
+    browser.find_elements("css selector", "#map .rowhead")[2].click()
+    lens = browser.find_element("css selector", "#trajectory polyline.lens")
+    points = lens.get_attribute("points").split()
+    assert len(points) == 12 + 1
+    ys = [float(p.split(",")[1]) for p in points]
+    # Higher probability is drawn higher (smaller y): the order of the levels.
+    levels = [float(result.base_prob[0, 2])] + result.lens[0, 2].tolist()
+    for a, b in zip(range(13), range(1, 13)):
+        if abs(levels[a] - levels[b]) > 1e-3:
+            assert (ys[a] > ys[b]) == (levels[a] < levels[b])
+    text = browser.find_element("id", "completeness").text
+    total = sum(result.attributions[0, 2].tolist())
+    change = float(result.model_prob[0, 2] - result.base_prob[0, 2])
+    sigma = text.split("Σ = ")[1].split()[0]
+    delta_p = text.split("Δp = ")[1].split()[0]
+    assert close_to(sigma, total) and close_to(delta_p, change)
+    assert "|Σ − Δp| = " in text
+    screenshot(browser, "trajectory.png")
+
+
+def test_toggles_recolour_the_map(browser, map_page):
+    result, folder = map_page
+    open_page(browser, folder / "r.html")
+
+    def colours():
+        return [c.value_of_css_property("background-color") for c in cells(browser)]
+
+    signed = colours()
+    browser.find_element("id", "absolute").click()
+    absolute = colours()
+    browser.find_element("css selector", 'input[value="lens"]').click()
+    lens = colours()
+    assert signed != absolute != lens
+    negative = (result.attributions[0] < 0).flatten().nonzero()[0].item()
+    assert signed[negative] != absolute[negative]
+    assert len(lens) == 7 * 12 and console_errors(browser) == []
+
+
+def test_hostile_tokens_render_as_text(browser, tmp_path, hostile_result):
+    page = tmp_path / "h.html"
+    hostile_result.to_html(page)
+    open_page(browser, page)
+    from selenium.common.exceptions import NoAlertPresentException
+
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert.text
+    assert browser.execute_script("return window.__pwned === undefined")
+    assert browser.find_elements("css selector", "#app img") == []
+    assert len(browser.find_elements("tag name", "script")) == 2
+    labels = browser.find_elements("css selector", "#map .rowhead .tok")
+    texts = [e.get_attribute("textContent") for e in labels]
+    assert texts == hostile_result.tokens[0]
+    hover(browser, cells(browser)[1 * 6 + 2])
+    top = browser.find_elements("css selector", "#top-tokens td.tok")
+    assert top[0].get_attribute("textContent") == HOSTILE[0]
+    browser.find_elements("css selector", "#map .rowhead")[2].click()
+    assert browser.execute_script("return window.__pwned === undefined")
+    assert console_errors(browser) == [] and requests_made(browser, page) == []
+    screenshot(browser, "hostile.png")
+
+
+def test_heads_collapse_per_module_and_expand(browser, tmp_path):
+    names = []
+    for block in range(6):
+        names += [f"L{block}.attn.h{h}" for h in range(12)] + [f"L{block}.attn.bias"]
+        names.append(f"L{block}.mlp")
+    result = synthetic_result(5, len(names), layer_names=names)
+    result.to_html(tmp_path / "heads.html")
+    open_page(browser, tmp_path / "heads.html")
+    assert len(cells(browser)) == 5 * 12  # attention folded into one column
+    hover(browser, cells(browser)[0])
+    credit = sum(result.attributions[0, 0, :13].tolist())
+    assert abs(float(field(browser, "credit")) - credit) <= 2e-3 * max(1, abs(credit))
+    assert close_to(field(browser, "lens_after"), float(result.lens[0, 0, 12]))
+    screenshot(browser, "heads-collapsed.png")
+    browser.find_element("xpath", "//button[text()='expand all heads']").click()
+    assert len(cells(browser)) == 5 * len(names)
+    hover(browser, cells(browser)[len(names) + 3])
+    assert field(browser, "layer") == "L0.attn.h3"
+    assert close_to(field(browser, "credit"), float(result.attributions[0, 1, 3]))
+    screenshot(browser, "heads-expanded.png")
+    assert console_errors(browser) == []
+
+
+def test_batch_page_lists_prompts_and_opens_their_maps(browser, batch_dir):
+    page = write_html(batch_dir, batch_dir / "view.html")
+    open_page(browser, page)
+    assert console_errors(browser) == [] and requests_made(browser, page) == []
+    items = browser.find_elements("css selector", "#prompts li")
+    assert len(items) == 3
+    records = [json.loads(line) for line in (batch_dir / "results.jsonl").open()]
+    for i in (2, 1):
+        items[i].click()
+        k = len(records[i]["layer_names"])
+        assert len(cells(browser)) == len(records[i]["positions"]) * k
+    assert "mean Δp" in browser.find_element("id", "mean-sum").text
+    screenshot(browser, "batch.png")
+
+
+def test_large_batch_page_loads(browser, tmp_path):
+    items = [
+        {"id": i, "prompt": f"prompt {i}", "answer": "x", "result": r}
+        for i, r in enumerate(synthetic_result(40, 30, seed=s) for s in range(20))
+    ]
+    page = tmp_path / "big.html"
+    page.write_text(render_page(batch_payload(items, {})), encoding="utf-8")
+    open_page(browser, page)
+    assert len(cells(browser)) == 40 * 30 and console_errors(browser) == []
+
+
+def test_comparison_and_validation_pages(
+    browser, tmp_path, comparison_result, validation_result
+):
+    comparison_result.to_html(tmp_path / "c.html")
+    open_page(browser, tmp_path / "c.html")
+    expected = sum(
+        m.scores.shape[1] * m.scores.shape[2]
+        for m in comparison_result.methods.values()
+    )
+    assert len(cells(browser)) == expected
+    hover(browser, cells(browser)[0])
+    first = next(iter(comparison_result.methods.values()))
+    assert close_to(field(browser, "score"), float(first.scores[0, 0, 0]))
+    assert console_errors(browser) == []
+    screenshot(browser, "comparison.png")
+    validation_result.to_html(tmp_path / "v.html")
+    open_page(browser, tmp_path / "v.html")
+    assert len(cells(browser)) == 3 * len(validation_result.layer_names)
+    hover(browser, cells(browser)[1])
+    assert close_to(field(browser, "drop"), float(validation_result.drops[0, 1]))
+    browser.find_elements("css selector", "#map .rowhead")[0].click()
+    assert browser.find_element("css selector", "#trajectory polyline.lens")
+    assert console_errors(browser) == []
+    screenshot(browser, "validation.png")
+
+
+def test_sequences_padding_and_empty_result(browser, tmp_path):
+    from selenium.webdriver.support.ui import Select
+
+    from captum_iglens import IGLensResult
+
+    result = synthetic_result(4, 3, batch=2)
+    result.mask[1, :2] = False
+    result.to_html(tmp_path / "b2.html")
+    open_page(browser, tmp_path / "b2.html")
+    assert len(cells(browser)) == 4 * 3
+    Select(browser.find_element("tag name", "select")).select_by_index(1)
+    assert len(cells(browser)) == 2 * 3  # padding rows are not drawn
+    IGLensResult.empty(["0", "1"], "prediction_aware", 8).to_html(tmp_path / "e.html")
+    open_page(browser, tmp_path / "e.html")
+    assert cells(browser) == [] and console_errors(browser) == []

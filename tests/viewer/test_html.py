@@ -1,0 +1,161 @@
+"""The HTML builder without a browser: escaping, self-containment, the data a
+page carries, its size bound, and the entry points of every result type."""
+
+import html
+import json
+import math
+import re
+
+import pytest
+import torch
+
+from captum_iglens.studies.batch import write_html
+from captum_iglens.viewer import embed_json, result_html
+from captum_iglens.viewer.html import DATA_ID
+from tests.viewer.conftest import HOSTILE
+from tests.viewer.synthetic import synthetic_result
+
+SVG_NAMESPACE = "http://www.w3.org/2000/svg"
+
+
+def page_data(page: str) -> dict:
+    """The JSON of a page, cut out by hand as a browser's parser would."""
+    start = page.index(f'<script type="application/json" id="{DATA_ID}">')
+    body = page[start:].split(">", 1)[1]
+    return json.loads(body[: body.index("</script>")])
+
+
+def close_to(shown: float, exact: float, digits: int = 4) -> bool:
+    """``shown`` equals ``exact`` to ``digits`` significant digits."""
+    if exact == 0:
+        return shown == 0
+    unit = 10 ** (math.floor(math.log10(abs(exact))) - digits + 1)
+    return abs(shown - exact) <= 0.5 * unit * (1 + 1e-9)
+
+
+def test_embedded_json_cannot_close_the_script_or_start_markup():
+    data = {"t": HOSTILE + ["a & b", "\u2028line\u2029", "<!--", "]]>"]}
+    text = embed_json(data)
+    for char in "<>&\u2028\u2029":
+        assert char not in text
+    assert json.loads(text) == data
+
+
+def test_hostile_tokens_stay_data(hostile_result):
+    page = result_html(hostile_result)
+    # The data element and the viewer's script are the only scripts in the page.
+    assert page.count("<script") == 2 and page.lower().count("</script") == 2
+    assert "<img" not in page and "onerror" not in page.split(DATA_ID)[0]
+    data = page_data(page)
+    rows = data["sequences"][0]["rows"]
+    assert [r["token"] for r in rows] == hostile_result.tokens[0]
+    assert HOSTILE[0] in data["vocab"] and data["about"]["prompt"] == HOSTILE[1]
+    # The viewer writes strings with textContent, never as markup.
+    script = page.split(DATA_ID)[1]
+    assert "innerHTML" not in script and "insertAdjacentHTML" not in script
+    assert "document.write" not in script and "eval(" not in script
+
+
+def test_page_loads_nothing_from_anywhere():
+    page = result_html(synthetic_result(3, 4))
+    assert set(re.findall(r"https?://[^\s\"'<>)]+", page)) <= {SVG_NAMESPACE}
+    assert not re.search(r"\b(src|href)\s*=", page)
+    assert "default-src 'none'" in page
+
+
+def test_page_carries_the_result_to_the_displayed_precision():
+    result = synthetic_result(5, 7)
+    data = page_data(result_html(result))
+    assert data["layers"] == result.layer_names
+    rows = data["sequences"][0]["rows"]
+    assert len(rows) == 5
+    for p, row in enumerate(rows):
+        for j in range(7):
+            assert close_to(row["credit"][j], float(result.attributions[0, p, j]))
+            assert close_to(row["lens"][j], float(result.lens[0, p, j]))
+            assert close_to(row["entropy"][j], float(result.entropy[0, p, j]))
+            assert row["rank"][j] == int(result.rank[0, p, j])
+            shown = [data["vocab"][i] for i in row["top"][j]]
+            assert shown == result.top_tokens[0][p][j]
+            for got, want in zip(row["topp"][j], result.top_probs[0, p, j].tolist()):
+                assert close_to(got, want)
+        change = float(result.model_prob[0, p]) - float(result.base_prob[0, p])
+        assert close_to(row["dp"], change)
+        assert close_to(row["sum"], sum(result.attributions[0, p].tolist()))
+        # The onset by hand: the first layer with half the |credit| mass.
+        mass = result.attributions[0, p].abs().cumsum(0).tolist()
+        assert row["onset"] == next(j for j, m in enumerate(mass) if m >= mass[-1] / 2)
+
+
+def test_padding_rows_are_left_out_and_views_are_optional():
+    result = synthetic_result(4, 3, batch=2, top_k=None)
+    result.mask[1, :2] = False
+    data = page_data(result_html(result))
+    assert [len(s["rows"]) for s in data["sequences"]] == [4, 2]
+    assert data["sequences"][1]["rows"][0]["pos"] == int(result.positions[2])
+    assert "top" not in data["sequences"][0]["rows"][0] and data["vocab"] == []
+
+
+def test_size_bound_200_tokens_30_layers_top5():
+    page = result_html(synthetic_result(200, 30, top_k=5))
+    size = len(page.encode("utf-8"))
+    print(f"200 tokens x 30 layers, top-5 views: {size / 1e6:.2f} MB")
+    assert size < 2e6
+
+
+def test_to_html_and_notebook_repr(tmp_path, hostile_result):
+    path = tmp_path / "r.html"
+    hostile_result.to_html(path)
+    page = path.read_text(encoding="utf-8")
+    assert page == result_html(hostile_result)
+    frame = hostile_result._repr_html_()
+    assert frame.startswith("<iframe srcdoc=") and 'sandbox="allow-scripts"' in frame
+    srcdoc = re.match(r'<iframe srcdoc="([^"]*)"', frame).group(1)
+    assert html.unescape(srcdoc) == page
+    with pytest.raises(ValueError, match="path"):
+        hostile_result.to_html(tmp_path / "missing" / "r.html")
+
+
+def test_comparison_page(comparison_result, tmp_path):
+    comparison_result.to_html(tmp_path / "c.html")
+    data = page_data((tmp_path / "c.html").read_text(encoding="utf-8"))
+    (seq,) = data["sequences"]
+    assert [m["name"] for m in seq["methods"]] == list(comparison_result.methods)
+    for m in seq["methods"]:
+        method = comparison_result.methods[m["name"]]
+        residual = (method.scores[0].sum(-1) - method.prob_change[0]).abs()
+        for got, want in zip(m["resid"], residual.tolist()):
+            assert close_to(got, want, 3) or abs(got - want) < 1e-9
+    assert "<iframe" in comparison_result._repr_html_()
+
+
+def test_validation_page(validation_result, tmp_path):
+    validation_result.to_html(tmp_path / "v.html")
+    data = page_data((tmp_path / "v.html").read_text(encoding="utf-8"))
+    assert len(data["prompts"]) == 3 and data["methods"] == ["ig_lens", "random"]
+    for prompt, drops in zip(data["prompts"], validation_result.drops):
+        assert all(close_to(a, float(b)) for a, b in zip(prompt["drops"], drops))
+    assert data["summary"]["all"]["ig_lens"]["top1"]["n"] == 3
+
+
+def test_batch_page_mean_credit_sums_to_mean_change(batch_dir, tmp_path):
+    path = write_html(batch_dir)
+    assert path == batch_dir / "index.html"
+    data = page_data(path.read_text(encoding="utf-8"))
+    records = [json.loads(line) for line in (batch_dir / "results.jsonl").open()]
+    assert [p["id"] for p in data["prompts"]] == [r["id"] for r in records]
+    credits = torch.cat([torch.tensor(r["attributions"][0]) for r in records])
+    changes = torch.cat(
+        [
+            torch.tensor(r["model_prob"][0]) - torch.tensor(r["base_prob"][0])
+            for r in records
+        ]
+    )
+    assert data["n_tokens"] == len(credits) == 8
+    for got, want in zip(data["mean_credit"], credits.double().mean(0).tolist()):
+        assert close_to(got, want)
+    assert close_to(data["mean_dp"], changes.double().mean().item())
+    assert abs(data["mean_credit_sum"] - data["mean_dp"]) <= 1e-6
+    assert sum(data["onsets"]) == 8
+    with pytest.raises(ValueError, match="out_dir"):
+        write_html(tmp_path)
