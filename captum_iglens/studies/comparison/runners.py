@@ -8,6 +8,7 @@ stream with its own hooks on the same blocks; Captum's methods are Captum's own
 classes, called through :class:`TargetProbability`.
 """
 
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -305,11 +306,28 @@ def _captum_chunks(work: Work, rows: Tensor) -> Tuple[int, int]:
     sequences per forward/backward pass), under :data:`CAPTUM_BUDGET` unless
     the settings fix ``internal_batch_size``. LayerConductance needs at least
     two sequences per row in one pass, hence at most ``size // 2`` rows."""
+    per_sequence = sequence_bytes(work.model, rows.shape[1])
     size = work.settings.internal_batch_size
     if size is None:
-        size = CAPTUM_BUDGET // sequence_bytes(work.model, rows.shape[1])
+        size = CAPTUM_BUDGET // per_sequence
     size = max(size, 2)
+    need, have = size * per_sequence, _machine_memory()
+    if have is not None and need > have:
+        warnings.warn(
+            f"Captum's methods will need about {need / 2**30:.1f} GiB at once "
+            f"(internal_batch_size={size}), more than this machine's "
+            f"{have / 2**30:.1f} GiB; lower --internal-batch-size",
+            stacklevel=2,
+        )
     return max(1, min(len(rows), size // 2)), size
+
+
+def _machine_memory() -> Optional[int]:
+    """Physical memory in bytes, where the platform says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def _attribute_in_chunks(

@@ -244,6 +244,20 @@ def test_captum_memory_is_bounded_by_row_groups(calm_llama, batch, run, monkeypa
         )
 
 
+def test_a_captum_run_beyond_the_machine_is_announced(calm_llama, batch):
+    ids, mask = batch
+    with pytest.warns(UserWarning, match="more than this machine's"):
+        compare(
+            calm_llama,
+            ids,
+            mask,
+            positions=[-1],
+            n_steps=2,
+            methods=("layer_integrated_gradients",),
+            internal_batch_size=10**12,
+        )
+
+
 def test_captum_methods_share_one_baseline_input(run):
     result = run[0]
     lc = result.methods["layer_conductance"]
