@@ -28,12 +28,20 @@ from captum_iglens.attr._utils.checks import (
     resolve_positions,
     resolve_targets,
 )
+from captum_iglens.attr._utils.heads import (
+    HeadSplit,
+    head_attributions,
+    head_components,
+    head_path_points,
+    split_states,
+)
 from captum_iglens.attr._utils.estimators import (
     gradient_attributions,
     path_values,
     prediction_aware_attributions,
 )
 from captum_iglens.hf.architectures import (
+    attention_outputs,
     choose_blocks,
     decoder_layers,
     mid_block_modules,
@@ -52,7 +60,8 @@ class _Path:
     model_prob: Tensor  # (B, P)
     mask: Tensor  # (B, P)
     positions: Tensor  # (P,)
-    names: List[str]  # one per credited segment
+    names: List[str]  # one per credit column
+    components: Optional[Tensor] = None  # (B, P, k, C, d): "head" only
 
 
 def _tolerance(dtype: torch.dtype) -> float:
@@ -97,6 +106,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         input_layer: Optional[Module] = None,
         layer_names: Optional[Sequence[str]] = None,
         sublayers: Optional[Sequence[Module]] = None,
+        heads: Optional[HeadSplit] = None,
     ) -> None:
         r"""
         Args:
@@ -131,6 +141,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         attention, before the MLP), e.g. Llama's
                         ``post_attention_layernorm``. Needed for
                         ``granularity="sublayer"``. Default: None
+            heads (HeadSplit, optional): Each block's attention output
+                        projection and the number of heads, for
+                        ``granularity="head"`` (which also needs ``sublayers``).
+                        Default: None
         """
         layers, input_layer, names, sublayers = check_construction(
             forward_func, layer, readout, input_layer, layer_names, sublayers
@@ -145,6 +159,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         self.readout = readout
         self.layer_names: List[str] = names
         self.sublayers: Optional[List[Module]] = sublayers
+        if heads is not None and (
+            not isinstance(heads, HeadSplit) or len(heads.projections) != len(layers)
+        ):
+            raise ValueError(
+                f"heads: expected a HeadSplit with one projection per block "
+                f"({len(layers)}), got {heads!r}"
+            )
+        self.heads = heads
 
     @classmethod
     def from_model(
@@ -179,6 +201,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         blocks = decoder_layers(model)
         chosen = choose_blocks(model, layers)
         layer = [blocks[i] for i in chosen]
+        outputs = attention_outputs(model, layer)
         return cls(
             CausalLMForward(model),
             layer,
@@ -186,6 +209,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             input_layer=blocks[0],
             layer_names=[str(i) for i in chosen],
             sublayers=mid_block_modules(model, layer),
+            heads=None if outputs is None else HeadSplit(*outputs),
         )
 
     def segment_names(self, granularity: Granularity = "block") -> List[str]:
@@ -348,7 +372,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 positions,
                 granularity,
             )
-        attrs = self._per_dimension(path, method, n_steps, chunk_rows, grad_kwargs)
+        if path.components is not None:
+            with torch.no_grad():
+                values = self._values(path, chunk_rows)
+            attrs = self._heads(
+                path, values, method, n_steps, chunk_rows, grad_kwargs, True
+            )
+        else:
+            attrs = self._per_dimension(path, method, n_steps, chunk_rows, grad_kwargs)
         per_layer = list(attrs.unbind(dim=2))
         out: Union[Tensor, List[Tensor]] = (
             per_layer[0]
@@ -402,7 +433,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         check_settings(n_steps, method, internal_batch_size, False)
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         grad_free = (
-            torch.inference_mode if method == "prediction_aware" else torch.no_grad
+            torch.inference_mode
+            if method == "prediction_aware" and granularity != "head"
+            else torch.no_grad
         )
         with grad_free():
             path = self._path(
@@ -414,7 +447,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 granularity,
             )
             values = self._values(path, chunk_rows)
-        if method == "prediction_aware":
+        if path.components is not None:  # gradients along the attention segments
+            with torch.no_grad():
+                credits = self._heads(path, values, method, n_steps, chunk_rows)
+            values = self._head_levels(path, values)
+        elif method == "prediction_aware":
             credits = values.diff(dim=-1)
         else:
             credits = self._per_dimension(path, method, n_steps, chunk_rows).sum(-1)
@@ -475,6 +512,42 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             )
         return attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
 
+    def _heads(
+        self,
+        path: _Path,
+        values: Tensor,
+        method: str,
+        n_steps: int,
+        chunk_rows: int,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        per_dimension: bool = False,
+    ) -> Tensor:
+        """Credits of ``granularity="head"``, ``(B, P, n)`` or ``(B, P, n, d)``."""
+        b, p = path.targets.shape
+        attrs = head_attributions(
+            self.readout,
+            path.points.flatten(0, 1),
+            path.components.flatten(0, 1),
+            path.targets.flatten(),
+            values.flatten(0, 1),
+            method,
+            n_steps,
+            chunk_rows,
+            per_dimension,
+            grad_kwargs,
+        )
+        mask = path.mask.view(b, p, *[1] * (attrs.dim() - 1))
+        return attrs.view(b, p, *attrs.shape[1:]) * mask
+
+    @staticmethod
+    def _head_levels(path: _Path, values: Tensor) -> Tensor:
+        """``f`` at the start and after each column: a head's column reads the
+        level after its block's attention, ``f(h_mid)``."""
+        c = path.components.shape[3]
+        mids = values[..., 2:-1:2, None].expand(-1, -1, -1, c)
+        per_column = torch.cat([mids, values[..., 3::2, None]], -1).flatten(2)
+        return torch.cat([values[..., :2], per_column], -1)
+
     def _path(
         self,
         inputs: Union[Tensor, Tuple[Tensor, ...]],
@@ -499,6 +572,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         with capture:
             output = _run_forward(self.forward_func, formatted, None, extra)
         h_0, outputs = capture.path()
+        heads_in: List[Tensor] = []
+        if granularity == "head":
+            outputs, heads_in = split_states(outputs)
         logits = output_logits(output, batch, length, self.readout.vocab_size)
         if logits.dim() == 2:  # last-position logits: only the last position
             if positions is not None and pos.tolist() != [length - 1]:
@@ -507,6 +583,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                     f"so only position {length - 1} (or -1) can be attributed"
                 )
             outputs, pos = [h[:, -1:] for h in outputs], pos[-1:]
+            heads_in = [z[:, -1:] for z in heads_in]
             targets = None if targets is None else targets[:, -1:]
             logits, index = logits[:, None], torch.zeros(1, dtype=torch.long)
         else:
@@ -521,13 +598,19 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         self._check_top(outputs[-1], logits, index, mask)
         pos = pos.to(device)
         base = baseline_states(baselines, h_0, attention_mask).index_select(1, pos)
+        points = torch.stack([base, *outputs], dim=2)
+        components = None
+        if granularity == "head":
+            tolerance = _tolerance(points.dtype)
+            components = head_components(self.heads, heads_in, points, mask, tolerance)
         return _Path(
-            points=torch.stack([base, *outputs], dim=2),
+            points=points,
             targets=targets,
             model_prob=model_prob,
             mask=mask,
             positions=pos,
             names=names,
+            components=components,
         )
 
     def _path_points(
@@ -537,9 +620,22 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         check_granularity(granularity)
         if granularity == "block":
             return [(m, False) for m in self.layers], list(self.layer_names)
+        if granularity == "head" and self.sublayers is not None:
+            if self.heads is None:
+                raise ValueError(
+                    "granularity: 'head' needs each block's attention output "
+                    "projection (heads=); from_model sets it from the architecture "
+                    "table's attn_out, which is None for this architecture (no "
+                    "split: e.g. Gemma 2/3 and OLMo 2 normalise the attention "
+                    "output before adding it to the stream)"
+                )
+            return head_path_points(
+                self.layers, self.sublayers, self.heads, self.layer_names
+            )
         if self.sublayers is None:
             raise ValueError(
-                "granularity: 'sublayer' needs the module in front of each block's MLP "
+                f"granularity: {granularity!r} needs the module in front of each "
+                "block's MLP "
                 "(sublayers=); from_model sets it except for architectures that add "
                 "attention and MLP in parallel (GPT-J, Phi, Cohere, parallel Falcon, "
                 "GPT-NeoX/StableLM with use_parallel_residual, ...), which have no "
