@@ -28,17 +28,17 @@ from captum_iglens.attr._utils.checks import (
     resolve_positions,
     resolve_targets,
 )
+from captum_iglens.attr._utils.estimators import (
+    gradient_attributions,
+    path_values,
+    prediction_aware_attributions,
+)
 from captum_iglens.attr._utils.heads import (
     HeadSplit,
     head_attributions,
     head_components,
     head_path_points,
     split_states,
-)
-from captum_iglens.attr._utils.estimators import (
-    gradient_attributions,
-    path_values,
-    prediction_aware_attributions,
 )
 from captum_iglens.hf.architectures import (
     attention_outputs,

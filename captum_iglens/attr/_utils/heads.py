@@ -26,8 +26,8 @@ from torch.nn import Linear, Module
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.estimators import (
     _split_weights,
-    integrated_gradients,
     gradient_attributions,
+    integrated_gradients,
     prediction_aware_attributions,
     prediction_aware_components,
 )
@@ -264,7 +264,13 @@ def head_attributions(
         )[:, 0]
         attn_out = u * igv.unsqueeze(1)
         plain_out = gradient_attributions(
-            readout, plain_pairs, plain_targets, n_steps, method, chunk_rows, grad_kwargs
+            readout,
+            plain_pairs,
+            plain_targets,
+            n_steps,
+            method,
+            chunk_rows,
+            grad_kwargs,
         )[:, 0]
         if not per_dimension:
             attn_out, plain_out = attn_out.sum(-1), plain_out.sum(-1)
