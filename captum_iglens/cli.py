@@ -124,7 +124,8 @@ def _settings_parent(
         "--granularity",
         choices=GRANULARITIES,
         default="block",
-        help="'sublayer' credits attention and MLP of each block separately",
+        help="'sublayer' credits attention and MLP of each block separately; "
+        "'head' also splits the attention across its heads",
     )
     group.add_argument(
         "--internal-batch-size",

@@ -215,7 +215,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
     def segment_names(self, granularity: Granularity = "block") -> List[str]:
         r"""
         The names of the credited segments at a granularity: the layer names, or
-        ``"<name>.attn"`` and ``"<name>.mlp"`` per block for ``"sublayer"``.
+        ``"<name>.attn"`` and ``"<name>.mlp"`` per block for ``"sublayer"``, or
+        the columns of ``"head"`` (see :meth:`attribute`).
 
         Raises:
             ValueError: If the granularity is unknown or not available.
@@ -341,13 +342,20 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         (up to the mid-block state ``h + attn(...)``) and
                         ``"<name>.mlp"`` (the rest of the block); they add up to
                         the block's credit. Needs ``sublayers``.
+                        ``"head"``: a first column ``"input"`` (from the baseline
+                        to the first chosen block's input), then per block
+                        ``"<name>.attn.h<i>"`` per head (and
+                        ``"<name>.attn.bias"``), the attention update split as
+                        ``Σ_h W_O[:, head h] z_h (+ b)``, and ``"<name>.mlp"``;
+                        needs ``sublayers``, ``heads`` and consecutive blocks.
                         Default: ``"block"``.
 
         Returns:
             **attributions** or 2-element tuple of **attributions**, **delta**:
             - **attributions** (*Tensor* or *list[Tensor]*): one float32 tensor
-              ``(B, P, d)`` per block (two with ``granularity="sublayer"``), in a
-              list when ``layer`` is a list or there are two. Summed over ``d``,
+              ``(B, P, d)`` per block (two with ``granularity="sublayer"``, one
+              per column with ``"head"``), in a list when ``layer`` is a list or
+              there are several. Summed over ``d``,
               it is the block's credit; zero at padding.
             - **delta** (*Tensor*, returned if return_convergence_delta=True):
               ``(B, P)``: ``Σ_layers Σ_d attributions - (p_model(y) - f(h_base))``,
