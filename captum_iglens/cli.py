@@ -104,7 +104,8 @@ def _settings_parent(
         "--layers",
         type=_int_list,
         help="comma-separated block indices, e.g. 0,10,20 (the last block is always "
-        "included; default: all, and for compare four evenly spaced blocks)",
+        "included; default: all, and for compare four evenly spaced blocks, all "
+        "with --granularity head)",
     )
     group.add_argument(
         "--positions",
@@ -388,7 +389,11 @@ def _prepare_attribute(args: argparse.Namespace) -> Job:
 
 def _prepare_compare(args: argparse.Namespace) -> Job:
     from captum_iglens.hf.architectures import decoder_layers
-    from captum_iglens.studies.comparison import COMPARED_METHODS, compare_text
+    from captum_iglens.studies.comparison import (
+        COMPARED_METHODS,
+        compare_text,
+        format_head_agreement,
+    )
 
     settings = _settings(args)
     unknown = [m for m in args.methods if m not in COMPARED_METHODS]
@@ -400,7 +405,7 @@ def _prepare_compare(args: argparse.Namespace) -> Job:
     _outputs(args, "json", "png")
     prompt = _read_prompt(args)
     model, tokenizer = _load(args, settings)
-    if settings.layers is None:
+    if settings.layers is None and settings.granularity != "head":
         n_blocks = len(decoder_layers(model))
         spread = sorted({round(i * (n_blocks - 1) / 3) for i in range(4)})
         settings = settings.replace(layers=spread)
@@ -417,6 +422,8 @@ def _prepare_compare(args: argparse.Namespace) -> Job:
         print(f"prompt: {prompt}")
         print(f"answer: {tokenizer.decode(answer)}")
         print(result.format_table())
+        if settings.granularity == "head" and {"ig_lens", "dla"} <= set(args.methods):
+            print(format_head_agreement(result))
         _write(result, args)
         return 0
 

@@ -39,6 +39,7 @@ from captum_iglens.attr._utils.heads import (
     head_components,
     head_path_points,
     split_states,
+    split_tolerance,
 )
 from captum_iglens.hf.architectures import (
     attention_outputs,
@@ -609,7 +610,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         points = torch.stack([base, *outputs], dim=2)
         components = None
         if granularity == "head":
-            tolerance = _tolerance(points.dtype)
+            tolerance = split_tolerance(points.dtype)
             components = head_components(self.heads, heads_in, points, mask, tolerance)
         return _Path(
             points=points,
