@@ -315,3 +315,37 @@ def test_skipped_blocks_are_refused_and_leave_no_hook():
         rtol=0,
     )
     assert heads.attributions[..., 0].abs().max() > 0
+
+
+@pytest.mark.real_model
+def test_real_model_heads_add_up(default_model):
+    model, tokenizer = default_model
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    lens = LayerIGLens.from_model(model)
+    n_blocks = len(lens.layers)
+    kwargs = dict(positions=[-3, -2, -1], n_steps=4)
+    heads = lens.attribute_map(ids, granularity="head", **kwargs)
+    subs = lens.attribute_map(ids, granularity="sublayer", **kwargs)
+    blocks = lens.attribute_map(ids, **kwargs)
+    attn, mlp = _blocks_of(heads, n_blocks)
+    assert heads.attributions.shape[-1] == 1 + n_blocks * (
+        model.config.num_attention_heads + 1
+    )
+    assert (attn - subs.attributions[..., 0::2]).abs().max() <= FP32_TOL
+    assert (attn + mlp - blocks.attributions).abs().max() <= FP32_TOL
+    assert heads.delta.abs().max() <= FP32_TOL
+
+
+@pytest.mark.real_model
+def test_real_model_prediction_aware_heads_match_the_integrals(default_model):
+    model, tokenizer = default_model
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    lens = LayerIGLens.from_model(model)
+    kwargs = dict(positions=[-2, -1], granularity="head")
+    ours = lens.attribute_map(ids, n_steps=128, **kwargs)
+    reference = lens.attribute_map(ids, method="gausslegendre", n_steps=64, **kwargs)
+    moved = (ours.model_prob - ours.base_prob).abs() > 0.05
+    assert moved.any()
+    heads = [i for i, n in enumerate(ours.layer_names) if ".attn." in n]
+    error = (ours.attributions - reference.attributions)[..., heads][moved]
+    assert error.abs().max() <= 1e-3
