@@ -196,8 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--methods",
         type=_names,
-        default=COMPARED_METHODS,
-        help=f"comma-separated, from {','.join(COMPARED_METHODS)}",
+        help=f"comma-separated, from {','.join(COMPARED_METHODS)} (default: all; "
+        "ig_lens,dla with --granularity head)",
     )
     compare.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     compare.add_argument("--png", metavar="PATH", help="write the comparison plot")
@@ -396,6 +396,9 @@ def _prepare_compare(args: argparse.Namespace) -> Job:
     )
 
     settings = _settings(args)
+    if args.methods is None:
+        head = settings.granularity == "head"
+        args.methods = ("ig_lens", "dla") if head else COMPARED_METHODS
     unknown = [m for m in args.methods if m not in COMPARED_METHODS]
     if unknown or not args.methods:
         raise CommandError(
