@@ -118,7 +118,8 @@ def _settings_parent(
         "--layers",
         type=_int_list,
         help="comma-separated block indices, e.g. 0,10,20 (the last block is always "
-        "included; default: all, and for compare four evenly spaced blocks)",
+        "included; default: all, and for compare four evenly spaced blocks, all "
+        "with --granularity head)",
     )
     group.add_argument(
         "--positions",
@@ -138,7 +139,8 @@ def _settings_parent(
         "--granularity",
         choices=GRANULARITIES,
         default="block",
-        help="'sublayer' credits attention and MLP of each block separately",
+        help="'sublayer' credits attention and MLP of each block separately; "
+        "'head' also splits the attention across its heads",
     )
     group.add_argument(
         "--internal-batch-size",
@@ -209,8 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--methods",
         type=_names,
-        default=COMPARED_METHODS,
-        help=f"comma-separated, from {','.join(COMPARED_METHODS)}",
+        help=f"comma-separated, from {','.join(COMPARED_METHODS)} (default: all; "
+        "ig_lens,dla with --granularity head)",
     )
     compare.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     compare.add_argument("--png", metavar="PATH", help="write the comparison plot")
@@ -444,9 +446,16 @@ def _prepare_attribute(args: argparse.Namespace) -> Job:
 
 def _prepare_compare(args: argparse.Namespace) -> Job:
     from captum_iglens.hf.architectures import decoder_layers
-    from captum_iglens.studies.comparison import COMPARED_METHODS, compare_text
+    from captum_iglens.studies.comparison import (
+        COMPARED_METHODS,
+        compare_text,
+        format_head_agreement,
+    )
 
     settings = _settings(args)
+    if args.methods is None:
+        head = settings.granularity == "head"
+        args.methods = ("ig_lens", "dla") if head else COMPARED_METHODS
     unknown = [m for m in args.methods if m not in COMPARED_METHODS]
     if unknown or not args.methods:
         raise CommandError(
@@ -456,7 +465,7 @@ def _prepare_compare(args: argparse.Namespace) -> Job:
     _outputs(args, "json", "png", "html")
     prompt = _read_prompt(args)
     model, tokenizer = _load(args, settings)
-    if settings.layers is None:
+    if settings.layers is None and settings.granularity != "head":
         n_blocks = len(decoder_layers(model))
         spread = sorted({round(i * (n_blocks - 1) / 3) for i in range(4)})
         settings = settings.replace(layers=spread)
@@ -473,6 +482,8 @@ def _prepare_compare(args: argparse.Namespace) -> Job:
         print(f"prompt: {prompt}")
         print(f"answer: {tokenizer.decode(answer)}")
         print(result.format_table())
+        if settings.granularity == "head" and {"ig_lens", "dla"} <= set(args.methods):
+            print(format_head_agreement(result))
         _write(result, args)
         return 0
 

@@ -111,6 +111,34 @@ def _layer_ticks(ax: "Axes", labels: List[str], start: int = 0) -> None:
         ax.tick_params(axis="x", labelrotation=90)
 
 
+#: Above this many columns, the heatmap labels groups (blocks), not columns.
+_MAX_LABELLED_COLUMNS = 40
+
+
+def _column_groups(names: List[str]) -> List[Tuple[int, int, str]]:
+    """Runs of consecutive columns that share the part of their name before the
+    first dot (``"12.attn.h3"``, ``"12.mlp"`` → block ``"12"``): start, end, name."""
+    groups: List[Tuple[int, int, str]] = []
+    for j, name in enumerate(names):
+        key = str(name).split(".")[0]
+        if groups and groups[-1][2] == key:
+            groups[-1] = (groups[-1][0], j + 1, key)
+        else:
+            groups.append((j, j + 1, key))
+    return groups
+
+
+def _grouped_ticks(ax: "Axes", names: List[str]) -> None:
+    """One tick per group of columns (a block), at its centre, and a line between
+    groups, for maps with too many columns to label one by one."""
+    groups = _column_groups(names)
+    centres = [(start + end - 1) / 2 for start, end, _ in groups]
+    ax.set_xticks(centres, labels=[g[2] for g in groups])
+    ax.tick_params(axis="x", labelrotation=90, labelsize=7)
+    for start, _, _ in groups[1:]:
+        ax.axvline(start - 0.5, color="#444444", linewidth=0.6)
+
+
 def plot_heatmap(
     result: IGLensResult,
     batch_index: int = 0,
@@ -137,7 +165,9 @@ def plot_heatmap(
                     (negative values count from the end). Default: 0
         ax (matplotlib.axes.Axes, optional): Axes to draw on. Default: None (a
                     new figure whose size grows with the number of layers and
-                    tokens).
+                    tokens, up to a width of 24 inches; with more than 40
+                    columns, e.g. ``granularity="head"``, a tick labels each
+                    block's group of columns and lines separate the blocks).
         show (bool, optional): Show the figure with ``plt.show()`` and return
                     None. Default: False
         annotate_onset (bool, optional): Outline each token's onset cell, the
@@ -189,7 +219,9 @@ def plot_heatmap(
 
     longest_layer = max(len(str(n)) for n in result.layer_names)
     rotated = longest_layer > 4  # see _layer_ticks
+    grouped = n_layers > _MAX_LABELLED_COLUMNS
     width = 3.2 + 0.075 * max(len(s) for s in labels) + 0.42 * n_layers
+    width = min(width, 24.0) if grouped else width
     height = 1.8 + 0.34 * n_rows + (0.085 * longest_layer if rotated else 0.0)
     fig, ax = _new_axes(ax, (max(width, 5.0), max(height, 3.0)))
 
@@ -203,12 +235,16 @@ def plot_heatmap(
     colorbar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
     colorbar.set_label("credit (Δ probability)")
 
-    _layer_ticks(ax, result.layer_names)
+    if grouped:
+        _grouped_ticks(ax, result.layer_names)
+    else:
+        _layer_ticks(ax, result.layer_names)
     ax.set_yticks(np.arange(n_rows), labels=labels)
-    ax.set_xlabel("layer")
+    ax.set_xlabel("block (its columns in order)" if grouped else "layer")
     ax.set_ylabel("attributed token")
     # Thin white grid between cells, so neighbouring equal colours stay apart.
-    ax.set_xticks(np.arange(-0.5, n_layers, 1.0), minor=True)
+    if not grouped:
+        ax.set_xticks(np.arange(-0.5, n_layers, 1.0), minor=True)
     ax.set_yticks(np.arange(-0.5, n_rows, 1.0), minor=True)
     ax.grid(which="minor", color="#bbbbbb", linewidth=0.4)
     ax.tick_params(which="minor", length=0)

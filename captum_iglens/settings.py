@@ -45,7 +45,9 @@ class Settings:
         method (str): The estimator, from :data:`captum_iglens.ESTIMATORS`.
                     Default: ``"prediction_aware"``.
         n_steps (int): Steps per segment. Default: 50.
-        granularity (str): ``"block"`` or ``"sublayer"``. Default: ``"block"``.
+        granularity (str): ``"block"``, ``"sublayer"`` or ``"head"`` (each
+                    block's attention credit split across its heads). Default:
+                    ``"block"``.
         internal_batch_size (int, optional): Rows through the readout at once.
                     Default: None (``max_chunk_bytes`` decides).
         max_chunk_bytes (int): Memory budget of one readout chunk.

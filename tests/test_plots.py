@@ -287,3 +287,23 @@ def test_bad_arguments(result):
     with pytest.raises(ValueError, match="result"):
         plot_heatmap(padded)
     assert not plt.get_fignums()  # nothing was left open by the failures
+
+
+def test_heatmap_of_heads_labels_blocks_and_stays_bounded():
+    model = tiny_model("llama", num_hidden_layers=12, num_attention_heads=4)
+    lens = LayerIGLens.from_model(model)
+    res = lens.attribute_map(torch.randint(1, VOCAB, (1, 5)), granularity="head")
+    n = len(res.layer_names)
+    assert n == 1 + 12 * 5
+    fig, ax = plot_heatmap(res)
+    try:
+        assert fig.get_size_inches()[0] <= 24.0
+        np.testing.assert_allclose(
+            ax.images[0].get_array(), res.attributions[0].numpy(), atol=0
+        )
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        assert labels == ["input", *[str(j) for j in range(12)]]
+        # One separator line per block boundary.
+        assert len(ax.lines) == 12
+    finally:
+        plt.close(fig)

@@ -34,7 +34,16 @@ from captum_iglens.attr._utils.estimators import (
     path_values,
     prediction_aware_attributions,
 )
+from captum_iglens.attr._utils.heads import (
+    HeadSplit,
+    head_attributions,
+    head_components,
+    head_path_points,
+    split_states,
+    split_tolerance,
+)
 from captum_iglens.hf.architectures import (
+    attention_outputs,
     choose_blocks,
     decoder_layers,
     mid_block_modules,
@@ -53,7 +62,8 @@ class _Path:
     model_prob: Tensor  # (B, P)
     mask: Tensor  # (B, P)
     positions: Tensor  # (P,)
-    names: List[str]  # one per credited segment
+    names: List[str]  # one per credit column
+    components: Optional[Tensor] = None  # (B, P, k, C, d): "head" only
 
 
 def _tolerance(dtype: torch.dtype) -> float:
@@ -98,6 +108,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         input_layer: Optional[Module] = None,
         layer_names: Optional[Sequence[str]] = None,
         sublayers: Optional[Sequence[Module]] = None,
+        heads: Optional[HeadSplit] = None,
     ) -> None:
         r"""
         Args:
@@ -132,6 +143,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         attention, before the MLP), e.g. Llama's
                         ``post_attention_layernorm``. Needed for
                         ``granularity="sublayer"``. Default: None
+            heads (HeadSplit, optional): Each block's attention output
+                        projection and the number of heads, for
+                        ``granularity="head"`` (which also needs ``sublayers``).
+                        Default: None
         """
         layers, input_layer, names, sublayers = check_construction(
             forward_func, layer, readout, input_layer, layer_names, sublayers
@@ -146,6 +161,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         self.readout = readout
         self.layer_names: List[str] = names
         self.sublayers: Optional[List[Module]] = sublayers
+        if heads is not None and (
+            not isinstance(heads, HeadSplit) or len(heads.projections) != len(layers)
+        ):
+            raise ValueError(
+                f"heads: expected a HeadSplit with one projection per block "
+                f"({len(layers)}), got {heads!r}"
+            )
+        self.heads = heads
 
     @classmethod
     def from_model(
@@ -180,6 +203,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         blocks = decoder_layers(model)
         chosen = choose_blocks(model, layers)
         layer = [blocks[i] for i in chosen]
+        outputs = attention_outputs(model, layer)
         return cls(
             CausalLMForward(model),
             layer,
@@ -187,12 +211,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             input_layer=blocks[0],
             layer_names=[str(i) for i in chosen],
             sublayers=mid_block_modules(model, layer),
+            heads=None if outputs is None else HeadSplit(*outputs),
         )
 
     def segment_names(self, granularity: Granularity = "block") -> List[str]:
         r"""
         The names of the credited segments at a granularity: the layer names, or
-        ``"<name>.attn"`` and ``"<name>.mlp"`` per block for ``"sublayer"``.
+        ``"<name>.attn"`` and ``"<name>.mlp"`` per block for ``"sublayer"``, or
+        the columns of ``"head"`` (see :meth:`attribute`).
 
         Raises:
             ValueError: If the granularity is unknown or not available.
@@ -318,13 +344,20 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         (up to the mid-block state ``h + attn(...)``) and
                         ``"<name>.mlp"`` (the rest of the block); they add up to
                         the block's credit. Needs ``sublayers``.
+                        ``"head"``: a first column ``"input"`` (from the baseline
+                        to the first chosen block's input), then per block
+                        ``"<name>.attn.h<i>"`` per head (and
+                        ``"<name>.attn.bias"``), the attention update split as
+                        ``Σ_h W_O[:, head h] z_h (+ b)``, and ``"<name>.mlp"``;
+                        needs ``sublayers``, ``heads`` and consecutive blocks.
                         Default: ``"block"``.
 
         Returns:
             **attributions** or 2-element tuple of **attributions**, **delta**:
             - **attributions** (*Tensor* or *list[Tensor]*): one float32 tensor
-              ``(B, P, d)`` per block (two with ``granularity="sublayer"``), in a
-              list when ``layer`` is a list or there are two. Summed over ``d``,
+              ``(B, P, d)`` per block (two with ``granularity="sublayer"``, one
+              per column with ``"head"``), in a list when ``layer`` is a list or
+              there are several. Summed over ``d``,
               it is the block's credit; zero at padding.
             - **delta** (*Tensor*, returned if return_convergence_delta=True):
               ``(B, P)``: ``Σ_layers Σ_d attributions - (p_model(y) - f(h_base))``,
@@ -349,7 +382,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 positions,
                 granularity,
             )
-        attrs = self._per_dimension(path, method, n_steps, chunk_rows, grad_kwargs)
+        if path.components is not None:
+            with torch.no_grad():
+                values = self._values(path, chunk_rows)
+            attrs = self._heads(
+                path, values, method, n_steps, chunk_rows, grad_kwargs, True
+            )
+        else:
+            attrs = self._per_dimension(path, method, n_steps, chunk_rows, grad_kwargs)
         per_layer = list(attrs.unbind(dim=2))
         out: Union[Tensor, List[Tensor]] = (
             per_layer[0]
@@ -403,7 +443,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         check_settings(n_steps, method, internal_batch_size, False)
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         grad_free = (
-            torch.inference_mode if method == "prediction_aware" else torch.no_grad
+            torch.inference_mode
+            if method == "prediction_aware" and granularity != "head"
+            else torch.no_grad
         )
         with grad_free():
             path = self._path(
@@ -415,7 +457,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 granularity,
             )
             values = self._values(path, chunk_rows)
-        if method == "prediction_aware":
+        if path.components is not None:  # gradients along the attention segments
+            with torch.no_grad():
+                credits = self._heads(path, values, method, n_steps, chunk_rows)
+            values = self._head_levels(path, values)
+        elif method == "prediction_aware":
             credits = values.diff(dim=-1)
         else:
             credits = self._per_dimension(path, method, n_steps, chunk_rows).sum(-1)
@@ -476,6 +522,42 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             )
         return attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
 
+    def _heads(
+        self,
+        path: _Path,
+        values: Tensor,
+        method: str,
+        n_steps: int,
+        chunk_rows: int,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        per_dimension: bool = False,
+    ) -> Tensor:
+        """Credits of ``granularity="head"``, ``(B, P, n)`` or ``(B, P, n, d)``."""
+        b, p = path.targets.shape
+        attrs = head_attributions(
+            self.readout,
+            path.points.flatten(0, 1),
+            path.components.flatten(0, 1),
+            path.targets.flatten(),
+            values.flatten(0, 1),
+            method,
+            n_steps,
+            chunk_rows,
+            per_dimension,
+            grad_kwargs,
+        )
+        mask = path.mask.view(b, p, *[1] * (attrs.dim() - 1))
+        return attrs.view(b, p, *attrs.shape[1:]) * mask
+
+    @staticmethod
+    def _head_levels(path: _Path, values: Tensor) -> Tensor:
+        """``f`` at the start and after each column: a head's column reads the
+        level after its block's attention, ``f(h_mid)``."""
+        c = path.components.shape[3]
+        mids = values[..., 2:-1:2, None].expand(-1, -1, -1, c)
+        per_column = torch.cat([mids, values[..., 3::2, None]], -1).flatten(2)
+        return torch.cat([values[..., :2], per_column], -1)
+
     def _path(
         self,
         inputs: Union[Tensor, Tuple[Tensor, ...]],
@@ -502,6 +584,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         with capture:
             output = _run_forward(self.forward_func, formatted, None, extra)
         h_0, outputs = capture.path()
+        heads_in: List[Tensor] = []
+        if granularity == "head":
+            outputs, heads_in = split_states(outputs)
         logits = output_logits(output, batch, length, self.readout.vocab_size)
         if logits.dim() == 2:  # last-position logits: only the last position
             if positions is not None and pos.tolist() != [length - 1]:
@@ -510,6 +595,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                     f"so only position {length - 1} (or -1) can be attributed"
                 )
             outputs, pos = [h[:, -1:] for h in outputs], pos[-1:]
+            heads_in = [z[:, -1:] for z in heads_in]
             targets = None if targets is None else targets[:, -1:]
             logits, index = logits[:, None], torch.zeros(1, dtype=torch.long)
         else:
@@ -524,13 +610,19 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         self._check_top(outputs[-1], logits, index, mask)
         pos = pos.to(device)
         base = baseline_states(baselines, h_0, attention_mask).index_select(1, pos)
+        points = torch.stack([base, *outputs], dim=2)
+        components = None
+        if granularity == "head":
+            tolerance = split_tolerance(points.dtype)
+            components = head_components(self.heads, heads_in, points, mask, tolerance)
         return _Path(
-            points=torch.stack([base, *outputs], dim=2),
+            points=points,
             targets=targets,
             model_prob=model_prob,
             mask=mask,
             positions=pos,
             names=names,
+            components=components,
         )
 
     def _path_points(
@@ -540,9 +632,22 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         check_granularity(granularity)
         if granularity == "block":
             return [(m, False) for m in self.layers], list(self.layer_names)
+        if granularity == "head" and self.sublayers is not None:
+            if self.heads is None:
+                raise ValueError(
+                    "granularity: 'head' needs each block's attention output "
+                    "projection (heads=); from_model sets it from the architecture "
+                    "table's attn_out, which is None for this architecture (no "
+                    "split: e.g. Gemma 2/3 and OLMo 2 normalise the attention "
+                    "output before adding it to the stream)"
+                )
+            return head_path_points(
+                self.layers, self.sublayers, self.heads, self.layer_names
+            )
         if self.sublayers is None:
             raise ValueError(
-                "granularity: 'sublayer' needs the module in front of each block's MLP "
+                f"granularity: {granularity!r} needs the module in front of each "
+                "block's MLP "
                 "(sublayers=); from_model sets it except for architectures that add "
                 "attention and MLP in parallel (GPT-J, Phi, Cohere, parallel Falcon, "
                 "GPT-NeoX/StableLM with use_parallel_residual, ...), which have no "

@@ -53,6 +53,16 @@ class Architecture:
         norm_kind (str): One of :data:`NORM_KINDS`: ``"rms"`` or ``"layer"``
                     (the final norm also subtracts the mean). Read by DLA, which
                     freezes the norm's scale. Default: ``"rms"``.
+        attn_out (Callable): From the model's config, the path inside each block
+                    of the attention output projection (``nn.Linear`` or GPT-2's
+                    ``Conv1D``), whose input is the heads' outputs side by side
+                    and whose output (times ``attn_scale``) the block adds to the
+                    stream unchanged; ``None`` where no such split exists
+                    (parallel blocks, a norm on the attention output). Needed for
+                    ``granularity="head"``. Default: none.
+        attn_scale (Callable): From the config, the factor the block applies
+                    to the attention output before adding it (Granite's
+                    ``residual_multiplier``). Default: 1.
     """
 
     layers: str
@@ -61,6 +71,8 @@ class Architecture:
     post: Callable[[nn.Module], Optional[nn.Module]] = _no_post
     mid: Callable[[Any], Optional[str]] = lambda config: None
     norm_kind: str = "rms"
+    attn_out: Callable[[Any], Optional[str]] = lambda config: None
+    attn_scale: Callable[[Any], float] = lambda config: 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.layers, str) or not self.layers:
@@ -75,7 +87,7 @@ class Architecture:
                 )
         if not self.head:
             raise ValueError("head: expected at least one dotted path")
-        for name in ("post", "mid"):
+        for name in ("post", "mid", "attn_out", "attn_scale"):
             if not callable(getattr(self, name)):
                 raise TypeError(f"{name}: expected a callable")
         if self.norm_kind not in NORM_KINDS:
@@ -105,9 +117,14 @@ def _granite_logits_scaling(model: nn.Module) -> nn.Module:
 
 
 _POST_ATTENTION_NORM = _mid("post_attention_layernorm")
+_O_PROJ = _mid("self_attn.o_proj")
 _LLAMA_LIKE = Architecture(
-    layers="model.layers", norm=("model.norm",), mid=_POST_ATTENTION_NORM
+    layers="model.layers",
+    norm=("model.norm",),
+    mid=_POST_ATTENTION_NORM,
+    attn_out=_O_PROJ,
 )
+# Gemma 2/3 normalise the attention output before adding it: no head split.
 _GEMMA2_LIKE = Architecture(
     layers="model.layers",
     norm=("model.norm",),
@@ -130,6 +147,7 @@ _REGISTRY: Dict[str, Architecture] = {
         layers="transformer.h",
         norm=("transformer.ln_f",),
         mid=_mid("ln_2", parallel_if=lambda c: c.add_cross_attention),
+        attn_out=_mid("attn.c_proj", parallel_if=lambda c: c.add_cross_attention),
     ),
     # transformers 5 renamed GPT-NeoX's head from ``embed_out`` to ``lm_head``.
     "gpt_neox": Architecture(
@@ -141,6 +159,9 @@ _REGISTRY: Dict[str, Architecture] = {
             "post_attention_layernorm",
             parallel_if=lambda c: c.use_parallel_residual,
         ),
+        attn_out=_mid(
+            "attention.dense", parallel_if=lambda c: c.use_parallel_residual
+        ),
     ),
     "gptj": Architecture(
         layers="transformer.h", norm=("transformer.ln_f",), **_LAYER_NORM
@@ -151,6 +172,9 @@ _REGISTRY: Dict[str, Architecture] = {
         norm=("model.decoder.final_layer_norm", "model.decoder.project_out"),
         # Post-norm OPT normalises the stream after attention: no plain h_mid.
         mid=_mid("final_layer_norm", parallel_if=lambda c: not c.do_layer_norm_before),
+        attn_out=_mid(
+            "self_attn.out_proj", parallel_if=lambda c: not c.do_layer_norm_before
+        ),
     ),
     "phi": Architecture(
         layers="model.layers", norm=("model.final_layernorm",), **_LAYER_NORM
@@ -164,6 +188,10 @@ _REGISTRY: Dict[str, Architecture] = {
             "post_attention_layernorm",
             parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture,
         ),
+        attn_out=_mid(
+            "self_attention.dense",
+            parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture,
+        ),
     ),
     "bloom": Architecture(
         **_LAYER_NORM,
@@ -174,6 +202,12 @@ _REGISTRY: Dict[str, Architecture] = {
             "post_attention_layernorm",
             parallel_if=lambda c: c.apply_residual_connection_post_layernorm,
         ),
+        # The slow exact path of pretraining_tp > 1 never calls `dense`.
+        attn_out=_mid(
+            "self_attention.dense",
+            parallel_if=lambda c: c.apply_residual_connection_post_layernorm
+            or (c.pretraining_tp > 1 and c.slow_but_exact),
+        ),
     ),
     "stablelm": Architecture(
         **_LAYER_NORM,
@@ -182,6 +216,9 @@ _REGISTRY: Dict[str, Architecture] = {
         mid=_mid(
             "post_attention_layernorm",
             parallel_if=lambda c: c.use_parallel_residual,
+        ),
+        attn_out=_mid(
+            "self_attn.o_proj", parallel_if=lambda c: c.use_parallel_residual
         ),
     ),
     "cohere": Architecture(
@@ -195,16 +232,19 @@ _REGISTRY: Dict[str, Architecture] = {
         norm=("model.norm",),
         post=_granite_logits_scaling,
         mid=_POST_ATTENTION_NORM,
+        attn_out=_O_PROJ,
+        attn_scale=lambda c: c.residual_multiplier,
     ),
     # OLMo's final norm is a parameter-free LayerNorm.
     "olmo": Architecture(
         layers="model.layers",
         norm=("model.norm",),
         mid=_POST_ATTENTION_NORM,
+        attn_out=_O_PROJ,
         **_LAYER_NORM,
     ),
-    # OLMo2 normalises the attention output before adding it; the MLP reads
-    # the stream itself.
+    # OLMo2 normalises the attention output before adding it (no head split);
+    # the MLP reads the stream itself.
     "olmo2": Architecture(layers="model.layers", norm=("model.norm",), mid=_mid("mlp")),
 }
 
@@ -219,6 +259,7 @@ def register_architecture(
     mid: Optional[str] = None,
     norm_kind: str = "rms",
     replace: bool = False,
+    attn_out: Optional[str] = None,
 ) -> Architecture:
     r"""
     Adds a model type to the registry, so that :meth:`LayerIGLens.from_model`,
@@ -249,6 +290,10 @@ def register_architecture(
                     Default: ``"rms"``.
         replace (bool, optional): Allow replacing an existing entry.
                     Default: False.
+        attn_out (str, optional): Path, inside each block, of the attention
+                    output projection whose output the block adds to the stream
+                    unchanged (needed for ``granularity="head"``), e.g.
+                    ``"self_attn.o_proj"``. Default: None (no head split).
 
     Returns:
         *Architecture*: the registered entry.
@@ -273,8 +318,9 @@ def register_architecture(
                 f"{name}: expected a list of dotted paths, got the string {paths!r}; "
                 f"write ({paths!r},)"
             )
-    if mid is not None and (not isinstance(mid, str) or not mid):
-        raise ValueError(f"mid: expected a dotted path or None, got {mid!r}")
+    for name, path in (("mid", mid), ("attn_out", attn_out)):
+        if path is not None and (not isinstance(path, str) or not path):
+            raise ValueError(f"{name}: expected a dotted path or None, got {path!r}")
     entry = Architecture(
         layers=layers,
         norm=tuple(norm),
@@ -282,6 +328,7 @@ def register_architecture(
         post=post,
         mid=_mid(mid) if mid is not None else (lambda config: None),
         norm_kind=norm_kind,
+        attn_out=_mid(attn_out) if attn_out is not None else (lambda config: None),
     )
     _REGISTRY[model_type] = entry
     return entry
@@ -443,6 +490,38 @@ def mid_block_modules(
             "the architecture table expects the mid-block state"
         )
     return modules
+
+
+def attention_outputs(
+    model: nn.Module, blocks: List[nn.Module]
+) -> Optional[Tuple[List[nn.Module], int, float]]:
+    r"""Returns, for each block, the attention output projection, with the number
+    of heads and the factor the block applies to the projection's output.
+
+    Args:
+        model (nn.Module): A ``*ForCausalLM`` model whose ``config.model_type``
+                    is registered.
+        blocks (list of nn.Module): Decoder blocks of ``model``.
+
+    Returns:
+        3-element tuple of **projections** (one per block), **n_heads** and
+        **scale**, or ``None`` where the architecture (as configured) has no
+        split of its attention update into heads: blocks that add attention and
+        MLP in parallel, or that normalise the attention output before adding
+        it (Gemma 2/3, OLMo 2).
+    """
+    arch = architecture(model)
+    path = arch.attn_out(model.config)
+    if path is None:
+        return None
+    modules = [_lookup(block, path) for block in blocks]
+    if any(not isinstance(m, nn.Module) for m in modules):
+        raise ValueError(
+            f"{type(model).__name__}: a decoder block has no module {path!r}, where "
+            "the architecture table expects the attention output projection"
+        )
+    n_heads = model.config.num_attention_heads
+    return modules, n_heads, float(arch.attn_scale(model.config))
 
 
 def readout_parts(

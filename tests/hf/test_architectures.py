@@ -57,13 +57,14 @@ def test_register_a_new_model_type(bigcode):
         norm=("transformer.ln_f",),
         mid="ln_2",
         norm_kind="layer",
+        attn_out="attn.c_proj",
     )
     try:
         assert "gpt_bigcode" in supported_model_types()
         lens = LayerIGLens.from_model(bigcode)
         assert lens.layer_names == ["0", "1", "2"]
         ids, mask = left_padded([6, 4], 64)
-        for granularity in ("block", "sublayer"):
+        for granularity in ("block", "sublayer", "head"):
             result = lens.attribute_map(
                 ids, additional_forward_args=(mask,), granularity=granularity
             )
@@ -102,6 +103,7 @@ def test_a_wrong_registration_is_caught_on_use(bigcode):
         (dict(layers="transformer.h", norm="transformer.ln_f"), "norm"),
         (dict(layers="transformer.h", norm=(), norm_kind="batch"), "norm_kind"),
         (dict(layers="transformer.h", norm=(), mid=""), "mid"),
+        (dict(layers="transformer.h", norm=(), attn_out=""), "attn_out"),
         (dict(layers="transformer.h", norm=(), head=()), "head"),
     ],
 )

@@ -18,9 +18,9 @@ from captum_iglens.readout.readout import Readout
 
 BaselineType = Union[None, int, float, Tensor, str]
 PositionsType = Union[None, int, Sequence[int], Tensor]
-Granularity = Literal["block", "sublayer"]
+Granularity = Literal["block", "sublayer", "head"]
 #: Accepted by ``granularity=``.
-GRANULARITIES: Tuple[str, ...] = ("block", "sublayer")
+GRANULARITIES: Tuple[str, ...] = ("block", "sublayer", "head")
 
 
 def forward_module(forward_func: Callable[..., Any]) -> Optional[Module]:

@@ -155,6 +155,29 @@ def gradient_attributions(
     Returns:
         *Tensor* of shape ``(N, k, d)``, float32.
     """
+    delta = points[:, 1:].float() - points[:, :-1].float()
+    return delta * integrated_gradients(
+        readout, points, targets, n_steps, method, chunk_rows, grad_kwargs
+    )
+
+
+def integrated_gradients(
+    readout: Readout,
+    points: Tensor,
+    targets: Tensor,
+    n_steps: int,
+    method: str,
+    chunk_rows: int,
+    grad_kwargs: Optional[Dict[str, Any]] = None,
+) -> Tensor:
+    r"""
+    The weighted gradient sum ``Σ_s w_s ∇f(start + a_s Δ)`` of every segment, with
+    one of Captum's rules: a segment's credit for any displacement ``u`` along it
+    is ``u · Σ_s w_s ∇f(a_s)``.
+
+    Returns:
+        *Tensor* of shape ``(N, k, d)``, float32.
+    """
     step_sizes_func, alphas_func = approximation_parameters(method)
     n, k_plus_1, d = points.shape
     k = k_plus_1 - 1
@@ -175,5 +198,73 @@ def gradient_attributions(
             chunk_rows,
             grad_kwargs,
         )
-        out[rows] = delta * (weights * grads.view_as(grid)).sum(dim=2)
+        out[rows] = (weights * grads.view_as(grid)).sum(dim=2)
     return out
+
+
+def prediction_aware_components(
+    readout: Readout,
+    ends: Tensor,
+    components: Tensor,
+    targets: Tensor,
+    end_values: Tensor,
+    n_steps: int,
+    chunk_rows: int,
+    grad_kwargs: Optional[Dict[str, Any]] = None,
+) -> Tuple[Tensor, Tensor]:
+    r"""
+    Prediction-aware credits of the components of one straight segment per row.
+
+    The segment from ``a = ends[:, 0]`` to ``b = ends[:, 1]`` is cut into
+    ``n_steps`` equal steps, with ``b - a = Σ_c u_c`` split into components
+    ``u_c``. Step ``s`` is credited its observed change ``c_s = f(p_{s+1}) -
+    f(p_s)``; component ``c`` gets its first-order (trapezoid) contribution
+    ``t_{s,c} = (g_s + g_{s+1}) · u_c / (2 n)`` plus a share of the step's residual
+    ``r_s = c_s - Σ_c t_{s,c}`` in proportion to ``|t_{s,c}|`` (to ``‖u_c‖²``
+    where every ``t_{s,c}`` is zero). Where the contributions agree in sign this
+    is the split of ``c_s`` in proportion to ``t_{s,c}``; where they cancel, no
+    share exceeds ``|t_{s,c}| + |r_s|``. The shares of a step sum to ``c_s``, so a
+    row's credits sum to ``f(b) - f(a)``; as ``n_steps`` grows they converge to
+    ``∫ ∇f · u_c``, since ``r_s = O(n^{-3})``.
+
+    Args:
+
+        ends (Tensor): ``(M, 2, d)``: each segment's start and end.
+        components (Tensor): ``(M, C, d)`` float32: the components ``u_c``.
+        targets (Tensor): ``(M,)``.
+        end_values (Tensor): ``(M, 2)``: ``f`` at the start and the end, used in
+                    place of the readout's evaluations there, so that the credits
+                    telescope with the other segments' values.
+
+    Returns:
+        2-element tuple of **credits** ``(M, C)`` and **mean_gradient** ``(M, d)``
+        (the trapezoid average of ``∇f`` over the steps), float32.
+    """
+    m, _, d = ends.shape
+    fractions = torch.arange(n_steps + 1, device=ends.device, dtype=torch.float32)
+    fractions = (fractions / n_steps).view(1, -1, 1)
+    credits = torch.empty(m, components.shape[1], device=ends.device)
+    mean_gradient = torch.empty(m, d, device=ends.device)
+    for rows in _row_groups(m, n_steps + 1, chunk_rows):
+        start = ends[rows, 0].float().unsqueeze(1)
+        grid = start + fractions * (ends[rows, 1].float().unsqueeze(1) - start)
+        values, grads = _values_and_gradients(
+            readout,
+            grid.flatten(0, 1).to(ends.dtype),
+            targets[rows].repeat_interleave(n_steps + 1),
+            chunk_rows,
+            grad_kwargs,
+        )
+        values = values.view(-1, n_steps + 1)
+        values[:, 0], values[:, -1] = end_values[rows, 0], end_values[rows, 1]
+        grads = grads.view(-1, n_steps + 1, d)
+        u = components[rows]
+        along = torch.einsum("gsd,gcd->gsc", grads, u)  # (g, n + 1, C)
+        first_order = (along[:, :-1] + along[:, 1:]) / (2 * n_steps)
+        residual = values.diff(dim=1) - first_order.sum(-1)  # (g, n)
+        weights = _split_weights(
+            first_order.abs().sqrt(), u.norm(dim=-1).unsqueeze(1)
+        )
+        credits[rows] = (first_order + residual.unsqueeze(-1) * weights).sum(1)
+        mean_gradient[rows] = (grads[:, :-1] + grads[:, 1:]).sum(1) / (2 * n_steps)
+    return credits, mean_gradient

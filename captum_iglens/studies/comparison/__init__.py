@@ -5,6 +5,10 @@ from captum_iglens.studies.comparison.compare import (
     compare,
     compare_text,
 )
+from captum_iglens.studies.comparison.heads import (
+    format_head_agreement,
+    head_rank_agreement,
+)
 from captum_iglens.studies.comparison.result import ComparisonResult, MethodResult
 
 __all__ = [
@@ -13,4 +17,6 @@ __all__ = [
     "MethodResult",
     "compare",
     "compare_text",
+    "format_head_agreement",
+    "head_rank_agreement",
 ]

@@ -20,6 +20,13 @@ from torch import Tensor
 from torch.nn import Module, Sequential
 
 from captum_iglens.attr._utils.capture import ResidualCapture
+from captum_iglens.attr._utils.heads import (
+    head_components,
+    head_path_points,
+    interleave,
+    split_states,
+    split_tolerance,
+)
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import final_norm_kind
 from captum_iglens.hf.forward import causal_lm_logits
@@ -100,6 +107,34 @@ class Work:
         h_0, states = capture.path()
         rows = [h_0.index_select(1, self.positions.to(device)), *states]
         return torch.stack(rows, 2).flatten(0, 1)
+
+    def head_stream(self) -> Tuple[Tensor, Tensor, List[str]]:
+        r"""
+        One forward on the path of ``granularity="head"``: rows ``(B·P, 2k + 2,
+        d)`` of ``h_0, h_in, h_mid(1), h_out(1), ...``, each column's displacement
+        ``(B·P, n, d)`` (``h_in - h_0``, each head's ``u_h`` and the bias, each
+        MLP's update), and the ``n`` column names.
+        """
+        lens = self.lens
+        device = next(lens.readout.parameters()).device
+        points, names = head_path_points(
+            lens.layers, lens.sublayers, lens.heads, lens.layer_names
+        )
+        capture = ResidualCapture(lens.input_layer, points, self.positions, device)
+        with capture, torch.no_grad():
+            lens.forward_func(self.input_ids, self.attention_mask)
+        h_0, states = capture.path()
+        stream, heads_in = split_states(states)
+        h_0 = h_0.index_select(1, self.positions.to(device))
+        stream = torch.stack([h_0, *stream], 2)
+        mask = torch.ones(stream.shape[:2], dtype=torch.bool, device=device)
+        if self.attention_mask is not None:
+            mask = self.attention_mask.to(device)[:, self.positions.to(device)].bool()
+        tolerance = split_tolerance(stream.dtype)
+        components = head_components(lens.heads, heads_in, stream, mask, tolerance)
+        updates = stream.float().diff(dim=2)[:, :, 0::2]  # "input" and the MLPs
+        parts = interleave(updates.flatten(0, 1), components.flatten(0, 1))
+        return stream.flatten(0, 1), parts, names
 
     def captum_rows(self) -> Tuple[Tensor, Tuple[Any, ...]]:
         """Each sequence once per position: ids ``(B·P, T)``, and ``F``'s other args."""
@@ -259,21 +294,28 @@ def _frozen_logit(
 def dla(work: Work) -> Outcome:
     logit, skip_post = _frozen_logit(work.lens.readout, final_norm_kind(work.model))
     chunk = work.lens.readout.rows_per_chunk()
+    names: Optional[List[str]] = None
     with torch.no_grad():
-        points = work.stream()
-        n, k_plus_1, d = points.shape
+        if work.settings.granularity == "head":  # each head's output u_h apart
+            points, parts, names = work.head_stream()
+            parts = parts.to(points.dtype)
+        else:
+            points = work.stream()
+            parts = points.diff(dim=1)
+        n, _, d = points.shape
+        width = parts.shape[1] + 3
         # Per token: 0, h_0, Δ_1, ..., Δ_k, h_final; all at h_final's norm scale.
         zeros = points.new_zeros(n, 1, d)
-        rows = torch.cat([zeros, points[:, :1], points.diff(dim=1), points[:, -1:]], 1)
+        rows = torch.cat([zeros, points[:, :1], parts, points[:, -1:]], 1)
         rows = rows.flatten(0, 1)
-        h_final = points[:, -1].repeat_interleave(k_plus_1 + 2, 0)
-        targets = work.targets.flatten().repeat_interleave(k_plus_1 + 2)
+        h_final = points[:, -1].repeat_interleave(width, 0)
+        targets = work.targets.flatten().repeat_interleave(width)
         values = torch.cat(
             [
                 logit(rows[c], h_final[c], targets[c])
                 for c in (slice(s, s + chunk) for s in range(0, rows.shape[0], chunk))
             ]
-        ).view(*work.targets.shape, k_plus_1 + 2)
+        ).view(*work.targets.shape, width)
     scores = values[..., 2:-1] - values[..., :1]  # the linear part: no biases
     where = " before softcapping" if skip_post else ""
     note = (
@@ -281,8 +323,12 @@ def dla(work: Work) -> Outcome:
         "h_final; sums to logit(h_final) − logit(h_0) at that scale, read against "
         "Δp = p − f(h_0)."
     )
+    if names is not None:
+        note += " Per head: each head's output W_O[:, head] z_h (and the bias) apart."
     change = values[..., -1] - values[..., 1]
-    return Outcome(scores, change, work.model_prob - work.h0_prob, "logit", note)
+    return Outcome(
+        scores, change, work.model_prob - work.h0_prob, "logit", note, None, names
+    )
 
 
 #: Memory that one of Captum's calls may hold at once (activations kept for the

@@ -1,0 +1,300 @@
+r"""
+The split of each block's attention update into its heads, for
+``granularity="head"``.
+
+Inside a sequential block the attention update at a position is
+``h_mid - h_in = s · (W_O z + b) = Σ_h s · W_O[:, head h] z_h + s · b``, where ``z``
+is the input of the attention output projection (the heads' outputs side by
+side), ``b`` its bias and ``s`` any residual multiplier the block applies. Each
+term is a displacement ``u_c`` along the straight segment ``h_in → h_mid``, and
+IG-Lens credits it ``∫ ∇f · u_c``: the credits add up to the segment's credit.
+
+The path of ``granularity="head"`` is ``h_base → h_in(first block) → h_mid(1) →
+h_out(1) → h_mid(2) → ...``: a first segment ``"input"`` (from the baseline to the
+first chosen block's input; zero with the default baseline when the first chosen
+block is the model's first), then per block its attention segment, split into
+``"<block>.attn.h<i>"`` (and ``"<block>.attn.bias"``), and ``"<block>.mlp"``.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Linear, Module
+
+from captum_iglens.attr._utils.capture import PathPoint
+from captum_iglens.attr._utils.estimators import (
+    _split_weights,
+    gradient_attributions,
+    integrated_gradients,
+    prediction_aware_attributions,
+    prediction_aware_components,
+)
+from captum_iglens.readout.readout import Readout
+
+#: Name of the first column of ``granularity="head"``.
+INPUT_COLUMN = "input"
+
+
+def split_tolerance(dtype: torch.dtype) -> float:
+    """How far the recomputed head outputs may be from the model's attention
+    update, relative to its size: float rounding only."""
+    return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
+
+
+@dataclass(frozen=True)
+class HeadSplit:
+    r"""
+    Where each chosen block's attention output projection is, and how to split it.
+
+    Args:
+        projections (list[Module]): One per block: the attention output
+                    projection (``nn.Linear`` or GPT-2's ``Conv1D``), whose input
+                    is the heads' outputs side by side, ``(B, T, H · d_head)``.
+        n_heads (int): Number of attention heads ``H``.
+        scale (float): The factor the block applies to the attention output
+                    before adding it to the stream (Granite's
+                    ``residual_multiplier``). Default: 1.0
+    """
+
+    projections: List[Module]
+    n_heads: int
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_heads, bool) or not isinstance(self.n_heads, int):
+            raise TypeError(f"n_heads: expected an int, got {self.n_heads!r}")
+        for module in self.projections:
+            weight = _weight(module)
+            if weight.shape[1] % self.n_heads:
+                raise ValueError(
+                    f"n_heads: the attention output projection takes "
+                    f"{weight.shape[1]} inputs, not a multiple of {self.n_heads} heads"
+                )
+
+    def column_names(self, block: str, index: int) -> List[str]:
+        """The credit columns of one block's attention."""
+        names = [f"{block}.attn.h{h}" for h in range(self.n_heads)]
+        if getattr(self.projections[index], "bias", None) is not None:
+            names.append(f"{block}.attn.bias")
+        return names
+
+
+def _weight(module: Module) -> Tensor:
+    """The projection's weight as ``(d, H · d_head)`` (``y = z W^T + b``)."""
+    if isinstance(module, Linear):
+        return module.weight
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+        return module.weight.t()  # GPT-2's Conv1D computes z @ W + b
+    raise TypeError(
+        "heads: the attention output projection must be an nn.Linear or GPT-2's "
+        f"Conv1D, got {type(module).__name__}"
+    )
+
+
+def head_path_points(
+    layers: Sequence[Module],
+    mids: Sequence[Module],
+    split: HeadSplit,
+    layer_names: Sequence[str],
+) -> Tuple[List[PathPoint], List[str]]:
+    r"""
+    The hooked modules of the head path, in execution order, and the names of
+    its credit columns.
+
+    Returns:
+        2-element tuple: the points (the first block's input, then per block the
+        projection's input ``z``, the mid-block state and the block's output),
+        and the column names.
+    """
+    points: List[PathPoint] = [(layers[0], True)]
+    names = [INPUT_COLUMN]
+    for j, (name, mid, block) in enumerate(zip(layer_names, mids, layers)):
+        points += [(split.projections[j], True), (mid, True), (block, False)]
+        names += [*split.column_names(name, j), f"{name}.mlp"]
+    return points, names
+
+
+def split_states(states: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
+    """The captured states of :func:`head_path_points`, as residual-stream states
+    ``h_in, h_mid(1), h_out(1), ...`` and the projections' inputs ``z`` per block."""
+    k = (len(states) - 1) // 3
+    stream = [states[0]]
+    for j in range(k):
+        stream += [states[2 + 3 * j], states[3 + 3 * j]]
+    return stream, [states[1 + 3 * j] for j in range(k)]
+
+
+def head_components(
+    split: HeadSplit,
+    heads_in: List[Tensor],
+    stream: Tensor,
+    mask: Tensor,
+    tolerance: float,
+) -> Tensor:
+    r"""
+    Each block's attention update split into its heads (and bias), checked
+    against the update the model made.
+
+    Args:
+        heads_in (list[Tensor]): Per block, the projection's input ``(B, P, H·e)``.
+        stream (Tensor): ``(B, P, 2k + 2, d)``: ``h_base, h_in, h_mid(1),
+                    h_out(1), ...``.
+        mask (Tensor): ``(B, P)``, False at padding.
+        tolerance (float): Allowed ``|Σ_c u_c - (h_mid - h_prev)|``, relative to
+                    ``1 + max |h_mid - h_prev|``.
+
+    Returns:
+        *Tensor* ``(B, P, k, C, d)`` float32: ``u_c`` per block (``C = H``, plus
+        one for the bias where the projection has one).
+
+    Raises:
+        ValueError: Where the components do not add up to the attention update,
+            e.g. when the chosen blocks are not consecutive.
+    """
+    parts = []
+    for j, z in enumerate(heads_in):
+        module = split.projections[j]
+        weight = _weight(module).float().to(z.device)
+        d = weight.shape[0]
+        z = z.float().view(*z.shape[:2], split.n_heads, -1)
+        u = torch.einsum("bphe,dhe->bphd", z, weight.view(d, split.n_heads, -1))
+        bias = getattr(module, "bias", None)
+        if bias is not None:
+            bias = bias.float().to(z.device).expand(*z.shape[:2], 1, d)
+            u = torch.cat([u, bias], dim=2)
+        parts.append(u * split.scale)
+    components = torch.stack(parts, dim=2)
+    update = stream[:, :, 2::2].float() - stream[:, :, 1:-1:2].float()
+    error = (components.sum(3) - update)[mask].abs()
+    size = 1.0 + update[mask].abs().max().item() if mask.any() else 1.0
+    if error.numel() and error.max().item() > tolerance * size:
+        worst = int(error.amax(dim=(0, 2)).argmax())
+        raise ValueError(
+            "granularity: 'head' needs each chosen block's attention update "
+            "h_mid - h_in to be the sum of its heads' outputs through the attention "
+            "output projection (plus its bias), but at chosen block "
+            f"{worst} they differ by {error.max().item():.3g}. Choose consecutive "
+            "blocks (layers=None or a range), and check the architecture table's "
+            "attn_out for this model."
+        )
+    return components.to(stream.device)
+
+
+def _pairs(stream: Tensor, which: Sequence[int]) -> Tensor:
+    """Segments ``which`` of ``stream (N, K, d)`` as rows ``(N·len(which), 2, d)``."""
+    index = torch.tensor(list(which), device=stream.device)
+    return torch.stack([stream[:, index], stream[:, index + 1]], 2).flatten(0, 1)
+
+
+def head_attributions(
+    readout: Readout,
+    stream: Tensor,
+    components: Tensor,
+    targets: Tensor,
+    values: Tensor,
+    method: str,
+    n_steps: int,
+    chunk_rows: int,
+    per_dimension: bool,
+    grad_kwargs: Optional[Dict[str, Any]] = None,
+) -> Tensor:
+    r"""
+    The credit columns of ``granularity="head"``, in the order of
+    :func:`head_path_points`.
+
+    The segments ``"input"`` and ``"<block>.mlp"`` get the usual estimators; each
+    attention segment gets, per component ``u_c``:
+
+    - Captum's rules: ``u_c · Σ_s w_s ∇f(a_s)`` along the segment (per dimension:
+      ``u_{c,i} Σ_s w_s ∂_i f``);
+    - ``"prediction_aware"``: :func:`prediction_aware_components`; per dimension,
+      ``u_{c,i} Ĝ_i`` (``Ĝ`` the trapezoid mean gradient) plus the rest of the
+      component's credit spread in proportion to ``|u_{c,i} Ĝ_i|``.
+
+    Args:
+        stream (Tensor): ``(N, 2k + 2, d)`` path points.
+        components (Tensor): ``(N, k, C, d)`` float32.
+        targets (Tensor): ``(N,)``.
+        values (Tensor): ``(N, 2k + 2)``: ``f`` at the path points, the last the
+                    model's own.
+        per_dimension (bool): Per-dimension attributions (for ``attribute``) or
+                    scalar credits (for ``attribute_map``).
+
+    Returns:
+        *Tensor* ``(N, n_columns)``, or ``(N, n_columns, d)`` with
+        ``per_dimension``, float32.
+    """
+    n, k_points, d = stream.shape
+    k, c = components.shape[1], components.shape[2]
+    plain = [0, *range(2, k_points - 1, 2)]  # "input" and the MLPs
+    attn = list(range(1, k_points - 1, 2))
+    plain_pairs, attn_pairs = _pairs(stream, plain), _pairs(stream, attn)
+    plain_targets = targets.repeat_interleave(len(plain))
+    attn_targets = targets.repeat_interleave(k)
+    u = components.flatten(0, 1)  # (N·k, C, d)
+    if method == "prediction_aware":
+        ends = torch.tensor(attn, device=values.device)
+        end_values = torch.stack([values[:, ends], values[:, ends + 1]], -1)
+        credits, mean_gradient = prediction_aware_components(
+            readout,
+            attn_pairs,
+            u,
+            attn_targets,
+            end_values.flatten(0, 1),
+            n_steps,
+            chunk_rows,
+            grad_kwargs,
+        )
+        if per_dimension:
+            plain_out = prediction_aware_attributions(
+                readout,
+                plain_pairs,
+                plain_targets,
+                values[:, [i + 1 for i in plain]].flatten(),
+                n_steps,
+                chunk_rows,
+                grad_kwargs,
+            )[:, 0]
+            linear = u * mean_gradient.unsqueeze(1)
+            rest = credits - linear.sum(-1)
+            spread = _split_weights(linear.abs().sqrt(), u)
+            attn_out = linear + rest.unsqueeze(-1) * spread
+        else:
+            plain_out = values.diff(dim=1)[:, plain].flatten()
+            attn_out = credits
+    else:
+        igv = integrated_gradients(
+            readout, attn_pairs, attn_targets, n_steps, method, chunk_rows, grad_kwargs
+        )[:, 0]
+        attn_out = u * igv.unsqueeze(1)
+        plain_out = gradient_attributions(
+            readout,
+            plain_pairs,
+            plain_targets,
+            n_steps,
+            method,
+            chunk_rows,
+            grad_kwargs,
+        )[:, 0]
+        if not per_dimension:
+            attn_out, plain_out = attn_out.sum(-1), plain_out.sum(-1)
+    out = interleave(plain_out.view(n, k + 1, -1), attn_out.view(n, k, c, -1))
+    return out if per_dimension else out.squeeze(-1)
+
+
+def interleave(plain: Tensor, attn: Tensor) -> Tensor:
+    r"""
+    Columns in path order: ``plain[:, 0]``, then per block ``attn[:, j]`` (its
+    ``C`` columns) and ``plain[:, j + 1]``.
+
+    Args:
+        plain (Tensor): ``(N, k + 1, ...)``: ``"input"`` and the MLPs.
+        attn (Tensor): ``(N, k, C, ...)``: the attention components.
+
+    Returns:
+        *Tensor* ``(N, 1 + k (C + 1), ...)``.
+    """
+    blocks = torch.cat([attn, plain[:, 1:].unsqueeze(2)], dim=2).flatten(1, 2)
+    return torch.cat([plain[:, :1], blocks], dim=1)

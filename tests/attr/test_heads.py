@@ -1,0 +1,351 @@
+"""Head resolution: each block's attention credit split across its heads."""
+
+import numpy as np
+import pytest
+import torch
+
+from captum_iglens import LayerIGLens
+from captum_iglens.attr._utils.estimators import prediction_aware_components
+from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens.readout.readout import Readout
+from tests.helpers import hook_snapshot, left_padded
+from tests.tiny_models import VOCAB, tiny_model
+
+FP32_TOL = 1e-6
+# Blocks that add attention and MLP in parallel, or normalise the attention
+# output before adding it: no head split.
+NO_SPLIT = {
+    "gptj",
+    "phi",
+    "cohere",
+    "falcon",
+    "gpt_neox",
+    "opt-no-final-norm",
+    "gemma2",
+    "gemma3_text",
+    "olmo2",
+}
+SEQUENTIAL = [
+    ("llama", {}),
+    ("mistral", {}),
+    ("qwen2", {}),
+    ("qwen3", {}),
+    ("gemma", {}),
+    ("gpt2", {}),
+    ("opt", {}),
+    ("opt-project-out", {}),
+    ("phi3", {}),
+    ("bloom", {}),
+    ("stablelm", {}),
+    ("granite", {"residual_multiplier": 0.5}),
+    ("olmo", {}),
+    ("gpt_neox", {"use_parallel_residual": False}),
+    ("falcon", {"parallel_attn": False, "new_decoder_architecture": False}),
+]
+
+
+def _blocks_of(result, n_blocks):
+    """Per block: the sum of its head (and bias) columns, and its MLP column."""
+    names = result.layer_names
+    attn = torch.stack(
+        [
+            result.attributions[
+                ..., [i for i, n in enumerate(names) if n.startswith(f"{j}.attn.")]
+            ].sum(-1)
+            for j in range(n_blocks)
+        ],
+        -1,
+    )
+    mlp = result.attributions[..., [names.index(f"{j}.mlp") for j in range(n_blocks)]]
+    return attn, mlp
+
+
+@pytest.mark.parametrize("arch, overrides", SEQUENTIAL)
+def test_heads_add_up_to_blocks_and_sublayers(arch, overrides):
+    model = tiny_model(arch, **overrides)
+    lens = LayerIGLens.from_model(model)
+    ids, mask = left_padded([6, 4], VOCAB)
+    extra = (mask,)
+    blocks = lens.attribute_map(ids, additional_forward_args=extra)
+    n_heads = model.config.num_attention_heads
+    for method, steps in (
+        ("prediction_aware", (1, 3, 16)),
+        ("gausslegendre", (2, 9)),
+        ("riemann_trapezoid", (5,)),
+    ):
+        for n_steps in steps:
+            kwargs = dict(additional_forward_args=extra, method=method, n_steps=n_steps)
+            heads = lens.attribute_map(ids, granularity="head", **kwargs)
+            subs = lens.attribute_map(ids, granularity="sublayer", **kwargs)
+            names = heads.layer_names
+            assert names[0] == "input" and names[-1] == "1.mlp"
+            assert sum(n.startswith("0.attn.h") for n in names) == n_heads
+            attn, mlp = _blocks_of(heads, 2)
+            assert (attn - subs.attributions[..., 0::2]).abs().max() <= FP32_TOL
+            assert (mlp - subs.attributions[..., 1::2]).abs().max() <= FP32_TOL
+            assert heads.attributions[..., 0].abs().max() == 0  # baseline h_0
+            if method == "prediction_aware":
+                assert heads.delta.abs().max() <= FP32_TOL
+                assert (attn + mlp - blocks.attributions).abs().max() <= FP32_TOL
+    attrs, delta = lens.attribute(
+        ids,
+        additional_forward_args=extra,
+        granularity="head",
+        n_steps=4,
+        return_convergence_delta=True,
+    )
+    heads = lens.attribute_map(
+        ids, additional_forward_args=extra, granularity="head", n_steps=4
+    )
+    assert len(attrs) == len(heads.layer_names) and delta.abs().max() <= FP32_TOL
+    per_column = torch.stack([a.sum(-1) for a in attrs], -1)
+    assert (per_column - heads.attributions).abs().max() <= FP32_TOL
+
+
+@pytest.mark.parametrize("method", ["gausslegendre", "riemann_middle"])
+def test_captum_rule_per_dimension_is_component_times_gradient(method):
+    model = tiny_model("gpt2")
+    lens = LayerIGLens.from_model(model)
+    ids = torch.randint(1, VOCAB, (2, 5))
+    attrs, delta = lens.attribute(
+        ids,
+        granularity="head",
+        method=method,
+        n_steps=6,
+        return_convergence_delta=True,
+    )
+    subs = lens.attribute(ids, granularity="sublayer", method=method, n_steps=6)
+    names = lens.segment_names("head")
+    # The attention part per dimension: the sublayer's Δ_i Σ w ∂_i f, split.
+    for j in range(2):
+        cols = [i for i, n in enumerate(names) if n.startswith(f"{j}.attn.")]
+        split = torch.stack([attrs[i] for i in cols]).sum(0)
+        torch.testing.assert_close(split, subs[2 * j], atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            attrs[names.index(f"{j}.mlp")], subs[2 * j + 1], atol=0, rtol=0
+        )
+    total = torch.stack([a.sum(-1) for a in attrs], -1).sum(-1)
+    sub_total = torch.stack([a.sum(-1) for a in subs], -1).sum(-1)
+    assert (total - sub_total).abs().max() <= FP32_TOL
+    assert delta.abs().max() > 0  # a Captum rule reports its discretisation error
+
+
+# The attention output projection of each architecture, written out here
+# independently of the architecture table under test.
+PROJECTIONS = {
+    "llama": lambda block: block.self_attn.o_proj,
+    "gpt2": lambda block: block.attn.c_proj,
+    "opt": lambda block: block.self_attn.out_proj,
+    "bloom": lambda block: block.self_attention.dense,
+}
+
+
+@pytest.mark.parametrize("arch", sorted(PROJECTIONS))
+def test_head_outputs_reproduce_the_attention_output(arch):
+    model = tiny_model(arch)
+    lens = LayerIGLens.from_model(model)
+    ids = torch.randint(1, VOCAB, (2, 5))
+    seen = {}
+    projections = [PROJECTIONS[arch](block) for block in decoder_layers(model)]
+    handles = [
+        m.register_forward_hook(lambda m, a, o, j=j: seen.setdefault(j, o.detach()))
+        for j, m in enumerate(projections)
+    ]
+    try:
+        with torch.no_grad():
+            path = lens._path(ids, None, None, None, None, "head")
+    finally:
+        for h in handles:
+            h.remove()
+    for j in range(2):
+        summed = path.components[:, :, j].sum(2)
+        torch.testing.assert_close(summed, seen[j].float(), atol=1e-6, rtol=1e-6)
+    # Without a bias column the heads alone make the output (Llama has none).
+    assert path.components.shape[3] == model.config.num_attention_heads + (
+        arch != "llama"
+    )
+
+
+def _gauss_legendre_reference(readout, start, end, components, target, order=48):
+    """``∫_0^1 ∇f(start + α (end - start)) · u_c dα`` by Gauss–Legendre quadrature,
+    with gradients from autograd."""
+    nodes, weights = np.polynomial.legendre.leggauss(order)
+    alphas = torch.tensor((nodes + 1) / 2, dtype=torch.float32)
+    weights = torch.tensor(weights / 2, dtype=torch.float32)
+    points = start + alphas[:, None] * (end - start)
+    points.requires_grad_(True)
+    prob = readout(points).float().softmax(-1)[:, target]
+    (grads,) = torch.autograd.grad(prob.sum(), points)
+    return (weights[:, None] * grads).sum(0) @ components.T
+
+
+def test_prediction_aware_heads_converge_to_the_integrals():
+    model = tiny_model("llama")
+    lens = LayerIGLens.from_model(model)
+    ids = torch.randint(1, VOCAB, (1, 6))
+    with torch.no_grad():
+        path = lens._path(ids, None, None, None, None, "head")
+    readout, target = lens.readout, int(path.targets[0, -1])
+    start, end = path.points[0, -1, 3], path.points[0, -1, 4]  # block 1's attention
+    u = path.components[0, -1, 1]
+    reference = _gauss_legendre_reference(readout, start, end, u, target)
+    with torch.no_grad():
+        ends_values = readout(torch.stack([start, end])).float().softmax(-1)[:, target]
+    errors = []
+    for n_steps in (2, 8, 32, 128):
+        credits, _ = prediction_aware_components(
+            readout,
+            torch.stack([start, end])[None],
+            u[None],
+            torch.tensor([target]),
+            ends_values[None],
+            n_steps,
+            4096,
+        )
+        assert abs(credits.sum() - (ends_values[1] - ends_values[0])) <= FP32_TOL
+        errors.append((credits[0] - reference).abs().max().item())
+    assert reference.abs().max() > 1e-3  # the test has something to measure
+    assert errors[-1] <= 1e-5
+    assert all(b < a for a, b in zip(errors, errors[1:])), errors
+
+
+def test_cancelling_contributions_do_not_blow_up():
+    """Two components that cancel to first order: the step changes are second
+    order, the proportional split would divide by ~0; the shares stay bounded."""
+    readout = Readout(head=torch.nn.Linear(4, 3, bias=False))
+    with torch.no_grad():
+        readout.head.weight.copy_(
+            torch.tensor([[2.0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]])
+        )
+    start = torch.zeros(4)
+    u = torch.stack(
+        [
+            torch.tensor([3.0, 0, 0, 0]),
+            torch.tensor([-3.0, 0, 0, 0]),
+            torch.tensor([0.0, 1e-3, 0, 0]),
+        ]
+    )
+    end = start + u.sum(0)
+    ends = torch.stack([start, end])[None]
+    with torch.no_grad():
+        values = readout(ends[0]).softmax(-1)[:, 0]
+    credits, _ = prediction_aware_components(
+        readout, ends, u[None], torch.tensor([0]), values[None], 8, 64
+    )
+    assert torch.isfinite(credits).all()
+    assert abs(credits.sum() - (values[1] - values[0])) <= FP32_TOL
+    # ∇f · u: ±3 ∂f/∂x_0, each well inside the size of its own first-order term.
+    (grad,) = torch.autograd.grad(
+        readout(start.requires_grad_(True)).softmax(-1)[0], start
+    )
+    first = (u @ grad).abs()
+    assert (credits[0].abs() <= first + 1e-3).all()
+    # A step whose gradient vanishes altogether splits by ‖u_c‖².
+    flat = Readout(head=torch.nn.Linear(4, 3, bias=False))
+    with torch.no_grad():
+        flat.head.weight.zero_()
+    credits, _ = prediction_aware_components(
+        flat, ends, u[None], torch.tensor([0]), torch.tensor([[0.1, 0.4]]), 4, 64
+    )
+    share = u.square().sum(-1) / u.square().sum()
+    torch.testing.assert_close(credits[0], 0.3 * share)
+
+
+def test_planted_head_gets_the_largest_credit():
+    """Block 1's head 2 alone writes the target's unembedding direction (read
+    through the final norm's weight); every other head writes noise."""
+    model = tiny_model("llama")
+    target, planted = 5, 2
+    block = decoder_layers(model)[1]
+    o_proj = block.self_attn.o_proj
+    head_dim = o_proj.in_features // model.config.num_attention_heads
+    cols = slice(planted * head_dim, (planted + 1) * head_dim)
+    ids = torch.randint(1, VOCAB, (1, 6))
+    seen = {}
+    handle = o_proj.register_forward_pre_hook(
+        lambda m, a: seen.setdefault("z", a[0].detach())
+    )
+    with torch.no_grad():
+        model(ids)
+    handle.remove()
+    z = seen["z"][0, -1, cols]
+    direction = model.lm_head.weight[target] * model.model.norm.weight
+    with torch.no_grad():
+        o_proj.weight.mul_(0.05)
+        o_proj.weight[:, cols] = 4.0 * torch.outer(direction, z) / z.square().sum()
+    lens = LayerIGLens.from_model(model)
+    result = lens.attribute_map(ids, target=target, positions=-1, granularity="head")
+    names = result.layer_names
+    heads = [i for i, n in enumerate(names) if ".attn.h" in n]
+    best = max(heads, key=lambda i: result.attributions[0, 0, i].item())
+    assert names[best] == f"1.attn.h{planted}"
+    others = [abs(result.attributions[0, 0, i].item()) for i in heads if i != best]
+    assert result.attributions[0, 0, best] > 3 * max(others)
+
+
+@pytest.mark.parametrize("arch", sorted(NO_SPLIT))
+def test_no_split_is_refused_and_leaves_no_hook(arch):
+    model = tiny_model(arch)
+    lens = LayerIGLens.from_model(model)
+    hooks = hook_snapshot(model)
+    with pytest.raises(ValueError, match="granularity.*'head'"):
+        lens.attribute_map(torch.randint(0, VOCAB, (1, 4)), granularity="head")
+    with pytest.raises(ValueError, match="granularity"):
+        lens.segment_names("head")
+    assert hook_snapshot(model) == hooks
+
+
+def test_skipped_blocks_are_refused_and_leave_no_hook():
+    model = tiny_model("llama", num_hidden_layers=3)
+    lens = LayerIGLens.from_model(model, layers=[0])  # blocks 0 and 2
+    hooks = hook_snapshot(model)
+    with pytest.raises(ValueError, match="consecutive"):
+        lens.attribute_map(torch.randint(1, VOCAB, (1, 4)), granularity="head")
+    assert hook_snapshot(model) == hooks
+    # From block 1 on, blocks below are the "input" column.
+    lens = LayerIGLens.from_model(model, layers=[1])
+    ids = torch.randint(1, VOCAB, (1, 4))
+    heads = lens.attribute_map(ids, granularity="head")
+    blocks = lens.attribute_map(ids)
+    first = heads.layer_names.index("1.mlp")
+    torch.testing.assert_close(
+        heads.attributions[..., : first + 1].sum(-1),
+        blocks.attributions[..., 0],
+        atol=FP32_TOL,
+        rtol=0,
+    )
+    assert heads.attributions[..., 0].abs().max() > 0
+
+
+@pytest.mark.real_model
+def test_real_model_heads_add_up(default_model):
+    model, tokenizer = default_model
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    lens = LayerIGLens.from_model(model)
+    n_blocks = len(lens.layers)
+    kwargs = dict(positions=[-3, -2, -1], n_steps=4)
+    heads = lens.attribute_map(ids, granularity="head", **kwargs)
+    subs = lens.attribute_map(ids, granularity="sublayer", **kwargs)
+    blocks = lens.attribute_map(ids, **kwargs)
+    attn, mlp = _blocks_of(heads, n_blocks)
+    assert heads.attributions.shape[-1] == 1 + n_blocks * (
+        model.config.num_attention_heads + 1
+    )
+    assert (attn - subs.attributions[..., 0::2]).abs().max() <= FP32_TOL
+    assert (attn + mlp - blocks.attributions).abs().max() <= FP32_TOL
+    assert heads.delta.abs().max() <= FP32_TOL
+
+
+@pytest.mark.real_model
+def test_real_model_prediction_aware_heads_match_the_integrals(default_model):
+    model, tokenizer = default_model
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    lens = LayerIGLens.from_model(model)
+    kwargs = dict(positions=[-2, -1], granularity="head")
+    ours = lens.attribute_map(ids, n_steps=128, **kwargs)
+    reference = lens.attribute_map(ids, method="gausslegendre", n_steps=64, **kwargs)
+    moved = (ours.model_prob - ours.base_prob).abs() > 0.05
+    assert moved.any()
+    heads = [i for i, n in enumerate(ours.layer_names) if ".attn." in n]
+    error = (ours.attributions - reference.attributions)[..., heads][moved]
+    assert error.abs().max() <= 1e-3
