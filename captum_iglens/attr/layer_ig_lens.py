@@ -18,20 +18,24 @@ from captum_iglens.attr._utils.checks import (
     Granularity,
     PositionsType,
     attention_mask_of,
+    baseline_ids,
     baseline_states,
     check_baselines,
     check_construction,
     check_granularity,
     check_settings,
     format_inputs,
+    hf_model_of,
     output_logits,
     resolve_positions,
     resolve_targets,
+    target_positions,
 )
 from captum_iglens.attr._utils.estimators import (
     gradient_attributions,
     path_values,
     prediction_aware_attributions,
+    work_dtype,
 )
 from captum_iglens.hf.architectures import (
     choose_blocks,
@@ -53,6 +57,7 @@ class _Path:
     mask: Tensor  # (B, P)
     positions: Tensor  # (P,)
     names: List[str]  # one per credited segment
+    one_output: bool  # one attributed output per example: delta (B,)
 
 
 def _tolerance(dtype: torch.dtype) -> float:
@@ -92,8 +97,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         forward_func: Callable[..., Any],
         layer: Union[Module, Sequence[Module]],
         device_ids: Optional[List[int]] = None,
+        multiply_by_inputs: bool = True,
         *,
-        readout: Readout,
+        readout: Optional[Readout] = None,
         input_layer: Optional[Module] = None,
         layer_names: Optional[Sequence[str]] = None,
         sublayers: Optional[Sequence[Module]] = None,
@@ -116,11 +122,36 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         (``nn.DataParallel``); blocks on different devices need no
                         setting, captured states are moved to the readout's
                         device. Default: None
-            readout (Readout): What the model does between its last block and its
-                        logits (final norm, head, final transforms).
+            multiply_by_inputs (bool, optional): Captum's meaning, for Captum's
+                        rules (``method="riemann_*"``, ``"gausslegendre"``): if
+                        True, each segment's path-averaged gradient is multiplied
+                        by that segment's displacement ``h_{L_j} - h_{L_{j-1}}``
+                        (local attributions, which add up to the credit). If
+                        False, the path-averaged gradient of each segment is
+                        returned alone (global attributions): every block gets
+                        the average gradient of ``f`` along *its own* segment,
+                        not along one straight line from the baseline, so
+                        multiplying block ``j``'s result by ``h_{L_j} -
+                        h_{L_{j-1}}`` (not by ``inputs - baselines``) gives its
+                        attributions. ``method="prediction_aware"`` splits
+                        observed changes of probability, not gradients, and has
+                        no form without the displacement: ``attribute`` refuses
+                        it with False. The returned ``delta`` and
+                        :meth:`attribute_map` always use the multiplied
+                        attributions. Default: True
+            readout (Readout, optional): What the model does between its last
+                        block and its logits (final norm, head, final
+                        transforms). Default: None, only when ``forward_func``
+                        is a supported Hugging Face causal LM, a bound method of
+                        one, or a wrapper holding one in ``.module``
+                        (``nn.DataParallel``, DDP) or ``.model``: then
+                        ``Readout.from_model`` of it, and ``input_layer``
+                        defaults to the model's first decoder block.
             input_layer (torch.nn.Module, optional): The model's first block; the
                         input it receives is ``h_0``, the default baseline and the
-                        start of the path. Default: the first entry of ``layer``.
+                        start of the path. Default: the first entry of
+                        ``layer`` (the model's first block when ``readout`` is
+                        found from the model).
             layer_names (list[str], optional): A name for each block in ``layer``,
                         used in results and plots. Default: the blocks' qualified
                         names in ``forward_func`` when it is a module, else their
@@ -132,6 +163,15 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         ``post_attention_layernorm``. Needed for
                         ``granularity="sublayer"``. Default: None
         """
+        if isinstance(multiply_by_inputs, bool) is False:
+            raise TypeError(
+                f"multiply_by_inputs: expected a bool, got {multiply_by_inputs!r}"
+            )
+        if readout is None:
+            model = hf_model_of(forward_func)
+            readout = Readout.from_model(model)
+            if input_layer is None:
+                input_layer = decoder_layers(model)[0]
         layers, input_layer, names, sublayers = check_construction(
             forward_func, layer, readout, input_layer, layer_names, sublayers
         )
@@ -145,6 +185,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         self.readout = readout
         self.layer_names: List[str] = names
         self.sublayers: Optional[List[Module]] = sublayers
+        self._multiply_by_inputs = multiply_by_inputs
 
     @classmethod
     def from_model(
@@ -207,7 +248,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
     @property
     def multiplies_by_inputs(self) -> bool:
-        return True
+        return self._multiply_by_inputs
 
     def attribute_future(self) -> Callable[..., Any]:
         raise NotImplementedError("attribute_future is not implemented for LayerIGLens")
@@ -338,6 +379,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             >>> len(attr), attr[0].shape  # one (B, T, d) tensor per block
         """
         check_settings(n_steps, method, internal_batch_size, attribute_to_layer_input)
+        if not self.multiplies_by_inputs and method == "prediction_aware":
+            raise ValueError(
+                "method: 'prediction_aware' splits observed changes of probability "
+                "and has no form without the displacement; with "
+                "multiply_by_inputs=False choose one of Captum's rules (e.g. "
+                "method='gausslegendre')"
+            )
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         with torch.no_grad():
             path = self._path(
@@ -348,7 +396,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 positions,
                 granularity,
             )
-        attrs = self._per_dimension(path, method, n_steps, chunk_rows, grad_kwargs)
+        attrs = self._per_dimension(
+            path, method, n_steps, chunk_rows, grad_kwargs, self.multiplies_by_inputs
+        )
         per_layer = list(attrs.unbind(dim=2))
         out: Union[Tensor, List[Tensor]] = (
             per_layer[0]
@@ -357,10 +407,69 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         )
         if not return_convergence_delta:
             return out
+        if not self.multiplies_by_inputs:  # the delta of the multiplied attributions
+            points = path.points.to(attrs.dtype)
+            attrs = attrs * points.diff(dim=2)
         with torch.no_grad():
-            base_prob = self._values(path, chunk_rows)[..., 0]
-        delta = (attrs.sum((-1, -2)) - (path.model_prob - base_prob)) * path.mask
-        return out, delta
+            return out, self._delta(path, attrs.sum((-1, -2)), chunk_rows)
+
+    @log_usage()
+    def compute_convergence_delta(
+        self,
+        attributions: Union[Tensor, Sequence[Tensor]],
+        start_point: BaselineType,
+        end_point: Union[Tensor, Tuple[Tensor, ...]],
+        target: TargetType = None,
+        additional_forward_args: Optional[object] = None,
+        *,
+        positions: PositionsType = None,
+    ) -> Tensor:
+        r"""
+        The IG-Lens convergence delta of given attributions, in probability
+        space: ``Σ_layers Σ_d attributions - (p_model(y) - f(h_base))``, the
+        number :meth:`attribute` returns with ``return_convergence_delta=True``.
+        It runs one forward pass of the model (and reads out ``h_base``), no
+        backward pass.
+
+        Args:
+
+            attributions (Tensor or list[Tensor]): As returned by
+                        :meth:`attribute` (with ``multiply_by_inputs=True``), at
+                        either granularity: ``(B, P, d)`` per block or
+                        sub-layer.
+            start_point (scalar, Tensor, str or None): The ``baselines`` the
+                        attributions were computed with (Captum's meaning of
+                        the start point); None for ``h_0``.
+            end_point (Tensor or tuple[Tensor, ...]): The ``inputs`` the
+                        attributions were computed for.
+            target (int, tuple, list or Tensor, optional): As in
+                        :meth:`attribute`. Default: None
+            additional_forward_args (Any, optional): As in :meth:`attribute`.
+                        Default: None
+            positions (int, list[int] or Tensor, optional): Keyword only. As in
+                        :meth:`attribute`. Default: None
+
+        Returns:
+            *Tensor* of convergence deltas, zero at padding: ``(B,)`` when one
+            output is attributed per example, else ``(B, P)`` (as
+            :meth:`attribute` returns it).
+        """
+        parts = [attributions] if isinstance(attributions, Tensor) else attributions
+        with torch.no_grad():
+            path = self._path(
+                end_point, start_point, target, additional_forward_args, positions
+            )
+            shape = tuple(path.targets.shape)
+            if not parts or any(
+                not isinstance(a, Tensor) or tuple(a.shape[:2]) != shape for a in parts
+            ):
+                raise ValueError(
+                    f"attributions: expected a tensor (or a list of tensors) of shape "
+                    f"{shape + ('d',)} as attribute returns for these arguments"
+                )
+            credits = torch.stack([a.sum(-1) for a in parts]).sum(0)
+            chunk_rows = self.readout.rows_per_chunk()
+            return self._delta(path, credits.to(path.model_prob.device), chunk_rows)
 
     def attribute_map(
         self,
@@ -397,7 +506,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
         Returns:
             :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``lens``
-            of shape ``(B, P, k)`` and ``delta`` of shape ``(B, P)``.
+            of shape ``(B, P, k)`` and ``delta`` of shape ``(B, P)``, always
+            float32 and always credits (``multiply_by_inputs`` does not apply).
+            With ``(t, v)`` targets, ``P`` runs over the distinct positions named
+            and ``mask`` marks each example's own.
         """
         check_settings(n_steps, method, internal_batch_size, False)
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
@@ -419,13 +531,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         else:
             credits = self._per_dimension(path, method, n_steps, chunk_rows).sum(-1)
         mask = path.mask
-        credits = credits * mask[..., None]
-        delta = (credits.sum(-1) - (path.model_prob - values[..., 0])) * mask
+        credits = credits.float() * mask[..., None]
+        values, model_prob = values.float(), path.model_prob.float()
+        delta = (credits.sum(-1) - (model_prob - values[..., 0])) * mask
         return IGLensResult(
             attributions=credits,
             lens=values[..., 1:],
             base_prob=values[..., 0],
-            model_prob=path.model_prob,
+            model_prob=model_prob,
             delta=delta,
             targets=path.targets,
             positions=path.positions,
@@ -436,6 +549,19 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         )
 
     # ------------------------------------------------------------------ internals
+
+    def _delta(self, path: _Path, credits: Tensor, chunk_rows: int) -> Tensor:
+        """``credits - (p_model - f(h_base))`` from the credits ``(B, P)``, zero at
+        padding; ``(B,)`` when one output is attributed per example."""
+        b, p = path.targets.shape
+        base_prob = path_values(
+            self.readout,
+            path.points[:, :, :1].flatten(0, 1),
+            path.targets.flatten(),
+            chunk_rows,
+        ).view(b, p)
+        delta = (credits - (path.model_prob - base_prob)) * path.mask
+        return delta.sum(-1) if path.one_output else delta
 
     def _values(self, path: _Path, chunk_rows: int) -> Tensor:
         """``f`` at every path point, ``(B, P, k + 1)``; the last is the model's own."""
@@ -455,8 +581,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         n_steps: int,
         chunk_rows: int,
         grad_kwargs: Optional[Dict[str, Any]] = None,
+        multiply_by_inputs: bool = True,
     ) -> Tensor:
-        """Per-dimension attributions ``(B, P, k, d)``, zero at padding."""
+        """Per-dimension attributions ``(B, P, k, d)``, zero at padding (the
+        path-averaged gradients with ``multiply_by_inputs=False``)."""
         b, p, k_plus_1, d = path.points.shape
         points, targets = path.points.flatten(0, 1), path.targets.flatten()
         if method == "prediction_aware":
@@ -471,7 +599,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             )
         else:
             attrs = gradient_attributions(
-                self.readout, points, targets, n_steps, method, chunk_rows, grad_kwargs
+                self.readout,
+                points,
+                targets,
+                n_steps,
+                method,
+                chunk_rows,
+                grad_kwargs,
+                multiply_by_inputs,
             )
         return attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
 
@@ -482,16 +617,27 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         target: TargetType,
         additional_forward_args: Optional[object],
         positions: PositionsType,
-        granularity: Granularity,
+        granularity: Granularity = "block",
     ) -> _Path:
         formatted, batch, length = format_inputs(inputs)
         extra = _format_additional_forward_args(additional_forward_args)
         attention_mask = attention_mask_of(
             self.forward_func, formatted, extra, batch, length
         )
-        pos = resolve_positions(positions, length, attention_mask)
+        named = target_positions(target, batch, length)
+        if named is not None and positions is not None:
+            raise ValueError(
+                "positions: the target's (t, v) tuples already name the positions; "
+                "leave positions=None (or pass token ids as target)"
+            )
+        pos = (
+            resolve_positions(positions, length, attention_mask)
+            if named is None
+            else named.unique()
+        )
         targets = resolve_targets(target, batch, len(pos), self.readout.vocab_size)
         check_baselines(baselines)
+        ref_ids = baseline_ids(baselines, formatted[0])
         points, names = self._path_points(granularity)
 
         device = next(self.readout.parameters()).device
@@ -499,7 +645,27 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         with capture:
             output = _run_forward(self.forward_func, formatted, None, extra)
         h_0, outputs = capture.path()
+        if ref_ids is not None:  # start at the first block's input for the ids
+            with ResidualCapture(self.input_layer, [], pos, device) as reference:
+                _run_forward(
+                    self.forward_func, (ref_ids, *formatted[1:]), None, extra
+                )
+            h_0, baselines = reference.path()[0], None
         logits = output_logits(output, batch, length, self.readout.vocab_size)
+        if logits.dim() == 2 and named is not None:
+            raise ValueError(
+                "target: forward_func returns last-position logits (B, V), which "
+                "have no position axis; pass the token id alone (an int, (v,), or "
+                "one per example), not (t, v)"
+            )
+        one_output = (
+            logits.dim() == 2
+            or named is not None
+            or (
+                isinstance(positions, (int, Tensor))
+                and torch.as_tensor(positions).dim() == 0
+            )
+        )
         if logits.dim() == 2:  # last-position logits: only the last position
             if positions is not None and pos.tolist() != [length - 1]:
                 raise ValueError(
@@ -516,6 +682,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             if attention_mask is None
             else attention_mask.to(device)[:, pos].bool()
         )
+        if named is not None:  # each example's own position only
+            mask = mask & (pos[None, :] == named[:, None]).to(device)
         self._check_states(outputs, mask, names)
         targets, model_prob = self._read_output(logits, index, targets, mask)
         self._check_top(outputs[-1], logits, index, mask)
@@ -528,6 +696,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             mask=mask,
             positions=pos,
             names=names,
+            one_output=one_output,
         )
 
     def _path_points(
@@ -577,7 +746,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         for start in range(0, len(index), step):
             cols = slice(start, start + step)
             rows = logits.index_select(1, index[cols].to(logits.device))
-            rows = rows.to(device=device, dtype=torch.float32)  # a copy we own
+            work = work_dtype(rows.dtype)
+            rows = rows.to(device=device, dtype=work)  # a copy we own
             if not torch.isfinite(rows.amax(-1))[mask[:, cols]].all():
                 raise ValueError("forward_func: the model's logits contain NaN or inf")
             y = rows.argmax(-1) if targets is None else targets[:, cols].to(device)
