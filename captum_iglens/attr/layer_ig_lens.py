@@ -47,6 +47,10 @@ from captum_iglens.readout.readout import Readout, target_log_prob
 from captum_iglens.result import IGLensResult
 
 
+#: One tensor per layer: alone, in a list, or in a tuple (as ``layer`` was given).
+_Attributions = Union[Tensor, List[Tensor], Tuple[Tensor, ...]]
+
+
 @dataclass
 class _Path:
     """The captured path of every attributed row, and what the model said."""
@@ -117,7 +121,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         block whose output feeds ``readout``. An
                         ``nn.ModuleList`` is accepted. With a list, attributions
                         are returned as a list (one tensor per block), as
-                        LayerIntegratedGradients does.
+                        LayerIntegratedGradients does; with a tuple, as a tuple
+                        (which ``NoiseTunnel`` needs: it refuses lists).
             device_ids (list[int], optional): Kept for Captum compatibility
                         (``nn.DataParallel``); blocks on different devices need no
                         setting, captured states are moved to the readout's
@@ -186,6 +191,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         self.layer_names: List[str] = names
         self.sublayers: Optional[List[Module]] = sublayers
         self._multiply_by_inputs = multiply_by_inputs
+        self._as_tuple = isinstance(layer, tuple)
 
     @classmethod
     def from_model(
@@ -269,7 +275,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         grad_kwargs: Optional[Dict[str, Any]] = None,
         positions: PositionsType = None,
         granularity: Granularity = "block",
-    ) -> Tuple[Union[Tensor, List[Tensor]], Tensor]: ...
+    ) -> Tuple[_Attributions, Tensor]: ...
 
     @typing.overload
     def attribute(
@@ -287,7 +293,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         *,
         positions: PositionsType = None,
         granularity: Granularity = "block",
-    ) -> Union[Tensor, List[Tensor]]: ...
+    ) -> _Attributions: ...
 
     @log_usage(part_of_slo=True)
     def attribute(
@@ -305,7 +311,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         *,
         positions: PositionsType = None,
         granularity: Granularity = "block",
-    ) -> Union[Union[Tensor, List[Tensor]], Tuple[Union[Tensor, List[Tensor]], Tensor]]:
+    ) -> Union[_Attributions, Tuple[_Attributions, Tensor]]:
         r"""
         Per-dimension IG-Lens attributions of every chosen block.
 
@@ -400,10 +406,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             path, method, n_steps, chunk_rows, grad_kwargs, self.multiplies_by_inputs
         )
         per_layer = list(attrs.unbind(dim=2))
-        out: Union[Tensor, List[Tensor]] = (
+        out: _Attributions = (
             per_layer[0]
             if len(per_layer) == 1 and not isinstance(self.layer, list)
-            else per_layer
+            else tuple(per_layer) if self._as_tuple else per_layer
         )
         if not return_convergence_delta:
             return out
