@@ -319,18 +319,38 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
             inputs (Tensor or tuple[Tensor, ...]): What ``forward_func`` takes
                         first: token ids ``(B, T)`` or embeddings ``(B, T, d)``.
-            baselines (scalar, Tensor or str, optional): The start of the path.
-                        ``None``: ``h_0``, the input of the first block (after any
-                        embedding scaling the model applies). A scalar or a tensor
-                        broadcastable to the hidden states ``(B, T, d)``, as in
-                        Captum. ``"mean"``: the mean of ``h_0`` over each
+            baselines (scalar, Tensor, tuple or str, optional): The start of the
+                        path. ``None``: ``h_0``, the input of the first block
+                        (after any embedding scaling the model applies). Token
+                        ids shaped like integer ``inputs`` ``(B, T)`` (alone or
+                        in a 1-tuple), as passed to LayerIntegratedGradients: the
+                        model runs on them and the path starts at the first
+                        block's input for them. A scalar or a float tensor
+                        broadcastable to the hidden states ``(B, T, d)``: that
+                        hidden state (so ``0`` is a zero hidden state, not token
+                        id 0). ``"mean"``: the mean of ``h_0`` over each
                         sequence's (non-padding) positions. Default: None
-            target (int, list[int] or Tensor, optional): The token id(s) whose
-                        probability is attributed. ``None``: the model's own greedy
-                        prediction at each position. An ``int``: that id
-                        everywhere. A list of ``B`` ints or a ``(B,)`` tensor: one
-                        id per example. A ``(B, P)`` tensor: one id per attributed
-                        position, in the order of ``positions``. Default: None
+            target (int, tuple, list or Tensor, optional): The token whose
+                        probability is attributed, in Captum's ``TargetType``
+                        forms with Captum's meaning. ``None``: the model's own
+                        greedy prediction at each position. Token id ``v`` for
+                        every example: ``v``, ``(v,)`` or a one-element tensor.
+                        One id per example: a list of ``B`` ints, a list of
+                        ``B`` one-tuples, or a ``(B,)`` or ``(B, 1)`` tensor.
+                        Position and id, on a forward that returns ``(B, T,
+                        V)``: ``(t, v)`` attributes position ``t`` of every
+                        example, and a list of ``B`` tuples ``(t_b, v_b)``
+                        position ``t_b`` of example ``b`` (``positions`` must
+                        then be None; the attributions run over the distinct
+                        positions named, zero where they are not the example's
+                        own). This project's own form: a ``(B, P)`` tensor with
+                        ``P > 1``, one id per attributed position in the order
+                        of ``positions``. The rule that decides: a one-element
+                        tensor is one id; a 1-D tensor, or a 2-D one whose
+                        second size is 1, is one id per example; any other 2-D
+                        tensor is one id per position; tuples index Captum's
+                        output without the batch axis, vocabulary last.
+                        Default: None
             additional_forward_args (Any, optional): Further positional arguments
                         of ``forward_func`` (e.g. an attention mask ``(B, T)``,
                         batch first). When ``forward_func`` has a parameter named
@@ -356,9 +376,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         Default: None.
             positions (int, list[int] or Tensor, optional): Keyword only. The
                         positions to attribute (negative values count from the
-                        end). Default: every position that is not padding in some
-                        sequence of the batch (all positions without a mask); the
-                        last position when ``forward_func`` returns ``(B, V)``.
+                        end); an int (or 0-d tensor) attributes one output per
+                        example, so ``delta`` is ``(B,)``. Default: every
+                        position that is not padding in some sequence of the
+                        batch (all positions without a mask); the last position
+                        when ``forward_func`` returns ``(B, V)``.
             granularity (str, optional): Keyword only. ``"block"``: one credit per
                         block. ``"sublayer"``: two per block, ``"<name>.attn"``
                         (up to the mid-block state ``h + attn(...)``) and
@@ -368,13 +390,18 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
         Returns:
             **attributions** or 2-element tuple of **attributions**, **delta**:
-            - **attributions** (*Tensor* or *list[Tensor]*): one float32 tensor
-              ``(B, P, d)`` per block (two with ``granularity="sublayer"``), in a
-              list when ``layer`` is a list or there are two. Summed over ``d``,
-              it is the block's credit; zero at padding.
+            - **attributions** (*Tensor*, *list[Tensor]* or *tuple[Tensor]*):
+              one tensor ``(B, P, d)`` per block (two with
+              ``granularity="sublayer"``) over the ``P`` attributed positions,
+              in a list (a tuple) when ``layer`` is a list (a tuple) or there
+              are two. Summed over ``d``, it is the block's credit; zero at
+              padding. Float64 for a float64 model, else float32.
             - **delta** (*Tensor*, returned if return_convergence_delta=True):
-              ``(B, P)``: ``Σ_layers Σ_d attributions - (p_model(y) - f(h_base))``,
-              measured against the model's real output probability.
+              ``Σ_layers Σ_d attributions - (p_model(y) - f(h_base))``,
+              measured against the model's real output probability, zero at
+              padding: ``(B,)`` when one output is attributed per example (a
+              ``(B, V)`` forward, an int ``positions``, a ``(t, v)`` target),
+              else ``(B, P)``. :meth:`compute_convergence_delta` recomputes it.
 
         Examples::
 
