@@ -494,7 +494,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             )
             shape = tuple(path.targets.shape)
             if not parts or any(
-                not isinstance(a, Tensor) or tuple(a.shape[:2]) != shape for a in parts
+                not isinstance(a, Tensor) or a.dim() != 3 or a.shape[:2] != shape
+                for a in parts
             ):
                 raise ValueError(
                     f"attributions: expected a tensor (or a list of tensors) of shape "

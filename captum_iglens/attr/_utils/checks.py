@@ -90,14 +90,16 @@ def hf_model_of(forward_func: Callable[..., Any]) -> Module:
     Raises:
         TypeError: If there is none, naming ``readout=`` as the way out.
     """
-    candidates = [forward_func, getattr(forward_func, "__self__", None)]
-    for candidate in list(candidates):
-        candidates += [getattr(candidate, a, None) for a in ("module", "model")]
-    for candidate in candidates:
-        if isinstance(candidate, Module) and hasattr(
-            getattr(candidate, "config", None), "model_type"
-        ):
-            return candidate
+    frontier = [forward_func, getattr(forward_func, "__self__", None)]
+    for _ in range(4):  # wrappers of wrappers, a few levels deep
+        for candidate in frontier:
+            if isinstance(candidate, Module) and hasattr(
+                getattr(candidate, "config", None), "model_type"
+            ):
+                return candidate
+        frontier = [
+            getattr(c, name, None) for c in frontier for name in ("module", "model")
+        ]
     raise TypeError(
         "readout: forward_func is not a Hugging Face causal LM (nor a bound method "
         "of one, nor a wrapper holding one in .module or .model), so its readout "
