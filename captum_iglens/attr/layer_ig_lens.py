@@ -18,7 +18,7 @@ from captum_iglens.attr._utils.checks import (
     Granularity,
     PositionsType,
     attention_mask_of,
-    baseline_ids,
+    baseline_inputs,
     baseline_states,
     check_baselines,
     check_construction,
@@ -322,14 +322,16 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             baselines (scalar, Tensor, tuple or str, optional): The start of the
                         path. ``None``: ``h_0``, the input of the first block
                         (after any embedding scaling the model applies). Token
-                        ids shaped like integer ``inputs`` ``(B, T)`` (alone or
-                        in a 1-tuple), as passed to LayerIntegratedGradients: the
-                        model runs on them and the path starts at the first
-                        block's input for them. A scalar or a float tensor
-                        broadcastable to the hidden states ``(B, T, d)``: that
-                        hidden state (so ``0`` is a zero hidden state, not token
-                        id 0). ``"mean"``: the mean of ``h_0`` over each
-                        sequence's (non-padding) positions. Default: None
+                        ids shaped like integer ``inputs`` ``(B, T)`` (alone, in
+                        a 1-tuple, or leading a tuple of one tensor per input),
+                        as passed to LayerIntegratedGradients: the model runs on
+                        them (with the other inputs, or their baselines) and the
+                        path starts at the first block's input for them. A
+                        scalar or a float tensor broadcastable to the hidden
+                        states ``(B, T, d)``: that hidden state (so ``0`` is a
+                        zero hidden state, not token id 0). ``"mean"``: the
+                        mean of ``h_0`` over each sequence's (non-padding)
+                        positions. Default: None
             target (int, tuple, list or Tensor, optional): The token whose
                         probability is attributed, in Captum's ``TargetType``
                         forms with Captum's meaning. ``None``: the model's own
@@ -671,7 +673,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         )
         targets = resolve_targets(target, batch, len(pos), self.readout.vocab_size)
         check_baselines(baselines)
-        ref_ids = baseline_ids(baselines, formatted[0])
+        reference_inputs = baseline_inputs(baselines, formatted)
         points, names = self._path_points(granularity)
 
         device = next(self.readout.parameters()).device
@@ -679,11 +681,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         with capture:
             output = _run_forward(self.forward_func, formatted, None, extra)
         h_0, outputs = capture.path()
-        if ref_ids is not None:  # start at the first block's input for the ids
+        if reference_inputs is not None:  # the first block's input for them
             with ResidualCapture(self.input_layer, [], pos, device) as reference:
-                _run_forward(
-                    self.forward_func, (ref_ids, *formatted[1:]), None, extra
-                )
+                _run_forward(self.forward_func, reference_inputs, None, extra)
             h_0, baselines = reference.path()[0], None
         logits = output_logits(output, batch, length, self.readout.vocab_size)
         if logits.dim() == 2 and named is not None:

@@ -599,6 +599,27 @@ def test_token_id_baselines_start_at_first_block_input(case):
         lens.attribute(ids, baselines=(reference[:, :2],))
 
 
+def test_token_id_baselines_one_per_input(pure):
+    """A tuple of baselines, one per input: the reference forward runs on it."""
+    ids, lens = pure.ids(), pure.lens()
+    mask = torch.ones_like(ids)
+    reference = torch.full_like(ids, 4)
+    inputs = (ids, mask)
+    per_input = lens.attribute(inputs, baselines=(reference, mask), target=(2, 5))
+    alone = lens.attribute(ids, baselines=reference, target=(2, 5))
+    for a, b in zip(per_input, alone):
+        torch.testing.assert_close(a, b, **TOL)
+    lig = LayerIntegratedGradients(pure.seq, [pure.blocks[-1]])
+    assert_like_lig(
+        pure.lens(layer=[pure.blocks[-1]]).attribute(
+            inputs, baselines=(reference, mask), target=(2, 5)
+        ),
+        lig.attribute(inputs, baselines=(reference, mask), target=(2, 5), n_steps=4),
+    )
+    with pytest.raises(ValueError, match="one per input"):
+        lens.attribute(inputs, baselines=(reference, mask, mask), target=(2, 5))
+
+
 # ----------------------------------------------------------------- dtype
 
 

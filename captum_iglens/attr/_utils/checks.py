@@ -16,7 +16,7 @@ from torch.nn import Module, ModuleList
 from captum_iglens.attr._utils.estimators import ESTIMATORS
 from captum_iglens.readout.readout import Readout
 
-BaselineType = Union[None, int, float, Tensor, str, Tuple[Tensor]]
+BaselineType = Union[None, int, float, Tensor, str, Tuple[Tensor, ...]]
 PositionsType = Union[None, int, Sequence[int], Tensor]
 Granularity = Literal["block", "sublayer"]
 #: Accepted by ``granularity=``.
@@ -235,7 +235,7 @@ def _split_target(
     if target is None:
         return None, None
     if isinstance(target, tuple) or (
-        isinstance(target, list) and target and isinstance(target[0], tuple)
+        isinstance(target, list) and any(isinstance(t, tuple) for t in target)
     ):
         index = [target] if isinstance(target, tuple) else target
         widths = {len(t) if isinstance(t, tuple) else -1 for t in index}
@@ -338,7 +338,7 @@ def check_baselines(baselines: BaselineType) -> None:
     if isinstance(baselines, str):
         valid = baselines == "mean"
     elif isinstance(baselines, tuple):
-        valid = len(baselines) == 1 and isinstance(baselines[0], Tensor)
+        valid = bool(baselines) and all(isinstance(b, Tensor) for b in baselines)
     else:
         valid = baselines is None or (
             isinstance(baselines, (int, float, Tensor))
@@ -348,28 +348,45 @@ def check_baselines(baselines: BaselineType) -> None:
         raise TypeError(
             'baselines: expected None, "mean", a number, a tensor broadcastable '
             "to the hidden states (B, T, d), or token ids shaped like the inputs "
-            f"(alone or in a 1-tuple); got {baselines!r}"
+            f"(alone or in a tuple of tensors, one per input); got {baselines!r}"
         )
 
 
-def baseline_ids(baselines: BaselineType, inputs: Tensor) -> Optional[Tensor]:
+def baseline_inputs(
+    baselines: BaselineType, inputs: Tuple[Tensor, ...]
+) -> Optional[Tuple[Tensor, ...]]:
     r"""
-    Token-id baselines, as Captum users pass them to LayerIntegratedGradients:
-    an integer tensor (alone or in a 1-tuple) with the shape of the integer
-    inputs ``(B, T)``. None for every other form of ``baselines``.
+    The inputs of the reference forward pass for token-id baselines, as Captum
+    users pass them to LayerIntegratedGradients: an integer tensor shaped like the
+    integer first input ``(B, T)`` (alone or in a 1-tuple; the other inputs are
+    kept), or a tuple of tensors, one per input, led by such ids. None for every
+    other form of ``baselines`` (hidden states, numbers, ``"mean"``).
     """
     ids = baselines[0] if isinstance(baselines, tuple) else baselines
-    if not isinstance(ids, Tensor) or ids.is_floating_point() or ids.dim() == 0:
-        return None
-    if inputs.is_floating_point() or tuple(ids.shape) != tuple(inputs.shape):
-        if isinstance(baselines, tuple):
+    first = inputs[0]
+    is_ids = (
+        isinstance(ids, Tensor)
+        and not ids.is_floating_point()
+        and not first.is_floating_point()
+        and tuple(ids.shape) == tuple(first.shape)
+    )
+    if not isinstance(baselines, tuple) or len(baselines) == 1:
+        if is_ids:
+            return (ids, *inputs[1:])
+        if isinstance(baselines, tuple) and not ids.is_floating_point():
             raise ValueError(
                 "baselines: token-id baselines must be an integer tensor shaped like "
-                f"the token-id inputs {tuple(inputs.shape)}, got "
-                f"{tuple(ids.shape)}"
+                f"the token-id inputs {tuple(first.shape)}, got {tuple(ids.shape)}"
             )
         return None
-    return ids
+    if not is_ids or len(baselines) != len(inputs):
+        raise ValueError(
+            f"baselines: a tuple of {len(baselines)} baselines is read as one per "
+            f"input ({len(inputs)}), led by token ids shaped like the token-id "
+            f"inputs {tuple(first.shape)}; got shapes "
+            f"{[tuple(b.shape) for b in baselines]}"
+        )
+    return baselines
 
 
 def baseline_states(
