@@ -346,6 +346,24 @@ def test_tuple_target_selects_position_and_token(pure):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
+def test_list_of_tuples_is_not_read_as_token_ids_per_position():
+    """The call of issue 12: with two positions, a list of B (t, v) tuples is
+    Captum's per-example index, not a (B, P) table of token ids."""
+    hf = _case("llama")
+    lens = LayerIGLens(hf.seq, hf.blocks)
+    ids = hf.ids(batch=4)[:, :2]
+    pairs = [(1, 3), (1, 7), (0, 7), (1, 3)]
+    attrs, delta = lens.attribute(ids, target=pairs, return_convergence_delta=True)
+    as_table = lens.attribute(ids, target=torch.tensor(pairs))
+    assert delta.shape == (4,)
+    assert not all(torch.allclose(a, b) for a, b in zip(attrs, as_table))
+    for b, (t, v) in enumerate(pairs):
+        own = lens.attribute(ids[b : b + 1], target=v, positions=[t])
+        for layer, alone in zip(attrs, own):
+            torch.testing.assert_close(layer[b, t], alone[0, 0], **TOL)
+            assert (layer[b, 1 - t] == 0).all()
+
+
 def test_per_position_tensor_keeps_its_meaning(pure):
     """The project's (B, P) form: one id per attributed position."""
     ids, lens = pure.ids(), pure.lens()
