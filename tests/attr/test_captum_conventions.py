@@ -383,6 +383,7 @@ def test_per_position_tensor_keeps_its_meaning(pure):
         ([(1, 3), (2, 4)], ValueError),  # not one per example
         ((LENGTH, 3), ValueError),  # position out of range
         ((1.0, 3), TypeError),
+        ([5], ValueError),  # a list holds one id per example
     ],
 )
 def test_target_forms_refused(pure, target, error):

@@ -266,7 +266,7 @@ def _split_target(
     ids = torch.as_tensor(target)
     if ids.is_floating_point() or ids.dtype == torch.bool:
         raise TypeError(f"target: expected integer token ids, got dtype {ids.dtype}")
-    if ids.numel() == 1:
+    if isinstance(target, Tensor) and ids.numel() == 1:  # a list has B entries
         return ids.reshape(()), None
     if ids.dim() == 2 and ids.shape[1] == 1:
         return ids[:, 0], None
