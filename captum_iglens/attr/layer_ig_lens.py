@@ -18,6 +18,7 @@ from captum_iglens.attr._utils.checks import (
     Granularity,
     PositionsType,
     attention_mask_of,
+    baseline_inputs,
     baseline_states,
     check_baselines,
     check_construction,
@@ -25,14 +26,17 @@ from captum_iglens.attr._utils.checks import (
     check_settings,
     format_inputs,
     forward_module,
+    hf_model_of,
     output_logits,
     resolve_positions,
     resolve_targets,
+    target_positions,
 )
 from captum_iglens.attr._utils.estimators import (
     gradient_attributions,
     path_values,
     prediction_aware_attributions,
+    work_dtype,
 )
 from captum_iglens.attr._utils.heads import (
     HeadSplit,
@@ -53,6 +57,10 @@ from captum_iglens.readout.readout import Readout, target_log_prob
 from captum_iglens.result import IGLensResult
 
 
+#: One tensor per layer: alone, in a list, or in a tuple (as ``layer`` was given).
+_Attributions = Union[Tensor, List[Tensor], Tuple[Tensor, ...]]
+
+
 @dataclass
 class _Path:
     """The captured path of every attributed row, and what the model said."""
@@ -63,6 +71,7 @@ class _Path:
     mask: Tensor  # (B, P)
     positions: Tensor  # (P,)
     names: List[str]  # one per credit column
+    one_output: bool  # one attributed output per example: delta (B,)
     components: Optional[Tensor] = None  # (B, P, k, C, d): "head" only
 
 
@@ -103,8 +112,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         forward_func: Callable[..., Any],
         layer: Union[Module, Sequence[Module]],
         device_ids: Optional[List[int]] = None,
+        multiply_by_inputs: bool = True,
         *,
-        readout: Readout,
+        readout: Optional[Readout] = None,
         input_layer: Optional[Module] = None,
         layer_names: Optional[Sequence[str]] = None,
         sublayers: Optional[Sequence[Module]] = None,
@@ -123,16 +133,42 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         block whose output feeds ``readout``. An
                         ``nn.ModuleList`` is accepted. With a list, attributions
                         are returned as a list (one tensor per block), as
-                        LayerIntegratedGradients does.
+                        LayerIntegratedGradients does; with a tuple, as a tuple
+                        (which ``NoiseTunnel`` needs: it refuses lists).
             device_ids (list[int], optional): Kept for Captum compatibility
                         (``nn.DataParallel``); blocks on different devices need no
                         setting, captured states are moved to the readout's
                         device. Default: None
-            readout (Readout): What the model does between its last block and its
-                        logits (final norm, head, final transforms).
+            multiply_by_inputs (bool, optional): Captum's meaning, for Captum's
+                        rules (``method="riemann_*"``, ``"gausslegendre"``): if
+                        True, each segment's path-averaged gradient is multiplied
+                        by that segment's displacement ``h_{L_j} - h_{L_{j-1}}``
+                        (local attributions, which add up to the credit). If
+                        False, the path-averaged gradient of each segment is
+                        returned alone (global attributions): every block gets
+                        the average gradient of ``f`` along *its own* segment,
+                        not along one straight line from the baseline, so
+                        multiplying block ``j``'s result by ``h_{L_j} -
+                        h_{L_{j-1}}`` (not by ``inputs - baselines``) gives its
+                        attributions. ``method="prediction_aware"`` splits
+                        observed changes of probability, not gradients, and has
+                        no form without the displacement: ``attribute`` refuses
+                        it with False. The returned ``delta`` and
+                        :meth:`attribute_map` always use the multiplied
+                        attributions. Default: True
+            readout (Readout, optional): What the model does between its last
+                        block and its logits (final norm, head, final
+                        transforms). Default: None, only when ``forward_func``
+                        is a supported Hugging Face causal LM, a bound method of
+                        one, or a wrapper holding one in ``.module``
+                        (``nn.DataParallel``, DDP) or ``.model``: then
+                        ``Readout.from_model`` of it, and ``input_layer``
+                        defaults to the model's first decoder block.
             input_layer (torch.nn.Module, optional): The model's first block; the
                         input it receives is ``h_0``, the default baseline and the
-                        start of the path. Default: the first entry of ``layer``.
+                        start of the path. Default: the first entry of
+                        ``layer`` (the model's first block when ``readout`` is
+                        found from the model).
             layer_names (list[str], optional): A name for each block in ``layer``,
                         used in results and plots. Default: the blocks' qualified
                         names in ``forward_func`` when it is a module, else their
@@ -148,6 +184,15 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         ``granularity="head"`` (which also needs ``sublayers``).
                         Default: None
         """
+        if isinstance(multiply_by_inputs, bool) is False:
+            raise TypeError(
+                f"multiply_by_inputs: expected a bool, got {multiply_by_inputs!r}"
+            )
+        if readout is None:
+            model = hf_model_of(forward_func)
+            readout = Readout.from_model(model)
+            if input_layer is None:
+                input_layer = decoder_layers(model)[0]
         layers, input_layer, names, sublayers = check_construction(
             forward_func, layer, readout, input_layer, layer_names, sublayers
         )
@@ -169,6 +214,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 f"({len(layers)}), got {heads!r}"
             )
         self.heads = heads
+        self._multiply_by_inputs = multiply_by_inputs
+        self._as_tuple = isinstance(layer, tuple)
 
     @classmethod
     def from_model(
@@ -234,7 +281,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
     @property
     def multiplies_by_inputs(self) -> bool:
-        return True
+        return self._multiply_by_inputs
 
     def attribute_future(self) -> Callable[..., Any]:
         raise NotImplementedError("attribute_future is not implemented for LayerIGLens")
@@ -255,7 +302,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         grad_kwargs: Optional[Dict[str, Any]] = None,
         positions: PositionsType = None,
         granularity: Granularity = "block",
-    ) -> Tuple[Union[Tensor, List[Tensor]], Tensor]: ...
+    ) -> Tuple[_Attributions, Tensor]: ...
 
     @typing.overload
     def attribute(
@@ -273,7 +320,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         *,
         positions: PositionsType = None,
         granularity: Granularity = "block",
-    ) -> Union[Tensor, List[Tensor]]: ...
+    ) -> _Attributions: ...
 
     @log_usage(part_of_slo=True)
     def attribute(
@@ -291,7 +338,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         *,
         positions: PositionsType = None,
         granularity: Granularity = "block",
-    ) -> Union[Union[Tensor, List[Tensor]], Tuple[Union[Tensor, List[Tensor]], Tensor]]:
+    ) -> Union[_Attributions, Tuple[_Attributions, Tensor]]:
         r"""
         Per-dimension IG-Lens attributions of every chosen block.
 
@@ -299,18 +346,40 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
             inputs (Tensor or tuple[Tensor, ...]): What ``forward_func`` takes
                         first: token ids ``(B, T)`` or embeddings ``(B, T, d)``.
-            baselines (scalar, Tensor or str, optional): The start of the path.
-                        ``None``: ``h_0``, the input of the first block (after any
-                        embedding scaling the model applies). A scalar or a tensor
-                        broadcastable to the hidden states ``(B, T, d)``, as in
-                        Captum. ``"mean"``: the mean of ``h_0`` over each
-                        sequence's (non-padding) positions. Default: None
-            target (int, list[int] or Tensor, optional): The token id(s) whose
-                        probability is attributed. ``None``: the model's own greedy
-                        prediction at each position. An ``int``: that id
-                        everywhere. A list of ``B`` ints or a ``(B,)`` tensor: one
-                        id per example. A ``(B, P)`` tensor: one id per attributed
-                        position, in the order of ``positions``. Default: None
+            baselines (scalar, Tensor, tuple or str, optional): The start of the
+                        path. ``None``: ``h_0``, the input of the first block
+                        (after any embedding scaling the model applies). Token
+                        ids shaped like integer ``inputs`` ``(B, T)`` (alone, in
+                        a 1-tuple, or leading a tuple of one tensor per input),
+                        as passed to LayerIntegratedGradients: the model runs on
+                        them (with the other inputs, or their baselines) and the
+                        path starts at the first block's input for them. A
+                        scalar or a float tensor broadcastable to the hidden
+                        states ``(B, T, d)``: that hidden state (so ``0`` is a
+                        zero hidden state, not token id 0). ``"mean"``: the
+                        mean of ``h_0`` over each sequence's (non-padding)
+                        positions. Default: None
+            target (int, tuple, list or Tensor, optional): The token whose
+                        probability is attributed, in Captum's ``TargetType``
+                        forms with Captum's meaning. ``None``: the model's own
+                        greedy prediction at each position. Token id ``v`` for
+                        every example: ``v``, ``(v,)`` or a one-element tensor.
+                        One id per example: a list of ``B`` ints, a list of
+                        ``B`` one-tuples, or a ``(B,)`` or ``(B, 1)`` tensor.
+                        Position and id, on a forward that returns ``(B, T,
+                        V)``: ``(t, v)`` attributes position ``t`` of every
+                        example, and a list of ``B`` tuples ``(t_b, v_b)``
+                        position ``t_b`` of example ``b`` (``positions`` must
+                        then be None; the attributions run over the distinct
+                        positions named, zero where they are not the example's
+                        own). This project's own form: a ``(B, P)`` tensor with
+                        ``P > 1``, one id per attributed position in the order
+                        of ``positions``. The rule that decides: a one-element
+                        tensor is one id; a 1-D tensor, or a 2-D one whose
+                        second size is 1, is one id per example; any other 2-D
+                        tensor is one id per position; tuples index Captum's
+                        output without the batch axis, vocabulary last.
+                        Default: None
             additional_forward_args (Any, optional): Further positional arguments
                         of ``forward_func`` (e.g. an attention mask ``(B, T)``,
                         batch first). When ``forward_func`` has a parameter named
@@ -336,9 +405,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         Default: None.
             positions (int, list[int] or Tensor, optional): Keyword only. The
                         positions to attribute (negative values count from the
-                        end). Default: every position that is not padding in some
-                        sequence of the batch (all positions without a mask); the
-                        last position when ``forward_func`` returns ``(B, V)``.
+                        end); an int (or 0-d tensor) attributes one output per
+                        example, so ``delta`` is ``(B,)``. Default: every
+                        position that is not padding in some sequence of the
+                        batch (all positions without a mask); the last position
+                        when ``forward_func`` returns ``(B, V)``.
             granularity (str, optional): Keyword only. ``"block"``: one credit per
                         block. ``"sublayer"``: two per block, ``"<name>.attn"``
                         (up to the mid-block state ``h + attn(...)``) and
@@ -354,14 +425,19 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
         Returns:
             **attributions** or 2-element tuple of **attributions**, **delta**:
-            - **attributions** (*Tensor* or *list[Tensor]*): one float32 tensor
-              ``(B, P, d)`` per block (two with ``granularity="sublayer"``, one
-              per column with ``"head"``), in a list when ``layer`` is a list or
-              there are several. Summed over ``d``,
-              it is the block's credit; zero at padding.
+            - **attributions** (*Tensor*, *list[Tensor]* or *tuple[Tensor]*):
+              one tensor ``(B, P, d)`` per block (two with
+              ``granularity="sublayer"``, one per column with ``"head"``) over
+              the ``P`` attributed positions, in a list (a tuple) when ``layer``
+              is a list (a tuple) or there are several. Summed over ``d``, it is
+              the column's credit; zero at padding. Float64 for a float64 model,
+              else float32.
             - **delta** (*Tensor*, returned if return_convergence_delta=True):
-              ``(B, P)``: ``Σ_layers Σ_d attributions - (p_model(y) - f(h_base))``,
-              measured against the model's real output probability.
+              ``Σ_layers Σ_d attributions - (p_model(y) - f(h_base))``,
+              measured against the model's real output probability, zero at
+              padding: ``(B,)`` when one output is attributed per example (a
+              ``(B, V)`` forward, an int ``positions``, a ``(t, v)`` target),
+              else ``(B, P)``. :meth:`compute_convergence_delta` recomputes it.
 
         Examples::
 
@@ -372,6 +448,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             >>> len(attr), attr[0].shape  # one (B, T, d) tensor per block
         """
         check_settings(n_steps, method, internal_batch_size, attribute_to_layer_input)
+        if not self.multiplies_by_inputs and method == "prediction_aware":
+            raise ValueError(
+                "method: 'prediction_aware' splits observed changes of probability "
+                "and has no form without the displacement; with "
+                "multiply_by_inputs=False choose one of Captum's rules (e.g. "
+                "method='gausslegendre')"
+            )
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         with torch.no_grad():
             path = self._path(
@@ -383,25 +466,97 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 granularity,
             )
         if path.components is not None:
+            if not self.multiplies_by_inputs:
+                raise ValueError(
+                    "multiply_by_inputs: False is not supported with "
+                    'granularity="head"; use "block" or "sublayer"'
+                )
             with torch.no_grad():
                 values = self._values(path, chunk_rows)
             attrs = self._heads(
                 path, values, method, n_steps, chunk_rows, grad_kwargs, True
             )
         else:
-            attrs = self._per_dimension(path, method, n_steps, chunk_rows, grad_kwargs)
+            attrs = self._per_dimension(
+                path,
+                method,
+                n_steps,
+                chunk_rows,
+                grad_kwargs,
+                self.multiplies_by_inputs,
+            )
         per_layer = list(attrs.unbind(dim=2))
-        out: Union[Tensor, List[Tensor]] = (
+        out: _Attributions = (
             per_layer[0]
             if len(per_layer) == 1 and not isinstance(self.layer, list)
-            else per_layer
+            else tuple(per_layer) if self._as_tuple else per_layer
         )
         if not return_convergence_delta:
             return out
+        if not self.multiplies_by_inputs:  # the delta of the multiplied attributions
+            points = path.points.to(attrs.dtype)
+            attrs = attrs * points.diff(dim=2)
         with torch.no_grad():
-            base_prob = self._values(path, chunk_rows)[..., 0]
-        delta = (attrs.sum((-1, -2)) - (path.model_prob - base_prob)) * path.mask
-        return out, delta
+            return out, self._delta(path, attrs.sum((-1, -2)), chunk_rows)
+
+    @log_usage()
+    def compute_convergence_delta(
+        self,
+        attributions: Union[Tensor, Sequence[Tensor]],
+        start_point: BaselineType,
+        end_point: Union[Tensor, Tuple[Tensor, ...]],
+        target: TargetType = None,
+        additional_forward_args: Optional[object] = None,
+        *,
+        positions: PositionsType = None,
+    ) -> Tensor:
+        r"""
+        The IG-Lens convergence delta of given attributions, in probability
+        space: ``Σ_layers Σ_d attributions - (p_model(y) - f(h_base))``, the
+        number :meth:`attribute` returns with ``return_convergence_delta=True``.
+        It runs one forward pass of the model (and reads out ``h_base``), no
+        backward pass.
+
+        Args:
+
+            attributions (Tensor or list[Tensor]): As returned by
+                        :meth:`attribute` (with ``multiply_by_inputs=True``), at
+                        either granularity: ``(B, P, d)`` per block or
+                        sub-layer.
+            start_point (scalar, Tensor, str or None): The ``baselines`` the
+                        attributions were computed with (Captum's meaning of
+                        the start point); None for ``h_0``.
+            end_point (Tensor or tuple[Tensor, ...]): The ``inputs`` the
+                        attributions were computed for.
+            target (int, tuple, list or Tensor, optional): As in
+                        :meth:`attribute`. Default: None
+            additional_forward_args (Any, optional): As in :meth:`attribute`.
+                        Default: None
+            positions (int, list[int] or Tensor, optional): Keyword only. As in
+                        :meth:`attribute`. Default: None
+
+        Returns:
+            *Tensor* of convergence deltas, zero at padding: ``(B,)`` when one
+            output is attributed per example, else ``(B, P)`` (as
+            :meth:`attribute` returns it).
+        """
+        parts = [attributions] if isinstance(attributions, Tensor) else attributions
+        with torch.no_grad():
+            path = self._path(
+                end_point, start_point, target, additional_forward_args, positions
+            )
+            shape = tuple(path.targets.shape)
+            if not parts or any(
+                not isinstance(a, Tensor) or a.dim() != 3 or a.shape[:2] != shape
+                for a in parts
+            ):
+                raise ValueError(
+                    f"attributions: expected a tensor (or a list of tensors) of shape "
+                    f"{shape + ('d',)} as attribute returns for these arguments"
+                )
+            credits = torch.stack([a.sum(-1) for a in parts]).sum(0)
+            chunk_rows = self.readout.rows_per_chunk()
+            return self._delta(path, credits.to(path.model_prob.device), chunk_rows)
 
     def attribute_map(
         self,
@@ -438,7 +593,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
         Returns:
             :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``lens``
-            of shape ``(B, P, k)`` and ``delta`` of shape ``(B, P)``.
+            of shape ``(B, P, k)`` and ``delta`` of shape ``(B, P)``, always
+            float32 and always credits (``multiply_by_inputs`` does not apply).
+            With ``(t, v)`` targets, ``P`` runs over the distinct positions named
+            and ``mask`` marks each example's own.
         """
         check_settings(n_steps, method, internal_batch_size, False)
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
@@ -466,13 +624,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         else:
             credits = self._per_dimension(path, method, n_steps, chunk_rows).sum(-1)
         mask = path.mask
-        credits = credits * mask[..., None]
-        delta = (credits.sum(-1) - (path.model_prob - values[..., 0])) * mask
+        credits = credits.float() * mask[..., None]
+        values, model_prob = values.float(), path.model_prob.float()
+        delta = (credits.sum(-1) - (model_prob - values[..., 0])) * mask
         return IGLensResult(
             attributions=credits,
             lens=values[..., 1:],
             base_prob=values[..., 0],
-            model_prob=path.model_prob,
+            model_prob=model_prob,
             delta=delta,
             targets=path.targets,
             positions=path.positions,
@@ -483,6 +642,19 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         )
 
     # ------------------------------------------------------------------ internals
+
+    def _delta(self, path: _Path, credits: Tensor, chunk_rows: int) -> Tensor:
+        """``credits - (p_model - f(h_base))`` from the credits ``(B, P)``, zero at
+        padding; ``(B,)`` when one output is attributed per example."""
+        b, p = path.targets.shape
+        base_prob = path_values(
+            self.readout,
+            path.points[:, :, :1].flatten(0, 1),
+            path.targets.flatten(),
+            chunk_rows,
+        ).view(b, p)
+        delta = (credits - (path.model_prob - base_prob)) * path.mask
+        return delta.sum(-1) if path.one_output else delta
 
     def _values(self, path: _Path, chunk_rows: int) -> Tensor:
         """``f`` at every path point, ``(B, P, k + 1)``; the last is the model's own."""
@@ -502,8 +674,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         n_steps: int,
         chunk_rows: int,
         grad_kwargs: Optional[Dict[str, Any]] = None,
+        multiply_by_inputs: bool = True,
     ) -> Tensor:
-        """Per-dimension attributions ``(B, P, k, d)``, zero at padding."""
+        """Per-dimension attributions ``(B, P, k, d)``, zero at padding (the
+        path-averaged gradients with ``multiply_by_inputs=False``)."""
         b, p, k_plus_1, d = path.points.shape
         points, targets = path.points.flatten(0, 1), path.targets.flatten()
         if method == "prediction_aware":
@@ -518,7 +692,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             )
         else:
             attrs = gradient_attributions(
-                self.readout, points, targets, n_steps, method, chunk_rows, grad_kwargs
+                self.readout,
+                points,
+                targets,
+                n_steps,
+                method,
+                chunk_rows,
+                grad_kwargs,
+                multiply_by_inputs,
             )
         return attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
 
@@ -565,16 +746,27 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         target: TargetType,
         additional_forward_args: Optional[object],
         positions: PositionsType,
-        granularity: Granularity,
+        granularity: Granularity = "block",
     ) -> _Path:
         formatted, batch, length = format_inputs(inputs)
         extra = _format_additional_forward_args(additional_forward_args)
         attention_mask = attention_mask_of(
             self.forward_func, formatted, extra, batch, length
         )
-        pos = resolve_positions(positions, length, attention_mask)
+        named = target_positions(target, batch, length)
+        if named is not None and positions is not None:
+            raise ValueError(
+                "positions: the target's (t, v) tuples already name the positions; "
+                "leave positions=None (or pass token ids as target)"
+            )
+        pos = (
+            resolve_positions(positions, length, attention_mask)
+            if named is None
+            else named.unique()
+        )
         targets = resolve_targets(target, batch, len(pos), self.readout.vocab_size)
         check_baselines(baselines)
+        reference_inputs = baseline_inputs(baselines, formatted)
         points, names = self._path_points(granularity)
 
         device = next(self.readout.parameters()).device
@@ -587,7 +779,27 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         heads_in: List[Tensor] = []
         if granularity == "head":
             outputs, heads_in = split_states(outputs)
+        if reference_inputs is not None:  # the first block's input for them
+            with ResidualCapture(
+                self.input_layer, [], pos, device, in_eval
+            ) as reference:
+                _run_forward(self.forward_func, reference_inputs, None, extra)
+            h_0, baselines = reference.path()[0], None
         logits = output_logits(output, batch, length, self.readout.vocab_size)
+        if logits.dim() == 2 and named is not None:
+            raise ValueError(
+                "target: forward_func returns last-position logits (B, V), which "
+                "have no position axis; pass the token id alone (an int, (v,), or "
+                "one per example), not (t, v)"
+            )
+        one_output = (
+            logits.dim() == 2
+            or named is not None
+            or (
+                isinstance(positions, (int, Tensor))
+                and torch.as_tensor(positions).dim() == 0
+            )
+        )
         if logits.dim() == 2:  # last-position logits: only the last position
             if positions is not None and pos.tolist() != [length - 1]:
                 raise ValueError(
@@ -605,6 +817,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             if attention_mask is None
             else attention_mask.to(device)[:, pos].bool()
         )
+        if named is not None:  # each example's own position only
+            mask = mask & (pos[None, :] == named[:, None]).to(device)
         self._check_states(outputs, mask, names)
         targets, model_prob = self._read_output(logits, index, targets, mask)
         self._check_top(outputs[-1], logits, index, mask)
@@ -622,6 +836,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             mask=mask,
             positions=pos,
             names=names,
+            one_output=one_output,
             components=components,
         )
 
@@ -685,7 +900,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         for start in range(0, len(index), step):
             cols = slice(start, start + step)
             rows = logits.index_select(1, index[cols].to(logits.device))
-            rows = rows.to(device=device, dtype=torch.float32)  # a copy we own
+            work = work_dtype(rows.dtype)
+            rows = rows.to(device=device, dtype=work)  # a copy we own
             if not torch.isfinite(rows.amax(-1))[mask[:, cols]].all():
                 raise ValueError("forward_func: the model's logits contain NaN or inf")
             y = rows.argmax(-1) if targets is None else targets[:, cols].to(device)

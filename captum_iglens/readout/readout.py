@@ -150,8 +150,9 @@ class Readout(nn.Module):
         r"""Log-probability of one target token per row, evaluated in chunks.
 
         Rows are read out :meth:`rows_per_chunk` at a time; each chunk's logits
-        are upcast to float32 before the log-softmax, and only the target's
-        log-probability is kept, so all ``N x V`` logits never exist at once.
+        are upcast to float32 (float64 stays) before the log-softmax, and only
+        the target's log-probability is kept, so all ``N x V`` logits never
+        exist at once.
         The result is differentiable with respect to ``hidden`` when grad is
         enabled; autograd then keeps each chunk's logits for the backward pass,
         so the memory bound holds under :func:`torch.no_grad` only.
@@ -165,7 +166,8 @@ class Readout(nn.Module):
         Returns:
             **log_prob** (Tensor):
                 ``log_softmax(R(hidden[i]))[target[i]]`` of shape ``(N,)``,
-                float32, on the head's output device.
+                float32 (float64 for a float64 model), on the head's output
+                device.
         """
         if hidden.dim() != 2:
             raise ValueError(
@@ -182,7 +184,8 @@ class Readout(nn.Module):
         chunks: List[Tensor] = []
         for start in range(0, hidden.shape[0], rows):
             # No name keeps a chunk's logits alive while the next one is computed.
-            logits = self(hidden[start : start + rows]).float()
+            logits = self(hidden[start : start + rows])
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
             chunks.append(target_log_prob(logits, target[start : start + rows]))
             del logits
         if not chunks:

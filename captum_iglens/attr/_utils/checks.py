@@ -16,7 +16,7 @@ from torch.nn import Module, ModuleList
 from captum_iglens.attr._utils.estimators import ESTIMATORS
 from captum_iglens.readout.readout import Readout
 
-BaselineType = Union[None, int, float, Tensor, str]
+BaselineType = Union[None, int, float, Tensor, str, Tuple[Tensor, ...]]
 PositionsType = Union[None, int, Sequence[int], Tensor]
 Granularity = Literal["block", "sublayer", "head"]
 #: Accepted by ``granularity=``.
@@ -96,6 +96,32 @@ def check_construction(
                     "forward_func"
                 )
     return layers, input_layer, names, None if sublayers is None else list(sublayers)
+
+
+def hf_model_of(forward_func: Callable[..., Any]) -> Module:
+    r"""
+    The Hugging Face model behind ``forward_func``: the model itself, the module
+    a bound method belongs to, or the model wrapped by ``nn.DataParallel``,
+    ``DistributedDataParallel`` or :class:`~captum_iglens.hf.forward.CausalLMForward`.
+
+    Raises:
+        TypeError: If there is none, naming ``readout=`` as the way out.
+    """
+    frontier = [forward_func, getattr(forward_func, "__self__", None)]
+    for _ in range(4):  # wrappers of wrappers, a few levels deep
+        for candidate in frontier:
+            if isinstance(candidate, Module) and hasattr(
+                getattr(candidate, "config", None), "model_type"
+            ):
+                return candidate
+        frontier = [
+            getattr(c, name, None) for c in frontier for name in ("module", "model")
+        ]
+    raise TypeError(
+        "readout: forward_func is not a Hugging Face causal LM (nor a bound method "
+        "of one, nor a wrapper holding one in .module or .model), so its readout "
+        "cannot be found; pass readout=Readout(head=..., norm=..., post=...)"
+    )
 
 
 def _default_names(forward_func: Callable[..., Any], layers: List[Module]) -> List[str]:
@@ -218,25 +244,95 @@ def resolve_positions(
     return pos % length
 
 
-def resolve_targets(
-    target: TargetType, batch: int, n_positions: int, vocab: int
-) -> Optional[Tensor]:
+def _split_target(
+    target: TargetType, batch: int
+) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """Captum's target forms split into token ids (0-d, ``(B,)`` or ``(B, P)``)
+    and, for ``(t, v)`` index tuples, the positions ``t`` (0-d or ``(B,)``)."""
     if target is None:
-        return None
+        return None, None
+    if isinstance(target, tuple) or (
+        isinstance(target, list) and any(isinstance(t, tuple) for t in target)
+    ):
+        index = [target] if isinstance(target, tuple) else target
+        widths = {len(t) if isinstance(t, tuple) else -1 for t in index}
+        if len(widths) != 1 or widths.pop() not in (1, 2) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for t in index for i in t
+        ):
+            raise TypeError(
+                "target: an index tuple is (v,) (token id v) or (t, v) (position t, "
+                "token id v), and a list of them holds one such tuple of ints per "
+                f"example, all of one length; got {target!r}"
+            )
+        if isinstance(target, list) and len(index) != batch:
+            raise ValueError(
+                f"target: expected one index tuple per example ({batch}), got "
+                f"{len(index)}"
+            )
+        table = torch.tensor(index, dtype=torch.long)  # (n, 1) or (n, 2)
+        if isinstance(target, tuple):
+            table = table[0]
+        positions = table[..., 0] if table.shape[-1] == 2 else None
+        return table[..., -1], positions
     if isinstance(target, bool) or not isinstance(target, (int, list, Tensor)):
         raise TypeError(
-            "target: expected None, an int, a list of B ints, or a LongTensor "
-            f"(B,) or (B, P) of token ids; got {type(target).__name__}"
-        )
-    if isinstance(target, list) and any(isinstance(t, tuple) for t in target):
-        raise ValueError(
-            "target: a list of tuples means one output index (position, token) per "
-            "example in Captum; pass the token ids as a (B, P) tensor and the "
-            "positions with positions= instead"
+            "target: expected None, an int, a tuple (v,) or (t, v), a list of B "
+            "ints or of B such tuples, or an integer tensor (one element, (B,), "
+            f"(B, 1) or (B, P)) of token ids; got {type(target).__name__}"
         )
     ids = torch.as_tensor(target)
     if ids.is_floating_point() or ids.dtype == torch.bool:
         raise TypeError(f"target: expected integer token ids, got dtype {ids.dtype}")
+    if isinstance(target, Tensor) and ids.numel() == 1:  # a list has B entries
+        return ids.reshape(()), None
+    if ids.dim() == 2 and ids.shape[1] == 1:
+        return ids[:, 0], None
+    return ids, None
+
+
+def target_positions(target: TargetType, batch: int, length: int) -> Optional[Tensor]:
+    r"""
+    The position each example's target names, for Captum's ``(t, v)`` index
+    forms (a tuple, or a list of one tuple per example); None for every other
+    form, whose positions come from ``positions=``.
+
+    Returns:
+        ``(B,)`` LongTensor of positions in ``[0, length)``, or None.
+    """
+    _, positions = _split_target(target, batch)
+    if positions is None:
+        return None
+    if ((positions < -length) | (positions >= length)).any():
+        raise ValueError(
+            f"target: positions t of (t, v) must lie in [-{length}, {length}), got "
+            f"{positions.tolist()}"
+        )
+    return (positions % length).expand(batch)
+
+
+def resolve_targets(
+    target: TargetType, batch: int, n_positions: int, vocab: int
+) -> Optional[Tensor]:
+    r"""
+    The token ids to attribute, one per example and attributed position.
+
+    Captum's ``TargetType`` forms keep Captum's meaning: an ``int``, a tuple
+    ``(v,)`` and a one-element tensor name token ``v`` for every example; a list
+    of ``B`` ints, a list of ``B`` one-tuples and a ``(B,)`` or ``(B, 1)`` tensor
+    name one token per example; in ``(t, v)`` tuples the token is ``v`` (the
+    position ``t`` is read by :func:`target_positions`). This project's own form,
+    a ``(B, P)`` tensor (or list of lists) with ``P > 1``, names one token per
+    attributed position. The rule that decides: a one-element tensor is a single
+    id, a tensor whose second dimension is 1 (or that has one dimension) is per
+    example, any other 2-D tensor is per position; tuples always index Captum's
+    output (vocabulary last).
+
+    Returns:
+        ``(B, P)`` LongTensor, or None for the model's own greedy prediction.
+    """
+    ids, _ = _split_target(target, batch)
+    if ids is None:
+        return None
     if ids.dim() == 0:
         ids = ids.expand(batch, n_positions)
     elif ids.dim() == 1 and ids.shape[0] == batch:
@@ -258,6 +354,8 @@ def resolve_targets(
 def check_baselines(baselines: BaselineType) -> None:
     if isinstance(baselines, str):
         valid = baselines == "mean"
+    elif isinstance(baselines, tuple):
+        valid = bool(baselines) and all(isinstance(b, Tensor) for b in baselines)
     else:
         valid = baselines is None or (
             isinstance(baselines, (int, float, Tensor))
@@ -265,8 +363,9 @@ def check_baselines(baselines: BaselineType) -> None:
         )
     if not valid:
         raise TypeError(
-            'baselines: expected None, "mean", a number, or a tensor broadcastable '
-            f"to the hidden states (B, T, d); got {baselines!r}"
+            'baselines: expected None, "mean", a number, a tensor broadcastable '
+            "to the hidden states (B, T, d), or token ids shaped like the inputs "
+            f"(alone or in a tuple of tensors, one per input); got {baselines!r}"
         )
     finite = (
         torch.isfinite(torch.as_tensor(baselines)).all()
@@ -277,11 +376,50 @@ def check_baselines(baselines: BaselineType) -> None:
         raise ValueError("baselines: expected finite values, got NaN or inf")
 
 
+def baseline_inputs(
+    baselines: BaselineType, inputs: Tuple[Tensor, ...]
+) -> Optional[Tuple[Tensor, ...]]:
+    r"""
+    The inputs of the reference forward pass for token-id baselines, as Captum
+    users pass them to LayerIntegratedGradients: an integer tensor shaped like the
+    integer first input ``(B, T)`` (alone or in a 1-tuple; the other inputs are
+    kept), or a tuple of tensors, one per input, led by such ids. None for every
+    other form of ``baselines`` (hidden states, numbers, ``"mean"``).
+    """
+    ids = baselines[0] if isinstance(baselines, tuple) else baselines
+    first = inputs[0]
+    is_ids = (
+        isinstance(ids, Tensor)
+        and not ids.is_floating_point()
+        and not first.is_floating_point()
+        and tuple(ids.shape) == tuple(first.shape)
+    )
+    if not isinstance(baselines, tuple) or len(baselines) == 1:
+        if is_ids:
+            return (ids, *inputs[1:])
+        if isinstance(baselines, tuple) and not ids.is_floating_point():
+            raise ValueError(
+                "baselines: token-id baselines must be an integer tensor shaped like "
+                f"the token-id inputs {tuple(first.shape)}, got {tuple(ids.shape)}"
+            )
+        return None
+    if not is_ids or len(baselines) != len(inputs):
+        raise ValueError(
+            f"baselines: a tuple of {len(baselines)} baselines is read as one per "
+            f"input ({len(inputs)}), led by token ids shaped like the token-id "
+            f"inputs {tuple(first.shape)}; got shapes "
+            f"{[tuple(b.shape) for b in baselines]}"
+        )
+    return baselines
+
+
 def baseline_states(
     baselines: BaselineType, h_0: Tensor, attention_mask: Optional[Tensor]
 ) -> Tensor:
     if baselines is None:
         return h_0
+    if isinstance(baselines, tuple):  # a 1-tuple of hidden states
+        baselines = baselines[0]
     if isinstance(baselines, str):
         weight = (
             torch.ones(h_0.shape[:2], device=h_0.device)

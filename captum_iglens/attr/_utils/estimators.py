@@ -5,7 +5,8 @@ Every function takes ``points`` of shape ``(N, K, d)``: for each of ``N`` rows (
 sequence position), the ``K = k + 1`` path points ``h_base, h_{L_1}, ..., h_{L_k}``
 in the model's dtype, and ``targets`` of shape ``(N,)``. The readout is pointwise
 over rows, so rows can be grouped freely; ``chunk_rows`` bounds how many rows go
-through the readout at once.
+through the readout at once. Results are in :func:`work_dtype` of the points'
+dtype: float64 for a float64 model, float32 otherwise.
 """
 
 from typing import Any, Dict, Iterator, Optional, Tuple
@@ -23,6 +24,12 @@ from captum_iglens.readout.readout import Readout
 ESTIMATORS: Tuple[str, ...] = ("prediction_aware", *SUPPORTED_METHODS)
 
 
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype attributions are computed and returned in: the wider of the
+    model's dtype and float32."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _chunks(total: int, size: int) -> Iterator[slice]:
     for start in range(0, total, size):
         yield slice(start, min(start + size, total))
@@ -35,7 +42,7 @@ def path_values(
     ``f_y`` at every path point, with no gradient.
 
     Returns:
-        *Tensor* of shape ``(N, K)``, float32: ``softmax(readout(points))[y]``.
+        *Tensor* of shape ``(N, K)``: ``softmax(readout(points))[y]``.
     """
     n, k, d = points.shape
     flat = points.reshape(n * k, d)
@@ -66,7 +73,7 @@ def _values_and_gradients(
                 prob, x, grad_outputs=torch.ones_like(prob), **(grad_kwargs or {})
             )
             values.append(prob.detach())
-            gradients.append(grad.float())
+            gradients.append(grad.to(work_dtype(grad.dtype)))
     return torch.cat(values), torch.cat(gradients)
 
 
@@ -98,15 +105,16 @@ def prediction_aware_attributions(
     computed it, used in place of the readout's evaluation of that point.
 
     Returns:
-        *Tensor* of shape ``(N, k, d)``, float32.
+        *Tensor* of shape ``(N, k, d)``.
     """
     n, k_plus_1, d = points.shape
     k = k_plus_1 - 1
-    fractions = torch.arange(n_steps, device=points.device, dtype=torch.float32)
+    work = work_dtype(points.dtype)
+    fractions = torch.arange(n_steps, device=points.device, dtype=work)
     fractions = (fractions / n_steps).view(1, 1, n_steps, 1)
-    out = torch.empty(n, k, d, device=points.device, dtype=torch.float32)
+    out = torch.empty(n, k, d, device=points.device, dtype=work)
     for rows in _row_groups(n, k * n_steps + 1, chunk_rows):
-        group = points[rows].float()
+        group = points[rows].to(work)
         start, delta = group[:, :-1], group[:, 1:] - group[:, :-1]
         grid = start.unsqueeze(2) + fractions * delta.unsqueeze(2)  # (g, k, m, d)
         flat = torch.cat([grid.flatten(1, 2), group[:, -1:]], dim=1)  # (g, km+1, d)
@@ -146,19 +154,24 @@ def gradient_attributions(
     method: str,
     chunk_rows: int,
     grad_kwargs: Optional[Dict[str, Any]] = None,
+    multiply_by_inputs: bool = True,
 ) -> Tensor:
     r"""
     Per-dimension Integrated Gradients of every segment with one of Captum's
     approximation rules: ``Δ_i · Σ_s w_s ∂f/∂h_i(start + a_s Δ)``, with Captum's own
-    step sizes ``w_s`` and alphas ``a_s``.
+    step sizes ``w_s`` and alphas ``a_s``. With ``multiply_by_inputs=False``, the
+    segment's path-averaged gradient ``Σ_s w_s ∂f/∂h_i(start + a_s Δ)`` alone.
 
     Returns:
-        *Tensor* of shape ``(N, k, d)``, float32.
+        *Tensor* of shape ``(N, k, d)``, in :func:`work_dtype` of the points.
     """
-    delta = points[:, 1:].float() - points[:, :-1].float()
-    return delta * integrated_gradients(
+    averaged = integrated_gradients(
         readout, points, targets, n_steps, method, chunk_rows, grad_kwargs
     )
+    if not multiply_by_inputs:
+        return averaged
+    work = averaged.dtype
+    return (points[:, 1:].to(work) - points[:, :-1].to(work)) * averaged
 
 
 def integrated_gradients(
@@ -176,19 +189,18 @@ def integrated_gradients(
     is ``u · Σ_s w_s ∇f(a_s)``.
 
     Returns:
-        *Tensor* of shape ``(N, k, d)``, float32.
+        *Tensor* of shape ``(N, k, d)``, in :func:`work_dtype` of the points.
     """
     step_sizes_func, alphas_func = approximation_parameters(method)
     n, k_plus_1, d = points.shape
     k = k_plus_1 - 1
-    alphas = torch.tensor(alphas_func(n_steps), device=points.device)
-    weights = torch.tensor(step_sizes_func(n_steps), device=points.device)
-    alphas, weights = alphas.float().view(1, 1, -1, 1), weights.float().view(
-        1, 1, -1, 1
-    )
-    out = torch.empty(n, k, d, device=points.device, dtype=torch.float32)
+    work = work_dtype(points.dtype)
+    alphas = torch.tensor(alphas_func(n_steps), device=points.device, dtype=work)
+    weights = torch.tensor(step_sizes_func(n_steps), device=points.device, dtype=work)
+    alphas, weights = alphas.view(1, 1, -1, 1), weights.view(1, 1, -1, 1)
+    out = torch.empty(n, k, d, device=points.device, dtype=work)
     for rows in _row_groups(n, k * n_steps, chunk_rows):
-        group = points[rows].float()
+        group = points[rows].to(work)
         start, delta = group[:, :-1], group[:, 1:] - group[:, :-1]
         grid = start.unsqueeze(2) + alphas * delta.unsqueeze(2)  # (g, k, m, d)
         _, grads = _values_and_gradients(

@@ -216,11 +216,16 @@ def test_captum_blocks_each_explain_the_whole_change(calm_llama, batch, run, nam
     assert entry.forward_sequences >= k * N_STEPS * ids.shape[0] * len(POSITIONS)
 
 
-def test_captum_memory_is_bounded_by_row_groups(calm_llama, batch, run, monkeypatch):
+def test_captum_memory_is_bounded_by_row_groups(calm_llama, batch, monkeypatch):
     import captum_iglens.studies.comparison.runners as runners
 
     ids, mask = batch
-    names = ("layer_conductance", "layer_integrated_gradients_multilayer")
+    kwargs = dict(
+        positions=[-2, -1],
+        n_steps=4,
+        methods=("layer_conductance", "layer_integrated_gradients_multilayer"),
+    )
+    whole = compare(calm_llama, ids, mask, **kwargs)
     # A budget of two sequences: one row per Captum call, two sequences a pass.
     seq = runners.sequence_bytes(calm_llama, ids.shape[1])
     monkeypatch.setattr(runners, "CAPTUM_BUDGET", 2 * seq)
@@ -234,13 +239,11 @@ def test_captum_memory_is_bounded_by_row_groups(calm_llama, batch, run, monkeypa
         )
 
     monkeypatch.setattr(LayerIntegratedGradients, "attribute", spy)
-    small = compare(
-        calm_llama, ids, mask, positions=POSITIONS, n_steps=N_STEPS, methods=names
-    )
+    small = compare(calm_llama, ids, mask, **kwargs)
     assert calls and set(calls) == {(1, 2)}
-    for name in names:
+    for name in kwargs["methods"]:
         torch.testing.assert_close(
-            small.methods[name].scores, run[0].methods[name].scores, atol=1e-5, rtol=0
+            small.methods[name].scores, whole.methods[name].scores, atol=1e-6, rtol=0
         )
 
 
