@@ -6,12 +6,17 @@ the last block and the head (the final norm, plus any output projection), what
 kind of norm that is, where the head is, and which transform the model applies
 to the head's output (final-logit softcapping, logit scaling). Each built-in
 entry was read from the architecture's ``modeling_<name>.py`` in transformers;
-users add their own with :func:`register_architecture`. An architecture that is
-not registered raises :class:`ValueError`; nothing is guessed.
+users add their own with :func:`register_architecture`. A model type that is
+neither built in nor registered is probed (:mod:`captum_iglens.hf.probe`): its
+parts are proposed from the module tree and used only once a real forward shows
+that they reproduce the model's logits; otherwise :class:`ValueError` says how
+to register it. User entries are verified the same way on first use. Built-in
+entries are verified by the test suite, on tiny models built from each config.
 """
 
+import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
@@ -103,6 +108,11 @@ def _granite_logits_scaling(model: nn.Module) -> nn.Module:
     return LogitDivide(model.config.logits_scaling)
 
 
+def _falcon_h1_multiplier(model: nn.Module) -> nn.Module:
+    # FalconH1ForCausalLM.forward: lm_head(h) * model.model.lm_head_multiplier.
+    return LogitScale(model.model.lm_head_multiplier)
+
+
 _POST_ATTENTION_NORM = _mid("post_attention_layernorm")
 _LLAMA_LIKE = Architecture(
     layers="model.layers", norm=("model.norm",), mid=_POST_ATTENTION_NORM
@@ -115,6 +125,12 @@ _GEMMA2_LIKE = Architecture(
 )
 
 _LAYER_NORM = dict(norm_kind="layer")
+_GRANITE = Architecture(
+    layers="model.layers",
+    norm=("model.norm",),
+    post=_granite_logits_scaling,
+    mid=_POST_ATTENTION_NORM,
+)
 
 _REGISTRY: Dict[str, Architecture] = {
     "llama": _LLAMA_LIKE,
@@ -189,12 +205,7 @@ _REGISTRY: Dict[str, Architecture] = {
         norm=("model.norm",),
         post=_cohere_logit_scale,
     ),
-    "granite": Architecture(
-        layers="model.layers",
-        norm=("model.norm",),
-        post=_granite_logits_scaling,
-        mid=_POST_ATTENTION_NORM,
-    ),
+    "granite": _GRANITE,
     # OLMo's final norm is a parameter-free LayerNorm.
     "olmo": Architecture(
         layers="model.layers",
@@ -205,7 +216,65 @@ _REGISTRY: Dict[str, Architecture] = {
     # OLMo2 normalises the attention output before adding it; the MLP reads
     # the stream itself.
     "olmo2": Architecture(layers="model.layers", norm=("model.norm",), mid=_mid("mlp")),
+    # Current families. A mixture-of-experts layer is the block's MLP: the block
+    # stays a residual block, and the mid-block state is the MLP's input.
+    "llama4_text": _LLAMA_LIKE,
+    "qwen3_5_text": _LLAMA_LIKE,  # Gated DeltaNet or attention, then MLP
+    "qwen3_5_moe_text": _LLAMA_LIKE,
+    "qwen3_moe": _LLAMA_LIKE,
+    "qwen3_next": _LLAMA_LIKE,  # Gated DeltaNet or attention, then experts
+    "qwen2_moe": _LLAMA_LIKE,
+    "mixtral": _LLAMA_LIKE,
+    "olmoe": _LLAMA_LIKE,
+    "smollm3": _LLAMA_LIKE,
+    "gpt_oss": _LLAMA_LIKE,
+    "deepseek_v3": _LLAMA_LIKE,
+    "glm4_moe": _LLAMA_LIKE,
+    "phimoe": Architecture(
+        layers="model.layers", norm=("model.norm",), mid=_POST_ATTENTION_NORM,
+        **_LAYER_NORM,
+    ),
+    "granitemoe": _GRANITE,
+    "granitemoeshared": _GRANITE,
+    "granitemoehybrid": _GRANITE,  # Mamba-2 or attention, then experts
+    "olmo3": Architecture(layers="model.layers", norm=("model.norm",), mid=_mid("mlp")),
+    "gemma4_text": _GEMMA2_LIKE,
+    # Hybrid recurrent: a Mamba mixer (or attention), then the MLP or experts.
+    "jamba": Architecture(
+        layers="model.layers",
+        norm=("model.final_layernorm",),
+        mid=_mid("pre_ff_layernorm"),
+    ),
+    # Mamba-2 and attention in parallel, then the MLP; the head's output is
+    # multiplied by lm_head_multiplier.
+    "falcon_h1": Architecture(
+        layers="model.layers",
+        norm=("model.final_layernorm",),
+        post=_falcon_h1_multiplier,
+        mid=_mid("pre_ff_layernorm"),
+    ),
+    # Its attention blocks normalise the attention output (OLMo 2 style) and its
+    # Gated DeltaNet blocks are pre-norm: no one module reads h_mid in both.
+    "olmo_hybrid": Architecture(layers="model.layers", norm=("model.norm",)),
 }
+
+#: Model types that cannot be read out by a final norm and head applied to one
+#: residual stream, with the reason. Neither the table nor the probe takes them.
+REFUSED: Dict[str, str] = dict.fromkeys(
+    ("gemma3n", "gemma3n_text"),
+    "Gemma 3n's blocks pass a stack of AltUp predictions (altup_num_inputs "
+    "streams) from block to block, and the model mixes them through "
+    "altup_unembed_projections before its final norm: no single residual "
+    "stream is read out by the final norm and head, so IG-Lens's path does not "
+    "exist",
+)
+
+# The entries verified by the test suite; anything else is verified on first use.
+_BUILT_IN: Dict[str, Architecture] = dict(_REGISTRY)
+# Model -> the entry verified on it (user-registered or probed).
+_VERIFIED: "weakref.WeakKeyDictionary[nn.Module, Architecture]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def register_architecture(
@@ -214,7 +283,7 @@ def register_architecture(
     layers: str,
     norm: Sequence[str],
     head: Sequence[str] = ("lm_head",),
-    post: Callable[[nn.Module], Optional[nn.Module]] = _no_post,
+    post: Union[nn.Module, Callable[[nn.Module], Optional[nn.Module]]] = _no_post,
     mid: Optional[str] = None,
     norm_kind: str = "rms",
     replace: bool = False,
@@ -223,9 +292,10 @@ def register_architecture(
     Adds a model type to the registry, so that :meth:`LayerIGLens.from_model`,
     :meth:`Readout.from_model` and everything built on them support it.
 
-    Nothing registered is trusted blindly: every IG-Lens call checks that the
-    readout of the last block reproduces the model's own logits, and raises
-    otherwise.
+    Nothing registered is trusted blindly: on first use with a model, one
+    forward checks that the readout of the last block reproduces the model's
+    own logits (and that every block has the ``mid`` module), and every IG-Lens
+    call checks it again; a wrong entry raises :class:`ValueError`.
 
     Args:
 
@@ -237,9 +307,11 @@ def register_architecture(
                     projection); empty if nothing.
         head (list[str], optional): Accepted dotted paths of the head.
                     Default: ``("lm_head",)``.
-        post (Callable, optional): Builds the transform of the head's output
-                    from the model (e.g. ``lambda m: Softcap(30.0)``), or returns
-                    None. Default: no transform.
+        post (nn.Module or Callable, optional): The transform of the head's
+                    output (e.g. ``Softcap(30.0)``), or a function that builds it
+                    from the model (e.g. ``lambda m:
+                    Softcap(m.config.final_logit_softcapping)``) or returns None.
+                    Default: no transform.
         mid (str, optional): Path, inside each block, of the module whose input
                     is the mid-block state ``h + attn(...)`` (needed for
                     ``granularity="sublayer"``), e.g.
@@ -256,8 +328,8 @@ def register_architecture(
 
         >>> register_architecture(
         ...     "my_llama", layers="model.layers", norm=("model.norm",),
-        ...     mid="post_attention_layernorm")
-        >>> lens = LayerIGLens.from_model(my_model)
+        ...     post=Softcap(30.0), mid="post_attention_layernorm")
+        >>> lens = LayerIGLens.from_model(my_model)  # verified here
     """
     if not isinstance(model_type, str) or not model_type:
         raise ValueError(f"model_type: expected a non-empty string, got {model_type!r}")
@@ -274,6 +346,8 @@ def register_architecture(
             )
     if mid is not None and (not isinstance(mid, str) or not mid):
         raise ValueError(f"mid: expected a dotted path or None, got {mid!r}")
+    if isinstance(post, nn.Module):
+        post = _constant(post)
     entry = Architecture(
         layers=layers,
         norm=tuple(norm),
@@ -284,6 +358,10 @@ def register_architecture(
     )
     _REGISTRY[model_type] = entry
     return entry
+
+
+def _constant(module: nn.Module) -> Callable[[nn.Module], nn.Module]:
+    return lambda model: module
 
 
 def unregister_architecture(model_type: str) -> None:
@@ -312,16 +390,32 @@ def architecture(model: nn.Module) -> Architecture:
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in _REGISTRY:
+    if model_type in REFUSED:
         raise ValueError(
-            f"{type(model).__name__} (model_type={model_type!r}) is not a supported "
-            "architecture; supported model types: "
-            f"{', '.join(supported_model_types())}. "
-            "Register it with captum_iglens.register_architecture("
-            f"{model_type!r}, layers=..., norm=(...,)), or build "
-            "Readout(head=..., norm=..., post=...) by hand and pass layer= explicitly."
+            f"{type(model).__name__} (model_type={model_type!r}) is not supported: "
+            f"{REFUSED[model_type]}."
         )
-    return _REGISTRY[model_type]
+    entry = _REGISTRY.get(model_type)
+    if entry is not None and _BUILT_IN.get(model_type) is entry:
+        return entry
+    if entry is None and config is None:
+        raise ValueError(
+            f"model: expected a Hugging Face causal LM with a config, got "
+            f"{type(model).__name__}; build Readout(head=..., norm=..., post=...) "
+            "by hand and pass layer= explicitly"
+        )
+    verified = _VERIFIED.get(model)
+    if verified is not None and (entry is None or verified is entry):
+        return verified
+    # The probe builds on this module's lookups; imported here, on first use.
+    from captum_iglens.hf.probe import probe_architecture, verify_architecture
+
+    if entry is None:
+        entry = probe_architecture(model)
+    else:
+        verify_architecture(model, entry)
+    _VERIFIED[model] = entry
+    return entry
 
 
 def final_norm_kind(model: nn.Module) -> str:
@@ -367,7 +461,18 @@ def decoder_layers(model: nn.Module) -> List[nn.Module]:
         ValueError: If the model type is not supported or the model lacks the
             attribute the table names.
     """
-    return list(_resolve(model, architecture(model).layers))
+    return blocks_of(model, architecture(model))
+
+
+def blocks_of(model: nn.Module, arch: Architecture) -> List[nn.Module]:
+    r""":func:`decoder_layers` for a given entry ``arch`` of ``model``."""
+    blocks = _resolve(model, arch.layers)
+    if not isinstance(blocks, (nn.ModuleList, nn.Sequential)) or not len(blocks):
+        raise ValueError(
+            f"{type(model).__name__}: {arch.layers!r} is not a non-empty "
+            "nn.ModuleList of decoder blocks"
+        )
+    return list(blocks)
 
 
 def choose_blocks(model: nn.Module, layers: Optional[Sequence[int]]) -> List[int]:
@@ -419,7 +524,14 @@ def mid_block_modules(
             with ``use_parallel_residual``, post-norm OPT, Bloom with the residual
             after the norm.
     """
-    path = architecture(model).mid(model.config)
+    return mid_modules_of(model, architecture(model), blocks)
+
+
+def mid_modules_of(
+    model: nn.Module, arch: Architecture, blocks: List[nn.Module]
+) -> Optional[List[nn.Module]]:
+    r""":func:`mid_block_modules` for a given entry ``arch`` of ``model``."""
+    path = arch.mid(model.config)
     if path is None:
         return None
     modules = [_lookup(block, path) for block in blocks]
@@ -461,7 +573,13 @@ def readout_parts(
         ValueError: If the model type is not supported or the model lacks an
             attribute the table names.
     """
-    arch = architecture(model)
+    return readout_parts_of(model, architecture(model))
+
+
+def readout_parts_of(
+    model: nn.Module, arch: Architecture
+) -> Tuple[Optional[nn.Module], nn.Module, Optional[nn.Module]]:
+    r""":func:`readout_parts` for a given entry ``arch`` of ``model``."""
     norms = [m for m in (_resolve(model, p) for p in arch.norm) if m is not None]
     if not norms:
         norm = None
