@@ -543,7 +543,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 "(sublayers=); from_model sets it except for architectures that add "
                 "attention and MLP in parallel (GPT-J, Phi, Cohere, parallel Falcon, "
                 "GPT-NeoX/StableLM with use_parallel_residual, ...), which have no "
-                "residual state between the two"
+                "residual state between the two, and for model types probed or "
+                "registered without mid= (register_architecture(..., mid=...))"
             )
         points: List[PathPoint] = []
         names: List[str] = []

@@ -10,8 +10,17 @@ from tests.helpers import hook_snapshot, left_padded
 from tests.tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
 FP32_TOL = 1e-6
-# Test ids whose blocks (as configured) add attention and MLP in parallel.
-PARALLEL = {"gptj", "phi", "cohere", "falcon", "gpt_neox", "opt-no-final-norm"}
+# Test ids whose blocks (as configured) add attention and MLP in parallel, or
+# (OLMo hybrid) mix block kinds that read h_mid through different modules.
+PARALLEL = {
+    "gptj",
+    "phi",
+    "cohere",
+    "falcon",
+    "gpt_neox",
+    "opt-no-final-norm",
+    "olmo_hybrid",
+}
 # Every other architecture, plus the sequential variants of the parallel ones.
 SEQUENTIAL = [(a, {}) for a in ARCHITECTURES if a not in PARALLEL] + [
     ("gpt_neox", {"use_parallel_residual": False}),

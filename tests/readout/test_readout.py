@@ -23,6 +23,11 @@ WITH_POST = {
     "gemma3_text": Softcap,
     "cohere": LogitScale,
     "granite": LogitDivide,
+    "granitemoe": LogitDivide,
+    "granitemoeshared": LogitDivide,
+    "granitemoehybrid": LogitDivide,
+    "gemma4_text": Softcap,
+    "falcon_h1": LogitScale,
 }
 
 
