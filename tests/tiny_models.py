@@ -253,3 +253,30 @@ def tiny_model(model_type: str, **config_overrides: Any) -> PreTrainedModel:
                 with torch.no_grad():
                     param.normal_(mean=1.0 if name == "weight" else 0.0, std=0.5)
     return model.eval()
+
+
+def tiny_tokenizer() -> Any:
+    r"""A word-level tokenizer over the tiny models' vocabulary, built in memory.
+
+    Returns:
+        **tokenizer** (PreTrainedTokenizerFast):
+            Token ``i`` is the word ``"t{i}"``; ``t0`` pads, ``t1`` and ``t2``
+            are BOS and EOS, ``t3`` is unknown.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(
+        models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t3")
+    )
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=words,
+        bos_token="t1",
+        eos_token="t2",
+        pad_token="t0",
+        unk_token="t3",
+        # TransformerLens rebuilds tokenizers from these unless BOS is on.
+        name_or_path="tiny",
+        add_bos_token=True,
+    )

@@ -39,6 +39,7 @@ from captum_iglens.hf.architectures import (
     mid_block_modules,
 )
 from captum_iglens.hf.forward import CausalLMForward
+from captum_iglens.integrations import unwrap_model
 from captum_iglens.readout.readout import Readout, target_log_prob
 from captum_iglens.result import IGLensResult
 
@@ -161,7 +162,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         Args:
 
             model (transformers.PreTrainedModel): A causal LM of a supported
-                        architecture.
+                        architecture, or a TransformerLens ``TransformerBridge``
+                        or nnsight ``LanguageModel`` wrapping one (checked to
+                        give the same logits).
             layers (list[int], optional): Indices of the decoder blocks to put on
                         the path (negative indices count from the end). The last
                         block is always appended. Default: all blocks.
@@ -176,6 +179,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             ``sublayers`` come from the architecture table (None for blocks that
             add attention and MLP in parallel).
         """
+        model = unwrap_model(model)  # a TransformerLens bridge, an nnsight model
         blocks = decoder_layers(model)
         chosen = choose_blocks(model, layers)
         layer = [blocks[i] for i in chosen]
