@@ -283,7 +283,7 @@ def register_architecture(
     layers: str,
     norm: Sequence[str],
     head: Sequence[str] = ("lm_head",),
-    post: Union[nn.Module, Callable[[nn.Module], Optional[nn.Module]]] = _no_post,
+    post: Union[None, nn.Module, Callable[[nn.Module], Optional[nn.Module]]] = None,
     mid: Optional[str] = None,
     norm_kind: str = "rms",
     replace: bool = False,
@@ -311,7 +311,7 @@ def register_architecture(
                     output (e.g. ``Softcap(30.0)``), or a function that builds it
                     from the model (e.g. ``lambda m:
                     Softcap(m.config.final_logit_softcapping)``) or returns None.
-                    Default: no transform.
+                    Default: None (no transform).
         mid (str, optional): Path, inside each block, of the module whose input
                     is the mid-block state ``h + attn(...)`` (needed for
                     ``granularity="sublayer"``), e.g.
@@ -346,7 +346,9 @@ def register_architecture(
             )
     if mid is not None and (not isinstance(mid, str) or not mid):
         raise ValueError(f"mid: expected a dotted path or None, got {mid!r}")
-    if isinstance(post, nn.Module):
+    if post is None:
+        post = _no_post
+    elif isinstance(post, nn.Module):
         post = _constant(post)
     entry = Architecture(
         layers=layers,
