@@ -20,6 +20,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
+from captum_iglens.hf.probe import (
+    last_outputs_and_logits,
+    measured_norm_kind,
+    propose_parts,
+    readout_error,
+    register_hint,
+    tolerance,
+)
 from captum_iglens.readout.transforms import LogitDivide, LogitScale, Softcap
 
 #: Kinds of final norm: ``"rms"`` scales only, ``"layer"`` also centres,
@@ -409,15 +417,73 @@ def architecture(model: nn.Module) -> Architecture:
     verified = _VERIFIED.get(model)
     if verified is not None and (entry is None or verified is entry):
         return verified
-    # The probe builds on this module's lookups; imported here, on first use.
-    from captum_iglens.hf.probe import probe_architecture, verify_architecture
-
-    if entry is None:
-        entry = probe_architecture(model)
-    else:
-        verify_architecture(model, entry)
+    entry = _probe(model) if entry is None else _verify(model, entry)
     _VERIFIED[model] = entry
     return entry
+
+
+def _verify(model: nn.Module, entry: Architecture) -> Architecture:
+    """The entry, once a real forward shows its readout gives the model's logits."""
+    model_type = getattr(model.config, "model_type", None)
+    mid_modules_of(model, entry, blocks_of(model, entry))
+    captured, logits = last_outputs_and_logits(model, [entry.layers])
+    if entry.layers not in captured:
+        raise ValueError(
+            f"{type(model).__name__} (model_type={model_type!r}): the last block "
+            f"of {entry.layers!r} did not run or did not return a tensor"
+        )
+    h_final = captured[entry.layers]
+    error = readout_error(*readout_parts_of(model, entry), h_final, logits)
+    if error > tolerance(h_final.dtype):
+        hint = register_hint(model_type, entry.layers, entry.norm, entry.head)
+        raise ValueError(
+            f"{type(model).__name__} (model_type={model_type!r}): the registered "
+            "architecture does not reproduce the model's logits (relative "
+            f"difference {error:.3g}): the readout ({entry.norm}, {entry.head}, "
+            f"post) of the output of the last block of {entry.layers!r} must be "
+            f"what the model computes. Fix the entry with {hint[:-1]}, replace=True)"
+        )
+    return entry
+
+
+def _probe(model: nn.Module) -> Architecture:
+    """The first proposal of the probe whose readout gives the model's logits."""
+    model_type = getattr(model.config, "model_type", None)
+    proposals = propose_parts(model)
+    tried: List[str] = []
+    if proposals:
+        paths = list(dict.fromkeys(p.layers for p in proposals))
+        captured, logits = last_outputs_and_logits(model, paths)
+        for p in proposals:
+            if p.layers not in captured:
+                continue
+            entry = Architecture(layers=p.layers, norm=p.norm, head=p.head, post=p.post)
+            norm, head, post = readout_parts_of(model, entry)
+            error = readout_error(norm, head, post, captured[p.layers], logits)
+            if error <= tolerance(captured[p.layers].dtype):
+                kind = measured_norm_kind(norm, captured[p.layers])
+                return Architecture(
+                    layers=p.layers, norm=p.norm, head=p.head, post=p.post,
+                    norm_kind=kind,
+                )
+            tried.append(
+                f"layers={p.layers!r}, norm={p.norm}, post={p.post_name}: {error:.3g}"
+            )
+    first = proposals[0] if proposals else None
+    hint = register_hint(
+        model_type,
+        first.layers if first else "model.layers",
+        first.norm if first else (),
+        first.head if first else ("lm_head",),
+    )
+    raise ValueError(
+        f"{type(model).__name__} (model_type={model_type!r}) is not in the "
+        "architecture table, and no part structure proposed by the probe "
+        "reproduces its logits"
+        + (f" (relative differences: {'; '.join(tried[:6])})" if tried else "")
+        + f". Register it: {hint}; or build Readout(head=..., norm=..., post=...) "
+        "by hand and pass layer= explicitly."
+    )
 
 
 def final_norm_kind(model: nn.Module) -> str:

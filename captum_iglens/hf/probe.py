@@ -6,11 +6,12 @@ the decoder blocks are its longest ``nn.ModuleList``, the head is
 (or nothing), and the final-logit transform is whichever the config names
 (``final_logit_softcapping``, ``logits_scaling``, ``logit_scale``,
 ``lm_head_multiplier``), or none. None of that is trusted:
-:func:`verify_architecture` runs one real forward and accepts an entry only if
-the readout of the last block's output reproduces the model's own logits.
-:func:`probe_architecture` returns the first proposal that passes, or raises
-:class:`ValueError` naming the model type and showing the
-``register_architecture(...)`` call to write instead.
+:func:`last_outputs_and_logits` runs one real forward and
+:func:`readout_error` measures how far a readout is from the model's own
+logits; :func:`captum_iglens.hf.architectures.architecture` uses the first
+proposal that reproduces them, or raises :class:`ValueError` naming the model
+type and showing the ``register_architecture(...)`` call
+(:func:`register_hint`) to write instead.
 
 The probe proposes no mid-block module: nothing in a forward tells which module
 reads ``h + attn(...)``. A probed model supports ``granularity="block"``;
@@ -18,17 +19,11 @@ register it with ``mid=`` for the sub-layer split.
 """
 
 import itertools
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn, Tensor
 
-from captum_iglens.hf.architectures import (
-    Architecture,
-    blocks_of,
-    mid_modules_of,
-    readout_parts_of,
-)
 from captum_iglens.readout.transforms import LogitDivide, LogitScale, Softcap
 
 #: Tokens in the verification forward.
@@ -43,7 +38,18 @@ _POST_FROM_CONFIG: Dict[str, Callable[[float], nn.Module]] = {
 }
 
 
-def _tolerance(dtype: torch.dtype) -> float:
+class Proposal(NamedTuple):
+    r"""Dotted paths of proposed parts, and the final transform with its name."""
+
+    layers: str
+    norm: Tuple[str, ...]
+    head: Tuple[str, ...]
+    post: Callable[[nn.Module], Optional[nn.Module]]
+    post_name: str
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    r"""Relative tolerance of a readout against the logits, by dtype."""
     return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
 
 
@@ -106,34 +112,25 @@ def _fixed(
     return lambda model: transform(value)
 
 
-def propose_architectures(model: nn.Module) -> List[Tuple[Architecture, str]]:
-    r"""Proposes registry entries for ``model`` from its module tree and config.
+def propose_parts(model: nn.Module) -> List[Proposal]:
+    r"""Proposes the parts of ``model`` from its module tree and config.
 
     Args:
         model (nn.Module): A Hugging Face causal LM (``*ForCausalLM``).
 
     Returns:
-        *list[tuple[Architecture, str]]*: candidate entries, most plausible first,
-        each with the name of its final-logit transform (for messages). Empty if
-        the model has no head or no ``nn.ModuleList``.
+        *list[Proposal]*: most plausible first. Empty if the model has no head.
     """
     head = _head_path(model)
     if head is None:
         return []
-    proposals = []
-    for layers in _block_lists(model):
+    return [
+        Proposal(layers, norm, (head,), post, post_name)
+        for layers in _block_lists(model)
         for norm, (post_name, post) in itertools.product(
             _norm_candidates(model, layers), _post_candidates(model)
-        ):
-            entry = Architecture(
-                layers=layers,
-                norm=norm,
-                head=(head,),
-                post=post,
-                norm_kind="rms" if norm else "none",
-            )
-            proposals.append((entry, post_name))
-    return proposals
+        )
+    ]
 
 
 def _verification_ids(model: nn.Module) -> Tensor:
@@ -149,11 +146,19 @@ def _verification_ids(model: nn.Module) -> Tensor:
     return ids[None].to(device)
 
 
-def _last_outputs_and_logits(
+def last_outputs_and_logits(
     model: nn.Module, paths: List[str]
 ) -> Tuple[Dict[str, Tensor], Tensor]:
-    """One forward in eval mode: the output of the last module of each block
-    list in ``paths`` (those that ran and returned a tensor), and the logits."""
+    r"""One forward in eval mode, hooks removed and modes restored after.
+
+    Args:
+        model (nn.Module): A Hugging Face causal LM.
+        paths (list[str]): Dotted paths of block lists.
+
+    Returns:
+        The output of the last module of each list (those that ran and returned
+        a tensor), by path, and the model's logits ``(1, T, V)``.
+    """
     captured: Dict[str, Tensor] = {}
 
     def keeper(path: str) -> Callable[..., None]:
@@ -181,29 +186,32 @@ def _last_outputs_and_logits(
     return captured, (out.logits if hasattr(out, "logits") else out)
 
 
-def _readout_error(
-    model: nn.Module, entry: Architecture, h_final: Tensor, logits: Tensor
+def readout_error(
+    norm: Optional[nn.Module],
+    head: nn.Module,
+    post: Optional[nn.Module],
+    h_final: Tensor,
+    logits: Tensor,
 ) -> float:
-    """Max difference between the entry's readout of ``h_final`` and the logits,
+    r"""Max difference between ``post(head(norm(h_final)))`` and the logits,
     relative to ``1 + max |logits|``; inf where the parts do not fit."""
     try:
-        norm, head, post = readout_parts_of(model, entry)
         with torch.no_grad():
             ours = head(h_final if norm is None else norm(h_final))
             if post is not None:
                 ours = post(ours)
     except (RuntimeError, ValueError, TypeError, AttributeError):
         return float("inf")
-    if ours.shape != logits.shape:
+    if not isinstance(ours, Tensor) or ours.shape != logits.shape:
         return float("inf")
     theirs = logits.float().to(ours.device)
     scale = 1.0 + theirs.abs().max().item()
     return (ours.float() - theirs).abs().max().item() / scale
 
 
-def _norm_kind(model: nn.Module, entry: Architecture, h_final: Tensor) -> str:
-    """``"layer"`` if the final norm removes a constant shift, else ``"rms"``."""
-    norm, _, _ = readout_parts_of(model, entry)
+def measured_norm_kind(norm: Optional[nn.Module], h_final: Tensor) -> str:
+    r"""``"layer"`` if the final norm removes a constant shift, else ``"rms"``
+    (``"none"`` without a norm)."""
     if norm is None:
         return "none"
     with torch.no_grad():
@@ -214,98 +222,13 @@ def _norm_kind(model: nn.Module, entry: Architecture, h_final: Tensor) -> str:
     return "layer" if centred else "rms"
 
 
-def _register_hint(model_type: object, entry: Optional[Architecture]) -> str:
-    layers = entry.layers if entry is not None else "model.layers"
-    norm = entry.norm if entry is not None and entry.norm else ("model.norm",)
-    head = entry.head if entry is not None else ("lm_head",)
+def register_hint(
+    model_type: object, layers: str, norm: Tuple[str, ...], head: Tuple[str, ...]
+) -> str:
+    r"""The ``register_architecture(...)`` call to suggest in an error message."""
     return (
         "captum_iglens.register_architecture("
-        f"{model_type!r}, layers={layers!r}, norm={norm!r}, head={head!r}, "
-        "post=None or e.g. Softcap(30.0), mid='post_attention_layernorm' or None)"
-    )
-
-
-def verify_architecture(model: nn.Module, entry: Architecture) -> None:
-    r"""Checks an entry on a real forward of ``model``.
-
-    The readout (final norm, head, final transform) of the last block's output
-    must reproduce the model's logits (fp32: to ``1e-4`` relative to
-    ``1 + max |logits|``), and each block must have the mid-block module, if the
-    entry names one. The model's mode is restored and no hook is left.
-
-    Args:
-        model (nn.Module): The model.
-        entry (Architecture): The entry to check.
-
-    Raises:
-        ValueError: If a part is missing or the readout does not reproduce the
-            logits; the message names the model type and the error.
-    """
-    model_type = getattr(model.config, "model_type", None)
-    mid_modules_of(model, entry, blocks_of(model, entry))
-    captured, logits = _last_outputs_and_logits(model, [entry.layers])
-    if entry.layers not in captured:
-        raise ValueError(
-            f"{type(model).__name__} (model_type={model_type!r}): the last block "
-            f"of {entry.layers!r} did not run or did not return a tensor"
-        )
-    h_final = captured[entry.layers]
-    error = _readout_error(model, entry, h_final, logits)
-    if error > _tolerance(h_final.dtype):
-        raise ValueError(
-            f"{type(model).__name__} (model_type={model_type!r}): the registered "
-            "architecture does not reproduce the model's logits (relative "
-            f"difference {error:.3g}): the readout ({entry.norm}, {entry.head}, "
-            f"post) of the output of the last block of {entry.layers!r} must be "
-            "what the model computes. Fix the entry with "
-            f"{_register_hint(model_type, entry)[:-1]}, replace=True)"
-        )
-
-
-def probe_architecture(model: nn.Module) -> Architecture:
-    r"""The verified entry of a model whose type is not in the table.
-
-    Args:
-        model (nn.Module): A Hugging Face causal LM.
-
-    Returns:
-        *Architecture*: the first proposal of :func:`propose_architectures`
-        whose readout reproduces the model's logits on a real forward, with
-        ``norm_kind`` measured on the final norm and no mid-block module.
-
-    Raises:
-        ValueError: If no proposal reproduces the logits; the message names the
-            model type, what was tried and the ``register_architecture`` call.
-    """
-    model_type = getattr(model.config, "model_type", None)
-    proposals = propose_architectures(model)
-    tried: List[str] = []
-    if proposals:
-        paths = list(dict.fromkeys(entry.layers for entry, _ in proposals))
-        captured, logits = _last_outputs_and_logits(model, paths)
-        for entry, post_name in proposals:
-            if entry.layers not in captured:
-                continue
-            h_final = captured[entry.layers]
-            error = _readout_error(model, entry, h_final, logits)
-            if error <= _tolerance(h_final.dtype):
-                return Architecture(
-                    layers=entry.layers,
-                    norm=entry.norm,
-                    head=entry.head,
-                    post=entry.post,
-                    norm_kind=_norm_kind(model, entry, h_final),
-                )
-            tried.append(
-                f"layers={entry.layers!r}, norm={entry.norm}, post={post_name}: "
-                f"{error:.3g}"
-            )
-    hint = _register_hint(model_type, proposals[0][0] if proposals else None)
-    raise ValueError(
-        f"{type(model).__name__} (model_type={model_type!r}) is not in the "
-        "architecture table, and no part structure proposed by the probe "
-        "reproduces its logits"
-        + (f" (relative differences: {'; '.join(tried[:6])})" if tried else "")
-        + f". Register it: {hint}; or build Readout(head=..., norm=..., post=...) "
-        "by hand and pass layer= explicitly."
+        f"{model_type!r}, layers={layers!r}, norm={norm or ('model.norm',)!r}, "
+        f"head={head!r}, post=None or e.g. Softcap(30.0), "
+        "mid='post_attention_layernorm' or None)"
     )

@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from captum_iglens import LayerIGLens, Readout
 from captum_iglens.hf import architectures
 from captum_iglens.hf.architectures import REFUSED, architecture, readout_parts
-from captum_iglens.hf.probe import propose_architectures
+from captum_iglens.hf.probe import propose_parts
 from captum_iglens.readout import Softcap
 from tests.helpers import block_states, hook_snapshot, left_padded
 from tests.tiny_models import VOCAB, tiny_model
@@ -88,7 +88,7 @@ def test_probe_reads_the_transform_from_the_config(unregistered):
     post = readout_parts(model)[2]
     assert isinstance(post, Softcap) and post.cap == 2.0
     # The no-transform proposal comes after it and would not reproduce the logits.
-    names = [name for _, name in propose_architectures(model)]
+    names = [p.post_name for p in propose_parts(model)]
     assert names.index("Softcap(2.0)") < names.index("none")
 
 
