@@ -394,9 +394,17 @@ def supported_model_types() -> List[str]:
 def architecture(model: nn.Module) -> Architecture:
     r"""The registry entry of a model, keyed by ``model.config.model_type``.
 
+    Built-in entries are returned as they are (the test suite verifies them). A
+    user-registered entry is returned once one forward of this model shows that
+    its readout reproduces the model's logits; for a type in neither, the
+    probe's first proposal that does (:mod:`captum_iglens.hf.probe`). Each model
+    is verified once.
+
     Raises:
-        ValueError: If the model type is not registered; the message says how to
-            register it.
+        ValueError: If the type is refused (:data:`REFUSED`, with the reason), or
+            the registered entry or every proposal of the probe fails the check;
+            the message names the model type and the ``register_architecture``
+            call to write.
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -453,7 +461,17 @@ def _probe(model: nn.Module) -> Architecture:
     tried: List[str] = []
     if proposals:
         paths = list(dict.fromkeys(p.layers for p in proposals))
-        captured, logits = last_outputs_and_logits(model, paths)
+        try:
+            captured, logits = last_outputs_and_logits(model, paths)
+        except (RuntimeError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(
+                f"{type(model).__name__} (model_type={model_type!r}) is not in the "
+                "architecture table, and the probe's verification forward "
+                f"model(input_ids=...) failed ({error}). Register it with "
+                "captum_iglens.register_architecture(...), or build "
+                "Readout(head=..., norm=..., post=...) by hand and pass layer= "
+                "explicitly."
+            ) from error
         for p in proposals:
             if p.layers not in captured:
                 continue
