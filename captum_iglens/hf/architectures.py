@@ -60,8 +60,10 @@ class Architecture:
         mid (Callable): From the model's config, the path inside each block of
                     the module whose input is the mid-block residual state
                     ``h + attn(...)`` (the stream after attention, before the
-                    MLP), or ``None`` where the block adds attention and MLP in
-                    parallel and no such state exists. Default: none.
+                    MLP), or a tuple of paths, one per block, where blocks of
+                    different kinds differ; or ``None`` where the block adds
+                    attention and MLP in parallel and no such state exists.
+                    Default: none.
         norm_kind (str): One of :data:`NORM_KINDS`: ``"rms"`` or ``"layer"``
                     (the final norm also subtracts the mean). Read by DLA, which
                     freezes the norm's scale. Default: ``"rms"``.
@@ -71,7 +73,7 @@ class Architecture:
     norm: Tuple[str, ...]
     head: Tuple[str, ...] = ("lm_head",)
     post: Callable[[nn.Module], Optional[nn.Module]] = _no_post
-    mid: Callable[[Any], Optional[str]] = lambda config: None
+    mid: Callable[[Any], Union[None, str, Tuple[str, ...]]] = lambda config: None
     norm_kind: str = "rms"
 
     def __post_init__(self) -> None:
@@ -261,9 +263,16 @@ _REGISTRY: Dict[str, Architecture] = {
         post=_falcon_h1_multiplier,
         mid=_mid("pre_ff_layernorm"),
     ),
-    # Its attention blocks normalise the attention output (OLMo 2 style) and its
-    # Gated DeltaNet blocks are pre-norm: no one module reads h_mid in both.
-    "olmo_hybrid": Architecture(layers="model.layers", norm=("model.norm",)),
+    # Its attention blocks normalise the attention output (OLMo 2 style: the MLP
+    # reads h_mid) and its Gated DeltaNet blocks are pre-norm: one path per block.
+    "olmo_hybrid": Architecture(
+        layers="model.layers",
+        norm=("model.norm",),
+        mid=lambda config: tuple(
+            "mlp" if kind == "full_attention" else "post_attention_layernorm"
+            for kind in config.layer_types
+        ),
+    ),
 }
 
 #: Model types that cannot be read out by a final norm and head applied to one
@@ -620,12 +629,18 @@ def mid_modules_of(
     path = arch.mid(model.config)
     if path is None:
         return None
-    modules = [_lookup(block, path) for block in blocks]
-    if any(not isinstance(m, nn.Module) for m in modules):
-        raise ValueError(
-            f"{type(model).__name__}: a decoder block has no module {path!r}, where "
-            "the architecture table expects the mid-block state"
-        )
+    if isinstance(path, str):
+        paths = [path] * len(blocks)
+    else:  # one path per block of the model, for blocks of different kinds
+        index = {id(b): i for i, b in enumerate(blocks_of(model, arch))}
+        paths = [path[index[id(block)]] for block in blocks]
+    modules = [_lookup(block, p) for block, p in zip(blocks, paths)]
+    for module, p in zip(modules, paths):
+        if not isinstance(module, nn.Module):
+            raise ValueError(
+                f"{type(model).__name__}: a decoder block has no module {p!r}, "
+                "where the architecture table expects the mid-block state"
+            )
     return modules
 
 
