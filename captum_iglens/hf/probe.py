@@ -133,7 +133,9 @@ def propose_parts(model: nn.Module) -> List[Proposal]:
     ]
 
 
-def _verification_ids(model: nn.Module) -> Tensor:
+def verification_ids(model: nn.Module) -> Tensor:
+    r"""Token ids ``(1, VERIFY_LENGTH)`` spread over the vocabulary, avoiding 0
+    (often padding), on the model's input device."""
     vocab = int(getattr(model.config, "vocab_size", 0) or 0)
     if vocab < 2:
         raise ValueError(
@@ -141,7 +143,6 @@ def _verification_ids(model: nn.Module) -> Tensor:
             "needs token ids to run a verification forward"
         )
     device = model.get_input_embeddings().weight.device
-    # Distinct ids spread over the vocabulary, avoiding 0 (often padding).
     ids = 1 + (torch.arange(VERIFY_LENGTH) * 7919) % (vocab - 1)
     return ids[None].to(device)
 
@@ -177,7 +178,7 @@ def last_outputs_and_logits(
     try:
         model.eval()
         with torch.no_grad():
-            out = model(input_ids=_verification_ids(model))
+            out = model(input_ids=verification_ids(model))
     finally:
         for handle in handles:
             handle.remove()

@@ -5,22 +5,7 @@ from typing import Callable
 import torch
 from torch import nn, Tensor
 
-#: Tokens in the check's forward.
-CHECK_LENGTH = 8
-
-
-def check_ids(model: nn.Module) -> Tensor:
-    r"""Token ids ``(1, CHECK_LENGTH)`` spread over the vocabulary, avoiding 0.
-
-    Args:
-        model (nn.Module): A Hugging Face causal LM (``config.vocab_size``).
-
-    Returns:
-        *Tensor* ``(1, CHECK_LENGTH)``, long, on the model's input device.
-    """
-    vocab = int(model.config.vocab_size)
-    ids = 1 + (torch.arange(CHECK_LENGTH) * 7919) % max(vocab - 1, 1)
-    return ids[None].to(model.get_input_embeddings().weight.device)
+from captum_iglens.hf.probe import tolerance, verification_ids
 
 
 def check_same_logits(
@@ -38,7 +23,7 @@ def check_same_logits(
         ValueError: If they differ by more than ``1e-4`` (fp32; ``3e-2``
             otherwise) relative to ``1 + max |logits|``.
     """
-    ids = check_ids(model)
+    ids = verification_ids(model)
     with torch.no_grad():
         theirs = wrapper_logits(ids).float()
         ours = model(input_ids=ids).logits.float().to(theirs.device)
@@ -46,9 +31,7 @@ def check_same_logits(
     error = float("inf")
     if theirs.shape == ours.shape:
         error = (theirs - ours).abs().max().item() / scale
-    dtype = next(model.parameters()).dtype
-    tolerance = 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
-    if not error <= tolerance:
+    if not error <= tolerance(next(model.parameters()).dtype):
         raise ValueError(
             f"model: the {wrapper_name}'s logits differ from those of the "
             f"{type(model).__name__} it wraps (relative difference {error:.3g}); "
