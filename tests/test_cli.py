@@ -101,8 +101,14 @@ def test_bad_input_exits_with_one_line(args, message, capsys):
     assert "Traceback" not in err
 
 
-def test_unrecognised_readout_is_a_clean_error(tmp_path, capsys):
+def test_unrecognised_readout_is_a_clean_error(tmp_path, capsys, monkeypatch):
     from transformers import AutoModelForCausalLM, GPTBigCodeConfig
+
+    from captum_iglens.hf import architectures
+
+    # GPTBigCode is not in the table; with a probe that proposes nothing, it
+    # cannot be read out.
+    monkeypatch.setattr(architectures, "propose_parts", lambda model: [])
 
     # Token ids inside the vocabulary: transformers would otherwise log a warning
     # through a handler bound to an earlier test's captured stderr.

@@ -32,6 +32,45 @@ _COMMON: Dict[str, Any] = dict(
 # Configs whose constructors do not take the common names.
 _GPT2_NAMES = dict(n_embd=HIDDEN, n_layer=2, n_head=4, n_positions=64)
 _COMMON_NO_KV = {k: v for k, v in _COMMON.items() if k != "num_key_value_heads"}
+# Mixture of experts: 4 experts, 2 chosen per token, under either name.
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+_MOE_LOCAL = dict(num_local_experts=4, num_experts_per_tok=2)
+# DeepSeek-style routing; block 0 dense, block 1 routed.
+_ROUTED = dict(
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    n_group=1,
+    topk_group=1,
+    first_k_dense_replace=1,
+)
+# Multi-head latent attention (DeepSeek-V3): one key-value head per head.
+_MLA = dict(
+    _ROUTED,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    kv_lora_rank=16,
+    q_lora_rank=16,
+    qk_rope_head_dim=4,
+    qk_nope_head_dim=4,
+    v_head_dim=8,
+)
+# Linear-attention (Gated DeltaNet) sizes.
+_LINEAR = dict(
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+)
+# Gated DeltaNet in block 0, attention in block 1 (Qwen 3.5 and Qwen 3 Next).
+_DELTANET = dict(
+    head_dim=8, layer_types=["linear_attention", "full_attention"], **_LINEAR
+)
+# Mamba-2 mixer sizes.
+_MAMBA2 = dict(
+    mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64, mamba_d_state=8, mamba_n_groups=1
+)
 
 # test id -> (model_type, config kwargs, path of the final norm or None).
 # The norm paths are written out here, independently of the architecture table
@@ -79,6 +118,102 @@ _SPECS: Dict[str, Tuple[str, Dict[str, Any], Optional[str]]] = {
     "granite": ("granite", dict(_COMMON, logits_scaling=3.0), "model.norm"),
     "olmo": ("olmo", _COMMON, "model.norm"),
     "olmo2": ("olmo2", _COMMON, "model.norm"),
+    # Current families; mixture-of-experts layers with 4 experts, 2 per token.
+    "llama4_text": (
+        "llama4_text",
+        dict(_COMMON, head_dim=8, intermediate_size_mlp=64, **_MOE_LOCAL),
+        "model.norm",
+    ),
+    "qwen3_5_text": ("qwen3_5_text", dict(_COMMON, **_DELTANET), "model.norm"),
+    "qwen3_5_moe_text": (
+        "qwen3_5_moe_text",
+        dict(_COMMON, shared_expert_intermediate_size=32, **_MOE, **_DELTANET),
+        "model.norm",
+    ),
+    "qwen3_moe": ("qwen3_moe", dict(_COMMON, head_dim=8, **_MOE), "model.norm"),
+    # Smaller weights: its logits reach 9 at 0.2, where chunked and unchunked
+    # readouts differ by more than 1e-6 in probability.
+    "qwen3_next": (
+        "qwen3_next",
+        dict(
+            _COMMON,
+            initializer_range=0.1,
+            shared_expert_intermediate_size=32,
+            **_MOE,
+            **_DELTANET,
+        ),
+        "model.norm",
+    ),
+    "qwen2_moe": (
+        "qwen2_moe",
+        dict(_COMMON, shared_expert_intermediate_size=32, **_MOE),
+        "model.norm",
+    ),
+    "mixtral": ("mixtral", dict(_COMMON, **_MOE_LOCAL), "model.norm"),
+    "olmoe": ("olmoe", dict(_COMMON, **_MOE), "model.norm"),
+    "smollm3": ("smollm3", _COMMON, "model.norm"),
+    "gpt_oss": ("gpt_oss", dict(_COMMON, head_dim=8, **_MOE_LOCAL), "model.norm"),
+    "deepseek_v3": ("deepseek_v3", {**_COMMON, **_MLA}, "model.norm"),
+    "glm4_moe": (
+        "glm4_moe",
+        dict(_COMMON, head_dim=8, **_ROUTED, n_shared_experts=1),
+        "model.norm",
+    ),
+    "phimoe": ("phimoe", dict(_COMMON, **_MOE_LOCAL), "model.norm"),
+    "granitemoe": (
+        "granitemoe",
+        dict(_COMMON, logits_scaling=3.0, **_MOE_LOCAL),
+        "model.norm",
+    ),
+    "granitemoeshared": (
+        "granitemoeshared",
+        dict(_COMMON, logits_scaling=3.0, shared_intermediate_size=32, **_MOE_LOCAL),
+        "model.norm",
+    ),
+    "granitemoehybrid": (
+        "granitemoehybrid",
+        dict(
+            _COMMON,
+            logits_scaling=3.0,
+            shared_intermediate_size=32,
+            layer_types=["mamba", "attention"],
+            **_MAMBA2,
+            **_MOE_LOCAL,
+        ),
+        "model.norm",
+    ),
+    "olmo3": ("olmo3", _COMMON, "model.norm"),
+    "gemma4_text": (
+        "gemma4_text",
+        dict(_COMMON, head_dim=8, final_logit_softcapping=2.0),
+        "model.norm",
+    ),
+    "jamba": (
+        "jamba",
+        dict(
+            _COMMON,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            num_experts=4,
+            num_experts_per_tok=2,
+            use_mamba_kernels=False,
+            mamba_d_state=8,
+            mamba_dt_rank=4,
+        ),
+        "model.final_layernorm",
+    ),
+    "falcon_h1": (
+        "falcon_h1",
+        dict(_COMMON, lm_head_multiplier=0.7, **_MAMBA2),
+        "model.final_layernorm",
+    ),
+    "olmo_hybrid": (
+        "olmo_hybrid",
+        dict(_COMMON, layer_types=["linear_attention", "full_attention"], **_LINEAR),
+        "model.norm",
+    ),
 }
 
 ARCHITECTURES: List[str] = list(_SPECS)
@@ -128,3 +263,30 @@ def tiny_model(model_type: str, **config_overrides: Any) -> PreTrainedModel:
                 with torch.no_grad():
                     param.normal_(mean=1.0 if name == "weight" else 0.0, std=0.5)
     return model.eval()
+
+
+def tiny_tokenizer() -> Any:
+    r"""A word-level tokenizer over the tiny models' vocabulary, built in memory.
+
+    Returns:
+        **tokenizer** (PreTrainedTokenizerFast):
+            Token ``i`` is the word ``"t{i}"``; ``t0`` pads, ``t1`` and ``t2``
+            are BOS and EOS, ``t3`` is unknown.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(
+        models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t3")
+    )
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=words,
+        bos_token="t1",
+        eos_token="t2",
+        pad_token="t0",
+        unk_token="t3",
+        # TransformerLens rebuilds tokenizers from these unless BOS is on.
+        name_or_path="tiny",
+        add_bos_token=True,
+    )

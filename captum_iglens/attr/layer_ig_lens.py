@@ -53,6 +53,7 @@ from captum_iglens.hf.architectures import (
     mid_block_modules,
 )
 from captum_iglens.hf.forward import CausalLMForward
+from captum_iglens.integrations import unwrap_model
 from captum_iglens.readout.readout import Readout, target_log_prob
 from captum_iglens.result import IGLensResult
 
@@ -232,7 +233,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         Args:
 
             model (transformers.PreTrainedModel): A causal LM of a supported
-                        architecture.
+                        architecture, or a TransformerLens ``TransformerBridge``
+                        or nnsight ``LanguageModel`` wrapping one (checked to
+                        give the same logits).
             layers (list[int], optional): Indices of the decoder blocks to put on
                         the path (negative indices count from the end). The last
                         block is always appended. Default: all blocks.
@@ -247,6 +250,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             ``sublayers`` come from the architecture table (None for blocks that
             add attention and MLP in parallel).
         """
+        model = unwrap_model(model)  # a TransformerLens bridge, an nnsight model
         blocks = decoder_layers(model)
         chosen = choose_blocks(model, layers)
         layer = [blocks[i] for i in chosen]
@@ -866,7 +870,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 "(sublayers=); from_model sets it except for architectures that add "
                 "attention and MLP in parallel (GPT-J, Phi, Cohere, parallel Falcon, "
                 "GPT-NeoX/StableLM with use_parallel_residual, ...), which have no "
-                "residual state between the two"
+                "residual state between the two, and for model types probed or "
+                "registered without mid= (register_architecture(..., mid=...))"
             )
         points: List[PathPoint] = []
         names: List[str] = []

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.text import answered_prompt, decode_tokens
+from captum_iglens.integrations import unwrap_model
 from captum_iglens.result import IGLensResult
 from captum_iglens.settings import Settings, provenance
 
@@ -35,8 +36,10 @@ def attribute_text(
 
     Args:
 
-        model (PreTrainedModel): A causal LM of a supported architecture.
-        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
+        model (PreTrainedModel): A causal LM of a supported architecture, or a
+                    TransformerLens bridge or nnsight model wrapping one.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer (for a bridge or an
+                    nnsight model, e.g. ``bridge.tokenizer``).
         prompt (str): The user's text.
         answer (str or Tensor, optional): A precomputed answer to attribute
                     instead of generating one: text, or token ids ``(n,)`` (ids
@@ -58,6 +61,7 @@ def attribute_text(
         answer, settings, model, package versions).
     """
     settings = Settings.resolve(settings, options)
+    model = unwrap_model(model)  # a TransformerLens bridge, an nnsight model
     if lens is not None and settings.layers is not None:
         raise ValueError("layers: pass either layers or lens, not both")
     ids, pos, targets, answer_ids = answered_prompt(

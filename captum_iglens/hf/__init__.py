@@ -2,6 +2,7 @@ r"""Hugging Face causal LMs: the architecture registry, the model forward, text 
 and out, and the embedded models. Nothing here imports the attribution."""
 
 from captum_iglens.hf.architectures import (
+    architecture,
     Architecture,
     choose_blocks,
     decoder_layers,
@@ -27,6 +28,7 @@ from captum_iglens.hf.text import (
 )
 
 __all__ = [
+    "architecture",
     "Architecture",
     "CausalLMForward",
     "causal_lm_logits",

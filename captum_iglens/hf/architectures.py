@@ -6,16 +6,29 @@ the last block and the head (the final norm, plus any output projection), what
 kind of norm that is, where the head is, and which transform the model applies
 to the head's output (final-logit softcapping, logit scaling). Each built-in
 entry was read from the architecture's ``modeling_<name>.py`` in transformers;
-users add their own with :func:`register_architecture`. An architecture that is
-not registered raises :class:`ValueError`; nothing is guessed.
+users add their own with :func:`register_architecture`. A model type that is
+neither built in nor registered is probed (:mod:`captum_iglens.hf.probe`): its
+parts are proposed from the module tree and used only once a real forward shows
+that they reproduce the model's logits; otherwise :class:`ValueError` says how
+to register it. User entries are verified the same way on first use. Built-in
+entries are verified by the test suite, on tiny models built from each config.
 """
 
 import operator
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+import weakref
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
+from captum_iglens.hf.probe import (
+    last_outputs_and_logits,
+    measured_norm_kind,
+    propose_parts,
+    readout_error,
+    register_hint,
+    tolerance,
+)
 from captum_iglens.readout.transforms import LogitDivide, LogitScale, Softcap
 
 #: Kinds of final norm: ``"rms"`` scales only, ``"layer"`` also centres,
@@ -48,8 +61,10 @@ class Architecture:
         mid (Callable): From the model's config, the path inside each block of
                     the module whose input is the mid-block residual state
                     ``h + attn(...)`` (the stream after attention, before the
-                    MLP), or ``None`` where the block adds attention and MLP in
-                    parallel and no such state exists. Default: none.
+                    MLP), or a tuple of paths, one per block, where blocks of
+                    different kinds differ; or ``None`` where the block adds
+                    attention and MLP in parallel and no such state exists.
+                    Default: none.
         norm_kind (str): One of :data:`NORM_KINDS`: ``"rms"`` or ``"layer"``
                     (the final norm also subtracts the mean). Read by DLA, which
                     freezes the norm's scale. Default: ``"rms"``.
@@ -69,7 +84,7 @@ class Architecture:
     norm: Tuple[str, ...]
     head: Tuple[str, ...] = ("lm_head",)
     post: Callable[[nn.Module], Optional[nn.Module]] = _no_post
-    mid: Callable[[Any], Optional[str]] = lambda config: None
+    mid: Callable[[Any], Union[None, str, Tuple[str, ...]]] = lambda config: None
     norm_kind: str = "rms"
     attn_out: Callable[[Any], Optional[str]] = lambda config: None
     attn_scale: Callable[[Any], float] = lambda config: 1.0
@@ -116,6 +131,11 @@ def _granite_logits_scaling(model: nn.Module) -> nn.Module:
     return LogitDivide(model.config.logits_scaling)
 
 
+def _falcon_h1_multiplier(model: nn.Module) -> nn.Module:
+    # FalconH1ForCausalLM.forward: lm_head(h) * model.model.lm_head_multiplier.
+    return LogitScale(model.model.lm_head_multiplier)
+
+
 _POST_ATTENTION_NORM = _mid("post_attention_layernorm")
 _O_PROJ = _mid("self_attn.o_proj")
 _LLAMA_LIKE = Architecture(
@@ -133,6 +153,17 @@ _GEMMA2_LIKE = Architecture(
 )
 
 _LAYER_NORM = dict(norm_kind="layer")
+_GRANITE = Architecture(
+    layers="model.layers",
+    norm=("model.norm",),
+    post=_granite_logits_scaling,
+    mid=_POST_ATTENTION_NORM,
+    attn_out=_O_PROJ,
+    attn_scale=lambda c: c.residual_multiplier,
+)
+# Hybrid blocks (linear attention or Mamba, then the MLP) have no attention
+# output projection in every block: no head split.
+_LLAMA_LIKE_HYBRID = replace(_LLAMA_LIKE, attn_out=lambda config: None)
 
 _REGISTRY: Dict[str, Architecture] = {
     "llama": _LLAMA_LIKE,
@@ -227,14 +258,7 @@ _REGISTRY: Dict[str, Architecture] = {
         norm=("model.norm",),
         post=_cohere_logit_scale,
     ),
-    "granite": Architecture(
-        layers="model.layers",
-        norm=("model.norm",),
-        post=_granite_logits_scaling,
-        mid=_POST_ATTENTION_NORM,
-        attn_out=_O_PROJ,
-        attn_scale=lambda c: c.residual_multiplier,
-    ),
+    "granite": _GRANITE,
     # OLMo's final norm is a parameter-free LayerNorm.
     "olmo": Architecture(
         layers="model.layers",
@@ -246,7 +270,76 @@ _REGISTRY: Dict[str, Architecture] = {
     # OLMo2 normalises the attention output before adding it (no head split);
     # the MLP reads the stream itself.
     "olmo2": Architecture(layers="model.layers", norm=("model.norm",), mid=_mid("mlp")),
+    # Current families. A mixture-of-experts layer is the block's MLP: the block
+    # stays a residual block, and the mid-block state is the MLP's input.
+    "llama4_text": _LLAMA_LIKE,
+    "qwen3_5_text": _LLAMA_LIKE_HYBRID,  # Gated DeltaNet or attention, then MLP
+    "qwen3_5_moe_text": _LLAMA_LIKE_HYBRID,
+    "qwen3_moe": _LLAMA_LIKE,
+    "qwen3_next": _LLAMA_LIKE_HYBRID,  # Gated DeltaNet or attention, then experts
+    "qwen2_moe": _LLAMA_LIKE,
+    "mixtral": _LLAMA_LIKE,
+    "olmoe": _LLAMA_LIKE,
+    "smollm3": _LLAMA_LIKE,
+    "gpt_oss": _LLAMA_LIKE,
+    "deepseek_v3": _LLAMA_LIKE,
+    "glm4_moe": _LLAMA_LIKE,
+    "phimoe": Architecture(
+        layers="model.layers",
+        norm=("model.norm",),
+        mid=_POST_ATTENTION_NORM,
+        attn_out=_O_PROJ,
+        **_LAYER_NORM,
+    ),
+    "granitemoe": _GRANITE,
+    "granitemoeshared": _GRANITE,
+    # Mamba-2 or attention, then experts.
+    "granitemoehybrid": replace(_GRANITE, attn_out=lambda config: None),
+    "olmo3": Architecture(layers="model.layers", norm=("model.norm",), mid=_mid("mlp")),
+    "gemma4_text": _GEMMA2_LIKE,
+    # Hybrid recurrent: a Mamba mixer (or attention), then the MLP or experts.
+    "jamba": Architecture(
+        layers="model.layers",
+        norm=("model.final_layernorm",),
+        mid=_mid("pre_ff_layernorm"),
+    ),
+    # Mamba-2 and attention in parallel, then the MLP; the head's output is
+    # multiplied by lm_head_multiplier.
+    "falcon_h1": Architecture(
+        layers="model.layers",
+        norm=("model.final_layernorm",),
+        post=_falcon_h1_multiplier,
+        mid=_mid("pre_ff_layernorm"),
+    ),
+    # Its attention blocks normalise the attention output (OLMo 2 style: the MLP
+    # reads h_mid) and its Gated DeltaNet blocks are pre-norm: one path per block.
+    "olmo_hybrid": Architecture(
+        layers="model.layers",
+        norm=("model.norm",),
+        mid=lambda config: tuple(
+            "mlp" if kind == "full_attention" else "post_attention_layernorm"
+            for kind in config.layer_types
+        ),
+    ),
 }
+
+#: Model types that cannot be read out by a final norm and head applied to one
+#: residual stream, with the reason. Neither the table nor the probe takes them.
+REFUSED: Dict[str, str] = dict.fromkeys(
+    ("gemma3n", "gemma3n_text"),
+    "Gemma 3n's blocks pass a stack of AltUp predictions (altup_num_inputs "
+    "streams) from block to block, and the model mixes them through "
+    "altup_unembed_projections before its final norm: no single residual "
+    "stream is read out by the final norm and head, so IG-Lens's path does not "
+    "exist",
+)
+
+# The entries verified by the test suite; anything else is verified on first use.
+_BUILT_IN: Dict[str, Architecture] = dict(_REGISTRY)
+# Model -> the entry verified on it (user-registered or probed).
+_VERIFIED: "weakref.WeakKeyDictionary[nn.Module, Architecture]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def register_architecture(
@@ -255,7 +348,7 @@ def register_architecture(
     layers: str,
     norm: Sequence[str],
     head: Sequence[str] = ("lm_head",),
-    post: Callable[[nn.Module], Optional[nn.Module]] = _no_post,
+    post: Union[None, nn.Module, Callable[[nn.Module], Optional[nn.Module]]] = None,
     mid: Optional[str] = None,
     norm_kind: str = "rms",
     replace: bool = False,
@@ -265,9 +358,10 @@ def register_architecture(
     Adds a model type to the registry, so that :meth:`LayerIGLens.from_model`,
     :meth:`Readout.from_model` and everything built on them support it.
 
-    Nothing registered is trusted blindly: every IG-Lens call checks that the
-    readout of the last block reproduces the model's own logits, and raises
-    otherwise.
+    Nothing registered is trusted blindly: on first use with a model, one
+    forward checks that the readout of the last block reproduces the model's
+    own logits (and that every block has the ``mid`` module), and every IG-Lens
+    call checks it again; a wrong entry raises :class:`ValueError`.
 
     Args:
 
@@ -279,9 +373,11 @@ def register_architecture(
                     projection); empty if nothing.
         head (list[str], optional): Accepted dotted paths of the head.
                     Default: ``("lm_head",)``.
-        post (Callable, optional): Builds the transform of the head's output
-                    from the model (e.g. ``lambda m: Softcap(30.0)``), or returns
-                    None. Default: no transform.
+        post (nn.Module or Callable, optional): The transform of the head's
+                    output (e.g. ``Softcap(30.0)``), or a function that builds it
+                    from the model (e.g. ``lambda m:
+                    Softcap(m.config.final_logit_softcapping)``) or returns None.
+                    Default: None (no transform).
         mid (str, optional): Path, inside each block, of the module whose input
                     is the mid-block state ``h + attn(...)`` (needed for
                     ``granularity="sublayer"``), e.g.
@@ -302,8 +398,8 @@ def register_architecture(
 
         >>> register_architecture(
         ...     "my_llama", layers="model.layers", norm=("model.norm",),
-        ...     mid="post_attention_layernorm")
-        >>> lens = LayerIGLens.from_model(my_model)
+        ...     post=Softcap(30.0), mid="post_attention_layernorm")
+        >>> lens = LayerIGLens.from_model(my_model)  # verified here
     """
     if not isinstance(model_type, str) or not model_type:
         raise ValueError(f"model_type: expected a non-empty string, got {model_type!r}")
@@ -321,6 +417,10 @@ def register_architecture(
     for name, path in (("mid", mid), ("attn_out", attn_out)):
         if path is not None and (not isinstance(path, str) or not path):
             raise ValueError(f"{name}: expected a dotted path or None, got {path!r}")
+    if post is None:
+        post = _no_post
+    elif isinstance(post, nn.Module):
+        post = _constant(post)
     entry = Architecture(
         layers=layers,
         norm=tuple(norm),
@@ -332,6 +432,10 @@ def register_architecture(
     )
     _REGISTRY[model_type] = entry
     return entry
+
+
+def _constant(module: nn.Module) -> Callable[[nn.Module], nn.Module]:
+    return lambda model: module
 
 
 def unregister_architecture(model_type: str) -> None:
@@ -354,22 +458,114 @@ def supported_model_types() -> List[str]:
 def architecture(model: nn.Module) -> Architecture:
     r"""The registry entry of a model, keyed by ``model.config.model_type``.
 
+    Built-in entries are returned as they are (the test suite verifies them). A
+    user-registered entry is returned once one forward of this model shows that
+    its readout reproduces the model's logits; for a type in neither, the
+    probe's first proposal that does (:mod:`captum_iglens.hf.probe`). Each model
+    is verified once.
+
     Raises:
-        ValueError: If the model type is not registered; the message says how to
-            register it.
+        ValueError: If the type is refused (:data:`REFUSED`, with the reason), or
+            the registered entry or every proposal of the probe fails the check;
+            the message names the model type and the ``register_architecture``
+            call to write.
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in _REGISTRY:
+    if model_type in REFUSED:
         raise ValueError(
-            f"{type(model).__name__} (model_type={model_type!r}) is not a supported "
-            "architecture; supported model types: "
-            f"{', '.join(supported_model_types())}. "
-            "Register it with captum_iglens.register_architecture("
-            f"{model_type!r}, layers=..., norm=(...,)), or build "
-            "Readout(head=..., norm=..., post=...) by hand and pass layer= explicitly."
+            f"{type(model).__name__} (model_type={model_type!r}) is not supported: "
+            f"{REFUSED[model_type]}."
         )
-    return _REGISTRY[model_type]
+    entry = _REGISTRY.get(model_type)
+    if entry is not None and _BUILT_IN.get(model_type) is entry:
+        return entry
+    if entry is None and config is None:
+        raise ValueError(
+            f"model: expected a Hugging Face causal LM with a config, got "
+            f"{type(model).__name__}; build Readout(head=..., norm=..., post=...) "
+            "by hand and pass layer= explicitly"
+        )
+    verified = _VERIFIED.get(model)
+    if verified is not None and (entry is None or verified is entry):
+        return verified
+    entry = _probe(model) if entry is None else _verify(model, entry)
+    _VERIFIED[model] = entry
+    return entry
+
+
+def _verify(model: nn.Module, entry: Architecture) -> Architecture:
+    """The entry, once a real forward shows its readout gives the model's logits."""
+    model_type = getattr(model.config, "model_type", None)
+    mid_modules_of(model, entry, blocks_of(model, entry))
+    captured, logits = last_outputs_and_logits(model, [entry.layers])
+    if entry.layers not in captured:
+        raise ValueError(
+            f"{type(model).__name__} (model_type={model_type!r}): the last block "
+            f"of {entry.layers!r} did not run or did not return a tensor"
+        )
+    h_final = captured[entry.layers]
+    error = readout_error(*readout_parts_of(model, entry), h_final, logits)
+    if error > tolerance(h_final.dtype):
+        hint = register_hint(model_type, entry.layers, entry.norm, entry.head)
+        raise ValueError(
+            f"{type(model).__name__} (model_type={model_type!r}): the registered "
+            "architecture does not reproduce the model's logits (relative "
+            f"difference {error:.3g}): the readout ({entry.norm}, {entry.head}, "
+            f"post) of the output of the last block of {entry.layers!r} must be "
+            f"what the model computes. Fix the entry with {hint[:-1]}, replace=True)"
+        )
+    return entry
+
+
+def _probe(model: nn.Module) -> Architecture:
+    """The first proposal of the probe whose readout gives the model's logits."""
+    model_type = getattr(model.config, "model_type", None)
+    proposals = propose_parts(model)
+    tried: List[str] = []
+    if proposals:
+        paths = list(dict.fromkeys(p.layers for p in proposals))
+        try:
+            captured, logits = last_outputs_and_logits(model, paths)
+        except (RuntimeError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(
+                f"{type(model).__name__} (model_type={model_type!r}) is not in the "
+                "architecture table, and the probe's verification forward "
+                f"model(input_ids=...) failed ({error}). Register it with "
+                "captum_iglens.register_architecture(...), or build "
+                "Readout(head=..., norm=..., post=...) by hand and pass layer= "
+                "explicitly."
+            ) from error
+        for p in proposals:
+            if p.layers not in captured:
+                continue
+            entry = Architecture(layers=p.layers, norm=p.norm, head=p.head, post=p.post)
+            norm, head, post = readout_parts_of(model, entry)
+            error = readout_error(norm, head, post, captured[p.layers], logits)
+            if error <= tolerance(captured[p.layers].dtype):
+                kind = measured_norm_kind(norm, captured[p.layers])
+                return Architecture(
+                    layers=p.layers, norm=p.norm, head=p.head, post=p.post,
+                    norm_kind=kind,
+                )
+            tried.append(
+                f"layers={p.layers!r}, norm={p.norm}, post={p.post_name}: {error:.3g}"
+            )
+    first = proposals[0] if proposals else None
+    hint = register_hint(
+        model_type,
+        first.layers if first else "model.layers",
+        first.norm if first else (),
+        first.head if first else ("lm_head",),
+    )
+    raise ValueError(
+        f"{type(model).__name__} (model_type={model_type!r}) is not in the "
+        "architecture table, and no part structure proposed by the probe "
+        "reproduces its logits"
+        + (f" (relative differences: {'; '.join(tried[:6])})" if tried else "")
+        + f". Register it: {hint}; or build Readout(head=..., norm=..., post=...) "
+        "by hand and pass layer= explicitly."
+    )
 
 
 def final_norm_kind(model: nn.Module) -> str:
@@ -415,7 +611,18 @@ def decoder_layers(model: nn.Module) -> List[nn.Module]:
         ValueError: If the model type is not supported or the model lacks the
             attribute the table names.
     """
-    return list(_resolve(model, architecture(model).layers))
+    return blocks_of(model, architecture(model))
+
+
+def blocks_of(model: nn.Module, arch: Architecture) -> List[nn.Module]:
+    r""":func:`decoder_layers` for a given entry ``arch`` of ``model``."""
+    blocks = _resolve(model, arch.layers)
+    if not isinstance(blocks, (nn.ModuleList, nn.Sequential)) or not len(blocks):
+        raise ValueError(
+            f"{type(model).__name__}: {arch.layers!r} is not a non-empty "
+            "nn.ModuleList of decoder blocks"
+        )
+    return list(blocks)
 
 
 def choose_blocks(model: nn.Module, layers: Optional[Sequence[int]]) -> List[int]:
@@ -480,15 +687,28 @@ def mid_block_modules(
             with ``use_parallel_residual``, post-norm OPT, Bloom with the residual
             after the norm.
     """
-    path = architecture(model).mid(model.config)
+    return mid_modules_of(model, architecture(model), blocks)
+
+
+def mid_modules_of(
+    model: nn.Module, arch: Architecture, blocks: List[nn.Module]
+) -> Optional[List[nn.Module]]:
+    r""":func:`mid_block_modules` for a given entry ``arch`` of ``model``."""
+    path = arch.mid(model.config)
     if path is None:
         return None
-    modules = [_lookup(block, path) for block in blocks]
-    if any(not isinstance(m, nn.Module) for m in modules):
-        raise ValueError(
-            f"{type(model).__name__}: a decoder block has no module {path!r}, where "
-            "the architecture table expects the mid-block state"
-        )
+    if isinstance(path, str):
+        paths = [path] * len(blocks)
+    else:  # one path per block of the model, for blocks of different kinds
+        index = {id(b): i for i, b in enumerate(blocks_of(model, arch))}
+        paths = [path[index[id(block)]] for block in blocks]
+    modules = [_lookup(block, p) for block, p in zip(blocks, paths)]
+    for module, p in zip(modules, paths):
+        if not isinstance(module, nn.Module):
+            raise ValueError(
+                f"{type(model).__name__}: a decoder block has no module {p!r}, "
+                "where the architecture table expects the mid-block state"
+            )
     return modules
 
 
@@ -554,7 +774,13 @@ def readout_parts(
         ValueError: If the model type is not supported or the model lacks an
             attribute the table names.
     """
-    arch = architecture(model)
+    return readout_parts_of(model, architecture(model))
+
+
+def readout_parts_of(
+    model: nn.Module, arch: Architecture
+) -> Tuple[Optional[nn.Module], nn.Module, Optional[nn.Module]]:
+    r""":func:`readout_parts` for a given entry ``arch`` of ``model``."""
     norms = [m for m in (_resolve(model, p) for p in arch.norm) if m is not None]
     if not norms:
         norm = None

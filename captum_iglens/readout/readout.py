@@ -13,6 +13,7 @@ import torch
 from torch import nn, Tensor
 
 from captum_iglens.hf.architectures import readout_parts
+from captum_iglens.integrations import unwrap_model
 
 
 class Readout(nn.Module):
@@ -107,7 +108,7 @@ class Readout(nn.Module):
             ValueError: If the architecture is not supported; then build
                 ``Readout(head=..., norm=..., post=...)`` by hand.
         """
-        norm, head, post = readout_parts(model)
+        norm, head, post = readout_parts(unwrap_model(model))
         return cls(head, norm, post, max_chunk_bytes=max_chunk_bytes)
 
     @property

@@ -23,7 +23,17 @@ NO_SPLIT = {
     "opt-no-final-norm",
     "gemma2",
     "gemma3_text",
+    "gemma4_text",
     "olmo2",
+    "olmo3",
+    # Hybrid recurrent blocks: not every block has an attention projection.
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
+    "qwen3_next",
+    "granitemoehybrid",
+    "jamba",
+    "falcon_h1",
+    "olmo_hybrid",
 }
 SEQUENTIAL = [
     ("llama", {}),
@@ -41,7 +51,27 @@ SEQUENTIAL = [
     ("olmo", {}),
     ("gpt_neox", {"use_parallel_residual": False}),
     ("falcon", {"parallel_attn": False, "new_decoder_architecture": False}),
+    # Mixture-of-experts and current dense families.
+    ("llama4_text", {}),
+    ("qwen3_moe", {}),
+    ("qwen2_moe", {}),
+    ("mixtral", {}),
+    ("olmoe", {}),
+    ("smollm3", {}),
+    ("gpt_oss", {}),
+    ("deepseek_v3", {}),
+    ("glm4_moe", {}),
+    ("phimoe", {}),
+    ("granitemoe", {"residual_multiplier": 0.5}),
+    ("granitemoeshared", {"residual_multiplier": 0.5}),
 ]
+
+
+def test_every_tiny_architecture_is_split_or_refused():
+    from tests.tiny_models import _SPECS
+
+    # (falcon and gpt_neox are split in their sequential configurations only)
+    assert set(_SPECS) <= {arch for arch, _ in SEQUENTIAL} | NO_SPLIT
 
 
 def _blocks_of(result, n_blocks):

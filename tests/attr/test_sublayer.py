@@ -107,3 +107,25 @@ def test_mid_block_state_matches_submodules_by_hand():
         by_hand = h_mid + block.mlp(block.post_attention_layernorm(h_mid))
     assert torch.allclose(h_out, by_hand, atol=1e-6)
     assert out.logits.shape[:2] == (2, 5)
+
+
+def test_mixed_block_kinds_have_their_own_mid_module():
+    """OLMo hybrid: a Gated DeltaNet block (pre-norm) and an attention block (the
+    MLP reads the stream); each block's output is h_mid plus its MLP branch,
+    computed here by hand from the captured h_mid."""
+    model = tiny_model("olmo_hybrid")
+    lens = LayerIGLens.from_model(model)
+    linear, attention = decoder_layers(model)
+    points, _ = lens._path_points("sublayer")
+    ids = torch.randint(0, VOCAB, (2, 5))
+    capture = ResidualCapture(
+        lens.input_layer, points, torch.arange(5), torch.device("cpu")
+    )
+    with capture, torch.no_grad():
+        model(ids)
+    _, (mid0, out0, mid1, out1) = capture.path()
+    with torch.no_grad():
+        by_hand0 = mid0 + linear.mlp(linear.post_attention_layernorm(mid0))
+        by_hand1 = mid1 + attention.post_feedforward_layernorm(attention.mlp(mid1))
+    assert torch.allclose(out0, by_hand0, atol=1e-6)
+    assert torch.allclose(out1, by_hand1, atol=1e-6)

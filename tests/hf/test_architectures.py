@@ -12,7 +12,8 @@ from captum_iglens.hf.architectures import (
     final_norm_kind,
     unregister_architecture,
 )
-from tests.helpers import block_states, left_padded
+from captum_iglens.readout import Softcap
+from tests.helpers import block_states, hook_snapshot, left_padded
 
 
 @pytest.fixture
@@ -49,8 +50,12 @@ def test_norm_kind_is_data(llama):
 
 def test_register_a_new_model_type(bigcode):
     assert "gpt_bigcode" not in supported_model_types()
-    with pytest.raises(ValueError, match="register_architecture"):
-        LayerIGLens.from_model(bigcode)
+    # Unregistered, the probe verifies the blocks and readout but proposes no
+    # mid-block module: the sub-layer split needs the registration.
+    with pytest.raises(ValueError, match="mid="):
+        LayerIGLens.from_model(bigcode).attribute_map(
+            torch.tensor([[5, 6, 7]]), granularity="sublayer"
+        )
     register_architecture(
         "gpt_bigcode",
         layers="transformer.h",
@@ -85,13 +90,52 @@ def test_register_a_new_model_type(bigcode):
     assert "gpt_bigcode" not in supported_model_types()
 
 
-def test_a_wrong_registration_is_caught_on_use(bigcode):
+def test_a_wrong_registration_is_caught_on_first_use(bigcode):
     # Forgetting the final norm: the readout no longer reproduces the logits.
     register_architecture("gpt_bigcode", layers="transformer.h", norm=())
+    hooks, bigcode.training = hook_snapshot(bigcode), True
     try:
-        lens = LayerIGLens.from_model(bigcode)
-        with pytest.raises(ValueError, match="does not reproduce the model's logits"):
-            lens.attribute_map(torch.tensor([[5, 6, 7]]))
+        for build in (LayerIGLens.from_model, Readout.from_model):
+            with pytest.raises(ValueError, match="does not reproduce the model's"):
+                build(bigcode)
+        assert hook_snapshot(bigcode) == hooks and bigcode.training
+    finally:
+        unregister_architecture("gpt_bigcode")
+        bigcode.training = False
+
+
+def test_registration_in_a_few_lines_with_a_transform(bigcode):
+    """``post`` may be the transform itself; a missing mid module is named."""
+    cap = 0.5
+    logits = bigcode(torch.tensor([[5, 6, 7]])).logits
+
+    class Capped(type(bigcode)):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = torch.tanh(out.logits / cap) * cap
+            return out
+
+    capped = Capped(bigcode.config).eval()
+    capped.load_state_dict(bigcode.state_dict())
+    register_architecture(
+        "gpt_bigcode", layers="transformer.h", norm=("transformer.ln_f",), mid="nope"
+    )
+    try:
+        with pytest.raises(ValueError, match="no module 'nope'"):
+            LayerIGLens.from_model(capped)
+        register_architecture(
+            "gpt_bigcode",
+            layers="transformer.h",
+            norm=("transformer.ln_f",),
+            post=Softcap(cap),
+            mid="ln_2",
+            replace=True,
+        )
+        lens = LayerIGLens.from_model(capped)
+        result = lens.attribute_map(torch.tensor([[5, 6, 7]]), granularity="sublayer")
+        expected = (torch.tanh(logits / cap) * cap).softmax(-1).max(-1).values
+        assert (result.model_prob - expected).abs().max() <= 1e-6
+        assert result.delta.abs().max() <= 1e-6
     finally:
         unregister_architecture("gpt_bigcode")
 

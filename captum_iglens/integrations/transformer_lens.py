@@ -1,0 +1,79 @@
+r"""TransformerLens 4: IG-Lens on a ``TransformerBridge`` and TransformerLens names.
+
+A bridge wraps a Hugging Face model (``bridge.original_model``) and, booted
+with ``TransformerBridge.boot_transformers``, computes the model's own logits.
+:func:`unwrap_bridge` returns the model after checking that. The names of
+IG-Lens's segments map to TransformerLens hook points: block ``l`` ends at
+``blocks.{l}.hook_resid_post``, its attention at ``blocks.{l}.hook_resid_mid``.
+"""
+
+from dataclasses import replace
+from typing import Any, TYPE_CHECKING
+
+from torch import nn
+
+from captum_iglens.integrations._verify import check_same_logits
+
+if TYPE_CHECKING:  # result.py imports the estimators, which import the readout
+    from captum_iglens.result import IGLensResult
+
+
+def is_bridge(model: Any) -> bool:
+    r"""Whether ``model`` is a TransformerLens ``TransformerBridge`` (without
+    importing TransformerLens)."""
+    return type(model).__module__.startswith("transformer_lens") and isinstance(
+        getattr(model, "original_model", None), nn.Module
+    )
+
+
+def unwrap_bridge(bridge: Any) -> nn.Module:
+    r"""The Hugging Face model inside a bridge, checked against the bridge's logits.
+
+    Args:
+        bridge (TransformerBridge): A bridge around a Hugging Face causal LM.
+
+    Returns:
+        *nn.Module*: ``bridge.original_model``.
+
+    Raises:
+        ValueError: If the bridge's logits differ from the model's (e.g. after
+            ``enable_compatibility_mode()``, which folds the norms).
+    """
+    model = bridge.original_model
+    check_same_logits("TransformerBridge", bridge, model)
+    return model
+
+
+def hook_name(segment: str) -> str:
+    r"""The TransformerLens hook point at the end of an IG-Lens segment.
+
+    Args:
+        segment (str): A segment name of :class:`LayerIGLens` built with
+                    ``from_model``: ``"l"`` (block ``l``), ``"l.attn"`` or
+                    ``"l.mlp"`` (its two halves at ``granularity="sublayer"``).
+
+    Returns:
+        *str*: ``"blocks.{l}.hook_resid_post"``, or ``"blocks.{l}.hook_resid_mid"``
+        for ``"l.attn"``.
+    """
+    block, _, part = segment.partition(".")
+    if not block.isdigit() or part not in ("", "attn", "mlp"):
+        raise ValueError(
+            f"segment: expected 'l', 'l.attn' or 'l.mlp' with a block index l, got "
+            f"{segment!r}"
+        )
+    return f"blocks.{block}.hook_resid_{'mid' if part == 'attn' else 'post'}"
+
+
+def with_hook_names(result: "IGLensResult") -> "IGLensResult":
+    r"""A result whose layer names are TransformerLens hook names.
+
+    Args:
+        result (IGLensResult): From a lens built with ``from_model``.
+
+    Returns:
+        *IGLensResult*: a copy sharing the tensors, with ``layer_names`` such as
+        ``["blocks.0.hook_resid_post", ...]`` (sub-layer segments:
+        ``hook_resid_mid`` for attention, ``hook_resid_post`` for the MLP).
+    """
+    return replace(result, layer_names=[hook_name(n) for n in result.layer_names])
