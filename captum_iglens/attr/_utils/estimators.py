@@ -3,12 +3,14 @@ The path integrals of IG-Lens, evaluated on captured residual-stream states.
 
 Every function takes ``points`` of shape ``(N, K, d)``: for each of ``N`` rows (a
 sequence position), the ``K = k + 1`` path points ``h_base, h_{L_1}, ..., h_{L_k}``
-in the model's dtype, and ``targets`` of shape ``(N,)``. The readout is pointwise
-over rows, so rows can be grouped freely; ``chunk_rows`` bounds how many rows go
+in the model's dtype, and ``targets``, a
+:class:`~captum_iglens.readout.scores.TokenScore` of ``N`` rows (the score ``f`` of
+each row: one target's probability, a token set's, or a contrastive difference).
+The readout is pointwise over rows, so rows can be grouped freely; ``chunk_rows`` bounds how many rows go
 through the readout at once.
 """
 
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 from captum.attr._utils.approximation_methods import (
@@ -18,6 +20,7 @@ from captum.attr._utils.approximation_methods import (
 from torch import Tensor
 
 from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.scores import TokenScore, Views
 
 #: Estimators accepted by ``method=``: ours first, then Captum's rules.
 ESTIMATORS: Tuple[str, ...] = ("prediction_aware", *SUPPORTED_METHODS)
@@ -29,30 +32,69 @@ def _chunks(total: int, size: int) -> Iterator[slice]:
 
 
 def path_values(
-    readout: Readout, points: Tensor, targets: Tensor, chunk_rows: int
-) -> Tensor:
+    readout: Readout,
+    points: Tensor,
+    targets: TokenScore,
+    chunk_rows: int,
+    top_k: int = 0,
+    final_logits: Optional[Callable[[slice], Tensor]] = None,
+) -> Tuple[Tensor, Optional[Views]]:
     r"""
-    ``f_y`` at every path point, with no gradient.
+    ``f`` at every path point, with no gradient, and with ``top_k >= 1`` the
+    views of every point's distribution, kept from the same log-softmax.
+
+    ``final_logits(rows)`` returns the model's own logits ``(n, V)`` of the rows
+    ``rows`` of ``points`` (needed with ``top_k``, for the KL divergence from the
+    model's final distribution). With views, a chunk holds half as many points,
+    so that the extra ``(n, V)`` temporaries stay within the readout's budget.
 
     Returns:
-        *Tensor* of shape ``(N, K)``, float32: ``softmax(readout(points))[y]``.
+        2-element tuple of *Tensor* ``(N, K)`` float32, the score of
+        ``softmax(readout(points))``, and *Views* of leading shape ``(N, K)``
+        (None when ``top_k`` is 0).
     """
     n, k, d = points.shape
     flat = points.reshape(n * k, d)
     flat_targets = targets.repeat_interleave(k)
-    values = torch.cat(
-        [
-            readout.log_prob(flat[rows], flat_targets[rows])
-            for rows in _chunks(n * k, chunk_rows)
-        ]
-    )
-    return values.exp().reshape(n, k)
+    size = max(1, chunk_rows // 2) if top_k else chunk_rows
+    values, views = [], []
+    for rows in _chunks(n * k, size):
+        for sub in _chunks(rows.stop - rows.start, readout.rows_per_chunk()):
+            part = slice(rows.start + sub.start, rows.start + sub.stop)
+            logits = readout(flat[part]).float()
+            log_probs = torch.log_softmax(logits, dim=-1)
+            del logits
+            score = flat_targets[part]
+            values.append(score.of(log_probs))
+            if top_k:
+                final = _final_log_probs(final_logits, part, k)
+                views.append(Views.of(log_probs, score, top_k, final))
+                del final
+            del log_probs
+    if not values:
+        empty = points.new_zeros((n, k), dtype=torch.float32)
+        return empty, None
+    found = torch.cat(values).reshape(n, k)
+    return found, Views.cat(views).reshape(n, k) if views else None
+
+
+def _final_log_probs(
+    final_logits: Optional[Callable[[slice], Tensor]], rows: slice, k: int
+) -> Tensor:
+    """The model's final log-probabilities ``(n, V)`` of flat rows ``rows`` of
+    ``k`` points per position, each position's computed once."""
+    if final_logits is None:
+        raise ValueError("final_logits: needed for views (top_k >= 1)")
+    first, last = rows.start // k, (rows.stop - 1) // k + 1
+    per_position = torch.log_softmax(final_logits(slice(first, last)).float(), -1)
+    index = torch.arange(rows.start, rows.stop, device=per_position.device) // k
+    return per_position[index - first]
 
 
 def _values_and_gradients(
     readout: Readout,
     hidden: Tensor,
-    targets: Tensor,
+    targets: TokenScore,
     chunk_rows: int,
     grad_kwargs: Optional[Dict[str, Any]],
 ) -> Tuple[Tensor, Tensor]:
@@ -61,7 +103,7 @@ def _values_and_gradients(
     with torch.enable_grad():
         for rows in _chunks(hidden.shape[0], chunk_rows):
             x = hidden[rows].detach().requires_grad_(True)
-            prob = readout.log_prob(x, targets[rows]).exp()
+            prob = readout.score(x, targets[rows])
             (grad,) = torch.autograd.grad(
                 prob, x, grad_outputs=torch.ones_like(prob), **(grad_kwargs or {})
             )
@@ -78,7 +120,7 @@ def _row_groups(n_rows: int, points_per_row: int, chunk_rows: int) -> Iterator[s
 def prediction_aware_attributions(
     readout: Readout,
     points: Tensor,
-    targets: Tensor,
+    targets: TokenScore,
     final_values: Tensor,
     n_steps: int,
     chunk_rows: int,
@@ -141,7 +183,7 @@ def _split_weights(grads: Tensor, direction: Tensor) -> Tensor:
 def gradient_attributions(
     readout: Readout,
     points: Tensor,
-    targets: Tensor,
+    targets: TokenScore,
     n_steps: int,
     method: str,
     chunk_rows: int,
