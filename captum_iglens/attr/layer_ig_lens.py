@@ -499,7 +499,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """``f`` at every path point, ``(B, P, k + 1)``; the last is the model's own.
         With ``top_k``, the views of the ``k`` layers, ``(B, P, k)``, the last
         being the model's own distribution's."""
-        b, p = path.targets.shape
+        b, p, k_plus_1 = path.points.shape[:3]
         below_top, below_views = path_values(
             self.readout,
             path.points[:, :, :-1].flatten(0, 1),
@@ -511,7 +511,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         values = torch.cat([below_top.view(b, p, -1), path.model_prob[..., None]], -1)
         if below_views is None or path.top_views is None:
             return values, None
-        layers = below_views.reshape(b, p, -1)[:, :, 1:]  # h_base has no view
+        below = below_views.reshape(b, p, k_plus_1 - 1)
+        layers = below[:, :, 1:]  # h_base has no view
         return values, Views.cat([layers, path.top_views[:, :, None]], dim=2)
 
     def _per_dimension(

@@ -6,8 +6,8 @@ sequence position), the ``K = k + 1`` path points ``h_base, h_{L_1}, ..., h_{L_k
 in the model's dtype, and ``targets``, a
 :class:`~captum_iglens.readout.scores.TokenScore` of ``N`` rows (the score ``f`` of
 each row: one target's probability, a token set's, or a contrastive difference).
-The readout is pointwise over rows, so rows can be grouped freely; ``chunk_rows`` bounds how many rows go
-through the readout at once.
+The readout is pointwise over rows, so rows can be grouped freely; ``chunk_rows``
+bounds how many rows go through the readout at once.
 """
 
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
