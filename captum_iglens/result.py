@@ -370,6 +370,75 @@ class IGLensResult(JsonDocument):
         )
         return "\n".join(lines)
 
+    def format_views(self, batch_index: int = 0, *, width: int = 100) -> str:
+        r"""
+        What each layer predicts, for one sequence (a result with views): a row
+        per attributed token with each layer's top-1 token (``*`` where it is
+        the target), then each token's rank of the target per layer and the
+        model's own top ``K`` tokens.
+
+        Args:
+
+            batch_index (int, optional): The sequence to show. Default: 0.
+            width (int, optional): Characters available; when every layer does
+                        not fit, evenly spaced layers (always the last) are shown
+                        and a note says so. Default: 100.
+
+        Returns:
+            *str*: the table.
+        """
+        if not self.has_views:
+            raise ValueError("result: no views; attribute with top_k >= 1")
+        if not 0 <= batch_index < self.attributions.shape[0]:
+            raise ValueError(
+                f"batch_index: expected 0 <= batch_index < "
+                f"{self.attributions.shape[0]}, got {batch_index}"
+            )
+        b, k = batch_index, len(self.layer_names)
+        rows = self.mask[b].nonzero()[:, 0].tolist()
+        labels = self._token_labels(b)
+        token_w = max([5] + [len(labels[r]) for r in rows])
+        col_w = max(8, 1 + max(len(n) for n in self.layer_names))
+        fits = max(2, (width - token_w - 1) // (col_w + 1))
+        shown = list(range(k))
+        if fits < k:
+            shown = sorted({round(i * (k - 1) / (fits - 1)) for i in range(fits)})
+        head = [f"{'token':<{token_w}}"]
+        head += [f"{'L' + self.layer_names[j]:>{col_w}}" for j in shown]
+        lines = ["what each layer predicts (top-1 token; * = the target)"]
+        lines.append(" ".join(head))
+        for r in rows:
+            cells = [f"{labels[r]:<{token_w}}"]
+            for j in shown:
+                text = self._top_label(b, r, j, 0, col_w - 1)
+                mark = "*" if int(self.rank[b, r, j]) == 1 else ""
+                cells.append(f"{text + mark:>{col_w}}")
+            lines.append(" ".join(cells))
+        lines.append("rank of the target (1 = top)")
+        lines.append(" ".join(head))
+        for r in rows:
+            cells = [f"{labels[r]:<{token_w}}"]
+            cells += [f"{int(self.rank[b, r, j]):>{col_w}}" for j in shown]
+            lines.append(" ".join(cells))
+        if len(shown) < k:
+            lines.append(f"(showing {len(shown)} of {k} layers, evenly spaced)")
+        top = self.top_ids.shape[-1]
+        lines.append(f"the model's own top {top} (last layer), with probabilities")
+        for r in rows:
+            probs = self.top_probs[b, r, -1].tolist()
+            best = ", ".join(
+                f"{self._top_label(b, r, k - 1, i, 16)} {probs[i]:.3f}"
+                for i in range(top)
+            )
+            lines.append(f"{labels[r]:<{token_w}} {best}")
+        return "\n".join(lines)
+
+    def _top_label(self, b: int, p: int, j: int, i: int, width: int) -> str:
+        """The ``i``-th top token of layer ``j`` as a short label."""
+        if self.top_tokens is not None:
+            return repr(self.top_tokens[b][p][j][i])[1:-1][:width]
+        return f"#{int(self.top_ids[b, p, j, i])}"[:width]
+
     def _view_cells(self, b: int, p: int, j: int) -> List[Any]:
         """The CSV cells of the views of one (sequence, position, layer)."""
         if not self.has_views:

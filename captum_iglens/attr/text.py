@@ -3,12 +3,13 @@ IG-Lens on text with a Hugging Face causal LM: the map of a model's answer to a
 prompt, with the tokens attached.
 """
 
-from typing import Any, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from torch import Tensor
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
-from captum_iglens.hf.text import answered_prompt, decode_tokens
+from captum_iglens.hf.text import answered_prompt, decode_tokens, single_token_id
+from captum_iglens.readout.scores import FoilType, TokenSetType
 from captum_iglens.result import IGLensResult
 from captum_iglens.settings import Settings, provenance
 
@@ -22,6 +23,8 @@ def attribute_text(
     settings: Optional[Settings] = None,
     lens: Optional[LayerIGLens] = None,
     progress: bool = False,
+    foil: Union[str, FoilType] = None,
+    target_tokens: Union[List[str], TokenSetType] = None,
     **options: Any,
 ) -> IGLensResult:
     r"""
@@ -49,15 +52,33 @@ def attribute_text(
                     ``(input_ids)``. Then ``settings.layers`` must be None.
                     Default: ``LayerIGLens.from_model(model, settings.layers)``.
         progress (bool, optional): Progress bar for generation. Default: False.
+        foil (str, int, set or Tensor, optional): Attribute ``p(token) -
+                    p(foil)`` at every attributed position: a string that
+                    encodes to a single token, or the ids accepted by
+                    :meth:`LayerIGLens.attribute`. Default: None
+        target_tokens (list[str], set[int] or Tensor, optional): Attribute the
+                    total probability of these tokens (strings that each encode
+                    to a single token, e.g. ``[" Paris", "Paris"]``, or ids) at
+                    every attributed position, in place of the answer's token.
+                    Default: None
         **options (Any): Fields of :class:`Settings` that override ``settings``,
                     e.g. ``layers=[0, 10]`` or ``method="riemann_trapezoid"``.
 
     Returns:
         :class:`~captum_iglens.IGLensResult` for one sequence (``B = 1``), with
-        ``tokens`` (the attributed tokens as text) and ``metadata`` (prompt,
-        answer, settings, model, package versions).
+        ``tokens`` (the attributed tokens as text), ``top_tokens`` with
+        ``settings.top_k >= 1``, ``foils``/``target_sets`` when given, and
+        ``metadata`` (prompt, answer, settings, model, package versions).
     """
     settings = Settings.resolve(settings, options)
+    if isinstance(foil, str):
+        foil = single_token_id(tokenizer, foil, "foil")
+    if isinstance(target_tokens, (list, tuple)) and any(
+        isinstance(t, str) for t in target_tokens
+    ):
+        target_tokens = {
+            single_token_id(tokenizer, t, "target_tokens") for t in target_tokens
+        }
     if lens is not None and settings.layers is not None:
         raise ValueError("layers: pass either layers or lens, not both")
     ids, pos, targets, answer_ids = answered_prompt(
@@ -88,12 +109,32 @@ def attribute_text(
         ids.to(device),
         target=targets.to(device),
         positions=pos,
+        foil=foil,
+        target_tokens=target_tokens,
         **settings.map_kwargs(),
     )
     result.tokens = [decode_tokens(tokenizer, targets[0].tolist())]
+    if result.top_ids is not None:
+        result.top_tokens = decoded_top_tokens(tokenizer, result.top_ids)
     result.metadata = {
         "prompt": prompt,
         "answer": tokenizer.decode(answer_ids),
         **provenance(model, settings),
     }
     return result.to("cpu")
+
+
+def decoded_top_tokens(tokenizer: Any, top_ids: Tensor) -> List[Any]:
+    r"""``top_ids`` ``(B, P, k, K)`` as nested lists of token strings, each id
+    decoded once."""
+    cache: Dict[int, str] = {}
+
+    def text(i: int) -> str:
+        if i not in cache:
+            cache[i] = tokenizer.decode([i])
+        return cache[i]
+
+    return [
+        [[[text(i) for i in layer] for layer in pos] for pos in seq]
+        for seq in top_ids.tolist()
+    ]

@@ -61,6 +61,25 @@ def decode_tokens(tokenizer: Any, ids: Sequence[int]) -> List[str]:
     return [tokenizer.decode([int(i)]) for i in ids]
 
 
+def single_token_id(tokenizer: Any, text: str, name: str) -> int:
+    r"""
+    The id of the one token that ``text`` encodes to (no special tokens added).
+
+    Raises:
+        ValueError: Naming ``name``, if ``text`` is empty or encodes to more or
+            fewer than one token.
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"{name}: expected a non-empty string, got {text!r}")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise ValueError(
+            f"{name}: {text!r} is {len(ids)} tokens {ids}, expected a single token "
+            "(try it with or without a leading space)"
+        )
+    return int(ids[0])
+
+
 def stop_token_ids(tokenizer: Any) -> List[int]:
     """The end-of-sequence and end-of-turn token ids the tokenizer knows (a
     tokenizer without ``get_vocab``, as Captum's ``TokenizerLike`` allows, has
