@@ -119,6 +119,7 @@ def plot_heatmap(
     show: bool = False,
     annotate_onset: bool = True,
     onset_frac: float = 0.5,
+    show_top: Optional[bool] = None,
 ) -> Union[None, Tuple["Figure", "Axes"]]:
     r"""
     Plots the IG-Lens map of one sequence: attributed tokens (rows) by layers
@@ -144,12 +145,18 @@ def plot_heatmap(
                     Default: True
         onset_frac (float, optional): Fraction of the absolute credit mass that
                     defines the onset, in ``(0, 1]``. Default: 0.5
+        show_top (bool, optional): Write in each cell the layer's top-1 token
+                    (the classic logit-lens picture; bold where it is the
+                    target), from a result with views (``top_k >= 1``), in
+                    place of the credit values. Default: None (when the result
+                    has views)
 
     Returns:
         None or 2-element tuple of **fig**, **ax**:
         - **fig** (*matplotlib.figure.Figure*): The figure, if ``show`` is False.
         - **ax** (*matplotlib.axes.Axes*): The heatmap's axes; ``ax.images[0]``
-          holds the ``(n_tokens, n_layers)`` credits.
+          holds the ``(n_tokens, n_layers)`` credits; with ``show_top``, the
+          cell texts have gid ``"top1"``.
 
     Raises:
         ValueError: If ``result`` is empty or has no non-padding position in the
@@ -157,6 +164,9 @@ def plot_heatmap(
             ``onset_frac`` is not in ``(0, 1]``.
     """
     b = _check_result(result, batch_index)
+    show_top = result.has_views if show_top is None else show_top
+    if show_top and not result.has_views:
+        raise ValueError("show_top: the result has no views (attribute with top_k)")
     if not 0.0 < onset_frac <= 1.0:
         raise ValueError(f"onset_frac: expected a number in (0, 1], got {onset_frac}")
     rows = result.mask[b].nonzero()[:, 0].tolist()
@@ -174,7 +184,8 @@ def plot_heatmap(
 
     longest_layer = max(len(str(n)) for n in result.layer_names)
     rotated = longest_layer > 4  # see _layer_ticks
-    width = 3.2 + 0.075 * max(len(s) for s in labels) + 0.42 * n_layers
+    cell = 0.62 if show_top else 0.42  # room for a short token in each cell
+    width = 3.2 + 0.075 * max(len(s) for s in labels) + cell * n_layers
     height = 1.8 + 0.34 * n_rows + (0.085 * longest_layer if rotated else 0.0)
     fig, ax = _new_axes(ax, (max(width, 5.0), max(height, 3.0)))
 
@@ -198,7 +209,9 @@ def plot_heatmap(
     ax.grid(which="minor", color="#bbbbbb", linewidth=0.4)
     ax.tick_params(which="minor", length=0)
 
-    if n_layers <= 12 and n_rows <= 40:
+    if show_top and n_rows <= 60:
+        _write_top_tokens(ax, result, b, rows, data, norm)
+    elif n_layers <= 12 and n_rows <= 40:
         for i in range(n_rows):
             for j in range(n_layers):
                 val = data[i, j]
@@ -216,6 +229,8 @@ def plot_heatmap(
         f"IG-Lens credit per layer ({result.method}); rows: token @position, "
         "p = model's probability"
     )
+    if show_top:
+        title += "\ncell text: the layer's top-1 token (bold: the target)"
     if annotate_onset:
         onset = result.onset(onset_frac)[b, rows].tolist()
         for i, j in enumerate(onset):
@@ -235,6 +250,35 @@ def plot_heatmap(
         title += f"\nboxed: onset, where cumulative |credit| reaches {onset_frac:.0%}"
     ax.set_title(title, fontsize=10)
     return _finish(fig, ax, show)
+
+
+def _write_top_tokens(
+    ax: "Axes",
+    result: IGLensResult,
+    b: int,
+    rows: List[int],
+    data: np.ndarray,
+    norm: mcolors.Normalize,
+) -> None:
+    """Each cell's top-1 token (at most 6 characters), bold where it is the
+    target."""
+    for i, p in enumerate(rows):
+        for j in range(data.shape[1]):
+            if result.top_tokens is not None:
+                text = result.top_tokens[b][p][j][0]
+            else:
+                text = f"#{int(result.top_ids[b, p, j, 0])}"
+            label = ax.text(
+                j,
+                i,
+                repr(text)[1:-1][:6],
+                ha="center",
+                va="center",
+                fontsize=6,
+                fontweight="bold" if int(result.rank[b, p, j]) == 1 else "normal",
+                color="black" if 0.15 < norm(data[i, j]) < 0.85 else "white",
+            )
+            label.set_gid("top1")
 
 
 def plot_trajectory(
