@@ -216,7 +216,7 @@ def test_views_are_checked(viewed):
     with pytest.raises(ValueError, match="entropy: expected non-negative"):
         replace(viewed, entropy=-viewed.entropy - 1)
     with pytest.raises(ValueError, match="foils: expected token ids"):
-        replace(viewed, foils=viewed.foils - 5)
+        replace(viewed, foils=viewed.foils - 10)
 
 
 def test_negative_scores_only_for_contrastive_results(viewed):
