@@ -202,3 +202,45 @@ def test_competitor_maps_follow_the_model_top_tokens(llama, lens):
         competitor_maps(lens, ids, target=3)
     with pytest.raises(ValueError, match="n: expected an int >= 1"):
         competitor_maps(lens, ids, n=0)
+
+
+@pytest.mark.real_model
+def test_real_model_views_and_contrastive_completeness(default_model):
+    model, tokenizer = default_model
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    mask = torch.ones_like(ids)
+    lens = LayerIGLens.from_model(model)
+    positions = [-3, -2, -1]
+    result = lens.attribute_map(ids, positions=positions, top_k=TOP)
+    states, model_logits = block_states(model, ids, mask)
+    pos = torch.tensor(positions) % ids.shape[1]
+    final = torch.log_softmax(model_logits.double()[:, pos], -1)
+    layers = _reference_logits(model, [h[:, pos] for h in states[1:-1]])
+    logs = [torch.log_softmax(z, -1) for z in layers] + [final]
+    for j, log_p in enumerate(logs):
+        top_ids, top_p, entropy, kl, rank = _reference_views(
+            log_p, final, result.targets
+        )
+        assert torch.equal(result.top_ids[:, :, j], top_ids), j
+        assert torch.allclose(result.top_probs[:, :, j].double(), top_p, atol=1e-5)
+        # float32 sums over 49152 terms: relative error ~1e-5
+        for name, want in (("entropy", entropy), ("kl", kl)):
+            found = getattr(result, name)[:, :, j].double()
+            assert torch.allclose(found, want, rtol=1e-4, atol=1e-4), (name, j)
+        assert torch.equal(result.rank[:, :, j], rank), j
+    paris = [
+        tokenizer(t, add_special_tokens=False).input_ids[0] for t in (" Paris", "Paris")
+    ]
+    lyon = tokenizer(" Lyon", add_special_tokens=False).input_ids[0]
+    for kwargs in (dict(foil=lyon), dict(target_tokens=set(paris), foil={lyon})):
+        found = lens.attribute_map(ids, positions=[-1], **kwargs)
+        assert found.delta.abs().max() <= 1e-6, kwargs
+        for n_steps in (1, 4):
+            _, delta = lens.attribute(
+                ids,
+                positions=[-1],
+                n_steps=n_steps,
+                return_convergence_delta=True,
+                **kwargs,
+            )
+            assert delta.abs().max() <= 1e-6, (kwargs, n_steps)

@@ -20,7 +20,7 @@ from captum.attr._utils.approximation_methods import (
 from torch import Tensor
 
 from captum_iglens.readout.readout import Readout
-from captum_iglens.readout.scores import TokenScore, Views
+from captum_iglens.readout.scores import FinalDistribution, TokenScore, Views
 
 #: Estimators accepted by ``method=``: ours first, then Captum's rules.
 ESTIMATORS: Tuple[str, ...] = ("prediction_aware", *SUPPORTED_METHODS)
@@ -45,8 +45,9 @@ def path_values(
 
     ``final_logits(rows)`` returns the model's own logits ``(n, V)`` of the rows
     ``rows`` of ``points`` (needed with ``top_k``, for the KL divergence from the
-    model's final distribution). With views, a chunk holds half as many points,
-    so that the extra ``(n, V)`` temporaries stay within the readout's budget.
+    model's final distribution, read once per position of a chunk). Views keep
+    one ``(n, V)`` temporary beside the chunk's log-softmax (where its logits
+    were), so the readout's budget holds.
 
     Returns:
         2-element tuple of *Tensor* ``(N, K)`` float32, the score of
@@ -56,9 +57,8 @@ def path_values(
     n, k, d = points.shape
     flat = points.reshape(n * k, d)
     flat_targets = targets.repeat_interleave(k)
-    size = max(1, chunk_rows // 2) if top_k else chunk_rows
     values, views = [], []
-    for rows in _chunks(n * k, size):
+    for rows in _chunks(n * k, chunk_rows):
         for sub in _chunks(rows.stop - rows.start, readout.rows_per_chunk()):
             part = slice(rows.start + sub.start, rows.start + sub.stop)
             logits = readout(flat[part]).float()
@@ -67,7 +67,7 @@ def path_values(
             score = flat_targets[part]
             values.append(score.of(log_probs))
             if top_k:
-                final = _final_log_probs(final_logits, part, k)
+                final = _final_distribution(final_logits, part, k)
                 views.append(Views.of(log_probs, score, top_k, final))
                 del final
             del log_probs
@@ -78,17 +78,17 @@ def path_values(
     return found, Views.cat(views).reshape(n, k) if views else None
 
 
-def _final_log_probs(
+def _final_distribution(
     final_logits: Optional[Callable[[slice], Tensor]], rows: slice, k: int
-) -> Tensor:
-    """The model's final log-probabilities ``(n, V)`` of flat rows ``rows`` of
-    ``k`` points per position, each position's computed once."""
+) -> FinalDistribution:
+    """The model's final distributions of the positions of flat rows ``rows``
+    (``k`` points per position), each read once."""
     if final_logits is None:
         raise ValueError("final_logits: needed for views (top_k >= 1)")
     first, last = rows.start // k, (rows.stop - 1) // k + 1
-    per_position = torch.log_softmax(final_logits(slice(first, last)).float(), -1)
-    index = torch.arange(rows.start, rows.stop, device=per_position.device) // k
-    return per_position[index - first]
+    log_probs = torch.log_softmax(final_logits(slice(first, last)).float(), -1)
+    index = torch.arange(rows.start, rows.stop, device=log_probs.device) // k
+    return FinalDistribution.of(log_probs, index - first)
 
 
 def _values_and_gradients(
