@@ -398,7 +398,7 @@ class IGLensResult(JsonDocument):
         rows = self.mask[b].nonzero()[:, 0].tolist()
         labels = self._token_labels(b)
         token_w = max([5] + [len(labels[r]) for r in rows])
-        col_w = max(8, 1 + max(len(n) for n in self.layer_names))
+        col_w = max(10, 1 + max(len(n) for n in self.layer_names))
         fits = max(2, (width - token_w - 1) // (col_w + 1))
         shown = list(range(k))
         if fits < k:
@@ -434,10 +434,12 @@ class IGLensResult(JsonDocument):
         return "\n".join(lines)
 
     def _top_label(self, b: int, p: int, j: int, i: int, width: int) -> str:
-        """The ``i``-th top token of layer ``j`` as a short label."""
-        if self.top_tokens is not None:
-            return repr(self.top_tokens[b][p][j][i])[1:-1][:width]
-        return f"#{int(self.top_ids[b, p, j, i])}"[:width]
+        """The ``i``-th top token of layer ``j`` as a short quoted label (so
+        that spaces show), cut to ``width`` characters."""
+        if self.top_tokens is None:
+            return f"#{int(self.top_ids[b, p, j, i])}"[:width]
+        text = repr(self.top_tokens[b][p][j][i])
+        return text if len(text) <= width else text[: width - 2] + "…" + text[-1]
 
     def _view_cells(self, b: int, p: int, j: int) -> List[Any]:
         """The CSV cells of the views of one (sequence, position, layer)."""
