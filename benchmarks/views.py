@@ -10,7 +10,8 @@ The cost of what each layer believes, and of contrastive and token-set targets:
    (``foil``) and a token-set target (3 tokens) against a single target. Each
    round runs every variant once, in turn; the ratio is the median over rounds
    of each round's ratio (goal: at most 1.10).
-2. Peak memory of the readout with views at a 128k and a 262k vocabulary,
+2. The CPU time of each step of one readout chunk (where the views' cost is).
+3. Peak memory of the readout with views at a 128k and a 262k vocabulary,
    ``T = 512``, on a thin random Llama (``d = 64``, 8 blocks), in a fresh child
    process each: the peak resident memory above the memory just before the
    readout of every path point (the model's logits, the captured states and the
@@ -86,6 +87,41 @@ def bench_speed(rounds: int) -> Dict[str, float]:
     return out
 
 
+def bench_breakdown(rounds: int) -> Dict[str, float]:
+    """CPU milliseconds of each step of one readout chunk of the default model
+    (random hidden states, ``rows_per_chunk()`` rows): what the views add."""
+    from captum_iglens.readout.scores import FinalDistribution, Views
+
+    model, _ = load_default(progress=False)
+    readout = LayerIGLens.from_model(model).readout
+    rows, k = readout.rows_per_chunk(), 30
+    hidden = torch.randn(rows, model.config.hidden_size) * 3
+    score = TokenScore.build(torch.randint(0, readout.vocab_size, (rows,)))
+    with torch.inference_mode():
+        log_probs = torch.log_softmax(readout(hidden).float(), -1)
+        final = FinalDistribution.of(
+            log_probs[: rows // k + 1], torch.arange(rows) // k
+        )
+        steps: Dict[str, Callable[[], Any]] = {
+            "readout (norm + head)": lambda: readout(hidden),
+            "log_softmax": lambda: torch.log_softmax(log_probs, -1),
+            "score (gather)": lambda: score.of(log_probs),
+            "views: all": lambda: Views.of(log_probs, score, 10, final),
+            "views: top-10": lambda: log_probs.topk(10, -1),
+            "views: exp + entropy": lambda: Views.of(log_probs, score, 1, None),
+            "views: KL": lambda: final.kl(log_probs),
+            "views: rank": lambda: score.rank(log_probs),
+        }
+        out = {}
+        for name, function in steps.items():
+            function()
+            out[name] = statistics.median(
+                _cpu_seconds(function) * 1000 for _ in range(rounds)
+            )
+    out["views: exp + entropy"] -= out["views: rank"]  # Views.of includes a rank
+    return out
+
+
 def memory_child(vocab: int, n_positions: int, budget_mib: int) -> Dict[str, Any]:
     """Peak RSS of the readout of every path point, with and without views."""
     model = llama_1b_vocab_model(8, vocab=vocab, hidden=64)
@@ -146,6 +182,9 @@ def main() -> None:
     for name, value in bench_speed(3 if args.quick else 7).items():
         goal = "  (goal <= 1.10)" if "/" in name else ""
         print(f"  {name:<24} {value:8.3f}{goal}")
+    print("== one readout chunk of the default model (CPU ms, 1 thread)")
+    for name, value in bench_breakdown(3 if args.quick else 5).items():
+        print(f"  {name:<24} {value:8.1f}")
     vocabs = [128256] if args.quick else [128256, 262144]
     print(f"== memory: T=512, d=64, 8 blocks; budget {args.budget_mib} MiB")
     for out in bench_memory(vocabs, args.budget_mib):
