@@ -171,6 +171,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget-mib", type=int, default=256)
+    parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--memory-child", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -185,6 +186,8 @@ def main() -> None:
     print("== one readout chunk of the default model (CPU ms, 1 thread)")
     for name, value in bench_breakdown(3 if args.quick else 5).items():
         print(f"  {name:<24} {value:8.1f}")
+    if args.skip_memory:
+        return
     vocabs = [128256] if args.quick else [128256, 262144]
     print(f"== memory: T=512, d=64, 8 blocks; budget {args.budget_mib} MiB")
     for out in bench_memory(vocabs, args.budget_mib):

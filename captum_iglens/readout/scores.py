@@ -23,6 +23,8 @@ TokenSetType = Union[None, set, frozenset, list, tuple, Tensor]
 
 #: Padding of ragged token sets in ``target_sets`` and ``foils``.
 PAD = -1
+#: Elements compared at once when counting ranks (4 MiB of int32).
+_COUNT_ELEMENTS = 2**20
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,15 @@ class TokenScore:
         positive = self.signs.to(log_probs.device) > 0
         picked = log_probs.gather(-1, ids).masked_fill(~positive, -float("inf"))
         best = picked.amax(-1, keepdim=True)
-        return 1 + (log_probs > best).sum(-1, dtype=torch.int32).long()
+        # A few rows at a time: the comparison and its int32 count stay small.
+        step = max(1, _COUNT_ELEMENTS // max(1, log_probs.shape[-1]))
+        above = [
+            (log_probs[i : i + step] > best[i : i + step]).sum(-1, dtype=torch.int32)
+            for i in range(0, log_probs.shape[0], step)
+        ]
+        if not above:
+            return log_probs.new_ones(log_probs.shape[:-1], dtype=torch.long)
+        return 1 + torch.cat(above).long()
 
 
 @dataclass

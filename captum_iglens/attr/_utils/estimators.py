@@ -47,7 +47,8 @@ def path_values(
     ``rows`` of ``points`` (needed with ``top_k``, for the KL divergence from the
     model's final distribution, read once per position of a chunk). Views keep
     one ``(n, V)`` temporary beside the chunk's log-softmax (where its logits
-    were), so the readout's budget holds.
+    were) and the final distributions of the chunk's positions; chunks are
+    shortened to keep these within the readout's budget.
 
     Returns:
         2-element tuple of *Tensor* ``(N, K)`` float32, the score of
@@ -57,8 +58,9 @@ def path_values(
     n, k, d = points.shape
     flat = points.reshape(n * k, d)
     flat_targets = targets.repeat_interleave(k)
+    size = min(chunk_rows, _rows_with_views(readout, k)) if top_k else chunk_rows
     values, views = [], []
-    for rows in _chunks(n * k, chunk_rows):
+    for rows in _chunks(n * k, size):
         for sub in _chunks(rows.stop - rows.start, readout.rows_per_chunk()):
             part = slice(rows.start + sub.start, rows.start + sub.stop)
             logits = readout(flat[part]).float()
@@ -76,6 +78,14 @@ def path_values(
         return empty, None
     found = torch.cat(values).reshape(n, k)
     return found, Views.cat(views).reshape(n, k) if views else None
+
+
+def _rows_with_views(readout: Readout, k: int) -> int:
+    """Rows per chunk when views are kept: the log-softmax and one ``(n, V)``
+    temporary (8 bytes a logit), and up to three ``(n / k + 1, V)`` float32
+    copies of the final distributions (12 bytes a logit), within the budget."""
+    bytes_per_logit = readout.max_chunk_bytes / readout.vocab_size
+    return max(1, int((bytes_per_logit - 12) / (8 + 12 / k)))
 
 
 def _final_distribution(
