@@ -3,12 +3,17 @@ IG-Lens on text with a Hugging Face causal LM: the map of a model's answer to a
 prompt, with the tokens attached.
 """
 
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, List, Optional, Union
 
 from torch import Tensor
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
-from captum_iglens.hf.text import answered_prompt, decode_tokens, single_token_id
+from captum_iglens.hf.text import (
+    answered_prompt,
+    decode_tokens,
+    decoded_top_tokens,
+    single_token_id,
+)
 from captum_iglens.readout.scores import FoilType, TokenSetType
 from captum_iglens.result import IGLensResult
 from captum_iglens.settings import Settings, provenance
@@ -122,19 +127,3 @@ def attribute_text(
         **provenance(model, settings),
     }
     return result.to("cpu")
-
-
-def decoded_top_tokens(tokenizer: Any, top_ids: Tensor) -> List[Any]:
-    r"""``top_ids`` ``(B, P, k, K)`` as nested lists of token strings, each id
-    decoded once."""
-    cache: Dict[int, str] = {}
-
-    def text(i: int) -> str:
-        if i not in cache:
-            cache[i] = tokenizer.decode([i])
-        return cache[i]
-
-    return [
-        [[[text(i) for i in layer] for layer in pos] for pos in seq]
-        for seq in top_ids.tolist()
-    ]

@@ -61,6 +61,22 @@ def decode_tokens(tokenizer: Any, ids: Sequence[int]) -> List[str]:
     return [tokenizer.decode([int(i)]) for i in ids]
 
 
+def decoded_top_tokens(tokenizer: Any, top_ids: Tensor) -> List[Any]:
+    r"""``top_ids`` ``(B, P, k, K)`` as nested lists of token strings, each id
+    decoded once."""
+    cache: Dict[int, str] = {}
+
+    def text(i: int) -> str:
+        if i not in cache:
+            cache[i] = tokenizer.decode([i])
+        return cache[i]
+
+    return [
+        [[[text(i) for i in layer] for layer in pos] for pos in seq]
+        for seq in top_ids.tolist()
+    ]
+
+
 def single_token_id(tokenizer: Any, text: str, name: str) -> int:
     r"""
     The id of the one token that ``text`` encodes to (no special tokens added).
