@@ -1,6 +1,11 @@
 r"""IG-Lens: exact layer-wise attribution of a token's probability, Captum-style."""
 
-from captum_iglens.attr import ESTIMATORS, LayerIGLens, attribute_text
+from captum_iglens.attr import (
+    ESTIMATORS,
+    LayerIGLens,
+    attribute_text,
+    competitor_maps,
+)
 from captum_iglens.hf.architectures import register_architecture
 from captum_iglens.readout import Readout
 from captum_iglens.result import IGLensResult
@@ -15,5 +20,6 @@ __all__ = [
     "Settings",
     "__version__",
     "attribute_text",
+    "competitor_maps",
     "register_architecture",
 ]

@@ -160,6 +160,14 @@ def _settings_parent(
         help=f"apply the chat template (default: {'on' if chat else 'off'})",
     )
     group.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    group.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also read what each layer predicts: its K most probable tokens, "
+        "entropy, KL from the output and the target's rank (default: 0, off)",
+    )
     return parent
 
 
@@ -191,6 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="The IG-Lens map of the model's answer to a prompt.",
     )
     attribute.add_argument("--onset-frac", type=float, default=0.5)
+    attribute.add_argument(
+        "--foil",
+        metavar="TEXT",
+        help="contrastive: attribute p(answer token) - p(FOIL) at every position "
+        "(TEXT must be a single token, e.g. ' Lyon')",
+    )
+    attribute.add_argument(
+        "--target-tokens",
+        metavar="TEXT,TEXT",
+        type=_names,
+        help="attribute the total probability of these tokens (each a single "
+        "token, e.g. ' Paris,Paris') in place of the answer's token",
+    )
     attribute.add_argument("--json", metavar="PATH", help="write the result as JSON")
     attribute.add_argument("--csv", metavar="PATH", help="write a long-format CSV")
     attribute.add_argument("--png", metavar="PATH", help="write the heatmap as PNG")
@@ -290,6 +311,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         max_chunk_bytes=args.max_chunk_mib * 2**20,
         chat=args.chat,
         max_new_tokens=args.max_new_tokens,
+        top_k=args.top_k,
     )
 
 
@@ -403,6 +425,7 @@ def _prepare_attribute(args: argparse.Namespace) -> Job:
     prompt = _read_prompt(args)
     stages = _Stages()
     model, tokenizer = stages.run("load", lambda: _load(args, settings))
+    scored = _scored_tokens(args, tokenizer)
 
     def job() -> int:
         (answer_ids,) = stages.run(
@@ -423,11 +446,19 @@ def _prepare_attribute(args: argparse.Namespace) -> Job:
         result = stages.run(
             "attribute",
             lambda: attribute_text(
-                model, tokenizer, prompt, answer=answer_ids, settings=settings
+                model,
+                tokenizer,
+                prompt,
+                answer=answer_ids,
+                settings=settings,
+                **scored,
             ),
         )
         width = shutil.get_terminal_size((120, 24)).columns
         print(result.format_table(width=width, onset_frac=args.onset_frac))
+        if result.has_views:
+            print()
+            print(result.format_views(width=width))
         if args.json:
             result.save(args.json)
         if args.csv:
@@ -442,6 +473,25 @@ def _prepare_attribute(args: argparse.Namespace) -> Job:
         return 0
 
     return job
+
+
+def _scored_tokens(args: argparse.Namespace, tokenizer: Any) -> Dict[str, Any]:
+    """``--foil`` and ``--target-tokens`` as token ids (each a single token)."""
+    from captum_iglens.hf.text import single_token_id
+
+    scored: Dict[str, Any] = {}
+    if args.foil is not None:
+        scored["foil"] = single_token_id(tokenizer, args.foil, "--foil")
+    if args.target_tokens is not None:
+        if not args.target_tokens:
+            raise CommandError("--target-tokens: expected at least one token")
+        ids = [
+            single_token_id(tokenizer, t, "--target-tokens") for t in args.target_tokens
+        ]
+        if len(set(ids)) != len(ids):
+            raise CommandError(f"--target-tokens: the same token twice in {ids}")
+        scored["target_tokens"] = set(ids)
+    return scored
 
 
 def _prepare_compare(args: argparse.Namespace) -> Job:

@@ -149,6 +149,7 @@ def plot_heatmap(
     onset_frac: float = 0.5,
     start: int = 0,
     max_rows: int = 100,
+    show_top: Optional[bool] = None,
 ) -> Union[None, Tuple["Figure", "Axes"]]:
     r"""
     Plots the IG-Lens map of one sequence: attributed tokens (rows) by layers
@@ -181,12 +182,18 @@ def plot_heatmap(
         max_rows (int, optional): The most tokens drawn; a longer map is drawn
                     a page at a time (the title says which tokens are shown), so
                     the figure stays a readable size. Default: 100
+        show_top (bool, optional): Write in each cell the layer's top-1 token
+                    (the classic logit-lens picture; bold where it is the
+                    target), from a result with views (``top_k >= 1``), in
+                    place of the credit values. Default: None (when the result
+                    has views)
 
     Returns:
         None or 2-element tuple of **fig**, **ax**:
         - **fig** (*matplotlib.figure.Figure*): The figure, if ``show`` is False.
         - **ax** (*matplotlib.axes.Axes*): The heatmap's axes; ``ax.images[0]``
-          holds the ``(n_tokens, n_layers)`` credits.
+          holds the ``(n_tokens, n_layers)`` credits; with ``show_top``, the
+          cell texts have gid ``"top1"``.
 
     Raises:
         ValueError: If ``result`` is empty or has no non-padding position in the
@@ -194,6 +201,9 @@ def plot_heatmap(
             ``onset_frac`` is not in ``(0, 1]``.
     """
     b = _check_result(result, batch_index)
+    show_top = result.has_views if show_top is None else show_top
+    if show_top and not result.has_views:
+        raise ValueError("show_top: the result has no views (attribute with top_k)")
     if not 0.0 < onset_frac <= 1.0:
         raise ValueError(f"onset_frac: expected a number in (0, 1], got {onset_frac}")
     for name, value, low in (("start", start, 0), ("max_rows", max_rows, 1)):
@@ -220,7 +230,8 @@ def plot_heatmap(
     longest_layer = max(len(str(n)) for n in result.layer_names)
     rotated = longest_layer > 4  # see _layer_ticks
     grouped = n_layers > _MAX_LABELLED_COLUMNS
-    width = 3.2 + 0.075 * max(len(s) for s in labels) + 0.42 * n_layers
+    cell = 0.62 if show_top else 0.42  # room for a short token in each cell
+    width = 3.2 + 0.075 * max(len(s) for s in labels) + cell * n_layers
     width = min(width, 24.0) if grouped else width
     height = 1.8 + 0.34 * n_rows + (0.085 * longest_layer if rotated else 0.0)
     fig, ax = _new_axes(ax, (max(width, 5.0), max(height, 3.0)))
@@ -249,7 +260,9 @@ def plot_heatmap(
     ax.grid(which="minor", color="#bbbbbb", linewidth=0.4)
     ax.tick_params(which="minor", length=0)
 
-    if n_layers <= 12 and n_rows <= 40:
+    if show_top and n_rows <= 60:
+        _write_top_tokens(ax, result, b, rows, data, norm)
+    elif n_layers <= 12 and n_rows <= 40:
         for i in range(n_rows):
             for j in range(n_layers):
                 val = data[i, j]
@@ -267,6 +280,8 @@ def plot_heatmap(
         f"IG-Lens credit per layer ({result.method}); rows: token @position, "
         "p = model's probability"
     )
+    if show_top:
+        title += "\ncell text: the layer's top-1 token (bold: the target)"
     if annotate_onset:
         onset = result.onset(onset_frac)[b, rows].tolist()
         for i, j in enumerate(onset):
@@ -291,6 +306,35 @@ def plot_heatmap(
         )
     ax.set_title(title, fontsize=10)
     return _finish(fig, ax, show)
+
+
+def _write_top_tokens(
+    ax: "Axes",
+    result: IGLensResult,
+    b: int,
+    rows: List[int],
+    data: np.ndarray,
+    norm: mcolors.Normalize,
+) -> None:
+    """Each cell's top-1 token (at most 6 characters), bold where it is the
+    target."""
+    for i, p in enumerate(rows):
+        for j in range(data.shape[1]):
+            if result.top_tokens is not None:
+                text = result.top_tokens[b][p][j][0]
+            else:
+                text = f"#{int(result.top_ids[b, p, j, 0])}"
+            label = ax.text(
+                j,
+                i,
+                repr(text)[1:-1][:6],
+                ha="center",
+                va="center",
+                fontsize=6,
+                fontweight="bold" if int(result.rank[b, p, j]) == 1 else "normal",
+                color="black" if 0.15 < norm(data[i, j]) < 0.85 else "white",
+            )
+            label.set_gid("top1")
 
 
 def plot_trajectory(
@@ -333,11 +377,6 @@ def plot_trajectory(
                     None. Default: False
         onset_frac (float, optional): Fraction of the absolute credit mass that
                     defines the onset, in ``(0, 1]``. Default: 0.5
-        start (int, optional): The first attributed token drawn (a page of a long
-                    map). Default: 0
-        max_rows (int, optional): The most tokens drawn; a longer map is drawn
-                    a page at a time (the title says which tokens are shown), so
-                    the figure stays a readable size. Default: 100
 
     Returns:
         None or 2-element tuple of **fig**, **ax**:

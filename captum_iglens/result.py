@@ -3,6 +3,7 @@ concatenated, saved and loaded."""
 
 import csv
 import io
+import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -18,6 +19,7 @@ from captum_iglens._utils.serialization import (
     write_atomic,
 )
 from captum_iglens.attr._utils.estimators import ESTIMATORS
+from captum_iglens.readout.scores import PAD
 
 _TENSOR_FIELDS = (
     "attributions",
@@ -29,7 +31,20 @@ _TENSOR_FIELDS = (
     "positions",
     "mask",
 )
-_DTYPES = {"targets": torch.long, "positions": torch.long, "mask": torch.bool}
+#: Optional tensors: the views of each layer's distribution (``top_k >= 1``)
+#: and what was attributed in place of the single target.
+_VIEW_FIELDS = ("top_ids", "top_probs", "entropy", "kl", "rank")
+_SET_FIELDS = ("target_sets", "foils")
+_OPTIONAL_FIELDS = _VIEW_FIELDS + _SET_FIELDS
+_DTYPES = {
+    "targets": torch.long,
+    "positions": torch.long,
+    "mask": torch.bool,
+    "top_ids": torch.long,
+    "rank": torch.long,
+    "target_sets": torch.long,
+    "foils": torch.long,
+}
 # Probabilities may overshoot [0, 1] by float rounding only.
 _PROB_SLACK = 1e-4
 # |Σ credits − Δp − delta|: summation order only.
@@ -51,7 +66,11 @@ class IGLensResult(JsonDocument):
     Attributes:
 
         attributions (Tensor): ``(B, P, k)`` float32. Layer ``j``'s credit
-                    ``f(h_{L_j}) - f(h_{L_{j-1}})``. Zero at padding.
+                    ``f(h_{L_j}) - f(h_{L_{j-1}})``. Zero at padding. ``f`` is
+                    the target's probability, or with ``target_sets`` and
+                    ``foils`` the score ``Σ_{y∈S} p(y) - Σ_{y∈F} p(y)`` (then
+                    ``lens``, ``base_prob`` and ``model_prob`` hold that score,
+                    in ``[-1, 1]`` with foils).
         lens (Tensor): ``(B, P, k)`` float32. The logit-lens level ``f(h_{L_j})``,
                     the target's probability read out of each chosen layer.
         base_prob (Tensor): ``(B, P)`` float32. ``f(h_base)``.
@@ -70,6 +89,30 @@ class IGLensResult(JsonDocument):
                     target tokens as text, when a tokenizer was available.
         metadata (dict): Free-form settings (prompt, model, versions...); must be
                     JSON-serialisable.
+        top_ids (Tensor, optional): ``(B, P, k, K)`` long. The ``K`` most
+                    probable tokens of the distribution read out after each
+                    layer (the points of ``lens``; at the last layer, the model's
+                    own output distribution), most probable first.
+        top_probs (Tensor, optional): ``(B, P, k, K)`` float32. Their
+                    probabilities.
+        top_tokens (list, optional): ``B x P x k x K`` nested lists of strings,
+                    ``top_ids`` as text, when a tokenizer was available.
+        entropy (Tensor, optional): ``(B, P, k)`` float32. Entropy of each
+                    layer's distribution, in nats.
+        kl (Tensor, optional): ``(B, P, k)`` float32. ``KL(final ‖ layer)`` in
+                    nats: the divergence of the layer's distribution from the
+                    model's final one (zero at the last layer), as the tuned
+                    lens reports it.
+        rank (Tensor, optional): ``(B, P, k)`` long. The 1-based rank of the
+                    target in each layer's distribution (1: the layer's top
+                    token); with ``target_sets``, of the best-ranked member.
+        target_sets (Tensor, optional): ``(B, P, S)`` long, padded with -1. The
+                    token sets whose total probability was attributed in place
+                    of ``targets`` (which then only label the positions).
+        foils (Tensor, optional): ``(B, P, F)`` long, padded with -1. The foils
+                    whose probability was subtracted (contrastive targets).
+
+    The view fields (``top_ids`` ... ``rank``) are all set or all None.
     """
 
     attributions: Tensor
@@ -85,6 +128,14 @@ class IGLensResult(JsonDocument):
     n_steps: int
     tokens: Optional[List[List[str]]] = None
     metadata: Dict[str, Any] = field(default_factory=dict)
+    top_ids: Optional[Tensor] = None
+    top_probs: Optional[Tensor] = None
+    top_tokens: Optional[List[List[List[List[str]]]]] = None
+    entropy: Optional[Tensor] = None
+    kl: Optional[Tensor] = None
+    rank: Optional[Tensor] = None
+    target_sets: Optional[Tensor] = None
+    foils: Optional[Tensor] = None
 
     KIND = "IGLensResult"
 
@@ -117,10 +168,15 @@ class IGLensResult(JsonDocument):
                 raise ValueError(f"{name}: contains NaN or inf")
         if (self.targets < 0).any() or (self.positions < 0).any():
             raise ValueError("targets/positions: expected non-negative ids")
+        self._check_optional(b, p, k)
+        low = 0.0 if self.foils is None else -1.0
         for name in ("lens", "base_prob", "model_prob"):
             value = getattr(self, name)
-            if ((value < -_PROB_SLACK) | (value > 1 + _PROB_SLACK)).any():
-                raise ValueError(f"{name}: probabilities must lie in [0, 1]")
+            if ((value < low - _PROB_SLACK) | (value > 1 + _PROB_SLACK)).any():
+                raise ValueError(
+                    f"{name}: probabilities must lie in [{low:g}, 1]"
+                    + ("" if self.foils is None else " (a contrastive score)")
+                )
         if not (
             isinstance(self.layer_names, list)
             and len(self.layer_names) == k
@@ -160,6 +216,69 @@ class IGLensResult(JsonDocument):
                 "delta: does not equal Σ attributions − (model_prob − base_prob) "
                 f"(off by up to {mismatch[self.mask].max().item():.3g})"
             )
+
+    def _check_optional(self, b: int, p: int, k: int) -> None:
+        """The views and token sets: types, shapes and ranges."""
+        present = [name for name in _VIEW_FIELDS if getattr(self, name) is not None]
+        if present and len(present) != len(_VIEW_FIELDS):
+            raise ValueError(
+                f"{', '.join(_VIEW_FIELDS)}: expected all or none, got only "
+                f"{', '.join(present)}"
+            )
+        top = -1 if self.top_ids is None else self.top_ids.shape[-1]
+        shapes = {"top_ids": (b, p, k, top), "top_probs": (b, p, k, top)}
+        for name in _OPTIONAL_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, Tensor):
+                raise TypeError(f"{name}: expected a tensor or None")
+            want = shapes.get(name, (b, p, k))
+            if name in _SET_FIELDS:  # any set size S >= 1
+                want = (b, p, max(1, value.shape[-1]) if value.dim() == 3 else 1)
+            if tuple(value.shape) != want:
+                raise ValueError(
+                    f"{name}: expected shape {want} (B={b}, P={p}, k={k}), got "
+                    f"{tuple(value.shape)}"
+                )
+            dtype = _DTYPES.get(name, torch.float32)
+            if value.dtype != dtype:
+                raise TypeError(f"{name}: expected dtype {dtype}, got {value.dtype}")
+            if value.is_floating_point() and not torch.isfinite(value).all():
+                raise ValueError(f"{name}: contains NaN or inf")
+        if present:
+            if top < 1:
+                raise ValueError("top_ids: expected at least one token per layer")
+            probs = self.top_probs
+            if ((probs < -_PROB_SLACK) | (probs > 1 + _PROB_SLACK)).any():
+                raise ValueError("top_probs: probabilities must lie in [0, 1]")
+            if (self.top_ids < 0).any() or (self.rank < 1).any():
+                raise ValueError("top_ids/rank: expected ids >= 0 and ranks >= 1")
+            for name in ("entropy", "kl"):
+                if (getattr(self, name) < -_PROB_SLACK).any():
+                    raise ValueError(f"{name}: expected non-negative nats")
+        for name in _SET_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (value < PAD).any():
+                raise ValueError(f"{name}: expected token ids, padded with {PAD}")
+        if self.top_tokens is not None:
+            shape = (b, p, k, top)
+            found = _nested_shape(self.top_tokens, 4)
+            if (
+                self.top_ids is None
+                or found is None
+                or found != shape[: len(found)]
+                or (len(found) < 4 and found[-1] != 0)
+            ):
+                raise ValueError(
+                    f"top_tokens: expected {b} x {p} x {k} x {top} nested lists of "
+                    "strings, with top_ids"
+                )
+
+    @property
+    def has_views(self) -> bool:
+        """Whether the result holds each layer's top tokens, entropy, KL, rank."""
+        return self.top_ids is not None
 
     @property
     def total(self) -> Tensor:
@@ -256,6 +375,94 @@ class IGLensResult(JsonDocument):
         )
         return "\n".join(lines)
 
+    def format_views(self, batch_index: int = 0, *, width: int = 100) -> str:
+        r"""
+        What each layer predicts, for one sequence (a result with views): a row
+        per attributed token with each layer's top-1 token (``*`` where it is
+        the target), then each token's rank of the target per layer and the
+        model's own top ``K`` tokens.
+
+        Args:
+
+            batch_index (int, optional): The sequence to show. Default: 0.
+            width (int, optional): Characters available; when every layer does
+                        not fit, evenly spaced layers (always the last) are shown
+                        and a note says so. Default: 100.
+
+        Returns:
+            *str*: the table.
+        """
+        if not self.has_views:
+            raise ValueError("result: no views; attribute with top_k >= 1")
+        if not 0 <= batch_index < self.attributions.shape[0]:
+            raise ValueError(
+                f"batch_index: expected 0 <= batch_index < "
+                f"{self.attributions.shape[0]}, got {batch_index}"
+            )
+        b, k = batch_index, len(self.layer_names)
+        rows = self.mask[b].nonzero()[:, 0].tolist()
+        labels = self._token_labels(b)
+        token_w = max([5] + [len(labels[r]) for r in rows])
+        col_w = max(10, 1 + max(len(n) for n in self.layer_names))
+        fits = max(2, (width - token_w - 1) // (col_w + 1))
+        shown = list(range(k))
+        if fits < k:
+            shown = sorted({round(i * (k - 1) / (fits - 1)) for i in range(fits)})
+        head = [f"{'token':<{token_w}}"]
+        head += [f"{'L' + self.layer_names[j]:>{col_w}}" for j in shown]
+        lines = ["what each layer predicts (top-1 token; * = the target)"]
+        lines.append(" ".join(head))
+        for r in rows:
+            cells = [f"{labels[r]:<{token_w}}"]
+            for j in shown:
+                text = self._top_label(b, r, j, 0, col_w - 1)
+                mark = "*" if int(self.rank[b, r, j]) == 1 else ""
+                cells.append(f"{text + mark:>{col_w}}")
+            lines.append(" ".join(cells))
+        lines.append("rank of the target (1 = top)")
+        lines.append(" ".join(head))
+        for r in rows:
+            cells = [f"{labels[r]:<{token_w}}"]
+            cells += [f"{int(self.rank[b, r, j]):>{col_w}}" for j in shown]
+            lines.append(" ".join(cells))
+        if len(shown) < k:
+            lines.append(f"(showing {len(shown)} of {k} layers, evenly spaced)")
+        top = self.top_ids.shape[-1]
+        lines.append(f"the model's own top {top} (last layer), with probabilities")
+        for r in rows:
+            probs = self.top_probs[b, r, -1].tolist()
+            best = ", ".join(
+                f"{self._top_label(b, r, k - 1, i, 16)} {probs[i]:.3f}"
+                for i in range(top)
+            )
+            lines.append(f"{labels[r]:<{token_w}} {best}")
+        return "\n".join(lines)
+
+    def _top_label(self, b: int, p: int, j: int, i: int, width: int) -> str:
+        """The ``i``-th top token of layer ``j`` as a short quoted label (so
+        that spaces show), cut to ``width`` characters."""
+        if self.top_tokens is None:
+            return f"#{int(self.top_ids[b, p, j, i])}"[:width]
+        text = repr(self.top_tokens[b][p][j][i])
+        return text if len(text) <= width else text[: width - 2] + "…" + text[-1]
+
+    def _view_cells(self, b: int, p: int, j: int) -> List[Any]:
+        """The CSV cells of the views of one (sequence, position, layer)."""
+        if not self.has_views:
+            return []
+        cells: List[Any] = [
+            json.dumps(self.top_ids[b, p, j].tolist()),
+            json.dumps([round(x, 6) for x in self.top_probs[b, p, j].tolist()]),
+        ]
+        if self.top_tokens is not None:
+            cells.append(json.dumps(self.top_tokens[b][p][j]))
+        cells += [
+            float(self.entropy[b, p, j]),
+            float(self.kl[b, p, j]),
+            int(self.rank[b, p, j]),
+        ]
+        return cells
+
     def _token_labels(self, batch_index: int) -> List[str]:
         if self.tokens is not None:
             return [_visible(t)[:16] for t in self.tokens[batch_index]]
@@ -291,7 +498,11 @@ class IGLensResult(JsonDocument):
 
     def to(self, device: Union[str, torch.device]) -> "IGLensResult":
         """A copy with every tensor on ``device``."""
-        moved = {name: getattr(self, name).to(device) for name in _TENSOR_FIELDS}
+        moved = {
+            name: getattr(self, name).to(device)
+            for name in _TENSOR_FIELDS + _OPTIONAL_FIELDS
+            if getattr(self, name) is not None
+        }
         return replace(self, **moved)
 
     def select(self, batch: Index = None, positions: Index = None) -> "IGLensResult":
@@ -312,13 +523,18 @@ class IGLensResult(JsonDocument):
         rows = _index(batch, self.attributions.shape[0], "batch")
         cols = _index(positions, self.attributions.shape[1], "positions")
         picked: Dict[str, Any] = {}
-        for name in _TENSOR_FIELDS:
+        for name in _TENSOR_FIELDS + _OPTIONAL_FIELDS:
             value = getattr(self, name)
+            if value is None:
+                continue
             picked[name] = value[cols] if name == "positions" else value[rows][:, cols]
-        tokens = None
-        if self.tokens is not None:
-            tokens = [[self.tokens[r][c] for c in cols.tolist()] for r in rows.tolist()]
-        return replace(self, tokens=tokens, metadata=dict(self.metadata), **picked)
+        for name in ("tokens", "top_tokens"):
+            nested = getattr(self, name)
+            if nested is not None:
+                picked[name] = [
+                    [nested[r][c] for c in cols.tolist()] for r in rows.tolist()
+                ]
+        return replace(self, metadata=dict(self.metadata), **picked)
 
     @classmethod
     def empty(
@@ -365,20 +581,32 @@ class IGLensResult(JsonDocument):
                     )
             if not torch.equal(other.positions, first.positions):
                 raise ValueError(f"results[{i}]: attributed positions differ")
-            if (other.tokens is None) != (first.tokens is None):
-                raise ValueError(f"results[{i}]: tokens given for some results only")
-        stacked = {
+            for name in ("tokens", "top_tokens", *_OPTIONAL_FIELDS):
+                if (getattr(other, name) is None) != (getattr(first, name) is None):
+                    raise ValueError(
+                        f"results[{i}]: {name} given for some results only"
+                    )
+            if first.has_views and other.top_ids.shape[-1] != first.top_ids.shape[-1]:
+                raise ValueError(f"results[{i}]: top_k differs from results[0]'s")
+        stacked: Dict[str, Any] = {
             name: (
                 first.positions
                 if name == "positions"
                 else torch.cat([getattr(r, name) for r in results])
             )
-            for name in _TENSOR_FIELDS
+            for name in _TENSOR_FIELDS + _VIEW_FIELDS
+            if getattr(first, name) is not None
         }
-        tokens = None
-        if first.tokens is not None:
-            tokens = [row for r in results for row in (r.tokens or [])]
-        return replace(first, tokens=tokens, metadata=dict(first.metadata), **stacked)
+        for name in _SET_FIELDS:  # ragged sets: pad to the widest
+            if getattr(first, name) is not None:
+                width = max(getattr(r, name).shape[-1] for r in results)
+                stacked[name] = torch.cat(
+                    [_pad_last(getattr(r, name), width) for r in results]
+                )
+        for name in ("tokens", "top_tokens"):
+            if getattr(first, name) is not None:
+                stacked[name] = [row for r in results for row in getattr(r, name)]
+        return replace(first, metadata=dict(first.metadata), **stacked)
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dictionary of every field (tensors as nested lists)."""
@@ -391,7 +619,8 @@ class IGLensResult(JsonDocument):
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"unknown IGLensResult fields {sorted(unknown)}")
-        missing = {f.name for f in fields(cls) if f.name not in ("tokens", "metadata")}
+        optional = ("tokens", "metadata", "top_tokens", *_OPTIONAL_FIELDS)
+        missing = {f.name for f in fields(cls) if f.name not in optional}
         missing -= set(data)
         if missing:
             raise ValueError(f"missing IGLensResult fields {sorted(missing)}")
@@ -406,30 +635,67 @@ class IGLensResult(JsonDocument):
         for name in _TENSOR_FIELDS:
             dtype = _DTYPES.get(name, torch.float32)
             kwargs[name] = tensor_field(data, name, dtype, shapes.get(name, (b, p)))
+        for name in _OPTIONAL_FIELDS:
+            if data.get(name) is not None:
+                top = name in ("top_ids", "top_probs")
+                shape = (b, p, k, -1) if top else (b, p, -1)
+                dtype = _DTYPES.get(name, torch.float32)
+                kwargs[name] = tensor_field(data, name, dtype, shape)
         return cls(**kwargs)
 
     def to_csv(self, path: Union[str, Path]) -> None:
-        """Write a long-format CSV: batch, position, token, layer, credit, lens."""
+        """Write a long-format CSV: batch, position, token, layer, credit, lens;
+        with ``target_sets``/``foils``, those sets (JSON lists of ids); with
+        views, ``top_ids``, ``top_probs`` (and ``top_tokens``) as JSON lists, and
+        ``entropy``, ``kl``, ``rank``."""
         check_writable(path, "path")
-        lines = [["batch", "position", "token", "layer", "credit", "lens"]]
+        header = ["batch", "position", "token", "layer", "credit", "lens"]
+        sets = [name for name in _SET_FIELDS if getattr(self, name) is not None]
+        views = ["top_ids", "top_probs"] if self.has_views else []
+        views += ["top_tokens"] if self.top_tokens is not None else []
+        views += ["entropy", "kl", "rank"] if self.has_views else []
+        lines = [header + sets + views]
         for b in range(self.attributions.shape[0]):
             labels = self.tokens[b] if self.tokens is not None else None
             for p in self.mask[b].nonzero()[:, 0].tolist():
                 token = labels[p] if labels else int(self.targets[b, p])
+                given = [
+                    json.dumps([i for i in getattr(self, n)[b, p].tolist() if i != PAD])
+                    for n in sets
+                ]
                 for j, name in enumerate(self.layer_names):
-                    lines.append(
-                        [
-                            b,
-                            int(self.positions[p]),
-                            token,
-                            name,
-                            float(self.attributions[b, p, j]),
-                            float(self.lens[b, p, j]),
-                        ]
-                    )
+                    line = [
+                        b,
+                        int(self.positions[p]),
+                        token,
+                        name,
+                        float(self.attributions[b, p, j]),
+                        float(self.lens[b, p, j]),
+                        *given,
+                    ]
+                    lines.append(line + self._view_cells(b, p, j))
         buffer = io.StringIO(newline="")
         csv.writer(buffer).writerows(lines)
         write_atomic(path, buffer.getvalue())
+
+
+def _pad_last(value: Tensor, width: int) -> Tensor:
+    """``value`` ``(..., S)`` padded with ``PAD`` to ``(..., width)``."""
+    return torch.nn.functional.pad(value, (0, width - value.shape[-1]), value=PAD)
+
+
+def _nested_shape(value: Any, depth: int) -> Optional[tuple]:
+    """The shape of a rectangular nested list of strings ``depth`` deep, or None."""
+    if depth == 0:
+        return () if isinstance(value, str) else None
+    if not isinstance(value, list):
+        return None
+    inner = {_nested_shape(item, depth - 1) for item in value}
+    if len(inner) > 1 or None in inner:
+        return None
+    if not value:
+        return (0,)
+    return (len(value),) + inner.pop()
 
 
 def _index(index: Index, size: int, name: str) -> Tensor:

@@ -55,6 +55,10 @@ class Settings:
         chat (bool): Apply the tokenizer's chat template to prompts.
                     Default: True.
         max_new_tokens (int): The longest generated answer. Default: 32.
+        top_k (int): With ``top_k >= 1``, results also hold what each layer
+                    predicts: its ``top_k`` most probable tokens, entropy, KL
+                    divergence from the model's output and the target's rank
+                    (see :meth:`LayerIGLens.attribute_map`). Default: 0 (none).
 
     Examples::
 
@@ -73,6 +77,7 @@ class Settings:
     max_chunk_bytes: int = 256 * 2**20
     chat: bool = True
     max_new_tokens: int = 32
+    top_k: int = 0
 
     def __post_init__(self) -> None:
         if self.layers is not None:
@@ -109,6 +114,10 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise ValueError(f"top_k: expected an int >= 0, got {self.top_k!r}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k: expected an int >= 0, got {self.top_k!r}")
         if not isinstance(self.chat, bool):
             raise TypeError(f"chat: expected a bool, got {self.chat!r}")
 
@@ -145,6 +154,7 @@ class Settings:
             n_steps=self.n_steps,
             granularity=self.granularity,
             internal_batch_size=self.internal_batch_size,
+            top_k=self.top_k,
         )
 
     def to_dict(self) -> Dict[str, Any]:

@@ -294,3 +294,41 @@ def test_usage_errors_are_one_line(capsys):
         main(["x", "--dtype", "float8"])
     err = capsys.readouterr().err.strip()
     assert exit.value.code == 2 and len(err.splitlines()) == 1 and "--dtype" in err
+
+
+def _tiny_folder(tmp_path):
+    from tests.tiny_models import tiny_model
+
+    tiny_model("llama").save_pretrained(tmp_path)
+    word_tokenizer(128).save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+def test_top_k_foil_and_target_tokens(tmp_path, capsys):
+    folder = _tiny_folder(tmp_path / "model")
+    base = ["w5 w6", "--model", folder, "--no-chat", "--max-new-tokens", "3"]
+    out_json = str(tmp_path / "r.json")
+    assert main([*base, "--top-k", "3", "--foil", "w7", "--json", out_json]) == 0
+    printed = capsys.readouterr().out
+    assert "what each layer predicts" in printed and "rank of the target" in printed
+    result = IGLensResult.load(out_json)
+    assert result.top_ids.shape[-1] == 3 and result.top_tokens is not None
+    assert result.foils[..., 0].eq(7).all()
+    assert (result.total - (result.model_prob - result.base_prob)).abs().max() <= 1e-6
+    assert main([*base, "--target-tokens", "w9,w10", "--json", out_json]) == 0
+    assert IGLensResult.load(out_json).target_sets[0, 0].tolist() == [9, 10]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--foil", "w7 w8"], "--foil: 'w7 w8' is 2 tokens"),
+        (["--target-tokens", "w9,w9"], "--target-tokens: the same token twice"),
+        (["--top-k", "-1"], "top_k: expected an int >= 0"),
+    ],
+)
+def test_bad_scored_tokens_exit_2(tmp_path, capsys, extra, message):
+    folder = _tiny_folder(tmp_path)
+    status = main(["w5 w6", "--model", folder, "--no-chat", *extra])
+    err = capsys.readouterr().err
+    assert status == 2 and message in err.strip().splitlines()[-1]

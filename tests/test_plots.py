@@ -307,3 +307,28 @@ def test_heatmap_of_heads_labels_blocks_and_stays_bounded():
         assert len(ax.lines) == 12
     finally:
         plt.close(fig)
+
+
+def test_heatmap_writes_each_layers_top_token():
+    lens = LayerIGLens.from_model(tiny_model("llama"))
+    ids, mask = left_padded([5, 3], VOCAB)
+    res = lens.attribute_map(ids, additional_forward_args=(mask,), top_k=2)
+    res.top_tokens = [
+        [[[f"w{i}" for i in layer] for layer in pos] for pos in seq]
+        for seq in res.top_ids.tolist()
+    ]
+    _, ax = plot_heatmap(res, batch_index=1)
+    texts = [t for t in ax.texts if t.get_gid() == "top1"]
+    rows = res.mask[1].nonzero()[:, 0].tolist()
+    assert len(texts) == len(rows) * len(res.layer_names)
+    expected = [f"w{int(res.top_ids[1, p, j, 0])}" for p in rows for j in range(2)]
+    assert [t.get_text() for t in texts] == expected
+    bold = [t.get_fontweight() == "bold" for t in texts]
+    assert bold == [int(res.rank[1, p, j]) == 1 for p in rows for j in range(2)]
+    plt.close("all")
+    _, ax = plot_heatmap(res, show_top=False)
+    assert not [t for t in ax.texts if t.get_gid() == "top1"]
+    plt.close("all")
+    plain = lens.attribute_map(ids, additional_forward_args=(mask,))
+    with pytest.raises(ValueError, match="show_top: the result has no views"):
+        plot_heatmap(plain, show_top=True)

@@ -148,3 +148,91 @@ def test_with_tokens_attaches_the_targets_text(result):
     assert bare.tokens is None and vocab[int(result.targets[0, -1])] in (
         named.format_table()
     )
+
+
+# ------------------------------------------------------------ views and token sets
+
+
+@pytest.fixture
+def viewed(lens):
+    torch.manual_seed(0)
+    ids, mask = left_padded([6, 4], VOCAB)
+    res = lens.attribute_map(ids, additional_forward_args=(mask,), top_k=3, foil={7, 8})
+    b, p, k, top = res.top_ids.shape
+    res.top_tokens = [
+        [[[f"w{i}" for i in layer] for layer in pos] for pos in seq]
+        for seq in res.top_ids.tolist()
+    ]
+    return res
+
+
+_OPTIONAL = ("top_ids", "top_probs", "entropy", "kl", "rank", "foils")
+
+
+def test_views_round_trip_slice_and_join(viewed, tmp_path):
+    viewed.save(tmp_path / "r.json")
+    loaded = IGLensResult.load(tmp_path / "r.json")
+    for name in _OPTIONAL:
+        assert torch.equal(getattr(loaded, name), getattr(viewed, name)), name
+    assert loaded.top_tokens == viewed.top_tokens and loaded.target_sets is None
+    part = viewed.select(1, [0, 2])
+    assert torch.equal(part.top_ids, viewed.top_ids[1:2][:, [0, 2]])
+    assert part.top_tokens == [[viewed.top_tokens[1][0], viewed.top_tokens[1][2]]]
+    joined = IGLensResult.cat([viewed, viewed])
+    for name in _OPTIONAL:
+        assert torch.equal(
+            getattr(joined, name), torch.cat([getattr(viewed, name)] * 2)
+        )
+    assert joined.top_tokens == viewed.top_tokens * 2
+    with pytest.raises(ValueError, match="given for some results only"):
+        IGLensResult.cat(
+            [
+                viewed,
+                replace(
+                    viewed,
+                    top_ids=None,
+                    top_probs=None,
+                    entropy=None,
+                    kl=None,
+                    rank=None,
+                    top_tokens=None,
+                ),
+            ]
+        )
+
+
+def test_csv_carries_views_and_foils(viewed, tmp_path):
+    import csv
+
+    viewed.to_csv(tmp_path / "r.csv")
+    with open(tmp_path / "r.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == int(viewed.mask.sum()) * len(viewed.layer_names)
+    first = rows[0]
+    b, p = 0, int(viewed.mask[0].nonzero()[0, 0])
+    assert json.loads(first["top_ids"]) == viewed.top_ids[b, p, 0].tolist()
+    assert json.loads(first["top_tokens"]) == viewed.top_tokens[b][p][0]
+    assert json.loads(first["foils"]) == [7, 8]
+    assert int(first["rank"]) == int(viewed.rank[b, p, 0])
+    assert float(first["kl"]) == pytest.approx(float(viewed.kl[b, p, 0]))
+
+
+def test_views_are_checked(viewed):
+    with pytest.raises(ValueError, match="expected all or none"):
+        replace(viewed, kl=None)
+    with pytest.raises(ValueError, match="top_probs: expected shape"):
+        replace(viewed, top_probs=viewed.top_probs[..., :2])
+    with pytest.raises(TypeError, match="rank: expected dtype"):
+        replace(viewed, rank=viewed.rank.float())
+    with pytest.raises(ValueError, match="top_tokens: expected"):
+        replace(viewed, top_tokens=[[["x"]]])
+    with pytest.raises(ValueError, match="entropy: expected non-negative"):
+        replace(viewed, entropy=-viewed.entropy - 1)
+    with pytest.raises(ValueError, match="foils: expected token ids"):
+        replace(viewed, foils=viewed.foils - 10)
+
+
+def test_negative_scores_only_for_contrastive_results(viewed):
+    assert (viewed.model_prob < 0).any()  # p(y) - p(7) - p(8) on a random model
+    with pytest.raises(ValueError, match=r"probabilities must lie in \[0, 1\]"):
+        replace(viewed, foils=None)

@@ -60,3 +60,11 @@ def test_resolve_applies_options_over_settings():
     assert Settings.resolve(base, {"n_steps": 9}) == base.replace(n_steps=9)
     with pytest.raises(TypeError, match="settings"):
         Settings.resolve({"n_steps": 9}, {})
+
+
+def test_top_k_setting_reaches_the_map():
+    assert Settings(top_k=5).map_kwargs()["top_k"] == 5
+    assert Settings().map_kwargs()["top_k"] == 0
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="top_k: expected an int >= 0"):
+            Settings(top_k=bad)

@@ -54,7 +54,15 @@ from captum_iglens.hf.architectures import (
 )
 from captum_iglens.hf.forward import CausalLMForward
 from captum_iglens.integrations import unwrap_model
-from captum_iglens.readout.readout import Readout, target_log_prob
+from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.scores import (
+    FoilType,
+    TokenScore,
+    TokenSetType,
+    Views,
+    check_top_k,
+    resolve_token_sets,
+)
 from captum_iglens.result import IGLensResult
 
 
@@ -73,7 +81,12 @@ class _Path:
     positions: Tensor  # (P,)
     names: List[str]  # one per credit column
     one_output: bool  # one attributed output per example: delta (B,)
+    score: TokenScore  # (B, P, M): what f is (target, token set, foils)
     components: Optional[Tensor] = None  # (B, P, k, C, d): "head" only
+    target_sets: Optional[Tensor] = None  # (B, P, S), PAD-padded
+    foils: Optional[Tensor] = None  # (B, P, F), PAD-padded
+    top_views: Optional[Views] = None  # (B, P): the model's own distribution
+    final_logits: Optional[Callable[[slice], Tensor]] = None  # rows of (B·P)
 
 
 def _tolerance(dtype: torch.dtype) -> float:
@@ -306,6 +319,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         grad_kwargs: Optional[Dict[str, Any]] = None,
         positions: PositionsType = None,
         granularity: Granularity = "block",
+        foil: FoilType = None,
+        target_tokens: TokenSetType = None,
     ) -> Tuple[_Attributions, Tensor]: ...
 
     @typing.overload
@@ -324,6 +339,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         *,
         positions: PositionsType = None,
         granularity: Granularity = "block",
+        foil: FoilType = None,
+        target_tokens: TokenSetType = None,
     ) -> _Attributions: ...
 
     @log_usage(part_of_slo=True)
@@ -342,6 +359,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         *,
         positions: PositionsType = None,
         granularity: Granularity = "block",
+        foil: FoilType = None,
+        target_tokens: TokenSetType = None,
     ) -> Union[_Attributions, Tuple[_Attributions, Tensor]]:
         r"""
         Per-dimension IG-Lens attributions of every chosen block.
@@ -426,6 +445,21 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         ``Σ_h W_O[:, head h] z_h (+ b)``, and ``"<name>.mlp"``;
                         needs ``sublayers``, ``heads`` and consecutive blocks.
                         Default: ``"block"``.
+            foil (int, list[int], Tensor or set[int], optional): Keyword only.
+                        Contrastive target: attribute ``p(target) - p(foil)``.
+                        A token id, one per example (a list of ``B`` ids or a
+                        ``(B,)`` tensor), one per attributed position (a
+                        ``(B, P)`` tensor), or a set of ids whose probabilities
+                        are all subtracted. A foil equal to the target gives zero
+                        credits. Default: None
+            target_tokens (set[int] or Tensor, optional): Keyword only. A set of
+                        token ids (e.g. every spelling of an answer) whose total
+                        probability is attributed in place of the target's (a
+                        set, list or 1-D tensor for every position, or a
+                        ``(B, P, S)`` tensor padded with -1). ``target`` then
+                        only labels the position (and is the model's greedy
+                        token if None). With ``foil`` too, the score is
+                        ``Σ_{y∈S} p(y) - Σ_{y∈F} p(y)``. Default: None
 
         Returns:
             **attributions** or 2-element tuple of **attributions**, **delta**:
@@ -437,11 +471,12 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
               the column's credit; zero at padding. Float64 for a float64 model,
               else float32.
             - **delta** (*Tensor*, returned if return_convergence_delta=True):
-              ``Σ_layers Σ_d attributions - (p_model(y) - f(h_base))``,
-              measured against the model's real output probability, zero at
-              padding: ``(B,)`` when one output is attributed per example (a
-              ``(B, V)`` forward, an int ``positions``, a ``(t, v)`` target),
-              else ``(B, P)``. :meth:`compute_convergence_delta` recomputes it.
+              ``Σ_layers Σ_d attributions - (f_model - f(h_base))``, measured
+              against the model's real output distribution (``f`` is ``p(y)``,
+              or the token-set / contrastive score), zero at padding: ``(B,)``
+              when one output is attributed per example (a ``(B, V)`` forward,
+              an int ``positions``, a ``(t, v)`` target), else ``(B, P)``.
+              :meth:`compute_convergence_delta` recomputes it.
 
         Examples::
 
@@ -468,6 +503,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 additional_forward_args,
                 positions,
                 granularity,
+                foil=foil,
+                target_tokens=target_tokens,
             )
         if path.components is not None:
             if not self.multiplies_by_inputs:
@@ -476,7 +513,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                     'granularity="head"; use "block" or "sublayer"'
                 )
             with torch.no_grad():
-                values = self._values(path, chunk_rows)
+                values = self._values(path, chunk_rows)[0]
             attrs = self._heads(
                 path, values, method, n_steps, chunk_rows, grad_kwargs, True
             )
@@ -574,6 +611,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         method: str = "prediction_aware",
         n_steps: int = 50,
         internal_batch_size: Optional[int] = None,
+        foil: FoilType = None,
+        target_tokens: TokenSetType = None,
+        top_k: int = 0,
     ) -> IGLensResult:
         r"""
         The token-by-layer map: each chosen block's scalar credit at every
@@ -594,6 +634,15 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         ``"prediction_aware"`` does not depend on it. Default: 50.
             internal_batch_size (int, optional): As in :meth:`attribute`.
                         Default: None.
+            foil, target_tokens: As in :meth:`attribute`; recorded in the
+                        result's ``foils`` and ``target_sets``.
+            top_k (int, optional): With ``top_k >= 1``, the result also holds
+                        what each layer's readout predicts, from the same readout
+                        chunks as the credits: ``top_ids`` and ``top_probs``
+                        ``(B, P, k, top_k)``, ``entropy``, ``kl`` (from the model's
+                        final distribution) and ``rank`` (of the target)
+                        ``(B, P, k)``. At the last layer they are the model's own
+                        output distribution's. Default: 0 (no views).
 
         Returns:
             :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``lens``
@@ -603,6 +652,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             and ``mask`` marks each example's own.
         """
         check_settings(n_steps, method, internal_batch_size, False)
+        check_top_k(top_k, self.readout.vocab_size)
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         grad_free = (
             torch.inference_mode
@@ -617,8 +667,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 additional_forward_args,
                 positions,
                 granularity,
+                foil=foil,
+                target_tokens=target_tokens,
+                top_k=top_k,
             )
-            values = self._values(path, chunk_rows)
+            values, views = self._values(path, chunk_rows, top_k)
         if path.components is not None:  # gradients along the attention segments
             with torch.no_grad():
                 credits = self._heads(path, values, method, n_steps, chunk_rows)
@@ -643,33 +696,47 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             layer_names=path.names,
             method=method,
             n_steps=n_steps,
+            target_sets=path.target_sets,
+            foils=path.foils,
+            **({} if views is None else _view_fields(views)),
         )
 
     # ------------------------------------------------------------------ internals
 
     def _delta(self, path: _Path, credits: Tensor, chunk_rows: int) -> Tensor:
-        """``credits - (p_model - f(h_base))`` from the credits ``(B, P)``, zero at
+        """``credits - (f_model - f(h_base))`` from the credits ``(B, P)``, zero at
         padding; ``(B,)`` when one output is attributed per example."""
         b, p = path.targets.shape
         base_prob = path_values(
             self.readout,
             path.points[:, :, :1].flatten(0, 1),
-            path.targets.flatten(),
+            path.score.flatten(),
             chunk_rows,
-        ).view(b, p)
+        )[0].view(b, p)
         delta = (credits - (path.model_prob - base_prob)) * path.mask
         return delta.sum(-1) if path.one_output else delta
 
-    def _values(self, path: _Path, chunk_rows: int) -> Tensor:
-        """``f`` at every path point, ``(B, P, k + 1)``; the last is the model's own."""
-        b, p = path.targets.shape
-        below_top = path_values(
+    def _values(
+        self, path: _Path, chunk_rows: int, top_k: int = 0
+    ) -> Tuple[Tensor, Optional[Views]]:
+        """``f`` at every path point, ``(B, P, k + 1)``; the last is the model's own.
+        With ``top_k``, the views of the ``k`` layers, ``(B, P, k)``, the last
+        being the model's own distribution's."""
+        b, p, k_plus_1 = path.points.shape[:3]
+        below_top, below_views = path_values(
             self.readout,
             path.points[:, :, :-1].flatten(0, 1),
-            path.targets.flatten(),
+            path.score.flatten(),
             chunk_rows,
+            top_k,
+            path.final_logits,
         )
-        return torch.cat([below_top.view(b, p, -1), path.model_prob[..., None]], -1)
+        values = torch.cat([below_top.view(b, p, -1), path.model_prob[..., None]], -1)
+        if below_views is None or path.top_views is None:
+            return values, None
+        below = below_views.reshape(b, p, k_plus_1 - 1)
+        layers = below[:, :, 1:]  # h_base has no view
+        return values, Views.cat([layers, path.top_views[:, :, None]], dim=2)
 
     def _per_dimension(
         self,
@@ -683,7 +750,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """Per-dimension attributions ``(B, P, k, d)``, zero at padding (the
         path-averaged gradients with ``multiply_by_inputs=False``)."""
         b, p, k_plus_1, d = path.points.shape
-        points, targets = path.points.flatten(0, 1), path.targets.flatten()
+        points, targets = path.points.flatten(0, 1), path.score.flatten()
         if method == "prediction_aware":
             attrs = prediction_aware_attributions(
                 self.readout,
@@ -723,7 +790,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             self.readout,
             path.points.flatten(0, 1),
             path.components.flatten(0, 1),
-            path.targets.flatten(),
+            path.score.flatten(),
             values.flatten(0, 1),
             method,
             n_steps,
@@ -751,6 +818,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         additional_forward_args: Optional[object],
         positions: PositionsType,
         granularity: Granularity = "block",
+        *,
+        foil: FoilType = None,
+        target_tokens: TokenSetType = None,
+        top_k: int = 0,
     ) -> _Path:
         formatted, batch, length = format_inputs(inputs)
         extra = _format_additional_forward_args(additional_forward_args)
@@ -769,6 +840,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             else named.unique()
         )
         targets = resolve_targets(target, batch, len(pos), self.readout.vocab_size)
+        target_sets, foils = resolve_token_sets(
+            foil, target_tokens, batch, len(pos), self.readout.vocab_size
+        )
         check_baselines(baselines)
         reference_inputs = baseline_inputs(baselines, formatted)
         points, names = self._path_points(granularity)
@@ -813,6 +887,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             outputs, pos = [h[:, -1:] for h in outputs], pos[-1:]
             heads_in = [z[:, -1:] for z in heads_in]
             targets = None if targets is None else targets[:, -1:]
+            target_sets = None if target_sets is None else target_sets[:, -1:]
+            foils = None if foils is None else foils[:, -1:]
             logits, index = logits[:, None], torch.zeros(1, dtype=torch.long)
         else:
             index = pos
@@ -824,7 +900,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         if named is not None:  # each example's own position only
             mask = mask & (pos[None, :] == named[:, None]).to(device)
         self._check_states(outputs, mask, names)
-        targets, model_prob = self._read_output(logits, index, targets, mask)
+        if target_sets is not None:
+            target_sets = target_sets.to(device)
+        if foils is not None:
+            foils = foils.to(device)
+        targets, model_prob, top_views = self._read_output(
+            logits, index, targets, mask, target_sets, foils, top_k
+        )
         self._check_top(outputs[-1], logits, index, mask)
         pos = pos.to(device)
         base = baseline_states(baselines, h_0, attention_mask).index_select(1, pos)
@@ -842,6 +924,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             names=names,
             one_output=one_output,
             components=components,
+            score=TokenScore.build(targets, target_sets, foils),
+            target_sets=target_sets,
+            foils=foils,
+            top_views=top_views,
+            final_logits=_final_rows(logits, index, device) if top_k else None,
         )
 
     def _path_points(
@@ -895,13 +982,17 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         index: Tensor,
         targets: Optional[Tensor],
         mask: Tensor,
-    ) -> Tuple[Tensor, Tensor]:
-        """Targets (greedy unless given) and the model's probability of them,
-        ``(B, P)`` each, from the model's logits at the attributed positions; read
+        target_sets: Optional[Tensor] = None,
+        foils: Optional[Tensor] = None,
+        top_k: int = 0,
+    ) -> Tuple[Tensor, Tensor, Optional[Views]]:
+        """Targets (greedy unless given), the model's score ``f`` of them,
+        ``(B, P)`` each, and with ``top_k`` the views of the model's own
+        distribution, from the model's logits at the attributed positions; read
         in chunks of positions under the readout's memory budget."""
         batch, device = logits.shape[0], mask.device
         step = max(1, self.readout.rows_per_chunk() // batch)
-        chosen, log_probs = [], []
+        chosen, scores, views = [], [], []
         for start in range(0, len(index), step):
             cols = slice(start, start + step)
             rows = logits.index_select(1, index[cols].to(logits.device))
@@ -911,10 +1002,20 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 raise ValueError("forward_func: the model's logits contain NaN or inf")
             y = rows.argmax(-1) if targets is None else targets[:, cols].to(device)
             chosen.append(y)
-            log_probs.append(target_log_prob(rows.flatten(0, 1), y.flatten()))
+            log_probs = torch.log_softmax(rows.flatten(0, 1), dim=-1)
             del rows  # free this chunk before the next is read
+            score = TokenScore.build(
+                y,
+                None if target_sets is None else target_sets[:, cols],
+                None if foils is None else foils[:, cols],
+            ).flatten()
+            scores.append(score.of(log_probs).view_as(y))
+            if top_k:
+                views.append(Views.of(log_probs, score, top_k, None).reshape(*y.shape))
+            del log_probs
         targets = torch.cat(chosen, dim=1)
-        return targets, torch.cat(log_probs).view_as(targets).exp()
+        found = Views.cat(views, dim=1) if views else None
+        return targets, torch.cat(scores, dim=1), found
 
     def _check_top(
         self, h_final: Tensor, logits: Tensor, index: Tensor, mask: Tensor
@@ -935,3 +1036,29 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 "entry of `layer` must be the model's final block, and `readout` "
                 "must be its final norm, head and final transforms."
             )
+
+
+def _final_rows(
+    logits: Tensor, index: Tensor, device: torch.device
+) -> Callable[[slice], Tensor]:
+    """The model's logits of flat rows ``(b, p)`` of the attributed positions, as
+    float32 ``(n, V)`` on ``device``, a slice of rows at a time."""
+    n_positions = len(index)
+
+    def rows(part: slice) -> Tensor:
+        flat = torch.arange(part.start, part.stop)
+        picked = logits[flat // n_positions, index[flat % n_positions].cpu()]
+        return picked.to(device=device, dtype=torch.float32)
+
+    return rows
+
+
+def _view_fields(views: Views) -> Dict[str, Tensor]:
+    """The view fields of :class:`IGLensResult`."""
+    return dict(
+        top_ids=views.top_ids,
+        top_probs=views.top_probs,
+        entropy=views.entropy,
+        kl=views.kl,
+        rank=views.rank,
+    )

@@ -3,13 +3,19 @@ IG-Lens on text with a Hugging Face causal LM: the map of a model's answer to a
 prompt, with the tokens attached.
 """
 
-from typing import Any, Optional, Union
+from typing import Any, List, Optional, Union
 
 from torch import Tensor
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
-from captum_iglens.hf.text import answered_prompt, decode_tokens
+from captum_iglens.hf.text import (
+    answered_prompt,
+    decode_tokens,
+    decoded_top_tokens,
+    single_token_id,
+)
 from captum_iglens.integrations import unwrap_model
+from captum_iglens.readout.scores import FoilType, TokenSetType
 from captum_iglens.result import IGLensResult
 from captum_iglens.settings import Settings, provenance
 
@@ -23,6 +29,8 @@ def attribute_text(
     settings: Optional[Settings] = None,
     lens: Optional[LayerIGLens] = None,
     progress: bool = False,
+    foil: Union[str, FoilType] = None,
+    target_tokens: Union[List[str], TokenSetType] = None,
     **options: Any,
 ) -> IGLensResult:
     r"""
@@ -52,16 +60,34 @@ def attribute_text(
                     ``(input_ids)``. Then ``settings.layers`` must be None.
                     Default: ``LayerIGLens.from_model(model, settings.layers)``.
         progress (bool, optional): Progress bar for generation. Default: False.
+        foil (str, int, set or Tensor, optional): Attribute ``p(token) -
+                    p(foil)`` at every attributed position: a string that
+                    encodes to a single token, or the ids accepted by
+                    :meth:`LayerIGLens.attribute`. Default: None
+        target_tokens (list[str], set[int] or Tensor, optional): Attribute the
+                    total probability of these tokens (strings that each encode
+                    to a single token, e.g. ``[" Paris", "Paris"]``, or ids) at
+                    every attributed position, in place of the answer's token.
+                    Default: None
         **options (Any): Fields of :class:`Settings` that override ``settings``,
                     e.g. ``layers=[0, 10]`` or ``method="riemann_trapezoid"``.
 
     Returns:
         :class:`~captum_iglens.IGLensResult` for one sequence (``B = 1``), with
-        ``tokens`` (the attributed tokens as text) and ``metadata`` (prompt,
-        answer, settings, model, package versions).
+        ``tokens`` (the attributed tokens as text), ``top_tokens`` with
+        ``settings.top_k >= 1``, ``foils``/``target_sets`` when given, and
+        ``metadata`` (prompt, answer, settings, model, package versions).
     """
     settings = Settings.resolve(settings, options)
     model = unwrap_model(model)  # a TransformerLens bridge, an nnsight model
+    if isinstance(foil, str):
+        foil = single_token_id(tokenizer, foil, "foil")
+    if isinstance(target_tokens, (list, tuple)) and any(
+        isinstance(t, str) for t in target_tokens
+    ):
+        target_tokens = {
+            single_token_id(tokenizer, t, "target_tokens") for t in target_tokens
+        }
     if lens is not None and settings.layers is not None:
         raise ValueError("layers: pass either layers or lens, not both")
     ids, pos, targets, answer_ids = answered_prompt(
@@ -92,9 +118,13 @@ def attribute_text(
         ids.to(device),
         target=targets.to(device),
         positions=pos,
+        foil=foil,
+        target_tokens=target_tokens,
         **settings.map_kwargs(),
     )
     result.tokens = [decode_tokens(tokenizer, targets[0].tolist())]
+    if result.top_ids is not None:
+        result.top_tokens = decoded_top_tokens(tokenizer, result.top_ids)
     result.metadata = {
         "prompt": prompt,
         "answer": tokenizer.decode(answer_ids),

@@ -126,6 +126,41 @@ def _byte_decoder() -> Dict[str, int]:
     return {chr(c): b for b, c in zip(printable, chars)}
 
 
+def decoded_top_tokens(tokenizer: Any, top_ids: Tensor) -> List[Any]:
+    r"""``top_ids`` ``(B, P, k, K)`` as nested lists of token strings, each id
+    decoded once."""
+    cache: Dict[int, str] = {}
+
+    def text(i: int) -> str:
+        if i not in cache:
+            cache[i] = tokenizer.decode([i])
+        return cache[i]
+
+    return [
+        [[[text(i) for i in layer] for layer in pos] for pos in seq]
+        for seq in top_ids.tolist()
+    ]
+
+
+def single_token_id(tokenizer: Any, text: str, name: str) -> int:
+    r"""
+    The id of the one token that ``text`` encodes to (no special tokens added).
+
+    Raises:
+        ValueError: Naming ``name``, if ``text`` is empty or encodes to more or
+            fewer than one token.
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"{name}: expected a non-empty string, got {text!r}")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise ValueError(
+            f"{name}: {text!r} is {len(ids)} tokens {ids}, expected a single token "
+            "(try it with or without a leading space)"
+        )
+    return int(ids[0])
+
+
 def stop_token_ids(tokenizer: Any) -> List[int]:
     """The end-of-sequence and end-of-turn token ids the tokenizer knows (a
     tokenizer without ``get_vocab``, as Captum's ``TokenizerLike`` allows, has

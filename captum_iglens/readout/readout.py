@@ -14,6 +14,7 @@ from torch import nn, Tensor
 
 from captum_iglens.hf.architectures import readout_parts
 from captum_iglens.integrations import unwrap_model
+from captum_iglens.readout.scores import TokenScore
 
 
 class Readout(nn.Module):
@@ -190,7 +191,45 @@ class Readout(nn.Module):
             chunks.append(target_log_prob(logits, target[start : start + rows]))
             del logits
         if not chunks:
-            return hidden.new_zeros((0,), dtype=torch.float32)
+            return hidden.new_zeros(
+                (0,), dtype=torch.promote_types(hidden.dtype, torch.float32)
+            )
+        return torch.cat(chunks)
+
+    def score(self, hidden: Tensor, score: TokenScore) -> Tensor:
+        r"""The score ``Σ_{y∈S} p(y) − Σ_{y∈F} p(y)`` of each row, in chunks.
+
+        As :meth:`log_prob`, with a :class:`~captum_iglens.readout.scores.TokenScore`
+        in place of one target; for a single target it is exactly
+        ``log_prob(hidden, target).exp()``.
+
+        Args:
+            hidden (Tensor): Hidden states of shape ``(N, d)``.
+            score (TokenScore): ``(N, M)`` ids and signs.
+
+        Returns:
+            **score** (Tensor):
+                ``(N,)`` float32 (float64 for a float64 model), differentiable
+                with respect to ``hidden``.
+        """
+        if hidden.dim() != 2 or score.ids.shape[:1] != hidden.shape[:1]:
+            raise ValueError(
+                f"hidden must have shape (N, d) and score (N, M), got "
+                f"{tuple(hidden.shape)} and {tuple(score.ids.shape)}"
+            )
+        rows = self.rows_per_chunk()
+        chunks: List[Tensor] = []
+        for start in range(0, hidden.shape[0], rows):
+            logits = self(hidden[start : start + rows])
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            log_probs = torch.log_softmax(logits, dim=-1)
+            del logits
+            chunks.append(score[start : start + rows].of(log_probs))
+            del log_probs
+        if not chunks:
+            return hidden.new_zeros(
+                (0,), dtype=torch.promote_types(hidden.dtype, torch.float32)
+            )
         return torch.cat(chunks)
 
     def extra_repr(self) -> str:

@@ -33,6 +33,7 @@ from captum_iglens._utils.serialization import (
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.text import (
     decode_tokens,
+    decoded_top_tokens,
     encode_answer,
     encode_prompt,
     generate,
@@ -379,6 +380,8 @@ def _attribute_batch(
     records = []
     for item, answer, result in zip(batch, answers, results):
         result.tokens = [decode_tokens(tokenizer, result.targets[0].tolist())]
+        if result.top_ids is not None:
+            result.top_tokens = decoded_top_tokens(tokenizer, result.top_ids)
         result.metadata = {"chat": settings.chat, "positions": settings.positions}
         records.append(
             {

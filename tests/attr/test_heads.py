@@ -8,6 +8,7 @@ from captum_iglens import LayerIGLens
 from captum_iglens.attr._utils.estimators import prediction_aware_components
 from captum_iglens.hf.architectures import decoder_layers
 from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.scores import TokenScore
 from tests.helpers import hook_snapshot, left_padded
 from tests.tiny_models import VOCAB, tiny_model
 
@@ -227,7 +228,7 @@ def test_prediction_aware_heads_converge_to_the_integrals():
             readout,
             torch.stack([start, end])[None],
             u[None],
-            torch.tensor([target]),
+            TokenScore.build(torch.tensor([target])),
             ends_values[None],
             n_steps,
             4096,
@@ -260,7 +261,7 @@ def test_cancelling_contributions_do_not_blow_up():
     with torch.no_grad():
         values = readout(ends[0]).softmax(-1)[:, 0]
     credits, _ = prediction_aware_components(
-        readout, ends, u[None], torch.tensor([0]), values[None], 8, 64
+        readout, ends, u[None], TokenScore.build(torch.tensor([0])), values[None], 8, 64
     )
     assert torch.isfinite(credits).all()
     assert abs(credits.sum() - (values[1] - values[0])) <= FP32_TOL
@@ -275,7 +276,13 @@ def test_cancelling_contributions_do_not_blow_up():
     with torch.no_grad():
         flat.head.weight.zero_()
     credits, _ = prediction_aware_components(
-        flat, ends, u[None], torch.tensor([0]), torch.tensor([[0.1, 0.4]]), 4, 64
+        flat,
+        ends,
+        u[None],
+        TokenScore.build(torch.tensor([0])),
+        torch.tensor([[0.1, 0.4]]),
+        4,
+        64,
     )
     share = u.square().sum(-1) / u.square().sum()
     torch.testing.assert_close(credits[0], 0.3 * share)

@@ -190,6 +190,7 @@ def test_read_prompts_and_bad_prompts(tmp_path):
         dict(positions="prompt"),
         dict(positions="all"),
         dict(chat=False, max_new_tokens=2),
+        dict(top_k=3),
     ],
 )
 def test_every_setting_reaches_the_attribution(tmp_path, monkeypatch, options):
@@ -222,6 +223,10 @@ def test_every_setting_reaches_the_attribution(tmp_path, monkeypatch, options):
         )
         assert torch.equal(result.positions, positions)
         assert torch.equal(result.targets, targets)
+        if settings.top_k and positions.numel():
+            first = int(result.top_ids[0, 0, 0, 0])
+            assert result.top_ids.shape[-1] == settings.top_k
+            assert result.top_tokens[0][0][0][0] == tokenizer.decode([first])
         if positions.numel() == 0:  # a one-token prompt has no prompt positions
             assert result.attributions.shape[1] == 0
             continue

@@ -3,13 +3,16 @@ The path integrals of IG-Lens, evaluated on captured residual-stream states.
 
 Every function takes ``points`` of shape ``(N, K, d)``: for each of ``N`` rows (a
 sequence position), the ``K = k + 1`` path points ``h_base, h_{L_1}, ..., h_{L_k}``
-in the model's dtype, and ``targets`` of shape ``(N,)``. The readout is pointwise
-over rows, so rows can be grouped freely; ``chunk_rows`` bounds how many rows go
-through the readout at once. Results are in :func:`work_dtype` of the points'
-dtype: float64 for a float64 model, float32 otherwise.
+in the model's dtype, and ``targets``, a
+:class:`~captum_iglens.readout.scores.TokenScore` of ``N`` rows (the score ``f`` of
+each row: one target's probability, a token set's, or a contrastive difference).
+The readout is pointwise over rows, so rows can be grouped freely; ``chunk_rows``
+bounds how many rows go through the readout at once. Results are in
+:func:`work_dtype` of the points' dtype: float64 for a float64 model, float32
+otherwise.
 """
 
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 from captum.attr._utils.approximation_methods import (
@@ -19,6 +22,7 @@ from captum.attr._utils.approximation_methods import (
 from torch import Tensor
 
 from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.scores import FinalDistribution, TokenScore, Views
 
 #: Estimators accepted by ``method=``: ours first, then Captum's rules.
 ESTIMATORS: Tuple[str, ...] = ("prediction_aware", *SUPPORTED_METHODS)
@@ -36,30 +40,80 @@ def _chunks(total: int, size: int) -> Iterator[slice]:
 
 
 def path_values(
-    readout: Readout, points: Tensor, targets: Tensor, chunk_rows: int
-) -> Tensor:
+    readout: Readout,
+    points: Tensor,
+    targets: TokenScore,
+    chunk_rows: int,
+    top_k: int = 0,
+    final_logits: Optional[Callable[[slice], Tensor]] = None,
+) -> Tuple[Tensor, Optional[Views]]:
     r"""
-    ``f_y`` at every path point, with no gradient.
+    ``f`` at every path point, with no gradient, and with ``top_k >= 1`` the
+    views of every point's distribution, kept from the same log-softmax.
+
+    ``final_logits(rows)`` returns the model's own logits ``(n, V)`` of the rows
+    ``rows`` of ``points`` (needed with ``top_k``, for the KL divergence from the
+    model's final distribution, read once per position of a chunk). Views keep
+    one ``(n, V)`` temporary beside the chunk's log-softmax (where its logits
+    were) and the final distributions of the chunk's positions; chunks are
+    shortened to keep these within the readout's budget.
 
     Returns:
-        *Tensor* of shape ``(N, K)``: ``softmax(readout(points))[y]``.
+        2-element tuple of *Tensor* ``(N, K)`` (in :func:`work_dtype`), the score of
+        ``softmax(readout(points))``, and *Views* of leading shape ``(N, K)``
+        (None when ``top_k`` is 0).
     """
     n, k, d = points.shape
     flat = points.reshape(n * k, d)
     flat_targets = targets.repeat_interleave(k)
-    values = torch.cat(
-        [
-            readout.log_prob(flat[rows], flat_targets[rows])
-            for rows in _chunks(n * k, chunk_rows)
-        ]
-    )
-    return values.exp().reshape(n, k)
+    size = min(chunk_rows, _rows_with_views(readout, k)) if top_k else chunk_rows
+    values, views = [], []
+    for rows in _chunks(n * k, size):
+        for sub in _chunks(rows.stop - rows.start, readout.rows_per_chunk()):
+            part = slice(rows.start + sub.start, rows.start + sub.stop)
+            logits = readout(flat[part])
+            logits = logits.to(work_dtype(logits.dtype))
+            log_probs = torch.log_softmax(logits, dim=-1)
+            del logits
+            score = flat_targets[part]
+            values.append(score.of(log_probs))
+            if top_k:
+                final = _final_distribution(final_logits, part, k)
+                views.append(Views.of(log_probs, score, top_k, final))
+                del final
+            del log_probs
+    if not values:
+        empty = points.new_zeros((n, k), dtype=work_dtype(points.dtype))
+        return empty, None
+    found = torch.cat(values).reshape(n, k)
+    return found, Views.cat(views).reshape(n, k) if views else None
+
+
+def _rows_with_views(readout: Readout, k: int) -> int:
+    """Rows per chunk when views are kept: the log-softmax and one ``(n, V)``
+    temporary (8 bytes a logit), and up to three ``(n / k + 1, V)`` float32
+    copies of the final distributions (12 bytes a logit), within the budget."""
+    bytes_per_logit = readout.max_chunk_bytes / readout.vocab_size
+    return max(1, int((bytes_per_logit - 12) / (8 + 12 / k)))
+
+
+def _final_distribution(
+    final_logits: Optional[Callable[[slice], Tensor]], rows: slice, k: int
+) -> FinalDistribution:
+    """The model's final distributions of the positions of flat rows ``rows``
+    (``k`` points per position), each read once."""
+    if final_logits is None:
+        raise ValueError("final_logits: needed for views (top_k >= 1)")
+    first, last = rows.start // k, (rows.stop - 1) // k + 1
+    log_probs = torch.log_softmax(final_logits(slice(first, last)).float(), -1)
+    index = torch.arange(rows.start, rows.stop, device=log_probs.device) // k
+    return FinalDistribution.of(log_probs, index - first)
 
 
 def _values_and_gradients(
     readout: Readout,
     hidden: Tensor,
-    targets: Tensor,
+    targets: TokenScore,
     chunk_rows: int,
     grad_kwargs: Optional[Dict[str, Any]],
 ) -> Tuple[Tensor, Tensor]:
@@ -68,7 +122,7 @@ def _values_and_gradients(
     with torch.enable_grad():
         for rows in _chunks(hidden.shape[0], chunk_rows):
             x = hidden[rows].detach().requires_grad_(True)
-            prob = readout.log_prob(x, targets[rows]).exp()
+            prob = readout.score(x, targets[rows])
             (grad,) = torch.autograd.grad(
                 prob, x, grad_outputs=torch.ones_like(prob), **(grad_kwargs or {})
             )
@@ -85,7 +139,7 @@ def _row_groups(n_rows: int, points_per_row: int, chunk_rows: int) -> Iterator[s
 def prediction_aware_attributions(
     readout: Readout,
     points: Tensor,
-    targets: Tensor,
+    targets: TokenScore,
     final_values: Tensor,
     n_steps: int,
     chunk_rows: int,
@@ -149,7 +203,7 @@ def _split_weights(grads: Tensor, direction: Tensor) -> Tensor:
 def gradient_attributions(
     readout: Readout,
     points: Tensor,
-    targets: Tensor,
+    targets: TokenScore,
     n_steps: int,
     method: str,
     chunk_rows: int,
@@ -177,7 +231,7 @@ def gradient_attributions(
 def integrated_gradients(
     readout: Readout,
     points: Tensor,
-    targets: Tensor,
+    targets: TokenScore,
     n_steps: int,
     method: str,
     chunk_rows: int,
@@ -218,7 +272,7 @@ def prediction_aware_components(
     readout: Readout,
     ends: Tensor,
     components: Tensor,
-    targets: Tensor,
+    targets: TokenScore,
     end_values: Tensor,
     n_steps: int,
     chunk_rows: int,
@@ -243,7 +297,7 @@ def prediction_aware_components(
 
         ends (Tensor): ``(M, 2, d)``: each segment's start and end.
         components (Tensor): ``(M, C, d)`` float32: the components ``u_c``.
-        targets (Tensor): ``(M,)``.
+        targets (TokenScore): ``M`` rows.
         end_values (Tensor): ``(M, 2)``: ``f`` at the start and the end, used in
                     place of the readout's evaluations there, so that the credits
                     telescope with the other segments' values.

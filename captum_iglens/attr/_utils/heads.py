@@ -32,6 +32,7 @@ from captum_iglens.attr._utils.estimators import (
     prediction_aware_components,
 )
 from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.scores import TokenScore
 
 #: Name of the first column of ``granularity="head"``.
 INPUT_COLUMN = "input"
@@ -192,7 +193,7 @@ def head_attributions(
     readout: Readout,
     stream: Tensor,
     components: Tensor,
-    targets: Tensor,
+    targets: TokenScore,
     values: Tensor,
     method: str,
     n_steps: int,
@@ -216,7 +217,7 @@ def head_attributions(
     Args:
         stream (Tensor): ``(N, 2k + 2, d)`` path points.
         components (Tensor): ``(N, k, C, d)`` float32.
-        targets (Tensor): ``(N,)``.
+        targets (TokenScore): ``N`` rows (the score of each).
         values (Tensor): ``(N, 2k + 2)``: ``f`` at the path points, the last the
                     model's own.
         per_dimension (bool): Per-dimension attributions (for ``attribute``) or

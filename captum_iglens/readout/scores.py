@@ -1,0 +1,340 @@
+r"""
+What IG-Lens attributes: the score ``f(h) = Σ_{y∈S} p(y) − Σ_{y∈F} p(y)`` of a
+readout's distribution, for a target set ``S`` (one token by default) and an
+optional foil set ``F`` (contrastive targets), and the per-row views of the
+distribution (top-k, entropy, KL, rank) kept from the same log-softmax.
+
+Both the map and the per-dimension estimators evaluate ``f`` through
+:meth:`TokenScore.of`, so every credit telescopes to the change of the same score.
+"""
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+#: ``foil=``: a token id, ``B`` ids (list or ``(B,)`` tensor), a ``(B, P)``
+#: tensor, or a set of ids (every position).
+FoilType = Union[None, int, list, set, frozenset, Tensor]
+#: ``target_tokens=``: a set (or list, tuple, 1-D tensor) of ids, or a
+#: ``(B, P, S)`` tensor padded with ``-1``.
+TokenSetType = Union[None, set, frozenset, list, tuple, Tensor]
+
+#: Padding of ragged token sets in ``target_sets`` and ``foils``.
+PAD = -1
+#: Elements compared at once when counting ranks (4 MiB of int32).
+_COUNT_ELEMENTS = 2**20
+#: Vocabulary columns per block of the dot products of entropy and KL.
+_DOT_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class TokenScore:
+    r"""
+    The score ``Σ_m signs[..., m] · p(ids[..., m])`` of every row.
+
+    Attributes:
+
+        ids (Tensor): ``(..., M)`` long token ids (``0`` under padding).
+        signs (Tensor): ``(..., M)`` float32: ``+1`` for a target token, ``-1``
+                    for a foil, ``0`` for padding.
+
+    A single target ``y`` is ``ids = [y]``, ``signs = [1]``, whose score is
+    ``exp(log_softmax(z)[y])``: the model's probability, computed as before.
+    """
+
+    ids: Tensor
+    signs: Tensor
+
+    @classmethod
+    def build(
+        cls,
+        targets: Tensor,
+        target_sets: Optional[Tensor] = None,
+        foils: Optional[Tensor] = None,
+    ) -> "TokenScore":
+        r"""
+        The score of ``targets`` ``(...)``, or of ``target_sets`` ``(..., S)`` in
+        their place, minus ``foils`` ``(..., F)``; ``PAD`` entries are left out.
+        """
+        positive = targets[..., None] if target_sets is None else target_sets
+        parts = [positive] if foils is None else [positive, foils]
+        ids = torch.cat([p.to(targets.device) for p in parts], dim=-1)
+        signs = torch.cat(
+            [
+                torch.full(p.shape, 1.0 if i == 0 else -1.0, device=targets.device)
+                for i, p in enumerate(parts)
+            ],
+            dim=-1,
+        )
+        signs = signs.masked_fill(ids == PAD, 0.0)
+        return cls(ids.clamp_min(0), signs)
+
+    def __getitem__(self, index: Any) -> "TokenScore":
+        return TokenScore(self.ids[index], self.signs[index])
+
+    def flatten(self) -> "TokenScore":
+        """One row per leading index: ``(N, M)``."""
+        return TokenScore(
+            self.ids.reshape(-1, self.ids.shape[-1]),
+            self.signs.reshape(-1, self.signs.shape[-1]),
+        )
+
+    def repeat_interleave(self, repeats: int) -> "TokenScore":
+        """Each row repeated ``repeats`` times, as ``Tensor.repeat_interleave``."""
+        return TokenScore(
+            self.ids.repeat_interleave(repeats, dim=0),
+            self.signs.repeat_interleave(repeats, dim=0),
+        )
+
+    def of(self, log_probs: Tensor) -> Tensor:
+        r"""
+        The score of each row of ``log_probs`` ``(..., V)`` (a float32
+        log-softmax): ``(...)`` float32, differentiable.
+        """
+        ids = self.ids.to(log_probs.device)
+        picked = log_probs.gather(-1, ids).exp()
+        return (picked * self.signs.to(log_probs.device)).sum(-1)
+
+    def rank(self, log_probs: Tensor) -> Tensor:
+        r"""
+        The 1-based rank of the best-ranked target token (``signs > 0``) in each
+        row of ``log_probs`` ``(..., V)``: ``1 +`` the number of tokens strictly
+        more probable. ``(...)`` long.
+        """
+        ids = self.ids.to(log_probs.device)
+        positive = self.signs.to(log_probs.device) > 0
+        picked = log_probs.gather(-1, ids).masked_fill(~positive, -float("inf"))
+        best = picked.amax(-1, keepdim=True)
+        # A few rows at a time: the comparison and its int32 count stay small.
+        step = max(1, _COUNT_ELEMENTS // max(1, log_probs.shape[-1]))
+        above = [
+            (log_probs[i : i + step] > best[i : i + step]).sum(-1, dtype=torch.int32)
+            for i in range(0, log_probs.shape[0], step)
+        ]
+        if not above:
+            return log_probs.new_ones(log_probs.shape[:-1], dtype=torch.long)
+        return 1 + torch.cat(above).long()
+
+
+@dataclass
+class Views:
+    r"""
+    What a readout's distribution says at each row, beside the score.
+
+    Attributes:
+
+        top_ids (Tensor): ``(..., K)`` long, the ``K`` most probable tokens.
+        top_probs (Tensor): ``(..., K)`` float32, their probabilities.
+        entropy (Tensor): ``(...)`` float32, in nats.
+        kl (Tensor): ``(...)`` float32, ``KL(final ‖ this)`` in nats.
+        rank (Tensor): ``(...)`` long, 1-based rank of the target.
+    """
+
+    top_ids: Tensor
+    top_probs: Tensor
+    entropy: Tensor
+    kl: Tensor
+    rank: Tensor
+
+    @classmethod
+    def of(
+        cls,
+        log_probs: Tensor,
+        score: TokenScore,
+        top_k: int,
+        final: Optional["FinalDistribution"],
+    ) -> "Views":
+        r"""
+        The views of ``log_probs`` ``(N, V)``; ``final`` holds the model's final
+        distribution of each row (None: the rows are the final distribution,
+        and ``kl`` is zero). Besides the top-k, it costs one ``exp`` and one
+        comparison pass over the rows, and two row-wise dot products.
+        """
+        top_lp, top_ids = log_probs.topk(top_k, dim=-1)
+        probs = log_probs.exp()
+        entropy = -_row_dot(probs, log_probs)
+        del probs
+        kl = torch.zeros_like(entropy) if final is None else final.kl(log_probs)
+        return cls(top_ids, top_lp.exp(), entropy, kl, score.rank(log_probs))
+
+    @classmethod
+    def cat(cls, parts: Sequence["Views"], dim: int = 0) -> "Views":
+        """The views of several parts, joined along a leading dimension."""
+        return cls(
+            *(torch.cat([getattr(p, name) for p in parts], dim) for name in _FIELDS)
+        )
+
+    def __getitem__(self, index: Any) -> "Views":
+        """Every field indexed along its leading dimensions."""
+        return Views(*(getattr(self, name)[index] for name in _FIELDS))
+
+    def reshape(self, *shape: int) -> "Views":
+        """Every field with leading shape ``shape`` (``top_*`` keep ``K``)."""
+        return Views(
+            self.top_ids.reshape(*shape, -1),
+            self.top_probs.reshape(*shape, -1),
+            self.entropy.reshape(shape),
+            self.kl.reshape(shape),
+            self.rank.reshape(shape),
+        )
+
+
+_FIELDS = ("top_ids", "top_probs", "entropy", "kl", "rank")
+
+
+@dataclass
+class FinalDistribution:
+    r"""
+    The model's final distributions of ``G`` positions, and which position each
+    of ``N`` rows belongs to, for ``KL(final ‖ row)`` without a per-row copy.
+
+    Attributes:
+
+        probs (Tensor): ``(G, V)`` float32.
+        neg_entropy (Tensor): ``(G,)`` float32, ``Σ q log q``.
+        index (Tensor): ``(N,)`` long, each row's position in ``[0, G)``.
+    """
+
+    probs: Tensor
+    neg_entropy: Tensor
+    index: Tensor
+
+    @classmethod
+    def of(cls, log_probs: Tensor, index: Tensor) -> "FinalDistribution":
+        """From the final log-probabilities ``(G, V)`` and the rows' positions."""
+        probs = log_probs.exp()
+        return cls(probs, _row_dot(probs, log_probs), index)
+
+    def kl(self, log_probs: Tensor) -> Tensor:
+        r"""``KL(q ‖ p) = Σ q log q − Σ q log p`` of each row ``(N, V)`` against
+        its position's ``q``: one ``(N, G)`` matrix product."""
+        vocab = log_probs.shape[-1]
+        cross = sum(
+            log_probs[:, cols] @ self.probs[:, cols].T for cols in _blocks(vocab)
+        )
+        cross = cross.gather(1, self.index[:, None])[:, 0]
+        return self.neg_entropy[self.index] - cross
+
+
+def _blocks(vocab: int) -> List[slice]:
+    """Column blocks of the vocabulary: a matrix product accumulates each block
+    in turn, so summing blocks keeps float32 sums over ``V`` accurate (~1e-5)."""
+    return [slice(i, i + _DOT_BLOCK) for i in range(0, vocab, _DOT_BLOCK)]
+
+
+def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """``Σ_v a[n, v] · b[n, v]`` per row, without an ``(N, V)`` temporary."""
+    return sum(
+        (a[:, cols].unsqueeze(-2) @ b[:, cols].unsqueeze(-1))[..., 0, 0]
+        for cols in _blocks(a.shape[-1])
+    )
+
+
+def check_top_k(top_k: int, vocab: int) -> None:
+    r"""``top_k`` must be an int in ``[0, V]``."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k: expected an int >= 0, got {top_k!r}")
+    if top_k > vocab:
+        raise ValueError(f"top_k: expected at most the vocabulary size {vocab}")
+
+
+def resolve_token_sets(
+    foil: FoilType,
+    target_tokens: TokenSetType,
+    batch: int,
+    n_positions: int,
+    vocab: int,
+) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    r"""
+    ``target_tokens=`` and ``foil=`` as ``(B, P, S)`` and ``(B, P, F)`` long
+    tensors padded with :data:`PAD` (None where not given), checked before any
+    hook is registered.
+
+    Raises:
+        TypeError, ValueError: Naming the argument: a wrong type or shape, an
+            empty set, an id outside ``[0, V)``, or an id twice in one set.
+    """
+    sets = None
+    if target_tokens is not None:
+        sets = _token_set(target_tokens, "target_tokens", batch, n_positions, vocab)
+    foils = None
+    if foil is not None:
+        if isinstance(foil, (set, frozenset)):
+            foils = _token_set(foil, "foil", batch, n_positions, vocab)
+        else:
+            foils = _per_position(foil, batch, n_positions, vocab)
+    return sets, foils
+
+
+def _per_position(foil: Any, batch: int, n_positions: int, vocab: int) -> Tensor:
+    """A foil id, per example or per position, as ``(B, P, 1)``."""
+    if isinstance(foil, bool) or not isinstance(foil, (int, list, Tensor)):
+        raise TypeError(
+            "foil: expected a token id, a list of B ids, a (B,) or (B, P) tensor, "
+            f"or a set of ids; got {type(foil).__name__}"
+        )
+    try:
+        ids = torch.as_tensor(foil)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"foil: expected integer token ids, got {foil!r}") from None
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise TypeError(f"foil: expected integer token ids, got dtype {ids.dtype}")
+    if ids.dim() == 0:
+        ids = ids.expand(batch, n_positions)
+    elif ids.dim() == 1 and ids.shape[0] == batch:
+        ids = ids[:, None].expand(batch, n_positions)
+    elif tuple(ids.shape) != (batch, n_positions):
+        raise ValueError(
+            f"foil: expected a token id, {batch} ids (one per example), a "
+            f"({batch}, {n_positions}) tensor (one per attributed position) or a "
+            f"set of ids; got shape {tuple(ids.shape)}"
+        )
+    _check_range(ids, "foil", vocab)
+    return ids.long().cpu()[..., None]
+
+
+def _token_set(
+    tokens: Any, name: str, batch: int, n_positions: int, vocab: int
+) -> Tensor:
+    """A set of ids (every position) or a ``(B, P, S)`` padded tensor."""
+    if isinstance(tokens, Tensor) and tokens.dim() == 3:
+        if tokens.is_floating_point() or tokens.dtype == torch.bool:
+            raise TypeError(f"{name}: expected integer token ids, got {tokens.dtype}")
+        if tuple(tokens.shape[:2]) != (batch, n_positions):
+            raise ValueError(
+                f"{name}: expected a set of ids or a ({batch}, {n_positions}, S) "
+                f"tensor padded with {PAD}, got shape {tuple(tokens.shape)}"
+            )
+        ids = tokens.long().cpu()
+    else:
+        if isinstance(tokens, Tensor) and tokens.dim() == 1:
+            tokens = tokens.tolist()
+        if not isinstance(tokens, (set, frozenset, list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens
+        ):
+            raise TypeError(
+                f"{name}: expected a set of int token ids (or a (B, P, S) tensor "
+                f"padded with {PAD}), got {tokens!r}"
+            )
+        ids = torch.tensor(sorted(tokens), dtype=torch.long).reshape(-1)
+        if len(set(tokens)) != len(tokens):
+            raise ValueError(f"{name}: expected distinct token ids, got {tokens!r}")
+        ids = ids.expand(batch, n_positions, -1)
+    real = ids != PAD
+    if ids.shape[-1] == 0 or not real.any(-1).all():
+        raise ValueError(f"{name}: expected at least one token id per position")
+    _check_range(ids[real], name, vocab)
+    ordered = ids.masked_fill(~real, PAD).sort(-1).values
+    if ((ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] != PAD)).any():
+        raise ValueError(f"{name}: expected distinct token ids in each set")
+    return ids
+
+
+def _check_range(ids: Tensor, name: str, vocab: int) -> None:
+    if ids.numel() and ((ids < 0) | (ids >= vocab)).any():
+        raise ValueError(
+            f"{name}: token ids must lie in [0, {vocab}), got min {int(ids.min())}, "
+            f"max {int(ids.max())}"
+        )
