@@ -10,6 +10,7 @@ block at the attributed position only and run the rest of the model.
   the batch.
 """
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -19,6 +20,7 @@ from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import hidden_of
 from captum_iglens.hf.architectures import choose_blocks, decoder_layers
+from captum_iglens.hf.forward import position_ids_from_mask
 from captum_iglens.studies.validation.ablation import (
     _hooked,
     _probabilities,
@@ -163,6 +165,11 @@ def restore(
             f"corrupted_ids: expected shape {(batch, length)}, got "
             f"{tuple(corrupted_ids.shape)}"
         )
+    if noise and subject_mask[:, -1].any():
+        raise ValueError(
+            "subject_mask: the last position is the one restored; it must not be "
+            "noised"
+        )
     embed = model.get_input_embeddings()
     draws: List[Optional[Tensor]] = [None]
     if noise:
@@ -182,23 +189,21 @@ def restore(
 
         return hook
 
-    # Each variant: a noise draw (or the counterfactual) and the restored block
-    # index j, or None for the corrupted forward.
-    variants = [(d, j) for d in range(len(draws)) for j in [None, *range(len(chosen))]]
-    plan: Dict[str, List[Tuple[int, int, Optional[int]]]] = {"rows": []}
+    # What the forward in flight does: the noise draw added to the embeddings
+    # (prefix forwards), and per copy of the batch the block restored (None: the
+    # corrupted forward).
+    plan: Dict[str, Any] = {"draw": None, "restored": []}
 
     def noiser(module: Module, args: Any, kwargs: Any, output: Any) -> Any:
-        if draws[0] is None:
+        if plan["draw"] is None:
             return None
-        edited = output.clone()
-        for replica, d, _ in plan["rows"]:
-            rows = slice(replica * batch, (replica + 1) * batch)
-            edited[rows] = edited[rows] + draws[d].to(edited.dtype)
-        return edited
+        return output + plan["draw"][:, : output.shape[1]].to(output.dtype)
 
     def restorer(j: int) -> Callable[..., Any]:
         def hook(module: Module, args: Any, kwargs: Any, output: Any) -> Any:
-            replicas = [r for r, _, restored in plan["rows"] if restored == j]
+            replicas = [
+                r for r, restored in enumerate(plan["restored"]) if restored == j
+            ]
             if not replicas:
                 return None
             edited = hidden_of(output).clone()
@@ -209,6 +214,11 @@ def restore(
 
         return hook
 
+    # Restoring at the last position leaves every earlier position as in the
+    # corrupted forward: the prefix runs once per draw, and each corrupted or
+    # restored copy runs the last token only, on a copy of the prefix's cache.
+    position_ids = position_ids_from_mask(mask)
+    variants: List[Optional[int]] = [None, *range(len(chosen))]
     per_chunk = max(1, max_batch // batch)
     out = []
     with torch.inference_mode():
@@ -217,18 +227,32 @@ def restore(
         hooks = {blocks[i]: restorer(j) for j, i in enumerate(chosen)}
         hooks[embed] = noiser
         with _hooked(hooks):
-            for start in range(0, len(variants), per_chunk):
-                part = variants[start : start + per_chunk]
-                plan["rows"] = [(r, d, j) for r, (d, j) in enumerate(part)]
-                copies = len(part)
-                probs = _probabilities(
-                    model,
-                    corrupt_ids.repeat(copies, 1),
-                    mask.repeat(copies, 1),
-                    last,
-                    targets.repeat(copies, 1),
-                )
-                out.append(probs.view(copies, batch))
+            for draw in draws:
+                plan["draw"], plan["restored"] = draw, []
+                prefix = model(
+                    input_ids=corrupt_ids[:, :-1],
+                    attention_mask=mask[:, :-1],
+                    position_ids=position_ids[:, :-1],
+                    use_cache=True,
+                ).cache
+                plan["draw"] = None
+                for start in range(0, len(variants), per_chunk):
+                    plan["restored"] = variants[start : start + per_chunk]
+                    copies = len(plan["restored"])
+                    cache = copy.deepcopy(prefix)
+                    cache.reorder_cache(
+                        torch.arange(batch, device=device).repeat(copies)
+                    )
+                    logits = model(
+                        input_ids=corrupt_ids[:, -1:].repeat(copies, 1),
+                        attention_mask=mask.repeat(copies, 1),
+                        position_ids=position_ids[:, -1:].repeat(copies, 1),
+                        cache=cache,
+                        use_cache=True,
+                    ).logits[:, -1]
+                    probs = logits.float().softmax(-1)
+                    chosen_probs = probs.gather(-1, targets.repeat(copies, 1))[:, 0]
+                    out.append(chosen_probs.view(copies, batch))
     stacked = torch.cat(out).view(len(draws), len(chosen) + 1, batch).mean(0)
     return Restoration(
         clean=clean.cpu(), corrupt=stacked[0].cpu(), restored=stacked[1:].T.cpu()

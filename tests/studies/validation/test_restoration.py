@@ -99,7 +99,8 @@ def test_noise_restoration_equals_hand_computation(model4, padded):
     clean_states = _clean_last_states(model4, ids, mask)
     corrupt, restored = [], []
     for seed in seeds:
-        noise = torch.randn(*ids.shape, width, generator=torch.Generator().manual_seed(seed))
+        generator = torch.Generator().manual_seed(seed)
+        noise = torch.randn(*ids.shape, width, generator=generator)
         noise = noise * std * subject[..., None]
         corrupt.append(_probs(model4, ids, mask, targets, noise))
         restored.append(
@@ -144,7 +145,8 @@ def test_counterfactual_restoration_equals_hand_computation(model4, padded):
     other[_subject(mask)] = torch.tensor([40, 41, 42, 43])
     clean_states = _clean_last_states(model4, ids, mask)
     result = restore(model4, ids, mask, targets=targets, corrupted_ids=other)
-    assert (result.corrupt - _probs(model4, other, mask, targets)).abs().max() <= FP32_TOL
+    corrupt = _probs(model4, other, mask, targets)
+    assert (result.corrupt - corrupt).abs().max() <= FP32_TOL
     for j in range(4):
         expected = _probs(model4, other, mask, targets, None, j, clean_states[j])
         assert (result.restored[:, j] - expected).abs().max() <= FP32_TOL
