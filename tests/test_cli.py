@@ -220,6 +220,7 @@ def test_input_errors_before_the_model_loads(args, message, capsys, monkeypatch)
         raise AssertionError("the model was loaded before the input was checked")
 
     monkeypatch.setattr(models, "load_default", no_model)
+    monkeypatch.setattr(models, "load_embedded", no_model)
     try:
         status = main(args)
     except SystemExit as exit:  # argparse's own usage errors
@@ -242,3 +243,33 @@ def test_internal_errors_keep_their_traceback(tmp_path, monkeypatch):
     monkeypatch.setattr(attr, "attribute_text", broken)
     with pytest.raises(ValueError, match="an internal bug"):
         main(["w5 w6", "--model", str(tmp_path), "--no-chat", "--max-new-tokens", "2"])
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["x"], "smollm2"),
+        (["x", "--model", "gemma3"], "gemma3"),
+        (["validate", "--test", "restoration", "--model", "gemma3"], "gemma3"),
+        (["compare", "x", "--model", "smollm2"], "smollm2"),
+        (["batch", "PROMPTS", "--out", "OUT", "--model", "gemma3"], "gemma3"),
+    ],
+)
+def test_model_short_names_load_the_embedded_models(
+    args, expected, monkeypatch, tmp_path
+):
+    import captum_iglens.hf.models as models
+
+    class Loaded(Exception):
+        pass
+
+    def load_embedded(name, **kwargs):
+        raise Loaded(name)
+
+    monkeypatch.setattr(models, "load_embedded", load_embedded)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "The capital of France is"}\n')
+    paths = {"PROMPTS": str(prompts), "OUT": str(tmp_path / "out")}
+    with pytest.raises(Loaded) as loaded:
+        main([paths.get(a, a) for a in args])
+    assert str(loaded.value) == expected

@@ -1,7 +1,7 @@
 r"""The result of the validation study: per-token drops, scores and agreement,
 with the summary table; checked, saved and loaded like every result."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -55,6 +55,9 @@ class ValidationResult(JsonDocument):
         summary (dict): ``summary[group][method][metric]``: mean, 95% bootstrap
                     interval (``lo``, ``hi``), ``n`` and ``n_undefined``.
         settings (dict): How the study was run, timings and sanity checks.
+        summary_without_first (dict): As ``summary``, with blocks 0 and 1 left
+                    out of both the scores and the drops (empty with 3 blocks or
+                    fewer).
     """
 
     mode: str
@@ -73,6 +76,7 @@ class ValidationResult(JsonDocument):
     groups: Dict[str, np.ndarray]
     summary: Dict[str, Dict[str, Dict[str, Dict[str, float]]]]
     settings: Dict[str, Any]
+    summary_without_first: Dict[str, Any] = field(default_factory=dict)
 
     KIND = "ValidationResult"
 
@@ -141,14 +145,18 @@ class ValidationResult(JsonDocument):
             "peak_distance": "|argmax−peak|",
         }
         names = [g for g in (groups or self.groups) if self.groups[g].any()]
-        for group in names:
-            lines += ["", f"[{group}] {int(self.groups[group].sum())} tokens"]
+        tables = [(g, self.summary, "") for g in names]
+        if self.summary_without_first:
+            tables.append(("all", self.summary_without_first, ", without blocks 0-1"))
+        for group, summary, which in tables:
+            size = int(self.groups[group].sum())
+            lines += ["", f"[{group}{which}] {size} tokens"]
             lines.append(
                 f"{'method':<20}{'n':>4}  "
                 + "".join(f"{titles[m]:<26}" for m in METRICS)
             )
             for method in self.methods:
-                row = self.summary[group][method]
+                row = summary[group][method]
                 cells = [_cell(row[m], m == "spearman") for m in METRICS]
                 lines.append(
                     f"{method:<20}{row['top1']['n']:>4}  "
@@ -217,6 +225,7 @@ class ValidationResult(JsonDocument):
                 layer_names=self.layer_names,
                 accuracy=self.accuracy(),
                 summary=self.summary,
+                summary_without_first=self.summary_without_first,
                 settings=self.settings,
                 tokens=tokens,
             )
@@ -281,6 +290,7 @@ class ValidationResult(JsonDocument):
                 groups=groups,
                 summary=data["summary"],
                 settings=data["settings"],
+                summary_without_first=data.get("summary_without_first", {}),
             )
         except KeyError as missing_key:
             raise ValueError(f"tokens: an entry lacks {missing_key}") from None

@@ -286,6 +286,10 @@ def run_validation(
         scores["random"] = rng.standard_normal((n, k))
     correct = [f.is_answered_by(g) for f, g in zip(facts, generated)]
     values = _agreement(scores, drops, study.onset_frac)
+    # Removing block 0 or 1 breaks nearly everything; the same agreement without
+    # them shows whether the scores order the later blocks.
+    late = {m: rows[:, 2:] for m, rows in scores.items()}
+    late_values = _agreement(late, drops[:, 2:], study.onset_frac) if k > 3 else {}
     depth = np.array([nonmonotone_depth(t) for t in trajectory])
     groups = {
         "all": np.ones(n, bool),
@@ -329,6 +333,11 @@ def run_validation(
         groups=groups,
         summary=summarize(values, groups, computed, study.n_bootstrap, study.seed),
         settings=run,
+        summary_without_first=(
+            summarize(late_values, groups, computed, study.n_bootstrap, study.seed)
+            if late_values
+            else {}
+        ),
     )
 
 
