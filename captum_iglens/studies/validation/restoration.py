@@ -113,7 +113,9 @@ def restore(
     - noise (``subject_mask`` and ``noise_std``): Gaussian noise of standard
       deviation ``noise_std`` is added to the embeddings of the masked tokens, one
       draw per seed (the same draw for the corrupted and all restored forwards of
-      that seed); probabilities are averaged over the seeds.
+      that seed); probabilities are averaged over the seeds. Each sequence's draw
+      is ``torch.randn(n, d)`` over its ``n`` real tokens from a generator seeded
+      with the seed, whatever the batch and its padding.
     - ``corrupted_ids``: the prompt is replaced by other tokens of the same
       length (e.g. a counterfactual subject).
 
@@ -174,11 +176,17 @@ def restore(
     draws: List[Optional[Tensor]] = [None]
     if noise:
         width = embed.weight.shape[1]
+        real = mask.sum(-1).tolist()
         draws = []
         for seed in seeds:
-            generator = torch.Generator().manual_seed(int(seed))
-            draw = torch.randn(batch, length, width, generator=generator) * noise_std
-            draws.append((draw * subject_mask.to(draw.dtype)[..., None]).to(device))
+            # Each sequence draws its own noise over its real tokens, so that the
+            # noise does not depend on the batch it is traced in.
+            draw = torch.zeros(batch, length, width)
+            for b, n in enumerate(real):
+                generator = torch.Generator().manual_seed(int(seed))
+                draw[b, length - n :] = torch.randn(n, width, generator=generator)
+            where = subject_mask.to(device=draw.device, dtype=draw.dtype)[..., None]
+            draws.append((draw * noise_std * where).to(device))
     corrupt_ids = ids if corrupted_ids is None else corrupted_ids.to(device)
 
     clean_states: Dict[int, Tensor] = {}

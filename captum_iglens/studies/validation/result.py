@@ -483,6 +483,15 @@ class RestorationResult(JsonDocument):
     def __str__(self) -> str:
         return self.format_table()
 
+    def plot(
+        self, examples: Optional[Sequence[int]] = None, corruption: Optional[str] = None
+    ) -> Tuple[Any, Dict[str, Any]]:
+        r"""Recovery and IG-Lens trajectory of a few tokens; see
+        :func:`captum_iglens.plots.plot_restoration`."""
+        from captum_iglens.plots import plot_restoration
+
+        return plot_restoration(self, examples, corruption)
+
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dictionary; NaN is written as null."""
         return plain(

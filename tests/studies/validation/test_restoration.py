@@ -99,8 +99,10 @@ def test_noise_restoration_equals_hand_computation(model4, padded):
     clean_states = _clean_last_states(model4, ids, mask)
     corrupt, restored = [], []
     for seed in seeds:
-        generator = torch.Generator().manual_seed(seed)
-        noise = torch.randn(*ids.shape, width, generator=generator)
+        noise = torch.zeros(*ids.shape, width)
+        for b, n in enumerate(mask.sum(-1).tolist()):  # per row, its real tokens
+            generator = torch.Generator().manual_seed(seed)
+            noise[b, -n:] = torch.randn(n, width, generator=generator)
         noise = noise * std * subject[..., None]
         corrupt.append(_probs(model4, ids, mask, targets, noise))
         restored.append(
