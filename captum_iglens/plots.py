@@ -615,7 +615,8 @@ def plot_restoration(
     Args:
 
         examples (list[int], optional): Indices of the tokens to show.
-                    Default: three counted tokens, spread over the set.
+                    Default: three counted tokens (else traced ones), spread
+                    over the set.
         corruption (str, optional): Which corruption's recovery. Default: the
                     first one of the result.
 
@@ -630,8 +631,10 @@ def plot_restoration(
             f"corruption: expected one of {result.corruptions}, got {corruption!r}"
         )
     causal = result.causal_onsets[corruption]
-    if examples is None:
+    if examples is None:  # counted tokens, else any traced ones
         counted = np.flatnonzero(~np.isnan(causal))
+        if not len(counted):
+            counted = np.flatnonzero(~np.isnan(result.probs[corruption][:, 0]))
         spread = np.linspace(0, len(counted) - 1, min(3, len(counted))).round()
         examples = counted[spread.astype(int)].tolist() if len(counted) else []
     if not examples:

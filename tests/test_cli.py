@@ -180,6 +180,32 @@ def test_validate_subcommand(tmp_path):
     assert (tmp_path / "v.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.real_model
+def test_validate_restoration_on_gemma3(tmp_path):
+    out = _run(
+        "validate",
+        "--test",
+        "restoration",
+        "--model",
+        "gemma3",
+        "--limit",
+        "2",
+        "--methods",
+        "ig_lens,random",
+        "--json",
+        str(tmp_path / "r.json"),
+        "--png",
+        str(tmp_path / "r.png"),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "restoration at the attributed position (18 blocks" in out.stdout
+    assert re.search(r"^ig_lens\s+\d+\s+", out.stdout, re.M)
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["corruptions"] == ["noise", "counterfactual"]
+    assert len(data["facts"]) == 2
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_each_subcommand_keeps_its_own_defaults():
     from captum_iglens.cli import build_parser
 

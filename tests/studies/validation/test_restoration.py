@@ -190,3 +190,18 @@ def test_restore_refuses_both_or_no_corruption(model4, padded):
         )
     with pytest.raises(ValueError, match="corrupted_ids"):
         restore(model4, ids, mask, targets=targets, corrupted_ids=ids[:, 1:])
+
+
+def test_restore_refuses_noise_at_the_restored_position(model4, padded):
+    ids, mask = padded
+    subject = torch.zeros_like(mask, dtype=torch.bool)
+    subject[:, -1] = True
+    with pytest.raises(ValueError, match="subject_mask"):
+        restore(
+            model4,
+            ids,
+            mask,
+            targets=torch.tensor([5, 11]),
+            subject_mask=subject,
+            noise_std=1.0,
+        )
