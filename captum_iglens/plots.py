@@ -1,5 +1,5 @@
 r"""Every figure of the package: the map of an :class:`~captum_iglens.IGLensResult`,
-the comparison of methods and the validation study.
+the comparison of methods and the validation studies.
 
 They follow the contract of Captum's ``LLMAttributionResult.plot_*``: they
 return ``(fig, ax)`` (a dict of axes for the multi-panel figures) for further
@@ -23,9 +23,18 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from captum_iglens.studies.comparison.result import ComparisonResult
-    from captum_iglens.studies.validation.result import ValidationResult
+    from captum_iglens.studies.validation.result import (
+        RestorationResult,
+        ValidationResult,
+    )
 
-__all__ = ["plot_comparison", "plot_heatmap", "plot_trajectory", "plot_validation"]
+__all__ = [
+    "plot_comparison",
+    "plot_heatmap",
+    "plot_restoration",
+    "plot_trajectory",
+    "plot_validation",
+]
 
 #: Colours of credit given (up) and taken back (down); Captum's convention.
 UP_COLOR = "#2e8b3e"
@@ -688,4 +697,75 @@ def plot_validation(
         )
         ax.legend(fontsize=7)
         axes[metric] = ax
+    return fig, axes
+
+
+def plot_restoration(
+    result: "RestorationResult",
+    examples: Optional[Sequence[int]] = None,
+    corruption: Optional[str] = None,
+) -> Tuple["Figure", Dict[str, "Axes"]]:
+    r"""
+    For a few tokens, on the same axes: the recovery ``r(L)`` of restoring each
+    block's output at the attributed position, and the IG-Lens trajectory as the
+    share of the credit reached by each block, ``(f(h_L) − f(h_0)) / (p − f(h_0))``
+    (both 0 before the first block and 1 at the last), with the causal and IG-Lens
+    onsets marked. Works headless.
+
+    Args:
+
+        examples (list[int], optional): Indices of the tokens to show.
+                    Default: three counted tokens (else traced ones), spread
+                    over the set.
+        corruption (str, optional): Which corruption's recovery. Default: the
+                    first one of the result.
+
+    Returns:
+        2-element tuple of **figure**, **axes**: a dict with ``"example 0"``, ...
+    """
+    import matplotlib.pyplot as plt
+
+    corruption = corruption or result.corruptions[0]
+    if corruption not in result.corruptions:
+        raise ValueError(
+            f"corruption: expected one of {result.corruptions}, got {corruption!r}"
+        )
+    causal = result.causal_onsets[corruption]
+    if examples is None:  # counted tokens, else any traced ones
+        counted = np.flatnonzero(~np.isnan(causal))
+        if not len(counted):
+            counted = np.flatnonzero(~np.isnan(result.probs[corruption][:, 0]))
+        spread = np.linspace(0, len(counted) - 1, min(3, len(counted))).round()
+        examples = counted[spread.astype(int)].tolist() if len(counted) else []
+    if not examples:
+        raise ValueError("examples: no token to show")
+    fig, row = plt.subplots(
+        1, len(examples), figsize=(4.8 * len(examples), 3.6), layout="constrained"
+    )
+    fig.set_facecolor("white")
+    row = np.atleast_1d(row)
+    recovery = result.recovery(corruption)
+    layers = np.arange(len(result.layer_names))
+    axes: Dict[str, Any] = {}
+    for col, (ax, i) in enumerate(zip(row, examples)):
+        credit = result.scores["ig_lens"][i]
+        share = np.cumsum(credit) / credit.sum()
+        ax.plot(layers, recovery[i], "k.-", label=f"recovery r(L), {corruption}")
+        ax.plot(layers, share, ".-", color=UP_COLOR, label="IG-Lens: share of credit")
+        if not np.isnan(causal[i]):
+            ax.axvline(causal[i], color="k", linestyle="--", linewidth=0.8)
+        onset = result.onsets["ig_lens"][i]
+        if not np.isnan(onset):
+            ax.axvline(onset, color=UP_COLOR, linestyle="--", linewidth=0.8)
+        ax.axhline(0.5, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_title(
+            textwrap.fill(
+                f"{result.facts[i].prompt} → {result.target_tokens[i]!r}", 45
+            ),
+            fontsize=9,
+        )
+        ax.set_xlabel("block (dashed: causal / IG-Lens onset)", fontsize=8)
+        ax.set_ylabel("share of the clean effect", fontsize=8)
+        ax.legend(fontsize=7)
+        axes[f"example {col}"] = ax
     return fig, axes

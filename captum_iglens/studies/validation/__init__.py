@@ -1,4 +1,5 @@
-r"""Does the IG-Lens onset predict where causal ablation hurts most?"""
+r"""Does the IG-Lens onset predict where causal ablation hurts most, and where
+restoring the attributed position recovers the answer?"""
 
 from captum_iglens.studies.validation.ablation import (
     MODES,
@@ -7,24 +8,40 @@ from captum_iglens.studies.validation.ablation import (
     mean_updates,
 )
 from captum_iglens.studies.validation.facts import Fact, load_facts
-from captum_iglens.studies.validation.result import ValidationResult
+from captum_iglens.studies.validation.restoration import (
+    CORRUPTIONS,
+    Restoration,
+    embedding_std,
+    restore,
+)
+from captum_iglens.studies.validation.result import (
+    RestorationResult,
+    ValidationResult,
+)
 from captum_iglens.studies.validation.scoring import SCORED_METHODS
 from captum_iglens.studies.validation.study import (
     STUDY_SETTINGS,
     StudyOptions,
+    run_restoration,
     run_validation,
 )
 
 __all__ = [
+    "CORRUPTIONS",
     "MODES",
     "SCORED_METHODS",
     "STUDY_SETTINGS",
     "Ablation",
     "Fact",
+    "Restoration",
+    "RestorationResult",
     "StudyOptions",
     "ValidationResult",
     "ablate",
+    "embedding_std",
     "load_facts",
     "mean_updates",
+    "restore",
+    "run_restoration",
     "run_validation",
 ]

@@ -1,6 +1,7 @@
 r"""The prompts of the validation study: short factual completions whose next
 word is the answer, e.g. ``"The capital of France is"`` → ``"Paris"``."""
 
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -9,6 +10,19 @@ from typing import List, Optional, Tuple, Union
 from captum_iglens.studies.prompts import read_prompts
 
 _PUNCTUATION = ".,;:!?\"'()[]«»“”‘’"
+
+#: Where the subject is in the shipped relations' prompts (the span that
+#: restoration corrupts); a relation or prompt not matched has no subject.
+SUBJECT_PATTERNS = {
+    "capital": r"^The capital of (?P<subject>.+) is$",
+    "currency": r"^The currency of (?P<subject>.+) is the$",
+    "language": r"^The main language spoken in (?P<subject>.+) is$",
+    "chemical_symbol": r"^The chemical symbol for (?P<subject>.+) is$",
+    "author": r"^The (?:novel|play) (?P<subject>.+) was written by ",
+    "planet": r"^The (?P<subject>\w+) planet from the Sun is$",
+    "si_unit": r"^The SI unit of (?P<subject>.+) is the$",
+    "continent": r"^(?P<subject>.+) is a country on the continent of$",
+}
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,19 @@ class Fact:
         said = _words(text)
         expected = [_words(a) for a in (self.answer, *self.aliases)]
         return any(words and said[: len(words)] == words for words in expected)
+
+    def subject_span(self) -> Optional[Tuple[int, int]]:
+        r"""
+        The characters of the prompt's subject, e.g. ``"France"`` in ``"The
+        capital of France is"``, from :data:`SUBJECT_PATTERNS`.
+
+        Returns:
+            *tuple* ``(start, end)`` of character offsets, or None when the
+            relation has no pattern or the prompt does not match it.
+        """
+        pattern = SUBJECT_PATTERNS.get(self.relation)
+        found = re.search(pattern, self.prompt) if pattern else None
+        return found.span("subject") if found else None
 
 
 def _words(text: str) -> List[str]:

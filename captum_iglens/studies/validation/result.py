@@ -1,7 +1,7 @@
 r"""The result of the validation study: per-token drops, scores and agreement,
 with the summary table; checked, saved and loaded like every result."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -9,7 +9,11 @@ import numpy as np
 
 from captum_iglens._utils.serialization import JsonDocument, plain
 from captum_iglens.studies.validation.facts import Fact
-from captum_iglens.studies.validation.stats import METRICS, bootstrap_mean
+from captum_iglens.studies.validation.stats import (
+    METRICS,
+    ONSET_METRICS,
+    bootstrap_mean,
+)
 
 
 def _cell(stats: Dict[str, float], signed: bool) -> str:
@@ -52,6 +56,9 @@ class ValidationResult(JsonDocument):
         summary (dict): ``summary[group][method][metric]``: mean, 95% bootstrap
                     interval (``lo``, ``hi``), ``n`` and ``n_undefined``.
         settings (dict): How the study was run, timings and sanity checks.
+        summary_without_first (dict): As ``summary``, with blocks 0 and 1 left
+                    out of both the scores and the drops (empty with 3 blocks or
+                    fewer).
     """
 
     mode: str
@@ -70,6 +77,7 @@ class ValidationResult(JsonDocument):
     groups: Dict[str, np.ndarray]
     summary: Dict[str, Dict[str, Dict[str, Dict[str, float]]]]
     settings: Dict[str, Any]
+    summary_without_first: Dict[str, Any] = field(default_factory=dict)
 
     KIND = "ValidationResult"
 
@@ -138,14 +146,18 @@ class ValidationResult(JsonDocument):
             "peak_distance": "|argmax−peak|",
         }
         names = [g for g in (groups or self.groups) if self.groups[g].any()]
-        for group in names:
-            lines += ["", f"[{group}] {int(self.groups[group].sum())} tokens"]
+        tables = [(g, self.summary, "") for g in names]
+        if self.summary_without_first:
+            tables.append(("all", self.summary_without_first, ", without blocks 0-1"))
+        for group, summary, which in tables:
+            size = int(self.groups[group].sum())
+            lines += ["", f"[{group}{which}] {size} tokens"]
             lines.append(
                 f"{'method':<20}{'n':>4}  "
                 + "".join(f"{titles[m]:<26}" for m in METRICS)
             )
             for method in self.methods:
-                row = self.summary[group][method]
+                row = summary[group][method]
                 cells = [_cell(row[m], m == "spearman") for m in METRICS]
                 lines.append(
                     f"{method:<20}{row['top1']['n']:>4}  "
@@ -214,6 +226,7 @@ class ValidationResult(JsonDocument):
                 layer_names=self.layer_names,
                 accuracy=self.accuracy(),
                 summary=self.summary,
+                summary_without_first=self.summary_without_first,
                 settings=self.settings,
                 tokens=tokens,
             )
@@ -278,6 +291,7 @@ class ValidationResult(JsonDocument):
                 groups=groups,
                 summary=data["summary"],
                 settings=data["settings"],
+                summary_without_first=data.get("summary_without_first", {}),
             )
         except KeyError as missing_key:
             raise ValueError(f"tokens: an entry lacks {missing_key}") from None
@@ -311,3 +325,276 @@ def _floats(value: Any, name: str) -> np.ndarray:
     if not np.isfinite(array).all():
         raise ValueError(f"{name}: expected finite numbers")
     return array
+
+
+#: Column titles of the restoration table.
+_ONSET_TITLES = {
+    "onset_spearman": "onset Spearman",
+    "mean_abs_diff": "mean |Δonset|",
+    "median_abs_diff": "median |Δonset|",
+    "within_1": "within ±1",
+    "within_2": "within ±2",
+    "gain_spearman": "Spearman vs gains",
+}
+
+
+@dataclass
+class RestorationResult(JsonDocument):
+    r"""
+    The agreement of per-layer scores with restoration (causal tracing at the
+    attributed position) over a set of facts, one attributed token per fact,
+    ``N`` facts and ``k`` blocks (see :func:`run_restoration`).
+
+    Attributes:
+
+        corruptions (list[str]): The corruptions traced.
+        methods (list[str]): The methods compared.
+        layer_names (list[str]): The ``k`` restored blocks.
+        facts (list[Fact]): The facts.
+        target_tokens (list[str]): The attributed token (the model's greedy next
+                    token) of each fact.
+        trajectory (np.ndarray): ``(N, k + 1)`` logit-lens levels of the token.
+        nonmonotone_depth (np.ndarray): ``(N,)``.
+        probs (dict[str, np.ndarray]): ``(N, k + 2)`` per corruption: ``p_clean``,
+                    ``p_corrupt``, then ``p`` with block ``L_j`` restored; NaN
+                    rows where the corruption was not applied.
+        scores (dict[str, np.ndarray]): ``(N, k)`` per method, NaN rows where not
+                    run.
+        onsets (dict[str, np.ndarray]): ``(N,)`` per method, NaN where none.
+        causal_onsets (dict[str, np.ndarray]): ``(N,)`` per corruption, NaN where
+                    the corruption did not lower ``p`` enough.
+        conductance (np.ndarray): ``(N,)`` bool: Layer Conductance's subset.
+        summary (dict): ``summary[corruption][group][method][metric]``, as
+                    :func:`~captum_iglens.studies.validation.stats.onset_agreement`.
+        settings (dict): How the study was run, and timings.
+    """
+
+    corruptions: List[str]
+    methods: List[str]
+    layer_names: List[str]
+    facts: List[Fact]
+    target_tokens: List[str]
+    trajectory: np.ndarray
+    nonmonotone_depth: np.ndarray
+    probs: Dict[str, np.ndarray]
+    scores: Dict[str, np.ndarray]
+    onsets: Dict[str, np.ndarray]
+    causal_onsets: Dict[str, np.ndarray]
+    conductance: np.ndarray
+    summary: Dict[str, Any]
+    settings: Dict[str, Any]
+
+    KIND = "RestorationResult"
+
+    def __post_init__(self) -> None:
+        n, k = len(self.facts), len(self.layer_names)
+        if len(self.target_tokens) != n:
+            raise ValueError(f"target_tokens: expected {n} entries, one per fact")
+        shapes = {"trajectory": (n, k + 1), "nonmonotone_depth": (n,)}
+        shapes["conductance"] = (n,)
+        for c in self.corruptions:
+            shapes[f"probs.{c}"] = (n, k + 2)
+            shapes[f"causal_onsets.{c}"] = (n,)
+        for m in self.methods:
+            shapes[f"scores.{m}"] = (n, k)
+            shapes[f"onsets.{m}"] = (n,)
+        for name, shape in shapes.items():
+            field, _, key = name.partition(".")
+            value = getattr(self, field)
+            found = np.shape(value[key] if key else value)
+            if found != shape:
+                raise ValueError(f"{name}: expected shape {shape}, got {found}")
+
+    def recovery(self, corruption: str) -> np.ndarray:
+        r"""``(N, k)`` recoveries ``r(L)`` under ``corruption`` (NaN where not
+        traced)."""
+        columns = self.probs[corruption]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (columns[:, 2:] - columns[:, 1:2]) / (
+                columns[:, :1] - columns[:, 1:2]
+            )
+
+    def format_table(self) -> str:
+        r"""The agreement table: per corruption and group of tokens, a row per
+        method, each cell ``value [95% CI]``."""
+        k = len(self.layer_names)
+        s = self.settings
+        lines = [
+            f"Per-layer scores vs restoration at the attributed position "
+            f"({k} blocks, {len(self.facts)} facts with a subject, one token each)",
+            f"causal onset: first block with recovery >= {s['recovery_threshold']}; "
+            f"method onset: first block with {s['onset_frac']} of the cumulative "
+            "|score|; tokens count when the corruption lowers p by >= "
+            f"{s['min_effect']:.0%} of p_clean",
+        ]
+        for c in self.corruptions:
+            columns = self.probs[c]
+            traced = ~np.isnan(columns[:, 0])
+            causal = self.causal_onsets[c]
+            counted = ~np.isnan(causal)
+            mean_recovery = (
+                np.nanmean(self.recovery(c)[counted], 0) if counted.any() else []
+            )
+            what = (
+                f"noise {s['noise_scale']}× embedding std "
+                f"({s['noise_std']:.3g}), {s['noise_seeds']} seeds"
+                if c == "noise"
+                else "counterfactual subject of the same length and relation"
+            )
+            lines += [
+                "",
+                f"== corruption: {c} ({what}): {int(traced.sum())} traced, "
+                f"{int(counted.sum())} counted",
+                f"mean p_clean {np.nanmean(columns[traced, 0]):.3f}, mean p_corrupt "
+                f"{np.nanmean(columns[traced, 1]):.3f}",
+                "mean recovery by block: "
+                + " ".join(f"{v:.2f}" for v in mean_recovery),
+                "causal onset, most frequent: "
+                + self._most_frequent(causal[counted].astype(int)),
+                "IG-Lens onset, most frequent: "
+                + self._most_frequent(
+                    self.onsets["ig_lens"][
+                        counted & ~np.isnan(self.onsets["ig_lens"])
+                    ].astype(int)
+                ),
+            ]
+            for group, rows in self.summary[c].items():
+                size = rows["ig_lens"]["mean_abs_diff"]["n"]
+                if not size:
+                    continue
+                lines += ["", f"[{c} / {group}] {size} tokens"]
+                lines.append(
+                    f"{'method':<20}{'n':>4}  "
+                    + "".join(f"{_ONSET_TITLES[m]:<26}" for m in ONSET_METRICS)
+                )
+                for method in self.methods:
+                    row = rows[method]
+                    cells = [
+                        _cell(row[m], m.endswith("spearman")) for m in ONSET_METRICS
+                    ]
+                    lines.append(
+                        f"{method:<20}{row['mean_abs_diff']['n']:>4}  "
+                        + "".join(f"{cell:<26}" for cell in cells)
+                    )
+        lines += [
+            "",
+            "gains: r(L) − r(L−1), r before block 0 = 0; 'Spearman vs gains' is the "
+            "per-token rank correlation of a method's per-block scores with them, "
+            "averaged over tokens. Intervals: percentile bootstrap over tokens, "
+            f"{s['n_bootstrap']} resamples.",
+        ]
+        return "\n".join(lines)
+
+    def _most_frequent(self, onsets: np.ndarray) -> str:
+        counts = np.bincount(onsets, minlength=len(self.layer_names))
+        order = np.argsort(-counts, kind="stable")[:5]
+        return (
+            ", ".join(f"L{self.layer_names[i]}×{counts[i]}" for i in order if counts[i])
+            or "-"
+        )
+
+    def __str__(self) -> str:
+        return self.format_table()
+
+    def plot(
+        self, examples: Optional[Sequence[int]] = None, corruption: Optional[str] = None
+    ) -> Tuple[Any, Dict[str, Any]]:
+        r"""Recovery and IG-Lens trajectory of a few tokens; see
+        :func:`captum_iglens.plots.plot_restoration`."""
+        from captum_iglens.plots import plot_restoration
+
+        return plot_restoration(self, examples, corruption)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-serialisable dictionary; NaN is written as null."""
+        return plain(
+            dict(
+                corruptions=self.corruptions,
+                methods=self.methods,
+                layer_names=self.layer_names,
+                facts=[
+                    dict(
+                        id=f.id,
+                        relation=f.relation,
+                        prompt=f.prompt,
+                        answer=f.answer,
+                        aliases=list(f.aliases),
+                    )
+                    for f in self.facts
+                ],
+                target_tokens=self.target_tokens,
+                trajectory=_nulls(self.trajectory),
+                nonmonotone_depth=_nulls(self.nonmonotone_depth),
+                probs={c: _nulls(v) for c, v in self.probs.items()},
+                scores={m: _nulls(v) for m, v in self.scores.items()},
+                onsets={m: _nulls(v) for m, v in self.onsets.items()},
+                causal_onsets={c: _nulls(v) for c, v in self.causal_onsets.items()},
+                conductance=self.conductance.tolist(),
+                summary=_nulls(self.summary),
+                settings=self.settings,
+            )
+        )
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "RestorationResult":
+        """Inverse of :meth:`to_dict`; shapes are checked."""
+        try:
+            return cls(
+                corruptions=list(data["corruptions"]),
+                methods=list(data["methods"]),
+                layer_names=list(data["layer_names"]),
+                facts=[
+                    Fact(
+                        id=f["id"],
+                        relation=f["relation"],
+                        prompt=f["prompt"],
+                        answer=f["answer"],
+                        aliases=tuple(f["aliases"]),
+                    )
+                    for f in data["facts"]
+                ],
+                target_tokens=list(data["target_tokens"]),
+                trajectory=_nans(data["trajectory"]),
+                nonmonotone_depth=_nans(data["nonmonotone_depth"]),
+                probs={c: _nans(v) for c, v in data["probs"].items()},
+                scores={m: _nans(v) for m, v in data["scores"].items()},
+                onsets={m: _nans(v) for m, v in data["onsets"].items()},
+                causal_onsets={c: _nans(v) for c, v in data["causal_onsets"].items()},
+                conductance=np.array(data["conductance"], dtype=bool),
+                summary=_summary_nans(data["summary"]),
+                settings=data["settings"],
+            )
+        except KeyError as missing:
+            raise ValueError(f"missing field {missing}") from None
+
+
+def _nulls(value: Any) -> Any:
+    """``value`` with NaN replaced by None (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {key: _nulls(v) for key, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return _nulls(value.tolist())
+    if isinstance(value, list):
+        return [_nulls(v) for v in value]
+    if isinstance(value, float) and np.isnan(value):
+        return None
+    return value
+
+
+def _nans(value: Any) -> np.ndarray:
+    array = np.array(_none_to_nan(value), dtype=float)
+    if np.isinf(array).any():
+        raise ValueError("expected finite numbers or null")
+    return array
+
+
+def _none_to_nan(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_none_to_nan(v) for v in value]
+    return np.nan if value is None else value
+
+
+def _summary_nans(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _summary_nans(v) for key, v in value.items()}
+    return np.nan if value is None else value

@@ -8,7 +8,7 @@ maxima is taken uniformly at random among them, so every rate and distance is it
 expectation over that choice (a constant score earns exactly the chance rate).
 """
 
-from typing import Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -307,4 +307,133 @@ def summarize(
             for method, metrics in values.items()
         }
         for group, members in groups.items()
+    }
+
+
+def causal_onset(recovery: np.ndarray, threshold: float = 0.5) -> int:
+    r"""
+    The causal onset: the first layer whose restoration recovers at least
+    ``threshold`` of the corruption's effect.
+
+    Args:
+
+        recovery (np.ndarray): ``k`` per-layer recoveries ``r(L)``.
+        threshold (float, optional): Default: 0.5.
+
+    Returns:
+        *int*: a layer index, or ``-1`` when no layer reaches the threshold.
+    """
+    values = _vector(recovery, "recovery")
+    reached = np.flatnonzero(values >= threshold)
+    return int(reached[0]) if reached.size else -1
+
+
+def recovery_gains(recovery: np.ndarray) -> np.ndarray:
+    r"""
+    Per-layer recovery gains ``r(L_j) − r(L_{j−1})``, with ``r(L_{−1}) = 0``
+    (nothing restored).
+
+    Args:
+
+        recovery (np.ndarray): ``k`` per-layer recoveries.
+
+    Returns:
+        *np.ndarray* of ``k`` gains, summing to ``r(L_{k−1})``.
+    """
+    return np.diff(_vector(recovery, "recovery"), prepend=0.0)
+
+
+def bootstrap_statistic(
+    columns: Tuple[np.ndarray, ...],
+    statistic: Callable[..., float],
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Dict[str, float]:
+    r"""
+    A statistic of per-token columns and its percentile bootstrap interval
+    (tokens, i.e. rows of every column together, resampled with replacement).
+    Rows with a NaN in any column are excluded and counted.
+
+    Args:
+
+        columns (tuple of np.ndarray): 1-D arrays of the same length.
+        statistic (Callable): ``statistic(*columns) -> float``.
+        n_bootstrap (int, optional): Resamples. Default: 1000.
+        seed (int, optional): Seed of the resampling. Default: 0.
+        level (float, optional): Coverage of the interval. Default: 0.95.
+
+    Returns:
+        *dict* as :func:`bootstrap_mean`'s, with ``mean`` the statistic on all
+        defined rows (NaN resamples are ignored in the interval).
+    """
+    arrays = [np.asarray(c, dtype=np.float64).reshape(-1) for c in columns]
+    defined = ~np.any([np.isnan(a) for a in arrays], axis=0)
+    arrays = [a[defined] for a in arrays]
+    out = {"n": int(defined.sum()), "n_undefined": int((~defined).sum())}
+    if not out["n"]:
+        return dict(out, mean=float("nan"), lo=float("nan"), hi=float("nan"))
+    rng = np.random.default_rng(seed)
+    samples = rng.integers(0, out["n"], size=(n_bootstrap, out["n"]))
+    values = np.array([statistic(*(a[s] for a in arrays)) for s in samples])
+    values = values[~np.isnan(values)]
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(values, [tail, 100 - tail]) if values.size else (np.nan,) * 2
+    value = statistic(*arrays)
+    return dict(out, mean=float(value), lo=float(lo), hi=float(hi))
+
+
+def _spearman_or_nan(a: np.ndarray, b: np.ndarray) -> float:
+    return spearman(a, b) if a.size > 1 else float("nan")
+
+
+#: The metrics of :func:`onset_agreement`, in table order.
+ONSET_METRICS: Tuple[str, ...] = (
+    "onset_spearman",
+    "mean_abs_diff",
+    "median_abs_diff",
+    "within_1",
+    "within_2",
+    "gain_spearman",
+)
+
+
+def onset_agreement(
+    onsets: np.ndarray,
+    causal: np.ndarray,
+    gain_spearman: np.ndarray,
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+) -> Dict[str, Dict[str, float]]:
+    r"""
+    How a method's per-token onsets agree with the causal onsets, over tokens.
+
+    Args:
+
+        onsets (np.ndarray): ``N`` onset layers of the method (NaN: none).
+        causal (np.ndarray): ``N`` causal onsets (NaN: none).
+        gain_spearman (np.ndarray): ``N`` per-token Spearman correlations of the
+                    method's per-layer scores with the recovery gains.
+        n_bootstrap (int, optional): Resamples. Default: 1000.
+        seed (int, optional): Seed. Default: 0.
+
+    Returns:
+        *dict* keyed by :data:`ONSET_METRICS`, each a :func:`bootstrap_statistic`
+        dict: the Spearman correlation of the onsets over tokens, the mean and
+        median ``|onset − causal onset|`` in layers, the share within 1 and 2
+        layers, and the mean per-token ``gain_spearman``.
+    """
+    diff = np.abs(np.asarray(onsets, float) - np.asarray(causal, float))
+    pair = (np.asarray(onsets, float), np.asarray(causal, float))
+
+    def boot(cols: Tuple[np.ndarray, ...], stat: Callable[..., float]) -> Any:
+        return bootstrap_statistic(cols, stat, n_bootstrap, seed)
+
+    return {
+        "onset_spearman": boot(pair, _spearman_or_nan),
+        "mean_abs_diff": boot((diff,), np.mean),
+        "median_abs_diff": boot((diff,), np.median),
+        "within_1": boot((diff,), lambda d: float(np.mean(d <= 1))),
+        "within_2": boot((diff,), lambda d: float(np.mean(d <= 2))),
+        "gain_spearman": boot((np.asarray(gain_spearman, float),), np.mean),
     }

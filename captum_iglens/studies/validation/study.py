@@ -13,10 +13,11 @@ confidence intervals, in a :class:`ValidationResult`.
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
+from torch import Tensor
 from torch.nn import Module
 from tqdm import tqdm
 
@@ -31,7 +32,16 @@ from captum_iglens.hf.text import (
 from captum_iglens.settings import Settings, provenance
 from captum_iglens.studies.validation.ablation import MODES, ablate, mean_updates
 from captum_iglens.studies.validation.facts import Fact
-from captum_iglens.studies.validation.result import ValidationResult
+from captum_iglens.studies.validation.restoration import (
+    CORRUPTIONS,
+    Restoration,
+    embedding_std,
+    restore,
+)
+from captum_iglens.studies.validation.result import (
+    RestorationResult,
+    ValidationResult,
+)
 from captum_iglens.studies.validation.scoring import (
     SCORED_METHODS,
     conductance_scores,
@@ -40,7 +50,12 @@ from captum_iglens.studies.validation.scoring import (
 from captum_iglens.studies.validation.stats import (
     METRICS,
     agreement,
+    causal_onset,
     nonmonotone_depth,
+    onset_agreement,
+    onset_index,
+    recovery_gains,
+    spearman,
     summarize,
 )
 
@@ -68,6 +83,16 @@ class StudyOptions:
                     (:func:`~captum_iglens.studies.validation.stats.nonmonotone_depth`).
                     Default: 0.1.
         onset_frac (float): The onset fraction. Default: 0.5.
+        noise_scale (float): Restoration: the noise's standard deviation, in
+                    units of the embeddings' standard deviation over the
+                    vocabulary. Default: 3.0.
+        noise_seeds (int): Restoration: noise draws per prompt. Default: 3.
+        min_effect (float): Restoration: a token counts for a corruption only
+                    when it lowers ``p`` by at least this fraction of
+                    ``p_clean`` (the recovery is a ratio of that effect).
+                    Default: 0.2.
+        recovery_threshold (float): Restoration: the causal onset is the first
+                    block whose recovery reaches it. Default: 0.5.
     """
 
     n_bootstrap: int = 1000
@@ -77,9 +102,13 @@ class StudyOptions:
     conductance_steps: int = 8
     nonmonotone_threshold: float = 0.1
     onset_frac: float = 0.5
+    noise_scale: float = 3.0
+    noise_seeds: int = 3
+    min_effect: float = 0.2
+    recovery_threshold: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("n_bootstrap", "batch_size", "conductance_steps"):
+        for name in ("n_bootstrap", "batch_size", "conductance_steps", "noise_seeds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
@@ -89,6 +118,11 @@ class StudyOptions:
                 raise ValueError(f"{name}: expected an int >= 0, got {value!r}")
         if not 0.0 < self.onset_frac <= 1.0:
             raise ValueError(f"onset_frac: expected (0, 1], got {self.onset_frac!r}")
+        for name in ("noise_scale", "min_effect", "recovery_threshold"):
+            if not getattr(self, name) > 0:
+                raise ValueError(
+                    f"{name}: expected a number > 0, got {getattr(self, name)!r}"
+                )
         if not self.nonmonotone_threshold >= 0:
             raise ValueError(
                 "nonmonotone_threshold: expected a number >= 0, got "
@@ -252,6 +286,10 @@ def run_validation(
         scores["random"] = rng.standard_normal((n, k))
     correct = [f.is_answered_by(g) for f, g in zip(facts, generated)]
     values = _agreement(scores, drops, study.onset_frac)
+    # Removing block 0 or 1 breaks nearly everything; the same agreement without
+    # them shows whether the scores order the later blocks.
+    late = {m: rows[:, 2:] for m, rows in scores.items()}
+    late_values = _agreement(late, drops[:, 2:], study.onset_frac) if k > 3 else {}
     depth = np.array([nonmonotone_depth(t) for t in trajectory])
     groups = {
         "all": np.ones(n, bool),
@@ -295,6 +333,11 @@ def run_validation(
         groups=groups,
         summary=summarize(values, groups, computed, study.n_bootstrap, study.seed),
         settings=run,
+        summary_without_first=(
+            summarize(late_values, groups, computed, study.n_bootstrap, study.seed)
+            if late_values
+            else {}
+        ),
     )
 
 
@@ -337,3 +380,293 @@ def _notes(
             "[conductance_subset]."
         )
     return notes
+
+
+def run_restoration(
+    model: Module,
+    tokenizer: Any,
+    prompts: Sequence[Fact],
+    *,
+    corruptions: Sequence[str] = CORRUPTIONS,
+    methods: Sequence[str] = SCORED_METHODS,
+    settings: Optional[Settings] = None,
+    study: StudyOptions = StudyOptions(),
+    progress: bool = True,
+    **options: Any,
+) -> RestorationResult:
+    r"""
+    Does the IG-Lens onset agree with the causal onset found by restoring the
+    attributed position (causal tracing, in the style of Meng et al. 2022)?
+
+    For each fact with a subject (:meth:`Fact.subject_span`), the model's greedy
+    next token ``y`` at the prompt's last position is attributed, and its
+    probability is traced
+    (:func:`~captum_iglens.studies.validation.restoration.restore`) under two
+    corruptions: Gaussian noise on the subject's embeddings
+    (``study.noise_scale`` times :func:`embedding_std`, ``study.noise_seeds``
+    draws), and a counterfactual subject of the same token length from the same
+    relation (the next such fact in file order whose subject differs). The
+    recovery ``r(L)`` of restoring block ``L``'s output at the last position
+    gives the causal onset (the first block with ``r >= study.recovery_threshold``)
+    and the per-block gains ``r(L) − r(L−1)``, compared with every method's onset
+    and per-block scores
+    (:func:`~captum_iglens.studies.validation.stats.onset_agreement`).
+
+    Args:
+
+        model (PreTrainedModel): A causal LM of a supported architecture.
+        tokenizer (PreTrainedTokenizerBase): Its (fast) tokenizer.
+        prompts (list[Fact]): The facts, e.g. :func:`load_facts`; those without
+                    a subject are left out.
+        corruptions (list[str], optional): From :data:`CORRUPTIONS`.
+                    Default: both.
+        methods, settings, study, progress, **options: As in
+                    :func:`run_validation` (``settings.chat`` must be False:
+                    the subject is found in the raw prompt).
+
+    Returns:
+        :class:`RestorationResult`; print it for the table.
+    """
+    settings = Settings.resolve(
+        STUDY_SETTINGS if settings is None else settings, options
+    )
+    if settings.granularity != "block" or settings.positions != "answer":
+        raise ValueError(
+            "settings: restoration restores whole blocks' outputs for the answer's "
+            "first token; use granularity='block' and positions='answer'"
+        )
+    if settings.chat:
+        raise ValueError("settings: restoration needs raw prompts; use chat=False")
+    unknown = [m for m in methods if m not in SCORED_METHODS]
+    if unknown or not methods or isinstance(methods, str) or "ig_lens" not in methods:
+        raise ValueError(
+            f"methods: expected names from {list(SCORED_METHODS)}, with ig_lens, "
+            f"got {methods!r}"
+        )
+    if not corruptions or any(c not in CORRUPTIONS for c in corruptions):
+        raise ValueError(
+            f"corruptions: expected names from {list(CORRUPTIONS)}, got "
+            f"{corruptions!r}"
+        )
+    if not isinstance(study, StudyOptions):
+        raise TypeError(f"study: expected a StudyOptions, got {type(study).__name__}")
+    methods, corruptions = list(dict.fromkeys(methods)), list(corruptions)
+    facts = [f for f in prompts if isinstance(f, Fact) and f.subject_span()]
+    if not facts:
+        raise ValueError("prompts: expected facts whose subject can be found")
+    started = time.perf_counter()
+    clock: Dict[str, float] = {"lens": 0.0, "noise": 0.0, "counterfactual": 0.0}
+    lens = LayerIGLens.from_model(
+        model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+    )
+    n, k = len(facts), len(lens.layer_names)
+    device = next(model.parameters()).device
+    encoded, subjects = zip(*(_subject_tokens(tokenizer, f) for f in facts))
+    swaps = _counterfactuals(facts, encoded, subjects)
+    pad_id = pad_token_id(tokenizer)
+    noise_std = study.noise_scale * embedding_std(model)
+    rng = np.random.default_rng(study.seed)
+    conductance = np.zeros(n, bool)
+    if "layer_conductance" in methods:
+        conductance[rng.choice(n, min(study.conductance_prompts, n), False)] = True
+    target_ids: List[int] = []
+    trajectory = np.zeros((n, k + 1))
+    probs = {c: np.full((n, k + 2), np.nan) for c in corruptions}  # clean, corrupt, r
+    scores = {m: np.full((n, k), np.nan) for m in methods}
+    batches = range(0, n, study.batch_size)
+    for start in tqdm(batches, desc="restoration", disable=not progress):
+        rows = np.arange(start, min(n, start + study.batch_size))
+        ids, mask = left_pad([encoded[i] for i in rows], pad_id)
+        ids, mask = ids.to(device), mask.to(device)
+        tick = time.perf_counter()
+        found, trajectory[rows], work = lens_scores(
+            model, lens, ids, mask, settings, methods
+        )
+        for m in methods:
+            if m in found:
+                scores[m][rows] = found[m]
+        subset = np.flatnonzero(conductance[rows])
+        if len(subset):
+            values, _ = conductance_scores(
+                work, torch.as_tensor(subset, device=device), study.conductance_steps
+            )
+            scores["layer_conductance"][rows[subset]] = values.numpy()
+        clock["lens"] += time.perf_counter() - tick
+        targets = work.targets[:, 0]
+        target_ids += targets.tolist()
+        if "noise" in corruptions:
+            tick = time.perf_counter()
+            where, _ = left_pad([subjects[i].long() for i in rows], 0)
+            traced = restore(
+                model,
+                ids,
+                mask,
+                targets=targets,
+                subject_mask=where.bool(),
+                noise_std=noise_std,
+                seeds=range(study.seed, study.seed + study.noise_seeds),
+                layers=settings.layers,
+            )
+            probs["noise"][rows] = _columns(traced)
+            clock["noise"] += time.perf_counter() - tick
+        swapped = [r for r in range(len(rows)) if swaps[rows[r]] is not None]
+        if "counterfactual" in corruptions and swapped:
+            tick = time.perf_counter()
+            picked = rows[swapped]
+            other = ids[swapped].clone()  # same left padding: aligned at the end
+            for r, i in enumerate(picked):
+                other[r, -len(swaps[i]) :] = swaps[i]
+            traced = restore(
+                model,
+                ids[swapped],
+                mask[swapped],
+                targets=targets[swapped],
+                corrupted_ids=other,
+                layers=settings.layers,
+            )
+            probs["counterfactual"][picked] = _columns(traced)
+            clock["counterfactual"] += time.perf_counter() - tick
+    if "random" in methods:
+        scores["random"] = rng.standard_normal((n, k))
+    depth = np.array([nonmonotone_depth(t) for t in trajectory])
+    monotone = depth <= study.nonmonotone_threshold
+    onsets = {
+        m: np.array([_onset(row, study.onset_frac) for row in scores[m]])
+        for m in methods
+    }
+    summary, causal = {}, {}
+    for c in corruptions:
+        clean, corrupt, recovery = probs[c][:, 0], probs[c][:, 1], _recovery(probs[c])
+        effective = clean - corrupt >= study.min_effect * clean
+        causal[c] = np.array(
+            [
+                causal_onset(r, study.recovery_threshold) if ok else np.nan
+                for r, ok in zip(recovery, effective)
+            ],
+            dtype=float,
+        )
+        groups = {
+            "all": effective,
+            "monotone": effective & monotone,
+            "non_monotone": effective & ~monotone,
+        }
+        if conductance.any():
+            groups["conductance_subset"] = effective & conductance
+        summary[c] = {
+            g: {
+                m: onset_agreement(
+                    np.where(members, onsets[m], np.nan),
+                    causal[c],
+                    _gain_spearman(scores[m], recovery, members),
+                    study.n_bootstrap,
+                    study.seed,
+                )
+                for m in methods
+            }
+            for g, members in groups.items()
+        }
+    run = dict(
+        provenance(model, settings),
+        n_prompts=n,
+        layers=[int(name) for name in lens.layer_names],
+        n_bootstrap=study.n_bootstrap,
+        seed=study.seed,
+        noise_scale=study.noise_scale,
+        noise_std=noise_std,
+        noise_seeds=study.noise_seeds,
+        min_effect=study.min_effect,
+        recovery_threshold=study.recovery_threshold,
+        onset_frac=study.onset_frac,
+        nonmonotone_threshold=study.nonmonotone_threshold,
+        conductance_prompts=int(conductance.sum()),
+        conductance_steps=study.conductance_steps,
+        seconds=time.perf_counter() - started,
+        seconds_by_part=clock,
+    )
+    return RestorationResult(
+        corruptions=corruptions,
+        methods=methods,
+        layer_names=list(lens.layer_names),
+        facts=facts,
+        target_tokens=decode_tokens(tokenizer, target_ids),
+        trajectory=trajectory,
+        nonmonotone_depth=depth,
+        probs=probs,
+        scores=scores,
+        onsets={m: v.astype(float) for m, v in onsets.items()},
+        causal_onsets=causal,
+        conductance=conductance,
+        summary=summary,
+        settings=run,
+    )
+
+
+def _subject_tokens(tokenizer: Any, fact: Fact) -> Tuple[Tensor, Tensor]:
+    """The prompt's ids (as :func:`encode_prompt` without chat) and a ``(T,)``
+    bool mask of the tokens that overlap the subject's characters."""
+    ids = encode_prompt(tokenizer, fact.prompt, chat=False)[0]
+    offsets = tokenizer(fact.prompt, return_offsets_mapping=True)["offset_mapping"]
+    if len(offsets) != len(ids):
+        raise ValueError(f"tokenizer: offsets of {fact.prompt!r} do not match its ids")
+    start, end = fact.subject_span()  # type: ignore[misc]
+    where = torch.tensor([a < end and b > start and b > a for a, b in offsets])
+    if not where.any():
+        raise ValueError(f"tokenizer: no token covers the subject of {fact.id}")
+    return ids, where
+
+
+def _counterfactuals(
+    facts: Sequence[Fact], encoded: Sequence[Tensor], subjects: Sequence[Tensor]
+) -> List[Optional[Tensor]]:
+    """Per fact, its ids with the subject tokens of the next fact (in order,
+    cyclically) of the same relation whose subject has as many tokens, other
+    ids and another answer; None where there is none."""
+    out: List[Optional[Tensor]] = []
+    n = len(facts)
+    for i, fact in enumerate(facts):
+        mine = encoded[i][subjects[i]]
+        swap = None
+        for step in range(1, n):
+            j = (i + step) % n
+            theirs = encoded[j][subjects[j]]
+            if (
+                facts[j].relation == fact.relation
+                and len(theirs) == len(mine)
+                and not torch.equal(theirs, mine)
+                and facts[j].answer != fact.answer
+            ):
+                swap = encoded[i].clone()
+                swap[subjects[i]] = theirs
+                break
+        out.append(swap)
+    return out
+
+
+def _columns(traced: Restoration) -> np.ndarray:
+    """``(B, k + 2)``: clean, corrupted and restored probabilities."""
+    return torch.cat(
+        [traced.clean[:, None], traced.corrupt[:, None], traced.restored], 1
+    ).numpy()
+
+
+def _recovery(columns: np.ndarray) -> np.ndarray:
+    gap = columns[:, :1] - columns[:, 1:2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (columns[:, 2:] - columns[:, 1:2]) / gap
+
+
+def _onset(row: np.ndarray, frac: float) -> float:
+    if np.isnan(row).any():
+        return np.nan
+    onset = onset_index(row, frac)
+    return np.nan if onset < 0 else float(onset)
+
+
+def _gain_spearman(
+    scores: np.ndarray, recovery: np.ndarray, members: np.ndarray
+) -> np.ndarray:
+    out = np.full(len(scores), np.nan)
+    for i in np.flatnonzero(members):
+        if not np.isnan(scores[i]).any() and np.isfinite(recovery[i]).all():
+            out[i] = spearman(scores[i], recovery_gains(recovery[i]))
+    return out

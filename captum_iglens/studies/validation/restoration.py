@@ -1,0 +1,267 @@
+r"""
+Causal tracing at the attributed position (restoration, in the style of Meng et
+al. 2022): corrupt the prompt, then restore the clean residual state ``h_L`` of one
+block at the attributed position only and run the rest of the model.
+
+- :func:`embedding_std`: the standard deviation of the input embeddings over the
+  vocabulary, the scale of the noise.
+- :func:`restore`: the clean, corrupted and restored probabilities of each target,
+  for every chosen block, with the corrupted and restored forwards stacked along
+  the batch.
+"""
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from captum_iglens.attr._utils.capture import hidden_of
+from captum_iglens.hf.architectures import choose_blocks, decoder_layers
+from captum_iglens.hf.forward import position_ids_from_mask
+from captum_iglens.studies.validation.ablation import (
+    _hooked,
+    _probabilities,
+    _replace_output,
+)
+
+#: The corruptions of the restoration study.
+CORRUPTIONS: Tuple[str, ...] = ("noise", "counterfactual")
+
+
+@dataclass
+class Restoration:
+    r"""
+    The model's probability of each target, clean, corrupted, and corrupted with
+    the clean ``h_L`` of one block restored at the attributed position (averaged
+    over the noise seeds).
+
+    Attributes:
+
+        clean (Tensor): ``(B,)`` float32.
+        corrupt (Tensor): ``(B,)`` float32.
+        restored (Tensor): ``(B, k)`` float32, with block ``L_j``'s output restored.
+    """
+
+    clean: Tensor
+    corrupt: Tensor
+    restored: Tensor
+
+    @property
+    def recovery(self) -> Tensor:
+        r"""``(B, k)``: ``(p_restored − p_corrupt) / (p_clean − p_corrupt)``; 1 where
+        the clean probability is recovered, 0 where restoring does nothing (NaN or
+        infinite where the corruption leaves ``p`` unchanged)."""
+        gap = (self.clean - self.corrupt)[:, None]
+        return (self.restored - self.corrupt[:, None]) / gap
+
+
+@torch.no_grad()
+def embedding_std(model: Module, chunk: int = 16384) -> float:
+    r"""
+    The standard deviation of the input embeddings over the whole vocabulary, as
+    the embedding module returns them (after any scaling it applies, as Gemma's
+    does), over all ids and coordinates.
+
+    Args:
+
+        model (PreTrainedModel): A causal LM.
+        chunk (int, optional): Ids embedded at a time. Default: 16384.
+
+    Returns:
+        *float*.
+    """
+    embed = model.get_input_embeddings()
+    vocab = embed.weight.shape[0]
+    device = embed.weight.device
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    squares = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    for start in range(0, vocab, chunk):
+        ids = torch.arange(start, min(vocab, start + chunk), device=device)
+        values = embed(ids[None]).double()
+        total += values.sum()
+        squares += (values * values).sum()
+        count += values.numel()
+    mean = total / count
+    return float(((squares / count - mean * mean) * count / (count - 1)).sqrt())
+
+
+def restore(
+    model: Module,
+    input_ids: Tensor,
+    attention_mask: Optional[Tensor] = None,
+    *,
+    targets: Tensor,
+    subject_mask: Optional[Tensor] = None,
+    noise_std: Optional[float] = None,
+    seeds: Sequence[int] = (0, 1, 2),
+    corrupted_ids: Optional[Tensor] = None,
+    layers: Optional[Sequence[int]] = None,
+    max_batch: int = 256,
+) -> Restoration:
+    r"""
+    Restoration at the last position: the probability of each target when the
+    prompt is corrupted, and when, in the corrupted forward, the output of block
+    ``L`` at the last position is replaced by its clean value, for every chosen
+    block ``L``.
+
+    Two corruptions, exactly one of which is given:
+
+    - noise (``subject_mask`` and ``noise_std``): Gaussian noise of standard
+      deviation ``noise_std`` is added to the embeddings of the masked tokens, one
+      draw per seed (the same draw for the corrupted and all restored forwards of
+      that seed); probabilities are averaged over the seeds. Each sequence's draw
+      is ``torch.randn(n, d)`` over its ``n`` real tokens from a generator seeded
+      with the seed, whatever the batch and its padding.
+    - ``corrupted_ids``: the prompt is replaced by other tokens of the same
+      length (e.g. a counterfactual subject).
+
+    The corrupted and restored copies of the batch are stacked along the batch
+    dimension, up to ``max_batch`` sequences per forward. Hooks on the embedding
+    and the chosen blocks are registered for the call and removed when it ends.
+
+    Args:
+
+        model (PreTrainedModel): A causal LM of a supported architecture.
+        input_ids (Tensor): ``(B, T)`` token ids of the clean prompts, left-padded.
+        attention_mask (Tensor, optional): ``(B, T)``, zeros at left padding.
+                    Default: None
+        targets (Tensor): ``(B,)`` token ids, the predicted tokens at the last
+                    position.
+        subject_mask (Tensor, optional): ``(B, T)`` bool: the tokens to noise.
+        noise_std (float, optional): The noise's standard deviation, e.g. three
+                    times :func:`embedding_std`.
+        seeds (list[int], optional): One noise draw per seed. Default: (0, 1, 2).
+        corrupted_ids (Tensor, optional): ``(B, T)`` token ids of the corrupted
+                    prompts, with the same mask.
+        layers (list[int], optional): Block indices; the last block is always
+                    added. Default: all blocks.
+        max_batch (int, optional): The most sequences in one forward.
+                    Default: 256.
+
+    Returns:
+        :class:`Restoration`.
+    """
+    noise = subject_mask is not None or noise_std is not None
+    if noise == (corrupted_ids is not None):
+        raise ValueError(
+            "corruption: expected either subject_mask and noise_std (noise) or "
+            "corrupted_ids (counterfactual)"
+        )
+    if noise and (subject_mask is None or noise_std is None or noise_std <= 0):
+        raise ValueError("subject_mask, noise_std: noise needs both, noise_std > 0")
+    if noise and not seeds:
+        raise ValueError("seeds: expected at least one seed")
+    blocks, chosen = decoder_layers(model), choose_blocks(model, layers)
+    device = next(model.parameters()).device
+    ids = input_ids.to(device)
+    batch, length = ids.shape
+    mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(device)
+    targets = torch.as_tensor(targets, device=device).reshape(batch, 1)
+    last = torch.tensor([length - 1], device=device)
+    if corrupted_ids is not None and tuple(corrupted_ids.shape) != (batch, length):
+        raise ValueError(
+            f"corrupted_ids: expected shape {(batch, length)}, got "
+            f"{tuple(corrupted_ids.shape)}"
+        )
+    if noise and subject_mask[:, -1].any():
+        raise ValueError(
+            "subject_mask: the last position is the one restored; it must not be "
+            "noised"
+        )
+    embed = model.get_input_embeddings()
+    draws: List[Optional[Tensor]] = [None]
+    if noise:
+        width = embed.weight.shape[1]
+        real = mask.sum(-1).tolist()
+        draws = []
+        for seed in seeds:
+            # Each sequence draws its own noise over its real tokens, so that the
+            # noise does not depend on the batch it is traced in.
+            draw = torch.zeros(batch, length, width)
+            for b, n in enumerate(real):
+                generator = torch.Generator().manual_seed(int(seed))
+                draw[b, length - n :] = torch.randn(n, width, generator=generator)
+            where = subject_mask.to(device=draw.device, dtype=draw.dtype)[..., None]
+            draws.append((draw * noise_std * where).to(device))
+    corrupt_ids = ids if corrupted_ids is None else corrupted_ids.to(device)
+
+    clean_states: Dict[int, Tensor] = {}
+
+    def recorder(j: int) -> Callable[..., None]:
+        def hook(module: Module, args: Any, kwargs: Any, output: Any) -> None:
+            clean_states[j] = hidden_of(output)[:, -1].clone()
+
+        return hook
+
+    # What the forward in flight does: the noise draw added to the embeddings
+    # (prefix forwards), and per copy of the batch the block restored (None: the
+    # corrupted forward).
+    plan: Dict[str, Any] = {"draw": None, "restored": []}
+
+    def noiser(module: Module, args: Any, kwargs: Any, output: Any) -> Any:
+        if plan["draw"] is None:
+            return None
+        return output + plan["draw"][:, : output.shape[1]].to(output.dtype)
+
+    def restorer(j: int) -> Callable[..., Any]:
+        def hook(module: Module, args: Any, kwargs: Any, output: Any) -> Any:
+            replicas = [
+                r for r, restored in enumerate(plan["restored"]) if restored == j
+            ]
+            if not replicas:
+                return None
+            edited = hidden_of(output).clone()
+            for replica in replicas:
+                rows = slice(replica * batch, (replica + 1) * batch)
+                edited[rows, -1] = clean_states[j].to(edited.dtype)
+            return _replace_output(output, edited)
+
+        return hook
+
+    # Restoring at the last position leaves every earlier position as in the
+    # corrupted forward: the prefix runs once per draw, and each corrupted or
+    # restored copy runs the last token only, on a copy of the prefix's cache.
+    position_ids = position_ids_from_mask(mask)
+    variants: List[Optional[int]] = [None, *range(len(chosen))]
+    per_chunk = max(1, max_batch // batch)
+    out = []
+    with torch.inference_mode():
+        with _hooked({blocks[i]: recorder(j) for j, i in enumerate(chosen)}):
+            clean = _probabilities(model, ids, mask, last, targets)[:, 0]
+        hooks = {blocks[i]: restorer(j) for j, i in enumerate(chosen)}
+        hooks[embed] = noiser
+        with _hooked(hooks):
+            for draw in draws:
+                plan["draw"], plan["restored"] = draw, []
+                prefix = model(
+                    input_ids=corrupt_ids[:, :-1],
+                    attention_mask=mask[:, :-1],
+                    position_ids=position_ids[:, :-1],
+                    use_cache=True,
+                ).cache
+                plan["draw"] = None
+                for start in range(0, len(variants), per_chunk):
+                    plan["restored"] = variants[start : start + per_chunk]
+                    copies = len(plan["restored"])
+                    cache = copy.deepcopy(prefix)
+                    cache.reorder_cache(
+                        torch.arange(batch, device=device).repeat(copies)
+                    )
+                    logits = model(
+                        input_ids=corrupt_ids[:, -1:].repeat(copies, 1),
+                        attention_mask=mask.repeat(copies, 1),
+                        position_ids=position_ids[:, -1:].repeat(copies, 1),
+                        cache=cache,
+                        use_cache=True,
+                    ).logits[:, -1]
+                    probs = logits.float().softmax(-1)
+                    chosen_probs = probs.gather(-1, targets.repeat(copies, 1))[:, 0]
+                    out.append(chosen_probs.view(copies, batch))
+    stacked = torch.cat(out).view(len(draws), len(chosen) + 1, batch).mean(0)
+    return Restoration(
+        clean=clean.cpu(), corrupt=stacked[0].cpu(), restored=stacked[1:].T.cpu()
+    )
