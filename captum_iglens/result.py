@@ -20,6 +20,7 @@ from captum_iglens._utils.serialization import (
 )
 from captum_iglens.attr._utils.estimators import ESTIMATORS
 from captum_iglens.readout.scores import PAD
+from captum_iglens.viewer import Viewable
 
 _TENSOR_FIELDS = (
     "attributions",
@@ -59,7 +60,7 @@ def _visible(text: str) -> str:
 
 
 @dataclass
-class IGLensResult(JsonDocument):
+class IGLensResult(JsonDocument, Viewable):
     r"""
     The IG-Lens map for ``B`` sequences, ``P`` attributed positions and ``k`` layers.
 
@@ -483,18 +484,6 @@ class IGLensResult(JsonDocument):
 
         tokens = [decode_tokens(tokenizer, row.tolist()) for row in self.targets]
         return replace(self, tokens=tokens)
-
-    def to_html(self, path: Union[str, Path]) -> None:
-        r"""Writes the interactive viewer of this map, one self-contained HTML file
-        (see :mod:`captum_iglens.viewer`)."""
-        from captum_iglens.viewer import write_html
-
-        write_html(self, path)
-
-    def _repr_html_(self) -> str:
-        from captum_iglens.viewer import notebook_html
-
-        return notebook_html(self)
 
     def to(self, device: Union[str, torch.device]) -> "IGLensResult":
         """A copy with every tensor on ``device``."""

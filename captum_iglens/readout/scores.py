@@ -281,18 +281,8 @@ def _per_position(foil: Any, batch: int, n_positions: int, vocab: int) -> Tensor
         raise TypeError(f"foil: expected integer token ids, got {foil!r}") from None
     if ids.is_floating_point() or ids.dtype == torch.bool:
         raise TypeError(f"foil: expected integer token ids, got dtype {ids.dtype}")
-    if ids.dim() == 0:
-        ids = ids.expand(batch, n_positions)
-    elif ids.dim() == 1 and ids.shape[0] == batch:
-        ids = ids[:, None].expand(batch, n_positions)
-    elif tuple(ids.shape) != (batch, n_positions):
-        raise ValueError(
-            f"foil: expected a token id, {batch} ids (one per example), a "
-            f"({batch}, {n_positions}) tensor (one per attributed position) or a "
-            f"set of ids; got shape {tuple(ids.shape)}"
-        )
-    _check_range(ids, "foil", vocab)
-    return ids.long().cpu()[..., None]
+    ids = per_position(ids, batch, n_positions, vocab, "foil", " or a set of ids")
+    return ids.cpu()[..., None]
 
 
 def _token_set(
@@ -330,6 +320,26 @@ def _token_set(
     if ((ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] != PAD)).any():
         raise ValueError(f"{name}: expected distinct token ids in each set")
     return ids
+
+
+def per_position(
+    ids: Tensor, batch: int, n_positions: int, vocab: int, name: str, also: str = ""
+) -> Tensor:
+    r"""Token ids given once, once per example ``(B,)`` or once per attributed
+    position ``(B, P)``, as a ``(B, P)`` LongTensor of ids checked against the
+    vocabulary; ``also`` names further accepted forms in the error."""
+    if ids.dim() == 0:
+        ids = ids.expand(batch, n_positions)
+    elif ids.dim() == 1 and ids.shape[0] == batch:
+        ids = ids[:, None].expand(batch, n_positions)
+    elif tuple(ids.shape) != (batch, n_positions):
+        raise ValueError(
+            f"{name}: expected a token id, {batch} ids (one per example) or a "
+            f"({batch}, {n_positions}) tensor (one per attributed position){also}; "
+            f"got shape {tuple(ids.shape)}"
+        )
+    _check_range(ids, name, vocab)
+    return ids.long()
 
 
 def _check_range(ids: Tensor, name: str, vocab: int) -> None:

@@ -4,6 +4,7 @@ network), opened from disk in any current browser. See :func:`write_html`.
 """
 
 from captum_iglens.viewer.html import (
+    Viewable,
     embed_json,
     notebook_html,
     render_page,
@@ -13,6 +14,7 @@ from captum_iglens.viewer.html import (
 from captum_iglens.viewer.payload import batch_payload, payload
 
 __all__ = [
+    "Viewable",
     "batch_payload",
     "embed_json",
     "notebook_html",

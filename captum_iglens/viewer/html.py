@@ -115,3 +115,21 @@ def notebook_html(result: Any, height: int = 640) -> str:
         f'<iframe srcdoc="{page}" sandbox="allow-scripts" '
         f'style="width:100%;height:{int(height)}px;border:1px solid #ccc"></iframe>'
     )
+
+
+class Viewable:
+    r"""Gives a result type the viewer: :meth:`to_html` and Jupyter's
+    ``_repr_html_`` (the page in a sandboxed frame)."""
+
+    def to_html(self, path: Union[str, Path]) -> None:
+        r"""Writes the interactive viewer of this result, one self-contained HTML
+        file that opens offline (see :mod:`captum_iglens.viewer`).
+
+        Args:
+
+            path (str or Path): The file to write (atomically).
+        """
+        write_html(self, path)
+
+    def _repr_html_(self) -> str:
+        return notebook_html(self)

@@ -15,6 +15,7 @@ from torch.nn import Module, ModuleList
 
 from captum_iglens.attr._utils.estimators import ESTIMATORS
 from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.scores import per_position
 
 BaselineType = Union[None, int, float, Tensor, str, Tuple[Tensor, ...]]
 PositionsType = Union[None, int, Sequence[int], Tensor]
@@ -333,22 +334,7 @@ def resolve_targets(
     ids, _ = _split_target(target, batch)
     if ids is None:
         return None
-    if ids.dim() == 0:
-        ids = ids.expand(batch, n_positions)
-    elif ids.dim() == 1 and ids.shape[0] == batch:
-        ids = ids[:, None].expand(batch, n_positions)
-    elif tuple(ids.shape) != (batch, n_positions):
-        raise ValueError(
-            f"target: expected an int, {batch} ids (one per example) or a "
-            f"({batch}, {n_positions}) tensor (one per attributed position), got "
-            f"shape {tuple(ids.shape)}"
-        )
-    if ((ids < 0) | (ids >= vocab)).any():
-        raise ValueError(
-            f"target: token ids must lie in [0, {vocab}), got min "
-            f"{int(ids.min())}, max {int(ids.max())}"
-        )
-    return ids.long()
+    return per_position(ids, batch, n_positions, vocab, "target")
 
 
 def check_baselines(baselines: BaselineType) -> None:

@@ -2,14 +2,14 @@ r"""The result of :func:`~captum_iglens.studies.compare`: every method's map, it
 additivity residual and its cost, checked, saved and loaded like every result."""
 
 from dataclasses import dataclass, field, fields
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from captum_iglens._utils.serialization import JsonDocument, plain, tensor_field
 from captum_iglens.studies.comparison.measure import Cost
+from captum_iglens.viewer import Viewable
 
 _COST_FIELDS = tuple(f.name for f in fields(Cost))
 
@@ -113,7 +113,7 @@ class MethodResult:
 
 
 @dataclass
-class ComparisonResult(JsonDocument):
+class ComparisonResult(JsonDocument, Viewable):
     r"""
     The methods' maps side by side; see :func:`compare`.
 
@@ -238,18 +238,6 @@ class ComparisonResult(JsonDocument):
             mask=tensor_field(data, "mask", torch.bool, (b, p)),
         )
         return cls(**kwargs)
-
-    def to_html(self, path: Union[str, Path]) -> None:
-        r"""Writes the interactive viewer of this result, one self-contained HTML
-        file (see :mod:`captum_iglens.viewer`)."""
-        from captum_iglens.viewer import write_html
-
-        write_html(self, path)
-
-    def _repr_html_(self) -> str:
-        from captum_iglens.viewer import notebook_html
-
-        return notebook_html(self)
 
     def plot(self, sequence: int = 0) -> Tuple[Any, Dict[str, Any]]:
         r"""The methods side by side; see

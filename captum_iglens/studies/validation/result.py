@@ -2,8 +2,7 @@ r"""The result of the validation study: per-token drops, scores and agreement,
 with the summary table; checked, saved and loaded like every result."""
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -14,6 +13,7 @@ from captum_iglens.studies.validation.stats import (
     ONSET_METRICS,
     bootstrap_mean,
 )
+from captum_iglens.viewer import Viewable
 
 
 def _cell(stats: Dict[str, float], signed: bool) -> str:
@@ -24,7 +24,7 @@ def _cell(stats: Dict[str, float], signed: bool) -> str:
 
 
 @dataclass
-class ValidationResult(JsonDocument):
+class ValidationResult(JsonDocument, Viewable):
     r"""
     The agreement of per-layer scores with ablation drops over a prompt set, one
     attributed token (the first token of the model's greedy answer) per prompt,
@@ -295,18 +295,6 @@ class ValidationResult(JsonDocument):
             )
         except KeyError as missing_key:
             raise ValueError(f"tokens: an entry lacks {missing_key}") from None
-
-    def to_html(self, path: Union[str, Path]) -> None:
-        r"""Writes the interactive viewer of this result, one self-contained HTML
-        file (see :mod:`captum_iglens.viewer`)."""
-        from captum_iglens.viewer import write_html
-
-        write_html(self, path)
-
-    def _repr_html_(self) -> str:
-        from captum_iglens.viewer import notebook_html
-
-        return notebook_html(self)
 
     def plot(
         self, examples: Optional[Sequence[int]] = None
