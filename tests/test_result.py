@@ -236,3 +236,17 @@ def test_negative_scores_only_for_contrastive_results(viewed):
     assert (viewed.model_prob < 0).any()  # p(y) - p(7) - p(8) on a random model
     with pytest.raises(ValueError, match=r"probabilities must lie in \[0, 1\]"):
         replace(viewed, foils=None)
+
+
+def test_files_written_atomically_keep_the_usual_permissions(result, tmp_path):
+    import os
+    import stat
+
+    mask = os.umask(0o022)
+    try:
+        result.save(tmp_path / "r.json")
+        result.to_csv(tmp_path / "r.csv")
+    finally:
+        os.umask(mask)
+    for name in ("r.json", "r.csv"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644

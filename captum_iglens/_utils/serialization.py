@@ -79,10 +79,17 @@ def write_atomic(path: PathLike, text: str) -> None:
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
+        os.chmod(partial, 0o666 & ~_umask())  # mkstemp's files are private
         os.replace(partial, path)
     except BaseException:
         Path(partial).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def save_json(path: PathLike, kind: str, data: Dict[str, Any]) -> None:
