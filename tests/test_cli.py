@@ -310,7 +310,7 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(models, "load_default", interrupted)
+    monkeypatch.setattr(models, "load_embedded", interrupted)
     assert main(["x"]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "captum-iglens: interrupted"

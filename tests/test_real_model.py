@@ -107,7 +107,7 @@ def test_attribute_text_answer(default_model):
 def test_readme_python_examples_run(default_model, capsys):
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     namespace = {}
     for block in blocks:
         exec(compile(block, "README.md", "exec"), namespace)
@@ -117,6 +117,9 @@ def test_readme_python_examples_run(default_model, capsys):
     res = namespace["res"]
     assert res.token_attr.shape == (1, 30)
     assert namespace["fig"] is not None
+    contrastive = namespace["result"]
+    assert contrastive.foils is not None and contrastive.top_ids.shape[-1] == 5
+    assert contrastive.delta.abs().max() <= FP32_TOL
 
 
 def test_sublayer_map_on_real_weights(default_model, padded_batch):

@@ -77,21 +77,42 @@ class HeadSplit:
     def column_names(self, block: str, index: int) -> List[str]:
         """The credit columns of one block's attention."""
         names = [f"{block}.attn.h{h}" for h in range(self.n_heads)]
-        if getattr(self.projections[index], "bias", None) is not None:
+        if _bias(self.projections[index]) is not None:
             names.append(f"{block}.attn.bias")
         return names
 
 
+def _is_projection(module: Module) -> bool:
+    return isinstance(module, Linear) or (
+        type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+    )
+
+
+def _projection(module: Module) -> Module:
+    """The ``nn.Linear`` (or GPT-2 ``Conv1D``) that computes the projection:
+    ``module`` itself, or the only one inside a wrapper around it (e.g. the
+    module a TransformerLens bridge puts in its place)."""
+    if _is_projection(module):
+        return module
+    inner = [m for m in module.modules() if _is_projection(m)]
+    if len(inner) != 1:
+        raise TypeError(
+            "heads: the attention output projection must be an nn.Linear or GPT-2's "
+            f"Conv1D (or wrap exactly one), got {type(module).__name__}"
+        )
+    return inner[0]
+
+
 def _weight(module: Module) -> Tensor:
     """The projection's weight as ``(d, H · d_head)`` (``y = z W^T + b``)."""
+    module = _projection(module)
     if isinstance(module, Linear):
         return module.weight
-    if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
-        return module.weight.t()  # GPT-2's Conv1D computes z @ W + b
-    raise TypeError(
-        "heads: the attention output projection must be an nn.Linear or GPT-2's "
-        f"Conv1D, got {type(module).__name__}"
-    )
+    return module.weight.t()  # GPT-2's Conv1D computes z @ W + b
+
+
+def _bias(module: Module) -> Optional[Tensor]:
+    return getattr(_projection(module), "bias", None)
 
 
 def head_path_points(
@@ -161,7 +182,7 @@ def head_components(
         d = weight.shape[0]
         z = z.float().view(*z.shape[:2], split.n_heads, -1)
         u = torch.einsum("bphe,dhe->bphd", z, weight.view(d, split.n_heads, -1))
-        bias = getattr(module, "bias", None)
+        bias = _bias(module)
         if bias is not None:
             bias = bias.float().to(z.device).expand(*z.shape[:2], 1, d)
             u = torch.cat([u, bias], dim=2)
