@@ -7,7 +7,7 @@ modules, never copies, so it follows the model's devices and dtype.
 chunks under a memory budget, without materialising all the logits.
 """
 
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 from torch import nn, Tensor
@@ -182,19 +182,9 @@ class Readout(nn.Module):
                 f"target must have shape ({hidden.shape[0]},) to match hidden, "
                 f"got {tuple(target.shape)}"
             )
-        rows = self.rows_per_chunk()
-        chunks: List[Tensor] = []
-        for start in range(0, hidden.shape[0], rows):
-            # No name keeps a chunk's logits alive while the next one is computed.
-            logits = self(hidden[start : start + rows])
-            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-            chunks.append(target_log_prob(logits, target[start : start + rows]))
-            del logits
-        if not chunks:
-            return hidden.new_zeros(
-                (0,), dtype=torch.promote_types(hidden.dtype, torch.float32)
-            )
-        return torch.cat(chunks)
+        return self._per_row(
+            hidden, lambda logits, rows: target_log_prob(logits, target[rows])
+        )
 
     def score(self, hidden: Tensor, score: TokenScore) -> Tensor:
         r"""The score ``Σ_{y∈S} p(y) − Σ_{y∈F} p(y)`` of each row, in chunks.
@@ -217,15 +207,25 @@ class Readout(nn.Module):
                 f"hidden must have shape (N, d) and score (N, M), got "
                 f"{tuple(hidden.shape)} and {tuple(score.ids.shape)}"
             )
-        rows = self.rows_per_chunk()
+        return self._per_row(
+            hidden,
+            lambda logits, rows: score[rows].of(torch.log_softmax(logits, dim=-1)),
+        )
+
+    def _per_row(
+        self, hidden: Tensor, reduce: Callable[[Tensor, slice], Tensor]
+    ) -> Tensor:
+        """``reduce(logits, rows)`` of each chunk of rows, concatenated: the
+        logits upcast to float32 (float64 stays), one chunk alive at a time."""
+        step = self.rows_per_chunk()
         chunks: List[Tensor] = []
-        for start in range(0, hidden.shape[0], rows):
-            logits = self(hidden[start : start + rows])
+        for start in range(0, hidden.shape[0], step):
+            rows = slice(start, start + step)
+            # No name keeps a chunk's logits alive while the next one is computed.
+            logits = self(hidden[rows])
             logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-            log_probs = torch.log_softmax(logits, dim=-1)
+            chunks.append(reduce(logits, rows))
             del logits
-            chunks.append(score[start : start + rows].of(log_probs))
-            del log_probs
         if not chunks:
             return hidden.new_zeros(
                 (0,), dtype=torch.promote_types(hidden.dtype, torch.float32)
