@@ -25,17 +25,22 @@ def hook_snapshot(model: Module) -> Dict[str, Tuple[List[int], ...]]:
     }
 
 
-def state_snapshot(model: Module) -> Tuple[Dict[str, Tensor], Dict[str, bool]]:
-    """A copy of the weights and of every submodule's train/eval mode."""
+def state_snapshot(
+    model: Module,
+) -> Tuple[Dict[str, Tensor], Dict[str, bool], Dict[str, bool]]:
+    """A copy of the weights, of every submodule's train/eval mode and of each
+    parameter's ``requires_grad``."""
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     modes = {name: m.training for name, m in model.named_modules()}
-    return weights, modes
+    grads = {name: p.requires_grad for name, p in model.named_parameters()}
+    return weights, modes, grads
 
 
 def assert_state_unchanged(model: Module, snapshot) -> None:
-    weights, modes = snapshot
-    now_weights, now_modes = state_snapshot(model)
+    weights, modes, grads = snapshot
+    now_weights, now_modes, now_grads = state_snapshot(model)
     assert now_modes == modes
+    assert now_grads == grads
     assert weights.keys() == now_weights.keys()
     for key, value in weights.items():
         assert torch.equal(value, now_weights[key]), key

@@ -10,8 +10,9 @@ classes, called through :class:`TargetProbability`.
 
 import os
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import captum
 import torch
@@ -177,6 +178,11 @@ class TargetProbability(Module):
     as in :func:`~captum_iglens.hf.forward.causal_lm_logits`; logits are
     computed at ``position[i]`` only.
 
+    The inputs are detached: the layer methods compared take gradients at a
+    layer, never at ``F``'s inputs, and LayerConductance makes its interpolated
+    embeddings require grad, so each layer output it keeps would otherwise hold
+    the graph of every block before it, through all its internal batches.
+
     Args:
 
         model (transformers.PreTrainedModel): The causal LM.
@@ -197,7 +203,7 @@ class TargetProbability(Module):
     ) -> Tensor:
         logits = causal_lm_logits(
             self.model,
-            **{self.key: inputs},
+            **{self.key: inputs.detach()},
             attention_mask=attention_mask,
             logits_to_keep=position[:, None],
         )[:, 0]
@@ -376,6 +382,27 @@ def _machine_memory() -> Optional[int]:
         return None
 
 
+@contextmanager
+def _weights_frozen(model: Module) -> Iterator[None]:
+    """The model's parameters do not require grad inside the block, so that no
+    activation is kept for their gradients; their flags are restored on exit."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for parameter in trainable:
+            parameter.requires_grad_(False)
+        yield
+    finally:
+        for parameter in trainable:
+            parameter.requires_grad_(True)
+
+
+def _detached(attributions: Any) -> Any:
+    """A tensor, or a list of them, without the graph Captum built them with."""
+    if isinstance(attributions, (list, tuple)):
+        return [a.detach() for a in attributions]
+    return attributions.detach()
+
+
 def _attribute_in_chunks(
     method: Any,
     work: Work,
@@ -390,18 +417,19 @@ def _attribute_in_chunks(
     pieces, deltas = [], []
     for start in range(0, len(rows), group):
         cut = slice(start, start + group)
-        attributions, delta = method.attribute(
-            rows[cut],
-            baselines=baseline[cut],
-            additional_forward_args=tuple(
-                None if a is None else a[cut] for a in extra
-            ),
-            n_steps=work.settings.n_steps,
-            internal_batch_size=size,
-            return_convergence_delta=True,
-            **kwargs,
-        )
-        pieces.append(attributions)
+        with _weights_frozen(work.model):
+            attributions, delta = method.attribute(
+                rows[cut],
+                baselines=baseline[cut],
+                additional_forward_args=tuple(
+                    None if a is None else a[cut] for a in extra
+                ),
+                n_steps=work.settings.n_steps,
+                internal_batch_size=size,
+                return_convergence_delta=True,
+                **kwargs,
+            )
+        pieces.append(_detached(attributions))
         deltas.append(delta.detach().float())
     if isinstance(pieces[0], (list, tuple)):
         return [torch.cat(layer) for layer in zip(*pieces)], torch.cat(deltas)

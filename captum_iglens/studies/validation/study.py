@@ -130,6 +130,33 @@ class StudyOptions:
             )
 
 
+def _study_arguments(
+    settings: Optional[Settings],
+    options: Dict[str, Any],
+    methods: Sequence[str],
+    study: StudyOptions,
+    what: str,
+) -> Tuple[Settings, List[str]]:
+    """The checks both studies make: their settings (``what`` says why they must be
+    per block and for the answer), the methods (without repeats) and ``study``."""
+    settings = Settings.resolve(
+        STUDY_SETTINGS if settings is None else settings, options
+    )
+    if settings.granularity != "block" or settings.positions != "answer":
+        raise ValueError(
+            f"settings: {what} for the answer's first token; use "
+            "granularity='block' and positions='answer'"
+        )
+    if not isinstance(study, StudyOptions):
+        raise TypeError(f"study: expected a StudyOptions, got {type(study).__name__}")
+    unknown = [m for m in methods if m not in SCORED_METHODS]
+    if unknown or not methods or isinstance(methods, str):
+        raise ValueError(
+            f"methods: expected names from {list(SCORED_METHODS)}, got {methods!r}"
+        )
+    return settings, list(dict.fromkeys(methods))
+
+
 def run_validation(
     model: Module,
     tokenizer: Any,
@@ -192,24 +219,11 @@ def run_validation(
     Returns:
         :class:`ValidationResult`; print it for the table.
     """
-    settings = Settings.resolve(
-        STUDY_SETTINGS if settings is None else settings, options
+    settings, methods = _study_arguments(
+        settings, options, methods, study, "the validation study ablates whole blocks"
     )
-    if settings.granularity != "block" or settings.positions != "answer":
-        raise ValueError(
-            "settings: the validation study ablates whole blocks and attributes the "
-            "answer's first token; use granularity='block' and positions='answer'"
-        )
-    if not isinstance(study, StudyOptions):
-        raise TypeError(f"study: expected a StudyOptions, got {type(study).__name__}")
-    unknown = [m for m in methods if m not in SCORED_METHODS]
-    if unknown or not methods or isinstance(methods, str):
-        raise ValueError(
-            f"methods: expected names from {list(SCORED_METHODS)}, got {methods!r}"
-        )
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
-    methods = list(dict.fromkeys(methods))
     facts = [
         p if isinstance(p, Fact) else Fact(str(i), "", p) for i, p in enumerate(prompts)
     ]
@@ -427,30 +441,19 @@ def run_restoration(
     Returns:
         :class:`RestorationResult`; print it for the table.
     """
-    settings = Settings.resolve(
-        STUDY_SETTINGS if settings is None else settings, options
+    settings, methods = _study_arguments(
+        settings, options, methods, study, "restoration restores whole blocks' outputs"
     )
-    if settings.granularity != "block" or settings.positions != "answer":
-        raise ValueError(
-            "settings: restoration restores whole blocks' outputs for the answer's "
-            "first token; use granularity='block' and positions='answer'"
-        )
     if settings.chat:
         raise ValueError("settings: restoration needs raw prompts; use chat=False")
-    unknown = [m for m in methods if m not in SCORED_METHODS]
-    if unknown or not methods or isinstance(methods, str) or "ig_lens" not in methods:
-        raise ValueError(
-            f"methods: expected names from {list(SCORED_METHODS)}, with ig_lens, "
-            f"got {methods!r}"
-        )
+    if "ig_lens" not in methods:
+        raise ValueError(f"methods: restoration needs ig_lens, got {methods!r}")
     if not corruptions or any(c not in CORRUPTIONS for c in corruptions):
         raise ValueError(
             f"corruptions: expected names from {list(CORRUPTIONS)}, got "
             f"{corruptions!r}"
         )
-    if not isinstance(study, StudyOptions):
-        raise TypeError(f"study: expected a StudyOptions, got {type(study).__name__}")
-    methods, corruptions = list(dict.fromkeys(methods)), list(corruptions)
+    corruptions = list(corruptions)
     facts = [f for f in prompts if isinstance(f, Fact) and f.subject_span()]
     if not facts:
         raise ValueError("prompts: expected facts whose subject can be found")

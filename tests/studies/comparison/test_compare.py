@@ -7,9 +7,10 @@ import captum
 import matplotlib
 import pytest
 import torch
-from captum.attr import LayerIntegratedGradients
+from captum.attr import LayerConductance, LayerIntegratedGradients
 
 from captum_iglens import LayerIGLens, Settings
+from captum_iglens.attr._utils.capture import hidden_of
 from captum_iglens.studies.comparison.runners import TargetProbability
 from captum_iglens.hf.architectures import decoder_layers
 from captum_iglens.studies.comparison import COMPARED_METHODS, ComparisonResult, compare
@@ -245,6 +246,75 @@ def test_captum_memory_is_bounded_by_row_groups(calm_llama, batch, monkeypatch):
         torch.testing.assert_close(
             small.methods[name].scores, whole.methods[name].scores, atol=1e-6, rtol=0
         )
+
+
+def test_captum_keeps_no_graph_before_the_attributed_block(calm_llama, batch):
+    # LayerConductance makes its interpolated embeddings require grad; with them
+    # and the weights requiring grad, every block before the attributed one kept
+    # its activations through all of Captum's internal batches (GBs on SmolLM2).
+    ids, mask = batch
+    blocks = decoder_layers(calm_llama)
+    assert all(p.requires_grad for p in calm_llama.parameters())
+    graphs = []
+    handle = blocks[0].register_forward_hook(
+        lambda module, args, output: graphs.append(hidden_of(output).requires_grad)
+    )
+    try:
+        compare(
+            calm_llama,
+            ids,
+            mask,
+            positions=[-1],
+            n_steps=2,
+            layers=[len(blocks) - 1],
+            methods=("layer_conductance", "layer_integrated_gradients"),
+        )
+    finally:
+        handle.remove()
+    assert len(graphs) > 2 and not any(graphs)
+    assert all(p.requires_grad for p in calm_llama.parameters())
+
+
+def test_layer_conductance_scores_are_captums_own(calm_llama, batch):
+    # The same call of Captum's LayerConductance with a plain F: no detaching,
+    # the weights requiring grad; one call over all rows.
+    ids, mask = batch
+    result = compare(
+        calm_llama,
+        ids,
+        mask,
+        positions=[-2, -1],
+        n_steps=4,
+        layers=[0],
+        methods=("layer_conductance",),
+    )
+    positions = torch.tensor([5, 6])
+
+    def forward(embeds, attention_mask, position, target):
+        logits = calm_llama(
+            inputs_embeds=embeds,
+            attention_mask=attention_mask,
+            position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0),
+        ).logits
+        probs = logits[torch.arange(len(position)), position].float().softmax(-1)
+        return probs.gather(-1, target[:, None])[:, 0]
+
+    embed = calm_llama.get_input_embeddings()
+    rows = ids.repeat_interleave(2, 0)
+    lc = LayerConductance(forward, decoder_layers(calm_llama)[0])
+    expected = lc.attribute(
+        embed(rows),
+        embed(torch.full_like(rows, calm_llama.config.pad_token_id)),
+        additional_forward_args=(
+            mask.repeat_interleave(2, 0),
+            positions.repeat(2),
+            result.targets.flatten(),
+        ),
+        n_steps=4,
+    )
+    expected = expected.detach().flatten(1).sum(1).view(2, 2)
+    scores = result.methods["layer_conductance"].scores[..., 0]
+    torch.testing.assert_close(scores, expected, atol=1e-6, rtol=0)
 
 
 def test_a_captum_run_beyond_the_machine_is_announced(calm_llama, batch):
