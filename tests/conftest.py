@@ -44,3 +44,10 @@ def gemma3_model():
     from captum_iglens.hf.models import load_embedded
 
     return load_embedded("gemma3", progress=False)
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def embedded_model(request):
+    """Each embedded model in turn, as ``(name, model, tokenizer)``."""
+    fixture = {"smollm2": "default_model", "gemma3": "gemma3_model"}[request.param]
+    return (request.param, *request.getfixturevalue(fixture))
