@@ -195,6 +195,21 @@ def test_toggles_recolour_the_map(browser, map_page):
     assert len(lens) == 7 * 12 and console_errors(browser) == []
 
 
+def test_signed_colours_are_the_heatmaps(browser, map_page):
+    # Green for positive credit, red for negative: the PNG heatmap's colours.
+    from captum_iglens.plots import _color_map
+
+    result, folder = map_page
+    open_page(browser, folder / "r.html")
+    colours = [c.value_of_css_property("background-color") for c in cells(browser)]
+    credits = result.attributions[0].flatten()
+    for index in (int(credits.argmax()), int(credits.argmin())):
+        r, g, b = [int(v) for v in colours[index].split("(")[1].split(",")[:3]]
+        png = _color_map()(1.0 if credits[index] > 0 else 0.0)
+        assert (g > r) == (png[1] > png[0])
+        assert (g > r) == bool(credits[index] > 0)
+
+
 def test_hostile_tokens_render_as_text(browser, tmp_path, hostile_result):
     page = tmp_path / "h.html"
     hostile_result.to_html(page)

@@ -4,13 +4,14 @@
   'use strict';
   var SVGNS = 'http://www.w3.org/2000/svg';
   var DATA = JSON.parse(document.getElementById('iglens-data').textContent);
-  var WHITE = [255, 255, 255], RED = [178, 24, 43], BLUE = [33, 102, 172];
+  // Captum's red-white-green, as the PNG heatmaps (matplotlib's 'red', 'green').
+  var WHITE = [255, 255, 255], RED = [255, 0, 0], GREEN = [0, 128, 0];
   var redraw = null, pending = null;  // the map on show, redrawn when the window resizes
   window.addEventListener('resize', function () {
     clearTimeout(pending);
     pending = setTimeout(function () { if (redraw) redraw(); }, 150);
   });
-  var GREEN = [0, 104, 55], PURPLE = [84, 39, 143];
+  var PURPLE = [84, 39, 143];
 
   // ------------------------------------------------------------------ helpers
   function h(tag, cls, text) {
@@ -40,7 +41,7 @@
   function diverging(v, scale) {
     if (!scale || !v) return mix(WHITE, WHITE, 0);
     var t = Math.sqrt(Math.min(1, Math.abs(v) / scale));
-    return mix(WHITE, v > 0 ? RED : BLUE, t);
+    return mix(WHITE, v > 0 ? GREEN : RED, t);
   }
   function sequential(v, scale, to) {
     if (!scale || !v) return mix(WHITE, WHITE, 0);
