@@ -238,14 +238,19 @@ def test_negative_scores_only_for_contrastive_results(viewed):
         replace(viewed, foils=None)
 
 
-def test_files_written_atomically_keep_the_usual_permissions(result, tmp_path):
+def test_files_written_atomically_keep_the_usual_permissions(
+    result, tmp_path, monkeypatch
+):
     import os
     import stat
 
     mask = os.umask(0o022)
     try:
-        result.save(tmp_path / "r.json")
-        result.to_csv(tmp_path / "r.csv")
+        # Reading the umask means setting it, for every thread: never done.
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "umask", lambda *a: pytest.fail("umask changed"))
+            result.save(tmp_path / "r.json")
+            result.to_csv(tmp_path / "r.csv")
     finally:
         os.umask(mask)
     for name in ("r.json", "r.csv"):

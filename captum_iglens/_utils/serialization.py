@@ -7,7 +7,7 @@ writes so that an interrupted save never leaves a half-written file.
 import json
 import math
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, ClassVar, Dict, Iterator, Sequence, Tuple, Type, TypeVar, Union
 
@@ -72,24 +72,19 @@ def _check_folder_exists(folder: Path, what: str) -> None:
 
 
 def write_atomic(path: PathLike, text: str) -> None:
-    r"""Writes ``text`` to ``path`` through a temporary file in the same folder,
-    renamed over ``path`` only when complete."""
+    r"""Writes ``text`` to ``path`` through a new temporary file in the same
+    folder (created with the usual permissions, those the umask leaves), renamed
+    over ``path`` only when complete."""
     path = Path(path)
-    handle, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    partial = path.parent / f".{path.name}.{secrets.token_hex(8)}"
+    handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
-        os.chmod(partial, 0o666 & ~_umask())  # mkstemp's files are private
         os.replace(partial, path)
     except BaseException:
-        Path(partial).unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def save_json(path: PathLike, kind: str, data: Dict[str, Any]) -> None:
