@@ -105,3 +105,18 @@ def word_tokenizer(vocab_size: int):
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
     )
+
+
+def assert_heads_add_up_to_blocks(heads, blocks, tol: float = 1e-6) -> None:
+    """Each block's head, bias and MLP columns (with ``"input"`` for the first
+    block) of a ``granularity="head"`` map add up to that block's credit."""
+    names = heads.layer_names
+    for j, block in enumerate(blocks.layer_names):
+        columns = [
+            i
+            for i, name in enumerate(names)
+            if name.startswith(f"{block}.") or (j == 0 and name == "input")
+        ]
+        assert len(columns) >= 3, (block, names)
+        total = heads.attributions[..., columns].sum(-1)
+        assert (total - blocks.attributions[..., j]).abs().max() <= tol, block

@@ -7,6 +7,7 @@ import torch
 
 from captum_iglens import LayerIGLens, attribute_text
 from captum_iglens.integrations import unwrap_model
+from tests.helpers import assert_heads_add_up_to_blocks
 from tests.tiny_models import VOCAB, tiny_model, tiny_tokenizer
 
 pytest.importorskip("nnsight")
@@ -29,13 +30,15 @@ def test_exact_against_the_traced_logits(lm):
         logits = lm.output.logits.save()
     with torch.inference_mode(False), torch.no_grad():
         probs = logits.clone().softmax(-1)  # traced in inference mode
-    for granularity in ("block", "sublayer"):
-        result = LayerIGLens.from_model(lm).attribute_map(ids, granularity=granularity)
+    lens, maps = LayerIGLens.from_model(lm), {}
+    for granularity in ("block", "sublayer", "head"):
+        result = maps[granularity] = lens.attribute_map(ids, granularity=granularity)
         p_traced = probs.gather(-1, result.targets[..., None])[..., 0]
         assert (result.model_prob - p_traced).abs().max() <= FP32_TOL
         assert (result.targets == probs.argmax(-1)).all()
         change = result.model_prob - result.base_prob
         assert (result.total - change).abs().max() <= FP32_TOL
+    assert_heads_add_up_to_blocks(maps["head"], maps["block"])
 
 
 def test_attribute_text_on_a_language_model(lm):

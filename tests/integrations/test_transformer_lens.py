@@ -10,6 +10,7 @@ from captum_iglens.integrations.transformer_lens import (
     is_bridge,
     with_hook_names,
 )
+from tests.helpers import assert_heads_add_up_to_blocks
 from tests.tiny_models import VOCAB, tiny_model, tiny_tokenizer
 
 pytest.importorskip("transformer_lens")
@@ -33,13 +34,15 @@ def test_exact_against_the_bridges_own_logits(bridge):
     lens = LayerIGLens.from_model(bridge)
     with torch.no_grad():
         logits = bridge(ids)  # the bridge's own forward
-    for granularity in ("block", "sublayer"):
-        result = lens.attribute_map(ids, granularity=granularity)
+    maps = {}
+    for granularity in ("block", "sublayer", "head"):
+        result = maps[granularity] = lens.attribute_map(ids, granularity=granularity)
         p_bridge = logits.softmax(-1).gather(-1, result.targets[..., None])[..., 0]
         assert (result.model_prob - p_bridge).abs().max() <= FP32_TOL
         change = result.model_prob - result.base_prob
         assert (result.total - change).abs().max() <= FP32_TOL
         assert (result.targets == logits.argmax(-1)).all()
+    assert_heads_add_up_to_blocks(maps["head"], maps["block"])
 
 
 def test_hook_names_match_the_bridges_residual_stream(bridge):
