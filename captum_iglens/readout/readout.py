@@ -117,15 +117,27 @@ class Readout(nn.Module):
         r"""The number of logits ``V`` the head produces."""
         return self._vocab_size
 
-    def rows_per_chunk(self) -> int:
-        r"""Returns how many rows :meth:`log_prob` evaluates at once.
+    def rows_per_chunk(self, backward: bool = False) -> int:
+        r"""Returns how many rows :meth:`log_prob` and :meth:`score` evaluate at
+        once, or, with ``backward``, how many rows a backward pass through them
+        may take at once.
+
+        Args:
+
+            backward (bool, optional): Count what a backward pass keeps: autograd
+                        holds the log-softmax (not the logits), and the backward
+                        adds the gradient of the scores with respect to it and that
+                        of the logits, three ``(rows, V)`` float32 tensors.
+                        Default: False
 
         Returns:
             **rows** (int):
                 The number of rows whose float32 logits and their log-softmax,
-                ``rows * V * 8`` bytes, fit in ``max_chunk_bytes``; at least 1.
+                ``rows * V * 8`` bytes (``rows * V * 12`` with ``backward``), fit
+                in ``max_chunk_bytes``; at least 1.
         """
-        return max(1, self.max_chunk_bytes // (8 * self.vocab_size))
+        per_logit = 12 if backward else 8
+        return max(1, self.max_chunk_bytes // (per_logit * self.vocab_size))
 
     def forward(self, hidden: Tensor) -> Tensor:
         r"""Maps hidden states to logits as the model does.
@@ -156,8 +168,9 @@ class Readout(nn.Module):
         the target's log-probability is kept, so all ``N x V`` logits never
         exist at once.
         The result is differentiable with respect to ``hidden`` when grad is
-        enabled; autograd then keeps each chunk's logits for the backward pass,
-        so the memory bound holds under :func:`torch.no_grad` only.
+        enabled; autograd then keeps each chunk's log-softmax for the backward
+        pass, so with grad the memory bound holds for at most
+        ``rows_per_chunk(backward=True)`` rows a call.
 
         Args:
             hidden (Tensor): Hidden states of shape ``(N, d)``, as for

@@ -326,3 +326,24 @@ def test_readout_rows_bounded_by_chunk(llama, batch):
         handle.remove()
     assert max(seen) <= 3
     assert result.delta.abs().max() <= FP32_TOL
+
+
+@pytest.mark.parametrize("granularity", ["head", "block"])
+def test_backward_rows_bounded_by_chunk(llama, batch, granularity):
+    # A backward pass keeps the log-softmax and adds two (rows, V) gradients: the
+    # budget of 6 forward rows allows 4 rows a backward pass.
+    ids, mask = batch
+    lens = LayerIGLens.from_model(llama, max_chunk_bytes=VOCAB * 8 * 6)
+    assert lens.readout.rows_per_chunk(backward=True) == 4
+    seen = []
+    handle = lens.readout.register_forward_pre_hook(
+        lambda m, a: seen.append(a[0].shape[0]) if torch.is_grad_enabled() else None
+    )
+    try:
+        if granularity == "head":
+            lens.attribute_map(ids, None, None, (mask,), granularity="head")
+        else:
+            lens.attribute(ids, additional_forward_args=(mask,), n_steps=4)
+    finally:
+        handle.remove()
+    assert seen and max(seen) == 4

@@ -117,10 +117,12 @@ def _values_and_gradients(
     chunk_rows: int,
     grad_kwargs: Optional[Dict[str, Any]],
 ) -> Tuple[Tensor, Tensor]:
-    """``f_y`` and its gradient at each row of ``hidden`` (M, d), a backward a chunk."""
+    """``f_y`` and its gradient at each row of ``hidden`` (M, d), a backward a
+    chunk of at most ``chunk_rows`` rows and what the readout's budget allows."""
     values, gradients = [], []
+    size = min(chunk_rows, readout.rows_per_chunk(backward=True))
     with torch.enable_grad():
-        for rows in _chunks(hidden.shape[0], chunk_rows):
+        for rows in _chunks(hidden.shape[0], size):
             x = hidden[rows].detach().requires_grad_(True)
             prob = readout.score(x, targets[rows])
             (grad,) = torch.autograd.grad(
