@@ -90,6 +90,7 @@ def test_stdin_layers_and_prompt_positions():
         ([PROMPT, "--model", "/no/such/model"], "/no/such/model"),
         ([PROMPT, "--layers", "0,99", "--max-new-tokens", "2"], "layers"),
         ([PROMPT, "--n-steps", "0", "--max-new-tokens", "2"], "n_steps"),
+        ([PROMPT, "--layers", "0,1", "--granularity", "head"], "consecutive"),
     ],
 )
 def test_bad_input_exits_with_one_line(args, message, capsys):

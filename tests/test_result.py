@@ -3,6 +3,8 @@
 import json
 from dataclasses import replace
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -135,6 +137,14 @@ def test_save_into_a_missing_folder_fails_first(result, tmp_path):
         result.save(tmp_path / "missing" / "r.json")
     with pytest.raises(ValueError, match="does not exist"):
         result.to_csv(tmp_path / "missing" / "r.csv")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_folder_that_refuses_files_fails_first(result):
+    # os.access grants root write access to /proc; creating a file there fails.
+    for write in (result.save, result.to_csv, result.to_html):
+        with pytest.raises(ValueError, match="cannot write in the folder /proc"):
+            write("/proc/r.out")
 
 
 def test_with_tokens_attaches_the_targets_text(result):

@@ -67,8 +67,15 @@ def _check_folder_exists(folder: Path, what: str) -> None:
         raise ValueError(f"{what}: {folder} is a file, not a folder")
     if not folder.is_dir():
         raise ValueError(f"{what}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"{what}: the folder {folder} is not writable")
+    # Tried, not asked: os.access says yes to root on /proc or a read-only share.
+    probe = folder / f".captum-iglens-probe.{secrets.token_hex(8)}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as error:
+        raise ValueError(
+            f"{what}: cannot write in the folder {folder} ({error.strerror})"
+        ) from None
 
 
 def write_atomic(path: PathLike, text: str) -> None:

@@ -40,6 +40,7 @@ from captum_iglens.attr._utils.estimators import (
 )
 from captum_iglens.attr._utils.heads import (
     HeadSplit,
+    check_consecutive,
     head_attributions,
     head_components,
     head_path_points,
@@ -947,6 +948,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                     "split: e.g. Gemma 2/3 and OLMo 2 normalise the attention "
                     "output before adding it to the stream)"
                 )
+            check_consecutive(self.forward_func, self.layers)
             return head_path_points(
                 self.layers, self.sublayers, self.heads, self.layer_names
             )

@@ -339,6 +339,9 @@ def test_skipped_blocks_are_refused_and_leave_no_hook():
     with pytest.raises(ValueError, match="consecutive"):
         lens.attribute_map(torch.randint(1, VOCAB, (1, 4)), granularity="head")
     assert hook_snapshot(model) == hooks
+    # Refused from the structure alone, before any forward.
+    with pytest.raises(ValueError, match=r"consecutive blocks, got blocks \[0, 2\]"):
+        lens.segment_names("head")
     # From block 1 on, blocks below are the "input" column.
     lens = LayerIGLens.from_model(model, layers=[1])
     ids = torch.randint(1, VOCAB, (1, 4))

@@ -115,6 +115,36 @@ def _bias(module: Module) -> Optional[Tensor]:
     return getattr(_projection(module), "bias", None)
 
 
+def check_consecutive(forward_func: Any, layers: Sequence[Module]) -> None:
+    r"""
+    Refuses, before any forward, chosen blocks with unchosen blocks between them:
+    the attention update of a block is split into its heads only when the block
+    before it is on the path too. Checked where ``forward_func`` is a module whose
+    chosen blocks are numbered children of one container (a model's block list);
+    other lenses are checked when the heads' outputs are captured.
+
+    Raises:
+        ValueError: If the chosen blocks skip a block.
+    """
+    if not isinstance(forward_func, Module):
+        return
+    where = {id(m): name for name, m in forward_func.named_modules()}
+    parents, indices = set(), []
+    for module in layers:
+        parent, _, index = where.get(id(module), "").rpartition(".")
+        if not index.isdigit():
+            return
+        parents.add(parent)
+        indices.append(int(index))
+    expected = list(range(indices[0], indices[0] + len(indices)))
+    if len(parents) == 1 and indices != expected:
+        raise ValueError(
+            f"granularity: 'head' needs consecutive blocks, got blocks {indices}; "
+            "choose a range up to the last block (layers=None, or e.g. "
+            f"layers=range({indices[0]}, {indices[-1] + 1}))"
+        )
+
+
 def head_path_points(
     layers: Sequence[Module],
     mids: Sequence[Module],
