@@ -24,6 +24,7 @@ from captum_iglens.attr._utils.checks import (
     check_construction,
     check_granularity,
     check_settings,
+    check_token_ids,
     format_inputs,
     forward_module,
     hf_model_of,
@@ -825,6 +826,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         top_k: int = 0,
     ) -> _Path:
         formatted, batch, length = format_inputs(inputs)
+        check_token_ids(self.forward_func, formatted[0])
         extra = _format_additional_forward_args(additional_forward_args)
         attention_mask = attention_mask_of(
             self.forward_func, formatted, extra, batch, length

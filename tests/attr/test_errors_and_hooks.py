@@ -62,6 +62,32 @@ def test_empty_or_flat_inputs(lens, inputs):
         lens.attribute_map(inputs)
 
 
+@pytest.mark.parametrize(
+    "inputs, error, message",
+    [
+        (torch.full((2, 5), VOCAB), ValueError, rf"\[0, {VOCAB}\).*max {VOCAB}"),
+        (torch.full((2, 5), -1), ValueError, "min -1"),
+        (torch.ones(1, 2, 5, dtype=torch.long), ValueError, r"shape \(B, T\)"),
+        (torch.ones(2, 5), TypeError, "integer dtype"),
+        (torch.ones(2, 5, dtype=torch.bool), TypeError, "torch.bool"),
+    ],
+)
+def test_token_ids_are_checked_before_the_forward(llama, inputs, error, message):
+    lens = LayerIGLens.from_model(llama)
+    hooks, state = hook_snapshot(llama), state_snapshot(llama)
+    for call in (lens.attribute, lens.attribute_map):
+        with pytest.raises(error, match=f"inputs: .*{message}"):
+            call(inputs)
+    assert hook_snapshot(llama) == hooks
+    assert_state_unchanged(llama, state)
+
+
+def test_a_mask_without_tokens_is_refused(lens):
+    mask = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="attention mask marks no token"):
+        lens.attribute_map(_ids(), additional_forward_args=(mask,))
+
+
 def test_constructor_errors(llama):
     blocks = decoder_layers(llama)
     readout = Readout.from_model(llama)

@@ -194,7 +194,39 @@ def format_inputs(
             "inputs: expected a non-empty batch (B, T) or (B, T, d) with "
             f"B, T >= 1, got shape {tuple(first.shape)}"
         )
+    if first.dtype == torch.bool or first.is_complex():
+        raise TypeError(
+            f"inputs: expected integer token ids or float embeddings, got {first.dtype}"
+        )
+    if not first.is_floating_point() and first.dim() != 2:
+        raise ValueError(
+            "inputs: integer token ids must have shape (B, T), got shape "
+            f"{tuple(first.shape)}"
+        )
     return formatted, first.shape[0], first.shape[1]
+
+
+def check_token_ids(forward_func: Callable[..., Any], inputs: Tensor) -> None:
+    r"""For a Hugging Face model: ``(B, T)`` inputs are integer token ids within
+    its input vocabulary (other forward functions define their own inputs)."""
+    try:
+        embeddings = hf_model_of(forward_func).get_input_embeddings()
+    except (TypeError, AttributeError, NotImplementedError):
+        return
+    vocab = getattr(embeddings, "num_embeddings", None)
+    if inputs.dim() != 2 or vocab is None:
+        return
+    if inputs.is_floating_point():
+        raise TypeError(
+            f"inputs: a (B, T) tensor holds token ids, expected an integer dtype, "
+            f"got {inputs.dtype} (embeddings are (B, T, d))"
+        )
+    low, high = int(inputs.min()), int(inputs.max())
+    if low < 0 or high >= vocab:
+        raise ValueError(
+            f"inputs: token ids must lie in [0, {vocab}), the model's vocabulary, "
+            f"got min {low}, max {high}"
+        )
 
 
 def attention_mask_of(
@@ -229,6 +261,11 @@ def resolve_positions(
     if positions is None:
         if attention_mask is None:
             return torch.arange(length)
+        if not attention_mask.bool().any():
+            raise ValueError(
+                "additional_forward_args: the attention mask marks no token (all "
+                "zeros); there is nothing to attribute"
+            )
         return attention_mask.bool().any(0).nonzero()[:, 0].cpu()
     pos = torch.as_tensor(positions)
     if pos.dtype not in (torch.int64, torch.int32) or pos.dim() > 1 or pos.numel() == 0:
