@@ -145,16 +145,27 @@ class Views:
         score: TokenScore,
         top_k: int,
         final: Optional["FinalDistribution"],
+        scratch: Optional[Tensor] = None,
     ) -> "Views":
         r"""
         The views of ``log_probs`` ``(N, V)``; ``final`` holds the model's final
         distribution of each row (None: the rows are the final distribution,
-        and ``kl`` is zero). Besides the top-k, it costs one ``exp`` and one
-        comparison pass over the rows, and two row-wise dot products.
+        and ``kl`` is zero). Besides the top-k, the entropy costs one ``exp``,
+        a product in place and a row sum, the rank one comparison pass, and
+        the KL one matrix product. ``scratch``, a tensor like ``log_probs``
+        whose values are no longer needed (the chunk's logits), takes the
+        ``exp`` in place of a new ``(N, V)`` tensor (fresh memory costs page
+        faults about twice the ``exp`` itself).
         """
         top_lp, top_ids = log_probs.topk(top_k, dim=-1)
-        probs = log_probs.exp()
-        entropy = -_row_dot(probs, log_probs)
+        usable = (
+            scratch is not None
+            and scratch.shape == log_probs.shape
+            and scratch.dtype == log_probs.dtype
+            and scratch.device == log_probs.device
+        )
+        probs = torch.exp(log_probs, out=scratch) if usable else log_probs.exp()
+        entropy = -probs.mul_(log_probs).sum(-1)
         del probs
         kl = torch.zeros_like(entropy) if final is None else final.kl(log_probs)
         return cls(top_ids, top_lp.exp(), entropy, kl, score.rank(log_probs))
@@ -205,7 +216,7 @@ class FinalDistribution:
     def of(cls, log_probs: Tensor, index: Tensor) -> "FinalDistribution":
         """From the final log-probabilities ``(G, V)`` and the rows' positions."""
         probs = log_probs.exp()
-        return cls(probs, _row_dot(probs, log_probs), index)
+        return cls(probs, (probs * log_probs).sum(-1), index)
 
     def kl(self, log_probs: Tensor) -> Tensor:
         r"""``KL(q ‖ p) = Σ q log q − Σ q log p`` of each row ``(N, V)`` against
@@ -222,14 +233,6 @@ def _blocks(vocab: int) -> List[slice]:
     """Column blocks of the vocabulary: a matrix product accumulates each block
     in turn, so summing blocks keeps float32 sums over ``V`` accurate (~1e-5)."""
     return [slice(i, i + _DOT_BLOCK) for i in range(0, vocab, _DOT_BLOCK)]
-
-
-def _row_dot(a: Tensor, b: Tensor) -> Tensor:
-    """``Σ_v a[n, v] · b[n, v]`` per row, without an ``(N, V)`` temporary."""
-    return sum(
-        (a[:, cols].unsqueeze(-2) @ b[:, cols].unsqueeze(-1))[..., 0, 0]
-        for cols in _blocks(a.shape[-1])
-    )
 
 
 def check_top_k(top_k: int, vocab: int) -> None:
