@@ -102,13 +102,16 @@ def bench_breakdown(rounds: int) -> Dict[str, float]:
         final = FinalDistribution.of(
             log_probs[: rows // k + 1], torch.arange(rows) // k
         )
+        scratch = torch.empty_like(log_probs)  # the chunk's dead logits, in the map
         steps: Dict[str, Callable[[], Any]] = {
             "readout (norm + head)": lambda: readout(hidden),
             "log_softmax": lambda: torch.log_softmax(log_probs, -1),
             "score (gather)": lambda: score.of(log_probs),
-            "views: all": lambda: Views.of(log_probs, score, 10, final),
+            "views: all": lambda: Views.of(log_probs, score, 10, final, scratch),
             "views: top-10": lambda: log_probs.topk(10, -1),
-            "views: exp + entropy": lambda: Views.of(log_probs, score, 1, None),
+            "views: exp + entropy": lambda: Views.of(
+                log_probs, score, 1, None, scratch
+            ),
             "views: KL": lambda: final.kl(log_probs),
             "views: rank": lambda: score.rank(log_probs),
         }
