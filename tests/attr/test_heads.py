@@ -357,6 +357,27 @@ def test_skipped_blocks_are_refused_and_leave_no_hook():
     assert heads.attributions[..., 0].abs().max() > 0
 
 
+def test_skipped_blocks_behind_a_plain_function_are_refused_when_captured():
+    # A forward function that is not a module names no block list: the split
+    # of the captured head outputs is what refuses the skipped block.
+    model = tiny_model("llama", num_hidden_layers=3)
+    lens = LayerIGLens.from_model(model, layers=[0])  # blocks 0 and 2
+    hand_built = LayerIGLens(
+        lambda ids: lens.forward_func(ids),
+        lens.layers,
+        readout=lens.readout,
+        input_layer=lens.input_layer,
+        layer_names=lens.layer_names,
+        sublayers=lens.sublayers,
+        heads=lens.heads,
+    )
+    assert hand_built.segment_names("head")[0] == "input"
+    hooks = hook_snapshot(model)
+    with pytest.raises(ValueError, match="sum of its heads' outputs"):
+        hand_built.attribute_map(torch.randint(1, VOCAB, (1, 4)), granularity="head")
+    assert hook_snapshot(model) == hooks
+
+
 @pytest.mark.real_model
 def test_real_model_heads_add_up(default_model):
     model, tokenizer = default_model

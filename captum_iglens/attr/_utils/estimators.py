@@ -74,15 +74,13 @@ def path_values(
             logits = readout(flat[part])
             logits = logits.to(work_dtype(logits.dtype))
             log_probs = torch.log_softmax(logits, dim=-1)
-            if not top_k:
-                del logits
             score = flat_targets[part]
             values.append(score.of(log_probs))
-            if top_k:
+            if top_k:  # the logits are dead: the views' exp is written over them
                 final = _final_distribution(final_logits, part, k)
                 views.append(Views.of(log_probs, score, top_k, final, logits))
-                del final, logits
-            del log_probs
+                del final
+            del logits, log_probs
     if not values:
         empty = points.new_zeros((n, k), dtype=work_dtype(points.dtype))
         return empty, None
