@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from captum_iglens.studies.prompts import read_prompts
 
@@ -45,6 +45,27 @@ class Fact:
     prompt: str
     answer: Optional[str] = None
     aliases: Tuple[str, ...] = ()
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The fact as a JSON object (``aliases`` as a list)."""
+        return dict(
+            id=self.id,
+            relation=self.relation,
+            prompt=self.prompt,
+            answer=self.answer,
+            aliases=list(self.aliases),
+        )
+
+    @classmethod
+    def from_dict(cls, record: Dict[str, Any]) -> "Fact":
+        """Inverse of :meth:`to_dict`; other keys of ``record`` are ignored."""
+        return cls(
+            id=record["id"],
+            relation=record["relation"],
+            prompt=record["prompt"],
+            answer=record["answer"],
+            aliases=tuple(record["aliases"]),
+        )
 
     def is_answered_by(self, text: str) -> Optional[bool]:
         r"""

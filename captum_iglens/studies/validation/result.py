@@ -194,11 +194,7 @@ class ValidationResult(JsonDocument, Viewable):
         for i, fact in enumerate(self.facts):
             tokens.append(
                 dict(
-                    id=fact.id,
-                    relation=fact.relation,
-                    prompt=fact.prompt,
-                    answer=fact.answer,
-                    aliases=list(fact.aliases),
+                    **fact.to_dict(),
                     generated=self.generated[i],
                     correct=self.correct[i],
                     token=self.target_tokens[i],
@@ -244,16 +240,7 @@ class ValidationResult(JsonDocument, Viewable):
             raise ValueError("tokens: expected a list of per-token objects")
         n, k = len(tokens), len(data["layer_names"])
         try:
-            facts = [
-                Fact(
-                    id=t["id"],
-                    relation=t["relation"],
-                    prompt=t["prompt"],
-                    answer=t["answer"],
-                    aliases=tuple(t.get("aliases", ())),
-                )
-                for t in tokens
-            ]
+            facts = [Fact.from_dict({"aliases": (), **t}) for t in tokens]
             groups = {
                 g: np.array([g in t["groups"] for t in tokens], dtype=bool)
                 for g in dict.fromkeys(g for t in tokens for g in t["groups"])
@@ -500,16 +487,7 @@ class RestorationResult(JsonDocument):
                 corruptions=self.corruptions,
                 methods=self.methods,
                 layer_names=self.layer_names,
-                facts=[
-                    dict(
-                        id=f.id,
-                        relation=f.relation,
-                        prompt=f.prompt,
-                        answer=f.answer,
-                        aliases=list(f.aliases),
-                    )
-                    for f in self.facts
-                ],
+                facts=[f.to_dict() for f in self.facts],
                 target_tokens=self.target_tokens,
                 trajectory=_nulls(self.trajectory),
                 nonmonotone_depth=_nulls(self.nonmonotone_depth),
@@ -531,16 +509,7 @@ class RestorationResult(JsonDocument):
                 corruptions=list(data["corruptions"]),
                 methods=list(data["methods"]),
                 layer_names=list(data["layer_names"]),
-                facts=[
-                    Fact(
-                        id=f["id"],
-                        relation=f["relation"],
-                        prompt=f["prompt"],
-                        answer=f["answer"],
-                        aliases=tuple(f["aliases"]),
-                    )
-                    for f in data["facts"]
-                ],
+                facts=[Fact.from_dict(f) for f in data["facts"]],
                 target_tokens=list(data["target_tokens"]),
                 trajectory=_nans(data["trajectory"]),
                 nonmonotone_depth=_nans(data["nonmonotone_depth"]),
