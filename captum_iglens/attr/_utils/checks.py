@@ -261,12 +261,13 @@ def resolve_positions(
     if positions is None:
         if attention_mask is None:
             return torch.arange(length)
-        if not attention_mask.bool().any():
+        marked = attention_mask.bool().any(0)
+        if not marked.any():
             raise ValueError(
                 "additional_forward_args: the attention mask marks no token (all "
                 "zeros); there is nothing to attribute"
             )
-        return attention_mask.bool().any(0).nonzero()[:, 0].cpu()
+        return marked.nonzero()[:, 0].cpu()
     pos = torch.as_tensor(positions)
     if pos.dtype not in (torch.int64, torch.int32) or pos.dim() > 1 or pos.numel() == 0:
         raise ValueError(

@@ -67,6 +67,19 @@
     td.setAttribute('data-field', field);
     return td;
   }
+  // The grid on the left, panels on the right; the first panel (#info) holds a
+  // key-value table of the hovered cell, after an optional title and hint.
+  function cellLayout(parent, title, hint) {
+    var layout = add(parent, h('div', 'layout'));
+    var parts = { main: add(layout, h('div', 'main')), side: add(layout, h('div', 'side')) };
+    var info = add(parts.side, h('div', 'panel'));
+    info.id = 'info';
+    if (title) add(info, h('h3', null, title));
+    if (hint) parts.hint = add(info, h('div', 'hint', hint));
+    parts.info = info;
+    parts.kvt = add(info, h('table', 'kv'));
+    return parts;
+  }
   function header(root, title, about) {
     add(root, h('h1', null, title));
     Object.keys(about || {}).forEach(function (key) {
@@ -196,14 +209,9 @@
     add(root, h('div', 'hint', rows.length + ' tokens × ' + layers.length +
       ' layers. Hover a cell for its numbers; click a token for its trajectory. ' +
       'A black frame marks the onset (the layer by which half of the token\'s |credit| is given).'));
-    var layout = add(root, h('div', 'layout'));
-    var main = add(layout, h('div', 'main'));
-    var side = add(layout, h('div', 'side'));
-    var info = add(side, h('div', 'panel'));
-    info.id = 'info';
-    add(info, h('h3', null, 'Cell'));
-    var infoHint = add(info, h('div', 'hint', 'Hover a cell of the map.'));
-    var kvt = add(info, h('table', 'kv'));
+    var parts = cellLayout(root, 'Cell', 'Hover a cell of the map.');
+    var main = parts.main, side = parts.side, info = parts.info, kvt = parts.kvt;
+    var infoHint = parts.hint;
     var f = {
       token: kv(kvt, 'token', 'token'), layer: kv(kvt, 'layer', 'layer'),
       credit: kv(kvt, 'credit', 'credit'), before: kv(kvt, 'lens before', 'lens_before'),
@@ -421,12 +429,8 @@
     function show(si) {
       slot.textContent = '';
       var seq = d.sequences[si];
-      var layout = add(slot, h('div', 'layout'));
-      var main = add(layout, h('div', 'main'));
-      var side = add(layout, h('div', 'side'));
-      var info = add(side, h('div', 'panel'));
-      info.id = 'info';
-      var kvt = add(info, h('table', 'kv'));
+      var parts = cellLayout(slot);
+      var main = parts.main, kvt = parts.kvt;
       var f = {
         method: kv(kvt, 'method', 'method'), token: kv(kvt, 'token', 'token'), layer: kv(kvt, 'layer', 'layer'),
         score: kv(kvt, 'score', 'score'), sum: kv(kvt, 'Σ layers', 'sum'), dp: kv(kvt, 'Δp', 'dp'),
@@ -521,12 +525,8 @@
     var controls = add(root, h('div', 'controls'));
     radio(controls, 'vview', [['drops', 'ablation drop']].concat(d.methods.map(function (m) { return [m, m]; })), 'drops',
       function (v) { state.view = v; draw(); });
-    var layout = add(root, h('div', 'layout'));
-    var main = add(layout, h('div', 'main'));
-    var side = add(layout, h('div', 'side'));
-    var info = add(side, h('div', 'panel'));
-    info.id = 'info';
-    var kvt = add(info, h('table', 'kv'));
+    var parts = cellLayout(root);
+    var main = parts.main, side = parts.side, kvt = parts.kvt;
     var f = { prompt: kv(kvt, 'prompt', 'prompt'), token: kv(kvt, 'token', 'token'),
       layer: kv(kvt, 'layer', 'layer'), drop: kv(kvt, 'ablation drop', 'drop') };
     var scoreFields = {};
