@@ -125,13 +125,22 @@ def hf_model_of(forward_func: Callable[..., Any]) -> Module:
     )
 
 
+def qualified_names(
+    forward_func: Callable[..., Any], modules: Sequence[Module]
+) -> List[Optional[str]]:
+    """Each module's qualified name in ``forward_func`` when it is a module; None
+    for a module not in it, and for every module of a plain function."""
+    if not isinstance(forward_func, Module):
+        return [None] * len(modules)
+    qualified = {id(m): name for name, m in forward_func.named_modules()}
+    return [qualified.get(id(m)) for m in modules]
+
+
 def _default_names(forward_func: Callable[..., Any], layers: List[Module]) -> List[str]:
     """The blocks' qualified names in ``forward_func`` when it is a module, else
     their indices."""
-    if isinstance(forward_func, Module):
-        qualified = {id(m): name for name, m in forward_func.named_modules()}
-        return [qualified.get(id(m), str(i)) for i, m in enumerate(layers)]
-    return [str(i) for i in range(len(layers))]
+    names = qualified_names(forward_func, layers)
+    return [str(i) if name is None else name for i, name in enumerate(names)]
 
 
 def check_settings(

@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.nn import Linear, Module
 
 from captum_iglens.attr._utils.capture import PathPoint
+from captum_iglens.attr._utils.checks import qualified_names
 from captum_iglens.attr._utils.estimators import (
     _split_weights,
     gradient_attributions,
@@ -126,12 +127,9 @@ def check_consecutive(forward_func: Any, layers: Sequence[Module]) -> None:
     Raises:
         ValueError: If the chosen blocks skip a block.
     """
-    if not isinstance(forward_func, Module):
-        return
-    where = {id(m): name for name, m in forward_func.named_modules()}
     parents, indices = set(), []
-    for module in layers:
-        parent, _, index = where.get(id(module), "").rpartition(".")
+    for name in qualified_names(forward_func, layers):
+        parent, _, index = (name or "").rpartition(".")
         if not index.isdigit():
             return
         parents.add(parent)
