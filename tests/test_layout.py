@@ -2,10 +2,11 @@
 import the algorithms they serve, and every module imports on its own."""
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Set
+from typing import Dict, List, Set
 
 import pytest
 
@@ -21,28 +22,40 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports() -> Dict[str, Set[str]]:
-    """Each module's imports of package modules, at any depth of the file (those
-    made only for type checkers excepted)."""
+def _imports(type_checking: bool = False) -> Dict[str, Set[str]]:
+    """Each module's imports of package modules, at any depth of the file
+    (function-level imports included; those made only for type checkers only
+    with ``type_checking``). Relative imports are resolved, and an imported name
+    counts as its module's deepest package module."""
     modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
     graph: Dict[str, Set[str]] = {}
     for name, path in modules.items():
         found = set()
         tree = ast.parse(path.read_text())
-        for node in list(ast.walk(tree)):
-            if isinstance(node, ast.If) and getattr(node.test, "id", "") == (
-                "TYPE_CHECKING"
-            ):
-                node.body = []
+        if not type_checking:
+            for node in list(ast.walk(tree)):
+                if isinstance(node, ast.If) and getattr(node.test, "id", "") == (
+                    "TYPE_CHECKING"
+                ):
+                    node.body = []
+        package = name.split(".") if path.name == "__init__.py" else (
+            name.split(".")[:-1]
+        )
         for node in ast.walk(tree):
             targets = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                targets = [node.module] + [
-                    f"{node.module}.{a.name}" for a in node.names
-                ]
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package[: len(package) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
-            found |= {t for t in targets if t in modules and t != name}
+            for target in targets:
+                while target not in modules and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in modules and target != name:
+                    found.add(target)
         graph[name] = found
     return graph
 
@@ -73,15 +86,79 @@ def _cycle(graph: Dict[str, Set[str]]) -> list:
     return []
 
 
-def test_no_import_cycle_between_modules():
-    graph = _imports()
-    # A package's __init__ only re-exports its modules: its edges are not cycles.
-    modules = {m: {t for t in deps if not _is_package(t)} for m, deps in graph.items()}
-    assert _cycle(modules) == []
+def test_no_import_cycle_of_any_kind():
+    # Package __init__ edges, function-level and type-checking imports all count:
+    # importing a package runs its __init__, which imports its modules.
+    assert _cycle(_imports(type_checking=True)) == []
 
 
-def _is_package(name: str) -> bool:
-    return (PACKAGE.parent / name.replace(".", "/") / "__init__.py").exists()
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycle(graph) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+_LOWER = ("captum_iglens.attr", "captum_iglens.hf", "captum_iglens.integrations")
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["captum_iglens._utils", "captum_iglens.readout", "captum_iglens.result"],
+)
+def test_the_bottom_imports_nothing_above_it(prefix):
+    above = _LOWER + ("captum_iglens.studies", "captum_iglens.plots")
+    for module, deps in _imports(type_checking=True).items():
+        if module == prefix or module.startswith(prefix + "."):
+            bad = [d for d in deps if d.startswith(above)]
+            assert bad == [], f"{module} imports {bad}"
+
+
+def test_the_viewer_knows_no_result_kind():
+    kinds = _LOWER + ("captum_iglens.studies", "captum_iglens.result")
+    for module, deps in _imports(type_checking=True).items():
+        if module.startswith("captum_iglens.viewer"):
+            bad = [d for d in deps if d.startswith(kinds)]
+            assert bad == [], f"{module} imports {bad}"
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def _long_functions() -> List[str]:
+    """Functions whose body, docstring excluded, spans more than 80 lines."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            body = node.body
+            if ast.get_docstring(node, clean=False) is not None:
+                body = body[1:]
+            if body and node.end_lineno - body[0].lineno + 1 > MAX_FUNCTION_LINES:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_no_function_over_80_lines():
+    assert _long_functions() == []
+
+
+def test_every_result_kind_has_a_viewer():
+    from captum_iglens._utils.serialization import JsonDocument
+
+    for name in sorted(n for n in _imports() if not n.endswith("__main__")):
+        importlib.import_module(name)
+    kinds = _subclasses(JsonDocument)
+    assert len(kinds) >= 4
+    lacking = [k.__name__ for k in kinds if not callable(getattr(k, "to_html", None))]
+    assert lacking == []
+
+
+def _subclasses(cls: type) -> List[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
 
 
 @pytest.mark.parametrize(
