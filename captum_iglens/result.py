@@ -18,6 +18,7 @@ from captum_iglens._utils.serialization import (
     tensor_field,
     write_atomic,
 )
+from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.readout.scores import PAD
 from captum_iglens.viewer import Viewable
 
@@ -491,8 +492,6 @@ class IGLensResult(JsonDocument, Viewable):
         Returns:
             *IGLensResult*: the same map with ``tokens`` set.
         """
-        from captum_iglens.hf.text import decode_tokens
-
         tokens = [decode_tokens(tokenizer, row.tolist()) for row in self.targets]
         return replace(self, tokens=tokens)
 

@@ -16,9 +16,9 @@ import transformers
 from captum_iglens.attr._utils.checks import (
     Granularity,
     check_baselines,
-    check_granularity,
     check_settings,
 )
+from captum_iglens.attr.granularities import check_granularity
 from captum_iglens.hf.text import POSITIONS, Positions
 from captum_iglens.version import __version__
 

@@ -1,49 +1,28 @@
 r"""LayerIGLens: exact layer-wise attribution of a token's probability."""
 
 import typing
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import torch
-from captum._utils.common import _format_additional_forward_args, _run_forward
 from captum._utils.typing import TargetType
 from captum.attr import GradientAttribution, LayerAttribution
 from captum.log import log_usage
 from torch import Tensor
 from torch.nn import Module, ModuleList
 
-from captum_iglens.attr._utils.capture import PathPoint, ResidualCapture
 from captum_iglens.attr._utils.checks import (
     BaselineType,
     Granularity,
     PositionsType,
-    attention_mask_of,
-    baseline_inputs,
-    baseline_states,
-    check_baselines,
     check_construction,
-    check_granularity,
     check_settings,
-    check_token_ids,
-    format_inputs,
-    forward_module,
     hf_model_of,
-    output_logits,
-    resolve_positions,
-    resolve_targets,
-    target_positions,
 )
-from captum_iglens.attr._utils.path_math import path_values, work_dtype
-from captum_iglens.attr._utils.heads import (
-    HeadSplit,
-    check_consecutive,
-    head_attributions,
-    head_components,
-    head_path_points,
-    split_states,
-    split_tolerance,
-)
-from captum_iglens.attr.estimators import Estimator, estimator
+from captum_iglens.attr._utils.heads import HeadSplit
+from captum_iglens.attr._utils.path_math import path_values
+from captum_iglens.attr.estimators import estimator
+from captum_iglens.attr.granularities import PathGranularity, granularity_of
+from captum_iglens.attr.tracing import TracedPath, Tracer, path_levels
 from captum_iglens.hf.architectures import (
     attention_outputs,
     choose_blocks,
@@ -55,40 +34,15 @@ from captum_iglens.integrations import unwrap_model
 from captum_iglens.readout.readout import Readout
 from captum_iglens.readout.scores import (
     FoilType,
-    TokenScore,
     TokenSetType,
     Views,
     check_top_k,
-    resolve_token_sets,
 )
 from captum_iglens.result import IGLensResult
 
 
 #: One tensor per layer: alone, in a list, or in a tuple (as ``layer`` was given).
 _Attributions = Union[Tensor, List[Tensor], Tuple[Tensor, ...]]
-
-
-@dataclass
-class _Path:
-    """The captured path of every attributed row, and what the model said."""
-
-    points: Tensor  # (B, P, k + 1, d): h_base, h_{L_1}, ..., h_{L_k}
-    targets: Tensor  # (B, P)
-    model_prob: Tensor  # (B, P)
-    mask: Tensor  # (B, P)
-    positions: Tensor  # (P,)
-    names: List[str]  # one per credit column
-    one_output: bool  # one attributed output per example: delta (B,)
-    score: TokenScore  # (B, P, M): what f is (target, token set, foils)
-    components: Optional[Tensor] = None  # (B, P, k, C, d): "head" only
-    target_sets: Optional[Tensor] = None  # (B, P, S), PAD-padded
-    foils: Optional[Tensor] = None  # (B, P, F), PAD-padded
-    top_views: Optional[Views] = None  # (B, P): the model's own distribution
-    final_logits: Optional[Callable[[slice], Tensor]] = None  # rows of (B·P)
-
-
-def _tolerance(dtype: torch.dtype) -> float:
-    return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
 
 
 class LayerIGLens(LayerAttribution, GradientAttribution):
@@ -285,7 +239,46 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         Raises:
             ValueError: If the granularity is unknown or not available.
         """
-        return self._path_points(granularity)[1]
+        return self._granularity(granularity).path_points()[1]
+
+    def trace_path(
+        self,
+        inputs: Union[Tensor, Tuple[Tensor, ...]],
+        baselines: BaselineType = None,
+        target: TargetType = None,
+        additional_forward_args: Optional[object] = None,
+        *,
+        positions: PositionsType = None,
+        granularity: Granularity = "block",
+        foil: FoilType = None,
+        target_tokens: TokenSetType = None,
+    ) -> TracedPath:
+        r"""
+        The path that :meth:`attribute` integrates along, from one forward pass
+        of the model, without gradients.
+
+        Args:
+
+            inputs, baselines, target, additional_forward_args, positions,
+            granularity, foil, target_tokens: As in :meth:`attribute`.
+
+        Returns:
+            :class:`~captum_iglens.attr.tracing.TracedPath`: the path points
+            ``(B, P, n + 1, d)`` (for ``"head"``, ``h_base, h_in, h_mid(1),
+            h_out(1), ...`` and the heads' components ``(B, P, k, C, d)``), the
+            targets, the model's own score of them, the mask and the column
+            names.
+        """
+        return self._trace(
+            self._granularity(granularity),
+            inputs,
+            baselines,
+            target,
+            additional_forward_args,
+            positions,
+            foil=foil,
+            target_tokens=target_tokens,
+        )
 
     @classmethod
     def get_name(cls) -> str:
@@ -488,37 +481,26 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         rule = estimator(method)
         rule.check_multiply_by_inputs(self.multiplies_by_inputs)
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
-        with torch.no_grad():
-            path = self._path(
-                inputs,
-                baselines,
-                target,
-                additional_forward_args,
-                positions,
-                granularity,
-                foil=foil,
-                target_tokens=target_tokens,
-            )
-        if path.components is not None:
-            if not self.multiplies_by_inputs:
-                raise ValueError(
-                    "multiply_by_inputs: False is not supported with "
-                    'granularity="head"; use "block" or "sublayer"'
-                )
-            with torch.no_grad():
-                values = self._values(path, chunk_rows)[0]
-            attrs = self._heads(
-                path, values, rule, n_steps, chunk_rows, grad_kwargs, True
-            )
-        else:
-            attrs = self._per_dimension(
-                path,
-                rule,
-                n_steps,
-                chunk_rows,
-                grad_kwargs,
-                self.multiplies_by_inputs,
-            )
+        shape = self._granularity(granularity)
+        path = self._trace(
+            shape,
+            inputs,
+            baselines,
+            target,
+            additional_forward_args,
+            positions,
+            foil=foil,
+            target_tokens=target_tokens,
+        )
+        attrs = shape.attributions(
+            rule,
+            self.readout,
+            path,
+            n_steps,
+            chunk_rows,
+            grad_kwargs,
+            self.multiplies_by_inputs,
+        )
         per_layer = list(attrs.unbind(dim=2))
         out: _Attributions = (
             per_layer[0]
@@ -576,8 +558,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """
         parts = [attributions] if isinstance(attributions, Tensor) else attributions
         with torch.no_grad():
-            path = self._path(
-                end_point, start_point, target, additional_forward_args, positions
+            path = self._trace(
+                self._granularity("block"),
+                end_point,
+                start_point,
+                target,
+                additional_forward_args,
+                positions,
             )
             shape = tuple(path.targets.shape)
             if not parts or any(
@@ -648,30 +635,25 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         check_top_k(top_k, self.readout.vocab_size)
         rule = estimator(method)
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
+        shape = self._granularity(granularity)
         grad_free = (
-            torch.inference_mode
-            if rule.gradient_free_map and granularity != "head"
-            else torch.no_grad
+            torch.no_grad if shape.map_needs_gradients(rule) else torch.inference_mode
         )
         with grad_free():
-            path = self._path(
+            path = self._trace(
+                shape,
                 inputs,
                 baselines,
                 target,
                 additional_forward_args,
                 positions,
-                granularity,
                 foil=foil,
                 target_tokens=target_tokens,
                 top_k=top_k,
             )
-            values, views = self._values(path, chunk_rows, top_k)
-        if path.components is not None:  # gradients along the attention segments
-            with torch.no_grad():
-                credits = self._heads(path, values, rule, n_steps, chunk_rows)
-            values = self._head_levels(path, values)
-        else:
-            credits = self._credits(path, values, rule, n_steps, chunk_rows)
+            values, views = path_levels(self.readout, path, chunk_rows, top_k)
+        credits = shape.credits(rule, self.readout, path, values, n_steps, chunk_rows)
+        values = shape.levels(path, values)
         mask = path.mask
         credits = credits.float() * mask[..., None]
         values, model_prob = values.float(), path.model_prob.float()
@@ -695,7 +677,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
     # ------------------------------------------------------------------ internals
 
-    def _delta(self, path: _Path, credits: Tensor, chunk_rows: int) -> Tensor:
+    def _delta(self, path: TracedPath, credits: Tensor, chunk_rows: int) -> Tensor:
         """``credits - (f_model - f(h_base))`` from the credits ``(B, P)``, zero at
         padding; ``(B,)`` when one output is attributed per example."""
         b, p = path.targets.shape
@@ -708,351 +690,24 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         delta = (credits - (path.model_prob - base_prob)) * path.mask
         return delta.sum(-1) if path.one_output else delta
 
-    def _values(
-        self, path: _Path, chunk_rows: int, top_k: int = 0
-    ) -> Tuple[Tensor, Optional[Views]]:
-        """``f`` at every path point, ``(B, P, k + 1)``; the last is the model's own.
-        With ``top_k``, the views of the ``k`` layers, ``(B, P, k)``, the last
-        being the model's own distribution's."""
-        b, p, k_plus_1 = path.points.shape[:3]
-        below_top, below_views = path_values(
-            self.readout,
-            path.points[:, :, :-1].flatten(0, 1),
-            path.score.flatten(),
-            chunk_rows,
-            top_k,
-            path.final_logits,
-        )
-        values = torch.cat([below_top.view(b, p, -1), path.model_prob[..., None]], -1)
-        if below_views is None or path.top_views is None:
-            return values, None
-        below = below_views.reshape(b, p, k_plus_1 - 1)
-        layers = below[:, :, 1:]  # h_base has no view
-        return values, Views.cat([layers, path.top_views[:, :, None]], dim=2)
-
-    def _per_dimension(
-        self,
-        path: _Path,
-        rule: Estimator,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        multiply_by_inputs: bool = True,
-    ) -> Tensor:
-        """Per-dimension attributions ``(B, P, k, d)``, zero at padding (the
-        path-averaged gradients with ``multiply_by_inputs=False``)."""
-        b, p, k_plus_1, d = path.points.shape
-        attrs = rule.attributions(
-            self.readout,
-            path.points.flatten(0, 1),
-            path.score.flatten(),
-            path.model_prob.flatten(),
-            n_steps,
-            chunk_rows,
-            grad_kwargs,
-            multiply_by_inputs,
-        )
-        return attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
-
-    def _credits(
-        self,
-        path: _Path,
-        values: Tensor,
-        rule: Estimator,
-        n_steps: int,
-        chunk_rows: int,
-    ) -> Tensor:
-        """Scalar credits ``(B, P, k)`` from the values ``(B, P, k + 1)``."""
-        b, p, k_plus_1 = values.shape
-        credits = rule.credits(
-            self.readout,
-            path.points.flatten(0, 1),
-            path.score.flatten(),
-            values.flatten(0, 1),
-            n_steps,
-            chunk_rows,
-        )
-        return credits.view(b, p, k_plus_1 - 1)
-
-    def _heads(
-        self,
-        path: _Path,
-        values: Tensor,
-        rule: Estimator,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        per_dimension: bool = False,
-    ) -> Tensor:
-        """Credits of ``granularity="head"``, ``(B, P, n)`` or ``(B, P, n, d)``."""
-        b, p = path.targets.shape
-        attrs = head_attributions(
-            rule,
-            self.readout,
-            path.points.flatten(0, 1),
-            path.components.flatten(0, 1),
-            path.score.flatten(),
-            values.flatten(0, 1),
-            n_steps,
-            chunk_rows,
-            per_dimension,
-            grad_kwargs,
-        )
-        mask = path.mask.view(b, p, *[1] * (attrs.dim() - 1))
-        return attrs.view(b, p, *attrs.shape[1:]) * mask
-
-    @staticmethod
-    def _head_levels(path: _Path, values: Tensor) -> Tensor:
-        """``f`` at the start and after each column: a head's column reads the
-        level after its block's attention, ``f(h_mid)``."""
-        c = path.components.shape[3]
-        mids = values[..., 2:-1:2, None].expand(-1, -1, -1, c)
-        per_column = torch.cat([mids, values[..., 3::2, None]], -1).flatten(2)
-        return torch.cat([values[..., :2], per_column], -1)
-
-    def _path(
-        self,
-        inputs: Union[Tensor, Tuple[Tensor, ...]],
-        baselines: BaselineType,
-        target: TargetType,
-        additional_forward_args: Optional[object],
-        positions: PositionsType,
-        granularity: Granularity = "block",
-        *,
-        foil: FoilType = None,
-        target_tokens: TokenSetType = None,
-        top_k: int = 0,
-    ) -> _Path:
-        formatted, batch, length = format_inputs(inputs)
-        check_token_ids(self.forward_func, formatted[0])
-        extra = _format_additional_forward_args(additional_forward_args)
-        attention_mask = attention_mask_of(
-            self.forward_func, formatted, extra, batch, length
-        )
-        named = target_positions(target, batch, length)
-        if named is not None and positions is not None:
-            raise ValueError(
-                "positions: the target's (t, v) tuples already name the positions; "
-                "leave positions=None (or pass token ids as target)"
-            )
-        pos = (
-            resolve_positions(positions, length, attention_mask)
-            if named is None
-            else named.unique()
-        )
-        targets = resolve_targets(target, batch, len(pos), self.readout.vocab_size)
-        target_sets, foils = resolve_token_sets(
-            foil, target_tokens, batch, len(pos), self.readout.vocab_size
-        )
-        check_baselines(baselines)
-        reference_inputs = baseline_inputs(baselines, formatted)
-        points, names = self._path_points(granularity)
-
-        device = next(self.readout.parameters()).device
-        owner = forward_module(self.forward_func)
-        in_eval = [self.readout] if owner is None else [self.readout, owner]
-        capture = ResidualCapture(self.input_layer, points, pos, device, in_eval)
-        with capture:
-            output = _run_forward(self.forward_func, formatted, None, extra)
-        h_0, outputs = capture.path()
-        heads_in: List[Tensor] = []
-        if granularity == "head":
-            outputs, heads_in = split_states(outputs)
-        if reference_inputs is not None:  # the first block's input for them
-            with ResidualCapture(
-                self.input_layer, [], pos, device, in_eval
-            ) as reference:
-                _run_forward(self.forward_func, reference_inputs, None, extra)
-            h_0, baselines = reference.path()[0], None
-        logits = output_logits(output, batch, length, self.readout.vocab_size)
-        if logits.dim() == 2 and named is not None:
-            raise ValueError(
-                "target: forward_func returns last-position logits (B, V), which "
-                "have no position axis; pass the token id alone (an int, (v,), or "
-                "one per example), not (t, v)"
-            )
-        one_output = (
-            logits.dim() == 2
-            or named is not None
-            or (
-                isinstance(positions, (int, Tensor))
-                and torch.as_tensor(positions).dim() == 0
-            )
-        )
-        if logits.dim() == 2:  # last-position logits: only the last position
-            if positions is not None and pos.tolist() != [length - 1]:
-                raise ValueError(
-                    "positions: forward_func returns last-position logits (B, V), "
-                    f"so only position {length - 1} (or -1) can be attributed"
-                )
-            outputs, pos = [h[:, -1:] for h in outputs], pos[-1:]
-            heads_in = [z[:, -1:] for z in heads_in]
-            targets = None if targets is None else targets[:, -1:]
-            target_sets = None if target_sets is None else target_sets[:, -1:]
-            foils = None if foils is None else foils[:, -1:]
-            logits, index = logits[:, None], torch.zeros(1, dtype=torch.long)
-        else:
-            index = pos
-        mask = (
-            torch.ones(batch, len(pos), dtype=torch.bool, device=device)
-            if attention_mask is None
-            else attention_mask.to(device)[:, pos].bool()
-        )
-        if named is not None:  # each example's own position only
-            mask = mask & (pos[None, :] == named[:, None]).to(device)
-        self._check_states(outputs, mask, names)
-        if target_sets is not None:
-            target_sets = target_sets.to(device)
-        if foils is not None:
-            foils = foils.to(device)
-        targets, model_prob, top_views = self._read_output(
-            logits, index, targets, mask, target_sets, foils, top_k
-        )
-        self._check_top(outputs[-1], logits, index, mask)
-        pos = pos.to(device)
-        base = baseline_states(baselines, h_0, attention_mask).index_select(1, pos)
-        points = torch.stack([base, *outputs], dim=2)
-        components = None
-        if granularity == "head":
-            tolerance = split_tolerance(points.dtype)
-            components = head_components(self.heads, heads_in, points, mask, tolerance)
-        return _Path(
-            points=points,
-            targets=targets,
-            model_prob=model_prob,
-            mask=mask,
-            positions=pos,
-            names=names,
-            one_output=one_output,
-            components=components,
-            score=TokenScore.build(targets, target_sets, foils),
-            target_sets=target_sets,
-            foils=foils,
-            top_views=top_views,
-            final_logits=_final_rows(logits, index, device) if top_k else None,
+    def _granularity(self, granularity: str) -> PathGranularity:
+        """The segments of this lens's path at ``granularity``."""
+        return granularity_of(
+            granularity,
+            self.forward_func,
+            self.layers,
+            self.layer_names,
+            self.sublayers,
+            self.heads,
         )
 
-    def _path_points(
-        self, granularity: Granularity
-    ) -> Tuple[List[PathPoint], List[str]]:
-        """The hooked modules of the path, and a name for each segment's credit."""
-        check_granularity(granularity)
-        if granularity == "block":
-            return [(m, False) for m in self.layers], list(self.layer_names)
-        if granularity == "head" and self.sublayers is not None:
-            if self.heads is None:
-                raise ValueError(
-                    "granularity: 'head' needs each block's attention output "
-                    "projection (heads=); from_model sets it from the architecture "
-                    "table's attn_out, which is None for this architecture (no "
-                    "split: e.g. Gemma 2/3 and OLMo 2 normalise the attention "
-                    "output before adding it to the stream)"
-                )
-            check_consecutive(self.forward_func, self.layers)
-            return head_path_points(
-                self.layers, self.sublayers, self.heads, self.layer_names
-            )
-        if self.sublayers is None:
-            raise ValueError(
-                f"granularity: {granularity!r} needs the module in front of each "
-                "block's MLP "
-                "(sublayers=); from_model sets it except for architectures that add "
-                "attention and MLP in parallel (GPT-J, Phi, Cohere, parallel Falcon, "
-                "GPT-NeoX/StableLM with use_parallel_residual, ...), which have no "
-                "residual state between the two, and for model types probed or "
-                "registered without mid= (register_architecture(..., mid=...))"
-            )
-        points: List[PathPoint] = []
-        names: List[str] = []
-        for name, mid, block in zip(self.layer_names, self.sublayers, self.layers):
-            points += [(mid, True), (block, False)]
-            names += [f"{name}.attn", f"{name}.mlp"]
-        return points, names
-
-    @staticmethod
-    def _check_states(outputs: List[Tensor], mask: Tensor, names: List[str]) -> None:
-        for name, state in zip(names, outputs):
-            if not torch.isfinite(state[mask]).all():
-                raise ValueError(
-                    f"layer: block {name} produced NaN or inf hidden states; check the "
-                    "model's dtype and inputs"
-                )
-
-    def _read_output(
-        self,
-        logits: Tensor,
-        index: Tensor,
-        targets: Optional[Tensor],
-        mask: Tensor,
-        target_sets: Optional[Tensor] = None,
-        foils: Optional[Tensor] = None,
-        top_k: int = 0,
-    ) -> Tuple[Tensor, Tensor, Optional[Views]]:
-        """Targets (greedy unless given), the model's score ``f`` of them,
-        ``(B, P)`` each, and with ``top_k`` the views of the model's own
-        distribution, from the model's logits at the attributed positions; read
-        in chunks of positions under the readout's memory budget."""
-        batch, device = logits.shape[0], mask.device
-        step = max(1, self.readout.rows_per_chunk() // batch)
-        chosen, scores, views = [], [], []
-        for start in range(0, len(index), step):
-            cols = slice(start, start + step)
-            rows = logits.index_select(1, index[cols].to(logits.device))
-            work = work_dtype(rows.dtype)
-            rows = rows.to(device=device, dtype=work)  # a copy we own
-            if not torch.isfinite(rows.amax(-1))[mask[:, cols]].all():
-                raise ValueError("forward_func: the model's logits contain NaN or inf")
-            y = rows.argmax(-1) if targets is None else targets[:, cols].to(device)
-            chosen.append(y)
-            log_probs = torch.log_softmax(rows.flatten(0, 1), dim=-1)
-            del rows  # free this chunk before the next is read
-            score = TokenScore.build(
-                y,
-                None if target_sets is None else target_sets[:, cols],
-                None if foils is None else foils[:, cols],
-            ).flatten()
-            scores.append(score.of(log_probs).view_as(y))
-            if top_k:
-                views.append(Views.of(log_probs, score, top_k, None).reshape(*y.shape))
-            del log_probs
-        targets = torch.cat(chosen, dim=1)
-        found = Views.cat(views, dim=1) if views else None
-        return targets, torch.cat(scores, dim=1), found
-
-    def _check_top(
-        self, h_final: Tensor, logits: Tensor, index: Tensor, mask: Tensor
-    ) -> None:
-        """The readout of the last block must reproduce the model's own logits,
-        checked in full at one real position of every sequence."""
-        first = mask.float().argmax(-1)  # one real position per sequence
-        rows = torch.arange(h_final.shape[0], device=h_final.device)
-        ours = self.readout(h_final[rows, first]).float()
-        theirs = logits[rows.to(logits.device), index[first.cpu()].to(logits.device)]
-        theirs = theirs.to(ours.device).float()
-        scale = 1.0 + theirs.abs().max().item()
-        error = (ours - theirs).abs().max().item()
-        if error > _tolerance(h_final.dtype) * scale:
-            raise ValueError(
-                "layer/readout: the readout of the last block's output does not "
-                f"reproduce the model's logits (max difference {error:.3g}). The last "
-                "entry of `layer` must be the model's final block, and `readout` "
-                "must be its final norm, head and final transforms."
-            )
-
-
-def _final_rows(
-    logits: Tensor, index: Tensor, device: torch.device
-) -> Callable[[slice], Tensor]:
-    """The model's logits of flat rows ``(b, p)`` of the attributed positions, as
-    float32 ``(n, V)`` on ``device``, a slice of rows at a time."""
-    n_positions = len(index)
-
-    def rows(part: slice) -> Tensor:
-        flat = torch.arange(part.start, part.stop)
-        picked = logits[flat // n_positions, index[flat % n_positions].cpu()]
-        return picked.to(device=device, dtype=torch.float32)
-
-    return rows
+    def _trace(
+        self, shape: PathGranularity, *args: Any, **kwargs: Any
+    ) -> TracedPath:
+        """:meth:`Tracer.trace` of this lens, without gradients."""
+        tracer = Tracer(self.forward_func, self.input_layer, self.readout)
+        with torch.no_grad():
+            return tracer.trace(shape, *args, **kwargs)
 
 
 def _view_fields(views: Views) -> Dict[str, Tensor]:

@@ -7,10 +7,10 @@ from typing import Any, List, Optional, Union
 
 from torch import Tensor
 
+from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.text import (
     answered_prompt,
-    decode_tokens,
     decoded_top_tokens,
     single_token_id,
 )

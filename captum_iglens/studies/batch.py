@@ -30,9 +30,9 @@ from captum_iglens._utils.serialization import (
     plain,
     write_atomic,
 )
+from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.text import (
-    decode_tokens,
     decoded_top_tokens,
     encode_answer,
     encode_prompt,

@@ -186,7 +186,7 @@ def test_head_outputs_reproduce_the_attention_output(arch):
     ]
     try:
         with torch.no_grad():
-            path = lens._path(ids, None, None, None, None, "head")
+            path = lens.trace_path(ids, granularity="head")
     finally:
         for h in handles:
             h.remove()
@@ -217,7 +217,7 @@ def test_prediction_aware_heads_converge_to_the_integrals():
     lens = LayerIGLens.from_model(model)
     ids = torch.randint(1, VOCAB, (1, 6))
     with torch.no_grad():
-        path = lens._path(ids, None, None, None, None, "head")
+        path = lens.trace_path(ids, granularity="head")
     readout, target = lens.readout, int(path.targets[0, -1])
     start, end = path.points[0, -1, 3], path.points[0, -1, 4]  # block 1's attention
     u = path.components[0, -1, 1]

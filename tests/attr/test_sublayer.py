@@ -90,7 +90,7 @@ def test_mid_block_state_matches_submodules_by_hand():
         block.self_attn.register_forward_hook(lambda m, a, o: keep("attn", o[0])),
     ]
     ids = torch.randint(0, VOCAB, (2, 5))
-    points, _ = lens._path_points("sublayer")
+    points, _ = lens._granularity("sublayer").path_points()
     capture = ResidualCapture(
         lens.input_layer, points, torch.arange(5), torch.device("cpu")
     )
@@ -116,7 +116,7 @@ def test_mixed_block_kinds_have_their_own_mid_module():
     model = tiny_model("olmo_hybrid")
     lens = LayerIGLens.from_model(model)
     linear, attention = decoder_layers(model)
-    points, _ = lens._path_points("sublayer")
+    points, _ = lens._granularity("sublayer").path_points()
     ids = torch.randint(0, VOCAB, (2, 5))
     capture = ResidualCapture(
         lens.input_layer, points, torch.arange(5), torch.device("cpu")

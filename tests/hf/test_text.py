@@ -77,7 +77,7 @@ def test_partial_multibyte_tokens_show_their_bytes():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from captum_iglens.hf.text import decode_tokens
+    from captum_iglens._utils.tokens import decode_tokens
 
     # Byte-level BPE without merges: every UTF-8 byte is its own token.
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -20,8 +20,6 @@ from captum_iglens.readout.scores import per_position
 BaselineType = Union[None, int, float, Tensor, str, Tuple[Tensor, ...]]
 PositionsType = Union[None, int, Sequence[int], Tensor]
 Granularity = Literal["block", "sublayer", "head"]
-#: Accepted by ``granularity=``.
-GRANULARITIES: Tuple[str, ...] = ("block", "sublayer", "head")
 
 
 def forward_module(forward_func: Callable[..., Any]) -> Optional[Module]:
@@ -168,13 +166,6 @@ def check_settings(
         raise ValueError(
             "attribute_to_layer_input: IG-Lens follows the residual stream through "
             "block outputs; pass False (choose earlier blocks in `layer` instead)"
-        )
-
-
-def check_granularity(granularity: str) -> None:
-    if granularity not in GRANULARITIES:
-        raise ValueError(
-            f"granularity: expected one of {list(GRANULARITIES)}, got {granularity!r}"
         )
 
 

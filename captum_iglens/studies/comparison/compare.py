@@ -13,9 +13,10 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 from torch import Tensor
 from torch.nn import Module
 
+from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.attr._utils.checks import PositionsType
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
-from captum_iglens.hf.text import answered_prompt, decode_tokens
+from captum_iglens.hf.text import answered_prompt
 from captum_iglens.settings import Settings, provenance
 from captum_iglens.studies.comparison.measure import measure, peak_memory_source
 from captum_iglens.studies.comparison.result import (

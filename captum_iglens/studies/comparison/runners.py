@@ -20,15 +20,10 @@ from captum.attr import LayerConductance, LayerIntegratedGradients
 from torch import Tensor
 from torch.nn import Module, Sequential
 
-from captum_iglens.attr._utils.capture import ResidualCapture
-from captum_iglens.attr._utils.heads import (
-    head_components,
-    head_path_points,
-    interleave,
-    split_states,
-    split_tolerance,
-)
+from captum_iglens.attr._utils.checks import Granularity
+from captum_iglens.attr._utils.heads import interleave
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.hf.architectures import final_norm_kind
 from captum_iglens.hf.forward import causal_lm_logits
 from captum_iglens.readout import LogitDivide, LogitScale, Readout, Softcap
@@ -99,15 +94,7 @@ class Work:
 
     def stream(self) -> Tensor:
         """One forward: rows ``(B·P, k + 1, d)`` of ``h_0, h_{L_1}, ..., h_{L_k}``."""
-        lens = self.lens
-        device = next(lens.readout.parameters()).device
-        points = [(block, False) for block in lens.layers]
-        capture = ResidualCapture(lens.input_layer, points, self.positions, device)
-        with capture, torch.no_grad():
-            lens.forward_func(self.input_ids, self.attention_mask)
-        h_0, states = capture.path()
-        rows = [h_0.index_select(1, self.positions.to(device)), *states]
-        return torch.stack(rows, 2).flatten(0, 1)
+        return self._path("block").points.flatten(0, 1)
 
     def head_stream(self) -> Tuple[Tensor, Tensor, List[str]]:
         r"""
@@ -116,26 +103,22 @@ class Work:
         ``(B·P, n, d)`` (``h_in - h_0``, each head's ``u_h`` and the bias, each
         MLP's update), and the ``n`` column names.
         """
-        lens = self.lens
-        device = next(lens.readout.parameters()).device
-        points, names = head_path_points(
-            lens.layers, lens.sublayers, lens.heads, lens.layer_names
-        )
-        capture = ResidualCapture(lens.input_layer, points, self.positions, device)
-        with capture, torch.no_grad():
-            lens.forward_func(self.input_ids, self.attention_mask)
-        h_0, states = capture.path()
-        stream, heads_in = split_states(states)
-        h_0 = h_0.index_select(1, self.positions.to(device))
-        stream = torch.stack([h_0, *stream], 2)
-        mask = torch.ones(stream.shape[:2], dtype=torch.bool, device=device)
-        if self.attention_mask is not None:
-            mask = self.attention_mask.to(device)[:, self.positions.to(device)].bool()
-        tolerance = split_tolerance(stream.dtype)
-        components = head_components(lens.heads, heads_in, stream, mask, tolerance)
+        path = self._path("head")
+        stream = path.points
         updates = stream.float().diff(dim=2)[:, :, 0::2]  # "input" and the MLPs
-        parts = interleave(updates.flatten(0, 1), components.flatten(0, 1))
-        return stream.flatten(0, 1), parts, names
+        parts = interleave(updates.flatten(0, 1), path.components.flatten(0, 1))
+        return stream.flatten(0, 1), parts, path.names
+
+    def _path(self, granularity: Granularity) -> TracedPath:
+        """IG-Lens's path of the work's rows at ``granularity``."""
+        return self.lens.trace_path(
+            self.input_ids,
+            None,
+            self.targets,
+            self.extra,
+            positions=self.positions,
+            granularity=granularity,
+        )
 
     def captum_rows(self) -> Tuple[Tensor, Tuple[Any, ...]]:
         """Each sequence once per position: ids ``(B·P, T)``, and ``F``'s other args."""

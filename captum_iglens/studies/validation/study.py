@@ -21,10 +21,10 @@ from torch import Tensor
 from torch.nn import Module
 from tqdm import tqdm
 
+from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.attr.estimators import estimator
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.text import (
-    decode_tokens,
     encode_prompt,
     generate,
     left_pad,
