@@ -21,6 +21,7 @@ from captum_iglens._utils.serialization import (
 from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.readout.scores import PAD
 from captum_iglens.viewer import Viewable
+from captum_iglens.viewer.payload import map_payload
 
 #: The estimators a result may name in ``method``, as data (the names of
 #: :data:`captum_iglens.ESTIMATORS`, kept equal by a test), so that a result
@@ -151,6 +152,11 @@ class IGLensResult(JsonDocument, Viewable):
     foils: Optional[Tensor] = None
 
     KIND = "IGLensResult"
+
+    def page_data(self) -> Dict[str, Any]:
+        r"""The data of this map's viewer page (see
+        :func:`~captum_iglens.viewer.payload.map_payload`)."""
+        return map_payload(self)
 
     def __post_init__(self) -> None:
         for name in _TENSOR_FIELDS:

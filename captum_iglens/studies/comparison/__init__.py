@@ -9,6 +9,7 @@ from captum_iglens.studies.comparison.heads import (
     format_head_agreement,
     head_rank_agreement,
 )
+from captum_iglens.studies.comparison.plot import plot_comparison
 from captum_iglens.studies.comparison.result import ComparisonResult, MethodResult
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "compare_text",
     "format_head_agreement",
     "head_rank_agreement",
+    "plot_comparison",
 ]

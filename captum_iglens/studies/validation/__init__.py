@@ -8,6 +8,7 @@ from captum_iglens.studies.validation.ablation import (
     mean_updates,
 )
 from captum_iglens.studies.validation.facts import Fact, load_facts
+from captum_iglens.studies.validation.plot import plot_restoration, plot_validation
 from captum_iglens.studies.validation.restoration import (
     CORRUPTIONS,
     Restoration,
@@ -41,6 +42,8 @@ __all__ = [
     "embedding_std",
     "load_facts",
     "mean_updates",
+    "plot_restoration",
+    "plot_validation",
     "restore",
     "run_restoration",
     "run_validation",
