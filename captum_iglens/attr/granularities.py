@@ -261,7 +261,8 @@ class Heads(Sublayers):
         n_steps: int,
         chunk_rows: int,
     ) -> Tensor:
-        return self._columns(rule, readout, path, values, n_steps, chunk_rows)
+        with torch.no_grad():  # the gradients along the attention segments
+            return self._columns(rule, readout, path, values, n_steps, chunk_rows)
 
     def levels(self, path: TracedPath, values: Tensor) -> Tensor:
         """A head's column reads the level after its block's attention,

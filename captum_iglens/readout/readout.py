@@ -23,7 +23,9 @@ class Readout(nn.Module):
     ``Readout(h) = post(head(norm(h)))``: exactly what a causal LM does between
     the output of its last decoder block and its logits, and nothing else, so
     it acts on each token independently. This is the ``R`` of IG-Lens, and of
-    the logit lens.
+    the logit lens. It is a
+    :class:`~captum_iglens.readout.interface.PathReadout` that reads every
+    layer alike (it ignores ``layer``).
 
     The readout references the model's own modules: it copies no weights, stays
     on the model's devices, shares its dtype, and leaves its train/eval mode,

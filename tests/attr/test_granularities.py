@@ -1,0 +1,43 @@
+"""Granularities are strategies in one registry; the path is traced once, by
+the lens and by the studies alike."""
+
+import pytest
+import torch
+
+from captum_iglens import LayerIGLens
+from captum_iglens.attr.granularities import (
+    GRANULARITIES,
+    PathGranularity,
+    check_granularity,
+)
+from captum_iglens.attr.tracing import TracedPath, path_levels
+from tests.tiny_models import VOCAB, tiny_model
+
+
+@pytest.fixture(scope="module")
+def lens():
+    return LayerIGLens.from_model(tiny_model("llama"))
+
+
+def test_the_registry_names_each_granularity_once():
+    assert list(GRANULARITIES) == ["block", "sublayer", "head"]
+    for name, kind in GRANULARITIES.items():
+        assert issubclass(kind, PathGranularity) and kind.name == name
+    with pytest.raises(ValueError, match=r"granularity: expected one of \['block'"):
+        check_granularity("neuron")
+
+
+@pytest.mark.parametrize("granularity", ["block", "sublayer", "head"])
+def test_the_traced_path_is_the_one_the_map_reads(lens, granularity):
+    ids = torch.randint(1, VOCAB, (2, 5))
+    path = lens.trace_path(ids, granularity=granularity)
+    assert isinstance(path, TracedPath)
+    assert path.names == lens.segment_names(granularity)
+    assert (path.components is not None) == (granularity == "head")
+    found = lens.attribute_map(ids, granularity=granularity)
+    levels = path_levels(lens.readout, path, lens.readout.rows_per_chunk())[0]
+    shape = lens._granularity(granularity)
+    levels = shape.levels(path, levels).float()
+    torch.testing.assert_close(levels[..., 0], found.base_prob, rtol=0, atol=0)
+    torch.testing.assert_close(levels[..., 1:], found.lens, rtol=0, atol=0)
+    assert torch.equal(path.targets, found.targets)
