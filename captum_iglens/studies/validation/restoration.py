@@ -21,10 +21,10 @@ from torch.nn import Module
 from captum_iglens.attr._utils.capture import hidden_of
 from captum_iglens.hf.architectures import choose_blocks, decoder_layers
 from captum_iglens.hf.forward import position_ids_from_mask
-from captum_iglens.studies.validation.ablation import (
-    _hooked,
-    _probabilities,
-    _replace_output,
+from captum_iglens.studies.validation.hooks import (
+    hooked,
+    replace_output,
+    target_probabilities,
 )
 
 #: The corruptions of the restoration study.
@@ -218,7 +218,7 @@ def restore(
             for replica in replicas:
                 rows = slice(replica * batch, (replica + 1) * batch)
                 edited[rows, -1] = clean_states[j].to(edited.dtype)
-            return _replace_output(output, edited)
+            return replace_output(output, edited)
 
         return hook
 
@@ -230,11 +230,11 @@ def restore(
     per_chunk = max(1, max_batch // batch)
     out = []
     with torch.inference_mode():
-        with _hooked({blocks[i]: recorder(j) for j, i in enumerate(chosen)}):
-            clean = _probabilities(model, ids, mask, last, targets)[:, 0]
+        with hooked({blocks[i]: recorder(j) for j, i in enumerate(chosen)}):
+            clean = target_probabilities(model, ids, mask, last, targets)[:, 0]
         hooks = {blocks[i]: restorer(j) for j, i in enumerate(chosen)}
         hooks[embed] = noiser
-        with _hooked(hooks):
+        with hooked(hooks):
             for draw in draws:
                 plan["draw"], plan["restored"] = draw, []
                 prefix = model(
