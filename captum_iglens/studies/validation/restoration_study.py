@@ -164,18 +164,7 @@ def run_restoration(
     settings, methods = check_arguments(
         settings, options, methods, study, "restoration restores whole blocks' outputs"
     )
-    if settings.chat:
-        raise ValueError("settings: restoration needs raw prompts; use chat=False")
-    if "ig_lens" not in methods:
-        raise ValueError(f"methods: restoration needs ig_lens, got {methods!r}")
-    if not corruptions or any(c not in CORRUPTIONS for c in corruptions):
-        raise ValueError(
-            f"corruptions: expected names from {list(CORRUPTIONS)}, got "
-            f"{corruptions!r}"
-        )
-    facts = [f for f in prompts if isinstance(f, Fact) and f.subject_span()]
-    if not facts:
-        raise ValueError("prompts: expected facts whose subject can be found")
+    facts = _traced_facts(prompts, corruptions, methods, settings)
     started = time.perf_counter()
     lens = LayerIGLens.from_model(
         model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
@@ -240,6 +229,29 @@ def run_restoration(
         summary=summary,
         settings=run,
     )
+
+
+def _traced_facts(
+    prompts: Sequence[Fact],
+    corruptions: Sequence[str],
+    methods: List[str],
+    settings: Settings,
+) -> List[Fact]:
+    """The facts whose subject can be found, once the arguments that only
+    restoration needs are checked."""
+    if settings.chat:
+        raise ValueError("settings: restoration needs raw prompts; use chat=False")
+    if "ig_lens" not in methods:
+        raise ValueError(f"methods: restoration needs ig_lens, got {methods!r}")
+    if not corruptions or any(c not in CORRUPTIONS for c in corruptions):
+        raise ValueError(
+            f"corruptions: expected names from {list(CORRUPTIONS)}, got "
+            f"{corruptions!r}"
+        )
+    facts = [f for f in prompts if isinstance(f, Fact) and f.subject_span()]
+    if not facts:
+        raise ValueError("prompts: expected facts whose subject can be found")
+    return facts
 
 
 def _summary(
