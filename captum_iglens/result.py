@@ -21,6 +21,7 @@ from captum_iglens._utils.serialization import (
 from captum_iglens.attr._utils.estimators import ESTIMATORS
 from captum_iglens.readout.scores import PAD
 from captum_iglens.viewer import Viewable
+from captum_iglens.viewer.payload import map_payload
 
 _TENSOR_FIELDS = (
     "attributions",
@@ -139,6 +140,11 @@ class IGLensResult(JsonDocument, Viewable):
     foils: Optional[Tensor] = None
 
     KIND = "IGLensResult"
+
+    def page_data(self) -> Dict[str, Any]:
+        r"""The data of this map's viewer page (see
+        :func:`~captum_iglens.viewer.payload.map_payload`)."""
+        return map_payload(self)
 
     def __post_init__(self) -> None:
         for name in _TENSOR_FIELDS:

@@ -11,6 +11,7 @@ from captum_iglens.studies.comparison.methods import (
     SCORED_METHODS,
     StudyMethod,
 )
+from captum_iglens.studies.comparison.plot import plot_comparison
 from captum_iglens.studies.comparison.result import ComparisonResult, MethodResult
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "compare_text",
     "format_head_agreement",
     "head_rank_agreement",
+    "plot_comparison",
 ]

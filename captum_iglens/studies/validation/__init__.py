@@ -10,17 +10,18 @@ from captum_iglens.studies.validation.ablation import (
 )
 from captum_iglens.studies.validation.ablation_study import run_validation
 from captum_iglens.studies.validation.facts import Fact, load_facts
+from captum_iglens.studies.validation.plot import plot_restoration, plot_validation
 from captum_iglens.studies.validation.restoration import (
     CORRUPTIONS,
     Restoration,
     embedding_std,
     restore,
 )
+from captum_iglens.studies.validation.restoration_study import run_restoration
 from captum_iglens.studies.validation.result import (
     RestorationResult,
     ValidationResult,
 )
-from captum_iglens.studies.validation.restoration_study import run_restoration
 from captum_iglens.studies.validation.study import STUDY_SETTINGS, StudyOptions
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "embedding_std",
     "load_facts",
     "mean_updates",
+    "plot_restoration",
+    "plot_validation",
     "restore",
     "run_restoration",
     "run_validation",
