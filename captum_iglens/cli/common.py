@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Tuple
 import torch
 
 from captum_iglens.attr._utils.checks import GRANULARITIES
-from captum_iglens.attr._utils.estimators import ESTIMATORS
+from captum_iglens.attr.estimators import ESTIMATORS
 from captum_iglens.hf.text import POSITIONS
 from captum_iglens.settings import Settings
 

@@ -21,6 +21,7 @@ from torch import Tensor
 from torch.nn import Module
 from tqdm import tqdm
 
+from captum_iglens.attr.estimators import estimator
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.text import (
     decode_tokens,
@@ -383,7 +384,7 @@ def _notes(
         f"{study.onset_frac} of the total (IG-Lens's rule, applied to every "
         "method); ties in an argmax are broken at random, in expectation.",
     ]
-    exact_h0 = settings.baselines is None and settings.method == "prediction_aware"
+    exact_h0 = settings.baselines is None and estimator(settings.method).exact
     if "logit_lens_diff" in methods and "ig_lens" in methods and exact_h0:
         notes.append("logit_lens_diff equals ig_lens by construction (baseline h_0).")
     if conductance.any():
