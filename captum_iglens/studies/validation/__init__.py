@@ -1,12 +1,14 @@
 r"""Does the IG-Lens onset predict where causal ablation hurts most, and where
 restoring the attributed position recovers the answer?"""
 
+from captum_iglens.studies.comparison.methods import SCORED_METHODS
 from captum_iglens.studies.validation.ablation import (
     MODES,
     Ablation,
     ablate,
     mean_updates,
 )
+from captum_iglens.studies.validation.ablation_study import run_validation
 from captum_iglens.studies.validation.facts import Fact, load_facts
 from captum_iglens.studies.validation.plot import plot_restoration, plot_validation
 from captum_iglens.studies.validation.restoration import (
@@ -15,17 +17,12 @@ from captum_iglens.studies.validation.restoration import (
     embedding_std,
     restore,
 )
+from captum_iglens.studies.validation.restoration_study import run_restoration
 from captum_iglens.studies.validation.result import (
     RestorationResult,
     ValidationResult,
 )
-from captum_iglens.studies.validation.scoring import SCORED_METHODS
-from captum_iglens.studies.validation.study import (
-    STUDY_SETTINGS,
-    StudyOptions,
-    run_restoration,
-    run_validation,
-)
+from captum_iglens.studies.validation.study import STUDY_SETTINGS, StudyOptions
 
 __all__ = [
     "CORRUPTIONS",
