@@ -503,7 +503,7 @@ def _scored_tokens(args: argparse.Namespace, tokenizer: Any) -> Dict[str, Any]:
 
 
 def _prepare_compare(args: argparse.Namespace) -> Job:
-    from captum_iglens.hf.architectures import decoder_layers
+    from captum_iglens.hf.architectures import model_parts
     from captum_iglens.studies.comparison import (
         COMPARED_METHODS,
         compare_text,
@@ -523,14 +523,15 @@ def _prepare_compare(args: argparse.Namespace) -> Job:
     _outputs(args, "json", "png", "html")
     prompt = _read_prompt(args)
     model, tokenizer = _load(args, settings)
+    parts = model_parts(model)  # looked up once, for the spread and the study
     if settings.layers is None and settings.granularity != "head":
-        n_blocks = len(decoder_layers(model))
+        n_blocks = len(parts.blocks)
         spread = sorted({round(i * (n_blocks - 1) / 3) for i in range(4)})
         settings = settings.replace(layers=spread)
 
     def job() -> int:
         result, answer = compare_text(
-            model,
+            parts,
             tokenizer,
             prompt,
             methods=args.methods,

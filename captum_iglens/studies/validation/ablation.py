@@ -16,8 +16,9 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import hidden_of
-from captum_iglens.hf.architectures import choose_blocks, decoder_layers
+from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.forward import causal_lm_logits
+from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import left_pad
 
 #: Ablation modes accepted by :func:`ablate`.
@@ -72,7 +73,7 @@ def _hooked(hooks: Dict[Module, Callable[..., Any]]) -> Iterator[None]:
 
 
 def mean_updates(
-    model: Module,
+    model: Union[Module, ModelParts],
     sequences: Sequence[Tensor],
     *,
     layers: Optional[Sequence[int]] = None,
@@ -86,7 +87,8 @@ def mean_updates(
 
     Args:
 
-        model (PreTrainedModel): A causal LM of a supported architecture.
+        model (PreTrainedModel or ModelParts): A causal LM of a supported
+                    architecture, or its :func:`~captum_iglens.hf.model_parts`.
         sequences (list[Tensor]): The reference token ids, 1-D each.
         layers (list[int], optional): Block indices; the last block is always
                     added. Default: all blocks.
@@ -99,7 +101,8 @@ def mean_updates(
     """
     if not sequences:
         raise ValueError("sequences: expected at least one reference sequence")
-    blocks, chosen = decoder_layers(model), choose_blocks(model, layers)
+    parts = model_parts(model)
+    model, blocks, chosen = parts.model, parts.blocks, parts.choose(layers)
     device = next(model.parameters()).device
     sums = [torch.zeros((), dtype=torch.float64, device=device)] * len(chosen)
     counts = torch.zeros(2, dtype=torch.float64, device=device)
@@ -135,7 +138,7 @@ def _first_token(mask: Tensor) -> Tensor:
 
 
 def ablate(
-    model: Module,
+    model: Union[Module, ModelParts],
     input_ids: Tensor,
     attention_mask: Optional[Tensor] = None,
     *,
@@ -165,7 +168,8 @@ def ablate(
 
     Args:
 
-        model (PreTrainedModel): A causal LM of a supported architecture.
+        model (PreTrainedModel or ModelParts): A causal LM of a supported
+                    architecture, or its :func:`~captum_iglens.hf.model_parts`.
         input_ids (Tensor): ``(B, T)`` token ids.
         attention_mask (Tensor, optional): ``(B, T)``, zeros at left padding.
                     Default: None
@@ -184,7 +188,8 @@ def ablate(
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
-    blocks, chosen = decoder_layers(model), choose_blocks(model, layers)
+    parts = model_parts(model)
+    model, blocks, chosen = parts.model, parts.blocks, parts.choose(layers)
     device = next(model.parameters()).device
     ids = input_ids.to(device)
     batch, length = ids.shape

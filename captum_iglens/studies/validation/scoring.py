@@ -9,9 +9,9 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 from torch import Tensor
-from torch.nn import Module
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.parts import ModelParts
 from captum_iglens.settings import Settings
 from captum_iglens.studies.comparison.runners import (
     Work,
@@ -33,7 +33,7 @@ SCORED_METHODS: Tuple[str, ...] = (
 
 
 def lens_scores(
-    model: Module,
+    parts: ModelParts,
     lens: LayerIGLens,
     ids: Tensor,
     mask: Tensor,
@@ -67,14 +67,14 @@ def lens_scores(
     }
     scores["ig_lens_abs"] = np.abs(scores["ig_lens"])
     work = Work.from_map(
-        model,
+        parts,
         lens,
         ids,
         mask,
         found,
         from_h0.base_prob,
         settings,
-        default_baseline_token(model),
+        default_baseline_token(parts.model),
     )
     if "dla" in methods:
         scores["dla"] = dla(work).scores[:, 0].float().cpu().numpy()
@@ -88,7 +88,7 @@ def conductance_scores(work: Work, rows: Tensor, n_steps: int) -> Tuple[Tensor, 
     ``(b,)``.
     """
     picked = Work(
-        work.model,
+        work.parts,
         work.lens,
         work.input_ids[rows],
         None if work.attention_mask is None else work.attention_mask[rows],

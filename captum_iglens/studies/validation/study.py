@@ -22,6 +22,7 @@ from torch.nn import Module
 from tqdm import tqdm
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.text import (
     decode_tokens,
     encode_prompt,
@@ -196,7 +197,10 @@ def run_validation(
 
     Args:
 
-        model (PreTrainedModel): A causal LM of a supported architecture.
+        model (PreTrainedModel): A causal LM of a supported architecture;
+                    a wrapper of one (TransformerLens bridge, nnsight model,
+                    ``nn.DataParallel``), or its
+                    :func:`~captum_iglens.hf.model_parts`.
         tokenizer (PreTrainedTokenizerBase): Its tokenizer.
         prompts (list[Fact or str]): The prompts, e.g.
                     :func:`~captum_iglens.studies.load_facts`.
@@ -230,8 +234,10 @@ def run_validation(
     if not facts:
         raise ValueError("prompts: expected at least one prompt")
     started = time.perf_counter()
+    parts = model_parts(model)  # unwrapped and looked up once
+    model = parts.model
     lens = LayerIGLens.from_model(
-        model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+        parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
     chosen = [int(name) for name in lens.layer_names]  # from_model's block indices
     n, k = len(facts), len(chosen)
@@ -239,7 +245,7 @@ def run_validation(
     encoded = [encode_prompt(tokenizer, f.prompt, chat=settings.chat)[0] for f in facts]
     pad_id = pad_token_id(tokenizer)
     means = (
-        mean_updates(model, encoded, layers=settings.layers, pad_id=pad_id)
+        mean_updates(parts, encoded, layers=settings.layers, pad_id=pad_id)
         if mode == "mean"
         else None
     )
@@ -266,11 +272,11 @@ def run_validation(
         ids, mask = left_pad([encoded[i] for i in rows], pad_id)
         ids, mask = ids.to(device), mask.to(device)
         found, trajectory[rows], work = lens_scores(
-            model, lens, ids, mask, settings, methods
+            parts, lens, ids, mask, settings, methods
         )
         target_ids += work.targets[:, 0].tolist()
         ablation = ablate(
-            model,
+            parts,
             ids,
             mask,
             positions=[ids.shape[1] - 1],
@@ -428,7 +434,10 @@ def run_restoration(
 
     Args:
 
-        model (PreTrainedModel): A causal LM of a supported architecture.
+        model (PreTrainedModel): A causal LM of a supported architecture;
+                    a wrapper of one (TransformerLens bridge, nnsight model,
+                    ``nn.DataParallel``), or its
+                    :func:`~captum_iglens.hf.model_parts`.
         tokenizer (PreTrainedTokenizerBase): Its (fast) tokenizer.
         prompts (list[Fact]): The facts, e.g. :func:`load_facts`; those without
                     a subject are left out.
@@ -459,8 +468,10 @@ def run_restoration(
         raise ValueError("prompts: expected facts whose subject can be found")
     started = time.perf_counter()
     clock: Dict[str, float] = {"lens": 0.0, "noise": 0.0, "counterfactual": 0.0}
+    parts = model_parts(model)  # unwrapped and looked up once
+    model = parts.model
     lens = LayerIGLens.from_model(
-        model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+        parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
     n, k = len(facts), len(lens.layer_names)
     device = next(model.parameters()).device
@@ -483,7 +494,7 @@ def run_restoration(
         ids, mask = ids.to(device), mask.to(device)
         tick = time.perf_counter()
         found, trajectory[rows], work = lens_scores(
-            model, lens, ids, mask, settings, methods
+            parts, lens, ids, mask, settings, methods
         )
         for m in methods:
             if m in found:
@@ -501,7 +512,7 @@ def run_restoration(
             tick = time.perf_counter()
             where, _ = left_pad([subjects[i].long() for i in rows], 0)
             traced = restore(
-                model,
+                parts,
                 ids,
                 mask,
                 targets=targets,
@@ -520,7 +531,7 @@ def run_restoration(
             for r, i in enumerate(picked):
                 other[r, -len(swaps[i]) :] = swaps[i]
             traced = restore(
-                model,
+                parts,
                 ids[swapped],
                 mask[swapped],
                 targets=targets[swapped],
