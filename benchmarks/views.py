@@ -40,7 +40,7 @@ from bench import (  # the sibling benchmarks/bench.py
     random_case,
 )
 from captum_iglens import LayerIGLens
-from captum_iglens.attr._utils.estimators import path_values
+from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.hf import encode_prompt
 from captum_iglens.hf.models import load_default
 from captum_iglens.readout.scores import TokenScore

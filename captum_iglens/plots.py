@@ -1,16 +1,17 @@
-r"""Every figure of the package: the map of an :class:`~captum_iglens.IGLensResult`,
-the comparison of methods and the validation studies.
+r"""The figures of an :class:`~captum_iglens.IGLensResult` (its map and a token's
+trajectory) and the drawing helpers the studies' figures share.
 
 They follow the contract of Captum's ``LLMAttributionResult.plot_*``: they
-return ``(fig, ax)`` (a dict of axes for the multi-panel figures) for further
-customisation; the map's plots show the figure and return ``None`` when
-``show=True``. They use matplotlib's object API and work on
-a headless backend (Agg). The colour convention is Captum's: red for negative,
-white for zero, green for positive credit.
+return ``(fig, ax)`` for further customisation, or show the figure and return
+``None`` when ``show=True``. They use matplotlib's object API and work on a
+headless backend (Agg). The colour convention is Captum's: red for negative,
+white for zero, green for positive credit. The studies' figures live with their
+studies (:func:`~captum_iglens.studies.comparison.plot_comparison`,
+:func:`~captum_iglens.studies.validation.plot_validation`,
+:func:`~captum_iglens.studies.validation.plot_restoration`).
 """
 
-import textwrap
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, List, Optional, Tuple, Union
 
 import matplotlib.colors as mcolors
 import numpy as np
@@ -22,19 +23,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from captum_iglens.studies.comparison.result import ComparisonResult
-    from captum_iglens.studies.validation.result import (
-        RestorationResult,
-        ValidationResult,
-    )
-
-__all__ = [
-    "plot_comparison",
-    "plot_heatmap",
-    "plot_restoration",
-    "plot_trajectory",
-    "plot_validation",
-]
+__all__ = ["plot_heatmap", "plot_trajectory"]
 
 #: Colours of credit given (up) and taken back (down); Captum's convention.
 UP_COLOR = "#2e8b3e"
@@ -42,7 +31,7 @@ DOWN_COLOR = "#d0365b"
 _LABEL_CHARS = 28
 
 
-def _color_map() -> mcolors.Colormap:
+def color_map() -> mcolors.Colormap:
     """Captum's own diverging map (red, white, green), as its LLM plots use."""
     try:
         from captum.attr._core.llm_attr import LLMAttributionResult
@@ -89,6 +78,11 @@ def _token_text(result: IGLensResult, b: int, p: int) -> str:
     return text
 
 
+def _check_onset_frac(onset_frac: float) -> None:
+    if not 0.0 < onset_frac <= 1.0:
+        raise ValueError(f"onset_frac: expected a number in (0, 1], got {onset_frac}")
+
+
 def _finish(
     fig: "Figure", ax: "Axes", show: bool
 ) -> Union[None, Tuple["Figure", "Axes"]]:
@@ -112,7 +106,7 @@ def _new_axes(
     return fig, new_ax
 
 
-def _layer_ticks(ax: "Axes", labels: List[str], start: int = 0) -> None:
+def layer_ticks(ax: "Axes", labels: List[str], start: int = 0) -> None:
     """Layer names on the x axis, from x = ``start``; vertical when long."""
     labels = [str(n) for n in labels]
     ax.set_xticks(np.arange(start, start + len(labels)), labels=labels)
@@ -213,8 +207,44 @@ def plot_heatmap(
     show_top = result.has_views if show_top is None else show_top
     if show_top and not result.has_views:
         raise ValueError("show_top: the result has no views (attribute with top_k)")
-    if not 0.0 < onset_frac <= 1.0:
-        raise ValueError(f"onset_frac: expected a number in (0, 1], got {onset_frac}")
+    _check_onset_frac(onset_frac)
+    rows, n_all = _heatmap_rows(result, b, batch_index, start, max_rows)
+    data = result.attributions[b, rows].detach().float().cpu().numpy()
+    positions = result.positions.tolist()
+    probs = result.model_prob[b].tolist()
+    labels = [
+        f"{_token_text(result, b, p)} @{positions[p]}  p={probs[p]:.2g}" for p in rows
+    ]
+    grouped = data.shape[1] > _MAX_LABELLED_COLUMNS
+    fig, ax = _new_axes(ax, _heatmap_size(result, labels, show_top, grouped))
+    norm = _draw_credits(fig, ax, data, result.layer_names, labels, grouped)
+    if show_top and len(rows) <= 60:
+        _write_top_tokens(ax, result, b, rows, data, norm)
+    elif data.shape[1] <= 12 and len(rows) <= 40:
+        _write_values(ax, data, norm)
+    title = (
+        f"IG-Lens credit per layer ({result.method}); rows: token @position, "
+        "p = model's probability"
+    )
+    if show_top:
+        title += "\ncell text: the layer's top-1 token (bold: the target)"
+    if annotate_onset:
+        _box_onsets(ax, result.onset(onset_frac)[b, rows].tolist())
+        title += f"\nboxed: onset, where cumulative |credit| reaches {onset_frac:.0%}"
+    if len(rows) < n_all:
+        title += (
+            f"\ntokens {start + 1}–{start + len(rows)} of {n_all} "
+            "(pass start= for another page)"
+        )
+    ax.set_title(title, fontsize=10)
+    return _finish(fig, ax, show)
+
+
+def _heatmap_rows(
+    result: IGLensResult, b: int, batch_index: int, start: int, max_rows: int
+) -> Tuple[List[int], int]:
+    """The positions (indices into ``result.positions``) of one page of the map,
+    and the count of attributed positions of the sequence."""
     for name, value, low in (("start", start, 0), ("max_rows", max_rows, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
@@ -227,38 +257,48 @@ def plot_heatmap(
         raise ValueError(
             f"start: expected a token index below {len(all_rows)}, got {start}"
         )
-    rows = all_rows[start : start + max_rows]
-    data = result.attributions[b, rows].detach().float().cpu().numpy()
-    n_rows, n_layers = data.shape
-    positions = result.positions.tolist()
-    probs = result.model_prob[b].tolist()
-    labels = [
-        f"{_token_text(result, b, p)} @{positions[p]}  p={probs[p]:.2g}" for p in rows
-    ]
+    return all_rows[start : start + max_rows], len(all_rows)
 
+
+def _heatmap_size(
+    result: IGLensResult, labels: List[str], show_top: bool, grouped: bool
+) -> Tuple[float, float]:
+    """A figure size that grows with the tokens and layers (at most 24 inches
+    wide when the columns are labelled by group)."""
     longest_layer = max(len(str(n)) for n in result.layer_names)
-    rotated = longest_layer > 4  # see _layer_ticks
-    grouped = n_layers > _MAX_LABELLED_COLUMNS
+    rotated = longest_layer > 4  # see layer_ticks
     cell = 0.62 if show_top else 0.42  # room for a short token in each cell
-    width = 3.2 + 0.075 * max(len(s) for s in labels) + cell * n_layers
+    width = 3.2 + 0.075 * max(len(s) for s in labels) + cell * len(result.layer_names)
     width = min(width, 24.0) if grouped else width
-    height = 1.8 + 0.34 * n_rows + (0.085 * longest_layer if rotated else 0.0)
-    fig, ax = _new_axes(ax, (max(width, 5.0), max(height, 3.0)))
+    height = 1.8 + 0.34 * len(labels) + (0.085 * longest_layer if rotated else 0.0)
+    return max(width, 5.0), max(height, 3.0)
 
+
+def _draw_credits(
+    fig: "Figure",
+    ax: "Axes",
+    data: np.ndarray,
+    layer_names: List[str],
+    labels: List[str],
+    grouped: bool,
+) -> mcolors.Normalize:
+    """The ``(n_tokens, n_layers)`` credits as an image on a colour scale
+    symmetric around 0, with its colour bar, ticks and cell grid; returns the
+    scale."""
+    n_rows, n_layers = data.shape
     vmax = float(np.abs(data).max())
     vmax = vmax if vmax > 0 else 1.0
     norm = mcolors.Normalize(vmin=-vmax, vmax=vmax)
     image = ax.imshow(
-        data, cmap=_color_map(), norm=norm, aspect="auto", interpolation="nearest"
+        data, cmap=color_map(), norm=norm, aspect="auto", interpolation="nearest"
     )
     ax.grid(False)
     colorbar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
     colorbar.set_label("credit (Δ probability)")
-
     if grouped:
-        _grouped_ticks(ax, result.layer_names)
+        _grouped_ticks(ax, layer_names)
     else:
-        _layer_ticks(ax, result.layer_names)
+        layer_ticks(ax, layer_names)
     ax.set_yticks(np.arange(n_rows), labels=labels)
     ax.set_xlabel("block (its columns in order)" if grouped else "layer")
     ax.set_ylabel("attributed token")
@@ -268,53 +308,46 @@ def plot_heatmap(
     ax.set_yticks(np.arange(-0.5, n_rows, 1.0), minor=True)
     ax.grid(which="minor", color="#bbbbbb", linewidth=0.4)
     ax.tick_params(which="minor", length=0)
+    return norm
 
-    if show_top and n_rows <= 60:
-        _write_top_tokens(ax, result, b, rows, data, norm)
-    elif n_layers <= 12 and n_rows <= 40:
-        for i in range(n_rows):
-            for j in range(n_layers):
-                val = data[i, j]
-                ax.text(
-                    j,
-                    i,
-                    f"{val:+.3f}",
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="black" if 0.15 < norm(val) < 0.85 else "white",
-                )
 
-    title = (
-        f"IG-Lens credit per layer ({result.method}); rows: token @position, "
-        "p = model's probability"
-    )
-    if show_top:
-        title += "\ncell text: the layer's top-1 token (bold: the target)"
-    if annotate_onset:
-        onset = result.onset(onset_frac)[b, rows].tolist()
-        for i, j in enumerate(onset):
-            if j < 0:
-                continue
-            box = Rectangle(
-                (j - 0.5, i - 0.5),
-                1.0,
-                1.0,
-                fill=False,
-                edgecolor="black",
-                linewidth=2.0,
-                zorder=3,
+def _text_color(norm: mcolors.Normalize, value: float) -> str:
+    """Black on light cells, white on dark ones."""
+    return "black" if 0.15 < norm(value) < 0.85 else "white"
+
+
+def _write_values(ax: "Axes", data: np.ndarray, norm: mcolors.Normalize) -> None:
+    """Each cell's credit, signed, to three decimals."""
+    for i in range(data.shape[0]):
+        for j in range(data.shape[1]):
+            val = data[i, j]
+            ax.text(
+                j,
+                i,
+                f"{val:+.3f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color=_text_color(norm, val),
             )
-            box.set_gid("onset")
-            ax.add_patch(box)
-        title += f"\nboxed: onset, where cumulative |credit| reaches {onset_frac:.0%}"
-    if len(rows) < len(all_rows):
-        title += (
-            f"\ntokens {start + 1}–{start + len(rows)} of {len(all_rows)} "
-            "(pass start= for another page)"
+
+
+def _box_onsets(ax: "Axes", onsets: List[int]) -> None:
+    """A black frame (gid ``"onset"``) around each row's onset cell."""
+    for i, j in enumerate(onsets):
+        if j < 0:
+            continue
+        box = Rectangle(
+            (j - 0.5, i - 0.5),
+            1.0,
+            1.0,
+            fill=False,
+            edgecolor="black",
+            linewidth=2.0,
+            zorder=3,
         )
-    ax.set_title(title, fontsize=10)
-    return _finish(fig, ax, show)
+        box.set_gid("onset")
+        ax.add_patch(box)
 
 
 def _write_top_tokens(
@@ -341,7 +374,7 @@ def _write_top_tokens(
                 va="center",
                 fontsize=6,
                 fontweight="bold" if int(result.rank[b, p, j]) == 1 else "normal",
-                color="black" if 0.15 < norm(data[i, j]) < 0.85 else "white",
+                color=_text_color(norm, data[i, j]),
             )
             label.set_gid("top1")
 
@@ -401,6 +434,53 @@ def plot_trajectory(
             ``onset_frac`` is not in ``(0, 1]``.
     """
     b = _check_result(result, batch_index)
+    p = _check_position(result, position, b, batch_index)
+    _check_onset_frac(onset_frac)
+    credits = result.attributions[b, p].detach().double().cpu().numpy()
+    lens = result.lens[b, p].detach().double().cpu().numpy()
+    base = float(result.base_prob[b, p])
+    model_prob = float(result.model_prob[b, p])
+    cumulative = base + np.cumsum(credits)
+    n_layers = len(credits)
+    fig, ax = _new_axes(ax, (max(8.0, 5.0 + 0.32 * n_layers), 4.6))
+    _draw_waterfall(ax, credits, base, model_prob)
+    _draw_levels(ax, lens, cumulative)
+    onset = int(result.onset(onset_frac)[b, p])
+    if onset >= 0:
+        name = result.layer_names[onset]
+        ax.axvline(
+            onset,
+            color="black",
+            linestyle=":",
+            linewidth=1.4,
+            label=f"onset ({onset_frac:.0%} of |credit|): layer {name}",
+            zorder=2,
+        )
+    layer_ticks(ax, ["base", *result.layer_names], start=-1)
+    ax.set_xlim(-1.6, n_layers - 0.4)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("p(token)")
+    ax.grid(axis="y", color="0.9", linewidth=0.8)
+    ax.set_axisbelow(True)
+    token = _token_text(result, b, p)
+    ax.set_title(
+        f"{token} at position {int(result.positions[p])}: "
+        f"p {base:.4f} → {model_prob:.4f} (Δp = {model_prob - base:+.4f})",
+        fontsize=10,
+    )
+    values = np.concatenate([[base, model_prob], lens, cumulative])
+    low, high = min(0.0, float(values.min())), float(values.max())
+    span = high - low if high > low else 1.0
+    ax.set_ylim(low - (0.03 * span if low < 0 else 0.0), high + 0.08 * span)
+    _trajectory_legend(ax)
+    return _finish(fig, ax, show)
+
+
+def _check_position(
+    result: IGLensResult, position: int, b: int, batch_index: int
+) -> int:
+    """``position`` as an index into ``result.positions`` that is not padding in
+    sequence ``b``."""
     n_pos = result.attributions.shape[1]
     if (
         isinstance(position, bool)
@@ -418,22 +498,20 @@ def plot_trajectory(
             f"position: index {position} is padding in sequence {batch_index} "
             "(result.mask is False there)"
         )
-    if not 0.0 < onset_frac <= 1.0:
-        raise ValueError(f"onset_frac: expected a number in (0, 1], got {onset_frac}")
+    return p
 
-    credits = result.attributions[b, p].detach().double().cpu().numpy()
-    lens = result.lens[b, p].detach().double().cpu().numpy()
-    base = float(result.base_prob[b, p])
-    model_prob = float(result.model_prob[b, p])
+
+def _draw_waterfall(
+    ax: "Axes", credits: np.ndarray, base: float, model_prob: float
+) -> None:
+    """The per-layer credits as bars from the cumulative level before each layer
+    to the level after it, the model's probability (dashed) and the baseline
+    level (at x = -1)."""
     cumulative = base + np.cumsum(credits)
     before = np.concatenate([[base], cumulative[:-1]])
-    n_layers = len(credits)
-    x = np.arange(n_layers)
-
-    fig, ax = _new_axes(ax, (max(8.0, 5.0 + 0.32 * n_layers), 4.6))
     colors = [UP_COLOR if c >= 0 else DOWN_COLOR for c in credits]
     ax.bar(
-        x,
+        np.arange(len(credits)),
         credits,
         bottom=before,
         width=0.6,
@@ -461,6 +539,12 @@ def plot_trajectory(
         zorder=4,
         clip_on=False,
     )
+
+
+def _draw_levels(ax: "Axes", lens: np.ndarray, cumulative: np.ndarray) -> None:
+    """The logit-lens level of each layer (a line) and the cumulative credit
+    (hollow circles)."""
+    x = np.arange(len(lens))
     ax.plot(
         x,
         lens,
@@ -483,34 +567,10 @@ def plot_trajectory(
         label="cumulative credit",
         zorder=4,
     )
-    onset = int(result.onset(onset_frac)[b, p])
-    if onset >= 0:
-        name = result.layer_names[onset]
-        ax.axvline(
-            onset,
-            color="black",
-            linestyle=":",
-            linewidth=1.4,
-            label=f"onset ({onset_frac:.0%} of |credit|): layer {name}",
-            zorder=2,
-        )
 
-    _layer_ticks(ax, ["base", *result.layer_names], start=-1)
-    ax.set_xlim(-1.6, n_layers - 0.4)
-    ax.set_xlabel("layer")
-    ax.set_ylabel("p(token)")
-    ax.grid(axis="y", color="0.9", linewidth=0.8)
-    ax.set_axisbelow(True)
-    token = _token_text(result, b, p)
-    ax.set_title(
-        f"{token} at position {int(result.positions[p])}: "
-        f"p {base:.4f} → {model_prob:.4f} (Δp = {model_prob - base:+.4f})",
-        fontsize=10,
-    )
-    values = np.concatenate([[base, model_prob], lens, cumulative])
-    low, high = min(0.0, float(values.min())), float(values.max())
-    span = high - low if high > low else 1.0
-    ax.set_ylim(low - (0.03 * span if low < 0 else 0.0), high + 0.08 * span)
+
+def _trajectory_legend(ax: "Axes") -> None:
+    """The legend, right of the axes, with the colours of the bars."""
     handles, _ = ax.get_legend_handles_labels()
     handles += [
         Patch(facecolor=UP_COLOR, edgecolor=UP_COLOR, alpha=0.45, label="layer adds p"),
@@ -528,244 +588,3 @@ def plot_trajectory(
         bbox_to_anchor=(1.01, 1.0),
         framealpha=0.9,
     )
-    return _finish(fig, ax, show)
-
-
-def plot_comparison(
-    result: "ComparisonResult", sequence: int = 0
-) -> Tuple["Figure", Dict[str, "Axes"]]:
-    r"""
-    One heatmap per method (layers across, the attributed tokens down an axis
-    shared by all), side by side, each with its own symmetric colour scale
-    (Captum's red-white-green), and below them a bar chart of each method's
-    residuals ``|Σ_layers − Δp|`` on a log scale. Works headless.
-
-    Args:
-
-        sequence (int, optional): Which sequence of the batch. Default: 0.
-
-    Returns:
-        2-element tuple of **figure**, **axes**: the ``matplotlib`` figure, and
-        a dict from each method's name, and ``"residuals"``, to its axes.
-    """
-    import matplotlib.pyplot as plt
-
-    names = list(result.methods)
-    rows = result.mask[sequence].nonzero()[:, 0].tolist()
-    fig = plt.figure(
-        figsize=(max(8.0, 2.4 * len(names)), 4.5 + 0.25 * len(rows)),
-        layout="constrained",
-    )
-    fig.set_facecolor("white")
-    grid = fig.add_gridspec(2, len(names), height_ratios=[1.2 + 0.1 * len(rows), 1])
-    axes: Dict[str, Any] = {}
-    for col, name in enumerate(names):
-        ax = fig.add_subplot(grid[0, col], sharey=axes.get(names[0]))
-        scores = result.methods[name].scores[sequence, rows]
-        top = max(scores.abs().max().item(), 1e-12)
-        image = ax.imshow(
-            scores.numpy(), cmap=_color_map(), vmin=-top, vmax=top, aspect="auto"
-        )
-        fig.colorbar(image, ax=ax, location="bottom", shrink=0.9)
-        title = textwrap.fill(name.replace("_", " "), 22)
-        ax.set_title(f"{title}\n({result.methods[name].unit})", fontsize=9)
-        _layer_ticks(ax, result.methods[name].layer_names)
-        ax.tick_params(labelsize=7)
-        ax.set_xlabel("layer", fontsize=8)
-        if col == 0:
-            labels = [result.label(sequence, i) for i in rows]
-            ax.set_yticks(range(len(rows)), labels)
-        else:
-            ax.tick_params(axis="y", labelleft=False)
-        axes[name] = ax
-    bars = fig.add_subplot(grid[1, :])
-    floor = 1e-12
-    x = np.arange(len(names), dtype=np.float64)
-    stats = [result.residual_stats(name, sequence) for name in names]
-    for shift, label, column in ((-0.2, "max", 0), (0.2, "median", 1)):
-        heights = [max(s[column], floor) for s in stats]
-        bars.bar(x + shift, heights, width=0.4, label=label)
-        for xi, h in zip((x + shift).tolist(), heights):
-            if h <= floor:
-                bars.annotate("0", (xi, floor), ha="center", fontsize=7)
-    bars.set_yscale("log")
-    bars.set_ylim(bottom=floor)
-    bars.axhline(1e-6, color="grey", linestyle=":", linewidth=1)
-    ticks = [textwrap.fill(n.replace("_", " "), 22) for n in names]
-    bars.set_xticks(x, ticks, fontsize=8)
-    bars.set_ylabel("|Σ_layers − Δp| (probability)", fontsize=8)
-    bars.set_title(
-        f"Telescoping residual per token, sequence {sequence} (log scale; dotted: "
-        "1e-6; exact zeros marked 0)",
-        fontsize=9,
-    )
-    bars.legend(fontsize=8)
-    axes["residuals"] = bars
-    return fig, axes
-
-
-def plot_validation(
-    result: "ValidationResult", examples: Optional[Sequence[int]] = None
-) -> Tuple["Figure", Dict[str, "Axes"]]:
-    r"""
-    Top: for a few tokens, the ablation drop and the IG-Lens credit of every
-    layer (both in probability). Bottom: every method's mean Spearman
-    correlation and top-1 hit rate with their 95% intervals, over all tokens
-    and over the non-monotone ones. Works headless.
-
-    Args:
-
-        examples (list[int], optional): Indices of the tokens to show.
-                    Default: three, spread over the prompt set.
-
-    Returns:
-        2-element tuple of **figure**, **axes**: a dict with ``"example 0"``,
-        ..., ``"spearman"`` and ``"top1"``.
-    """
-    import matplotlib.pyplot as plt
-
-    n = len(result.facts)
-    picks = (
-        sorted(set(np.linspace(0, n - 1, min(3, n)).round().astype(int).tolist()))
-        if examples is None
-        else list(examples)
-    )
-    cols = max(len(picks), 2)
-    fig = plt.figure(figsize=(5.0 * cols, 8.5), layout="constrained")
-    fig.set_facecolor("white")
-    grid = fig.add_gridspec(2, cols)
-    bottom = grid[1, :].subgridspec(1, 2)
-    axes: Dict[str, Any] = {}
-    layers = np.arange(len(result.layer_names))
-    for col, i in enumerate(picks):
-        ax = fig.add_subplot(grid[0, col])
-        credit = result.scores["ig_lens"][i]
-        ax.bar(
-            layers,
-            credit,
-            color=np.where(credit >= 0, UP_COLOR, DOWN_COLOR),
-            label="IG-Lens credit",
-        )
-        ax.plot(
-            layers, result.drops[i], "k.-", linewidth=1, label=f"{result.mode} drop"
-        )
-        ax.axhline(0, color="grey", linewidth=0.5)
-        ax.set_title(
-            textwrap.fill(f"{result.facts[i].prompt} → {result.target_tokens[i]!r}", 50)
-            + f"\np = {result.model_prob[i]:.3f}",
-            fontsize=9,
-        )
-        ax.set_xlabel("block", fontsize=8)
-        ax.set_ylabel("probability", fontsize=8)
-        ax.legend(fontsize=7)
-        axes[f"example {col}"] = ax
-    groups = [g for g in ("all", "non_monotone") if result.groups[g].any()]
-    x = np.arange(len(result.methods))
-    for col, metric in enumerate(("spearman", "top1")):
-        ax = fig.add_subplot(bottom[0, col])
-        width = 0.8 / len(groups)
-        for g, group in enumerate(groups):
-            cells = [result.summary[group][m][metric] for m in result.methods]
-            mean = np.array([c["mean"] for c in cells], dtype=float)
-            err = np.abs(
-                np.array([[c["lo"], c["hi"]] for c in cells], dtype=float).T - mean
-            )
-            ax.bar(
-                x + (g - (len(groups) - 1) / 2) * width,
-                mean,
-                width,
-                yerr=err,
-                capsize=3,
-                label=f"{group} tokens ({int(result.groups[group].sum())})",
-            )
-        chance = 0.0 if metric == "spearman" else 1 / len(result.layer_names)
-        ax.axhline(chance, color="grey", linestyle=":", linewidth=1, label="chance")
-        ax.set_xticks(
-            x,
-            [
-                f"{m.replace('_', ' ')} (n={result.summary['all'][m][metric]['n']})"
-                for m in result.methods
-            ],
-            rotation=30,
-            ha="right",
-            fontsize=8,
-        )
-        ax.set_title(
-            f"{'Spearman ρ' if metric == 'spearman' else 'top-1 hit rate'} with "
-            f"the {result.mode} drops (95% bootstrap CI)",
-            fontsize=9,
-        )
-        ax.legend(fontsize=7)
-        axes[metric] = ax
-    return fig, axes
-
-
-def plot_restoration(
-    result: "RestorationResult",
-    examples: Optional[Sequence[int]] = None,
-    corruption: Optional[str] = None,
-) -> Tuple["Figure", Dict[str, "Axes"]]:
-    r"""
-    For a few tokens, on the same axes: the recovery ``r(L)`` of restoring each
-    block's output at the attributed position, and the IG-Lens trajectory as the
-    share of the credit reached by each block, ``(f(h_L) − f(h_0)) / (p − f(h_0))``
-    (both 0 before the first block and 1 at the last), with the causal and IG-Lens
-    onsets marked. Works headless.
-
-    Args:
-
-        examples (list[int], optional): Indices of the tokens to show.
-                    Default: three counted tokens (else traced ones), spread
-                    over the set.
-        corruption (str, optional): Which corruption's recovery. Default: the
-                    first one of the result.
-
-    Returns:
-        2-element tuple of **figure**, **axes**: a dict with ``"example 0"``, ...
-    """
-    import matplotlib.pyplot as plt
-
-    corruption = corruption or result.corruptions[0]
-    if corruption not in result.corruptions:
-        raise ValueError(
-            f"corruption: expected one of {result.corruptions}, got {corruption!r}"
-        )
-    causal = result.causal_onsets[corruption]
-    if examples is None:  # counted tokens, else any traced ones
-        counted = np.flatnonzero(~np.isnan(causal))
-        if not len(counted):
-            counted = np.flatnonzero(~np.isnan(result.probs[corruption][:, 0]))
-        spread = np.linspace(0, len(counted) - 1, min(3, len(counted))).round()
-        examples = counted[spread.astype(int)].tolist() if len(counted) else []
-    if not examples:
-        raise ValueError("examples: no token to show")
-    fig, row = plt.subplots(
-        1, len(examples), figsize=(4.8 * len(examples), 3.6), layout="constrained"
-    )
-    fig.set_facecolor("white")
-    row = np.atleast_1d(row)
-    recovery = result.recovery(corruption)
-    layers = np.arange(len(result.layer_names))
-    axes: Dict[str, Any] = {}
-    for col, (ax, i) in enumerate(zip(row, examples)):
-        credit = result.scores["ig_lens"][i]
-        share = np.cumsum(credit) / credit.sum()
-        ax.plot(layers, recovery[i], "k.-", label=f"recovery r(L), {corruption}")
-        ax.plot(layers, share, ".-", color=UP_COLOR, label="IG-Lens: share of credit")
-        if not np.isnan(causal[i]):
-            ax.axvline(causal[i], color="k", linestyle="--", linewidth=0.8)
-        onset = result.onsets["ig_lens"][i]
-        if not np.isnan(onset):
-            ax.axvline(onset, color=UP_COLOR, linestyle="--", linewidth=0.8)
-        ax.axhline(0.5, color="grey", linestyle=":", linewidth=0.8)
-        ax.set_title(
-            textwrap.fill(
-                f"{result.facts[i].prompt} → {result.target_tokens[i]!r}", 45
-            ),
-            fontsize=9,
-        )
-        ax.set_xlabel("block (dashed: causal / IG-Lens onset)", fontsize=8)
-        ax.set_ylabel("share of the clean effect", fontsize=8)
-        ax.legend(fontsize=7)
-        axes[f"example {col}"] = ax
-    return fig, axes

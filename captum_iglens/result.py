@@ -18,9 +18,21 @@ from captum_iglens._utils.serialization import (
     tensor_field,
     write_atomic,
 )
-from captum_iglens.attr._utils.estimators import ESTIMATORS
 from captum_iglens.readout.scores import PAD
 from captum_iglens.viewer import Viewable
+from captum_iglens.viewer.payload import map_payload
+
+#: The estimators a result may name in ``method``, as data (the names of
+#: :data:`captum_iglens.ESTIMATORS`, kept equal by a test), so that a result
+#: loads without importing an algorithm.
+ESTIMATOR_NAMES = (
+    "prediction_aware",
+    "riemann_left",
+    "riemann_right",
+    "riemann_middle",
+    "riemann_trapezoid",
+    "gausslegendre",
+)
 
 _TENSOR_FIELDS = (
     "attributions",
@@ -140,6 +152,11 @@ class IGLensResult(JsonDocument, Viewable):
 
     KIND = "IGLensResult"
 
+    def page_data(self) -> Dict[str, Any]:
+        r"""The data of this map's viewer page (see
+        :func:`~captum_iglens.viewer.payload.map_payload`)."""
+        return map_payload(self)
+
     def __post_init__(self) -> None:
         for name in _TENSOR_FIELDS:
             if not isinstance(getattr(self, name), Tensor):
@@ -187,9 +204,9 @@ class IGLensResult(JsonDocument, Viewable):
                 f"layer_names: expected {k} strings, one per credit column, got "
                 f"{self.layer_names!r}"
             )
-        if self.method not in ESTIMATORS:
+        if self.method not in ESTIMATOR_NAMES:
             raise ValueError(
-                f"method: expected one of {list(ESTIMATORS)}, got {self.method!r}"
+                f"method: expected one of {list(ESTIMATOR_NAMES)}, got {self.method!r}"
             )
         if (
             isinstance(self.n_steps, bool)

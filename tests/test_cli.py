@@ -390,3 +390,43 @@ def test_model_short_names_load_the_embedded_models(
     with pytest.raises(Loaded) as loaded:
         main([paths.get(a, a) for a in args])
     assert str(loaded.value) == expected
+
+
+def test_validate_restoration_writes_its_viewer(tmp_path, capsys, monkeypatch):
+    from captum_iglens.studies.validation import facts as facts_module
+    from tests.tiny_models import VOCAB, tiny_model
+
+    monkeypatch.setitem(
+        facts_module.SUBJECT_PATTERNS, "tiny", r"^w4 (?P<subject>.+) w5 w6$"
+    )
+    tiny_model("llama", num_hidden_layers=4).save_pretrained(tmp_path)
+    word_tokenizer(VOCAB).save_pretrained(tmp_path)
+    prompts = tmp_path / "facts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"t{i}", "relation": "tiny", "prompt": p}) + "\n"
+            for i, p in enumerate(["w4 w10 w11 w5 w6", "w4 w20 w21 w5 w6"])
+        )
+    )
+    page = tmp_path / "r.html"
+    status = main(
+        [
+            "validate",
+            "--test",
+            "restoration",
+            "--model",
+            str(tmp_path),
+            "--prompts",
+            str(prompts),
+            "--methods",
+            "ig_lens,random",
+            "--html",
+            str(page),
+        ]
+    )
+    assert status == 0, capsys.readouterr().err
+    assert "restoration at the attributed position (4 blocks" in capsys.readouterr().out
+    from tests.viewer.test_html import page_data
+
+    data = page_data(page.read_text(encoding="utf-8"))
+    assert data["kind"] == "restoration" and len(data["facts"]) == 2

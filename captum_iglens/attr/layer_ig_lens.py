@@ -33,12 +33,7 @@ from captum_iglens.attr._utils.checks import (
     resolve_targets,
     target_positions,
 )
-from captum_iglens.attr._utils.estimators import (
-    gradient_attributions,
-    path_values,
-    prediction_aware_attributions,
-    work_dtype,
-)
+from captum_iglens.attr._utils.path_math import path_values, work_dtype
 from captum_iglens.attr._utils.heads import (
     HeadSplit,
     check_consecutive,
@@ -48,6 +43,7 @@ from captum_iglens.attr._utils.heads import (
     split_states,
     split_tolerance,
 )
+from captum_iglens.attr.estimators import Estimator, estimator
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.forward import CausalLMForward
 from captum_iglens.hf.parts import ModelParts
@@ -491,13 +487,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             >>> len(attr), attr[0].shape  # one (B, T, d) tensor per block
         """
         check_settings(n_steps, method, internal_batch_size, attribute_to_layer_input)
-        if not self.multiplies_by_inputs and method == "prediction_aware":
-            raise ValueError(
-                "method: 'prediction_aware' splits observed changes of probability "
-                "and has no form without the displacement; with "
-                "multiply_by_inputs=False choose one of Captum's rules (e.g. "
-                "method='gausslegendre')"
-            )
+        rule = estimator(method)
+        rule.check_multiply_by_inputs(self.multiplies_by_inputs)
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         with torch.no_grad():
             path = self._path(
@@ -519,12 +510,12 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             with torch.no_grad():
                 values = self._values(path, chunk_rows)[0]
             attrs = self._heads(
-                path, values, method, n_steps, chunk_rows, grad_kwargs, True
+                path, values, rule, n_steps, chunk_rows, grad_kwargs, True
             )
         else:
             attrs = self._per_dimension(
                 path,
-                method,
+                rule,
                 n_steps,
                 chunk_rows,
                 grad_kwargs,
@@ -657,10 +648,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """
         check_settings(n_steps, method, internal_batch_size, False)
         check_top_k(top_k, self.readout.vocab_size)
+        rule = estimator(method)
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         grad_free = (
             torch.inference_mode
-            if method == "prediction_aware" and granularity != "head"
+            if rule.gradient_free_map and granularity != "head"
             else torch.no_grad
         )
         with grad_free():
@@ -678,12 +670,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             values, views = self._values(path, chunk_rows, top_k)
         if path.components is not None:  # gradients along the attention segments
             with torch.no_grad():
-                credits = self._heads(path, values, method, n_steps, chunk_rows)
+                credits = self._heads(path, values, rule, n_steps, chunk_rows)
             values = self._head_levels(path, values)
-        elif method == "prediction_aware":
-            credits = values.diff(dim=-1)
         else:
-            credits = self._per_dimension(path, method, n_steps, chunk_rows).sum(-1)
+            credits = self._credits(path, values, rule, n_steps, chunk_rows)
         mask = path.mask
         credits = credits.float() * mask[..., None]
         values, model_prob = values.float(), path.model_prob.float()
@@ -745,7 +735,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
     def _per_dimension(
         self,
         path: _Path,
-        method: str,
+        rule: Estimator,
         n_steps: int,
         chunk_rows: int,
         grad_kwargs: Optional[Dict[str, Any]] = None,
@@ -754,35 +744,43 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """Per-dimension attributions ``(B, P, k, d)``, zero at padding (the
         path-averaged gradients with ``multiply_by_inputs=False``)."""
         b, p, k_plus_1, d = path.points.shape
-        points, targets = path.points.flatten(0, 1), path.score.flatten()
-        if method == "prediction_aware":
-            attrs = prediction_aware_attributions(
-                self.readout,
-                points,
-                targets,
-                path.model_prob.flatten(),
-                n_steps,
-                chunk_rows,
-                grad_kwargs,
-            )
-        else:
-            attrs = gradient_attributions(
-                self.readout,
-                points,
-                targets,
-                n_steps,
-                method,
-                chunk_rows,
-                grad_kwargs,
-                multiply_by_inputs,
-            )
+        attrs = rule.attributions(
+            self.readout,
+            path.points.flatten(0, 1),
+            path.score.flatten(),
+            path.model_prob.flatten(),
+            n_steps,
+            chunk_rows,
+            grad_kwargs,
+            multiply_by_inputs,
+        )
         return attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
+
+    def _credits(
+        self,
+        path: _Path,
+        values: Tensor,
+        rule: Estimator,
+        n_steps: int,
+        chunk_rows: int,
+    ) -> Tensor:
+        """Scalar credits ``(B, P, k)`` from the values ``(B, P, k + 1)``."""
+        b, p, k_plus_1 = values.shape
+        credits = rule.credits(
+            self.readout,
+            path.points.flatten(0, 1),
+            path.score.flatten(),
+            values.flatten(0, 1),
+            n_steps,
+            chunk_rows,
+        )
+        return credits.view(b, p, k_plus_1 - 1)
 
     def _heads(
         self,
         path: _Path,
         values: Tensor,
-        method: str,
+        rule: Estimator,
         n_steps: int,
         chunk_rows: int,
         grad_kwargs: Optional[Dict[str, Any]] = None,
@@ -791,12 +789,12 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """Credits of ``granularity="head"``, ``(B, P, n)`` or ``(B, P, n, d)``."""
         b, p = path.targets.shape
         attrs = head_attributions(
+            rule,
             self.readout,
             path.points.flatten(0, 1),
             path.components.flatten(0, 1),
             path.score.flatten(),
             values.flatten(0, 1),
-            method,
             n_steps,
             chunk_rows,
             per_dimension,

@@ -112,13 +112,17 @@ class Readout(nn.Module):
         per_logit = 12 if backward else 8
         return max(1, self.max_chunk_bytes // (per_logit * self.vocab_size))
 
-    def forward(self, hidden: Tensor) -> Tensor:
+    def forward(self, hidden: Tensor, layer: Optional[Tensor] = None) -> Tensor:
         r"""Maps hidden states to logits as the model does.
 
         Args:
             hidden (Tensor): Output of the model's last block (or any hidden
                         state read out as if it were), of shape ``(..., d)``, in
                         the model's dtype and on the norm's device.
+            layer (Tensor, optional): The path point of each row (see
+                        :class:`~captum_iglens.readout.interface.PathReadout`);
+                        ignored: the model reads every layer the same way.
+                        Default: None
 
         Returns:
             **logits** (Tensor):
@@ -172,7 +176,9 @@ class Readout(nn.Module):
             hidden, lambda logits, rows: target_log_prob(logits, target[rows])
         )
 
-    def score(self, hidden: Tensor, score: TokenScore) -> Tensor:
+    def score(
+        self, hidden: Tensor, score: TokenScore, layer: Optional[Tensor] = None
+    ) -> Tensor:
         r"""The score ``Σ_{y∈S} p(y) − Σ_{y∈F} p(y)`` of each row, in chunks.
 
         As :meth:`log_prob`, with a :class:`~captum_iglens.readout.scores.TokenScore`
@@ -182,6 +188,8 @@ class Readout(nn.Module):
         Args:
             hidden (Tensor): Hidden states of shape ``(N, d)``.
             score (TokenScore): ``(N, M)`` ids and signs.
+            layer (Tensor, optional): ``(N,)``, the path point of each row;
+                        ignored, as in :meth:`forward`. Default: None
 
         Returns:
             **score** (Tensor):

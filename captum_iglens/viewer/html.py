@@ -19,12 +19,6 @@ from captum_iglens.viewer.payload import payload
 #: The id of the element that holds a page's data.
 DATA_ID = "iglens-data"
 
-_TITLES = {
-    "map": "IG-Lens map",
-    "batch": "IG-Lens prompt set",
-    "comparison": "IG-Lens comparison",
-    "validation": "IG-Lens validation",
-}
 # Characters that could end the script element or a line of script, written as
 # JSON escapes (the same string once parsed).
 _ESCAPES = {
@@ -68,13 +62,14 @@ def render_page(data: Dict[str, Any]) -> str:
 
     Args:
 
-        data (dict): With ``kind`` one of ``"map"``, ``"batch"``,
-                    ``"comparison"``, ``"validation"``.
+        data (dict): With ``kind``, the page the viewer's script draws
+                    (``"map"``, ``"batch"``, ``"comparison"``, ``"validation"``
+                    or ``"restoration"``), and ``title``.
 
     Returns:
         *str*: a complete HTML document.
     """
-    title = _TITLES.get(data.get("kind"), "IG-Lens")
+    title = data.get("title", "IG-Lens")
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         # Nothing may be fetched: the policy forbids every source but inline code.
@@ -90,7 +85,7 @@ def render_page(data: Dict[str, Any]) -> str:
 
 
 def result_html(result: Any) -> str:
-    r"""The page of an IGLensResult, ComparisonResult or ValidationResult."""
+    r"""The page of a result with a viewer page (see :func:`payload`)."""
     return render_page(payload(result))
 
 
@@ -100,7 +95,7 @@ def write_html(result: Any, path: Union[str, Path]) -> None:
 
     Args:
 
-        result: An IGLensResult, ComparisonResult or ValidationResult.
+        result (Viewable): A result with a viewer page (see :func:`payload`).
         path (str or Path): The file; its folder must exist.
     """
     check_writable(path, "path")
@@ -119,7 +114,14 @@ def notebook_html(result: Any, height: int = 640) -> str:
 
 class Viewable:
     r"""Gives a result type the viewer: :meth:`to_html` and Jupyter's
-    ``_repr_html_`` (the page in a sandboxed frame)."""
+    ``_repr_html_`` (the page in a sandboxed frame). A subclass builds its page
+    data in :meth:`page_data`, with the helpers of
+    :mod:`captum_iglens.viewer.payload`."""
+
+    def page_data(self) -> Dict[str, Any]:
+        r"""The JSON-ready data of this result's page: ``kind`` (the page the
+        viewer's script draws), ``title`` and the page's own fields."""
+        raise NotImplementedError
 
     def to_html(self, path: Union[str, Path]) -> None:
         r"""Writes the interactive viewer of this result, one self-contained HTML

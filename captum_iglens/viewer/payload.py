@@ -1,11 +1,14 @@
 r"""
-The data of a viewer page: each result type turned into plain JSON-ready values,
-rows of attributed tokens only, floats rounded to :data:`DIGITS` significant
-digits (the precision the page shows), so that a 200-token by 30-layer map with
-its top-5 views stays well under 2 MB.
+The data of a viewer page, plain JSON-ready values: floats rounded to
+:data:`DIGITS` significant digits (the precision the page shows), rows of
+attributed tokens only, so that a 200-token by 30-layer map with its top-5 views
+stays well under 2 MB.
 
-The builders read results by their fields (duck typing on ``KIND``) and never
-import the result classes or the algorithms that make them.
+Each result kind builds its own page data (its ``page_data`` method, see
+:class:`~captum_iglens.viewer.Viewable`) from the helpers here: :func:`sig` for
+numbers, :func:`about` for a result's metadata, and the map page's rows
+(:func:`map_sequences`), which the map and the prompt-set pages share. The
+helpers read results by their fields and import no result class.
 """
 
 import math
@@ -25,11 +28,14 @@ VIEWS = ("top_ids", "top_probs", "top_tokens", "entropy", "kl", "rank")
 
 def sig(value: Any, digits: int = DIGITS) -> Any:
     r"""``value`` (a number, tensor, array or nested list) as nested lists of
-    floats rounded to ``digits`` significant digits; NaN and inf become None."""
+    floats rounded to ``digits`` significant digits; NaN, inf and None (a loaded
+    result's NaN) become None."""
     if isinstance(value, (torch.Tensor, np.ndarray)):
         value = value.tolist()
     if isinstance(value, (list, tuple)):
         return [sig(item, digits) for item in value]
+    if value is None:
+        return None
     value = float(value)
     if not math.isfinite(value):
         return None
@@ -132,7 +138,10 @@ def map_sequences(result: Any, vocab: Optional[_Vocab] = None) -> List[Dict[str,
     return sequences
 
 
-def _about(result: Any) -> Dict[str, Any]:
+def about(result: Any) -> Dict[str, str]:
+    r"""The metadata a page shows in its header: the prompt, answer, model,
+    granularity, baselines and positions of ``result.metadata``, where they are
+    strings."""
     metadata = dict(getattr(result, "metadata", {}) or {})
     keep = ("prompt", "answer", "model", "granularity", "baselines", "positions")
     about = {key: metadata[key] for key in keep if key in metadata}
@@ -145,10 +154,11 @@ def map_payload(result: Any) -> Dict[str, Any]:
     sequences = map_sequences(result, vocab)
     return {
         "kind": "map",
+        "title": "IG-Lens map",
         "layers": list(result.layer_names),
         "method": result.method,
         "n_steps": result.n_steps,
-        "about": _about(result),
+        "about": about(result),
         "sequences": sequences,
         "vocab": vocab.strings,
     }
@@ -208,6 +218,7 @@ def batch_payload(
     keep = ("model", "method", "n_steps", "granularity", "baselines", "positions")
     return {
         "kind": "batch",
+        "title": "IG-Lens prompt set",
         "layers": layers,
         "about": {k: str(run[k]) for k in keep if k in run and run[k] is not None},
         "mean_credit": sig(mean),
@@ -220,100 +231,24 @@ def batch_payload(
     }
 
 
-def comparison_payload(result: Any) -> Dict[str, Any]:
-    r"""The page data of a :class:`~captum_iglens.studies.ComparisonResult`: per
-    sequence the attributed tokens, and per method its columns, scores, ``Δp``,
-    expected sum and residual ``|Σ − Δp|`` per token."""
-    sequences = []
-    b_count = result.targets.shape[0]
-    for b in range(b_count):
-        rows = result.mask[b].nonzero()[:, 0].tolist()
-        labels = []
-        for p in rows:
-            target = int(result.targets[b, p])
-            given = result.input_tokens[b][p] if result.input_tokens else ""
-            text = result.tokens[b][p] if result.tokens else f"#{target}"
-            labels.append(
-                {"token": text, "given": given, "pos": int(result.positions[p])}
-            )
-        methods = []
-        for name, m in result.methods.items():
-            methods.append(
-                {
-                    "name": name,
-                    "unit": m.unit,
-                    "note": m.note,
-                    "layers": list(m.layer_names),
-                    "scores": sig(m.scores[b, rows]),
-                    "sum": sig(m.layer_sum[b, rows]),
-                    "dp": sig(m.prob_change[b, rows]),
-                    "expected": sig(m.expected[b, rows]),
-                    "resid": sig(m.residual[b, rows], RESIDUAL_DIGITS),
-                }
-            )
-        sequences.append({"rows": labels, "methods": methods})
-    return {
-        "kind": "comparison",
-        "layers": list(result.layer_names),
-        "about": _about(result),
-        "sequences": sequences,
-    }
-
-
-def validation_payload(result: Any) -> Dict[str, Any]:
-    r"""The page data of a :class:`~captum_iglens.studies.ValidationResult`: per
-    prompt its token, ablation drops, logit-lens trajectory and scores, and the
-    summary table."""
-    prompts = []
-    for i, fact in enumerate(result.facts):
-        scores = {
-            m: sig(s[i]) for m, s in result.scores.items() if not np.isnan(s[i]).all()
-        }
-        prompts.append(
-            {
-                "id": str(fact.id),
-                "prompt": fact.prompt,
-                "answer": fact.answer,
-                "generated": result.generated[i],
-                "correct": result.correct[i],
-                "token": result.target_tokens[i],
-                "prob": sig(result.model_prob[i]),
-                "drops": sig(result.drops[i]),
-                "trajectory": sig(result.trajectory[i]),
-                "scores": scores,
-            }
-        )
-    summary = {
-        str(group): {
-            str(method): {
-                str(metric): {key: sig(value) for key, value in stats.items()}
-                for metric, stats in metrics.items()
-            }
-            for method, metrics in by_method.items()
-        }
-        for group, by_method in result.summary.items()
-    }
-    return {
-        "kind": "validation",
-        "layers": list(result.layer_names),
-        "mode": result.mode,
-        "methods": list(result.methods),
-        "prompts": prompts,
-        "summary": summary,
-    }
-
-
 def payload(result: Any) -> Dict[str, Any]:
-    r"""The page data of any result with a ``KIND`` the viewer knows."""
-    builders = {
-        "IGLensResult": map_payload,
-        "ComparisonResult": comparison_payload,
-        "ValidationResult": validation_payload,
-    }
-    kind = getattr(result, "KIND", None)
-    if kind not in builders:
+    r"""
+    The page data of a result: what its own ``page_data`` method builds (see
+    :class:`~captum_iglens.viewer.Viewable`).
+
+    Args:
+
+        result (Viewable): Any result kind with a viewer page (an IGLensResult
+                    or a study's result).
+
+    Returns:
+        *dict*: JSON-ready values with ``kind`` and ``title``.
+    """
+    page_data = getattr(result, "page_data", None)
+    if not callable(page_data):
         raise TypeError(
-            f"result: expected an IGLensResult, ComparisonResult or "
-            f"ValidationResult, got {type(result).__name__}"
+            "result: expected a result with a viewer page (a "
+            "captum_iglens.viewer.Viewable, such as an IGLensResult), got "
+            f"{type(result).__name__}"
         )
-    return builders[kind](result)
+    return page_data()

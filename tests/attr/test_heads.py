@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from captum_iglens import LayerIGLens
-from captum_iglens.attr._utils.estimators import prediction_aware_components
+from captum_iglens.attr.estimators.prediction_aware import (
+    prediction_aware_components,
+)
 from captum_iglens.hf import model_parts
 from captum_iglens.readout.readout import Readout
 from captum_iglens.readout.scores import TokenScore

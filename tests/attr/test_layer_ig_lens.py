@@ -5,7 +5,7 @@ from captum.attr._utils.approximation_methods import SUPPORTED_METHODS
 from torch import nn
 
 from captum_iglens import IGLensResult, LayerIGLens, Readout
-from captum_iglens.attr._utils.estimators import _split_weights
+from captum_iglens.attr._utils.path_math import split_weights
 from captum_iglens.hf import model_parts
 from tests.helpers import block_states, left_padded
 from tests.tiny_models import ARCHITECTURES, VOCAB, tiny_model
@@ -180,7 +180,7 @@ def test_trapezoid_bias_follows_captum_weights(lens, batch):
 def test_split_weights_handle_zero_gradient():
     grads = torch.tensor([[[3.0, 4.0]], [[0.0, 0.0]], [[0.0, 0.0]]])
     direction = torch.tensor([[[1.0, 1.0]], [[1.0, 3.0]], [[0.0, 0.0]]])
-    w = _split_weights(grads, direction)
+    w = split_weights(grads, direction)
     assert torch.allclose(w[0], torch.tensor([[0.36, 0.64]]))
     assert torch.allclose(w[1], torch.tensor([[0.1, 0.9]]))
     assert (w[2] == 0).all()

@@ -67,3 +67,28 @@ def batch_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("batch")
     run_batch(tiny_model("llama"), word_tokenizer(VOCAB), prompts, out, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def restoration_result():
+    """The restoration study on a tiny Llama: four facts whose subject a test
+    pattern finds, traced under both corruptions."""
+    from captum_iglens.studies.validation import Fact, StudyOptions, run_restoration
+    from captum_iglens.studies.validation import facts as facts_module
+
+    prompts = ["w4 w10 w11 w5 w6", "w4 w20 w21 w5 w6", "w4 w30 w5 w6", "w4 w40 w5 w6"]
+    facts = [Fact(f"t{i}", "tiny", p, answer=f"a{i}") for i, p in enumerate(prompts)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(
+            facts_module.SUBJECT_PATTERNS, "tiny", r"^w4 (?P<subject>.+) w5 w6$"
+        )
+        return run_restoration(
+            tiny_model("llama", num_hidden_layers=4),
+            word_tokenizer(VOCAB),
+            facts,
+            methods=("ig_lens", "random"),
+            study=StudyOptions(
+                n_bootstrap=20, batch_size=3, min_effect=1e-9, noise_seeds=2
+            ),
+            progress=False,
+        )

@@ -8,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from captum_iglens.studies.batch import write_html
@@ -197,7 +198,7 @@ def test_toggles_recolour_the_map(browser, map_page):
 
 def test_signed_colours_are_the_heatmaps(browser, map_page):
     # Green for positive credit, red for negative: the PNG heatmap's colours.
-    from captum_iglens.plots import _color_map
+    from captum_iglens.plots import color_map
 
     result, folder = map_page
     open_page(browser, folder / "r.html")
@@ -205,7 +206,7 @@ def test_signed_colours_are_the_heatmaps(browser, map_page):
     credits = result.attributions[0].flatten()
     for index in (int(credits.argmax()), int(credits.argmin())):
         r, g, b = [int(v) for v in colours[index].split("(")[1].split(",")[:3]]
-        png = _color_map()(1.0 if credits[index] > 0 else 0.0)
+        png = color_map()(1.0 if credits[index] > 0 else 0.0)
         assert (g > r) == (png[1] > png[0])
         assert (g > r) == bool(credits[index] > 0)
 
@@ -323,3 +324,28 @@ def test_sequences_padding_and_empty_result(browser, tmp_path):
     IGLensResult.empty(["0", "1"], "prediction_aware", 8).to_html(tmp_path / "e.html")
     open_page(browser, tmp_path / "e.html")
     assert cells(browser) == [] and console_errors(browser) == []
+
+
+def test_restoration_page(browser, tmp_path, restoration_result):
+    result = restoration_result
+    result.to_html(tmp_path / "r.html")
+    open_page(browser, tmp_path / "r.html")
+    k = len(result.layer_names)
+    assert len(cells(browser)) == len(result.facts) * k
+    hover(browser, cells(browser)[k + 2])
+    assert close_to(field(browser, "recovery"), float(result.recovery("noise")[1, 2]))
+    framed = browser.find_elements("css selector", "#map .cell.igonset")
+    assert len(framed) == int((~np.isnan(result.onsets["ig_lens"])).sum())
+    browser.find_elements("css selector", "#map .rowhead")[0].click()
+    assert browser.find_element("css selector", "#trajectory polyline.recovery")
+    assert browser.find_element("css selector", "#trajectory polyline.share")
+    counterfactual = browser.find_element(
+        "css selector", 'input[name="corruption"][value="counterfactual"]'
+    )
+    counterfactual.click()
+    hover(browser, cells(browser)[k + 2])
+    expected = float(result.recovery("counterfactual")[1, 2])
+    assert close_to(field(browser, "recovery"), expected)
+    assert console_errors(browser) == []
+    browser.execute_script("window.scrollTo(0, 0)")
+    screenshot(browser, "restoration.png")

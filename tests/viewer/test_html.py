@@ -159,3 +159,61 @@ def test_batch_page_mean_credit_sums_to_mean_change(batch_dir, tmp_path):
     assert sum(data["onsets"]) == 8
     with pytest.raises(ValueError, match="out_dir"):
         write_html(tmp_path)
+
+
+def test_restoration_page(restoration_result, tmp_path):
+    result = restoration_result
+    result.to_html(tmp_path / "r.html")
+    data = page_data((tmp_path / "r.html").read_text(encoding="utf-8"))
+    assert data["kind"] == "restoration" and data["layers"] == result.layer_names
+    assert data["corruptions"] == ["noise", "counterfactual"]
+    assert data["methods"] == ["ig_lens", "random"]
+    assert [f["id"] for f in data["facts"]] == ["t0", "t1", "t2", "t3"]
+    for i, fact in enumerate(data["facts"]):
+        credit = result.scores["ig_lens"][i]
+        # The PNG's IG-Lens curve: the share of the credit reached by each block.
+        share = (credit.cumsum() / credit.sum()).tolist()
+        assert all(close_to(a, b) for a, b in zip(fact["share"], share))
+        onset = float(result.onsets["ig_lens"][i])
+        assert fact["onsets"]["ig_lens"] == (None if math.isnan(onset) else int(onset))
+        for c in result.corruptions:
+            trace = fact["traces"][c]
+            recovery = result.recovery(c)[i].tolist()
+            assert all(close_to(a, b) for a, b in zip(trace["recovery"], recovery))
+            assert close_to(trace["clean"], float(result.probs[c][i, 0]))
+            causal = float(result.causal_onsets[c][i])
+            assert trace["onset"] == (None if math.isnan(causal) else int(causal))
+    stats = result.summary["noise"]["all"]["ig_lens"]["mean_abs_diff"]
+    shown = data["summary"]["noise"]["all"]["ig_lens"]["mean_abs_diff"]
+    assert shown["n"] == stats["n"] > 0 and close_to(shown["mean"], stats["mean"])
+    assert "<iframe" in result._repr_html_()
+
+
+def test_restoration_page_leaves_out_untraced_facts(restoration_result):
+    from dataclasses import replace
+
+    probs = {c: v.copy() for c, v in restoration_result.probs.items()}
+    probs["noise"][1] = float("nan")
+    causal = {c: v.copy() for c, v in restoration_result.causal_onsets.items()}
+    causal["noise"][1] = float("nan")
+    result = replace(restoration_result, probs=probs, causal_onsets=causal)
+    data = page_data(result_html(result))
+    assert set(data["facts"][1]["traces"]) == {"counterfactual"}
+    assert set(data["facts"][0]["traces"]) == {"noise", "counterfactual"}
+
+
+@pytest.mark.parametrize(
+    "fixture", ["comparison_result", "validation_result", "restoration_result"]
+)
+def test_fresh_and_loaded_results_render_alike(fixture, request, tmp_path):
+    result = request.getfixturevalue(fixture)
+    result.save(tmp_path / "r.json")
+    loaded = type(result).load(tmp_path / "r.json")
+    assert result_html(loaded) == result_html(result)
+
+
+def test_a_result_without_a_page_is_refused():
+    from captum_iglens.viewer import payload
+
+    with pytest.raises(TypeError, match="result: expected a result with a viewer"):
+        payload({"kind": "map"})

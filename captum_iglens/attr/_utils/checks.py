@@ -13,7 +13,7 @@ from captum._utils.typing import TargetType
 from torch import Tensor
 from torch.nn import Module, ModuleList
 
-from captum_iglens.attr._utils.estimators import ESTIMATORS
+from captum_iglens.attr.estimators import estimator
 from captum_iglens.readout.readout import Readout
 from captum_iglens.readout.scores import per_position
 
@@ -155,9 +155,7 @@ def check_settings(
     internal_batch_size: Optional[int],
     attribute_to_layer_input: bool,
 ) -> None:
-    if method not in ESTIMATORS:
-        raise ValueError(f"method: expected one of {list(ESTIMATORS)}, got {method!r}")
-    min_steps = 2 if method.startswith("riemann") else 1
+    min_steps = estimator(method).min_steps
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < min_steps:
         raise ValueError(
             f"n_steps: expected an int >= {min_steps} for method {method!r}, "

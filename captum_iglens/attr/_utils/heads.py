@@ -25,14 +25,8 @@ from torch.nn import Linear, Module
 
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.checks import qualified_names
-from captum_iglens.attr._utils.estimators import (
-    _split_weights,
-    gradient_attributions,
-    integrated_gradients,
-    prediction_aware_attributions,
-    prediction_aware_components,
-)
-from captum_iglens.readout.readout import Readout
+from captum_iglens.attr.estimators.base import Estimator
+from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import TokenScore
 
 #: Name of the first column of ``granularity="head"``.
@@ -232,19 +226,21 @@ def head_components(
     return components.to(stream.device)
 
 
-def _pairs(stream: Tensor, which: Sequence[int]) -> Tensor:
-    """Segments ``which`` of ``stream (N, K, d)`` as rows ``(N·len(which), 2, d)``."""
+def _pairs(stream: Tensor, which: Sequence[int]) -> Tuple[Tensor, Tensor]:
+    """Segments ``which`` of ``stream (N, K, d)`` as rows ``(N·len(which), 2, d)``,
+    and the path points of their ends, ``(N·len(which), 2)``."""
     index = torch.tensor(list(which), device=stream.device)
-    return torch.stack([stream[:, index], stream[:, index + 1]], 2).flatten(0, 1)
+    pairs = torch.stack([stream[:, index], stream[:, index + 1]], 2).flatten(0, 1)
+    return pairs, torch.stack([index, index + 1], -1).repeat(stream.shape[0], 1)
 
 
 def head_attributions(
-    readout: Readout,
+    estimator: Estimator,
+    readout: PathReadout,
     stream: Tensor,
     components: Tensor,
     targets: TokenScore,
     values: Tensor,
-    method: str,
     n_steps: int,
     chunk_rows: int,
     per_dimension: bool,
@@ -252,16 +248,10 @@ def head_attributions(
 ) -> Tensor:
     r"""
     The credit columns of ``granularity="head"``, in the order of
-    :func:`head_path_points`.
-
-    The segments ``"input"`` and ``"<block>.mlp"`` get the usual estimators; each
-    attention segment gets, per component ``u_c``:
-
-    - Captum's rules: ``u_c · Σ_s w_s ∇f(a_s)`` along the segment (per dimension:
-      ``u_{c,i} Σ_s w_s ∂_i f``);
-    - ``"prediction_aware"``: :func:`prediction_aware_components`; per dimension,
-      ``u_{c,i} Ĝ_i`` (``Ĝ`` the trapezoid mean gradient) plus the rest of the
-      component's credit spread in proportion to ``|u_{c,i} Ĝ_i|``.
+    :func:`head_path_points`: the segments ``"input"`` and ``"<block>.mlp"`` get
+    the estimator's credits (or attributions), each attention segment the
+    estimator's split into its components ``u_c``
+    (:meth:`~captum_iglens.attr.estimators.base.Estimator.components`).
 
     Args:
         stream (Tensor): ``(N, 2k + 2, d)`` path points.
@@ -280,56 +270,42 @@ def head_attributions(
     k, c = components.shape[1], components.shape[2]
     plain = [0, *range(2, k_points - 1, 2)]  # "input" and the MLPs
     attn = list(range(1, k_points - 1, 2))
-    plain_pairs, attn_pairs = _pairs(stream, plain), _pairs(stream, attn)
+    common = dict(n_steps=n_steps, chunk_rows=chunk_rows, grad_kwargs=grad_kwargs)
+    pairs, layers = _pairs(stream, attn)
+    ends = torch.tensor(attn, device=values.device)
+    end_values = torch.stack([values[:, ends], values[:, ends + 1]], -1)
+    attn_out = estimator.components(
+        readout,
+        pairs,
+        components.flatten(0, 1),  # (N·k, C, d)
+        targets.repeat_interleave(k),
+        end_values.flatten(0, 1),
+        per_dimension=per_dimension,
+        layers=layers,
+        **common,
+    )
+    pairs, layers = _pairs(stream, plain)
+    ends = torch.tensor(plain, device=values.device)
+    plain_values = torch.stack([values[:, ends], values[:, ends + 1]], -1)
     plain_targets = targets.repeat_interleave(len(plain))
-    attn_targets = targets.repeat_interleave(k)
-    u = components.flatten(0, 1)  # (N·k, C, d)
-    if method == "prediction_aware":
-        ends = torch.tensor(attn, device=values.device)
-        end_values = torch.stack([values[:, ends], values[:, ends + 1]], -1)
-        credits, mean_gradient = prediction_aware_components(
+    if per_dimension:
+        plain_out = estimator.attributions(
             readout,
-            attn_pairs,
-            u,
-            attn_targets,
-            end_values.flatten(0, 1),
-            n_steps,
-            chunk_rows,
-            grad_kwargs,
-        )
-        if per_dimension:
-            plain_out = prediction_aware_attributions(
-                readout,
-                plain_pairs,
-                plain_targets,
-                values[:, [i + 1 for i in plain]].flatten(),
-                n_steps,
-                chunk_rows,
-                grad_kwargs,
-            )[:, 0]
-            linear = u * mean_gradient.unsqueeze(1)
-            rest = credits - linear.sum(-1)
-            spread = _split_weights(linear.abs().sqrt(), u)
-            attn_out = linear + rest.unsqueeze(-1) * spread
-        else:
-            plain_out = values.diff(dim=1)[:, plain].flatten()
-            attn_out = credits
-    else:
-        igv = integrated_gradients(
-            readout, attn_pairs, attn_targets, n_steps, method, chunk_rows, grad_kwargs
-        )[:, 0]
-        attn_out = u * igv.unsqueeze(1)
-        plain_out = gradient_attributions(
-            readout,
-            plain_pairs,
+            pairs,
             plain_targets,
-            n_steps,
-            method,
-            chunk_rows,
-            grad_kwargs,
+            plain_values[..., 1].flatten(),
+            layers=layers,
+            **common,
         )[:, 0]
-        if not per_dimension:
-            attn_out, plain_out = attn_out.sum(-1), plain_out.sum(-1)
+    else:
+        plain_out = estimator.credits(
+            readout,
+            pairs,
+            plain_targets,
+            plain_values.flatten(0, 1),
+            layers=layers,
+            **common,
+        )[:, 0]
     out = interleave(plain_out.view(n, k + 1, -1), attn_out.view(n, k, c, -1))
     return out if per_dimension else out.squeeze(-1)
 

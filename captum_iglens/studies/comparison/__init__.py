@@ -1,22 +1,29 @@
 r"""IG-Lens beside the alternatives on the same tokens and layers."""
 
-from captum_iglens.studies.comparison.compare import (
-    COMPARED_METHODS,
-    compare,
-    compare_text,
-)
+from captum_iglens.studies.comparison.compare import compare, compare_text
 from captum_iglens.studies.comparison.heads import (
     format_head_agreement,
     head_rank_agreement,
 )
+from captum_iglens.studies.comparison.methods import (
+    COMPARED_METHODS,
+    METHODS,
+    SCORED_METHODS,
+    StudyMethod,
+)
+from captum_iglens.studies.comparison.plot import plot_comparison
 from captum_iglens.studies.comparison.result import ComparisonResult, MethodResult
 
 __all__ = [
     "COMPARED_METHODS",
+    "METHODS",
+    "SCORED_METHODS",
     "ComparisonResult",
     "MethodResult",
+    "StudyMethod",
     "compare",
     "compare_text",
     "format_head_agreement",
     "head_rank_agreement",
+    "plot_comparison",
 ]

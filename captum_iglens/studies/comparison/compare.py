@@ -8,7 +8,8 @@ and what it cost (time, peak memory, passes through the model).
 A tuned lens is not compared: it needs a trained translator per layer.
 """
 
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from dataclasses import replace
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import Tensor
 from torch.nn import Module
@@ -18,20 +19,22 @@ from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.text import answered_prompt, decode_tokens
 from captum_iglens.settings import Settings, provenance
-from captum_iglens.studies.comparison.measure import measure, peak_memory_source
+from captum_iglens.studies.comparison.measure import (
+    Cost,
+    measure,
+    peak_memory_source,
+)
 from captum_iglens.studies.comparison.result import (
     _COST_FIELDS,
     ComparisonResult,
     MethodResult,
 )
+from captum_iglens.studies.comparison.methods import COMPARED_METHODS, METHODS
 from captum_iglens.studies.comparison.runners import (
-    RUNNERS,
+    Outcome,
     Work,
     default_baseline_token,
 )
-
-#: The methods :func:`compare` runs, in the order of its table.
-COMPARED_METHODS: Tuple[str, ...] = tuple(RUNNERS)
 
 
 def compare(
@@ -150,27 +153,10 @@ def compare(
         >>> fig, axes = result.plot()
     """
     settings = Settings.resolve(settings, options)
-    names = [methods] if isinstance(methods, str) else list(methods)
-    unknown = [m for m in names if m not in COMPARED_METHODS]
-    if unknown or not names:
-        raise ValueError(
-            f"methods: expected names from {list(COMPARED_METHODS)}, got {names}"
-        )
     parts = model_parts(model)  # unwrapped and looked up once
     model = parts.model
-    if baseline_token is None:
-        baseline_token = default_baseline_token(model)
-    vocab = model.get_input_embeddings().num_embeddings
-    if (
-        isinstance(baseline_token, bool)
-        or not isinstance(baseline_token, int)
-        or not 0 <= baseline_token < vocab
-    ):
-        raise ValueError(
-            f"baseline_token: expected a token id in [0, {vocab}), got "
-            f"{baseline_token!r} (None takes the config's pad_token_id, else its "
-            "bos_token_id)"
-        )
+    names = _method_names(methods)
+    baseline_token = _baseline_token(model, baseline_token)
     lens = LayerIGLens.from_model(
         parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
@@ -190,23 +176,11 @@ def compare(
     device = next(lens.readout.parameters()).device
     mask = setup.mask.cpu().clone()
     results: Dict[str, MethodResult] = {}
-    for name in dict.fromkeys(names):
+    for name in names:
         with measure(model, lens.readout.head, device) as cost:
-            out = RUNNERS[name](work)
-        delta = out.delta
-        if delta is not None:
-            real = mask if delta.dim() == 2 else mask[..., None]
-            delta = delta.float().cpu() * real
-        results[name] = MethodResult(
-            scores=out.scores.float().cpu() * mask[..., None],
-            layer_names=out.layer_names or list(lens.layer_names),
-            expected=out.expected.float().cpu() * mask,
-            prob_change=out.prob_change.float().cpu() * mask,
-            unit=out.unit,
-            note=out.note,
-            delta=delta,
-            **{key: getattr(cost, key) for key in _COST_FIELDS},
-        )
+            # Each method runs from scratch (no outcome shared): its cost is its own.
+            out = METHODS[name].run(replace(work, outcomes={}))  # type: ignore[misc]
+        results[name] = _method_result(out, mask, lens.layer_names, cost)
     tokens = input_tokens = None
     if tokenizer is not None:
         given = input_ids[:, work.positions.to(input_ids.device)]
@@ -230,6 +204,56 @@ def compare(
         tokens,
         input_tokens,
         metadata,
+    )
+
+
+def _method_names(methods: Union[str, Sequence[str]]) -> List[str]:
+    """``methods`` as a list without repeats, checked against the registry."""
+    names = [methods] if isinstance(methods, str) else list(methods)
+    unknown = [m for m in names if m not in COMPARED_METHODS]
+    if unknown or not names:
+        raise ValueError(
+            f"methods: expected names from {list(COMPARED_METHODS)}, got {names}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def _baseline_token(model: Module, baseline_token: Optional[int]) -> int:
+    """The token of Captum's baseline input: ``baseline_token``, else the config's
+    default, checked against the vocabulary."""
+    if baseline_token is None:
+        baseline_token = default_baseline_token(model)
+    vocab = model.get_input_embeddings().num_embeddings
+    if (
+        isinstance(baseline_token, bool)
+        or not isinstance(baseline_token, int)
+        or not 0 <= baseline_token < vocab
+    ):
+        raise ValueError(
+            f"baseline_token: expected a token id in [0, {vocab}), got "
+            f"{baseline_token!r} (None takes the config's pad_token_id, else its "
+            "bos_token_id)"
+        )
+    return baseline_token
+
+
+def _method_result(
+    out: Outcome, mask: Tensor, layer_names: List[str], cost: Cost
+) -> MethodResult:
+    """A method's outcome on the CPU, zero at padding, with its cost."""
+    delta = out.delta
+    if delta is not None:
+        real = mask if delta.dim() == 2 else mask[..., None]
+        delta = delta.float().cpu() * real
+    return MethodResult(
+        scores=out.scores.float().cpu() * mask[..., None],
+        layer_names=out.layer_names or list(layer_names),
+        expected=out.expected.float().cpu() * mask,
+        prob_change=out.prob_change.float().cpu() * mask,
+        unit=out.unit,
+        note=out.note,
+        delta=delta,
+        **{key: getattr(cost, key) for key in _COST_FIELDS},
     )
 
 

@@ -9,6 +9,8 @@ from torch import Tensor
 
 from captum_iglens._utils.serialization import JsonDocument, plain, tensor_field
 from captum_iglens.studies.comparison.measure import Cost
+from captum_iglens.studies.comparison.page import comparison_page
+from captum_iglens.studies.comparison.plot import plot_comparison
 from captum_iglens.viewer import Viewable
 
 _COST_FIELDS = tuple(f.name for f in fields(Cost))
@@ -241,10 +243,13 @@ class ComparisonResult(JsonDocument, Viewable):
 
     def plot(self, sequence: int = 0) -> Tuple[Any, Dict[str, Any]]:
         r"""The methods side by side; see
-        :func:`captum_iglens.plots.plot_comparison`."""
-        from captum_iglens.plots import plot_comparison
-
+        :func:`~captum_iglens.studies.comparison.plot_comparison`."""
         return plot_comparison(self, sequence)
+
+    def page_data(self) -> Dict[str, Any]:
+        r"""The data of this comparison's viewer page; see
+        :func:`~captum_iglens.studies.comparison.page.comparison_page`."""
+        return comparison_page(self)
 
     def label(self, sequence: int, row: int) -> str:
         r"""The label of attributed position ``row``: ``position 'input'→'target'``."""

@@ -1,7 +1,8 @@
 r"""
-The methods that :func:`captum_iglens.studies.compare` runs. Each takes the
-same :class:`Work` (the inputs, positions, targets and blocks IG-Lens got) and
-returns an :class:`Outcome` with a token-by-layer score.
+The runners of the methods the studies score (registered in
+:mod:`~captum_iglens.studies.comparison.methods`). Each takes the same
+:class:`Work` (the inputs, positions, targets and blocks IG-Lens got) and returns
+an :class:`Outcome` with a token-by-layer score.
 
 The logit lens reads its levels from IG-Lens's own pass; DLA records the residual
 stream with its own hooks on the same blocks; Captum's methods are Captum's own
@@ -11,7 +12,7 @@ classes, called through :class:`TargetProbability`.
 import os
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import captum
@@ -52,6 +53,8 @@ class Work:
     h0_prob: Tensor  # (B, P): f(h_0)
     settings: Settings  # IG-Lens's; n_steps and internal_batch_size also Captum's
     baseline_token: int  # the token of Captum's baseline input
+    # Each method's outcome once run (or read from a pass already made), by name.
+    outcomes: Dict[str, "Outcome"] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_map(
@@ -217,14 +220,18 @@ class TargetProbability(Module):
 
 
 def ig_lens(work: Work) -> Outcome:
-    settings = work.settings
     result = work.lens.attribute_map(
         work.input_ids,
         target=work.targets,
         additional_forward_args=work.extra,
         positions=work.positions,
-        **settings.map_kwargs(),
+        **work.settings.map_kwargs(),
     )
+    return ig_lens_outcome(result, work.settings)
+
+
+def ig_lens_outcome(result: IGLensResult, settings: Settings) -> Outcome:
+    """IG-Lens's outcome from its map ``result``, made with ``settings``."""
     change = result.model_prob - result.base_prob
     start = "h_0" if settings.baselines is None else f"baselines={settings.baselines!r}"
     note = (
@@ -242,7 +249,12 @@ def ig_lens(work: Work) -> Outcome:
 
 
 def logit_lens(work: Work) -> Outcome:
-    levels, names = work.levels()
+    return logit_lens_outcome(*work.levels())
+
+
+def logit_lens_outcome(levels: Tensor, names: List[str]) -> Outcome:
+    """The logit lens's outcome from the levels ``(B, P, k + 1)`` of
+    :meth:`Work.levels` and the names of their ``k`` columns."""
     change = levels[..., -1] - levels[..., 0]
     note = "levels f(h_L), not attributions; their sum is set against Δp = p − f(h_0)."
     return Outcome(
@@ -251,7 +263,12 @@ def logit_lens(work: Work) -> Outcome:
 
 
 def logit_lens_diff(work: Work) -> Outcome:
-    levels, names = work.levels()
+    return logit_lens_diff_outcome(*work.levels())
+
+
+def logit_lens_diff_outcome(levels: Tensor, names: List[str]) -> Outcome:
+    """The logit lens differences' outcome from the same levels as
+    :func:`logit_lens_outcome`."""
     change = levels[..., -1] - levels[..., 0]
     note = (
         "first differences f(h_Lj) − f(h_Lj−1), from f(h_0): they telescope, and "
@@ -514,14 +531,3 @@ def layer_integrated_gradients_multilayer(work: Work) -> Outcome:
     )
     change = scores.sum(-1) - delta
     return Outcome(scores, change, change, "probability", note, delta)
-
-
-RUNNERS: Dict[str, Callable[[Work], Outcome]] = {
-    "ig_lens": ig_lens,
-    "logit_lens": logit_lens,
-    "logit_lens_diff": logit_lens_diff,
-    "dla": dla,
-    "layer_conductance": layer_conductance,
-    "layer_integrated_gradients": layer_integrated_gradients,
-    "layer_integrated_gradients_multilayer": layer_integrated_gradients_multilayer,
-}

@@ -1,30 +1,28 @@
 r"""Does the IG-Lens onset predict where causal ablation hurts most, and where
 restoring the attributed position recovers the answer?"""
 
+from captum_iglens.studies.comparison.methods import SCORED_METHODS
 from captum_iglens.studies.validation.ablation import (
     MODES,
     Ablation,
     ablate,
     mean_updates,
 )
+from captum_iglens.studies.validation.ablation_study import run_validation
 from captum_iglens.studies.validation.facts import Fact, load_facts
+from captum_iglens.studies.validation.plot import plot_restoration, plot_validation
 from captum_iglens.studies.validation.restoration import (
     CORRUPTIONS,
     Restoration,
     embedding_std,
     restore,
 )
+from captum_iglens.studies.validation.restoration_study import run_restoration
 from captum_iglens.studies.validation.result import (
     RestorationResult,
     ValidationResult,
 )
-from captum_iglens.studies.validation.scoring import SCORED_METHODS
-from captum_iglens.studies.validation.study import (
-    STUDY_SETTINGS,
-    StudyOptions,
-    run_restoration,
-    run_validation,
-)
+from captum_iglens.studies.validation.study import STUDY_SETTINGS, StudyOptions
 
 __all__ = [
     "CORRUPTIONS",
@@ -41,6 +39,8 @@ __all__ = [
     "embedding_std",
     "load_facts",
     "mean_updates",
+    "plot_restoration",
+    "plot_validation",
     "restore",
     "run_restoration",
     "run_validation",

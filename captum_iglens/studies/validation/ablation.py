@@ -7,9 +7,8 @@ ablated forwards stacked along the batch.
 - :func:`mean_updates`: the reference updates of the ``"mean"`` mode.
 """
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -17,9 +16,13 @@ from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import hidden_of
 from captum_iglens.hf.architectures import model_parts
-from captum_iglens.hf.forward import causal_lm_logits
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import left_pad
+from captum_iglens.studies.validation.hooks import (
+    hooked,
+    replace_output,
+    target_probabilities,
+)
 
 #: Ablation modes accepted by :func:`ablate`.
 MODES: Tuple[str, ...] = ("skip", "mean", "zero-at-position")
@@ -43,33 +46,6 @@ class Ablation:
     def drop(self) -> Tensor:
         """``(B, P, k)``: ``clean − ablated``; positive where the block helps ``y``."""
         return self.clean[..., None] - self.ablated
-
-
-def _probabilities(
-    model: Module, ids: Tensor, mask: Tensor, positions: Tensor, targets: Tensor
-) -> Tensor:
-    """``(B, P)``: the model's probability of ``targets`` at ``positions``."""
-    logits = causal_lm_logits(
-        model, input_ids=ids, attention_mask=mask, logits_to_keep=positions
-    )
-    return logits.float().softmax(-1).gather(-1, targets[..., None])[..., 0]
-
-
-def _replace_output(output: Any, hidden: Tensor) -> Any:
-    return hidden if isinstance(output, Tensor) else (hidden, *output[1:])
-
-
-@contextmanager
-def _hooked(hooks: Dict[Module, Callable[..., Any]]) -> Iterator[None]:
-    """Forward hooks (with kwargs) owned here: registered on entry, removed on exit."""
-    handles = []
-    try:
-        for module, hook in hooks.items():
-            handles.append(module.register_forward_hook(hook, with_kwargs=True))
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def mean_updates(
@@ -117,7 +93,7 @@ def mean_updates(
 
         return hook
 
-    with _hooked({blocks[i]: recorder(j) for j, i in enumerate(chosen)}):
+    with hooked({blocks[i]: recorder(j) for j, i in enumerate(chosen)}):
         for start in range(0, len(sequences), batch_size):
             ids, mask = left_pad(sequences[start : start + batch_size], pad_id)
             ids, mask = ids.to(device), mask.to(device)
@@ -127,7 +103,7 @@ def mean_updates(
             counts += where.sum((1, 2))
             last = torch.tensor([ids.shape[1] - 1], device=device)
             with torch.inference_mode():
-                _probabilities(model, ids, mask, last, ids[:, -1:])
+                target_probabilities(model, ids, mask, last, ids[:, -1:])
     return (torch.stack(sums) / counts.clamp(min=1)[None, :, None]).float()
 
 
@@ -226,22 +202,22 @@ def ablate(
                     edited[rows] = before[rows]
                 else:
                     edited[rows] = before[rows] + fills[j].to(before.dtype)
-            return _replace_output(output, edited)
+            return replace_output(output, edited)
 
         return hook
 
     per_chunk = max(1, max_batch // batch)
     out = []
     with torch.inference_mode():
-        clean = _probabilities(model, ids, mask, pos.to(device), targets)
-        with _hooked({blocks[i]: editor(j) for j, i in enumerate(chosen)}):
+        clean = target_probabilities(model, ids, mask, pos.to(device), targets)
+        with hooked({blocks[i]: editor(j) for j, i in enumerate(chosen)}):
             for start in range(0, len(variants), per_chunk):
                 part = variants[start : start + per_chunk]
                 plan.clear()
                 for replica, (j, p) in enumerate(part):
                     plan.setdefault(j, []).append((replica, p))
                 copies = len(part)
-                probs = _probabilities(
+                probs = target_probabilities(
                     model,
                     ids.repeat(copies, 1),
                     mask.repeat(copies, 1),

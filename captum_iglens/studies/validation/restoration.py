@@ -22,10 +22,10 @@ from captum_iglens.attr._utils.capture import hidden_of
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.forward import position_ids_from_mask
 from captum_iglens.hf.parts import ModelParts
-from captum_iglens.studies.validation.ablation import (
-    _hooked,
-    _probabilities,
-    _replace_output,
+from captum_iglens.studies.validation.hooks import (
+    hooked,
+    replace_output,
+    target_probabilities,
 )
 
 #: The corruptions of the restoration study.
@@ -147,6 +147,52 @@ def restore(
     Returns:
         :class:`Restoration`.
     """
+    noise = _check_corruption(
+        input_ids, subject_mask, noise_std, seeds, corrupted_ids
+    )
+    parts = model_parts(model)
+    model, blocks, chosen = parts.model, parts.blocks, parts.choose(layers)
+    device = next(model.parameters()).device
+    ids = input_ids.to(device)
+    batch, length = ids.shape
+    mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(device)
+    targets = torch.as_tensor(targets, device=device).reshape(batch, 1)
+    last = torch.tensor([length - 1], device=device)
+    embed = model.get_input_embeddings()
+    draws: List[Optional[Tensor]] = [None]
+    if noise:
+        width = embed.weight.shape[1]
+        draws = [
+            _noise_draw(mask, subject_mask, seed, width, noise_std).to(device)
+            for seed in seeds
+        ]
+    corrupt_ids = ids if corrupted_ids is None else corrupted_ids.to(device)
+    tracer = _Tracer(batch, len(chosen))
+    with torch.inference_mode():
+        with hooked({blocks[i]: tracer.recorder(j) for j, i in enumerate(chosen)}):
+            clean = target_probabilities(model, ids, mask, last, targets)[:, 0]
+        hooks = {blocks[i]: tracer.restorer(j) for j, i in enumerate(chosen)}
+        hooks[embed] = tracer.noiser
+        with hooked(hooks):
+            out = [
+                tracer.trace(model, corrupt_ids, mask, targets, draw, max_batch)
+                for draw in draws
+            ]
+    stacked = torch.stack(out).mean(0)
+    return Restoration(
+        clean=clean.cpu(), corrupt=stacked[0].cpu(), restored=stacked[1:].T.cpu()
+    )
+
+
+def _check_corruption(
+    input_ids: Tensor,
+    subject_mask: Optional[Tensor],
+    noise_std: Optional[float],
+    seeds: Sequence[int],
+    corrupted_ids: Optional[Tensor],
+) -> bool:
+    """Whether the corruption is noise (else counterfactual ids), once the
+    arguments are checked."""
     noise = subject_mask is not None or noise_std is not None
     if noise == (corrupted_ids is not None):
         raise ValueError(
@@ -157,114 +203,115 @@ def restore(
         raise ValueError("subject_mask, noise_std: noise needs both, noise_std > 0")
     if noise and not seeds:
         raise ValueError("seeds: expected at least one seed")
-    parts = model_parts(model)
-    model, blocks, chosen = parts.model, parts.blocks, parts.choose(layers)
-    device = next(model.parameters()).device
-    ids = input_ids.to(device)
-    batch, length = ids.shape
-    mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(device)
-    targets = torch.as_tensor(targets, device=device).reshape(batch, 1)
-    last = torch.tensor([length - 1], device=device)
-    if corrupted_ids is not None and tuple(corrupted_ids.shape) != (batch, length):
+    shape = tuple(input_ids.shape)
+    if corrupted_ids is not None and tuple(corrupted_ids.shape) != shape:
         raise ValueError(
-            f"corrupted_ids: expected shape {(batch, length)}, got "
-            f"{tuple(corrupted_ids.shape)}"
+            f"corrupted_ids: expected shape {shape}, got {tuple(corrupted_ids.shape)}"
         )
-    if noise and subject_mask[:, -1].any():
+    if noise and subject_mask[:, -1].any():  # type: ignore[index]
         raise ValueError(
             "subject_mask: the last position is the one restored; it must not be "
             "noised"
         )
-    embed = model.get_input_embeddings()
-    draws: List[Optional[Tensor]] = [None]
-    if noise:
-        width = embed.weight.shape[1]
-        real = mask.sum(-1).tolist()
-        draws = []
-        for seed in seeds:
-            # Each sequence draws its own noise over its real tokens, so that the
-            # noise does not depend on the batch it is traced in.
-            draw = torch.zeros(batch, length, width)
-            for b, n in enumerate(real):
-                generator = torch.Generator().manual_seed(int(seed))
-                draw[b, length - n :] = torch.randn(n, width, generator=generator)
-            where = subject_mask.to(device=draw.device, dtype=draw.dtype)[..., None]
-            draws.append((draw * noise_std * where).to(device))
-    corrupt_ids = ids if corrupted_ids is None else corrupted_ids.to(device)
+    return noise
 
-    clean_states: Dict[int, Tensor] = {}
 
-    def recorder(j: int) -> Callable[..., None]:
+def _noise_draw(
+    mask: Tensor, subject_mask: Tensor, seed: int, width: int, noise_std: float
+) -> Tensor:
+    r"""``(B, T, d)``: one seed's noise on the subject's embeddings. Each sequence
+    draws its own noise over its real tokens, so that the noise does not depend on
+    the batch it is traced in."""
+    batch, length = mask.shape
+    draw = torch.zeros(batch, length, width)
+    for b, n in enumerate(mask.sum(-1).tolist()):
+        generator = torch.Generator().manual_seed(int(seed))
+        draw[b, length - n :] = torch.randn(n, width, generator=generator)
+    where = subject_mask.to(device=draw.device, dtype=draw.dtype)[..., None]
+    return draw * noise_std * where
+
+
+class _Tracer:
+    r"""
+    The hooks of one :func:`restore` call on a batch of ``batch`` sequences and
+    ``k`` chosen blocks: the clean last-position states of the chosen blocks,
+    recorded from the clean forward; the noise draw added to the embeddings
+    (prefix forwards); and, per copy of the batch in the forward in flight, the
+    block restored (None: the corrupted forward).
+    """
+
+    def __init__(self, batch: int, k: int) -> None:
+        self.batch, self.k = batch, k
+        self.clean_states: Dict[int, Tensor] = {}
+        self.draw: Optional[Tensor] = None
+        self.restored: List[Optional[int]] = []
+
+    def recorder(self, j: int) -> Callable[..., None]:
         def hook(module: Module, args: Any, kwargs: Any, output: Any) -> None:
-            clean_states[j] = hidden_of(output)[:, -1].clone()
+            self.clean_states[j] = hidden_of(output)[:, -1].clone()
 
         return hook
 
-    # What the forward in flight does: the noise draw added to the embeddings
-    # (prefix forwards), and per copy of the batch the block restored (None: the
-    # corrupted forward).
-    plan: Dict[str, Any] = {"draw": None, "restored": []}
-
-    def noiser(module: Module, args: Any, kwargs: Any, output: Any) -> Any:
-        if plan["draw"] is None:
+    def noiser(self, module: Module, args: Any, kwargs: Any, output: Any) -> Any:
+        if self.draw is None:
             return None
-        return output + plan["draw"][:, : output.shape[1]].to(output.dtype)
+        return output + self.draw[:, : output.shape[1]].to(output.dtype)
 
-    def restorer(j: int) -> Callable[..., Any]:
+    def restorer(self, j: int) -> Callable[..., Any]:
         def hook(module: Module, args: Any, kwargs: Any, output: Any) -> Any:
-            replicas = [
-                r for r, restored in enumerate(plan["restored"]) if restored == j
-            ]
+            replicas = [r for r, block in enumerate(self.restored) if block == j]
             if not replicas:
                 return None
             edited = hidden_of(output).clone()
             for replica in replicas:
-                rows = slice(replica * batch, (replica + 1) * batch)
-                edited[rows, -1] = clean_states[j].to(edited.dtype)
-            return _replace_output(output, edited)
+                rows = slice(replica * self.batch, (replica + 1) * self.batch)
+                edited[rows, -1] = self.clean_states[j].to(edited.dtype)
+            return replace_output(output, edited)
 
         return hook
 
-    # Restoring at the last position leaves every earlier position as in the
-    # corrupted forward: the prefix runs once per draw, and each corrupted or
-    # restored copy runs the last token only, on a copy of the prefix's cache.
-    position_ids = position_ids_from_mask(mask)
-    variants: List[Optional[int]] = [None, *range(len(chosen))]
-    per_chunk = max(1, max_batch // batch)
-    out = []
-    with torch.inference_mode():
-        with _hooked({blocks[i]: recorder(j) for j, i in enumerate(chosen)}):
-            clean = _probabilities(model, ids, mask, last, targets)[:, 0]
-        hooks = {blocks[i]: restorer(j) for j, i in enumerate(chosen)}
-        hooks[embed] = noiser
-        with _hooked(hooks):
-            for draw in draws:
-                plan["draw"], plan["restored"] = draw, []
-                prefix = model(
-                    input_ids=corrupt_ids[:, :-1],
-                    attention_mask=mask[:, :-1],
-                    position_ids=position_ids[:, :-1],
-                    use_cache=True,
-                ).cache
-                plan["draw"] = None
-                for start in range(0, len(variants), per_chunk):
-                    plan["restored"] = variants[start : start + per_chunk]
-                    copies = len(plan["restored"])
-                    cache = copy.deepcopy(prefix)
-                    cache.reorder_cache(
-                        torch.arange(batch, device=device).repeat(copies)
-                    )
-                    logits = model(
-                        input_ids=corrupt_ids[:, -1:].repeat(copies, 1),
-                        attention_mask=mask.repeat(copies, 1),
-                        position_ids=position_ids[:, -1:].repeat(copies, 1),
-                        cache=cache,
-                        use_cache=True,
-                    ).logits[:, -1]
-                    probs = logits.float().softmax(-1)
-                    chosen_probs = probs.gather(-1, targets.repeat(copies, 1))[:, 0]
-                    out.append(chosen_probs.view(copies, batch))
-    stacked = torch.cat(out).view(len(draws), len(chosen) + 1, batch).mean(0)
-    return Restoration(
-        clean=clean.cpu(), corrupt=stacked[0].cpu(), restored=stacked[1:].T.cpu()
-    )
+    def trace(
+        self,
+        model: Module,
+        ids: Tensor,
+        mask: Tensor,
+        targets: Tensor,
+        draw: Optional[Tensor],
+        max_batch: int,
+    ) -> Tensor:
+        r"""
+        ``(k + 1, B)``: the probabilities of the corrupted forward and of each
+        block restored, for one noise draw. Restoring at the last position leaves
+        every earlier position as in the corrupted forward: the prefix runs once,
+        and each corrupted or restored copy runs the last token only, on a copy
+        of the prefix's cache, up to ``max_batch`` sequences per forward.
+        """
+        batch = self.batch
+        position_ids = position_ids_from_mask(mask)
+        self.draw, self.restored = draw, []
+        prefix = model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=position_ids[:, :-1],
+            use_cache=True,
+        ).cache
+        self.draw = None
+        variants: List[Optional[int]] = [None, *range(self.k)]
+        per_chunk = max(1, max_batch // batch)
+        out = []
+        for start in range(0, len(variants), per_chunk):
+            self.restored = variants[start : start + per_chunk]
+            copies = len(self.restored)
+            cache = copy.deepcopy(prefix)
+            cache.reorder_cache(torch.arange(batch, device=ids.device).repeat(copies))
+            logits = model(
+                input_ids=ids[:, -1:].repeat(copies, 1),
+                attention_mask=mask.repeat(copies, 1),
+                position_ids=position_ids[:, -1:].repeat(copies, 1),
+                cache=cache,
+                use_cache=True,
+            ).logits[:, -1]
+            probs = logits.float().softmax(-1)
+            chosen_probs = probs.gather(-1, targets.repeat(copies, 1))[:, 0]
+            out.append(chosen_probs.view(copies, batch))
+        return torch.cat(out)

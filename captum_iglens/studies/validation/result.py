@@ -8,6 +8,8 @@ import numpy as np
 
 from captum_iglens._utils.serialization import JsonDocument, plain
 from captum_iglens.studies.validation.facts import Fact
+from captum_iglens.studies.validation.page import restoration_page, validation_page
+from captum_iglens.studies.validation.plot import plot_restoration, plot_validation
 from captum_iglens.studies.validation.stats import (
     METRICS,
     ONSET_METRICS,
@@ -286,10 +288,14 @@ class ValidationResult(JsonDocument, Viewable):
     def plot(
         self, examples: Optional[Sequence[int]] = None
     ) -> Tuple[Any, Dict[str, Any]]:
-        r"""Examples and agreement; see :func:`captum_iglens.plots.plot_validation`."""
-        from captum_iglens.plots import plot_validation
-
+        r"""Examples and agreement; see
+        :func:`~captum_iglens.studies.validation.plot_validation`."""
         return plot_validation(self, examples)
+
+    def page_data(self) -> Dict[str, Any]:
+        r"""The data of this study's viewer page; see
+        :func:`~captum_iglens.studies.validation.page.validation_page`."""
+        return validation_page(self)
 
 
 def _floats(value: Any, name: str) -> np.ndarray:
@@ -314,7 +320,7 @@ _ONSET_TITLES = {
 
 
 @dataclass
-class RestorationResult(JsonDocument):
+class RestorationResult(JsonDocument, Viewable):
     r"""
     The agreement of per-layer scores with restoration (causal tracing at the
     attributed position) over a set of facts, one attributed token per fact,
@@ -475,10 +481,14 @@ class RestorationResult(JsonDocument):
         self, examples: Optional[Sequence[int]] = None, corruption: Optional[str] = None
     ) -> Tuple[Any, Dict[str, Any]]:
         r"""Recovery and IG-Lens trajectory of a few tokens; see
-        :func:`captum_iglens.plots.plot_restoration`."""
-        from captum_iglens.plots import plot_restoration
-
+        :func:`~captum_iglens.studies.validation.plot_restoration`."""
         return plot_restoration(self, examples, corruption)
+
+    def page_data(self) -> Dict[str, Any]:
+        r"""The data of this study's viewer page: recovery, IG-Lens share of the
+        credit and onsets per fact; see
+        :func:`~captum_iglens.studies.validation.page.restoration_page`."""
+        return restoration_page(self)
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dictionary; NaN is written as null."""

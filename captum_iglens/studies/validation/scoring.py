@@ -1,10 +1,12 @@
 r"""
-Per-layer scores of the first answer token for the validation study: IG-Lens, the
-logit lens and its differences from one IG-Lens pass, DLA and Layer Conductance
-from the comparison's runners.
+Per-layer scores of the first answer token for the validation studies, from the
+methods' runners (:mod:`~captum_iglens.studies.comparison.methods`): one IG-Lens
+pass gives IG-Lens's and the logit lens's outcomes, which the study's
+:class:`~captum_iglens.studies.comparison.runners.Work` keeps so that no runner
+makes that pass again.
 """
 
-from typing import Dict, List, Tuple
+from typing import Tuple
 
 import numpy as np
 import torch
@@ -13,41 +15,41 @@ from torch import Tensor
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.settings import Settings
+from captum_iglens.studies.comparison.methods import METHODS, outcome
 from captum_iglens.studies.comparison.runners import (
     Work,
-    default_baseline_token,
-    dla,
-    layer_conductance,
-)
-
-#: Methods compared with the ablation, in the order of the table.
-SCORED_METHODS: Tuple[str, ...] = (
-    "ig_lens",
-    "ig_lens_abs",
-    "logit_lens",
-    "logit_lens_diff",
-    "dla",
-    "layer_conductance",
-    "random",
+    ig_lens_outcome,
+    logit_lens_diff_outcome,
+    logit_lens_outcome,
 )
 
 
-def lens_scores(
+def study_work(
     parts: ModelParts,
     lens: LayerIGLens,
     ids: Tensor,
     mask: Tensor,
     settings: Settings,
-    methods: List[str],
-) -> Tuple[Dict[str, np.ndarray], np.ndarray, Work]:
+    baseline_token: int,
+) -> Tuple[Work, Tensor]:
     r"""
-    The ``(B, k)`` scores of the model's greedy next token at the last position:
-    IG-Lens (signed and absolute), the logit-lens levels and their differences,
-    and DLA when asked for; the lens trajectory ``f(h_0), f(h_{L_1}), ..., p``
-    ``(B, k + 1)``; and the :class:`Work` that further methods can run on.
+    The work of the model's greedy next token at the last position, with the
+    outcomes of ``"ig_lens"``, ``"logit_lens"`` and ``"logit_lens_diff"`` read
+    from one IG-Lens pass (a second one, from ``h_0``, only when the settings
+    choose another baseline).
 
-    One IG-Lens pass gives IG-Lens and the logit lens; a second one, from
-    ``h_0``, only when the settings choose another baseline.
+    Args:
+
+        parts (ModelParts): The causal LM's parts.
+        lens (LayerIGLens): Its lens on the study's blocks.
+        ids (Tensor): ``(B, T)`` token ids, left-padded.
+        mask (Tensor): ``(B, T)``, zeros at padding.
+        settings (Settings): IG-Lens's settings.
+        baseline_token (int): The token of Captum's baseline input.
+
+    Returns:
+        2-element tuple of the :class:`Work` and the lens trajectory
+        ``f(h_0), f(h_{L_1}), ..., p`` ``(B, k + 1)``.
     """
     extra = (mask,)
     position = [ids.shape[1] - 1]
@@ -59,33 +61,50 @@ def lens_scores(
         if settings.baselines is None
         else lens.attribute_map(ids, None, found.targets, extra, positions=position)
     )
-    trajectory = torch.cat([from_h0.base_prob[..., None], from_h0.lens], -1)[:, 0]
-    scores = {
-        "ig_lens": found.attributions[:, 0].cpu().numpy(),
-        "logit_lens": from_h0.lens[:, 0].cpu().numpy(),
-        "logit_lens_diff": trajectory.diff(dim=-1).cpu().numpy(),
-    }
-    scores["ig_lens_abs"] = np.abs(scores["ig_lens"])
+    levels = torch.cat([from_h0.base_prob[..., None], from_h0.lens], -1)
     work = Work.from_map(
-        parts,
-        lens,
-        ids,
-        mask,
-        found,
-        from_h0.base_prob,
-        settings,
-        default_baseline_token(parts.model),
+        parts, lens, ids, mask, found, from_h0.base_prob, settings, baseline_token
     )
-    if "dla" in methods:
-        scores["dla"] = dla(work).scores[:, 0].float().cpu().numpy()
-    return scores, trajectory.cpu().numpy(), work
+    work.outcomes.update(
+        ig_lens=ig_lens_outcome(found, settings),
+        logit_lens=logit_lens_outcome(levels, from_h0.layer_names),
+        logit_lens_diff=logit_lens_diff_outcome(levels, from_h0.layer_names),
+    )
+    return work, levels[:, 0]
 
 
-def conductance_scores(work: Work, rows: Tensor, n_steps: int) -> Tuple[Tensor, Tensor]:
+def method_scores(work: Work, name: str) -> np.ndarray:
     r"""
-    Layer Conductance ``(b, k)`` of the sequences ``rows`` of ``work``, with
-    ``n_steps`` steps, and its largest ``|convergence delta|`` per sequence
-    ``(b,)``.
+    Method ``name``'s ``(B, k)`` scores of ``work``'s one position (run once per
+    work: see :func:`~captum_iglens.studies.comparison.methods.outcome`).
+
+    Args:
+
+        work (Work): From :func:`study_work`.
+        name (str): A scored method with a runner.
+
+    Returns:
+        *ndarray* ``(B, k)``.
+    """
+    return outcome(work, name).scores[:, 0].cpu().numpy()
+
+
+def subset_scores(
+    work: Work, name: str, rows: Tensor, n_steps: int
+) -> Tuple[Tensor, Tensor]:
+    r"""
+    A costly method's scores of the sequences ``rows`` of ``work`` only, with
+    ``n_steps`` steps, and its largest ``|convergence delta|`` per sequence.
+
+    Args:
+
+        work (Work): From :func:`study_work`.
+        name (str): A scored method marked ``costly`` (Layer Conductance).
+        rows (Tensor): ``(b,)`` indices of sequences of ``work``.
+        n_steps (int): Its integration steps.
+
+    Returns:
+        2-element tuple of the scores ``(b, k)`` and the deltas ``(b,)``.
     """
     picked = Work(
         work.parts,
@@ -99,6 +118,6 @@ def conductance_scores(work: Work, rows: Tensor, n_steps: int) -> Tuple[Tensor, 
         settings=work.settings.replace(n_steps=n_steps),
         baseline_token=work.baseline_token,
     )
-    outcome = layer_conductance(picked)
-    delta = outcome.delta[:, 0].abs().amax(-1)  # type: ignore[index]
-    return outcome.scores[:, 0].float().cpu(), delta.float().cpu()
+    found = METHODS[name].run(picked)  # type: ignore[misc]
+    delta = found.delta[:, 0].abs().amax(-1)  # type: ignore[index]
+    return found.scores[:, 0].float().cpu(), delta.float().cpu()

@@ -1,19 +1,18 @@
 r"""
-Does the IG-Lens onset predict where causal ablation hurts most?
-
-If IG-Lens says block ``L`` is where token ``y`` is decided, removing block ``L``'s
-update in a full forward pass should lower the model's real ``p(y)`` more than
-removing blocks with lower scores. :func:`run_validation` measures that, for
-IG-Lens and for the alternatives, over a prompt set: the model's greedy answer to
-each prompt, its ablation drops (:mod:`~captum_iglens.studies.validation.ablation`),
-every method's per-layer scores (:mod:`~captum_iglens.studies.validation.scoring`),
-their agreement (:mod:`~captum_iglens.studies.validation.stats`) and bootstrap
-confidence intervals, in a :class:`ValidationResult`.
+The skeleton the validation studies share: per batch of prompts, one IG-Lens pass
+gives the work every scored method runs on
+(:func:`~captum_iglens.studies.validation.scoring.study_work`), the costly
+methods run on a seeded subset, and the study's own causal test
+(:class:`CausalTest`: ablation in
+:mod:`~captum_iglens.studies.validation.ablation_study`, restoration in
+:mod:`~captum_iglens.studies.validation.restoration_study`) measures the same
+batch; :func:`score_prompts` runs that loop and returns the :class:`Scores`.
 """
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -22,43 +21,17 @@ from torch.nn import Module
 from tqdm import tqdm
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
-from captum_iglens.hf.architectures import model_parts
-from captum_iglens.hf.text import (
-    decode_tokens,
-    encode_prompt,
-    generate,
-    left_pad,
-    pad_token_id,
-)
+from captum_iglens.hf.parts import ModelParts
+from captum_iglens.hf.text import left_pad
 from captum_iglens.settings import Settings, provenance
-from captum_iglens.studies.validation.ablation import MODES, ablate, mean_updates
-from captum_iglens.studies.validation.facts import Fact
-from captum_iglens.studies.validation.restoration import (
-    CORRUPTIONS,
-    Restoration,
-    embedding_std,
-    restore,
-)
-from captum_iglens.studies.validation.result import (
-    RestorationResult,
-    ValidationResult,
-)
+from captum_iglens.studies.comparison.methods import METHODS, SCORED_METHODS
+from captum_iglens.studies.comparison.runners import Work, default_baseline_token
 from captum_iglens.studies.validation.scoring import (
-    SCORED_METHODS,
-    conductance_scores,
-    lens_scores,
+    method_scores,
+    study_work,
+    subset_scores,
 )
-from captum_iglens.studies.validation.stats import (
-    METRICS,
-    agreement,
-    causal_onset,
-    nonmonotone_depth,
-    onset_agreement,
-    onset_index,
-    recovery_gains,
-    spearman,
-    summarize,
-)
+from captum_iglens.studies.validation.stats import nonmonotone_depth
 
 #: The study's defaults for the run settings: raw completion, short answers.
 STUDY_SETTINGS = Settings(chat=False, max_new_tokens=8)
@@ -131,15 +104,28 @@ class StudyOptions:
             )
 
 
-def _study_arguments(
+def check_arguments(
     settings: Optional[Settings],
     options: Dict[str, Any],
     methods: Sequence[str],
     study: StudyOptions,
     what: str,
 ) -> Tuple[Settings, List[str]]:
-    """The checks both studies make: their settings (``what`` says why they must be
-    per block and for the answer), the methods (without repeats) and ``study``."""
+    r"""
+    The checks both studies make.
+
+    Args:
+
+        settings (Settings, optional): The study's settings, None for
+                    :data:`STUDY_SETTINGS`.
+        options (dict): Fields of :class:`Settings` that override them.
+        methods (list[str]): Names from :data:`SCORED_METHODS`.
+        study (StudyOptions): The sampling and aggregation.
+        what (str): Why the settings must be per block and for the answer.
+
+    Returns:
+        2-element tuple of the settings and the methods without repeats.
+    """
     settings = Settings.resolve(
         STUDY_SETTINGS if settings is None else settings, options
     )
@@ -158,529 +144,158 @@ def _study_arguments(
     return settings, list(dict.fromkeys(methods))
 
 
-def run_validation(
-    model: Module,
-    tokenizer: Any,
-    prompts: Sequence[Union[Fact, str]],
-    *,
-    mode: str = "skip",
-    methods: Sequence[str] = SCORED_METHODS,
-    settings: Optional[Settings] = None,
-    study: StudyOptions = StudyOptions(),
-    progress: bool = True,
-    **options: Any,
-) -> ValidationResult:
+class CausalTest(ABC):
     r"""
-    Does a per-layer score predict where causal ablation hurts most?
-
-    For each prompt, the model's greedy continuation is generated and its first
-    token ``y`` (at the prompt's last position) is attributed: the drop in the
-    model's real ``p(y)`` when each block is ablated
-    (:func:`~captum_iglens.studies.validation.ablation.ablate`), beside each
-    method's per-layer score of the same token, on the same blocks. Agreement per
-    token (:func:`~captum_iglens.studies.validation.stats.agreement`) is
-    aggregated with percentile bootstrap intervals.
-
-    Methods (:data:`SCORED_METHODS`): ``"ig_lens"`` (signed credits, with the
-    settings' estimator and baseline) and ``"ig_lens_abs"`` (their magnitudes);
-    ``"logit_lens"`` (levels ``f(h_L)``) and ``"logit_lens_diff"`` (their
-    differences from ``f(h_0)``), from the same pass; ``"dla"``;
-    ``"layer_conductance"`` (on a seeded random subset of
-    ``study.conductance_prompts`` prompts with ``study.conductance_steps`` steps,
-    as it costs a forward and backward pass per step and block); ``"random"``
-    (standard normal scores, seeded).
-
-    With a subset of ``layers``, the segment scores (IG-Lens, lens differences,
-    DLA) of block ``L_j`` cover every block after ``L_{j-1}`` up to ``L_j``, while
-    the ablation removes ``L_j`` alone: use all blocks (the default) to compare
-    like with like.
-
-    Args:
-
-        model (PreTrainedModel): A causal LM of a supported architecture;
-                    a wrapper of one (TransformerLens bridge, nnsight model,
-                    ``nn.DataParallel``), or its
-                    :func:`~captum_iglens.hf.model_parts`.
-        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
-        prompts (list[Fact or str]): The prompts, e.g.
-                    :func:`~captum_iglens.studies.load_facts`.
-        mode (str, optional): The ablation, one of :data:`MODES`; ``"mean"``
-                    uses the mean updates over all ``prompts``. Default: ``"skip"``.
-        methods (list[str], optional): Names from :data:`SCORED_METHODS`.
-                    Default: all of them.
-        settings (Settings, optional): Layers, IG-Lens's estimator and
-                    baseline, the chat template and the continuation length
-                    used to check the answer. ``granularity`` must be
-                    ``"block"`` and ``positions`` ``"answer"`` (the ablation
-                    removes whole blocks; the study attributes the answer's
-                    first token). Default: :data:`STUDY_SETTINGS` (raw
-                    completion, 8 new tokens).
-        study (StudyOptions, optional): Bootstrap, seed, batch size, Layer
-                    Conductance subset, thresholds. Default: ``StudyOptions()``.
-        progress (bool, optional): Progress bar on stderr. Default: True.
-        **options (Any): Fields of :class:`Settings` that override ``settings``.
-
-    Returns:
-        :class:`ValidationResult`; print it for the table.
+    What a study sets the scores against: a causal measurement of each batch of
+    prompts, kept by the test, made after the batch's IG-Lens pass.
     """
-    settings, methods = _study_arguments(
-        settings, options, methods, study, "the validation study ablates whole blocks"
-    )
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
-    facts = [
-        p if isinstance(p, Fact) else Fact(str(i), "", p) for i, p in enumerate(prompts)
-    ]
-    if not facts:
-        raise ValueError("prompts: expected at least one prompt")
-    started = time.perf_counter()
-    parts = model_parts(model)  # unwrapped and looked up once
-    model = parts.model
-    lens = LayerIGLens.from_model(
-        parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
-    )
-    chosen = [int(name) for name in lens.layer_names]  # from_model's block indices
-    n, k = len(facts), len(chosen)
-    device = next(model.parameters()).device
-    encoded = [encode_prompt(tokenizer, f.prompt, chat=settings.chat)[0] for f in facts]
-    pad_id = pad_token_id(tokenizer)
-    means = (
-        mean_updates(parts, encoded, layers=settings.layers, pad_id=pad_id)
-        if mode == "mean"
-        else None
-    )
-    rng = np.random.default_rng(study.seed)
-    conductance = np.zeros(n, bool)
-    if "layer_conductance" in methods:
-        picked = rng.choice(n, min(study.conductance_prompts, n), replace=False)
-        conductance[picked] = True
-    generated: List[str] = []
-    target_ids: List[int] = []
-    model_prob, drops, trajectory = np.zeros(n), np.zeros((n, k)), np.zeros((n, k + 1))
-    scores = {m: np.full((n, k), np.nan) for m in methods}
-    largest_prob_gap, conductance_delta, conductance_seconds = 0.0, [], 0.0
-    batches = range(0, n, study.batch_size)
-    for start in tqdm(batches, desc=f"validation ({mode})", disable=not progress):
-        rows = np.arange(start, min(n, start + study.batch_size))
-        answers = generate(
-            model,
-            tokenizer,
-            [encoded[i] for i in rows],
-            max_new_tokens=settings.max_new_tokens,
+
+    #: The progress bar's label.
+    desc: str
+
+    @abstractmethod
+    def measure(self, rows: np.ndarray, ids: Tensor, mask: Tensor, work: Work) -> None:
+        r"""
+        Measures one batch.
+
+        Args:
+
+            rows (ndarray): ``(B,)`` the prompts' indices in the study.
+            ids (Tensor): ``(B, T)`` their token ids, left-padded, on the
+                        model's device.
+            mask (Tensor): ``(B, T)``, zeros at padding.
+            work (Work): The batch's work: its ``targets`` ``(B, 1)`` are the
+                        model's greedy next tokens at the last position.
+        """
+
+
+@dataclass
+class Scores:
+    r"""
+    What the common loop collects over ``n`` prompts and ``k`` blocks.
+
+    Attributes:
+
+        layer_names (list[str]): The ``k`` blocks' names.
+        trajectory (ndarray): ``(n, k + 1)``: ``f(h_0), f(h_{L_1}), ..., p``.
+        scores (dict[str, ndarray]): Per method, ``(n, k)``, NaN where not
+                    computed.
+        target_ids (list[int]): The ``n`` attributed tokens.
+        conductance (ndarray): ``(n,)`` bool: the costly methods' subset.
+        conductance_delta (list[float]): Their largest ``|convergence delta|``
+                    per token of the subset.
+        seconds (dict[str, float]): ``"lens"``: the scoring (costly methods
+                    included); ``"conductance"``: the costly methods.
+    """
+
+    layer_names: List[str]
+    trajectory: np.ndarray
+    scores: Dict[str, np.ndarray]
+    target_ids: List[int]
+    conductance: np.ndarray
+    conductance_delta: List[float]
+    seconds: Dict[str, float]
+
+    def nonmonotone_depth(self) -> np.ndarray:
+        r"""``(n,)``: each trajectory's depth (:func:`~captum_iglens.studies.
+        validation.stats.nonmonotone_depth`)."""
+        return np.array([nonmonotone_depth(t) for t in self.trajectory])
+
+    def run_settings(
+        self, model: Module, settings: Settings, study: StudyOptions, **more: Any
+    ) -> Dict[str, Any]:
+        r"""The run's record: provenance, prompts, blocks, bootstrap and seed, then
+        ``more``."""
+        return dict(
+            provenance(model, settings),
+            n_prompts=len(self.trajectory),
+            layers=[int(name) for name in self.layer_names],
+            n_bootstrap=study.n_bootstrap,
+            seed=study.seed,
+            **more,
         )
-        generated += [tokenizer.decode(a, skip_special_tokens=True) for a in answers]
-        ids, mask = left_pad([encoded[i] for i in rows], pad_id)
-        ids, mask = ids.to(device), mask.to(device)
-        found, trajectory[rows], work = lens_scores(
-            parts, lens, ids, mask, settings, methods
-        )
-        target_ids += work.targets[:, 0].tolist()
-        ablation = ablate(
-            parts,
-            ids,
-            mask,
-            positions=[ids.shape[1] - 1],
-            targets=work.targets,
-            layers=settings.layers,
-            mode=mode,
-            means=means,
-        )
-        drops[rows] = ablation.drop[:, 0].numpy()
-        model_prob[rows] = ablation.clean[:, 0].numpy()
-        gap = np.abs(trajectory[rows, -1] - model_prob[rows]).max()
-        largest_prob_gap = max(largest_prob_gap, float(gap))
-        for m in methods:
-            if m in found:
-                scores[m][rows] = found[m]
-        subset = np.flatnonzero(conductance[rows])
-        if len(subset):
-            clock = time.perf_counter()
-            chosen_rows = torch.as_tensor(subset, device=device)
-            values, delta = conductance_scores(
-                work, chosen_rows, study.conductance_steps
-            )
-            scores["layer_conductance"][rows[subset]] = values.numpy()
-            conductance_delta += delta.tolist()
-            conductance_seconds += time.perf_counter() - clock
-    if "random" in methods:
-        scores["random"] = rng.standard_normal((n, k))
-    correct = [f.is_answered_by(g) for f, g in zip(facts, generated)]
-    values = _agreement(scores, drops, study.onset_frac)
-    # Removing block 0 or 1 breaks nearly everything; the same agreement without
-    # them shows whether the scores order the later blocks.
-    late = {m: rows[:, 2:] for m, rows in scores.items()}
-    late_values = _agreement(late, drops[:, 2:], study.onset_frac) if k > 3 else {}
-    depth = np.array([nonmonotone_depth(t) for t in trajectory])
-    groups = {
-        "all": np.ones(n, bool),
-        "correct": np.array([c is True for c in correct]),
-        "non_monotone": depth > study.nonmonotone_threshold,
-    }
-    if conductance.any():
-        groups["conductance_subset"] = conductance
-    computed = {m: ~np.isnan(scores[m]).all(1) for m in methods}
-    run = dict(
-        provenance(model, settings),
-        n_prompts=n,
-        layers=chosen,
-        n_bootstrap=study.n_bootstrap,
-        seed=study.seed,
-        chat=settings.chat,
-        conductance_prompts=int(conductance.sum()),
-        conductance_steps=study.conductance_steps,
-        nonmonotone_threshold=study.nonmonotone_threshold,
-        onset_frac=study.onset_frac,
-        max_new_tokens=settings.max_new_tokens,
-        notes=_notes(methods, settings, conductance, conductance_delta, study),
-        max_gap_lens_vs_ablation_clean_prob=largest_prob_gap,
-        conductance_seconds=conductance_seconds,
-        seconds=time.perf_counter() - started,
-    )
-    return ValidationResult(
-        mode=mode,
-        methods=methods,
-        layer_names=list(lens.layer_names),
-        facts=facts,
-        generated=generated,
-        correct=correct,
-        target_tokens=decode_tokens(tokenizer, target_ids),
-        model_prob=model_prob,
-        drops=drops,
-        trajectory=trajectory,
-        nonmonotone_depth=depth,
-        scores=scores,
-        values=values,
-        groups=groups,
-        summary=summarize(values, groups, computed, study.n_bootstrap, study.seed),
-        settings=run,
-        summary_without_first=(
-            summarize(late_values, groups, computed, study.n_bootstrap, study.seed)
-            if late_values
-            else {}
-        ),
-    )
 
 
-def _agreement(
-    scores: Dict[str, np.ndarray], drops: np.ndarray, onset_frac: float
-) -> Dict[str, Dict[str, np.ndarray]]:
-    """Per-token agreement of each method's scores with the drops; NaN where not
-    computed."""
-    n = len(drops)
-    values = {m: {metric: np.full(n, np.nan) for metric in METRICS} for m in scores}
-    for m, rows in scores.items():
-        for i in np.flatnonzero(~np.isnan(rows).all(1)):
-            for metric, value in agreement(rows[i], drops[i], onset_frac).items():
-                values[m][metric][i] = value
-    return values
-
-
-def _notes(
+def score_prompts(
+    parts: ModelParts,
+    lens: LayerIGLens,
+    encoded: Sequence[Tensor],
+    pad_id: int,
     methods: List[str],
     settings: Settings,
-    conductance: np.ndarray,
-    conductance_delta: List[float],
     study: StudyOptions,
-) -> List[str]:
-    notes = [
-        "drop = p(y) − p(y | block ablated), the model's real probability; the "
-        "ablation peak is the block with the largest drop.",
-        "onset: the earliest block where the cumulative |score| reaches "
-        f"{study.onset_frac} of the total (IG-Lens's rule, applied to every "
-        "method); ties in an argmax are broken at random, in expectation.",
-    ]
-    exact_h0 = settings.baselines is None and settings.method == "prediction_aware"
-    if "logit_lens_diff" in methods and "ig_lens" in methods and exact_h0:
-        notes.append("logit_lens_diff equals ig_lens by construction (baseline h_0).")
-    if conductance.any():
-        notes.append(
-            f"layer_conductance on a random subset of {int(conductance.sum())} "
-            f"prompts, {study.conductance_steps} steps (max |convergence delta| per "
-            f"token, median {np.median(conductance_delta):.2e}); compare within "
-            "[conductance_subset]."
-        )
-    return notes
-
-
-def run_restoration(
-    model: Module,
-    tokenizer: Any,
-    prompts: Sequence[Fact],
-    *,
-    corruptions: Sequence[str] = CORRUPTIONS,
-    methods: Sequence[str] = SCORED_METHODS,
-    settings: Optional[Settings] = None,
-    study: StudyOptions = StudyOptions(),
-    progress: bool = True,
-    **options: Any,
-) -> RestorationResult:
+    test: CausalTest,
+    progress: bool,
+) -> Scores:
     r"""
-    Does the IG-Lens onset agree with the causal onset found by restoring the
-    attributed position (causal tracing, in the style of Meng et al. 2022)?
-
-    For each fact with a subject (:meth:`Fact.subject_span`), the model's greedy
-    next token ``y`` at the prompt's last position is attributed, and its
-    probability is traced
-    (:func:`~captum_iglens.studies.validation.restoration.restore`) under two
-    corruptions: Gaussian noise on the subject's embeddings
-    (``study.noise_scale`` times :func:`embedding_std`, ``study.noise_seeds``
-    draws), and a counterfactual subject of the same token length from the same
-    relation (the next such fact in file order whose subject differs). The
-    recovery ``r(L)`` of restoring block ``L``'s output at the last position
-    gives the causal onset (the first block with ``r >= study.recovery_threshold``)
-    and the per-block gains ``r(L) − r(L−1)``, compared with every method's onset
-    and per-block scores
-    (:func:`~captum_iglens.studies.validation.stats.onset_agreement`).
+    The common loop: every method's scores of each prompt's greedy next token,
+    batch by batch, each batch then measured by ``test``. The seeded draws come
+    in a fixed order: the costly methods' subset first, the random scores last.
 
     Args:
 
-        model (PreTrainedModel): A causal LM of a supported architecture;
-                    a wrapper of one (TransformerLens bridge, nnsight model,
-                    ``nn.DataParallel``), or its
-                    :func:`~captum_iglens.hf.model_parts`.
-        tokenizer (PreTrainedTokenizerBase): Its (fast) tokenizer.
-        prompts (list[Fact]): The facts, e.g. :func:`load_facts`; those without
-                    a subject are left out.
-        corruptions (list[str], optional): From :data:`CORRUPTIONS`.
-                    Default: both.
-        methods, settings, study, progress, **options: As in
-                    :func:`run_validation` (``settings.chat`` must be False:
-                    the subject is found in the raw prompt).
+        parts (ModelParts): The causal LM's parts.
+        lens (LayerIGLens): Its lens on the study's blocks.
+        encoded (list[Tensor]): Each prompt's ``(T_i,)`` token ids.
+        pad_id (int): The padding token.
+        methods (list[str]): Names from :data:`SCORED_METHODS`.
+        settings (Settings): IG-Lens's settings.
+        study (StudyOptions): Seed, batch size, the costly methods' subset.
+        test (CausalTest): The study's causal measurement.
+        progress (bool): Progress bar on stderr.
 
     Returns:
-        :class:`RestorationResult`; print it for the table.
+        :class:`Scores`.
     """
-    settings, methods = _study_arguments(
-        settings, options, methods, study, "restoration restores whole blocks' outputs"
-    )
-    if settings.chat:
-        raise ValueError("settings: restoration needs raw prompts; use chat=False")
-    if "ig_lens" not in methods:
-        raise ValueError(f"methods: restoration needs ig_lens, got {methods!r}")
-    if not corruptions or any(c not in CORRUPTIONS for c in corruptions):
-        raise ValueError(
-            f"corruptions: expected names from {list(CORRUPTIONS)}, got "
-            f"{corruptions!r}"
-        )
-    corruptions = list(corruptions)
-    facts = [f for f in prompts if isinstance(f, Fact) and f.subject_span()]
-    if not facts:
-        raise ValueError("prompts: expected facts whose subject can be found")
-    started = time.perf_counter()
-    clock: Dict[str, float] = {"lens": 0.0, "noise": 0.0, "counterfactual": 0.0}
-    parts = model_parts(model)  # unwrapped and looked up once
-    model = parts.model
-    lens = LayerIGLens.from_model(
-        parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
-    )
-    n, k = len(facts), len(lens.layer_names)
-    device = next(model.parameters()).device
-    encoded, subjects = zip(*(_subject_tokens(tokenizer, f) for f in facts))
-    swaps = _counterfactuals(facts, encoded, subjects)
-    pad_id = pad_token_id(tokenizer)
-    noise_std = study.noise_scale * embedding_std(model)
+    n, k = len(encoded), len(lens.layer_names)
+    device = next(parts.model.parameters()).device
     rng = np.random.default_rng(study.seed)
-    conductance = np.zeros(n, bool)
-    if "layer_conductance" in methods:
-        conductance[rng.choice(n, min(study.conductance_prompts, n), False)] = True
-    target_ids: List[int] = []
-    trajectory = np.zeros((n, k + 1))
-    probs = {c: np.full((n, k + 2), np.nan) for c in corruptions}  # clean, corrupt, r
-    scores = {m: np.full((n, k), np.nan) for m in methods}
+    costly = [m for m in methods if METHODS[m].costly]
+    scored = Scores(
+        layer_names=list(lens.layer_names),
+        trajectory=np.zeros((n, k + 1)),
+        scores={m: np.full((n, k), np.nan) for m in methods},
+        target_ids=[],
+        conductance=np.zeros(n, bool),
+        conductance_delta=[],
+        seconds={"lens": 0.0, "conductance": 0.0},
+    )
+    if costly:
+        picked = rng.choice(n, min(study.conductance_prompts, n), replace=False)
+        scored.conductance[picked] = True
+    baseline_token = default_baseline_token(parts.model)
     batches = range(0, n, study.batch_size)
-    for start in tqdm(batches, desc="restoration", disable=not progress):
+    for start in tqdm(batches, desc=test.desc, disable=not progress):
         rows = np.arange(start, min(n, start + study.batch_size))
         ids, mask = left_pad([encoded[i] for i in rows], pad_id)
         ids, mask = ids.to(device), mask.to(device)
         tick = time.perf_counter()
-        found, trajectory[rows], work = lens_scores(
-            parts, lens, ids, mask, settings, methods
-        )
+        work, trajectory = study_work(parts, lens, ids, mask, settings, baseline_token)
+        scored.trajectory[rows] = trajectory.cpu().numpy()
         for m in methods:
-            if m in found:
-                scores[m][rows] = found[m]
-        subset = np.flatnonzero(conductance[rows])
-        if len(subset):
-            values, _ = conductance_scores(
-                work, torch.as_tensor(subset, device=device), study.conductance_steps
-            )
-            scores["layer_conductance"][rows[subset]] = values.numpy()
-        clock["lens"] += time.perf_counter() - tick
-        targets = work.targets[:, 0]
-        target_ids += targets.tolist()
-        if "noise" in corruptions:
-            tick = time.perf_counter()
-            where, _ = left_pad([subjects[i].long() for i in rows], 0)
-            traced = restore(
-                parts,
-                ids,
-                mask,
-                targets=targets,
-                subject_mask=where.bool(),
-                noise_std=noise_std,
-                seeds=range(study.seed, study.seed + study.noise_seeds),
-                layers=settings.layers,
-            )
-            probs["noise"][rows] = _columns(traced)
-            clock["noise"] += time.perf_counter() - tick
-        swapped = [r for r in range(len(rows)) if swaps[rows[r]] is not None]
-        if "counterfactual" in corruptions and swapped:
-            tick = time.perf_counter()
-            picked = rows[swapped]
-            other = ids[swapped].clone()  # same left padding: aligned at the end
-            for r, i in enumerate(picked):
-                other[r, -len(swaps[i]) :] = swaps[i]
-            traced = restore(
-                parts,
-                ids[swapped],
-                mask[swapped],
-                targets=targets[swapped],
-                corrupted_ids=other,
-                layers=settings.layers,
-            )
-            probs["counterfactual"][picked] = _columns(traced)
-            clock["counterfactual"] += time.perf_counter() - tick
-    if "random" in methods:
-        scores["random"] = rng.standard_normal((n, k))
-    depth = np.array([nonmonotone_depth(t) for t in trajectory])
-    monotone = depth <= study.nonmonotone_threshold
-    onsets = {
-        m: np.array([_onset(row, study.onset_frac) for row in scores[m]])
-        for m in methods
-    }
-    summary, causal = {}, {}
-    for c in corruptions:
-        clean, corrupt, recovery = probs[c][:, 0], probs[c][:, 1], _recovery(probs[c])
-        effective = clean - corrupt >= study.min_effect * clean
-        causal[c] = np.array(
-            [
-                causal_onset(r, study.recovery_threshold) if ok else np.nan
-                for r, ok in zip(recovery, effective)
-            ],
-            dtype=float,
-        )
-        groups = {
-            "all": effective,
-            "monotone": effective & monotone,
-            "non_monotone": effective & ~monotone,
-        }
-        if conductance.any():
-            groups["conductance_subset"] = effective & conductance
-        summary[c] = {
-            g: {
-                m: onset_agreement(
-                    np.where(members, onsets[m], np.nan),
-                    causal[c],
-                    _gain_spearman(scores[m], recovery, members),
-                    study.n_bootstrap,
-                    study.seed,
-                )
-                for m in methods
-            }
-            for g, members in groups.items()
-        }
-    run = dict(
-        provenance(model, settings),
-        n_prompts=n,
-        layers=[int(name) for name in lens.layer_names],
-        n_bootstrap=study.n_bootstrap,
-        seed=study.seed,
-        noise_scale=study.noise_scale,
-        noise_std=noise_std,
-        noise_seeds=study.noise_seeds,
-        min_effect=study.min_effect,
-        recovery_threshold=study.recovery_threshold,
-        onset_frac=study.onset_frac,
-        nonmonotone_threshold=study.nonmonotone_threshold,
-        conductance_prompts=int(conductance.sum()),
-        conductance_steps=study.conductance_steps,
-        seconds=time.perf_counter() - started,
-        seconds_by_part=clock,
-    )
-    return RestorationResult(
-        corruptions=corruptions,
-        methods=methods,
-        layer_names=list(lens.layer_names),
-        facts=facts,
-        target_tokens=decode_tokens(tokenizer, target_ids),
-        trajectory=trajectory,
-        nonmonotone_depth=depth,
-        probs=probs,
-        scores=scores,
-        onsets={m: v.astype(float) for m, v in onsets.items()},
-        causal_onsets=causal,
-        conductance=conductance,
-        summary=summary,
-        settings=run,
-    )
+            if METHODS[m].run is not None and not METHODS[m].costly:
+                scored.scores[m][rows] = method_scores(work, m)
+        _score_subset(scored, costly, rows, work, study.conductance_steps)
+        scored.seconds["lens"] += time.perf_counter() - tick
+        scored.target_ids += work.targets[:, 0].tolist()
+        test.measure(rows, ids, mask, work)
+    for m in methods:
+        if METHODS[m].run is None:  # drawn, not run: "random"
+            scored.scores[m] = rng.standard_normal((n, k))
+    return scored
 
 
-def _subject_tokens(tokenizer: Any, fact: Fact) -> Tuple[Tensor, Tensor]:
-    """The prompt's ids (as :func:`encode_prompt` without chat) and a ``(T,)``
-    bool mask of the tokens that overlap the subject's characters."""
-    ids = encode_prompt(tokenizer, fact.prompt, chat=False)[0]
-    offsets = tokenizer(fact.prompt, return_offsets_mapping=True)["offset_mapping"]
-    if len(offsets) != len(ids):
-        raise ValueError(f"tokenizer: offsets of {fact.prompt!r} do not match its ids")
-    start, end = fact.subject_span()  # type: ignore[misc]
-    where = torch.tensor([a < end and b > start and b > a for a, b in offsets])
-    if not where.any():
-        raise ValueError(f"tokenizer: no token covers the subject of {fact.id}")
-    return ids, where
-
-
-def _counterfactuals(
-    facts: Sequence[Fact], encoded: Sequence[Tensor], subjects: Sequence[Tensor]
-) -> List[Optional[Tensor]]:
-    """Per fact, its ids with the subject tokens of the next fact (in order,
-    cyclically) of the same relation whose subject has as many tokens, other
-    ids and another answer; None where there is none."""
-    out: List[Optional[Tensor]] = []
-    n = len(facts)
-    for i, fact in enumerate(facts):
-        mine = encoded[i][subjects[i]]
-        swap = None
-        for step in range(1, n):
-            j = (i + step) % n
-            theirs = encoded[j][subjects[j]]
-            if (
-                facts[j].relation == fact.relation
-                and len(theirs) == len(mine)
-                and not torch.equal(theirs, mine)
-                and facts[j].answer != fact.answer
-            ):
-                swap = encoded[i].clone()
-                swap[subjects[i]] = theirs
-                break
-        out.append(swap)
-    return out
-
-
-def _columns(traced: Restoration) -> np.ndarray:
-    """``(B, k + 2)``: clean, corrupted and restored probabilities."""
-    return torch.cat(
-        [traced.clean[:, None], traced.corrupt[:, None], traced.restored], 1
-    ).numpy()
-
-
-def _recovery(columns: np.ndarray) -> np.ndarray:
-    gap = columns[:, :1] - columns[:, 1:2]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return (columns[:, 2:] - columns[:, 1:2]) / gap
-
-
-def _onset(row: np.ndarray, frac: float) -> float:
-    if np.isnan(row).any():
-        return np.nan
-    onset = onset_index(row, frac)
-    return np.nan if onset < 0 else float(onset)
-
-
-def _gain_spearman(
-    scores: np.ndarray, recovery: np.ndarray, members: np.ndarray
-) -> np.ndarray:
-    out = np.full(len(scores), np.nan)
-    for i in np.flatnonzero(members):
-        if not np.isnan(scores[i]).any() and np.isfinite(recovery[i]).all():
-            out[i] = spearman(scores[i], recovery_gains(recovery[i]))
-    return out
+def _score_subset(
+    scored: Scores, costly: List[str], rows: np.ndarray, work: Work, n_steps: int
+) -> None:
+    """The costly methods' scores of the batch ``rows``'s prompts in their subset."""
+    subset = np.flatnonzero(scored.conductance[rows])
+    if not len(subset):
+        return
+    clock = time.perf_counter()
+    picked = torch.as_tensor(subset, device=work.input_ids.device)
+    for m in costly:
+        values, delta = subset_scores(work, m, picked, n_steps)
+        scored.scores[m][rows[subset]] = values.numpy()
+        scored.conductance_delta += delta.tolist()
+    scored.seconds["conductance"] += time.perf_counter() - clock

@@ -105,6 +105,32 @@
       .sort(function (a, b) { return Math.abs(b[0]) - Math.abs(a[0]); }).slice(0, n);
   }
 
+  // One table per group of tokens: a row per method, a column per metric, each
+  // cell 'mean [lo, hi] n=...' (summary[group][method][metric]).
+  function statsTables(root, summary, heading) {
+    var metrics = [];
+    Object.keys(summary).forEach(function (g) {
+      Object.keys(summary[g]).forEach(function (m) {
+        Object.keys(summary[g][m]).forEach(function (k) { if (metrics.indexOf(k) < 0) metrics.push(k); });
+      });
+    });
+    Object.keys(summary).forEach(function (g) {
+      add(root, h('h2', null, heading + g));
+      var table = add(root, h('table', 'stats'));
+      var tr = add(table, h('tr'));
+      add(tr, h('th', null, 'method'));
+      metrics.forEach(function (k) { add(tr, h('th', null, k)); });
+      Object.keys(summary[g]).forEach(function (m) {
+        var row = add(table, h('tr'));
+        add(row, h('td', null, m));
+        metrics.forEach(function (k) {
+          var s = summary[g][m][k];
+          add(row, h('td', 'v', s && s.n ? fmt(s.mean, false, 3) + ' [' + fmt(s.lo, false, 3) + ', ' + fmt(s.hi, false, 3) + '] n=' + s.n : '–'));
+        });
+      });
+    });
+  }
+
   // ------------------------------------------------------------------ chart
   /* A small SVG chart: x = labels, optional bars from 0, optional lines. */
   function chart(opts) {
@@ -500,27 +526,7 @@
 
   function pageValidation(root, d) {
     header(root, 'IG-Lens validation', { mode: d.mode, methods: d.methods.join(', ') });
-    var metrics = [];
-    Object.keys(d.summary).forEach(function (g) {
-      Object.keys(d.summary[g]).forEach(function (m) {
-        Object.keys(d.summary[g][m]).forEach(function (k) { if (metrics.indexOf(k) < 0) metrics.push(k); });
-      });
-    });
-    Object.keys(d.summary).forEach(function (g) {
-      add(root, h('h2', null, 'group: ' + g));
-      var table = add(root, h('table', 'stats'));
-      var tr = add(table, h('tr'));
-      add(tr, h('th', null, 'method'));
-      metrics.forEach(function (k) { add(tr, h('th', null, k)); });
-      Object.keys(d.summary[g]).forEach(function (m) {
-        var row = add(table, h('tr'));
-        add(row, h('td', null, m));
-        metrics.forEach(function (k) {
-          var s = d.summary[g][m][k];
-          add(row, h('td', 'v', s && s.n ? fmt(s.mean, false, 3) + ' [' + fmt(s.lo, false, 3) + ', ' + fmt(s.hi, false, 3) + '] n=' + s.n : '–'));
-        });
-      });
-    });
+    statsTables(root, d.summary, 'group: ');
     var state = { view: 'drops' };
     var controls = add(root, h('div', 'controls'));
     radio(controls, 'vview', [['drops', 'ablation drop']].concat(d.methods.map(function (m) { return [m, m]; })), 'drops',
@@ -585,6 +591,107 @@
     draw();
   }
 
-  var pages = { map: pageMap, batch: pageBatch, comparison: pageComparison, validation: pageValidation };
+  /* Facts x blocks: the recovery r(L) of restoring each block's output at the
+     attributed position (or the IG-Lens share of the credit reached by it),
+     the causal onset framed black and the IG-Lens onset framed green. */
+  function pageRestoration(root, d) {
+    header(root, 'IG-Lens restoration', { corruptions: d.corruptions.join(', '), methods: d.methods.join(', ') });
+    add(root, h('div', 'hint', 'Corrupt the subject, then restore one block\'s output at the attributed position: ' +
+      'recovery r(L) = (p_restored − p_corrupt) / (p_clean − p_corrupt). Causal onset: the first block with r ≥ ' +
+      String(d.settings.recovery_threshold) + '; a method\'s onset: the first block with ' + String(d.settings.onset_frac) +
+      ' of its cumulative |score|. Tokens count when the corruption lowers p by ≥ ' + String(d.settings.min_effect) + ' of p_clean.'));
+    var state = { corruption: d.corruptions[0], view: 'recovery', row: -1 };
+    var controls = add(root, h('div', 'controls'));
+    radio(controls, 'corruption', d.corruptions.map(function (c) { return [c, c]; }), state.corruption,
+      function (v) { state.corruption = v; draw(); if (state.row >= 0) showFact(state.row); });
+    radio(controls, 'rview', [['recovery', 'recovery r(L)'], ['share', 'IG-Lens share of credit']], 'recovery',
+      function (v) { state.view = v; draw(); });
+    add(controls, legend('div', 1, 'value'));
+    add(root, h('div', 'hint', 'Black frame: causal onset; green frame: IG-Lens onset. Hover a cell for its numbers; click a fact for its curves.'));
+    var parts = cellLayout(root);
+    var main = parts.main, side = parts.side, kvt = parts.kvt;
+    var f = { prompt: kv(kvt, 'prompt', 'prompt'), token: kv(kvt, 'token', 'token'), layer: kv(kvt, 'block', 'layer'),
+      recovery: kv(kvt, 'recovery r(L)', 'recovery'), share: kv(kvt, 'IG-Lens share', 'share'),
+      causal: kv(kvt, 'causal onset', 'causal'), onset: kv(kvt, 'IG-Lens onset', 'onset'),
+      clean: kv(kvt, 'p_clean', 'clean'), corrupt: kv(kvt, 'p_corrupt', 'corrupt') };
+    var traj = add(side, h('div', 'panel'));
+    traj.id = 'trajectory';
+    var trajBody = add(traj, h('div', 'hint', 'Click a fact for its recovery and IG-Lens curves.'));
+    var grid = null;
+    function trace(fact) { return fact.traces[state.corruption] || null; }
+    function draw() {
+      if (grid) main.removeChild(grid);
+      grid = add(main, h('div', 'grid'));
+      grid.id = 'map';
+      grid.style.gridTemplateColumns = '260px repeat(' + d.layers.length + ', 16px)';
+      add(grid, h('div'));
+      d.layers.forEach(function (name) { add(grid, h('div', 'colhead', name)).style.height = '40px'; });
+      d.facts.forEach(function (fact, ri) {
+        var label = add(grid, h('div', 'rowhead' + (ri === state.row ? ' selected' : '')));
+        label.setAttribute('data-row', ri);
+        add(label, h('span', 'tok', fact.token));
+        add(label, h('span', 'pos', '  ' + fact.prompt));
+        var t = trace(fact), vals = state.view === 'share' ? fact.share : (t ? t.recovery : null);
+        d.layers.forEach(function (name, j) {
+          var cls = 'cell';
+          if (t && t.onset === j) cls += ' onset';
+          if (fact.onsets.ig_lens === j) cls += ' igonset';
+          var cell = add(grid, h('div', cls));
+          cell.style.background = vals ? diverging(vals[j], 1) : '#eee';
+          cell.setAttribute('data-row', ri);
+          cell.setAttribute('data-col', j);
+        });
+      });
+    }
+    function showFact(ri) {
+      state.row = ri;
+      Array.prototype.forEach.call(grid.querySelectorAll('.rowhead'), function (e) {
+        e.classList.toggle('selected', Number(e.getAttribute('data-row')) === ri);
+      });
+      var fact = d.facts[ri], t = trace(fact);
+      trajBody.textContent = '';
+      trajBody.className = '';
+      add(trajBody, h('div', null, fact.prompt + ' → ' + fact.token));
+      var series = [{ cls: 'share', values: fact.share, name: 'IG-Lens share' }];
+      if (t) series.unshift({ cls: 'recovery', values: t.recovery, name: 'recovery, ' + state.corruption });
+      add(trajBody, chart({ labels: d.layers, series: series }));
+      var onset = function (j) { return j === null || j === undefined ? 'none' : d.layers[j]; };
+      add(trajBody, h('div', 'hint', t
+        ? 'p_clean = ' + fmt(t.clean) + ', p_corrupt = ' + fmt(t.corrupt) + '; causal onset: ' + onset(t.onset) +
+          ', IG-Lens onset: ' + onset(fact.onsets.ig_lens)
+        : 'not traced under ' + state.corruption + '; IG-Lens onset: ' + onset(fact.onsets.ig_lens)));
+    }
+    main.addEventListener('mouseover', function (ev) {
+      var t = ev.target;
+      if (!t.classList || !t.classList.contains('cell')) return;
+      var fact = d.facts[Number(t.getAttribute('data-row'))], j = Number(t.getAttribute('data-col')), tr = trace(fact);
+      f.prompt.textContent = fact.prompt;
+      f.token.textContent = fact.token;
+      f.layer.textContent = d.layers[j];
+      f.recovery.textContent = tr ? fmt(tr.recovery[j]) : 'not traced';
+      f.share.textContent = fmt(fact.share[j]);
+      f.causal.textContent = tr && tr.onset !== null ? d.layers[tr.onset] : '–';
+      f.onset.textContent = fact.onsets.ig_lens !== null ? d.layers[fact.onsets.ig_lens] : '–';
+      f.clean.textContent = tr ? fmt(tr.clean) : '–';
+      f.corrupt.textContent = tr ? fmt(tr.corrupt) : '–';
+    });
+    main.addEventListener('click', function (ev) {
+      var t = ev.target.closest ? ev.target.closest('[data-row]') : null;
+      if (t) showFact(Number(t.getAttribute('data-row')));
+    });
+    draw();
+    // The agreement tables, as the text table shows them: groups with tokens only.
+    d.corruptions.forEach(function (c) {
+      var groups = {};
+      Object.keys(d.summary[c]).forEach(function (g) {
+        var ig = d.summary[c][g].ig_lens;
+        if (ig && ig.mean_abs_diff && ig.mean_abs_diff.n) groups[g] = d.summary[c][g];
+      });
+      statsTables(root, groups, 'corruption: ' + c + ', group: ');
+    });
+  }
+
+  var pages = { map: pageMap, batch: pageBatch, comparison: pageComparison, validation: pageValidation,
+    restoration: pageRestoration };
   pages[DATA.kind](document.getElementById('app'), DATA);
 }());

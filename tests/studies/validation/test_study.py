@@ -8,15 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from captum_iglens import IGLensResult
+from captum_iglens import IGLensResult, LayerIGLens
+from captum_iglens.hf import model_parts
 from captum_iglens.studies.validation import (
     SCORED_METHODS,
+    STUDY_SETTINGS,
     Fact,
     StudyOptions,
     ValidationResult,
     load_facts,
     run_validation,
 )
+from captum_iglens.studies.validation.study import CausalTest, score_prompts
 
 matplotlib.use("Agg")
 
@@ -109,3 +112,52 @@ def test_real_model_two_prompts(default_model):
     assert result.correct == [True, True]
     assert result.drops.shape == (2, 30)
     assert result.settings["max_gap_lens_vs_ablation_clean_prob"] <= 1e-5
+
+
+class _Recorder(CausalTest):
+    """A causal test that records what the common loop hands it."""
+
+    desc = "recorder"
+
+    def __init__(self):
+        self.batches = []
+
+    def measure(self, rows, ids, mask, work):
+        assert set(work.outcomes) >= {"ig_lens", "logit_lens", "logit_lens_diff"}
+        self.batches.append((rows.tolist(), ids.shape, work.targets[:, 0].tolist()))
+
+
+def test_common_loop_scores_then_measures_each_batch(llama4):
+    tokenizer = CharTokenizer()
+    prompts = ["abc", "hello", "a prompt", "zq", "more"]
+    encoded = [tokenizer(p).input_ids[0] for p in prompts]
+    study = StudyOptions(batch_size=2, conductance_prompts=2, conductance_steps=2)
+    methods = list(SCORED_METHODS)
+    lens = LayerIGLens.from_model(llama4)
+    recorder = _Recorder()
+    scored = score_prompts(
+        model_parts(llama4), lens, encoded, 0, methods, STUDY_SETTINGS, study,
+        recorder, False,
+    )
+    assert [rows for rows, _, _ in recorder.batches] == [[0, 1], [2, 3], [4]]
+    assert sum((t for _, _, t in recorder.batches), []) == scored.target_ids
+    n, k = len(prompts), 4
+    assert scored.trajectory.shape == (n, k + 1)
+    assert scored.layer_names == ["0", "1", "2", "3"]
+    # The seeded draws, in order: the costly methods' subset, then "random".
+    rng = np.random.default_rng(study.seed)
+    subset = np.zeros(n, bool)
+    subset[rng.choice(n, 2, replace=False)] = True
+    assert np.array_equal(scored.conductance, subset)
+    assert np.array_equal(scored.scores["random"], rng.standard_normal((n, k)))
+    computed = ~np.isnan(scored.scores["layer_conductance"]).all(1)
+    assert np.array_equal(computed, subset) and len(scored.conductance_delta) == 2
+    for m in ("ig_lens", "ig_lens_abs", "logit_lens", "logit_lens_diff", "dla"):
+        assert not np.isnan(scored.scores[m]).any(), m
+    # The ablation study is this loop with its own test: the same scores.
+    result = run_validation(
+        llama4, tokenizer, prompts, methods=methods, study=study, progress=False
+    )
+    for m in methods:
+        assert np.array_equal(result.scores[m], scored.scores[m], equal_nan=True), m
+    assert np.array_equal(result.trajectory, scored.trajectory)

@@ -1,0 +1,41 @@
+r"""The estimators of IG-Lens, by the name ``method=`` takes.
+
+A new estimator is one module with an
+:class:`~captum_iglens.attr.estimators.base.Estimator` and one line in
+:data:`ESTIMATORS`.
+"""
+
+from typing import Dict
+
+from captum_iglens.attr.estimators.base import Estimator
+from captum_iglens.attr.estimators.captum_rules import CaptumRule
+from captum_iglens.attr.estimators.prediction_aware import PredictionAware
+
+#: Estimators accepted by ``method=``, by name: ours first, then Captum's rules
+#: (iterating gives the names).
+ESTIMATORS: Dict[str, Estimator] = {
+    estimator.name: estimator
+    for estimator in (
+        PredictionAware(),
+        CaptumRule("riemann_left"),
+        CaptumRule("riemann_right"),
+        CaptumRule("riemann_middle"),
+        CaptumRule("riemann_trapezoid"),
+        CaptumRule("gausslegendre"),
+    )
+}
+
+
+def estimator(method: str) -> Estimator:
+    r"""
+    The estimator named ``method``.
+
+    Raises:
+        ValueError: If no estimator has that name.
+    """
+    if not isinstance(method, str) or method not in ESTIMATORS:
+        raise ValueError(f"method: expected one of {list(ESTIMATORS)}, got {method!r}")
+    return ESTIMATORS[method]
+
+
+__all__ = ["ESTIMATORS", "CaptumRule", "Estimator", "PredictionAware", "estimator"]

@@ -1,0 +1,146 @@
+r"""The interface of an IG-Lens estimator: how the credit of each straight
+segment of a path is computed."""
+
+from abc import ABC, abstractmethod
+from typing import Any, Dict, Optional
+
+from torch import Tensor
+
+from captum_iglens.readout.interface import PathReadout
+from captum_iglens.readout.scores import TokenScore
+
+
+class Estimator(ABC):
+    r"""
+    An estimator of the Integrated Gradients of every segment of a path.
+
+    The arguments shared by the methods: ``readout`` reads the points;
+    ``points`` ``(N, K, d)`` are the path points of ``N`` rows in the model's
+    dtype; ``targets`` is the score ``f`` of each row (``N`` rows); ``layers``
+    (broadcastable to ``(N, K)``) is the path point each column is (see
+    :func:`~captum_iglens.attr._utils.path_math.layer_grid`; None for a path
+    from its start); ``n_steps`` the steps per segment; ``chunk_rows`` the most
+    rows read at once; ``grad_kwargs`` goes to ``torch.autograd.grad``.
+
+    Attributes:
+
+        name (str): The name ``method=`` takes.
+        exact (bool): The credits add up to ``f(end) - f(start)`` at any
+                    ``n_steps``.
+        gradient_free_map (bool): :meth:`credits` needs only the values of
+                    ``f`` at the points: the map runs without a backward pass.
+        supports_unmultiplied (bool): Has a form without the displacement
+                    (``multiply_by_inputs=False``): the path-averaged gradient.
+        min_steps (int): The fewest ``n_steps`` it accepts.
+    """
+
+    name: str
+    exact: bool
+    gradient_free_map: bool
+    supports_unmultiplied: bool
+    min_steps: int = 1
+
+    def check_multiply_by_inputs(self, multiply_by_inputs: bool) -> None:
+        r"""
+        Raises:
+            ValueError: If ``multiply_by_inputs`` is False and the estimator has
+                no form without the displacement.
+        """
+        if not (multiply_by_inputs or self.supports_unmultiplied):
+            raise ValueError(
+                f"method: {self.name!r} has no form without the displacement; "
+                "with multiply_by_inputs=False choose one of Captum's rules (e.g. "
+                "method='gausslegendre')"
+            )
+
+    @abstractmethod
+    def attributions(
+        self,
+        readout: PathReadout,
+        points: Tensor,
+        targets: TokenScore,
+        end_values: Tensor,
+        n_steps: int,
+        chunk_rows: int,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        multiply_by_inputs: bool = True,
+        layers: Optional[Tensor] = None,
+    ) -> Tensor:
+        r"""
+        Per-dimension attributions of every segment of ``points``.
+
+        Args:
+
+            end_values (Tensor): ``(N,)``: ``f`` at the last point as the model
+                        computed it (estimators that use the values there take
+                        it in place of the readout's).
+            multiply_by_inputs (bool, optional): False: the path-averaged
+                        gradient of each segment, where
+                        :attr:`supports_unmultiplied`. Default: True
+
+        Returns:
+            *Tensor* ``(N, K - 1, d)``, in the work dtype of the points.
+        """
+
+    def credits(
+        self,
+        readout: PathReadout,
+        points: Tensor,
+        targets: TokenScore,
+        values: Tensor,
+        n_steps: int,
+        chunk_rows: int,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        layers: Optional[Tensor] = None,
+    ) -> Tensor:
+        r"""
+        The scalar credit of every segment: its attributions summed over ``d``.
+
+        Args:
+
+            values (Tensor): ``(N, K)``: ``f`` at the points, the last the
+                        model's own.
+
+        Returns:
+            *Tensor* ``(N, K - 1)``, in the work dtype of the points.
+        """
+        return self.attributions(
+            readout,
+            points,
+            targets,
+            values[:, -1],
+            n_steps,
+            chunk_rows,
+            grad_kwargs,
+            layers=layers,
+        ).sum(-1)
+
+    @abstractmethod
+    def components(
+        self,
+        readout: PathReadout,
+        ends: Tensor,
+        components: Tensor,
+        targets: TokenScore,
+        end_values: Tensor,
+        n_steps: int,
+        chunk_rows: int,
+        per_dimension: bool,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        layers: Optional[Tensor] = None,
+    ) -> Tensor:
+        r"""
+        The credits of the components ``u_c`` of one straight segment per row,
+        ``Σ_c u_c = end - start`` (the heads of ``granularity="head"``).
+
+        Args:
+
+            ends (Tensor): ``(M, 2, d)``: each segment's start and end.
+            components (Tensor): ``(M, C, d)`` float32: the components ``u_c``.
+            end_values (Tensor): ``(M, 2)``: ``f`` at the start and the end.
+            per_dimension (bool): Per-dimension attributions, or scalar credits.
+
+        Returns:
+            *Tensor* ``(M, C)``, or ``(M, C, d)`` with ``per_dimension``,
+            float32.
+        """

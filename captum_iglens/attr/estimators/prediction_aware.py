@@ -1,0 +1,238 @@
+r"""The ``"prediction_aware"`` estimator: each step's observed change of ``f``,
+split across dimensions (or components) by the gradient, so that the credits
+add up exactly at any ``n_steps``."""
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from captum_iglens.attr._utils.path_math import (
+    layer_grid,
+    row_groups,
+    segment_layers,
+    split_weights,
+    values_and_gradients,
+    work_dtype,
+)
+from captum_iglens.attr.estimators.base import Estimator
+from captum_iglens.readout.interface import PathReadout
+from captum_iglens.readout.scores import TokenScore
+
+
+class PredictionAware(Estimator):
+    r"""
+    Prediction-aware Integrated Gradients (the split of Integrated Decision
+    Gradients, https://arxiv.org/abs/2305.20052): exact at any ``n_steps``, its
+    map needs no gradient, and it has no form without the displacement.
+    """
+
+    name = "prediction_aware"
+    exact = True
+    gradient_free_map = True
+    supports_unmultiplied = False
+
+    def attributions(
+        self,
+        readout: PathReadout,
+        points: Tensor,
+        targets: TokenScore,
+        end_values: Tensor,
+        n_steps: int,
+        chunk_rows: int,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        multiply_by_inputs: bool = True,
+        layers: Optional[Tensor] = None,
+    ) -> Tensor:
+        r"""See :func:`prediction_aware_attributions` (``multiply_by_inputs``
+        must be True)."""
+        self.check_multiply_by_inputs(multiply_by_inputs)
+        return prediction_aware_attributions(
+            readout,
+            points,
+            targets,
+            end_values,
+            n_steps,
+            chunk_rows,
+            grad_kwargs,
+            layers,
+        )
+
+    def credits(
+        self,
+        readout: PathReadout,
+        points: Tensor,
+        targets: TokenScore,
+        values: Tensor,
+        n_steps: int,
+        chunk_rows: int,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        layers: Optional[Tensor] = None,
+    ) -> Tensor:
+        r"""The observed changes ``f(p_j) - f(p_{j-1})``: no readout, no
+        gradient (the per-dimension split of a segment sums to its change)."""
+        return values.diff(dim=-1)
+
+    def components(
+        self,
+        readout: PathReadout,
+        ends: Tensor,
+        components: Tensor,
+        targets: TokenScore,
+        end_values: Tensor,
+        n_steps: int,
+        chunk_rows: int,
+        per_dimension: bool,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        layers: Optional[Tensor] = None,
+    ) -> Tensor:
+        r"""
+        :func:`prediction_aware_components`; per dimension, ``u_{c,i} Ĝ_i``
+        (``Ĝ`` the trapezoid mean gradient) plus the rest of the component's
+        credit spread in proportion to ``|u_{c,i} Ĝ_i|``.
+        """
+        credits, mean_gradient = prediction_aware_components(
+            readout,
+            ends,
+            components,
+            targets,
+            end_values,
+            n_steps,
+            chunk_rows,
+            grad_kwargs,
+            layers,
+        )
+        if not per_dimension:
+            return credits
+        linear = components * mean_gradient.unsqueeze(1)
+        rest = credits - linear.sum(-1)
+        spread = split_weights(linear.abs().sqrt(), components)
+        return linear + rest.unsqueeze(-1) * spread
+
+
+def prediction_aware_attributions(
+    readout: PathReadout,
+    points: Tensor,
+    targets: TokenScore,
+    final_values: Tensor,
+    n_steps: int,
+    chunk_rows: int,
+    grad_kwargs: Optional[Dict[str, Any]] = None,
+    layers: Optional[Tensor] = None,
+) -> Tensor:
+    r"""
+    Per-dimension prediction-aware attributions (the IDGI split).
+
+    Each segment is cut into ``n_steps`` equal steps. Step ``s`` is credited its
+    observed change ``f(p_s) - f(p_{s-1})``, split across dimensions in proportion
+    to ``g_i^2`` with ``g`` the gradient of ``f`` at the step's start. Where
+    ``g = 0`` the split follows ``Δ_i^2`` (the segment's direction), and where the
+    segment is empty too, the step has no change to split. Every step's shares sum
+    to its change, so each segment sums to ``f(end) - f(start)`` exactly.
+
+    ``final_values`` ``(N,)`` is ``f`` at the last path point as the model itself
+    computed it, used in place of the readout's evaluation of that point.
+
+    Returns:
+        *Tensor* of shape ``(N, k, d)``.
+    """
+    n, k_plus_1, d = points.shape
+    k = k_plus_1 - 1
+    work = work_dtype(points.dtype)
+    path_layers = layer_grid(layers, points)
+    fractions = torch.arange(n_steps, device=points.device, dtype=work)
+    fractions = (fractions / n_steps).view(1, 1, n_steps, 1)
+    out = torch.empty(n, k, d, device=points.device, dtype=work)
+    for rows in row_groups(n, k * n_steps + 1, chunk_rows):
+        group = points[rows].to(work)
+        start, delta = group[:, :-1], group[:, 1:] - group[:, :-1]
+        grid = start.unsqueeze(2) + fractions * delta.unsqueeze(2)  # (g, k, m, d)
+        flat = torch.cat([grid.flatten(1, 2), group[:, -1:]], dim=1)  # (g, km+1, d)
+        flat_targets = targets[rows].repeat_interleave(k * n_steps + 1)
+        values, grads = values_and_gradients(
+            readout,
+            flat.flatten(0, 1).to(points.dtype),
+            flat_targets,
+            segment_layers(path_layers[rows], n_steps, with_end=True),
+            chunk_rows,
+            grad_kwargs,
+        )
+        g_rows = group.shape[0]
+        values = values.view(g_rows, -1)
+        values[:, -1] = final_values[rows]
+        change = values.diff(dim=1).view(g_rows, k, n_steps, 1)
+        grads = grads.view(g_rows, -1, d)[:, :-1].view(g_rows, k, n_steps, d)
+        shares = split_weights(grads, delta.unsqueeze(2))
+        out[rows] = (shares * change).sum(dim=2)
+    return out
+
+
+def prediction_aware_components(
+    readout: PathReadout,
+    ends: Tensor,
+    components: Tensor,
+    targets: TokenScore,
+    end_values: Tensor,
+    n_steps: int,
+    chunk_rows: int,
+    grad_kwargs: Optional[Dict[str, Any]] = None,
+    layers: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    r"""
+    Prediction-aware credits of the components of one straight segment per row.
+
+    The segment from ``a = ends[:, 0]`` to ``b = ends[:, 1]`` is cut into
+    ``n_steps`` equal steps, with ``b - a = Σ_c u_c`` split into components
+    ``u_c``. Step ``s`` is credited its observed change ``c_s = f(p_{s+1}) -
+    f(p_s)``; component ``c`` gets its first-order (trapezoid) contribution
+    ``t_{s,c} = (g_s + g_{s+1}) · u_c / (2 n)`` plus a share of the step's residual
+    ``r_s = c_s - Σ_c t_{s,c}`` in proportion to ``|t_{s,c}|`` (to ``‖u_c‖²``
+    where every ``t_{s,c}`` is zero). Where the contributions agree in sign this
+    is the split of ``c_s`` in proportion to ``t_{s,c}``; where they cancel, no
+    share exceeds ``|t_{s,c}| + |r_s|``. The shares of a step sum to ``c_s``, so a
+    row's credits sum to ``f(b) - f(a)``; as ``n_steps`` grows they converge to
+    ``∫ ∇f · u_c``, since ``r_s = O(n^{-3})``.
+
+    Args:
+
+        ends (Tensor): ``(M, 2, d)``: each segment's start and end.
+        components (Tensor): ``(M, C, d)`` float32: the components ``u_c``.
+        targets (TokenScore): ``M`` rows.
+        end_values (Tensor): ``(M, 2)``: ``f`` at the start and the end, used in
+                    place of the readout's evaluations there, so that the credits
+                    telescope with the other segments' values.
+        layers (Tensor, optional): Broadcastable to ``(M, 2)``: the path points
+                    of the ends. Default: None
+
+    Returns:
+        2-element tuple of **credits** ``(M, C)`` and **mean_gradient** ``(M, d)``
+        (the trapezoid average of ``∇f`` over the steps), float32.
+    """
+    m, _, d = ends.shape
+    path_layers = layer_grid(layers, ends)
+    fractions = torch.arange(n_steps + 1, device=ends.device, dtype=torch.float32)
+    fractions = (fractions / n_steps).view(1, -1, 1)
+    credits = torch.empty(m, components.shape[1], device=ends.device)
+    mean_gradient = torch.empty(m, d, device=ends.device)
+    for rows in row_groups(m, n_steps + 1, chunk_rows):
+        start = ends[rows, 0].float().unsqueeze(1)
+        grid = start + fractions * (ends[rows, 1].float().unsqueeze(1) - start)
+        values, grads = values_and_gradients(
+            readout,
+            grid.flatten(0, 1).to(ends.dtype),
+            targets[rows].repeat_interleave(n_steps + 1),
+            segment_layers(path_layers[rows], n_steps + 1, with_end=False),
+            chunk_rows,
+            grad_kwargs,
+        )
+        values = values.view(-1, n_steps + 1)
+        values[:, 0], values[:, -1] = end_values[rows, 0], end_values[rows, 1]
+        grads = grads.view(-1, n_steps + 1, d)
+        u = components[rows]
+        along = torch.einsum("gsd,gcd->gsc", grads, u)  # (g, n + 1, C)
+        first_order = (along[:, :-1] + along[:, 1:]) / (2 * n_steps)
+        residual = values.diff(dim=1) - first_order.sum(-1)  # (g, n)
+        weights = split_weights(first_order.abs().sqrt(), u.norm(dim=-1).unsqueeze(1))
+        credits[rows] = (first_order + residual.unsqueeze(-1) * weights).sum(1)
+        mean_gradient[rows] = (grads[:, :-1] + grads[:, 1:]).sum(1) / (2 * n_steps)
+    return credits, mean_gradient

@@ -1,0 +1,140 @@
+r"""``captum-iglens attribute`` (the default subcommand): the IG-Lens map of the
+model's answer to a prompt, printed as a table and written as JSON, CSV, PNG or
+HTML."""
+
+import argparse
+import shutil
+from typing import Any, Dict
+
+from captum_iglens.cli.common import (
+    HTML_HELP,
+    CommandError,
+    Job,
+    Stages,
+    check_outputs,
+    load,
+    model_parent,
+    names,
+    progress,
+    prompt_parent,
+    read_prompt,
+    save_figure,
+    settings_from,
+    settings_parent,
+)
+
+
+def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
+    r"""Adds the subcommand ``name`` to ``commands``."""
+    attribute = commands.add_parser(
+        name,
+        parents=[prompt_parent(), settings_parent(), model_parent()],
+        help="the IG-Lens map of the model's answer to a prompt (the default)",
+        description="The IG-Lens map of the model's answer to a prompt.",
+    )
+    attribute.add_argument("--onset-frac", type=float, default=0.5)
+    attribute.add_argument(
+        "--foil",
+        metavar="TEXT",
+        help="contrastive: attribute p(answer token) - p(FOIL) at every position "
+        "(TEXT must be a single token, e.g. ' Lyon')",
+    )
+    attribute.add_argument(
+        "--target-tokens",
+        metavar="TEXT,TEXT",
+        type=names,
+        help="attribute the total probability of these tokens (each a single "
+        "token, e.g. ' Paris,Paris') in place of the answer's token",
+    )
+    attribute.add_argument("--json", metavar="PATH", help="write the result as JSON")
+    attribute.add_argument("--csv", metavar="PATH", help="write a long-format CSV")
+    attribute.add_argument("--png", metavar="PATH", help="write the heatmap as PNG")
+    attribute.add_argument("--html", metavar="PATH", help=HTML_HELP)
+    attribute.set_defaults(prepare=prepare)
+
+
+def prepare(args: argparse.Namespace) -> Job:
+    r"""Checks the options and loads the model; the job generates the answer,
+    attributes it and writes the outputs."""
+    from captum_iglens.attr import attribute_text
+    from captum_iglens.hf.text import encode_prompt, generate
+
+    settings = settings_from(args)
+    if not 0.0 < args.onset_frac <= 1.0:
+        raise CommandError(f"--onset-frac: expected (0, 1], got {args.onset_frac}")
+    check_outputs(args, "json", "csv", "png", "html")
+    prompt = read_prompt(args)
+    stages = Stages()
+    model, tokenizer = stages.run("load", lambda: load(args, settings))
+    scored = _scored_tokens(args, tokenizer)
+
+    def job() -> int:
+        (answer_ids,) = stages.run(
+            "generate",
+            lambda: generate(
+                model,
+                tokenizer,
+                [encode_prompt(tokenizer, prompt, chat=settings.chat)],
+                max_new_tokens=settings.max_new_tokens,
+                progress=progress(args),
+            ),
+        )
+        print(f"prompt: {prompt}")
+        print(f"answer: {tokenizer.decode(answer_ids)}")
+        if len(answer_ids) == 0 and settings.positions == "answer":
+            print("captum-iglens: the answer is empty; nothing to attribute")
+            return 1
+        result = stages.run(
+            "attribute",
+            lambda: attribute_text(
+                model,
+                tokenizer,
+                prompt,
+                answer=answer_ids,
+                settings=settings,
+                **scored,
+            ),
+        )
+        _report(result, args)
+        print(stages.summary())
+        return 0
+
+    return job
+
+
+def _report(result: Any, args: argparse.Namespace) -> None:
+    """Prints the map (and its views) and writes the files asked for."""
+    width = shutil.get_terminal_size((120, 24)).columns
+    print(result.format_table(width=width, onset_frac=args.onset_frac))
+    if result.has_views:
+        print()
+        print(result.format_views(width=width))
+    if args.json:
+        result.save(args.json)
+    if args.csv:
+        result.to_csv(args.csv)
+    if args.html:
+        result.to_html(args.html)
+    if args.png:
+        from captum_iglens.plots import plot_heatmap
+
+        save_figure(plot_heatmap(result, onset_frac=args.onset_frac)[0], args.png)
+
+
+def _scored_tokens(args: argparse.Namespace, tokenizer: Any) -> Dict[str, Any]:
+    """``--foil`` and ``--target-tokens`` as token ids (each a single token)."""
+    from captum_iglens.hf.text import single_token_id
+
+    scored: Dict[str, Any] = {}
+    if args.foil is not None:
+        scored["foil"] = single_token_id(tokenizer, args.foil, "--foil")
+    if args.target_tokens is not None:
+        if not args.target_tokens:
+            raise CommandError("--target-tokens: expected at least one token")
+        ids = [
+            single_token_id(tokenizer, t, "--target-tokens") for t in args.target_tokens
+        ]
+        if len(set(ids)) != len(ids):
+            raise CommandError(f"--target-tokens: the same token twice in {ids}")
+        scored["target_tokens"] = set(ids)
+    return scored

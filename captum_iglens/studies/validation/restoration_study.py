@@ -1,0 +1,372 @@
+r"""
+Does the IG-Lens onset agree with the causal onset found by restoring the
+attributed position? :func:`run_restoration` traces each fact's answer under two
+corruptions (:mod:`~captum_iglens.studies.validation.restoration`) and compares
+the causal onsets and per-block recovery gains with every method's onset and
+scores, on the common loop of :mod:`~captum_iglens.studies.validation.study`.
+"""
+
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.architectures import model_parts
+from captum_iglens.hf.parts import ModelParts
+from captum_iglens.hf.text import decode_tokens, encode_prompt, left_pad, pad_token_id
+from captum_iglens.settings import Settings
+from captum_iglens.studies.comparison.methods import SCORED_METHODS
+from captum_iglens.studies.comparison.runners import Work
+from captum_iglens.studies.validation.facts import Fact
+from captum_iglens.studies.validation.restoration import (
+    CORRUPTIONS,
+    Restoration,
+    embedding_std,
+    restore,
+)
+from captum_iglens.studies.validation.result import RestorationResult
+from captum_iglens.studies.validation.stats import (
+    causal_onset,
+    onset_agreement,
+    onset_index,
+    recovery_gains,
+    spearman,
+)
+from captum_iglens.studies.validation.study import (
+    CausalTest,
+    Scores,
+    StudyOptions,
+    check_arguments,
+    score_prompts,
+)
+
+
+class Restorations(CausalTest):
+    r"""
+    Each fact's clean, corrupted and restored probabilities of its answer under
+    each corruption (:func:`~captum_iglens.studies.validation.restoration.restore`).
+
+    Args:
+
+        parts (ModelParts): The causal LM's parts.
+        corruptions (list[str]): From :data:`CORRUPTIONS`.
+        subjects (list[Tensor]): Per fact, ``(T_i,)`` bool: its subject's tokens.
+        swaps (list[Tensor or None]): Per fact, its counterfactual ids, or None.
+        noise_std (float): The noise's standard deviation.
+        settings (Settings): The blocks.
+        study (StudyOptions): The seed and number of noise draws.
+        k (int): The number of blocks.
+    """
+
+    desc = "restoration"
+
+    def __init__(
+        self,
+        parts: ModelParts,
+        corruptions: List[str],
+        subjects: Sequence[Tensor],
+        swaps: Sequence[Optional[Tensor]],
+        noise_std: float,
+        settings: Settings,
+        study: StudyOptions,
+        k: int,
+    ) -> None:
+        self.parts, self.subjects, self.swaps = parts, subjects, swaps
+        self.noise_std, self.settings, self.study = noise_std, settings, study
+        n = len(subjects)
+        # Per corruption, (n, k + 2): clean, corrupted, restored at each block.
+        self.probs = {c: np.full((n, k + 2), np.nan) for c in corruptions}
+        self.seconds = {c: 0.0 for c in CORRUPTIONS}
+
+    def measure(self, rows: np.ndarray, ids: Tensor, mask: Tensor, work: Work) -> None:
+        targets = work.targets[:, 0]
+        if "noise" in self.probs:
+            tick = time.perf_counter()
+            where, _ = left_pad([self.subjects[i].long() for i in rows], 0)
+            traced = restore(
+                self.parts,
+                ids,
+                mask,
+                targets=targets,
+                subject_mask=where.bool(),
+                noise_std=self.noise_std,
+                seeds=range(self.study.seed, self.study.seed + self.study.noise_seeds),
+                layers=self.settings.layers,
+            )
+            self.probs["noise"][rows] = _columns(traced)
+            self.seconds["noise"] += time.perf_counter() - tick
+        swapped = [r for r in range(len(rows)) if self.swaps[rows[r]] is not None]
+        if "counterfactual" in self.probs and swapped:
+            tick = time.perf_counter()
+            picked = rows[swapped]
+            other = ids[swapped].clone()  # same left padding: aligned at the end
+            for r, i in enumerate(picked):
+                other[r, -len(self.swaps[i]) :] = self.swaps[i]
+            traced = restore(
+                self.parts,
+                ids[swapped],
+                mask[swapped],
+                targets=targets[swapped],
+                corrupted_ids=other,
+                layers=self.settings.layers,
+            )
+            self.probs["counterfactual"][picked] = _columns(traced)
+            self.seconds["counterfactual"] += time.perf_counter() - tick
+
+
+def run_restoration(
+    model: Module,
+    tokenizer: Any,
+    prompts: Sequence[Fact],
+    *,
+    corruptions: Sequence[str] = CORRUPTIONS,
+    methods: Sequence[str] = SCORED_METHODS,
+    settings: Optional[Settings] = None,
+    study: StudyOptions = StudyOptions(),
+    progress: bool = True,
+    **options: Any,
+) -> RestorationResult:
+    r"""
+    Does the IG-Lens onset agree with the causal onset found by restoring the
+    attributed position (causal tracing, in the style of Meng et al. 2022)?
+
+    For each fact with a subject (:meth:`Fact.subject_span`), the model's greedy
+    next token ``y`` at the prompt's last position is attributed, and its
+    probability is traced
+    (:func:`~captum_iglens.studies.validation.restoration.restore`) under two
+    corruptions: Gaussian noise on the subject's embeddings
+    (``study.noise_scale`` times :func:`embedding_std`, ``study.noise_seeds``
+    draws), and a counterfactual subject of the same token length from the same
+    relation (the next such fact in file order whose subject differs). The
+    recovery ``r(L)`` of restoring block ``L``'s output at the last position
+    gives the causal onset (the first block with ``r >= study.recovery_threshold``)
+    and the per-block gains ``r(L) − r(L−1)``, compared with every method's onset
+    and per-block scores
+    (:func:`~captum_iglens.studies.validation.stats.onset_agreement`).
+
+    Args:
+
+        model (PreTrainedModel): A causal LM of a supported architecture.
+        tokenizer (PreTrainedTokenizerBase): Its (fast) tokenizer.
+        prompts (list[Fact]): The facts, e.g. :func:`load_facts`; those without
+                    a subject are left out.
+        corruptions (list[str], optional): From :data:`CORRUPTIONS`.
+                    Default: both.
+        methods, settings, study, progress, **options: As in
+                    :func:`run_validation` (``settings.chat`` must be False:
+                    the subject is found in the raw prompt).
+
+    Returns:
+        :class:`RestorationResult`; print it for the table.
+    """
+    settings, methods = check_arguments(
+        settings, options, methods, study, "restoration restores whole blocks' outputs"
+    )
+    facts = _traced_facts(prompts, corruptions, methods, settings)
+    started = time.perf_counter()
+    parts = model_parts(model)  # unwrapped and looked up once
+    model = parts.model
+    lens = LayerIGLens.from_model(
+        parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+    )
+    encoded, subjects = zip(*(_subject_tokens(tokenizer, f) for f in facts))
+    noise_std = study.noise_scale * embedding_std(model)
+    test = Restorations(
+        parts,
+        list(corruptions),
+        subjects,
+        _counterfactuals(facts, encoded, subjects),
+        noise_std,
+        settings,
+        study,
+        len(lens.layer_names),
+    )
+    scored = score_prompts(
+        parts,
+        lens,
+        encoded,
+        pad_token_id(tokenizer),
+        methods,
+        settings,
+        study,
+        test,
+        progress,
+    )
+    onsets = {
+        m: np.array([_onset(row, study.onset_frac) for row in scored.scores[m]])
+        for m in methods
+    }
+    summary, causal = _summary(test.probs, scored, onsets, study)
+    run = scored.run_settings(
+        model,
+        settings,
+        study,
+        noise_scale=study.noise_scale,
+        noise_std=noise_std,
+        noise_seeds=study.noise_seeds,
+        min_effect=study.min_effect,
+        recovery_threshold=study.recovery_threshold,
+        onset_frac=study.onset_frac,
+        nonmonotone_threshold=study.nonmonotone_threshold,
+        conductance_prompts=int(scored.conductance.sum()),
+        conductance_steps=study.conductance_steps,
+        seconds=time.perf_counter() - started,
+        seconds_by_part=dict(lens=scored.seconds["lens"], **test.seconds),
+    )
+    return RestorationResult(
+        corruptions=list(corruptions),
+        methods=methods,
+        layer_names=scored.layer_names,
+        facts=facts,
+        target_tokens=decode_tokens(tokenizer, scored.target_ids),
+        trajectory=scored.trajectory,
+        nonmonotone_depth=scored.nonmonotone_depth(),
+        probs=test.probs,
+        scores=scored.scores,
+        onsets={m: v.astype(float) for m, v in onsets.items()},
+        causal_onsets=causal,
+        conductance=scored.conductance,
+        summary=summary,
+        settings=run,
+    )
+
+
+def _traced_facts(
+    prompts: Sequence[Fact],
+    corruptions: Sequence[str],
+    methods: List[str],
+    settings: Settings,
+) -> List[Fact]:
+    """The facts whose subject can be found, once the arguments that only
+    restoration needs are checked."""
+    if settings.chat:
+        raise ValueError("settings: restoration needs raw prompts; use chat=False")
+    if "ig_lens" not in methods:
+        raise ValueError(f"methods: restoration needs ig_lens, got {methods!r}")
+    if not corruptions or any(c not in CORRUPTIONS for c in corruptions):
+        raise ValueError(
+            f"corruptions: expected names from {list(CORRUPTIONS)}, got "
+            f"{corruptions!r}"
+        )
+    facts = [f for f in prompts if isinstance(f, Fact) and f.subject_span()]
+    if not facts:
+        raise ValueError("prompts: expected facts whose subject can be found")
+    return facts
+
+
+def _summary(
+    probs: Dict[str, np.ndarray],
+    scored: Scores,
+    onsets: Dict[str, np.ndarray],
+    study: StudyOptions,
+) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
+    """Per corruption, the onset agreement of each method with the causal onsets,
+    over the groups of tokens the corruption affects; and those causal onsets."""
+    monotone = scored.nonmonotone_depth() <= study.nonmonotone_threshold
+    summary, causal = {}, {}
+    for c, columns in probs.items():
+        clean, corrupt, recovery = columns[:, 0], columns[:, 1], _recovery(columns)
+        effective = clean - corrupt >= study.min_effect * clean
+        causal[c] = np.array(
+            [
+                causal_onset(r, study.recovery_threshold) if ok else np.nan
+                for r, ok in zip(recovery, effective)
+            ],
+            dtype=float,
+        )
+        groups = {
+            "all": effective,
+            "monotone": effective & monotone,
+            "non_monotone": effective & ~monotone,
+        }
+        if scored.conductance.any():
+            groups["conductance_subset"] = effective & scored.conductance
+        summary[c] = {
+            g: {
+                m: onset_agreement(
+                    np.where(members, onsets[m], np.nan),
+                    causal[c],
+                    _gain_spearman(scored.scores[m], recovery, members),
+                    study.n_bootstrap,
+                    study.seed,
+                )
+                for m in onsets
+            }
+            for g, members in groups.items()
+        }
+    return summary, causal
+
+
+def _subject_tokens(tokenizer: Any, fact: Fact) -> Tuple[Tensor, Tensor]:
+    """The prompt's ids (as :func:`encode_prompt` without chat) and a ``(T,)``
+    bool mask of the tokens that overlap the subject's characters."""
+    ids = encode_prompt(tokenizer, fact.prompt, chat=False)[0]
+    offsets = tokenizer(fact.prompt, return_offsets_mapping=True)["offset_mapping"]
+    if len(offsets) != len(ids):
+        raise ValueError(f"tokenizer: offsets of {fact.prompt!r} do not match its ids")
+    start, end = fact.subject_span()  # type: ignore[misc]
+    where = torch.tensor([a < end and b > start and b > a for a, b in offsets])
+    if not where.any():
+        raise ValueError(f"tokenizer: no token covers the subject of {fact.id}")
+    return ids, where
+
+
+def _counterfactuals(
+    facts: Sequence[Fact], encoded: Sequence[Tensor], subjects: Sequence[Tensor]
+) -> List[Optional[Tensor]]:
+    """Per fact, its ids with the subject tokens of the next fact (in order,
+    cyclically) of the same relation whose subject has as many tokens, other
+    ids and another answer; None where there is none."""
+    out: List[Optional[Tensor]] = []
+    n = len(facts)
+    for i, fact in enumerate(facts):
+        mine = encoded[i][subjects[i]]
+        swap = None
+        for step in range(1, n):
+            j = (i + step) % n
+            theirs = encoded[j][subjects[j]]
+            if (
+                facts[j].relation == fact.relation
+                and len(theirs) == len(mine)
+                and not torch.equal(theirs, mine)
+                and facts[j].answer != fact.answer
+            ):
+                swap = encoded[i].clone()
+                swap[subjects[i]] = theirs
+                break
+        out.append(swap)
+    return out
+
+
+def _columns(traced: Restoration) -> np.ndarray:
+    """``(B, k + 2)``: clean, corrupted and restored probabilities."""
+    return torch.cat(
+        [traced.clean[:, None], traced.corrupt[:, None], traced.restored], 1
+    ).numpy()
+
+
+def _recovery(columns: np.ndarray) -> np.ndarray:
+    gap = columns[:, :1] - columns[:, 1:2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (columns[:, 2:] - columns[:, 1:2]) / gap
+
+
+def _onset(row: np.ndarray, frac: float) -> float:
+    if np.isnan(row).any():
+        return np.nan
+    onset = onset_index(row, frac)
+    return np.nan if onset < 0 else float(onset)
+
+
+def _gain_spearman(
+    scores: np.ndarray, recovery: np.ndarray, members: np.ndarray
+) -> np.ndarray:
+    out = np.full(len(scores), np.nan)
+    for i in np.flatnonzero(members):
+        if not np.isnan(scores[i]).any() and np.isfinite(recovery[i]).all():
+            out[i] = spearman(scores[i], recovery_gains(recovery[i]))
+    return out
