@@ -181,11 +181,7 @@ def compare(
             # Each method runs from scratch (no outcome shared): its cost is its own.
             out = METHODS[name].run(replace(work, outcomes={}))  # type: ignore[misc]
         results[name] = _method_result(out, mask, lens.layer_names, cost)
-    tokens = input_tokens = None
-    if tokenizer is not None:
-        given = input_ids[:, work.positions.to(input_ids.device)]
-        tokens = [decode_tokens(tokenizer, row.tolist()) for row in work.targets]
-        input_tokens = [decode_tokens(tokenizer, row.tolist()) for row in given]
+    tokens, input_tokens = _token_labels(tokenizer, input_ids, work)
     metadata = dict(
         provenance(model, settings),
         n_steps=settings.n_steps,
@@ -235,6 +231,18 @@ def _baseline_token(model: Module, baseline_token: Optional[int]) -> int:
             "bos_token_id)"
         )
     return baseline_token
+
+
+def _token_labels(
+    tokenizer: Optional[Any], input_ids: Tensor, work: Work
+) -> Tuple[Optional[List[List[str]]], Optional[List[List[str]]]]:
+    """The attributed tokens' and the given tokens' texts ``[B][P]``, with a
+    tokenizer."""
+    if tokenizer is None:
+        return None, None
+    given = input_ids[:, work.positions.to(input_ids.device)]
+    tokens = [decode_tokens(tokenizer, row.tolist()) for row in work.targets]
+    return tokens, [decode_tokens(tokenizer, row.tolist()) for row in given]
 
 
 def _method_result(

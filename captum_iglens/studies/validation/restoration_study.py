@@ -200,7 +200,8 @@ def run_restoration(
         m: np.array([_onset(row, study.onset_frac) for row in scored.scores[m]])
         for m in methods
     }
-    summary, causal = _summary(test.probs, scored, onsets, study)
+    depth = scored.nonmonotone_depth()
+    summary, causal = _summary(test.probs, scored, onsets, depth, study)
     run = scored.run_settings(
         model,
         settings,
@@ -224,7 +225,7 @@ def run_restoration(
         facts=facts,
         target_tokens=decode_tokens(tokenizer, scored.target_ids),
         trajectory=scored.trajectory,
-        nonmonotone_depth=scored.nonmonotone_depth(),
+        nonmonotone_depth=depth,
         probs=test.probs,
         scores=scored.scores,
         onsets={m: v.astype(float) for m, v in onsets.items()},
@@ -262,11 +263,12 @@ def _summary(
     probs: Dict[str, np.ndarray],
     scored: Scores,
     onsets: Dict[str, np.ndarray],
+    depth: np.ndarray,
     study: StudyOptions,
 ) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """Per corruption, the onset agreement of each method with the causal onsets,
     over the groups of tokens the corruption affects; and those causal onsets."""
-    monotone = scored.nonmonotone_depth() <= study.nonmonotone_threshold
+    monotone = depth <= study.nonmonotone_threshold
     summary, causal = {}, {}
     for c, columns in probs.items():
         clean, corrupt, recovery = columns[:, 0], columns[:, 1], _recovery(columns)
