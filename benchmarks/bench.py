@@ -52,7 +52,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens import LayerIGLens
-from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf import encode_prompt, generate, teacher_forcing
 from captum_iglens.hf.models import load_default
 from captum_iglens.readout import Readout
@@ -182,7 +182,7 @@ def capture_path(
         2-element tuple of **points** ``(T, k + 1, d)`` (``h_0``, then each chosen
         block's output, at the attributed positions) and **logits** ``(T, V)``.
     """
-    layers = decoder_layers(model)
+    layers = model_parts(model).blocks
     states: List[Tensor] = []
 
     def first_input(
@@ -275,7 +275,7 @@ def bench_floor(
         "attribute_map against the floor (one forward + T·(k+1) readouts); the "
         "median over rounds of map / (forward + readout) of the same round"
     )
-    blocks = list(range(len(decoder_layers(model))))
+    blocks = list(range(len(model_parts(model).blocks)))
     k = len(blocks)
     for n_positions, steps in sizes:
         case = random_case(prompt_ids, n_positions, lens.readout.vocab_size)
@@ -363,7 +363,7 @@ def bench_lig(
         f"{n_blocks}x{n_positions} "
         "(block, token) pairs measured, the whole map extrapolated"
     )
-    layers = decoder_layers(model)
+    layers = model_parts(model).blocks
     # The middle of each of n_pairs equal shares of blocks and tokens: the cost of a
     # block's LIG falls with its depth (the backward pass stops at it).
     pairs = [
@@ -459,7 +459,7 @@ def bench_precision(model: Module, case: Case, report: Report, quick: bool) -> N
     _section(
         "precision: norm and head in the model's dtype, logits upcast for the softmax"
     )
-    blocks = list(range(len(decoder_layers(model))))
+    blocks = list(range(len(model_parts(model).blocks)))
     for dtype in (torch.float32, torch.bfloat16) + (() if quick else (torch.float16,)):
         typed = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
         lens = LayerIGLens.from_model(typed)
@@ -713,7 +713,7 @@ def lens_blocks(lens: LayerIGLens) -> List[int]:
 def bench_scaling(
     model: Module, prompt_ids: Tensor, timer: Timer, report: Report, quick: bool
 ) -> List[Sweep]:
-    n_blocks = len(decoder_layers(model))
+    n_blocks = len(model_parts(model).blocks)
     vocab = model.config.vocab_size
     base_t, base_k, base_m = 16, 8, 8
     grid = {

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens.hf import model_parts
 
 
 def hook_snapshot(model: Module) -> Dict[str, Tuple[List[int], ...]]:
@@ -64,7 +64,7 @@ def block_states(
 ) -> Tuple[List[Tensor], Tensor]:
     """Reference states from the test's own hooks: ``[h_0, h_1, ..., h_n]`` and the
     model's logits, from one forward with position ids counted from the mask."""
-    blocks, states, handles = decoder_layers(model), [], []
+    blocks, states, handles = model_parts(model).blocks, [], []
     handles.append(
         blocks[0].register_forward_pre_hook(
             lambda m, a, k: states.append((a[0] if a else k["hidden_states"]).detach()),

@@ -10,7 +10,7 @@ import torch
 
 from captum_iglens import LayerIGLens, attribute_text
 from captum_iglens.hf import encode_prompt
-from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens.hf import model_parts
 from tests.helpers import assert_state_unchanged, hook_snapshot, state_snapshot
 
 pytestmark = pytest.mark.real_model
@@ -37,7 +37,7 @@ def test_readout_reproduces_model_logits(embedded_model, padded_batch):
     ids, mask = padded_batch
     lens = LayerIGLens.from_model(model)
     captured = {}
-    handle = decoder_layers(model)[-1].register_forward_hook(
+    handle = model_parts(model).blocks[-1].register_forward_hook(
         lambda m, a, o: captured.setdefault("h", o.detach())
     )
     try:
@@ -94,7 +94,7 @@ def test_completeness_every_position_padded_batch(
 def test_sublayer_map_on_real_weights(embedded_model, padded_batch):
     _, model, _ = embedded_model
     ids, mask = padded_batch
-    n = len(decoder_layers(model))
+    n = len(model_parts(model).blocks)
     chosen = [n // 6, n // 2]
     lens = LayerIGLens.from_model(model, layers=chosen)
     blocks = lens.attribute_map(ids, additional_forward_args=(mask,), positions=[-1])
@@ -112,7 +112,7 @@ def test_sublayer_map_on_real_weights(embedded_model, padded_batch):
 def test_gemma3_is_the_text_model_with_its_tokenizer(gemma3_model):
     model, tokenizer = gemma3_model
     assert model.config.model_type == "gemma3_text"
-    assert len(decoder_layers(model)) == 18
+    assert len(model_parts(model).blocks) == 18
     ids = tokenizer("The capital of France is").input_ids
     assert ids[0] == tokenizer.bos_token_id  # Gemma reads a BOS first
 

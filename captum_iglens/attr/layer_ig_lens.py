@@ -23,14 +23,9 @@ from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import estimator
 from captum_iglens.attr.granularities import PathGranularity, granularity_of
 from captum_iglens.attr.tracing import TracedPath, Tracer, path_levels
-from captum_iglens.hf.architectures import (
-    attention_outputs,
-    choose_blocks,
-    decoder_layers,
-    mid_block_modules,
-)
+from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.forward import CausalLMForward
-from captum_iglens.integrations import unwrap_model
+from captum_iglens.hf.parts import ModelParts
 from captum_iglens.readout.readout import Readout
 from captum_iglens.readout.scores import (
     FoilType,
@@ -128,7 +123,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         is a supported Hugging Face causal LM, a bound method of
                         one, or a wrapper holding one in ``.module``
                         (``nn.DataParallel``, DDP) or ``.model``: then
-                        ``Readout.from_model`` of it, and ``input_layer``
+                        ``model_parts(model).readout()`` of it, and ``input_layer``
                         defaults to the model's first decoder block.
             input_layer (torch.nn.Module, optional): The model's first block; the
                         input it receives is ``h_0``, the default baseline and the
@@ -155,10 +150,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 f"multiply_by_inputs: expected a bool, got {multiply_by_inputs!r}"
             )
         if readout is None:
-            model = hf_model_of(forward_func)
-            readout = Readout.from_model(model)
+            parts = model_parts(hf_model_of(forward_func))
+            readout = parts.readout()
             if input_layer is None:
-                input_layer = decoder_layers(model)[0]
+                input_layer = parts.blocks[0]
         layers, input_layer, names, sublayers = check_construction(
             forward_func, layer, readout, input_layer, layer_names, sublayers
         )
@@ -186,7 +181,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
     @classmethod
     def from_model(
         cls,
-        model: Module,
+        model: Union[Module, ModelParts],
         layers: Optional[Sequence[int]] = None,
         *,
         max_chunk_bytes: int = 256 * 2**20,
@@ -197,10 +192,12 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
         Args:
 
-            model (transformers.PreTrainedModel): A causal LM of a supported
-                        architecture, or a TransformerLens ``TransformerBridge``
-                        or nnsight ``LanguageModel`` wrapping one (checked to
-                        give the same logits).
+            model (transformers.PreTrainedModel or ModelParts): A causal LM of a
+                        supported architecture; a TransformerLens
+                        ``TransformerBridge``, nnsight ``LanguageModel`` or
+                        ``nn.DataParallel`` wrapping one (unwrapped, and checked
+                        to give the same logits); or its parts from
+                        :func:`captum_iglens.hf.model_parts`.
             layers (list[int], optional): Indices of the decoder blocks to put on
                         the path (negative indices count from the end). The last
                         block is always appended. Default: all blocks.
@@ -215,19 +212,24 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             ``sublayers`` come from the architecture table (None for blocks that
             add attention and MLP in parallel).
         """
-        model = unwrap_model(model)  # a TransformerLens bridge, an nnsight model
-        blocks = decoder_layers(model)
-        chosen = choose_blocks(model, layers)
-        layer = [blocks[i] for i in chosen]
-        outputs = attention_outputs(model, layer)
+        parts = model_parts(model)
+        chosen = parts.choose(layers)
+        layer, sublayers, projections = (
+            None if modules is None else [modules[i] for i in chosen]
+            for modules in (parts.blocks, parts.mid_modules, parts.attention_outputs)
+        )
         return cls(
-            CausalLMForward(model),
+            CausalLMForward(parts.model),
             layer,
-            readout=Readout.from_model(model, max_chunk_bytes=max_chunk_bytes),
-            input_layer=blocks[0],
+            readout=parts.readout(max_chunk_bytes=max_chunk_bytes),
+            input_layer=parts.blocks[0],
             layer_names=[str(i) for i in chosen],
-            sublayers=mid_block_modules(model, layer),
-            heads=None if outputs is None else HeadSplit(*outputs),
+            sublayers=sublayers,
+            heads=(
+                None
+                if projections is None
+                else HeadSplit(projections, parts.n_heads, parts.attention_scale)
+            ),
         )
 
     def segment_names(self, granularity: Granularity = "block") -> List[str]:

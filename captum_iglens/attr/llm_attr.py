@@ -11,6 +11,7 @@ from captum.attr._utils.interpretable_input import TextTemplateInput, TextTokenI
 from torch import Tensor
 from torch.nn import Module
 
+from captum_iglens.attr._utils.checks import hf_model_of
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.text import encode_answer, generate, teacher_forcing
 
@@ -23,24 +24,6 @@ DEFAULT_GEN_ARGS: Dict[str, Any] = {
     "temperature": None,
     "top_p": None,
 }
-
-
-def _find_generator(forward_func: Callable[..., Any]) -> Optional[Module]:
-    """The Hugging Face model behind ``forward_func``: the first object with a
-    callable ``generate`` among the callable itself, the models it wraps
-    (``.model``, ``.module``), and the owner of a bound method."""
-    seen = set()
-    queue: List[Any] = [forward_func]
-    while queue:
-        obj = queue.pop(0)
-        if obj is None or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if callable(getattr(obj, "generate", None)):
-            return obj
-        for attr in ("model", "module", "__self__", "func"):
-            queue.append(getattr(obj, attr, None))
-    return None
 
 
 class LLMLayerAttribution(Attribution):
@@ -119,7 +102,7 @@ class LLMLayerAttribution(Attribution):
         self.attr_method: LayerIGLens = attr_method
         self.tokenizer: TokenizerLike = tokenizer
         #: The Hugging Face model used for generation, or None if none was found.
-        self.model: Optional[Module] = _find_generator(attr_method.forward_func)
+        self.model: Optional[Module] = _generator(attr_method.forward_func)
         self.device: torch.device = next(attr_method.readout.parameters()).device
 
     def attribute(  # type: ignore[override]
@@ -288,3 +271,11 @@ class LLMLayerAttribution(Attribution):
             pass
         converted = self.tokenizer.convert_ids_to_tokens(cpu.tolist())
         return [str(t) for t in converted]
+
+
+def _generator(forward_func: Callable[..., Any]) -> Optional[Module]:
+    """The Hugging Face model behind ``forward_func``, which generates; or None."""
+    try:
+        return hf_model_of(forward_func)
+    except TypeError:
+        return None

@@ -14,6 +14,7 @@ from captum_iglens.hf.text import (
     decoded_top_tokens,
     single_token_id,
 )
+from captum_iglens.hf.architectures import model_parts
 from captum_iglens.integrations import unwrap_model
 from captum_iglens.readout.scores import FoilType, TokenSetType
 from captum_iglens.result import IGLensResult
@@ -79,7 +80,9 @@ def attribute_text(
         ``metadata`` (prompt, answer, settings, model, package versions).
     """
     settings = Settings.resolve(settings, options)
-    model = unwrap_model(model)  # a TransformerLens bridge, an nnsight model
+    # Unwrapped once (a bridge, an nnsight model); looked up only without a lens.
+    parts = None if lens is not None else model_parts(model)
+    model = unwrap_model(model) if parts is None else parts.model
     if isinstance(foil, str):
         foil = single_token_id(tokenizer, foil, "foil")
     if isinstance(target_tokens, (list, tuple)) and any(
@@ -109,9 +112,9 @@ def attribute_text(
                 else "(the prompt has one token)"
             )
         )
-    if lens is None:
+    if parts is not None:
         lens = LayerIGLens.from_model(
-            model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+            parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
         )
     device = next(model.parameters()).device
     result = lens.attribute_map(

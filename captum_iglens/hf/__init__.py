@@ -1,13 +1,10 @@
-r"""Hugging Face causal LMs: the architecture registry, the model forward, text in
-and out, and the embedded models. Nothing here imports the attribution."""
+r"""Hugging Face causal LMs: the architecture table and registry, the parts of a
+model bound once, the model forward, text in and out, and the embedded models.
+Nothing here imports the attribution."""
 
 from captum_iglens.hf.architectures import (
     architecture,
-    Architecture,
-    choose_blocks,
-    decoder_layers,
-    mid_block_modules,
-    readout_parts,
+    model_parts,
     register_architecture,
     supported_model_types,
     unregister_architecture,
@@ -17,6 +14,8 @@ from captum_iglens.hf.forward import (
     causal_lm_logits,
     position_ids_from_mask,
 )
+from captum_iglens.hf.parts import ModelParts
+from captum_iglens.hf.table import Architecture
 from captum_iglens.hf.text import (
     encode_answer,
     encode_prompt,
@@ -32,16 +31,14 @@ __all__ = [
     "Architecture",
     "CausalLMForward",
     "causal_lm_logits",
-    "choose_blocks",
-    "decoder_layers",
     "encode_answer",
     "encode_prompt",
     "generate",
     "left_pad",
-    "mid_block_modules",
+    "model_parts",
+    "ModelParts",
     "pad_token_id",
     "position_ids_from_mask",
-    "readout_parts",
     "register_architecture",
     "stop_token_ids",
     "supported_model_types",

@@ -8,14 +8,14 @@ IG-Lens's segments map to TransformerLens hook points: block ``l`` ends at
 """
 
 from dataclasses import replace
-from typing import Any, TYPE_CHECKING
+from typing import Any, TypeVar
 
 from torch import nn
 
 from captum_iglens.integrations._verify import check_same_logits
 
-if TYPE_CHECKING:  # result.py imports the estimators, which import the readout
-    from captum_iglens.result import IGLensResult
+#: A result record with ``layer_names`` (:class:`~captum_iglens.IGLensResult`).
+Result = TypeVar("Result")
 
 
 def is_bridge(model: Any) -> bool:
@@ -65,7 +65,7 @@ def hook_name(segment: str) -> str:
     return f"blocks.{block}.hook_resid_{'mid' if part == 'attn' else 'post'}"
 
 
-def with_hook_names(result: "IGLensResult") -> "IGLensResult":
+def with_hook_names(result: Result) -> Result:
     r"""A result whose layer names are TransformerLens hook names.
 
     Args:

@@ -12,8 +12,6 @@ from typing import Callable, List, Optional
 import torch
 from torch import nn, Tensor
 
-from captum_iglens.hf.architectures import readout_parts
-from captum_iglens.integrations import unwrap_model
 from captum_iglens.readout.scores import TokenScore
 
 
@@ -54,7 +52,7 @@ class Readout(nn.Module):
 
     Examples::
 
-        >>> readout = Readout.from_model(model)
+        >>> readout = model_parts(model).readout()  # captum_iglens.hf.model_parts
         >>> logits = readout(h_last)  # equals model(input_ids).logits
         >>> log_p = readout.log_prob(h_last.flatten(0, 1), targets.flatten())
     """
@@ -88,31 +86,6 @@ class Readout(nn.Module):
         self.post = post
         self.max_chunk_bytes = max_chunk_bytes
         self._vocab_size = _vocab_size(head)
-
-    @classmethod
-    def from_model(
-        cls, model: nn.Module, *, max_chunk_bytes: int = 256 * 2**20
-    ) -> "Readout":
-        r"""Builds the readout of a supported Hugging Face causal LM.
-
-        The modules come from :func:`captum_iglens.hf.architectures.readout_parts`.
-
-        Args:
-            model (nn.Module): A ``*ForCausalLM`` model whose
-                        ``config.model_type`` is supported.
-            max_chunk_bytes (int, optional): See :class:`Readout`.
-                        Default: 256 * 2**20 (256 MiB)
-
-        Returns:
-            **readout** (Readout):
-                The readout, referencing the model's own modules.
-
-        Raises:
-            ValueError: If the architecture is not supported; then build
-                ``Readout(head=..., norm=..., post=...)`` by hand.
-        """
-        norm, head, post = readout_parts(unwrap_model(model))
-        return cls(head, norm, post, max_chunk_bytes=max_chunk_bytes)
 
     @property
     def vocab_size(self) -> int:

@@ -32,6 +32,7 @@ from captum_iglens._utils.serialization import (
 )
 from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.text import (
     decoded_top_tokens,
     encode_answer,
@@ -161,7 +162,10 @@ def run_batch(
     Args:
 
         model (PreTrainedModel): A causal LM of a supported architecture, on
-                    the device to use.
+                    the device to use; a wrapper of one
+                    (TransformerLens bridge, nnsight model,
+                    ``nn.DataParallel``), or its
+                    :func:`~captum_iglens.hf.model_parts`.
         tokenizer (PreTrainedTokenizerBase): Its tokenizer.
         prompts (list[dict]): ``{"id": str or int, "prompt": str}``, ids unique,
                     with an optional ``"answer"`` (text) to attribute instead of
@@ -195,8 +199,10 @@ def run_batch(
         or batch_size < 1
     ):
         raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+    parts = model_parts(model)  # unwrapped and looked up once
+    model = parts.model
     lens = LayerIGLens.from_model(
-        model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+        parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
     lens.segment_names(settings.granularity)  # fails now, not after generation
     out = check_folder(out_dir, "out_dir")

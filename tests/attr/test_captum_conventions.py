@@ -147,7 +147,7 @@ def _case(name: str) -> Case:
             32,
             model.embed,
         )
-    from captum_iglens.hf.architectures import decoder_layers
+    from captum_iglens.hf import model_parts
     from tests.tiny_models import VOCAB, tiny_model
 
     model = tiny_model(name)
@@ -155,7 +155,7 @@ def _case(name: str) -> Case:
         name,
         model,
         CausalLMForward(model),
-        decoder_layers(model),
+        model_parts(model).blocks,
         None,
         VOCAB,
         model.get_input_embeddings(),

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from captum_iglens import LayerIGLens, Readout
-from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens import LayerIGLens
+from captum_iglens.hf import model_parts
 from tests.helpers import (
     assert_state_unchanged,
     hook_snapshot,
@@ -89,8 +89,8 @@ def test_a_mask_without_tokens_is_refused(lens):
 
 
 def test_constructor_errors(llama):
-    blocks = decoder_layers(llama)
-    readout = Readout.from_model(llama)
+    blocks = model_parts(llama).blocks
+    readout = model_parts(llama).readout()
     other = tiny_model("llama")
     with pytest.raises(TypeError, match="layer"):
         LayerIGLens(llama, [], readout=readout)
@@ -99,7 +99,7 @@ def test_constructor_errors(llama):
     with pytest.raises(ValueError, match="layer"):
         LayerIGLens(llama, [blocks[0], blocks[0]], readout=readout)
     with pytest.raises(ValueError, match=r"layer\[0\]"):
-        LayerIGLens(llama, [decoder_layers(other)[0]], readout=readout)
+        LayerIGLens(llama, [model_parts(other).blocks[0]], readout=readout)
     with pytest.raises(TypeError, match="readout"):
         LayerIGLens(llama, blocks, readout=llama.lm_head)
     with pytest.raises(TypeError, match="forward_func"):
@@ -109,8 +109,8 @@ def test_constructor_errors(llama):
 
 
 def test_layers_out_of_order_or_not_final(llama):
-    blocks = decoder_layers(llama)
-    readout = Readout.from_model(llama)
+    blocks = model_parts(llama).blocks
+    readout = model_parts(llama).readout()
     hooks = hook_snapshot(llama)
     with pytest.raises(ValueError, match="execution order"):
         LayerIGLens(llama, [blocks[1], blocks[0]], readout=readout).attribute_map(
@@ -122,23 +122,23 @@ def test_layers_out_of_order_or_not_final(llama):
 
 
 def test_forward_without_logits(llama):
-    blocks = decoder_layers(llama)
+    parts = model_parts(llama)
     lens = LayerIGLens(
-        lambda ids: {"x": llama(ids).logits}, blocks, readout=Readout.from_model(llama)
+        lambda ids: {"x": llama(ids).logits}, parts.blocks, readout=parts.readout()
     )
     with pytest.raises(TypeError, match="forward_func"):
         lens.attribute_map(_ids())
     lens = LayerIGLens(
         lambda ids: llama(ids).logits[..., :10],
-        blocks,
-        readout=Readout.from_model(llama),
+        parts.blocks,
+        readout=parts.readout(),
     )
     with pytest.raises(ValueError, match="forward_func"):
         lens.attribute_map(_ids())
 
 
 def test_nan_names_the_layer(llama, monkeypatch):
-    blocks = decoder_layers(llama)
+    blocks = model_parts(llama).blocks
     lens = LayerIGLens.from_model(llama)
     handle = blocks[1].register_forward_hook(lambda m, a, o: o * float("nan"))
     hooks = hook_snapshot(llama)
@@ -153,7 +153,7 @@ def test_nan_names_the_layer(llama, monkeypatch):
 def test_layer_that_raises_leaves_no_hook(llama, monkeypatch):
     lens = LayerIGLens.from_model(llama)
     hooks, state = hook_snapshot(llama), state_snapshot(llama)
-    block = decoder_layers(llama)[1]
+    block = model_parts(llama).blocks[1]
 
     def broken(*args, **kwargs):
         raise AssertionError("Raising error on execution")
@@ -181,7 +181,7 @@ def test_error_during_backward_leaves_no_hook(llama):
 def test_normal_call_keeps_hooks_weights_and_mode(llama):
     lens = LayerIGLens.from_model(llama)
     ids, mask = left_padded([5, 3], VOCAB)
-    own = decoder_layers(llama)[0].register_forward_hook(lambda m, a, o: None)
+    own = model_parts(llama).blocks[0].register_forward_hook(lambda m, a, o: None)
     try:
         hooks, state = hook_snapshot(llama), state_snapshot(llama)
         lens.attribute(

@@ -8,7 +8,7 @@ from captum_iglens import LayerIGLens
 from captum_iglens.attr.estimators.prediction_aware import (
     prediction_aware_components,
 )
-from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens.hf import model_parts
 from captum_iglens.readout.readout import Readout
 from captum_iglens.readout.scores import TokenScore
 from tests.helpers import hook_snapshot, left_padded
@@ -179,7 +179,7 @@ def test_head_outputs_reproduce_the_attention_output(arch):
     lens = LayerIGLens.from_model(model)
     ids = torch.randint(1, VOCAB, (2, 5))
     seen = {}
-    projections = [PROJECTIONS[arch](block) for block in decoder_layers(model)]
+    projections = [PROJECTIONS[arch](block) for block in model_parts(model).blocks]
     handles = [
         m.register_forward_hook(lambda m, a, o, j=j: seen.setdefault(j, o.detach()))
         for j, m in enumerate(projections)
@@ -295,7 +295,7 @@ def test_planted_head_gets_the_largest_credit():
     through the final norm's weight); every other head writes noise."""
     model = tiny_model("llama")
     target, planted = 5, 2
-    block = decoder_layers(model)[1]
+    block = model_parts(model).blocks[1]
     o_proj = block.self_attn.o_proj
     head_dim = o_proj.in_features // model.config.num_attention_heads
     cols = slice(planted * head_dim, (planted + 1) * head_dim)

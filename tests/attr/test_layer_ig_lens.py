@@ -6,7 +6,7 @@ from torch import nn
 
 from captum_iglens import IGLensResult, LayerIGLens, Readout
 from captum_iglens.attr._utils.path_math import split_weights
-from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens.hf import model_parts
 from tests.helpers import block_states, left_padded
 from tests.tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
@@ -67,7 +67,7 @@ def test_matches_hand_computed_path(llama, batch):
     """Credits equal softmax differences of independently captured states."""
     ids, mask = batch
     states, logits = block_states(llama, ids, mask)
-    readout = Readout.from_model(llama)
+    readout = model_parts(llama).readout()
     lens = LayerIGLens.from_model(llama, layers=[0])
     result = lens.attribute_map(ids, additional_forward_args=(mask,))
     target = logits.argmax(-1)
@@ -127,7 +127,7 @@ def test_gradient_methods_equal_captum_integrated_gradients(llama, method):
     ids = torch.randint(0, VOCAB, (1, 5))
     mask = torch.ones_like(ids)
     states, logits = block_states(llama, ids, mask)
-    readout = Readout.from_model(llama)
+    readout = model_parts(llama).readout()
     target = logits.argmax(-1)[0]
     lens = LayerIGLens.from_model(llama)
     attrs = lens.attribute(ids, target=target[None], n_steps=8, method=method)
@@ -239,11 +239,11 @@ def test_positions_and_targets(lens, batch):
 
 
 def test_last_position_logits_and_single_layer(llama):
-    blocks = decoder_layers(llama)
+    blocks = model_parts(llama).blocks
     lens = LayerIGLens(
         lambda ids: llama(ids).logits[:, -1],
         blocks[-1],
-        readout=Readout.from_model(llama),
+        readout=model_parts(llama).readout(),
         input_layer=blocks[0],
     )
     ids = torch.randint(0, VOCAB, (2, 5))
@@ -258,7 +258,7 @@ def test_module_list_returns_list_and_captum_conventions(llama):
     lens = LayerIGLens(
         lambda ids: llama(ids),
         llama.model.layers,
-        readout=Readout.from_model(llama),
+        readout=model_parts(llama).readout(),
     )
     out = lens.attribute(torch.randint(0, VOCAB, (1, 3)))
     assert isinstance(out, list) and len(out) == len(llama.model.layers)

@@ -19,7 +19,7 @@ from captum.attr import (  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from captum_iglens import IGLensResult, LayerIGLens  # noqa: E402
-from captum_iglens.hf.architectures import decoder_layers  # noqa: E402
+from captum_iglens.hf import model_parts  # noqa: E402
 from captum_iglens.attr.llm_attr import LLMLayerAttribution  # noqa: E402
 from tests.tiny_models import tiny_model  # noqa: E402
 
@@ -197,7 +197,7 @@ def test_kwargs_reach_attribute_map(lens, tokenizer):
 
 
 def test_wrong_attr_method_and_inputs(llama3, lens, tokenizer):
-    lig = LayerIntegratedGradients(llama3, decoder_layers(llama3)[0])
+    lig = LayerIntegratedGradients(llama3, model_parts(llama3).blocks[0])
     with pytest.raises(TypeError, match="attr_method"):
         LLMLayerAttribution(lig, tokenizer)
     with pytest.raises(TypeError, match="attr_method"):
@@ -216,7 +216,7 @@ def test_wrong_attr_method_and_inputs(llama3, lens, tokenizer):
 
 def test_no_generate_raises_clearly(llama3, tokenizer):
     lens = LayerIGLens.from_model(llama3)
-    blocks = decoder_layers(llama3)
+    blocks = model_parts(llama3).blocks
     plain = LayerIGLens(
         lambda ids: llama3(ids).logits,
         blocks,
@@ -236,7 +236,7 @@ def test_no_generate_raises_clearly(llama3, tokenizer):
 def test_forward_func_is_hf_model(llama3, tokenizer):
     """LayerIGLens built on the HF model itself also generates."""
     ref = LayerIGLens.from_model(llama3)
-    direct = LayerIGLens(llama3, decoder_layers(llama3), readout=ref.readout)
+    direct = LayerIGLens(llama3, model_parts(llama3).blocks, readout=ref.readout)
     llm_attr = LLMLayerAttribution(direct, tokenizer)
     assert llm_attr.model is llama3
     res = llm_attr.attribute(

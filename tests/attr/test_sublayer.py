@@ -5,7 +5,7 @@ import torch
 
 from captum_iglens import LayerIGLens
 from captum_iglens.attr._utils.capture import ResidualCapture
-from captum_iglens.hf.architectures import decoder_layers, mid_block_modules
+from captum_iglens.hf import model_parts
 from tests.helpers import hook_snapshot, left_padded
 from tests.tiny_models import ARCHITECTURES, VOCAB, tiny_model
 
@@ -22,7 +22,7 @@ SEQUENTIAL = [(a, {}) for a in ARCHITECTURES if a not in PARALLEL] + [
 def test_table_marks_parallel_blocks():
     for arch in ARCHITECTURES:
         model = tiny_model(arch)
-        modules = mid_block_modules(model, decoder_layers(model))
+        modules = model_parts(model).mid_modules
         assert (modules is None) == (arch in PARALLEL), arch
 
 
@@ -76,7 +76,7 @@ def test_mid_block_state_matches_submodules_by_hand():
     h_mid + mlp(norm(h_mid))."""
     model = tiny_model("llama")
     lens = LayerIGLens.from_model(model)
-    block = decoder_layers(model)[1]
+    block = model_parts(model).blocks[1]
     seen = {}
 
     def keep(key, value):
@@ -115,7 +115,7 @@ def test_mixed_block_kinds_have_their_own_mid_module():
     computed here by hand from the captured h_mid."""
     model = tiny_model("olmo_hybrid")
     lens = LayerIGLens.from_model(model)
-    linear, attention = decoder_layers(model)
+    linear, attention = model_parts(model).blocks
     points, _ = lens._granularity("sublayer").path_points()
     ids = torch.randint(0, VOCAB, (2, 5))
     capture = ResidualCapture(

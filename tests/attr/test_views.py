@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from captum_iglens import LayerIGLens, competitor_maps
-from captum_iglens.hf.architectures import readout_parts
+from captum_iglens.hf import model_parts
 from tests.helpers import block_states, hook_snapshot, left_padded
 from tests.tiny_models import VOCAB, tiny_model
 
@@ -18,7 +18,8 @@ TOP = 4
 
 def _reference_logits(model, states):
     """Logits of every captured state, read out by the model's own modules."""
-    norm, head, post = readout_parts(model)
+    parts = model_parts(model)
+    norm, head, post = parts.norm, parts.head, parts.post
     out = []
     with torch.no_grad():
         for h in states:

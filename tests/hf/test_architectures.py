@@ -5,13 +5,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPTBigCodeConfig
 
-from captum_iglens import LayerIGLens, Readout, register_architecture
-from captum_iglens.hf import choose_blocks, supported_model_types
-from captum_iglens.hf.architectures import (
-    NORM_KINDS,
-    final_norm_kind,
-    unregister_architecture,
-)
+from captum_iglens import LayerIGLens, register_architecture
+from captum_iglens.hf import model_parts, supported_model_types
+from captum_iglens.hf.architectures import unregister_architecture
+from captum_iglens.hf.table import NORM_KINDS
 from captum_iglens.readout import Softcap
 from tests.helpers import block_states, hook_snapshot, left_padded
 
@@ -26,25 +23,25 @@ def bigcode():
 
 
 def test_block_selection_is_one_rule(llama):
-    assert choose_blocks(llama, None) == [0, 1]
-    assert choose_blocks(llama, [0]) == [0, 1]
-    assert choose_blocks(llama, [-2, 0]) == [0, 1]
+    assert model_parts(llama).choose(None) == [0, 1]
+    assert model_parts(llama).choose([0]) == [0, 1]
+    assert model_parts(llama).choose([-2, 0]) == [0, 1]
     for bad in ([2], [-3]):
         with pytest.raises(ValueError, match="layers"):
-            choose_blocks(llama, bad)
+            model_parts(llama).choose(bad)
     for bad in ([True], [0.0], [torch.tensor(1.0)], ["1"]):
         with pytest.raises(TypeError, match="integer block indices"):
-            choose_blocks(llama, bad)
+            model_parts(llama).choose(bad)
     with pytest.raises(TypeError, match="layers"):
         LayerIGLens.from_model(llama, layers=[True])  # once read as block 1
     # numpy and torch integers are integers
-    assert choose_blocks(llama, [np.int64(0), torch.tensor(-2)]) == [0, 1]
+    assert model_parts(llama).choose([np.int64(0), torch.tensor(-2)]) == [0, 1]
     with pytest.raises(TypeError, match="layers"):
-        choose_blocks(llama, 1)
+        model_parts(llama).choose(1)
 
 
 def test_norm_kind_is_data(llama):
-    assert final_norm_kind(llama) == "rms"
+    assert model_parts(llama).norm_kind == "rms"
     assert set(NORM_KINDS) == {"rms", "layer", "none"}
 
 
@@ -79,7 +76,7 @@ def test_register_a_new_model_type(bigcode):
         # The readout of the last block's output is the model's own head.
         states, logits = block_states(bigcode, ids, mask)
         with torch.no_grad():
-            ours = Readout.from_model(bigcode)(states[-1])
+            ours = model_parts(bigcode).readout()(states[-1])
         torch.testing.assert_close(ours, logits, atol=1e-5, rtol=0)
         with pytest.raises(ValueError, match="already registered"):
             register_architecture(
@@ -95,7 +92,7 @@ def test_a_wrong_registration_is_caught_on_first_use(bigcode):
     register_architecture("gpt_bigcode", layers="transformer.h", norm=())
     hooks, bigcode.training = hook_snapshot(bigcode), True
     try:
-        for build in (LayerIGLens.from_model, Readout.from_model):
+        for build in (LayerIGLens.from_model, model_parts):
             with pytest.raises(ValueError, match="does not reproduce the model's"):
                 build(bigcode)
         assert hook_snapshot(bigcode) == hooks and bigcode.training

@@ -7,10 +7,11 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from captum_iglens import LayerIGLens, Readout
-from captum_iglens.hf import architectures
-from captum_iglens.hf.architectures import REFUSED, architecture, readout_parts
+from captum_iglens import LayerIGLens
+from captum_iglens.hf import architectures, model_parts, table
+from captum_iglens.hf.architectures import architecture
 from captum_iglens.hf.probe import propose_parts
+from captum_iglens.hf.table import REFUSED
 from captum_iglens.readout import Softcap
 from tests.helpers import block_states, hook_snapshot, left_padded
 from tests.tiny_models import VOCAB, tiny_model
@@ -24,7 +25,7 @@ def unregistered(monkeypatch):
 
     def remove(model_type: str) -> None:
         monkeypatch.delitem(architectures._REGISTRY, model_type)
-        monkeypatch.delitem(architectures._BUILT_IN, model_type)
+        monkeypatch.delitem(table.BUILT_IN, model_type)
 
     return remove
 
@@ -67,7 +68,7 @@ def test_probe_accepts_a_known_structure_under_an_unknown_type(arch, unregistere
     ids, mask = left_padded([6, 4], VOCAB)
     states, logits = block_states(model, ids, mask)
     with torch.no_grad():
-        read = Readout.from_model(model)(states[-1])
+        read = model_parts(model).readout()(states[-1])
     torch.testing.assert_close(read, logits, atol=1e-5, rtol=0)
     result = LayerIGLens.from_model(model).attribute_map(
         ids, additional_forward_args=(mask,)
@@ -85,7 +86,7 @@ def test_probe_accepts_a_known_structure_under_an_unknown_type(arch, unregistere
 def test_probe_reads_the_transform_from_the_config(unregistered):
     model = tiny_model("gemma2")
     unregistered("gemma2")
-    post = readout_parts(model)[2]
+    post = model_parts(model).post
     assert isinstance(post, Softcap) and post.cap == 2.0
     # The no-transform proposal comes after it and would not reproduce the logits.
     names = [p.post_name for p in propose_parts(model)]
@@ -109,7 +110,7 @@ def test_probe_refuses_parts_that_do_not_reproduce_the_logits():
     model = _from_llama(Planted)
     model.train()
     hooks = hook_snapshot(model)
-    for build in (LayerIGLens.from_model, Readout.from_model):
+    for build in (LayerIGLens.from_model, model_parts):
         with pytest.raises(ValueError) as caught:
             build(model)
         message = str(caught.value)

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from captum_iglens import LayerIGLens, Readout, attribute_text
+from captum_iglens import LayerIGLens, attribute_text
+from captum_iglens.hf import model_parts
 from captum_iglens.integrations import unwrap_model
 from captum_iglens.integrations.transformer_lens import (
     hook_name,
@@ -58,7 +59,7 @@ def test_hook_names_match_the_bridges_residual_stream(bridge):
     # The final hook point's state, read out, gives the bridge's logits.
     _, cache = bridge.run_with_cache(ids)
     with torch.no_grad():
-        read = Readout.from_model(bridge)(cache["blocks.1.hook_resid_post"])
+        read = model_parts(bridge).readout()(cache["blocks.1.hook_resid_post"])
     torch.testing.assert_close(read, bridge(ids), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="segment"):
         hook_name("blocks.1")

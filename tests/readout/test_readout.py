@@ -3,11 +3,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 import torch
-from captum_iglens.hf.architectures import (
-    supported_model_types,
-    decoder_layers,
-    readout_parts,
-)
+from captum_iglens.hf import model_parts, supported_model_types
 from captum_iglens.readout import LogitDivide, LogitScale, Readout, Softcap
 from tests.tiny_models import ARCHITECTURES, final_norm_path, tiny_model, VOCAB
 from torch import nn, Tensor
@@ -53,7 +49,7 @@ def _last_block_output(model: nn.Module, ids: Tensor) -> Tuple[Tensor, Tensor]:
     def hook(module: nn.Module, args: Tuple, output: object) -> None:
         captured["h"] = output[0] if isinstance(output, tuple) else output
 
-    handle = decoder_layers(model)[-1].register_forward_hook(hook)
+    handle = model_parts(model).blocks[-1].register_forward_hook(hook)
     try:
         with torch.no_grad():
             logits = model(ids).logits
@@ -87,7 +83,7 @@ def _hook_snapshot(model: nn.Module) -> Dict[str, List[Tuple[int, object]]]:
 
 def test_readout_reproduces_model_logits(model: nn.Module) -> None:
     h_final, logits = _last_block_output(model, _input_ids())
-    readout = Readout.from_model(model)
+    readout = model_parts(model).readout()
     with torch.no_grad():
         out = readout(h_final)
     assert out.shape == logits.shape
@@ -96,7 +92,8 @@ def test_readout_reproduces_model_logits(model: nn.Module) -> None:
 
 
 def test_table_matches_model(name: str, model: nn.Module) -> None:
-    norm, head, post = readout_parts(model)
+    parts = model_parts(model)
+    norm, head, post = parts.norm, parts.head, parts.post
     assert head is model.get_output_embeddings()
     expected_norm = final_norm_path(name)
     if expected_norm is None:
@@ -108,14 +105,14 @@ def test_table_matches_model(name: str, model: nn.Module) -> None:
         assert type(post) is WITH_POST[name]
     else:
         assert post is None
-    layers = decoder_layers(model)
+    layers = model_parts(model).blocks
     assert isinstance(layers, list)
     assert len(layers) == model.config.num_hidden_layers
 
 
 def test_opt_project_out_follows_final_norm() -> None:
     model = tiny_model("opt-project-out")
-    norm, _, _ = readout_parts(model)
+    norm = model_parts(model).norm
     decoder = model.model.decoder
     assert isinstance(norm, nn.Sequential)
     assert list(norm) == [decoder.final_layer_norm, decoder.project_out]
@@ -128,7 +125,7 @@ def test_log_prob_matches_model_probabilities(model: nn.Module) -> None:
     h_final, logits = _last_block_output(model, _input_ids())
     h = h_final.flatten(0, 1)
     flat_logits = logits.flatten(0, 1)
-    readout = Readout.from_model(model)
+    readout = model_parts(model).readout()
     for y in (flat_logits.argmax(-1), _targets(h.shape[0])):
         expected = flat_logits.float().softmax(-1).gather(-1, y[:, None])[:, 0]
         with torch.no_grad():
@@ -152,7 +149,8 @@ NORM_TWICE_VISIBLE = [
 @pytest.mark.parametrize("arch", NORM_TWICE_VISIBLE)
 def test_applying_norm_twice_is_caught(arch: str) -> None:
     model = tiny_model(arch)
-    norm, head, post = readout_parts(model)
+    parts = model_parts(model)
+    norm, head, post = parts.norm, parts.head, parts.post
     h_final, logits = _last_block_output(model, _input_ids())
     # The pitfall: reading hidden_states[-1] (already normed) through the readout.
     # OPT's project_out changes the width, so prepend the final norm itself.
@@ -165,7 +163,8 @@ def test_applying_norm_twice_is_caught(arch: str) -> None:
 @pytest.mark.parametrize("name", sorted(WITH_POST))
 def test_dropping_post_is_caught(name: str) -> None:
     model = tiny_model(name)
-    norm, head, _ = readout_parts(model)
+    parts = model_parts(model)
+    norm, head, _ = parts.norm, parts.head, parts.post
     h_final, logits = _last_block_output(model, _input_ids())
     with torch.no_grad():
         assert (Readout(head, norm)(h_final) - logits).abs().max() > CAUGHT
@@ -173,10 +172,10 @@ def test_dropping_post_is_caught(name: str) -> None:
 
 def test_gemma3_text_without_softcapping_has_no_post() -> None:
     model = tiny_model("gemma3_text", final_logit_softcapping=None)
-    assert readout_parts(model)[2] is None
+    assert model_parts(model).post is None
     h_final, logits = _last_block_output(model, _input_ids())
     with torch.no_grad():
-        out = Readout.from_model(model)(h_final)
+        out = model_parts(model).readout()(h_final)
     torch.testing.assert_close(out, logits, atol=EXACT_ATOL, rtol=0)
 
 
@@ -188,8 +187,8 @@ def test_chunked_log_prob_equals_unchunked(model: nn.Module, rows: int) -> None:
     h_final, _ = _last_block_output(model, _input_ids())
     h = h_final.flatten(0, 1)
     y = _targets(h.shape[0])
-    full = Readout.from_model(model)
-    chunked = Readout.from_model(model, max_chunk_bytes=rows * 8 * VOCAB)
+    full = model_parts(model).readout()
+    chunked = model_parts(model).readout(max_chunk_bytes=rows * 8 * VOCAB)
     assert full.rows_per_chunk() >= h.shape[0]
     assert chunked.rows_per_chunk() == rows
     with torch.no_grad():
@@ -205,7 +204,7 @@ def test_chunking_bounds_rows_per_head_call(
     h_final, _ = _last_block_output(model, _input_ids(batch=3, seq=5))
     h = h_final.flatten(0, 1)  # 15 rows
     budget = 4 * 8 * VOCAB + 3  # four rows of logits and log-softmax, plus slack
-    readout = Readout.from_model(model, max_chunk_bytes=budget)
+    readout = model_parts(model).readout(max_chunk_bytes=budget)
     head = readout.head
     rows_seen: List[int] = []
     original = head.forward
@@ -254,7 +253,7 @@ def test_unknown_model_type_is_probed_and_verified() -> None:
     assert "gpt_neo" not in supported_model_types()
     h_final, logits = _last_block_output(model, _input_ids())
     with torch.no_grad():
-        out = Readout.from_model(model)(h_final)
+        out = model_parts(model).readout()(h_final)
     torch.testing.assert_close(out, logits, atol=EXACT_ATOL, rtol=0)
 
 
@@ -263,19 +262,19 @@ def test_unknown_model_type_with_known_layout_is_verified() -> None:
     model.config.model_type = "made_up"
     h_final, logits = _last_block_output(model, _input_ids())
     with torch.no_grad():
-        out = Readout.from_model(model)(h_final)
+        out = model_parts(model).readout()(h_final)
     torch.testing.assert_close(out, logits, atol=EXACT_ATOL, rtol=0)
 
 
 def test_model_without_config_raises() -> None:
     with pytest.raises(ValueError, match=r"Linear"):
-        Readout.from_model(nn.Linear(4, 4))
+        model_parts(nn.Linear(4, 4))
 
 
 def test_base_model_without_head_raises() -> None:
     base = tiny_model("llama").model  # LlamaModel: same model_type, no lm_head
     with pytest.raises(ValueError, match="LlamaModel.*'model.norm'"):
-        readout_parts(base)
+        model_parts(base)
 
 
 # (f) the model is left alone
@@ -292,7 +291,7 @@ def test_model_hooks_modes_and_flags_unchanged(model: nn.Module) -> None:
         hooks = _hook_snapshot(model)
         modes = {n: m.training for n, m in model.named_modules()}
         flags = {n: p.requires_grad for n, p in model.named_parameters()}
-        readout = Readout.from_model(model)
+        readout = model_parts(model).readout()
         h = torch.randn(3, model.config.hidden_size, requires_grad=True)
         readout.log_prob(h, _targets(3)).sum().backward()
         with torch.no_grad():
@@ -306,7 +305,7 @@ def test_model_hooks_modes_and_flags_unchanged(model: nn.Module) -> None:
 
 
 def test_readout_shares_the_model_parameters(model: nn.Module) -> None:
-    readout = Readout.from_model(model)
+    readout = model_parts(model).readout()
     model_params = {id(p) for p in model.parameters()}
     readout_params = list(readout.parameters())
     assert readout_params
@@ -320,7 +319,7 @@ def test_log_prob_gradients_flow(model: nn.Module) -> None:
     h_final, _ = _last_block_output(model, _input_ids())
     y = _targets(h_final.shape[0] * h_final.shape[1])
     h = h_final.flatten(0, 1).detach().requires_grad_()
-    readout = Readout.from_model(model, max_chunk_bytes=3 * 8 * VOCAB)
+    readout = model_parts(model).readout(max_chunk_bytes=3 * 8 * VOCAB)
     readout.log_prob(h, y).sum().backward()
     assert h.grad is not None
     assert torch.isfinite(h.grad).all()
@@ -380,7 +379,7 @@ def test_post_transforms_match_their_formulas() -> None:
 
 def test_readout_is_pointwise_over_tokens(model: nn.Module) -> None:
     h_final, logits = _last_block_output(model, _input_ids())
-    readout = Readout.from_model(model)
+    readout = model_parts(model).readout()
     with torch.no_grad():
         one = readout(h_final[1, 3])
     torch.testing.assert_close(one, logits[1, 3], atol=EXACT_ATOL, rtol=0)

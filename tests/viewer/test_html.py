@@ -202,10 +202,17 @@ def test_restoration_page_leaves_out_untraced_facts(restoration_result):
     assert set(data["facts"][0]["traces"]) == {"noise", "counterfactual"}
 
 
+@pytest.fixture
+def map_result():
+    return synthetic_result(5, 7, batch=2)
+
+
 @pytest.mark.parametrize(
-    "fixture", ["comparison_result", "validation_result", "restoration_result"]
+    "fixture",
+    ["map_result", "comparison_result", "validation_result", "restoration_result"],
 )
 def test_fresh_and_loaded_results_render_alike(fixture, request, tmp_path):
+    # A loaded result stores NaN as None (JSON has no NaN): the page is the same.
     result = request.getfixturevalue(fixture)
     result.save(tmp_path / "r.json")
     loaded = type(result).load(tmp_path / "r.json")

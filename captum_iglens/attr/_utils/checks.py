@@ -65,8 +65,9 @@ def check_construction(
     if not isinstance(readout, Readout):
         raise TypeError(
             "readout: expected a captum_iglens.Readout, got "
-            f"{type(readout).__name__}; build one with Readout.from_model(model) "
-            "or Readout(head=..., norm=..., post=...)"
+            f"{type(readout).__name__}; build one with "
+            "captum_iglens.hf.model_parts(model).readout() or "
+            "Readout(head=..., norm=..., post=...)"
         )
     input_layer = layers[0] if input_layer is None else input_layer
     names = (
@@ -100,21 +101,26 @@ def check_construction(
 def hf_model_of(forward_func: Callable[..., Any]) -> Module:
     r"""
     The Hugging Face model behind ``forward_func``: the model itself, the module
-    a bound method belongs to, or the model wrapped by ``nn.DataParallel``,
-    ``DistributedDataParallel`` or :class:`~captum_iglens.hf.forward.CausalLMForward`.
+    a bound method belongs to, the function of a ``functools.partial``, or the
+    model wrapped by ``nn.DataParallel``, ``DistributedDataParallel`` or
+    :class:`~captum_iglens.hf.forward.CausalLMForward` (``.module``, ``.model``),
+    a few levels deep, nearest first.
 
     Raises:
         TypeError: If there is none, naming ``readout=`` as the way out.
     """
-    frontier = [forward_func, getattr(forward_func, "__self__", None)]
-    for _ in range(4):  # wrappers of wrappers, a few levels deep
+    frontier = [forward_func]
+    for _ in range(5):  # wrappers of wrappers, a few levels deep
         for candidate in frontier:
             if isinstance(candidate, Module) and hasattr(
                 getattr(candidate, "config", None), "model_type"
             ):
                 return candidate
         frontier = [
-            getattr(c, name, None) for c in frontier for name in ("module", "model")
+            getattr(c, name, None)
+            for c in frontier
+            if c is not None
+            for name in ("__self__", "func", "module", "model")
         ]
     raise TypeError(
         "readout: forward_func is not a Hugging Face causal LM (nor a bound method "

@@ -17,6 +17,7 @@ from torch.nn import Module
 from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.attr._utils.checks import PositionsType
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.text import answered_prompt
 from captum_iglens.settings import Settings, provenance
 from captum_iglens.studies.comparison.measure import (
@@ -109,7 +110,10 @@ def compare(
     Args:
 
         model (transformers.PreTrainedModel): A causal LM of a supported
-                    architecture, in eval mode.
+                    architecture, in eval mode; a wrapper of one
+                    (TransformerLens bridge, nnsight model,
+                    ``nn.DataParallel``), or its
+                    :func:`~captum_iglens.hf.model_parts`.
         input_ids (Tensor): ``(B, T)`` token ids.
         attention_mask (Tensor, optional): ``(B, T)``, zeros at (left) padding.
                     Default: None
@@ -150,16 +154,18 @@ def compare(
         >>> fig, axes = result.plot()
     """
     settings = Settings.resolve(settings, options)
+    parts = model_parts(model)  # unwrapped and looked up once
+    model = parts.model
     names = _method_names(methods)
     baseline_token = _baseline_token(model, baseline_token)
     lens = LayerIGLens.from_model(
-        model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+        parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
     lens.segment_names(settings.granularity)  # fails now, before any method runs
     extra = None if attention_mask is None else (attention_mask,)
     setup = lens.attribute_map(input_ids, None, target, extra, positions=positions)
     work = Work.from_map(
-        model,
+        parts,
         lens,
         input_ids,
         attention_mask,
@@ -277,7 +283,10 @@ def compare_text(
 
     Args:
 
-        model (PreTrainedModel): A causal LM of a supported architecture.
+        model (PreTrainedModel): A causal LM of a supported architecture;
+                    a wrapper of one (TransformerLens bridge, nnsight model,
+                    ``nn.DataParallel``), or its
+                    :func:`~captum_iglens.hf.model_parts`.
         tokenizer (PreTrainedTokenizerBase): Its tokenizer.
         prompt (str): The user's text.
         methods (str or list[str], optional): As in :func:`compare`.
@@ -292,6 +301,8 @@ def compare_text(
         ids ``(n,)``.
     """
     settings = Settings.resolve(settings, options)
+    parts = model_parts(model)  # unwrapped and looked up once
+    model = parts.model
     ids, positions, targets, answer = answered_prompt(
         model,
         tokenizer,
@@ -307,7 +318,7 @@ def compare_text(
         )
     device = next(model.parameters()).device
     result = compare(
-        model,
+        parts,
         ids.to(device),
         positions=positions,
         target=targets.to(device),

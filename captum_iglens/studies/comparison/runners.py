@@ -25,8 +25,8 @@ from captum_iglens.attr._utils.checks import Granularity
 from captum_iglens.attr._utils.heads import interleave
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.attr.tracing import TracedPath
-from captum_iglens.hf.architectures import final_norm_kind
 from captum_iglens.hf.forward import causal_lm_logits
+from captum_iglens.hf.parts import ModelParts
 from captum_iglens.readout import LogitDivide, LogitScale, Readout, Softcap
 from captum_iglens.result import IGLensResult
 from captum_iglens.settings import Settings
@@ -38,7 +38,7 @@ _UNUSED_IN_GRAPH = "not have been used in the graph"
 class Work:
     """What every method receives: the same inputs, targets, positions and blocks."""
 
-    model: Module
+    parts: ModelParts  # the model's, bound once
     lens: LayerIGLens
     input_ids: Tensor  # (B, T)
     attention_mask: Optional[Tensor]  # (B, T)
@@ -54,7 +54,7 @@ class Work:
     @classmethod
     def from_map(
         cls,
-        model: Module,
+        parts: ModelParts,
         lens: LayerIGLens,
         input_ids: Tensor,
         attention_mask: Optional[Tensor],
@@ -65,7 +65,7 @@ class Work:
     ) -> "Work":
         """The work of the targets and positions of an IG-Lens map ``found``."""
         return cls(
-            model,
+            parts,
             lens,
             input_ids,
             attention_mask,
@@ -76,6 +76,11 @@ class Work:
             settings=settings,
             baseline_token=baseline_token,
         )
+
+    @property
+    def model(self) -> Module:
+        """The (unwrapped) model."""
+        return self.parts.model
 
     @property
     def extra(self) -> Optional[Tuple[Tensor]]:
@@ -298,7 +303,7 @@ def _frozen_logit(
 
 
 def dla(work: Work) -> Outcome:
-    logit, skip_post = _frozen_logit(work.lens.readout, final_norm_kind(work.model))
+    logit, skip_post = _frozen_logit(work.lens.readout, work.parts.norm_kind)
     chunk = work.lens.readout.rows_per_chunk()
     names: Optional[List[str]] = None
     with torch.no_grad():

@@ -15,7 +15,8 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import hidden_of
-from captum_iglens.hf.architectures import choose_blocks, decoder_layers
+from captum_iglens.hf.architectures import model_parts
+from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import left_pad
 from captum_iglens.studies.validation.hooks import (
     hooked,
@@ -48,7 +49,7 @@ class Ablation:
 
 
 def mean_updates(
-    model: Module,
+    model: Union[Module, ModelParts],
     sequences: Sequence[Tensor],
     *,
     layers: Optional[Sequence[int]] = None,
@@ -62,7 +63,8 @@ def mean_updates(
 
     Args:
 
-        model (PreTrainedModel): A causal LM of a supported architecture.
+        model (PreTrainedModel or ModelParts): A causal LM of a supported
+                    architecture, or its :func:`~captum_iglens.hf.model_parts`.
         sequences (list[Tensor]): The reference token ids, 1-D each.
         layers (list[int], optional): Block indices; the last block is always
                     added. Default: all blocks.
@@ -75,7 +77,8 @@ def mean_updates(
     """
     if not sequences:
         raise ValueError("sequences: expected at least one reference sequence")
-    blocks, chosen = decoder_layers(model), choose_blocks(model, layers)
+    parts = model_parts(model)
+    model, blocks, chosen = parts.model, parts.blocks, parts.choose(layers)
     device = next(model.parameters()).device
     sums = [torch.zeros((), dtype=torch.float64, device=device)] * len(chosen)
     counts = torch.zeros(2, dtype=torch.float64, device=device)
@@ -111,7 +114,7 @@ def _first_token(mask: Tensor) -> Tensor:
 
 
 def ablate(
-    model: Module,
+    model: Union[Module, ModelParts],
     input_ids: Tensor,
     attention_mask: Optional[Tensor] = None,
     *,
@@ -141,7 +144,8 @@ def ablate(
 
     Args:
 
-        model (PreTrainedModel): A causal LM of a supported architecture.
+        model (PreTrainedModel or ModelParts): A causal LM of a supported
+                    architecture, or its :func:`~captum_iglens.hf.model_parts`.
         input_ids (Tensor): ``(B, T)`` token ids.
         attention_mask (Tensor, optional): ``(B, T)``, zeros at left padding.
                     Default: None
@@ -160,7 +164,8 @@ def ablate(
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
-    blocks, chosen = decoder_layers(model), choose_blocks(model, layers)
+    parts = model_parts(model)
+    model, blocks, chosen = parts.model, parts.blocks, parts.choose(layers)
     device = next(model.parameters()).device
     ids = input_ids.to(device)
     batch, length = ids.shape

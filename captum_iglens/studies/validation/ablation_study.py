@@ -22,6 +22,8 @@ from torch.nn import Module
 from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.attr.estimators import estimator
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.architectures import model_parts
+from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import encode_prompt, generate, pad_token_id
 from captum_iglens.settings import Settings
 from captum_iglens.studies.comparison.methods import SCORED_METHODS
@@ -46,7 +48,7 @@ class Ablations(CausalTest):
 
     Args:
 
-        model (PreTrainedModel): The causal LM.
+        parts (ModelParts): The causal LM's parts.
         tokenizer (PreTrainedTokenizerBase): Its tokenizer.
         encoded (list[Tensor]): Each prompt's token ids.
         mode (str): The ablation, one of :data:`MODES`.
@@ -57,7 +59,7 @@ class Ablations(CausalTest):
 
     def __init__(
         self,
-        model: Module,
+        parts: ModelParts,
         tokenizer: Any,
         encoded: Sequence[Tensor],
         mode: str,
@@ -65,7 +67,7 @@ class Ablations(CausalTest):
         settings: Settings,
         k: int,
     ) -> None:
-        self.model, self.tokenizer, self.encoded = model, tokenizer, encoded
+        self.parts, self.tokenizer, self.encoded = parts, tokenizer, encoded
         self.mode, self.means, self.settings = mode, means, settings
         self.desc = f"validation ({mode})"
         self.generated: List[str] = []
@@ -74,7 +76,7 @@ class Ablations(CausalTest):
 
     def measure(self, rows: np.ndarray, ids: Tensor, mask: Tensor, work: Work) -> None:
         answers = generate(
-            self.model,
+            self.parts.model,
             self.tokenizer,
             [self.encoded[i] for i in rows],
             max_new_tokens=self.settings.max_new_tokens,
@@ -83,7 +85,7 @@ class Ablations(CausalTest):
             self.tokenizer.decode(a, skip_special_tokens=True) for a in answers
         ]
         ablation = ablate(
-            self.model,
+            self.parts,
             ids,
             mask,
             positions=[ids.shape[1] - 1],
@@ -169,21 +171,23 @@ def run_validation(
     if not facts:
         raise ValueError("prompts: expected at least one prompt")
     started = time.perf_counter()
+    parts = model_parts(model)  # unwrapped and looked up once
+    model = parts.model
     lens = LayerIGLens.from_model(
-        model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+        parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
     encoded = [encode_prompt(tokenizer, f.prompt, chat=settings.chat)[0] for f in facts]
     pad_id = pad_token_id(tokenizer)
     means = (
-        mean_updates(model, encoded, layers=settings.layers, pad_id=pad_id)
+        mean_updates(parts, encoded, layers=settings.layers, pad_id=pad_id)
         if mode == "mean"
         else None
     )
     test = Ablations(
-        model, tokenizer, encoded, mode, means, settings, len(lens.layer_names)
+        parts, tokenizer, encoded, mode, means, settings, len(lens.layer_names)
     )
     scored = score_prompts(
-        model, lens, encoded, pad_id, methods, settings, study, test, progress
+        parts, lens, encoded, pad_id, methods, settings, study, test, progress
     )
     run = scored.run_settings(
         model,

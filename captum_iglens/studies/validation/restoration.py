@@ -12,15 +12,16 @@ block at the attributed position only and run the rest of the model.
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import hidden_of
-from captum_iglens.hf.architectures import choose_blocks, decoder_layers
+from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.forward import position_ids_from_mask
+from captum_iglens.hf.parts import ModelParts
 from captum_iglens.studies.validation.hooks import (
     hooked,
     replace_output,
@@ -90,7 +91,7 @@ def embedding_std(model: Module, chunk: int = 16384) -> float:
 
 
 def restore(
-    model: Module,
+    model: Union[Module, ModelParts],
     input_ids: Tensor,
     attention_mask: Optional[Tensor] = None,
     *,
@@ -125,7 +126,8 @@ def restore(
 
     Args:
 
-        model (PreTrainedModel): A causal LM of a supported architecture.
+        model (PreTrainedModel or ModelParts): A causal LM of a supported
+                    architecture, or its :func:`~captum_iglens.hf.model_parts`.
         input_ids (Tensor): ``(B, T)`` token ids of the clean prompts, left-padded.
         attention_mask (Tensor, optional): ``(B, T)``, zeros at left padding.
                     Default: None
@@ -148,7 +150,8 @@ def restore(
     noise = _check_corruption(
         input_ids, subject_mask, noise_std, seeds, corrupted_ids
     )
-    blocks, chosen = decoder_layers(model), choose_blocks(model, layers)
+    parts = model_parts(model)
+    model, blocks, chosen = parts.model, parts.blocks, parts.choose(layers)
     device = next(model.parameters()).device
     ids = input_ids.to(device)
     batch, length = ids.shape

@@ -16,6 +16,8 @@ from torch.nn import Module
 
 from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.architectures import model_parts
+from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import encode_prompt, left_pad, pad_token_id
 from captum_iglens.settings import Settings
 from captum_iglens.studies.comparison.methods import SCORED_METHODS
@@ -51,7 +53,7 @@ class Restorations(CausalTest):
 
     Args:
 
-        model (PreTrainedModel): The causal LM.
+        parts (ModelParts): The causal LM's parts.
         corruptions (list[str]): From :data:`CORRUPTIONS`.
         subjects (list[Tensor]): Per fact, ``(T_i,)`` bool: its subject's tokens.
         swaps (list[Tensor or None]): Per fact, its counterfactual ids, or None.
@@ -65,7 +67,7 @@ class Restorations(CausalTest):
 
     def __init__(
         self,
-        model: Module,
+        parts: ModelParts,
         corruptions: List[str],
         subjects: Sequence[Tensor],
         swaps: Sequence[Optional[Tensor]],
@@ -74,7 +76,7 @@ class Restorations(CausalTest):
         study: StudyOptions,
         k: int,
     ) -> None:
-        self.model, self.subjects, self.swaps = model, subjects, swaps
+        self.parts, self.subjects, self.swaps = parts, subjects, swaps
         self.noise_std, self.settings, self.study = noise_std, settings, study
         n = len(subjects)
         # Per corruption, (n, k + 2): clean, corrupted, restored at each block.
@@ -87,7 +89,7 @@ class Restorations(CausalTest):
             tick = time.perf_counter()
             where, _ = left_pad([self.subjects[i].long() for i in rows], 0)
             traced = restore(
-                self.model,
+                self.parts,
                 ids,
                 mask,
                 targets=targets,
@@ -106,7 +108,7 @@ class Restorations(CausalTest):
             for r, i in enumerate(picked):
                 other[r, -len(self.swaps[i]) :] = self.swaps[i]
             traced = restore(
-                self.model,
+                self.parts,
                 ids[swapped],
                 mask[swapped],
                 targets=targets[swapped],
@@ -167,13 +169,15 @@ def run_restoration(
     )
     facts = _traced_facts(prompts, corruptions, methods, settings)
     started = time.perf_counter()
+    parts = model_parts(model)  # unwrapped and looked up once
+    model = parts.model
     lens = LayerIGLens.from_model(
-        model, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+        parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
     encoded, subjects = zip(*(_subject_tokens(tokenizer, f) for f in facts))
     noise_std = study.noise_scale * embedding_std(model)
     test = Restorations(
-        model,
+        parts,
         list(corruptions),
         subjects,
         _counterfactuals(facts, encoded, subjects),
@@ -183,7 +187,7 @@ def run_restoration(
         len(lens.layer_names),
     )
     scored = score_prompts(
-        model,
+        parts,
         lens,
         encoded,
         pad_token_id(tokenizer),
@@ -197,7 +201,8 @@ def run_restoration(
         m: np.array([_onset(row, study.onset_frac) for row in scored.scores[m]])
         for m in methods
     }
-    summary, causal = _summary(test.probs, scored, onsets, study)
+    depth = scored.nonmonotone_depth()
+    summary, causal = _summary(test.probs, scored, onsets, depth, study)
     run = scored.run_settings(
         model,
         settings,
@@ -221,7 +226,7 @@ def run_restoration(
         facts=facts,
         target_tokens=decode_tokens(tokenizer, scored.target_ids),
         trajectory=scored.trajectory,
-        nonmonotone_depth=scored.nonmonotone_depth(),
+        nonmonotone_depth=depth,
         probs=test.probs,
         scores=scored.scores,
         onsets={m: v.astype(float) for m, v in onsets.items()},
@@ -259,11 +264,12 @@ def _summary(
     probs: Dict[str, np.ndarray],
     scored: Scores,
     onsets: Dict[str, np.ndarray],
+    depth: np.ndarray,
     study: StudyOptions,
 ) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """Per corruption, the onset agreement of each method with the causal onsets,
     over the groups of tokens the corruption affects; and those causal onsets."""
-    monotone = scored.nonmonotone_depth() <= study.nonmonotone_threshold
+    monotone = depth <= study.nonmonotone_threshold
     summary, causal = {}, {}
     for c, columns in probs.items():
         clean, corrupt, recovery = columns[:, 0], columns[:, 1], _recovery(columns)

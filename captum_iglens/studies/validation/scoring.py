@@ -11,9 +11,9 @@ from typing import Tuple
 import numpy as np
 import torch
 from torch import Tensor
-from torch.nn import Module
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.parts import ModelParts
 from captum_iglens.settings import Settings
 from captum_iglens.studies.comparison.methods import METHODS, outcome
 from captum_iglens.studies.comparison.runners import (
@@ -25,7 +25,7 @@ from captum_iglens.studies.comparison.runners import (
 
 
 def study_work(
-    model: Module,
+    parts: ModelParts,
     lens: LayerIGLens,
     ids: Tensor,
     mask: Tensor,
@@ -40,7 +40,7 @@ def study_work(
 
     Args:
 
-        model (PreTrainedModel): The causal LM.
+        parts (ModelParts): The causal LM's parts.
         lens (LayerIGLens): Its lens on the study's blocks.
         ids (Tensor): ``(B, T)`` token ids, left-padded.
         mask (Tensor): ``(B, T)``, zeros at padding.
@@ -63,7 +63,7 @@ def study_work(
     )
     levels = torch.cat([from_h0.base_prob[..., None], from_h0.lens], -1)
     work = Work.from_map(
-        model, lens, ids, mask, found, from_h0.base_prob, settings, baseline_token
+        parts, lens, ids, mask, found, from_h0.base_prob, settings, baseline_token
     )
     work.outcomes.update(
         ig_lens=ig_lens_outcome(found, settings),
@@ -107,7 +107,7 @@ def subset_scores(
         2-element tuple of the scores ``(b, k)`` and the deltas ``(b,)``.
     """
     picked = Work(
-        work.model,
+        work.parts,
         work.lens,
         work.input_ids[rows],
         None if work.attention_mask is None else work.attention_mask[rows],

@@ -21,6 +21,7 @@ from torch.nn import Module
 from tqdm import tqdm
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import left_pad
 from captum_iglens.settings import Settings, provenance
 from captum_iglens.studies.comparison.methods import METHODS, SCORED_METHODS
@@ -216,7 +217,7 @@ class Scores:
 
 
 def score_prompts(
-    model: Module,
+    parts: ModelParts,
     lens: LayerIGLens,
     encoded: Sequence[Tensor],
     pad_id: int,
@@ -233,7 +234,7 @@ def score_prompts(
 
     Args:
 
-        model (PreTrainedModel): The causal LM.
+        parts (ModelParts): The causal LM's parts.
         lens (LayerIGLens): Its lens on the study's blocks.
         encoded (list[Tensor]): Each prompt's ``(T_i,)`` token ids.
         pad_id (int): The padding token.
@@ -247,7 +248,7 @@ def score_prompts(
         :class:`Scores`.
     """
     n, k = len(encoded), len(lens.layer_names)
-    device = next(model.parameters()).device
+    device = next(parts.model.parameters()).device
     rng = np.random.default_rng(study.seed)
     costly = [m for m in methods if METHODS[m].costly]
     scored = Scores(
@@ -262,14 +263,14 @@ def score_prompts(
     if costly:
         picked = rng.choice(n, min(study.conductance_prompts, n), replace=False)
         scored.conductance[picked] = True
-    baseline_token = default_baseline_token(model)
+    baseline_token = default_baseline_token(parts.model)
     batches = range(0, n, study.batch_size)
     for start in tqdm(batches, desc=test.desc, disable=not progress):
         rows = np.arange(start, min(n, start + study.batch_size))
         ids, mask = left_pad([encoded[i] for i in rows], pad_id)
         ids, mask = ids.to(device), mask.to(device)
         tick = time.perf_counter()
-        work, trajectory = study_work(model, lens, ids, mask, settings, baseline_token)
+        work, trajectory = study_work(parts, lens, ids, mask, settings, baseline_token)
         scored.trajectory[rows] = trajectory.cpu().numpy()
         for m in methods:
             if METHODS[m].run is not None and not METHODS[m].costly:

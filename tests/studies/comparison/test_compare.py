@@ -12,7 +12,7 @@ from captum.attr import LayerConductance, LayerIntegratedGradients
 from captum_iglens import LayerIGLens, Settings
 from captum_iglens.attr._utils.capture import hidden_of
 from captum_iglens.studies.comparison.runners import TargetProbability
-from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens.hf import model_parts
 from captum_iglens.studies.comparison import COMPARED_METHODS, ComparisonResult, compare
 from tests.helpers import (
     block_states,
@@ -253,7 +253,7 @@ def test_captum_keeps_no_graph_before_the_attributed_block(calm_llama, batch):
     # and the weights requiring grad, every block before the attributed one kept
     # its activations through all of Captum's internal batches (GBs on SmolLM2).
     ids, mask = batch
-    blocks = decoder_layers(calm_llama)
+    blocks = model_parts(calm_llama).blocks
     assert all(p.requires_grad for p in calm_llama.parameters())
     graphs = []
     handle = blocks[0].register_forward_hook(
@@ -301,7 +301,7 @@ def test_layer_conductance_scores_are_captums_own(calm_llama, batch):
 
     embed = calm_llama.get_input_embeddings()
     rows = ids.repeat_interleave(2, 0)
-    lc = LayerConductance(forward, decoder_layers(calm_llama)[0])
+    lc = LayerConductance(forward, model_parts(calm_llama).blocks[0])
     expected = lc.attribute(
         embed(rows),
         embed(torch.full_like(rows, calm_llama.config.pad_token_id)),
@@ -344,7 +344,7 @@ def test_lig_on_dependent_blocks_raises_or_gives_zeros(calm_llama, batch, run):
     assert captum.__version__ == "0.9.0"
     result = run[0]
     ids, mask = batch
-    blocks = decoder_layers(calm_llama)
+    blocks = model_parts(calm_llama).blocks
     forward = TargetProbability(calm_llama, embeddings=False)
     rows = ids.repeat_interleave(3, 0)
     extra = (

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens.hf import model_parts
 from captum_iglens.studies.comparison import (
     compare,
     format_head_agreement,
@@ -42,7 +42,7 @@ def test_per_head_dla_matches_a_reference(run):
     assert names == result.methods["ig_lens"].layer_names
     assert (entry.layer_sum - entry.expected).abs().max() <= 1e-5
     seen = {}
-    blocks = decoder_layers(model)
+    blocks = model_parts(model).blocks
     handles = [
         b.self_attn.o_proj.register_forward_pre_hook(
             lambda m, a, j=j: seen.setdefault(j, a[0].detach())

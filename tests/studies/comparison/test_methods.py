@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from captum_iglens import LayerIGLens, Settings
+from captum_iglens.hf import model_parts
 from captum_iglens.studies.comparison import (
     COMPARED_METHODS,
     METHODS,
@@ -58,7 +59,8 @@ def _work(model, batch, settings):
     ids, mask = batch
     lens = LayerIGLens.from_model(model)
     found = lens.attribute_map(ids, additional_forward_args=(mask,), positions=[-1])
-    return Work.from_map(model, lens, ids, mask, found, found.base_prob, settings, 0)
+    parts = model_parts(model)
+    return Work.from_map(parts, lens, ids, mask, found, found.base_prob, settings, 0)
 
 
 def test_an_outcome_runs_once_per_work(model, batch, monkeypatch):
@@ -86,9 +88,9 @@ def test_study_work_gives_what_the_runners_give(model, batch):
     ids, mask = batch
     for settings in (Settings(), Settings(baselines=0.0, method="riemann_trapezoid")):
         lens = LayerIGLens.from_model(model)
-        work, trajectory = study_work(model, lens, ids, mask, settings, 0)
+        work, trajectory = study_work(model_parts(model), lens, ids, mask, settings, 0)
         fresh = Work.from_map(
-            model,
+            work.parts,
             lens,
             ids,
             mask,

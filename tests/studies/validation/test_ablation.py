@@ -6,7 +6,7 @@ import torch
 
 from captum_iglens import LayerIGLens
 from captum_iglens.studies.validation import stats
-from captum_iglens.hf.architectures import decoder_layers
+from captum_iglens.hf import model_parts
 from captum_iglens.studies.validation.ablation import ablate, mean_updates
 from tests.helpers import (
     assert_state_unchanged,
@@ -36,7 +36,7 @@ def _forward_probs(model, ids, mask, positions, targets):
 
 def _one_at_a_time(model, ids, mask, positions, targets, mode, means=None):
     """The reference: one forward per ablated block (and position), own hook."""
-    blocks = decoder_layers(model)
+    blocks = model_parts(model).blocks
     out = torch.zeros(*targets.shape, len(blocks))
     first = torch.arange(ids.shape[1])[None] == mask.argmax(-1)[:, None]
     for j, block in enumerate(blocks):
@@ -116,7 +116,7 @@ def test_mean_updates_by_hand(llama4):
         block.register_forward_hook(
             lambda m, a, k, o, j=j: updates[j].append((o - a[0])[0]), with_kwargs=True
         )
-        for j, block in enumerate(decoder_layers(llama4))
+        for j, block in enumerate(model_parts(llama4).blocks)
     ]
     try:
         for seq in sequences:
@@ -148,7 +148,7 @@ def test_ablation_owns_and_removes_its_hooks(llama4, padded):
     mean_updates(llama4, [ids[0]])
     assert hook_snapshot(llama4) == before
     # A failure inside the forward still removes them.
-    boom = decoder_layers(llama4)[3].register_forward_hook(lambda *a: 1 / 0)
+    boom = model_parts(llama4).blocks[3].register_forward_hook(lambda *a: 1 / 0)
     try:
         with pytest.raises(ZeroDivisionError):
             ablate(llama4, ids, mask, positions=[-1], targets=torch.tensor([[1], [2]]))
@@ -177,7 +177,7 @@ TARGET = 7
 def _quiet(model):
     """Every block near identity: attention and MLP outputs scaled by 1e-3."""
     with torch.no_grad():
-        for block in decoder_layers(model):
+        for block in model_parts(model).blocks:
             block.self_attn.o_proj.weight.mul_(1e-3)
             block.mlp.down_proj.weight.mul_(1e-3)
 
@@ -222,7 +222,7 @@ def test_planted_block_is_found_by_ablation_and_ig_lens():
     model = tiny_model("llama", num_hidden_layers=4)
     _quiet(model)
     ids, planted = torch.tensor([[5, 9, 17, 3]]), 2
-    block = decoder_layers(model)[planted]
+    block = model_parts(model).blocks[planted]
     a = _mlp_activation(model, block, ids, 3)[3]
     _write(block, _readout_direction(model), a, 8.0, a @ a)
     credits, drops, prob = _attribute(model, ids, 3)
@@ -249,7 +249,7 @@ def test_block_read_only_through_later_attention_makes_them_disagree():
     model = tiny_model("llama", num_hidden_layers=4)
     _quiet(model)
     ids, writer = torch.tensor([[5, 9]]), 1
-    blocks = decoder_layers(model)
+    blocks = model_parts(model).blocks
     u = _readout_direction(model)
     embed = model.model.embed_tokens.weight[ids[0]].detach()
     basis, _ = torch.linalg.qr(torch.stack([u, embed[0], embed[1], torch.randn(32)], 1))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from captum_iglens import IGLensResult, LayerIGLens
+from captum_iglens.hf import model_parts
 from captum_iglens.studies.validation import (
     SCORED_METHODS,
     STUDY_SETTINGS,
@@ -135,7 +136,8 @@ def test_common_loop_scores_then_measures_each_batch(llama4):
     lens = LayerIGLens.from_model(llama4)
     recorder = _Recorder()
     scored = score_prompts(
-        llama4, lens, encoded, 0, methods, STUDY_SETTINGS, study, recorder, False
+        model_parts(llama4), lens, encoded, 0, methods, STUDY_SETTINGS, study,
+        recorder, False,
     )
     assert [rows for rows, _, _ in recorder.batches] == [[0, 1], [2, 3], [4]]
     assert sum((t for _, _, t in recorder.batches), []) == scored.target_ids
