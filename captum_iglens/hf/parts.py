@@ -11,7 +11,7 @@ and binds it.
 
 import operator
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
@@ -175,7 +175,10 @@ def _blocks(model: nn.Module, arch: Architecture) -> List[nn.Module]:
 
 
 def _in_blocks(
-    model: nn.Module, blocks: List[nn.Module], path: Any, what: str
+    model: nn.Module,
+    blocks: List[nn.Module],
+    path: Union[None, str, Tuple[str, ...]],
+    what: str,
 ) -> Optional[List[nn.Module]]:
     """The module at ``path`` (one path, or one per block) inside each block."""
     if path is None:

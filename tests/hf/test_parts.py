@@ -6,7 +6,7 @@ from torch import nn
 
 from captum_iglens import LayerIGLens, attribute_text
 from captum_iglens.hf import ModelParts, architectures, model_parts
-from captum_iglens.studies import compare, run_batch
+from captum_iglens.studies import compare, run_batch, run_validation
 from tests.tiny_models import VOCAB, tiny_model, tiny_tokenizer
 
 
@@ -66,6 +66,11 @@ def test_studies_look_the_model_up_once(llama, lookups, tmp_path):
     assert lookups == {"architecture": 2, "bind": 2}
     attribute_text(llama, tokenizer, "t5 t6", answer="t7", chat=False)
     assert lookups == {"architecture": 3, "bind": 3}
+    run_validation(
+        llama, tokenizer, ["t5 t6 t7"], mode="mean", methods=["ig_lens", "dla"],
+        progress=False,
+    )
+    assert lookups == {"architecture": 4, "bind": 4}
 
 
 def test_studies_accept_a_wrapped_model(llama):
