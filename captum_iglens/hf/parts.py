@@ -184,6 +184,11 @@ def _in_blocks(
     if path is None:
         return None
     paths = [path] * len(blocks) if isinstance(path, str) else list(path)
+    if len(paths) != len(blocks):
+        raise ValueError(
+            f"{type(model).__name__}: the architecture table gives {len(paths)} "
+            f"paths of {what}, one per block, for {len(blocks)} decoder blocks"
+        )
     modules = [_lookup(block, p) for block, p in zip(blocks, paths)]
     for module, p in zip(modules, paths):
         if not isinstance(module, nn.Module):

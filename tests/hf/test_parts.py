@@ -93,3 +93,14 @@ def test_a_model_outside_the_table_is_named():
     gpt2 = tiny_model("gpt2")
     with pytest.raises(TypeError, match="layers"):
         model_parts(gpt2).choose(1)
+
+
+def test_a_per_block_path_list_of_the_wrong_length_is_refused(llama):
+    from dataclasses import replace
+
+    arch = replace(
+        architectures.architecture(llama),
+        mid=lambda config: ("post_attention_layernorm",),  # one path, two blocks
+    )
+    with pytest.raises(ValueError, match="1 paths of the mid-block state, one per"):
+        ModelParts.bind(llama, arch)

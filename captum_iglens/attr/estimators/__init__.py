@@ -30,6 +30,13 @@ def estimator(method: str) -> Estimator:
     r"""
     The estimator named ``method``.
 
+    Args:
+
+        method (str): A name from :data:`ESTIMATORS`.
+
+    Returns:
+        *Estimator*: the registered object.
+
     Raises:
         ValueError: If no estimator has that name.
     """

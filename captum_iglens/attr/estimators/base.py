@@ -42,6 +42,12 @@ class Estimator(ABC):
 
     def check_multiply_by_inputs(self, multiply_by_inputs: bool) -> None:
         r"""
+        Checks that the estimator can return what ``multiply_by_inputs`` asks.
+
+        Args:
+
+            multiply_by_inputs (bool): As :class:`LayerIGLens` was built.
+
         Raises:
             ValueError: If ``multiply_by_inputs`` is False and the estimator has
                 no form without the displacement.
