@@ -75,6 +75,24 @@ class PathGranularity(ABC):
         self.sublayers = None if sublayers is None else list(sublayers)
         self.heads = heads
 
+    def check_multiply_by_inputs(self, multiply_by_inputs: bool) -> None:
+        r"""
+        Checks that the granularity can return what ``multiply_by_inputs`` asks.
+
+        Args:
+
+            multiply_by_inputs (bool): As :class:`LayerIGLens` was built.
+
+        Raises:
+            ValueError: If ``multiply_by_inputs`` is False and the granularity
+                has no attributions without the displacement.
+        """
+        if not (multiply_by_inputs or self.supports_unmultiplied):
+            raise ValueError(
+                "multiply_by_inputs: False is not supported with "
+                f'granularity="{self.name}"; use "block" or "sublayer"'
+            )
+
     @abstractmethod
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         r"""
@@ -241,11 +259,7 @@ class Heads(Sublayers):
         grad_kwargs: Optional[Dict[str, Any]] = None,
         multiply_by_inputs: bool = True,
     ) -> Tensor:
-        if not multiply_by_inputs:
-            raise ValueError(
-                "multiply_by_inputs: False is not supported with "
-                'granularity="head"; use "block" or "sublayer"'
-            )
+        self.check_multiply_by_inputs(multiply_by_inputs)
         with torch.no_grad():
             values = path_levels(readout, path, chunk_rows)[0]
         return self._columns(

@@ -484,6 +484,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         rule.check_multiply_by_inputs(self.multiplies_by_inputs)
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         shape = self._granularity(granularity)
+        shape.check_multiply_by_inputs(self.multiplies_by_inputs)
         path = self._trace(
             shape,
             inputs,

@@ -41,3 +41,26 @@ def test_the_traced_path_is_the_one_the_map_reads(lens, granularity):
     torch.testing.assert_close(levels[..., 0], found.base_prob, rtol=0, atol=0)
     torch.testing.assert_close(levels[..., 1:], found.lens, rtol=0, atol=0)
     assert torch.equal(path.targets, found.targets)
+
+
+def test_head_without_the_displacement_is_refused_before_the_forward(llama):
+    lens = LayerIGLens.from_model(llama)
+    unmultiplied = LayerIGLens(
+        lens.forward_func,
+        lens.layers,
+        multiply_by_inputs=False,
+        readout=lens.readout,
+        input_layer=lens.input_layer,
+        sublayers=lens.sublayers,
+        heads=lens.heads,
+    )
+    calls = []
+    handle = llama.register_forward_pre_hook(lambda *args: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match='granularity="head"'):
+            unmultiplied.attribute(
+                torch.tensor([[1, 2, 3]]), method="gausslegendre", granularity="head"
+            )
+    finally:
+        handle.remove()
+    assert calls == []
