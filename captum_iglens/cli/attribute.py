@@ -65,14 +65,14 @@ def prepare(args: argparse.Namespace) -> Job:
     check_outputs(args, "json", "csv", "png", "html")
     prompt = read_prompt(args)
     stages = Stages()
-    model, tokenizer = stages.run("load", lambda: load(args, settings))
+    parts, tokenizer = stages.run("load", lambda: load(args, settings))
     scored = _scored_tokens(args, tokenizer)
 
     def job() -> int:
         (answer_ids,) = stages.run(
             "generate",
             lambda: generate(
-                model,
+                parts.model,
                 tokenizer,
                 [encode_prompt(tokenizer, prompt, chat=settings.chat)],
                 max_new_tokens=settings.max_new_tokens,
@@ -87,7 +87,7 @@ def prepare(args: argparse.Namespace) -> Job:
         result = stages.run(
             "attribute",
             lambda: attribute_text(
-                model,
+                parts,
                 tokenizer,
                 prompt,
                 answer=answer_ids,

@@ -52,11 +52,11 @@ def prepare(args: argparse.Namespace) -> Job:
     device = init_distributed()
     if device.type == "cuda":
         args.device = str(device)
-    model, tokenizer = load(args, settings)
+    parts, tokenizer = load(args, settings)
 
     def job() -> int:
         path = run_batch(
-            model,
+            parts,
             tokenizer,
             prompts,
             args.out,

@@ -223,8 +223,11 @@ def progress(args: argparse.Namespace) -> bool:
 
 
 def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
-    """The model and tokenizer, with the settings checked against the model."""
+    """The model's parts, bound once (:class:`~captum_iglens.hf.ModelParts`, which
+    every entry point takes in place of the model), and its tokenizer, with the
+    settings checked against the model."""
     from captum_iglens.attr import LayerIGLens
+    from captum_iglens.hf import model_parts
     from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
 
     options = dict(
@@ -238,9 +241,10 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
         model, tokenizer = load_model(
             args.model, trust_remote_code=args.trust_remote_code, **options
         )
-    lens = LayerIGLens.from_model(model, settings.layers)
+    parts = model_parts(model)
+    lens = LayerIGLens.from_model(parts, settings.layers)
     lens.segment_names(settings.granularity)
-    return model, tokenizer
+    return parts, tokenizer
 
 
 def _device(text: str) -> torch.device:

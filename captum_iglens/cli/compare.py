@@ -51,7 +51,6 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the methods and outputs, loads the model and chooses four evenly
     spaced blocks where none are given; the job compares and writes."""
-    from captum_iglens.hf.architectures import model_parts
 
     settings = settings_from(args)
     if args.methods is None:
@@ -65,8 +64,7 @@ def prepare(args: argparse.Namespace) -> Job:
         )
     check_outputs(args, "json", "png", "html")
     prompt = read_prompt(args)
-    model, tokenizer = load(args, settings)
-    parts = model_parts(model)  # looked up once, for the spread and the study
+    parts, tokenizer = load(args, settings)
     if settings.layers is None and settings.granularity != "head":
         n_blocks = len(parts.blocks)
         spread = sorted({round(i * (n_blocks - 1) / 3) for i in range(4)})

@@ -84,13 +84,13 @@ def prepare(args: argparse.Namespace) -> Job:
     study = StudyOptions(conductance_prompts=args.conductance_prompts)
     check_outputs(args, "json", "png", "html")
     prompts = load_facts(args.prompts)[: args.limit]
-    model, tokenizer = load(args, settings)
+    parts, tokenizer = load(args, settings)
 
     def job() -> int:
         run = run_restoration if args.test == "restoration" else run_validation
         extra = {} if args.test == "restoration" else {"mode": args.mode}
         result = run(
-            model,
+            parts,
             tokenizer,
             prompts,
             methods=args.methods,

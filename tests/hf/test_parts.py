@@ -104,3 +104,15 @@ def test_a_per_block_path_list_of_the_wrong_length_is_refused(llama):
     )
     with pytest.raises(ValueError, match="1 paths of the mid-block state, one per"):
         ModelParts.bind(llama, arch)
+
+
+@pytest.mark.parametrize("subcommand", [[], ["compare", "--methods", "ig_lens"]])
+def test_the_command_line_binds_the_model_once(lookups, tmp_path, subcommand):
+    from captum_iglens.cli import main
+    from tests.helpers import word_tokenizer
+
+    tiny_model("llama").save_pretrained(tmp_path)
+    word_tokenizer(VOCAB).save_pretrained(tmp_path)
+    argv = ["w5 w6", "--model", str(tmp_path), "--no-chat", "--max-new-tokens", "2"]
+    assert main(subcommand + argv) == 0
+    assert lookups == {"architecture": 1, "bind": 1}
