@@ -412,3 +412,17 @@ def test_real_model_prediction_aware_heads_match_the_integrals(default_model):
     heads = [i for i, n in enumerate(ours.layer_names) if ".attn." in n]
     error = (ours.attributions - reference.attributions)[..., heads][moved]
     assert error.abs().max() <= 1e-3
+
+
+def test_float64_model_heads_add_up_with_prediction_aware():
+    # The head split's components are float32; a float64 model's gradients
+    # met them in one einsum and failed ("expected scalar type Float").
+    model = tiny_model("llama").double()
+    lens = LayerIGLens.from_model(model)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    result = lens.attribute_map(ids, granularity="head")
+    attrs, delta = lens.attribute(
+        ids, granularity="head", n_steps=8, return_convergence_delta=True
+    )
+    assert result.delta.abs().max() <= 1e-6 and delta.abs().max() <= 1e-6
+    assert attrs[0].dtype == torch.float64

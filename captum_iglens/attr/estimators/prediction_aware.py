@@ -227,7 +227,7 @@ def prediction_aware_components(
         )
         values = values.view(-1, n_steps + 1)
         values[:, 0], values[:, -1] = end_values[rows, 0], end_values[rows, 1]
-        grads = grads.view(-1, n_steps + 1, d)
+        grads = grads.view(-1, n_steps + 1, d).float()  # as the components
         u = components[rows]
         along = torch.einsum("gsd,gcd->gsc", grads, u)  # (g, n + 1, C)
         first_order = (along[:, :-1] + along[:, 1:]) / (2 * n_steps)
