@@ -1,0 +1,62 @@
+r"""
+The granularities of IG-Lens: which residual-stream states a path runs through,
+what its credit columns are called, and how the estimator credits them.
+
+A new granularity is one module with one :class:`PathGranularity` subclass, and
+one line in :data:`GRANULARITIES`.
+"""
+
+from typing import Any, Callable, Dict, Optional, Sequence, Type
+
+from torch.nn import Module
+
+from captum_iglens.attr._utils.heads import HeadSplit
+from captum_iglens.attr.granularities.base import PathGranularity
+from captum_iglens.attr.granularities.blocks import Blocks, Sublayers
+from captum_iglens.attr.granularities.heads import Heads
+
+__all__ = [
+    "GRANULARITIES",
+    "Blocks",
+    "Heads",
+    "PathGranularity",
+    "Sublayers",
+    "check_granularity",
+    "granularity_of",
+]
+
+
+#: The granularities ``granularity=`` takes, by name (iterating gives the names).
+GRANULARITIES: Dict[str, Type[PathGranularity]] = {
+    g.name: g for g in (Blocks, Sublayers, Heads)
+}
+
+
+def check_granularity(granularity: str) -> None:
+    r"""
+    Raises:
+        ValueError: If no granularity has the name ``granularity``.
+    """
+    if not isinstance(granularity, str) or granularity not in GRANULARITIES:
+        raise ValueError(
+            f"granularity: expected one of {list(GRANULARITIES)}, got {granularity!r}"
+        )
+
+
+def granularity_of(
+    name: str,
+    forward_func: Callable[..., Any],
+    layers: Sequence[Module],
+    layer_names: Sequence[str],
+    sublayers: Optional[Sequence[Module]],
+    heads: Optional[HeadSplit],
+) -> PathGranularity:
+    r"""
+    The granularity named ``name`` of the path through ``layers`` (the other
+    arguments as :class:`PathGranularity` takes them).
+
+    Raises:
+        ValueError: If no granularity has that name.
+    """
+    check_granularity(name)
+    return GRANULARITIES[name](forward_func, layers, layer_names, sublayers, heads)

@@ -1,0 +1,157 @@
+r"""
+The interface every granularity implements: which residual-stream states a
+path runs through, what its credit columns are called, and how the estimator
+credits them.
+"""
+
+from abc import ABC, abstractmethod
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
+
+from torch import Tensor
+from torch.nn import Module
+
+from captum_iglens.attr._utils.capture import PathPoint
+from captum_iglens.attr._utils.heads import HeadSplit
+from captum_iglens.attr.estimators import Estimator
+from captum_iglens.attr.tracing import TracedPath
+from captum_iglens.readout.interface import PathReadout
+
+
+class PathGranularity(ABC):
+    r"""
+    The segments of a path and their credits.
+
+    Args:
+
+        forward_func (Callable): The lens's forward function.
+        layers (list[Module]): The chosen blocks, in execution order.
+        layer_names (list[str]): A name per block.
+        sublayers (list[Module], optional): Per block, the module whose input is
+                    the mid-block state.
+        heads (HeadSplit, optional): Each block's attention output projection.
+
+    Attributes:
+
+        name (str): The name ``granularity=`` takes.
+        supports_unmultiplied (bool): Has attributions without the displacement
+                    (``multiply_by_inputs=False``).
+    """
+
+    name: ClassVar[str]
+    supports_unmultiplied: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        forward_func: Callable[..., Any],
+        layers: Sequence[Module],
+        layer_names: Sequence[str],
+        sublayers: Optional[Sequence[Module]],
+        heads: Optional[HeadSplit],
+    ) -> None:
+        self.forward_func = forward_func
+        self.layers = list(layers)
+        self.layer_names = list(layer_names)
+        self.sublayers = None if sublayers is None else list(sublayers)
+        self.heads = heads
+
+    def check_multiply_by_inputs(self, multiply_by_inputs: bool) -> None:
+        r"""
+        Checks that the granularity can return what ``multiply_by_inputs`` asks.
+
+        Args:
+
+            multiply_by_inputs (bool): As :class:`LayerIGLens` was built.
+
+        Raises:
+            ValueError: If ``multiply_by_inputs`` is False and the granularity
+                has no attributions without the displacement.
+        """
+        if not (multiply_by_inputs or self.supports_unmultiplied):
+            raise ValueError(
+                "multiply_by_inputs: False is not supported with "
+                f'granularity="{self.name}"; use "block" or "sublayer"'
+            )
+
+    @abstractmethod
+    def path_points(self) -> Tuple[List[PathPoint], List[str]]:
+        r"""
+        The hooked modules of the path, and a name for each credit column.
+
+        Raises:
+            ValueError: If the lens lacks what this granularity needs.
+        """
+
+    def split(self, states: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
+        """The captured states as residual-stream states and other states."""
+        return states, []
+
+    def components(
+        self, points: Tensor, extras: List[Tensor], mask: Tensor
+    ) -> Optional[Tensor]:
+        """The components ``(B, P, k, C, d)`` of the segments split apart."""
+        return None
+
+    def map_needs_gradients(self, rule: Estimator) -> bool:
+        """Whether :meth:`credits` with ``rule`` takes a backward pass."""
+        return not rule.gradient_free_map
+
+    def attributions(
+        self,
+        rule: Estimator,
+        readout: PathReadout,
+        path: TracedPath,
+        n_steps: int,
+        chunk_rows: int,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        multiply_by_inputs: bool = True,
+    ) -> Tensor:
+        r"""
+        Per-dimension attributions of every column, zero at padding (the
+        path-averaged gradients with ``multiply_by_inputs=False``).
+
+        Returns:
+            *Tensor* ``(B, P, n, d)``.
+        """
+        b, p, k_plus_1, d = path.points.shape
+        attrs = rule.attributions(
+            readout,
+            path.points.flatten(0, 1),
+            path.score.flatten(),
+            path.model_prob.flatten(),
+            n_steps,
+            chunk_rows,
+            grad_kwargs,
+            multiply_by_inputs,
+        )
+        return attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
+
+    def credits(
+        self,
+        rule: Estimator,
+        readout: PathReadout,
+        path: TracedPath,
+        values: Tensor,
+        n_steps: int,
+        chunk_rows: int,
+    ) -> Tensor:
+        r"""
+        The scalar credit of every column from the levels ``values``
+        ``(B, P, k + 1)`` (:func:`~captum_iglens.attr.tracing.path_levels`).
+
+        Returns:
+            *Tensor* ``(B, P, n)``.
+        """
+        b, p, k_plus_1 = values.shape
+        credits = rule.credits(
+            readout,
+            path.points.flatten(0, 1),
+            path.score.flatten(),
+            values.flatten(0, 1),
+            n_steps,
+            chunk_rows,
+        )
+        return credits.view(b, p, k_plus_1 - 1)
+
+    def levels(self, path: TracedPath, values: Tensor) -> Tensor:
+        """``f`` at the start and after each column, ``(B, P, n + 1)``."""
+        return values
