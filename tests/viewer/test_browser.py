@@ -373,7 +373,8 @@ def test_cells_show_their_layers_top_token_on_open(browser, tmp_path):
     for row in range(6):
         for col in range(10):
             cell = shown[row * 10 + col]
-            assert cell.get_attribute("textContent") == result.top_tokens[0][row][col][0]
+            top = result.top_tokens[0][row][col][0]
+            assert cell.get_attribute("textContent") == top
             hit = "hit" in cell.get_attribute("class").split()
             assert hit == (int(result.rank[0, row, col]) == 1)
     width = shown[0].size["width"]

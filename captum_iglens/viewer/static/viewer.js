@@ -269,6 +269,7 @@
     var parts = cellLayout(root, 'Cell', 'Hover a cell of the map.');
     var main = parts.main, side = parts.side, info = parts.info, kvt = parts.kvt;
     var infoHint = parts.hint;
+    kvt.style.display = 'none';  // until a cell is hovered
     var f = {
       token: kv(kvt, 'token', 'token'), layer: kv(kvt, 'layer', 'layer'),
       credit: kv(kvt, 'credit', 'credit'), before: kv(kvt, 'lens before', 'lens_before'),
@@ -304,7 +305,8 @@
       // With views, each cell shows its layer's top-1 token, as in the classic
       // logit-lens grid; cells wide enough to read it (the grid scrolls).
       var text = rows.length > 0 && !!rows[0].top && cols.length <= MAX_TEXT_COLUMNS;
-      var cw = text ? Math.max(42, Math.min(64, Math.floor(avail / cols.length) - 1))
+      if (text) avail -= 16;  // the grid's own vertical scroll bar
+      var cw = text ? Math.max(38, Math.min(64, Math.floor(avail / cols.length) - 1))
         : Math.max(4, Math.min(26, Math.floor(avail / cols.length) - 1));
       if (grid) main.removeChild(grid);
       grid = add(main, h('div', 'grid' + (text ? ' text' : '')));
@@ -358,6 +360,7 @@
       var credit = 0;
       c.members.forEach(function (m) { credit += row.credit[m]; });
       infoHint.textContent = '';
+      kvt.style.display = '';
       f.token.textContent = visible(row.token);
       f.layer.textContent = c.members.length > 1
         ? groups[c.group].key + ' (' + c.members.length + ' parts, summed)' : layers[first];
