@@ -421,3 +421,46 @@ def test_first_token_trajectory_is_drawn_on_open(browser, map_page):
     assert close_to(sigma, sum(result.attributions[0, 0].tolist()))
     selected = browser.find_elements("css selector", "#map .rowhead.selected")
     assert [e.get_attribute("data-row") for e in selected] == ["0"]
+
+
+def test_click_shows_the_source_map_with_exact_credit_on_hover(browser, tmp_path):
+    from tests.viewer.synthetic import synthetic_source_result
+
+    result = synthetic_source_result(4, 3, 9)
+    page = tmp_path / "s.html"
+    result.to_html(page)
+    open_page(browser, page)
+    # Per-source columns fold into their block's attention in the map.
+    assert len(cells(browser)) == 4 * (1 + 3 * 2)
+    sources = result.source_map()[0]  # (P, k, T)
+    row = 2
+    position = int(result.positions[row])
+    browser.find_elements("css selector", "#map .rowhead")[row].click()
+    shown = browser.find_elements("css selector", "#source-map .cell")
+    assert len(shown) == (position + 1) * 3 + 2 * 3  # sources, bias and MLP rows
+    labels = browser.find_elements("css selector", "#source-map .rowhead .tok")
+    words = result.metadata["source_tokens"][0][: position + 1]
+    assert [e.get_attribute("textContent") for e in labels] == [
+        escaped(w) for w in words
+    ]
+    for source, block in [(0, 0), (position, 2), (3, 1)]:
+        hover(browser, shown[source * 3 + block])
+        credit = browser.find_element(
+            "css selector", '#source-info [data-field="credit"]'
+        ).text
+        exact = float(sources[row, block, source])
+        assert abs(float(credit) - exact) <= 1e-6 * max(1.0, abs(exact))
+        assert browser.find_element(
+            "css selector", '#source-info [data-field="source"]'
+        ).text.startswith(f"{source} ")
+    # The strongest routes, the largest |credit| first, drawn as a flow.
+    routes = browser.find_elements("css selector", "#routes path.route")
+    causal = sources[row, :, : position + 1].flatten()
+    assert len(routes) == min(8, int((causal != 0).sum()))
+    first = float(routes[0].get_attribute("data-credit"))
+    assert abs(abs(first) - float(causal.abs().max())) <= 1e-6
+    total = browser.find_element("id", "source-sum").text
+    change = float(result.model_prob[0, row] - result.base_prob[0, row])
+    assert close_to(total.split("= ")[1].split()[0], change)
+    assert console_errors(browser) == [] and requests_made(browser, page) == []
+    screenshot(browser, "sources.png")
