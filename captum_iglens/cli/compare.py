@@ -20,9 +20,13 @@ from captum_iglens.cli.common import (
 )
 from captum_iglens.studies.comparison import (
     COMPARED_METHODS,
+    SOURCE_METHODS,
     compare_text,
     format_head_agreement,
+    format_source_agreement,
 )
+from captum_iglens.studies.comparison.compare import method_names
+from captum_iglens.studies.comparison.sources import has_source_agreement
 
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
@@ -40,7 +44,9 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         "--methods",
         type=names,
         help=f"comma-separated, from {','.join(COMPARED_METHODS)} (default: all; "
-        "ig_lens,dla with --granularity head)",
+        "ig_lens,dla with --granularity head), or the source-token methods "
+        f"{','.join(SOURCE_METHODS)} (their rank agreement with ig_lens_sources is "
+        "printed)",
     )
     compare.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     compare.add_argument("--png", metavar="PATH", help="write the comparison plot")
@@ -56,12 +62,10 @@ def prepare(args: argparse.Namespace) -> Job:
     if args.methods is None:
         head = settings.granularity == "head"
         args.methods = ("ig_lens", "dla") if head else COMPARED_METHODS
-    unknown = [m for m in args.methods if m not in COMPARED_METHODS]
-    if unknown or not args.methods:
-        raise CommandError(
-            f"--methods: expected names from {','.join(COMPARED_METHODS)}, got "
-            f"{','.join(args.methods)}"
-        )
+    try:
+        method_names(args.methods)
+    except ValueError as error:
+        raise CommandError(f"--{error}") from None
     check_outputs(args, "json", "png", "html")
     prompt = read_prompt(args)
     parts, tokenizer = load(args, settings)
@@ -84,6 +88,8 @@ def prepare(args: argparse.Namespace) -> Job:
         print(result.format_table())
         if settings.granularity == "head" and {"ig_lens", "dla"} <= set(args.methods):
             print(format_head_agreement(result))
+        if has_source_agreement(result):
+            print(format_source_agreement(result))
         write_outputs(result, args)
         return 0
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from captum_iglens.studies.batch import write_html
 from captum_iglens.viewer import batch_payload, render_page
@@ -464,3 +465,50 @@ def test_click_shows_the_source_map_with_exact_credit_on_hover(browser, tmp_path
     assert close_to(total.split("= ")[1].split()[0], change)
     assert console_errors(browser) == [] and requests_made(browser, page) == []
     screenshot(browser, "sources.png")
+
+
+def test_comparison_page_shows_source_rank_agreement(browser, tmp_path):
+    from captum_iglens.studies.comparison import (
+        ComparisonResult,
+        MethodResult,
+        source_rank_agreement,
+    )
+
+    gen = torch.Generator().manual_seed(0)
+    names = [f"{j} ' w{j}'" for j in range(6)]
+    positions = torch.tensor([3, 5])
+    causal = (torch.arange(6)[None, :] <= positions[:, None]).float()
+
+    def method(unit):
+        scores = torch.rand(1, 2, 6, generator=gen) * causal
+        zeros = torch.zeros(1, 2)
+        return MethodResult(scores, names, zeros, zeros, unit, unit, *[0] * 7)
+
+    result = ComparisonResult(
+        {
+            "ig_lens_sources": method("probability"),
+            "lig_embeddings": method("probability"),
+            "attention_rollout": method("share"),
+        },
+        torch.tensor([[5, 9]]),
+        positions,
+        torch.ones(1, 2, dtype=torch.bool),
+        ["0"],
+        tokens=[[" a", "\n"]],
+        input_tokens=[[" w3", " w5"]],
+    )
+    page = tmp_path / "agree.html"
+    result.to_html(page)
+    open_page(browser, page)
+    rho = source_rank_agreement(result)
+    for name in ("lig_embeddings", "attention_rollout"):
+        shown = browser.find_elements(
+            "css selector", f'#agreement td[data-method="{name}"]'
+        )
+        assert len(shown) == 2
+        for p, cell in enumerate(shown):
+            assert close_to(cell.text, float(rho[name][0, p]), 3)
+    rows = browser.find_elements("css selector", "#agreement .tok")
+    assert [e.get_attribute("textContent") for e in rows] == [" a", "\\n"]
+    assert console_errors(browser) == []
+    screenshot(browser, "agreement.png")

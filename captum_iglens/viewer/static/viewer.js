@@ -717,6 +717,7 @@
         f.expected.textContent = fmt(m.expected[ri], true);
         f.resid.textContent = fmt(m.resid[ri], false, 3);
       });
+      agreementTable(slot, seq, d.reference);
       var notes = add(slot, h('div', 'panel'));
       add(notes, h('h3', null, 'Methods'));
       seq.methods.forEach(function (m) {
@@ -726,6 +727,27 @@
       });
     }
     show(0);
+  }
+
+  /* Per answer token, each source-token method's Spearman ρ against IG-Lens's
+     per-source credits (by |score|, over the sources the token sees). */
+  function agreementTable(slot, seq, reference) {
+    var names = Object.keys(seq.agreement || {});
+    if (!names.length) return;
+    var box = add(slot, h('div', 'panel'));
+    box.id = 'agreement';
+    add(box, h('h3', null, 'Rank agreement with ' + reference + ' (Spearman ρ of |score| over the sources 0..position)'));
+    var table = add(box, h('table', 'stats'));
+    var tr = add(table, h('tr'));
+    add(tr, h('th', null, 'token'));
+    names.forEach(function (n) { add(tr, h('th', null, 'ρ ' + n)); });
+    seq.rows.forEach(function (row, ri) {
+      var line = add(table, h('tr'));
+      var cell = add(line, h('td'));
+      add(cell, h('span', 'pos', row.pos + ' '));
+      add(cell, tok('span', 'tok', row.token));
+      names.forEach(function (n) { add(line, h('td', 'v', fmt(seq.agreement[n][ri], true, 3))).setAttribute('data-method', n); });
+    });
   }
 
   function pageValidation(root, d) {
