@@ -377,6 +377,8 @@ def test_top_k_foil_and_target_tokens(tmp_path, capsys):
         (["--foil", "w7 w8"], "--foil: 'w7 w8' is 2 tokens"),
         (["--target-tokens", "w9,w9"], "--target-tokens: the same token twice"),
         (["--top-k", "-1"], "top_k: expected an int >= 0"),
+        (["--foil", "zzz"], "--foil: 'zzz' is not in the vocabulary"),
+        (["--target-tokens", "w9,zzz"], "--target-tokens: 'zzz' is not in the voc"),
     ],
 )
 def test_bad_scored_tokens_exit_2(tmp_path, capsys, extra, message):

@@ -311,6 +311,7 @@ def _token_set(
                 f"padded with {PAD}), got {tokens!r}"
             )
         ids = torch.tensor(sorted(tokens), dtype=torch.long).reshape(-1)
+        _check_range(ids, name, vocab)  # -1 pads only the tensor form
         if len(set(tokens)) != len(tokens):
             raise ValueError(f"{name}: expected distinct token ids, got {tokens!r}")
         ids = ids.expand(batch, n_positions, -1)
