@@ -7,7 +7,17 @@ read the same path.
 """
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import torch
 from captum._utils.common import _format_additional_forward_args, _run_forward
@@ -73,6 +83,12 @@ class PathShape(Protocol):
     def components(
         self, points: Tensor, extras: List[Tensor], mask: Tensor
     ) -> Optional[Tensor]: ...
+
+    def recording(
+        self, positions: Tensor, device: torch.device
+    ) -> ContextManager[Any]: ...
+
+    def column_names(self, names: List[str]) -> List[str]: ...
 
 
 @dataclass
@@ -141,7 +157,8 @@ class Tracer:
         check_baselines(baselines)
         reference_inputs = baseline_inputs(baselines, request.inputs)
         hooked, names = shape.path_points()
-        output, h_0, states = self._capture(request.inputs, request, hooked)
+        with shape.recording(request.positions, self.device):
+            output, h_0, states = self._capture(request.inputs, request, hooked)
         states, extras = shape.split(states)
         if reference_inputs is not None:  # the first block's input for them
             h_0 = self._capture(reference_inputs, request, [])[1]
@@ -167,15 +184,16 @@ class Tracer:
         pos = request.positions.to(self.device)
         start = baseline_states(baselines, h_0, request.attention_mask)
         points = torch.stack([start.index_select(1, pos), *states], dim=2)
+        components = shape.components(points, extras, mask)
         return TracedPath(
             points=points,
             targets=targets,
             model_prob=model_prob,
             mask=mask,
             positions=pos,
-            names=names,
+            names=shape.column_names(names),
             one_output=one_output,
-            components=shape.components(points, extras, mask),
+            components=components,
             score=TokenScore.build(targets, target_sets, foils),
             target_sets=target_sets,
             foils=foils,
