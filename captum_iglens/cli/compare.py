@@ -20,6 +20,7 @@ from captum_iglens.cli.common import (
 )
 from captum_iglens.studies.comparison import (
     COMPARED_METHODS,
+    METHODS,
     SOURCE_METHODS,
     compare_text,
     format_head_agreement,
@@ -66,10 +67,19 @@ def prepare(args: argparse.Namespace) -> Job:
         method_names(args.methods)
     except ValueError as error:
         raise CommandError(f"--{error}") from None
+    # IG-Lens's source credits split each block: they need consecutive blocks.
+    whole = any(METHODS[m].granularity is not None for m in args.methods)
+    if whole and settings.layers is not None and list(settings.layers) != list(
+        range(min(settings.layers), max(settings.layers) + 1)
+    ):
+        raise CommandError(
+            f"--layers: ig_lens_sources needs consecutive blocks, got "
+            f"{','.join(map(str, settings.layers))} (leave --layers out for all)"
+        )
     check_outputs(args, "json", "png", "html")
     prompt = read_prompt(args)
     parts, tokenizer = load(args, settings)
-    if settings.layers is None and settings.granularity != "head":
+    if settings.layers is None and settings.granularity != "head" and not whole:
         n_blocks = len(parts.blocks)
         spread = sorted({round(i * (n_blocks - 1) / 3) for i in range(4)})
         settings = settings.replace(layers=spread)

@@ -512,3 +512,25 @@ def test_comparison_page_shows_source_rank_agreement(browser, tmp_path):
     assert [e.get_attribute("textContent") for e in rows] == [" a", "\\n"]
     assert console_errors(browser) == []
     screenshot(browser, "agreement.png")
+
+
+def test_routes_go_through_heads_when_the_result_has_them(browser, tmp_path):
+    from tests.viewer.synthetic import synthetic_source_result
+
+    result = synthetic_source_result(3, 2, 6, heads=3)
+    page = tmp_path / "sh.html"
+    result.to_html(page)
+    open_page(browser, page)
+    per_head = result.source_map(by_head=True)[0, 0]  # (k, H, T), the first token
+    position = int(result.positions[0])
+    visible = per_head[..., : position + 1]
+    block, head, source = np.unravel_index(
+        int(visible.abs().argmax()), tuple(visible.shape)
+    )
+    routes = browser.find_elements("css selector", "#routes path.route")
+    assert len(routes) == 8
+    first = float(routes[0].get_attribute("data-credit"))
+    assert abs(first - float(visible[block, head, source])) <= 1e-6
+    title = routes[0].find_element("tag name", "title").get_attribute("textContent")
+    assert title.startswith(f"{source} ") and f"→ {block}.h{head} →" in title
+    assert console_errors(browser) == []

@@ -166,6 +166,9 @@ def compare(
         parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
     lens.segment_names(settings.granularity)  # fails now, before any method runs
+    for name in names:
+        if METHODS[name].granularity is not None:
+            lens.segment_names(METHODS[name].granularity)  # the same
     extra = None if attention_mask is None else (attention_mask,)
     setup = lens.attribute_map(input_ids, None, target, extra, positions=positions)
     work = Work.from_map(

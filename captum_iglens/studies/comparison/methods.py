@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Dict, Optional, Tuple
 
 from captum_iglens.studies.comparison.source_runners import (
+    SOURCE_GRANULARITY,
     attention_rollout,
     ig_lens_sources,
     lig_embeddings,
@@ -53,6 +54,9 @@ class StudyMethod:
         missing (Callable[[], str or None], optional): Why it cannot run in
                     this version (None when it can), asked before any work.
                     Default: None (it always can).
+        granularity (str, optional): The IG-Lens granularity it runs at, whose
+                    needs (consecutive blocks) are checked before any method
+                    runs. Default: None (the settings' own).
     """
 
     name: str
@@ -62,6 +66,7 @@ class StudyMethod:
     costly: bool = False
     axis: str = "layers"
     missing: Optional[Callable[[], Optional[str]]] = None
+    granularity: Optional[str] = None
 
     def why_not(self) -> Optional[str]:
         r"""Why the method cannot run in this version, or None."""
@@ -132,6 +137,7 @@ METHODS: Dict[str, StudyMethod] = {
             scored=False,
             axis="sources",
             missing=source_granularity_missing,
+            granularity=SOURCE_GRANULARITY,
         ),
         StudyMethod(
             "lig_embeddings",

@@ -3,7 +3,7 @@ methods, LayerIntegratedGradients on the embeddings and attention rollout: how
 each orders the earlier tokens by importance, and how well the orders agree
 (Spearman, per answer token)."""
 
-from typing import TYPE_CHECKING, Dict, List
+from typing import Any, Dict, List
 
 import torch
 from torch import Tensor
@@ -11,14 +11,11 @@ from torch import Tensor
 from captum_iglens.studies.comparison.methods import METHODS
 from captum_iglens.studies.comparison.ranking import ranks, spearman
 
-if TYPE_CHECKING:  # the result's page reads the agreement: no import at run time
-    from captum_iglens.studies.comparison.result import ComparisonResult
-
 #: The method the others are ranked against.
 REFERENCE = "ig_lens_sources"
 
 
-def _others(result: "ComparisonResult") -> List[str]:
+def _others(result: Any) -> List[str]:
     return [
         name
         for name in result.methods
@@ -26,13 +23,13 @@ def _others(result: "ComparisonResult") -> List[str]:
     ]
 
 
-def has_source_agreement(result: "ComparisonResult") -> bool:
+def has_source_agreement(result: Any) -> bool:
     r"""Whether ``result`` has IG-Lens's source credits and another source-token
     method to rank against them."""
     return REFERENCE in result.methods and bool(_others(result))
 
 
-def source_methods(result: "ComparisonResult") -> List[str]:
+def source_methods(result: Any) -> List[str]:
     r"""The source-token methods of ``result`` other than :data:`REFERENCE`, in
     the order run; raises unless IG-Lens's source credits and one other are
     there."""
@@ -46,13 +43,13 @@ def source_methods(result: "ComparisonResult") -> List[str]:
     return others
 
 
-def _causal(result: "ComparisonResult", name: str, b: int, p: int) -> Tensor:
+def _causal(result: Any, name: str, b: int, p: int) -> Tensor:
     """``|score|`` of method ``name`` over the sources ``0..position``."""
     position = int(result.positions[p])
     return result.methods[name].scores[b, p, : position + 1].abs()
 
 
-def source_rank_agreement(result: "ComparisonResult") -> Dict[str, Tensor]:
+def source_rank_agreement(result: Any) -> Dict[str, Tensor]:
     r"""
     Spearman's rank correlation, per attributed token, between IG-Lens's
     per-source credits summed over blocks and each other source-token method's
@@ -82,7 +79,7 @@ def source_rank_agreement(result: "ComparisonResult") -> Dict[str, Tensor]:
 
 
 def format_source_agreement(
-    result: "ComparisonResult", sequence: int = 0, top: int = 5
+    result: Any, sequence: int = 0, top: int = 5
 ) -> str:
     r"""
     A plain-text table per attributed token of one sequence: Spearman's ρ of

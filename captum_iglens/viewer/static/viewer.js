@@ -478,11 +478,13 @@
       var right = add(wrap, h('div', 'srcside'));
       add(right, info);
       tell(null, '–', null);
+      // Coloured on the sources' own scale (an MLP's credit would wash them
+      // out); the bias and MLP rows saturate beyond it.
       var scale = 0;
       for (var l = 0; l < k; l++) {
         for (var j = 0; j < T; j++) scale = Math.max(scale, Math.abs(credits[l][j]));
-        scale = Math.max(scale, Math.abs(src.bias[p][l]), Math.abs(src.mlp[p][l]));
       }
+      add(left, legend('div', scale, 'credit from a source'));
       var grid = add(left, h('div', 'grid'));
       grid.id = 'source-map';
       grid.style.gridTemplateColumns = 'minmax(90px, max-content) repeat(' + k + ', 16px) 64px';
