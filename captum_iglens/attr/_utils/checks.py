@@ -207,6 +207,11 @@ def format_inputs(
         raise TypeError(
             f"inputs: expected integer token ids or float embeddings, got {first.dtype}"
         )
+    if first.is_floating_point() and first.dim() == 2:
+        raise TypeError(
+            f"inputs: a (B, T) tensor holds token ids, expected an integer dtype, "
+            f"got {first.dtype} (embeddings are (B, T, d)). {NEEDS}"
+        )
     if first.is_floating_point() and first.dim() != 3:
         raise ValueError(
             f"inputs: float inputs must be embeddings (B, T, d), got shape "
