@@ -41,11 +41,19 @@ def documents():
         results = [
             synthetic_result(positions=3, layers=2, batch=2, top_k=2),
             run_validation(
-                model, tokenizer, facts, methods=["ig_lens", "random"], study=study,
+                model,
+                tokenizer,
+                facts,
+                methods=["ig_lens", "random"],
+                study=study,
                 progress=False,
             ),
             run_restoration(
-                model, tokenizer, facts, methods=("ig_lens", "dla"), study=study,
+                model,
+                tokenizer,
+                facts,
+                methods=("ig_lens", "dla"),
+                study=study,
                 progress=False,
             ),
             compare(
@@ -196,9 +204,7 @@ def test_deep_nesting_is_a_value_error(kind, tmp_path):
         kind.load(path)
 
 
-def test_lone_surrogates_are_refused_on_load_and_escaped_on_render(
-    documents, tmp_path
-):
+def test_lone_surrogates_are_refused_on_load_and_escaped_on_render(documents, tmp_path):
     document = copy.deepcopy(documents[IGLensResult])
     document["tokens"][0][1] = "a\ud800b"
     path = tmp_path / "doc.json"
