@@ -233,3 +233,17 @@ def test_empty_and_contrastive_results_round_trip(lens, tmp_path):
     loaded = IGLensResult.load(tmp_path / "s.json")
     assert torch.equal(loaded.target_sets, sets.target_sets)
     assert torch.equal(loaded.foils, sets.foils)
+
+
+def test_source_tokens_of_a_source_map_are_checked(lens, tmp_path):
+    ids, mask = left_padded([5], VOCAB)
+    result = lens.attribute_map(ids, granularity="source")
+    result.metadata = {"source_tokens": [[f"w{i}" for i in ids[0].tolist()]]}
+    result.save(tmp_path / "s.json")
+    IGLensResult.load(tmp_path / "s.json").to_html(tmp_path / "s.html")
+    data = json.loads((tmp_path / "s.json").read_text())
+    for bad in (7, ["w1"], [[1, 2]]):
+        data["metadata"]["source_tokens"] = bad
+        (tmp_path / "s.json").write_text(json.dumps(data))
+        with pytest.raises(ValueError, match="metadata.source_tokens"):
+            IGLensResult.load(tmp_path / "s.json")
