@@ -214,9 +214,15 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """
         parts = model_parts(model)
         chosen = parts.choose(layers)
-        layer, sublayers, projections = (
+        layer, sublayers, projections, norms, mlps = (
             None if modules is None else [modules[i] for i in chosen]
-            for modules in (parts.blocks, parts.mid_modules, parts.attention_outputs)
+            for modules in (
+                parts.blocks,
+                parts.mid_modules,
+                parts.attention_outputs,
+                parts.attention_norms,
+                parts.parallel_mlps,
+            )
         )
         return cls(
             CausalLMForward(parts.model),
@@ -228,7 +234,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             heads=(
                 None
                 if projections is None
-                else HeadSplit(projections, parts.n_heads, parts.attention_scale)
+                else HeadSplit(
+                    projections, parts.n_heads, parts.attention_scale, norms, mlps
+                )
             ),
         )
 
