@@ -18,6 +18,7 @@ from captum_iglens._utils.serialization import (
     tensor_field,
     write_atomic,
 )
+from captum_iglens._utils.source_columns import SourceLayout, source_layout
 from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.readout.scores import PAD
 from captum_iglens.viewer import Viewable
@@ -155,8 +156,86 @@ class IGLensResult(JsonDocument, Viewable):
 
     def page_data(self) -> Dict[str, Any]:
         r"""The data of this map's viewer page (see
-        :func:`~captum_iglens.viewer.payload.map_payload`)."""
-        return map_payload(self)
+        :func:`~captum_iglens.viewer.payload.map_payload`), with ``"sources"``
+        (:meth:`source_page_data`) for the source granularities."""
+        data = map_payload(self)
+        data["sources"] = self.source_page_data()
+        return data
+
+    # ------------------------------------------------------------ source tokens
+
+    def source_layout(self) -> Optional[SourceLayout]:
+        """Where each block's per-source credits are among the columns, for
+        ``granularity="source"`` or ``"source_head"`` (else None)."""
+        return source_layout(self.layer_names)
+
+    def source_map(self, by_head: bool = False) -> Tensor:
+        r"""
+        Each block's attention credit split over the source positions, for
+        ``granularity="source"`` or ``"source_head"``: how much probability
+        block ``l`` gave the target at position ``t`` from the value of source
+        ``j`` (summed over its heads, or per head with ``by_head``). With the
+        bias and MLP columns it adds up to the block's credit.
+
+        Args:
+            by_head (bool, optional): Keep the heads apart (``"source_head"``
+                        only). Default: False
+
+        Returns:
+            *Tensor* ``(B, P, k, T)``, or ``(B, P, k, H, T)`` with ``by_head``,
+            float32, with ``k`` the blocks of :meth:`source_layout`.
+
+        Raises:
+            ValueError: If the result has no source columns, or ``by_head``
+                without head-resolved ones.
+        """
+        layout = self.source_layout()
+        if layout is None:
+            raise ValueError(
+                "source_map: this result has no per-source columns; attribute "
+                'with granularity="source" (or "source_head")'
+            )
+        if by_head and layout.n_heads is None:
+            raise ValueError(
+                'by_head: the heads are summed in this result; attribute with '
+                'granularity="source_head"'
+            )
+        return layout.source_map(self.attributions, by_head)
+
+    def source_page_data(self) -> Optional[List[Dict[str, Any]]]:
+        r"""
+        The per-source data of the viewer page, one entry per sequence (None
+        without source columns): ``tokens`` (``T`` source strings, or None),
+        ``blocks`` (``k`` names), ``positions`` (``P``), ``credits`` (``P x k x
+        T``, heads summed), ``bias`` and ``mlp`` (``P x k``; bias 0 without
+        one), ``input`` (``P``), and ``heads`` (``P x k x H x T``, or None when
+        the heads are summed). Zero at padding; see docs/iglens.md.
+        """
+        layout = self.source_layout()
+        if layout is None:
+            return None
+        sources = self.metadata.get("source_tokens")
+        per_head = layout.n_heads is not None
+        out = []
+        for b in range(self.attributions.shape[0]):
+            row = self.attributions[b]
+            zero = torch.zeros(row.shape[0], 1)
+            bias = [row[:, [i]] if i is not None else zero for i in layout.bias]
+            out.append(
+                {
+                    "tokens": None if sources is None else list(sources[b]),
+                    "blocks": list(layout.blocks),
+                    "positions": self.positions.tolist(),
+                    "credits": layout.source_map(row).tolist(),
+                    "bias": torch.cat(bias, -1).tolist(),
+                    "mlp": row[:, layout.mlp].tolist(),
+                    "input": row[:, 0].tolist(),
+                    "heads": (
+                        layout.source_map(row, True).tolist() if per_head else None
+                    ),
+                }
+            )
+        return out
 
     def __post_init__(self) -> None:
         for name in _TENSOR_FIELDS:

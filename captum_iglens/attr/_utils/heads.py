@@ -385,6 +385,7 @@ def head_attributions(
     chunk_rows: int,
     per_dimension: bool,
     grad_kwargs: Optional[Dict[str, Any]] = None,
+    parents: Optional[Tensor] = None,
     parallel: bool = False,
 ) -> Tensor:
     r"""
@@ -405,6 +406,9 @@ def head_attributions(
                     model's own.
         per_dimension (bool): Per-dimension attributions (for ``attribute``) or
                     scalar credits (for ``attribute_map``).
+        parents (Tensor, optional): ``(C,)``: a group per component, as
+                    :meth:`~captum_iglens.attr.estimators.base.Estimator.components`
+                    takes it. Default: None
 
     Returns:
         *Tensor* ``(N, n_columns)``, or ``(N, n_columns, d)`` with
@@ -429,6 +433,7 @@ def head_attributions(
         end_values.flatten(0, 1),
         per_dimension=per_dimension,
         layers=layers,
+        parents=parents,
         **common,
     )
     pairs, layers = _pairs(stream, plain)

@@ -5,8 +5,20 @@ credits them.
 """
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
+from contextlib import nullcontext
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    ContextManager,
+    Dict,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
+import torch
 from torch import Tensor
 from torch.nn import Module
 
@@ -90,6 +102,14 @@ class PathGranularity(ABC):
     ) -> Optional[Tensor]:
         """The components ``(B, P, k, C, d)`` of the segments split apart."""
         return None
+
+    def recording(self, positions: Tensor, device: torch.device) -> ContextManager[Any]:
+        """What else is recorded during the traced forward (nothing here)."""
+        return nullcontext()
+
+    def column_names(self, names: List[str]) -> List[str]:
+        """The credit columns' names once the traced forward has run."""
+        return names
 
     def map_needs_gradients(self, rule: Estimator) -> bool:
         """Whether :meth:`credits` with ``rule`` takes a backward pass."""
