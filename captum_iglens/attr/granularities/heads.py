@@ -128,7 +128,7 @@ class Heads(Sublayers):
             chunk_rows,
             per_dimension,
             grad_kwargs,
-            self._parallel,
+            parallel=self._parallel,
         )
         mask = path.mask.view(b, p, *[1] * (attrs.dim() - 1))
         return attrs.view(b, p, *attrs.shape[1:]) * mask
