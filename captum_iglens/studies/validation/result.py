@@ -22,7 +22,12 @@ def _cell(stats: Dict[str, float], signed: bool) -> str:
     if stats["n"] == 0:
         return "-"
     form = "+.3f" if signed else ".3f"
-    return f"{stats['mean']:{form}} [{stats['lo']:{form}}, {stats['hi']:{form}}]"
+    # An undefined value is NaN in memory and null in a saved file.
+    mean, lo, hi = (
+        float("nan") if stats[key] is None else stats[key]
+        for key in ("mean", "lo", "hi")
+    )
+    return f"{mean:{form}} [{lo:{form}}, {hi:{form}}]"
 
 
 @dataclass
@@ -461,7 +466,7 @@ class RestorationResult(JsonDocument, Viewable):
             "",
             "gains: r(L) − r(L−1), r before block 0 = 0; 'Spearman vs gains' is the "
             "per-token rank correlation of a method's per-block scores with them, "
-            "averaged over tokens. Intervals: percentile bootstrap over tokens, "
+            "averaged over tokens. Intervals: BCa bootstrap over tokens, "
             f"{s['n_bootstrap']} resamples.",
         ]
         return "\n".join(lines)
