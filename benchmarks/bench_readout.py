@@ -107,7 +107,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     change = result.model_prob - result.base_prob
     parts_sum = result.block_part.sum(-1) + result.lens_change.sum(-1)
     error = (parts_sum - change)[result.mask].abs().max().item()
-    print(f"  completeness, prediction_aware: max |Σ block + Σ lens - Δp| = {error:.2e}")
+    print(
+        f"  completeness, prediction_aware: max |Σ block + Σ lens - Δp| = {error:.2e}"
+    )
     print(f"    (mean |lens part| {result.lens_change.abs().mean().item():.3e})")
     rule = learned.attribute_map(
         ids, positions=positions[-4:], method="gausslegendre", n_steps=8
