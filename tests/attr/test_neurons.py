@@ -155,3 +155,31 @@ def test_real_model_neurons_add_up(embedded_model):
     for j in range(len(lens.layers)):
         mlp = neurons.attributions[..., _mlp_columns(neurons, j)].sum(-1)
         assert (mlp - subs.attributions[..., 2 * j + 1]).abs().max() <= FP32_TOL
+
+
+@pytest.mark.parametrize(
+    "granularity, kind", [("neuron", "neurons"), ("head", "heads")]
+)
+def test_cli_prints_each_answer_tokens_top_parts(tmp_path, capsys, granularity, kind):
+    from captum_iglens import IGLensResult
+    from captum_iglens.cli import main
+    from tests.helpers import word_tokenizer
+
+    folder = tmp_path / "model"
+    tiny_model("llama").save_pretrained(folder)
+    word_tokenizer(128).save_pretrained(folder)
+    out = str(tmp_path / "r.json")
+    args = ["w5 w6", "--model", str(folder), "--no-chat", "--max-new-tokens", "2"]
+    assert main([*args, "--granularity", granularity, "--json", out]) == 0
+    printed = capsys.readouterr().out
+    assert "top heads and neurons" in printed
+    result = IGLensResult.load(out)
+    names = result.layer_names
+    pattern = ".mlp.n" if kind == "neurons" else ".attn.h"
+    columns = [i for i, n in enumerate(names) if pattern in n]
+    lines = [line for line in printed.splitlines() if f": {kind} " in line]
+    rows = result.mask[0].nonzero()[:, 0].tolist()
+    assert len(lines) == len(rows) == 2
+    for line, p in zip(lines, rows):
+        best = max(columns, key=lambda i: abs(float(result.attributions[0, p, i])))
+        assert line.split(f"{kind} ")[1].startswith(f"{names[best]} ")
