@@ -35,7 +35,7 @@ def test_the_traced_path_is_the_one_the_map_reads(lens, granularity):
     path = lens.trace_path(ids, granularity=granularity)
     assert isinstance(path, TracedPath)
     assert path.names == lens.segment_names(granularity)
-    assert (path.components is not None) == (granularity == "head")
+    assert (path.components is not None) == (granularity in ("head", "neuron"))
     found = lens.attribute_map(ids, granularity=granularity)
     levels = path_levels(lens.readout, path, lens.readout.rows_per_chunk())[0]
     shape = lens._granularity(granularity)
