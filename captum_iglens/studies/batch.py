@@ -120,7 +120,7 @@ def write_html(
     out = Path(out_dir)
     if not (out / RESULTS).is_file():
         raise ValueError(f"out_dir: {out} holds no {RESULTS}")
-    run = json.loads((out / RUN).read_text()) if (out / RUN).is_file() else {}
+    run = _read_run(out) if (out / RUN).is_file() else {}
     records = read_results(out / RESULTS)
     items = [dict(record, result=to_result(record)) for record in records]
     page = Path(path) if path is not None else out / "index.html"
