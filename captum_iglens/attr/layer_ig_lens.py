@@ -240,7 +240,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """
         parts = model_parts(model)
         chosen = parts.choose(layers)
-        layer, sublayers, projections, norms, mlps = (
+        layer, sublayers, projections, norms, mlps, downs, down_norms = (
             None if modules is None else [modules[i] for i in chosen]
             for modules in (
                 parts.blocks,
@@ -248,6 +248,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 parts.attention_outputs,
                 parts.attention_norms,
                 parts.parallel_mlps,
+                parts.mlp_outputs,
+                parts.mlp_norms,
             )
         )
         readout = parts.readout(max_chunk_bytes=max_chunk_bytes)
@@ -268,7 +270,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 None
                 if projections is None
                 else HeadSplit(
-                    projections, parts.n_heads, parts.attention_scale, norms, mlps
+                    projections,
+                    parts.n_heads,
+                    parts.attention_scale,
+                    norms,
+                    mlps,
+                    downs,
+                    down_norms,
                 )
             ),
         )

@@ -53,6 +53,11 @@ class ModelParts:
         parallel_mlps (list[nn.Module] or None): For each block, the MLP whose
                     output it adds beside the attention output (parallel
                     blocks), or None for sequential blocks.
+        mlp_outputs (list[nn.Module] or None): For each block, the MLP's
+                    output projection, whose input is the neurons' activations;
+                    None where there is no neuron split.
+        mlp_norms (list[nn.Module] or None): For each block, the RMSNorm on the
+                    MLP's output before it is added, or None.
         norm (nn.Module or None): The final norm (and output projection), or
                     None if the model applies none.
         head (nn.Module): The unembedding, ``(..., d)`` to ``(..., V)``.
@@ -69,6 +74,8 @@ class ModelParts:
     attention_scale: float
     attention_norms: Optional[List[nn.Module]]
     parallel_mlps: Optional[List[nn.Module]]
+    mlp_outputs: Optional[List[nn.Module]]
+    mlp_norms: Optional[List[nn.Module]]
     norm: Optional[nn.Module]
     head: nn.Module
     post: Optional[nn.Module]
@@ -108,6 +115,12 @@ class ModelParts:
             ),
             parallel_mlps=_in_blocks(
                 model, blocks, arch.parallel_mlp(config), "the parallel MLP"
+            ),
+            mlp_outputs=_in_blocks(
+                model, blocks, arch.mlp_out(config), "the MLP output projection"
+            ),
+            mlp_norms=_in_blocks(
+                model, blocks, arch.mlp_norm(config), "the MLP output's norm"
             ),
             norm=norm,
             head=head,

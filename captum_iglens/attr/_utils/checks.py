@@ -21,7 +21,7 @@ from captum_iglens.readout.scores import per_position
 
 BaselineType = Union[None, int, float, Tensor, str, Tuple[Tensor, ...]]
 PositionsType = Union[None, int, Sequence[int], Tensor]
-Granularity = Literal["block", "sublayer", "head", "source", "source_head"]
+Granularity = Literal["block", "sublayer", "head", "source", "source_head", "neuron"]
 
 
 def forward_module(forward_func: Callable[..., Any]) -> Optional[Module]:

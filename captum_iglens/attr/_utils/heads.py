@@ -68,6 +68,13 @@ class HeadSplit:
                     block adds beside the attention output, both read from the
                     block's input (a parallel block: GPT-J, Phi, Cohere, ...), or
                     None for sequential blocks. Default: None
+        mlp_outputs (list[Module], optional): One per block: the MLP's output
+                    projection, whose input is the neurons' activations, for
+                    ``granularity="neuron"`` (its output, times ``scale``, is
+                    the update after the mid-block state). Default: None
+        mlp_norms (list[Module], optional): One per block: the RMSNorm on the
+                    MLP's output before it is added (Gemma 2/3, OLMo 2/3), or
+                    None. Default: None
     """
 
     projections: List[Module]
@@ -75,6 +82,8 @@ class HeadSplit:
     scale: float = 1.0
     norms: Optional[List[Module]] = None
     mlps: Optional[List[Module]] = None
+    mlp_outputs: Optional[List[Module]] = None
+    mlp_norms: Optional[List[Module]] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.n_heads, bool) or not isinstance(self.n_heads, int):
@@ -86,7 +95,7 @@ class HeadSplit:
                     f"n_heads: the attention output projection takes "
                     f"{weight.shape[1]} inputs, not a multiple of {self.n_heads} heads"
                 )
-        for name in ("norms", "mlps"):
+        for name in ("norms", "mlps", "mlp_outputs", "mlp_norms"):
             modules = getattr(self, name)
             if modules is not None and (
                 len(modules) != len(self.projections)
@@ -286,11 +295,30 @@ def attention_factors(split: HeadSplit, outputs: Tensor, updates: Tensor) -> Ten
         *Tensor* ``(B, P, k, d)`` float32 (broadcastable: ``(1, 1, 1, 1)`` without
         norms).
     """
-    if split.norms is None:
-        return torch.full((1, 1, 1, 1), float(split.scale), device=outputs.device)
+    return output_factors(split.norms, split.scale, outputs, updates)
+
+
+def output_factors(
+    norms: Optional[Sequence[Module]], scale: float, outputs: Tensor, updates: Tensor
+) -> Tensor:
+    r"""
+    :func:`attention_factors` for any output projection: ``scale`` without
+    ``norms``, else per block the RMSNorm factor ``γ̂ · r`` fitted to
+    ``updates``.
+
+    Args:
+        norms (list[Module], optional): Per block, the RMSNorm on the output.
+        outputs (Tensor): ``(B, P, k, d)`` float32: the projections' outputs.
+        updates (Tensor): ``(B, P, k, d)`` float32: the stream's changes.
+
+    Returns:
+        *Tensor* ``(B, P, k, d)`` float32 (``(1, 1, 1, 1)`` without norms).
+    """
+    if norms is None:
+        return torch.full((1, 1, 1, 1), float(scale), device=outputs.device)
     d = outputs.shape[-1]
     gammas = []
-    for norm in split.norms:
+    for norm in norms:
         probe = next(norm.parameters(), None)
         ones = torch.ones(1, d, device=outputs.device)
         if probe is not None:
