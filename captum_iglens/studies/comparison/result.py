@@ -36,7 +36,7 @@ _METHOD = Record(
     scores=Array("float", "B", "P", "m"),
     expected=Array("float", "B", "P"),
     prob_change=Array("float", "B", "P"),
-    unit=Text(("probability", "logit")),
+    unit=Text(("probability", "logit", "share")),
     note=Text(),
     seconds=Number(low=0),
     peak_bytes=Integer(),
@@ -83,7 +83,8 @@ class MethodResult:
                     for DLA).
         prob_change (Tensor): ``(B, P)``: the change in the target's probability
                     over the method's path, ``Δp``.
-        unit (str): ``"probability"`` or ``"logit"``.
+        unit (str): ``"probability"``, ``"logit"``, or ``"share"`` (attention
+                    rollout: a share of the input).
         note (str): What the method computed, from which baseline, and what
                     happened.
         seconds, peak_bytes, forwards, forward_sequences, backwards,

@@ -146,3 +146,13 @@ def test_ig_lens_sources_refused_before_any_work_without_the_granularity(
     with pytest.raises(ValueError, match="methods: ig_lens_sources needs"):
         method_names(["lig_embeddings", "ig_lens_sources"])
     assert method_names(["lig_embeddings"]) == ["lig_embeddings"]
+
+
+def test_source_comparison_saves_and_loads(run, tmp_path):
+    *_, result = run
+    result.save(tmp_path / "c.json")
+    loaded = ComparisonResult.load(tmp_path / "c.json")
+    assert loaded.methods["attention_rollout"].unit == "share"
+    for name, entry in result.methods.items():
+        torch.testing.assert_close(loaded.methods[name].scores, entry.scores)
+        assert loaded.methods[name].layer_names == entry.layer_names
