@@ -214,9 +214,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """
         parts = model_parts(model)
         chosen = parts.choose(layers)
-        layer, sublayers, projections = (
+        layer = [parts.blocks[i] for i in chosen]
+        sublayers, projections = (
             None if modules is None else [modules[i] for i in chosen]
-            for modules in (parts.blocks, parts.mid_modules, parts.attention_outputs)
+            for modules in (parts.mid_modules, parts.attention_outputs)
         )
         return cls(
             CausalLMForward(parts.model),
@@ -227,7 +228,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             sublayers=sublayers,
             heads=(
                 None
-                if projections is None
+                if projections is None or parts.n_heads is None
                 else HeadSplit(projections, parts.n_heads, parts.attention_scale)
             ),
         )
@@ -728,7 +729,7 @@ def _column_views(shape: PathGranularity, path: TracedPath, views: Views) -> Vie
     return views[:, :, point - 1]
 
 
-def _view_fields(views: Views) -> Dict[str, Tensor]:
+def _view_fields(views: Views) -> Dict[str, Any]:
     """The view fields of :class:`IGLensResult` (float32, like the credits)."""
     return dict(
         top_ids=views.top_ids,

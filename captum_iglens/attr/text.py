@@ -116,6 +116,7 @@ def attribute_text(
         lens = LayerIGLens.from_model(
             parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
         )
+    assert lens is not None  # given, or built from parts above
     device = next(model.parameters()).device
     result = lens.attribute_map(
         ids.to(device),

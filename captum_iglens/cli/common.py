@@ -230,7 +230,7 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     from captum_iglens.hf import model_parts
     from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
 
-    options = dict(
+    options: Dict[str, Any] = dict(
         dtype=MODEL_DTYPES[args.dtype],
         device=_device(args.device),
         progress=progress(args),

@@ -106,21 +106,22 @@ def in_block(
     return lambda config: None if parallel_if(config) else path
 
 
-def _softcap_from_config(model: nn.Module) -> Optional[nn.Module]:
+# The final transforms read attributes of a Hugging Face model (duck-typed: Any).
+def _softcap_from_config(model: Any) -> Optional[nn.Module]:
     cap = model.config.final_logit_softcapping
     return None if cap is None else Softcap(cap)
 
 
-def _cohere_logit_scale(model: nn.Module) -> nn.Module:
+def _cohere_logit_scale(model: Any) -> nn.Module:
     # CohereForCausalLM.forward multiplies by its own copy of config.logit_scale.
     return LogitScale(model.logit_scale)
 
 
-def _granite_logits_scaling(model: nn.Module) -> nn.Module:
+def _granite_logits_scaling(model: Any) -> nn.Module:
     return LogitDivide(model.config.logits_scaling)
 
 
-def _falcon_h1_multiplier(model: nn.Module) -> nn.Module:
+def _falcon_h1_multiplier(model: Any) -> nn.Module:
     # FalconH1ForCausalLM.forward: lm_head(h) * model.model.lm_head_multiplier.
     return LogitScale(model.model.lm_head_multiplier)
 
@@ -141,7 +142,7 @@ _GEMMA2_LIKE = Architecture(
     mid=in_block("pre_feedforward_layernorm"),
 )
 
-_LAYER_NORM = dict(norm_kind="layer")
+_LAYER_NORM: Dict[str, Any] = dict(norm_kind="layer")
 _GRANITE = Architecture(
     layers="model.layers",
     norm=("model.norm",),

@@ -103,7 +103,8 @@ def _weight(module: Module) -> Tensor:
     module = _projection(module)
     if isinstance(module, Linear):
         return module.weight
-    return module.weight.t()  # GPT-2's Conv1D computes z @ W + b
+    weight: Tensor = module.weight
+    return weight.t()  # GPT-2's Conv1D computes z @ W + b
 
 
 def _bias(module: Module) -> Optional[Tensor]:
@@ -274,7 +275,9 @@ def head_attributions(
     k, c = components.shape[1], components.shape[2]
     plain = [0, *range(2, k_points - 1, 2)]  # "input" and the MLPs
     attn = list(range(1, k_points - 1, 2))
-    common = dict(n_steps=n_steps, chunk_rows=chunk_rows, grad_kwargs=grad_kwargs)
+    common: Dict[str, Any] = dict(
+        n_steps=n_steps, chunk_rows=chunk_rows, grad_kwargs=grad_kwargs
+    )
     pairs, layers = _pairs(stream, attn)
     ends = torch.tensor(attn, device=values.device)
     end_values = torch.stack([values[:, ends], values[:, ends + 1]], -1)

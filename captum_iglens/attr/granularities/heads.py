@@ -48,6 +48,7 @@ class Heads(Sublayers):
         self, points: Tensor, extras: List[Tensor], mask: Tensor
     ) -> Optional[Tensor]:
         tolerance = split_tolerance(points.dtype)
+        assert self.heads is not None  # path_points refused None
         return head_components(self.heads, extras, points, mask, tolerance)
 
     def map_needs_gradients(self, rule: Estimator) -> bool:
@@ -85,6 +86,7 @@ class Heads(Sublayers):
     def levels(self, path: TracedPath, values: Tensor) -> Tensor:
         """A head's column reads the level after its block's attention,
         ``f(h_mid)``."""
+        assert path.components is not None  # traced with this granularity
         c = path.components.shape[3]
         mids = values[..., 2:-1:2, None].expand(-1, -1, -1, c)
         per_column = torch.cat([mids, values[..., 3::2, None]], -1).flatten(2)
@@ -103,6 +105,7 @@ class Heads(Sublayers):
     ) -> Tensor:
         """The columns ``(B, P, n)``, or ``(B, P, n, d)`` per dimension."""
         b, p = path.targets.shape
+        assert path.components is not None  # traced with this granularity
         attrs = head_attributions(
             rule,
             readout,
