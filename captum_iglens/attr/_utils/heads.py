@@ -103,7 +103,8 @@ def _weight(module: Module) -> Tensor:
     module = _projection(module)
     if isinstance(module, Linear):
         return module.weight
-    weight: Tensor = module.weight
+    weight = module.weight
+    assert isinstance(weight, Tensor)
     return weight.t()  # GPT-2's Conv1D computes z @ W + b
 
 

@@ -264,6 +264,11 @@ def score_prompts(
         picked = rng.choice(n, min(study.conductance_prompts, n), replace=False)
         scored.conductance[picked] = True
     baseline_token = default_baseline_token(parts.model)
+    if baseline_token is None:
+        raise ValueError(
+            "model: its config has neither pad_token_id nor bos_token_id, the "
+            "token of Captum's baseline input in the study"
+        )
     batches = range(0, n, study.batch_size)
     for start in tqdm(batches, desc=test.desc, disable=not progress):
         rows = np.arange(start, min(n, start + study.batch_size))
