@@ -25,7 +25,6 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
-    "sphinx.ext.viewcode",
     "myst_nb",
     "apigen",  # docs/_ext/apigen.py: the API pages and the check of public names
 ]
@@ -34,7 +33,9 @@ extensions = [
 # re-executed here (tests/test_tutorials.py executes them in the tests). They live
 # in tutorials/ at the top of the repository; the build copies them in.
 nb_execution_mode = "off"
-_TUTORIALS = DOCS / "_generated" / "tutorials"
+# (docs/tutorials/, so that the README's links to tutorials/*.ipynb resolve in the
+# pages that include it.)
+_TUTORIALS = DOCS / "tutorials"
 shutil.rmtree(_TUTORIALS, ignore_errors=True)
 _TUTORIALS.mkdir(parents=True)
 for notebook in sorted((ROOT / "tutorials").glob("*.ipynb")):
@@ -49,17 +50,31 @@ myst_heading_anchors = 3
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
+# Types render as Captum's do, ``name (type): text``, as text: the type words of a
+# docstring ("Tensor", "optional", "list[int]") are not references.
+napoleon_use_param = False
+napoleon_use_keyword = False
+# "Returns:" and "Attributes:" as Captum writes them: free text (``*Tensor* of
+# ...``), and ``name (type): text`` entries like the arguments.
+napoleon_custom_sections = ["Returns", ("Attributes", "params_style")]
+autodoc_inherit_docstrings = False
 autodoc_typehints = "none"
 autodoc_member_order = "bysource"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_mock_imports = ["nnsight", "transformer_lens"]
 
-# Broken cross-references fail the build (-n). Names outside this package that a
-# docstring's type field mentions are not resolvable without the network (no
-# intersphinx inventories can be fetched), so they are listed here by name.
+# Broken cross-references fail the build (-n). Other libraries' names cannot be
+# resolved without the network (no intersphinx inventory can be fetched), and
+# private helpers (a path component starting with "_") have no page: references
+# to either render as code, unlinked.
 nitpicky = True
+_EXTERNAL = (
+    "torch|np|numpy|transformers|captum|matplotlib|scipy|abc|typing|collections"
+    "|enum|argparse|pathlib|os|io|json|dataclasses|functools|builtins"
+)
 nitpick_ignore_regex = [
-    (r"py:.*", r"(torch|np|numpy|transformers|captum|matplotlib|scipy|PIL)(\..*)?"),
+    (r"py:.*", rf"({_EXTERNAL})(\..*)?"),
+    (r"py:.*", r"captum_iglens(\.\w+)*\._\w+.*"),
 ]
 
 html_theme = "furo"

@@ -26,7 +26,7 @@ MODEL_DTYPES = {
 INPUT_ERRORS = (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError)
 HTML_HELP = "write the interactive viewer, one self-contained HTML file"
 
-#: A prepared subcommand: runs the expensive work, returns the exit status.
+#: A prepared subcommand; it runs the expensive work, returns the exit status.
 Job = Callable[[], int]
 
 

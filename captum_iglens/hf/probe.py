@@ -1,6 +1,6 @@
 r"""Proposing and verifying the parts of a causal LM that is not in the table.
 
-:func:`propose_architectures` reads the module tree and the config of a model:
+:func:`propose_parts` reads the module tree and the config of a model:
 the decoder blocks are its longest ``nn.ModuleList``, the head is
 ``model.get_output_embeddings()``, the final norm is a norm next to the blocks
 (or nothing), and the final-logit transform is whichever the config names

@@ -18,7 +18,7 @@ from torch import nn
 
 from captum_iglens.readout.transforms import LogitDivide, LogitScale, Softcap
 
-#: Kinds of final norm: ``"rms"`` scales only, ``"layer"`` also centres,
+#: Kinds of final norm; ``"rms"`` scales only, ``"layer"`` also centres,
 #: ``"none"`` where the model applies no final norm.
 NORM_KINDS: Tuple[str, ...] = ("rms", "layer", "none")
 

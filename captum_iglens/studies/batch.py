@@ -4,7 +4,7 @@ resumption after an interruption, and splitting across processes with
 ``torch.distributed`` (e.g. under ``torchrun``).
 
 Each prompt's answer (generated greedily unless given) is attributed by teacher
-forcing, as :func:`captum_iglens.hf.attribute_text` does. Prompts are attributed
+forcing, as :func:`captum_iglens.attribute_text` does. Prompts are attributed
 in left-padded batches: with left padding every sequence ends in the last column,
 so the positions that predict each prompt's answer are a suffix of the columns,
 and one shared set of positions, the longest answer's, covers every prompt of the

@@ -12,6 +12,7 @@ The API reference, generated from the package at build time.
 """
 
 import ast
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -26,14 +27,15 @@ PACKAGE = "captum_iglens"
 logger = logging.getLogger(__name__)
 
 
-def public_modules() -> List[str]:
+@functools.lru_cache(maxsize=None)
+def public_modules() -> Tuple[str, ...]:
     r"""Every importable public module of the package, the package first."""
     package = importlib.import_module(PACKAGE)
     found = [PACKAGE]
     for info in pkgutil.walk_packages(package.__path__, PACKAGE + "."):
         if not any(part.startswith("_") for part in info.name.split(".")):
             found.append(info.name)
-    return sorted(found)
+    return tuple(sorted(found))
 
 
 def public_packages() -> List[str]:
@@ -45,6 +47,7 @@ def public_packages() -> List[str]:
     ]
 
 
+@functools.lru_cache(maxsize=None)
 def _defines(module: str, name: str) -> bool:
     r"""Whether ``module``'s source assigns ``name`` at top level (not imports)."""
     source = inspect.getsource(importlib.import_module(module))
@@ -59,41 +62,60 @@ def _defines(module: str, name: str) -> bool:
     return False
 
 
+def _walk(path: str) -> Optional[Tuple[Any, Any]]:
+    r"""``(owner, object)`` at dotted ``path``, read as Python reads an import:
+    an attribute of the package first (``comparison.compare`` is the function
+    the package exports, not its module), else a submodule."""
+    parts = path.split(".")
+    try:
+        obj: Any = importlib.import_module(parts[0])
+    except ImportError:
+        return None
+    owner: Any = None
+    for i, attr in enumerate(parts[1:], start=2):
+        if hasattr(obj, attr):
+            owner, obj = obj, getattr(obj, attr)
+            continue
+        try:
+            owner, obj = obj, importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            return None
+    return owner, obj
+
+
 def canonical_name(path: str) -> Optional[str]:
     r"""Where the object at dotted ``path`` is documented: its defining module and
     qualified name; None when ``path`` names no object of the package."""
-    parts = path.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        if cut == len(parts):
-            return path
-        owner = obj
-        for attr in parts[cut:]:
-            if not hasattr(obj, attr):
-                return None
-            owner, obj = obj, getattr(obj, attr)
-        module = getattr(obj, "__module__", None)
-        qualname = getattr(obj, "__qualname__", None)
-        if inspect.ismodule(obj):
-            return obj.__name__
-        if (
-            isinstance(module, str)
-            and isinstance(qualname, str)
-            and module.startswith(PACKAGE)
-            and "<" not in qualname
-        ):
-            return f"{module}.{qualname}"
-        # Data (a constant): documented in the module that assigns it.
-        if inspect.ismodule(owner):
-            name = parts[-1]
-            for candidate in public_modules():
-                if candidate.startswith(owner.__name__) and _defines(candidate, name):
-                    return f"{candidate}.{name}"
-        return path
-    return None
+    found = _walk(path)
+    if found is None:
+        return None
+    owner, obj = found
+    if inspect.ismodule(obj):
+        return obj.__name__
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if (
+        isinstance(module, str)
+        and isinstance(qualname, str)
+        and module.startswith(PACKAGE)
+        and "<" not in qualname
+    ):
+        return f"{module}.{qualname}"
+    name = path.rsplit(".", 1)[-1]
+    # A property or attribute of a class: under the class's entry.
+    if inspect.isclass(owner) and owner.__module__.startswith(PACKAGE):
+        return f"{owner.__module__}.{owner.__qualname__}.{name}"
+    # Data (a constant): documented in the module that assigns it, the owner or
+    # one of its modules first.
+    if inspect.ismodule(owner):
+        ranked = sorted(public_modules(), key=lambda m: not m.startswith(owner.__name__))
+        for candidate in ranked:
+            if (
+                _defines(candidate, name)
+                and getattr(importlib.import_module(candidate), name, None) is obj
+            ):
+                return f"{candidate}.{name}"
+    return path
 
 
 _VERSION_ENTRY = [
@@ -119,10 +141,24 @@ def _page(module: str) -> str:
     if "__version__" in names:
         lines += _VERSION_ENTRY
     lines += ["Public names:", ""]
+    defined_here = []
     for name in names:
         if name != "__version__":
             target = canonical_name(f"{module}.{name}") or f"{module}.{name}"
             lines.append(f"* :py:obj:`{name} <{target}>`")
+            if target == f"{module}.{name}":
+                defined_here.append(name)
+    lines.append("")
+    for name in defined_here:  # defined in the package itself: its entry here
+        obj = getattr(imported, name)
+        kind = (
+            "autoclass"
+            if inspect.isclass(obj)
+            else "autofunction"
+            if callable(obj)
+            else "autodata"
+        )
+        lines += [f".. {kind}:: {module}.{name}", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -178,34 +214,86 @@ def check_public_names(app: Sphinx, env: Any) -> None:
     logger.info(f"apigen: {len(ours)} documented objects of {PACKAGE}")
 
 
+def _candidates(node: Any) -> List[str]:
+    r"""Where a reference's target may live: as written when it is a path of the
+    package, else as Python would read the name in the docstring's module (or
+    its class)."""
+    target = node.get("reftarget", "").lstrip("~.")
+    if target.startswith(PACKAGE + "."):
+        return [target]
+    module, cls = node.get("py:module"), node.get("py:class")
+    found = []
+    if module and cls:
+        found.append(f"{module}.{cls}.{target}")
+    if module:
+        found.append(f"{module}.{target}")
+    found.append(f"{PACKAGE}.{target}")
+    return found
+
+
 def resolve_reexport(
     app: Sphinx, env: Any, node: Any, contnode: Any
 ) -> Optional[nodes.Element]:
     r"""Resolve ``captum_iglens.X`` (an import path) to the entry where X is
-    defined."""
+    defined, and a short name to what it names in the docstring's module."""
     if node.get("refdomain") != "py":
         return None
-    target = node.get("reftarget", "")
-    if not target.startswith(PACKAGE + "."):
-        return None
-    canonical = canonical_name(target)
-    if canonical is None or canonical == target:
-        return None
-    if canonical not in _documented(env):
-        return None
-    domain = env.get_domain("py")
-    return domain.resolve_xref(
-        env,
-        node["refdoc"],
-        app.builder,
-        node["reftype"],
-        canonical,
-        node,
-        contnode,
+    objects = _documented(env)
+    for path in _candidates(node):
+        try:
+            canonical = canonical_name(path)
+        except Exception:  # an import error of an optional integration
+            canonical = None
+        if canonical is None or canonical not in objects:
+            continue
+        return _resolve(app, env, node, contnode, canonical)
+    # A short name that one documented object of the package ends with.
+    tail = "." + node.get("reftarget", "").lstrip("~.")
+    kinds = set(env.get_domain("py").objtypes_for_role(node["reftype"]) or ())
+    matches = [
+        name
+        for name, entry in objects.items()
+        if name.endswith(tail) and (not kinds or entry.objtype in kinds)
+    ]
+    if len(matches) == 1:
+        return _resolve(app, env, node, contnode, matches[0])
+    return None
+
+
+def _resolve(
+    app: Sphinx, env: Any, node: Any, contnode: Any, target: str
+) -> Optional[nodes.Element]:
+    return env.get_domain("py").resolve_xref(
+        env, node["refdoc"], app.builder, node["reftype"], target, node, contnode
     )
 
 
+def tidy_lists(
+    app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: List[str]
+) -> None:
+    r"""Captum's ``Returns:`` lists as reStructuredText reads them: a blank line
+    between ``... **delta**:`` and its ``- **attributions** ...`` items, and an
+    item's continuation lines aligned with its text."""
+    out: List[str] = []
+    column: Optional[int] = None  # the text column of the current item
+    for line in lines:
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        if stripped.startswith("- "):
+            if column is None and out and out[-1].rstrip().endswith(":"):
+                out.append("")
+            column = indent + 2
+        elif column is not None:
+            if not stripped or indent < column:
+                column = None
+            elif indent > column:
+                line = " " * column + stripped
+        out.append(line)
+    lines[:] = out
+
+
 def setup(app: Sphinx) -> Dict[str, Any]:
+    app.connect("autodoc-process-docstring", tidy_lists, priority=100)
     app.connect("builder-inited", generate)
     app.connect("env-check-consistency", check_public_names)
     app.connect("missing-reference", resolve_reexport)

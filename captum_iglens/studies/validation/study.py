@@ -33,7 +33,7 @@ from captum_iglens.studies.validation.scoring import (
 )
 from captum_iglens.studies.validation.stats import nonmonotone_depth
 
-#: The study's defaults for the run settings: raw completion, short answers.
+#: The study's defaults for the run settings; raw completion, short answers.
 STUDY_SETTINGS = Settings(chat=False, max_new_tokens=8)
 
 
@@ -197,8 +197,8 @@ class Scores:
     seconds: Dict[str, float]
 
     def nonmonotone_depth(self) -> np.ndarray:
-        r"""``(n,)``: each trajectory's depth (:func:`~captum_iglens.studies.
-        validation.stats.nonmonotone_depth`)."""
+        r"""``(n,)``: each trajectory's depth
+        (:func:`~captum_iglens.studies.validation.stats.nonmonotone_depth`)."""
         return np.array([nonmonotone_depth(t) for t in self.trajectory])
 
     def run_settings(
