@@ -77,6 +77,9 @@ nitpick_ignore_regex = [
     (r"py:.*", r"captum_iglens(\.\w+)*\._\w+.*"),
 ]
 
+# Objects are shown by their names; each page's title is the module path.
+add_module_names = False
+
 html_theme = "furo"
 html_title = f"captum-iglens {__version__}"
 html_static_path: list = []
