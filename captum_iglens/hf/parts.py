@@ -96,7 +96,7 @@ class ModelParts:
         """
         norm, head = _final_norm(model, arch), _head(model, arch)
         blocks = _blocks(model, arch)
-        config = model.config
+        config: Any = model.config
         projections = _in_blocks(
             model, blocks, arch.attn_out(config), "the attention output projection"
         )

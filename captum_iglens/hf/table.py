@@ -151,7 +151,8 @@ def parallel_in_block(
     return lambda config: path if parallel_if(config) else None
 
 
-def _softcap_from_config(model: nn.Module) -> Optional[nn.Module]:
+# The final transforms read attributes of a Hugging Face model (duck-typed: Any).
+def _softcap_from_config(model: Any) -> Optional[nn.Module]:
     cap = model.config.final_logit_softcapping
     return None if cap is None else Softcap(cap)
 
@@ -205,7 +206,7 @@ _OLMO2_LIKE = Architecture(
 # Dense Llama-like MLPs: down_proj(act(gate_proj(x)) * up_proj(x)).
 _LLAMA_DENSE = replace(_LLAMA_LIKE, mlp_out=_DOWN_PROJ)
 
-_LAYER_NORM = dict(norm_kind="layer")
+_LAYER_NORM: Dict[str, Any] = dict(norm_kind="layer")
 _GRANITE = Architecture(
     layers="model.layers",
     norm=("model.norm",),

@@ -108,7 +108,8 @@ def canonical_name(path: str) -> Optional[str]:
     # Data (a constant): documented in the module that assigns it, the owner or
     # one of its modules first.
     if inspect.ismodule(owner):
-        ranked = sorted(public_modules(), key=lambda m: not m.startswith(owner.__name__))
+        prefix = owner.__name__
+        ranked = sorted(public_modules(), key=lambda m: not m.startswith(prefix))
         for candidate in ranked:
             if (
                 _defines(candidate, name)
