@@ -476,3 +476,22 @@ def test_restoration_facts_without_subjects_refused_before_the_model_loads(
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1
     assert "facts whose subject can be found" in err[0]
+
+
+@pytest.mark.parametrize("granularity", ["head", "sublayer"])
+def test_views_per_column_from_attribute_and_batch(tmp_path, capsys, granularity):
+    """--top-k with every granularity gives one view per column of the map
+    (head + top-k crashed after the work, leaving batch an empty results file)."""
+    folder = _tiny_folder(tmp_path / "model")
+    common = ["--model", folder, "--no-chat", "--max-new-tokens", "2",
+              "--granularity", granularity, "--top-k", "2"]
+    out_json = str(tmp_path / "r.json")
+    assert main(["w5 w6", *common, "--json", out_json]) == 0
+    result = IGLensResult.load(out_json)
+    assert result.top_ids.shape[2] == len(result.layer_names)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "w5 w6"}\n')
+    assert main(["batch", str(prompts), "--out", str(tmp_path / "o"), *common]) == 0
+    lines = (tmp_path / "o" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    capsys.readouterr()
