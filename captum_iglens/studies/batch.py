@@ -19,7 +19,17 @@ import socket
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import torch
 import torch.distributed as dist
@@ -110,7 +120,7 @@ def write_html(
     out = Path(out_dir)
     if not (out / RESULTS).is_file():
         raise ValueError(f"out_dir: {out} holds no {RESULTS}")
-    run = json.loads((out / RUN).read_text()) if (out / RUN).is_file() else {}
+    run = _read_run(out) if (out / RUN).is_file() else {}
     records = read_results(out / RESULTS)
     items = [dict(record, result=to_result(record)) for record in records]
     page = Path(path) if path is not None else out / "index.html"
@@ -221,7 +231,12 @@ def run_batch(
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     run = {**provenance(model, settings), "weights_sha256": weights_checksum(model)}
     lock = BatchLock(out)
-    error = _on_rank_zero(rank, lambda: (lock.acquire(), _claim(out, run)))
+
+    def claim() -> None:
+        lock.acquire()
+        _claim(out, run)
+
+    error = _on_rank_zero(rank, claim)
     if distributed:
         error = _shared(error)  # every process stops, not only rank 0
     if error is not None:
@@ -509,7 +524,7 @@ def _check_texts(
         )
 
 
-def _on_rank_zero(rank: int, step: Any) -> Optional[str]:
+def _on_rank_zero(rank: int, step: Callable[[], None]) -> Optional[str]:
     """Runs ``step`` on rank 0; the message of the ``ValueError`` it raised."""
     if rank != 0:
         return None
