@@ -4,7 +4,7 @@ resumption after an interruption, and splitting across processes with
 ``torch.distributed`` (e.g. under ``torchrun``).
 
 Each prompt's answer (generated greedily unless given) is attributed by teacher
-forcing, as :func:`captum_iglens.hf.attribute_text` does. Prompts are attributed
+forcing, as :func:`captum_iglens.attribute_text` does. Prompts are attributed
 in left-padded batches: with left padding every sequence ends in the last column,
 so the positions that predict each prompt's answer are a suffix of the columns,
 and one shared set of positions, the longest answer's, covers every prompt of the
@@ -619,7 +619,9 @@ def _attribute_batch(
         )
         for i, answer in zip(missing, generated):
             answers[i] = answer
-    sequences = [torch.cat([p, a.to(p)]) for p, a in zip(prompt_ids, answers)]
+    given = [a for a in answers if a is not None]
+    assert len(given) == len(answers)  # each given or generated above
+    sequences = [torch.cat([p, a.to(p)]) for p, a in zip(prompt_ids, given)]
     spans = [
         positions_span(len(p), len(s), settings.positions)
         for p, s in zip(prompt_ids, sequences)
@@ -628,7 +630,7 @@ def _attribute_batch(
         lens, sequences, spans, pad_token_id(tokenizer), settings
     )
     records = []
-    for item, answer, result in zip(batch, answers, results):
+    for item, answer, result in zip(batch, given, results):
         result.tokens = [decode_tokens(tokenizer, result.targets[0].tolist())]
         if result.top_ids is not None:
             result.top_tokens = decoded_top_tokens(tokenizer, result.top_ids)

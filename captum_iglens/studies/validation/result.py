@@ -173,7 +173,7 @@ class ValidationResult(JsonDocument, Viewable):
                 found = np.shape(getattr(self, name))
                 raise ValueError(f"{name}: expected shape {shape}, got {found}")
         for method in self.methods:
-            if np.shape(self.scores.get(method)) != (n, k):
+            if method not in self.scores or np.shape(self.scores[method]) != (n, k):
                 raise ValueError(f"scores.{method}: expected shape {(n, k)}")
         for group, members in self.groups.items():
             if np.shape(members) != (n,):
