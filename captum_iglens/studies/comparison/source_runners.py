@@ -18,7 +18,7 @@ shape ``(B, P, T)``.
 """
 
 from contextlib import contextmanager
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, cast
 
 import torch
 from captum.attr import LayerIntegratedGradients
@@ -47,7 +47,8 @@ def lig_embeddings(work: Work) -> Outcome:
     rows, extra = work.captum_rows()
     baseline = torch.full_like(rows, work.baseline_token)
     forward = TargetProbability(work.model, embeddings=False)
-    method = LayerIntegratedGradients(forward, work.model.get_input_embeddings())
+    embeddings = cast(Any, work.model).get_input_embeddings()  # a HF model's
+    method = LayerIntegratedGradients(forward, embeddings)
     attributions, delta = _attribute_in_chunks(method, work, rows, baseline, extra)
     b, p = work.targets.shape
     scores = attributions.float().sum(-1).view(b, p, -1)
