@@ -22,14 +22,16 @@ from captum_iglens.attr._utils.checks import (
 )
 from captum_iglens.attr._utils.heads import HeadSplit
 from captum_iglens.attr._utils.path_math import path_values
-from captum_iglens.attr.estimators import estimator
+from captum_iglens.attr.estimators import Estimator, estimator
 from captum_iglens.attr._utils.path_math import work_dtype
 from captum_iglens.attr.granularities import PathGranularity, granularity_of
 from captum_iglens.attr.lens_change import (
     ReadoutPlan,
     ReadoutSplit,
+    SegmentReadout,
     plan,
     split_attributions,
+    split_components,
     split_map,
 )
 from captum_iglens.attr.tracing import TracedPath, Tracer, path_levels
@@ -561,9 +563,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 self.multiplies_by_inputs,
             )
         else:
-            split = split_attributions(
-                rule, self.readout, path, route, n_steps, chunk_rows, grad_kwargs,
-                self.multiplies_by_inputs,
+            split = self._learned_split(
+                shape, rule, path, route, n_steps, chunk_rows,
+                grad_kwargs=grad_kwargs, per_dimension=True,
             )
             attrs = split.block.to(work_dtype(path.points.dtype))
         per_layer = list(attrs.unbind(dim=2))
@@ -731,8 +733,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 top_k=top_k,
             )
             if route is not None:
-                split = split_map(
-                    rule, self.readout, path, route, n_steps, chunk_rows, top_k
+                split = self._learned_split(
+                    shape, rule, path, route, n_steps, chunk_rows, top_k
                 )
                 return self._learned_result(path, split, method, n_steps)
             readout = self._model_readout
@@ -779,6 +781,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             return None
         blocks = shape.column_blocks()
         if blocks is None:
+            blocks = shape.segment_blocks()
+        if blocks is None:
             raise ValueError(
                 f"granularity: {shape.name!r} is not available with a learned "
                 f"readout ({self.readout.kind}); use \"block\" or \"sublayer\", "
@@ -786,6 +790,46 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             )
         route = plan(self.readout, self.layers, blocks)
         return None if route.uniform else route
+
+    def _learned_split(
+        self,
+        shape: PathGranularity,
+        rule: Estimator,
+        path: TracedPath,
+        route: ReadoutPlan,
+        n_steps: int,
+        chunk_rows: int,
+        top_k: int = 0,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+        per_dimension: bool = False,
+    ) -> ReadoutSplit:
+        """The block and lens parts of the columns under a learned readout:
+        columns that are segments (:func:`split_map`, :func:`split_attributions`)
+        or components of segments (:func:`split_components`)."""
+        assert isinstance(self.readout, LayerReadout)  # _route gave a plan
+        if shape.column_blocks() is not None:
+            if per_dimension:
+                return split_attributions(
+                    rule, self.readout, path, route, n_steps, chunk_rows,
+                    grad_kwargs, self.multiplies_by_inputs,
+                )
+            return split_map(
+                rule, self.readout, path, route, n_steps, chunk_rows, top_k
+            )
+
+        def columns(readout: SegmentReadout, ends: Tensor) -> Tensor:
+            if per_dimension:
+                return shape.segment_attributions(
+                    rule, readout, path, ends, n_steps, chunk_rows, grad_kwargs
+                )
+            return shape.credits(rule, readout, path, ends, n_steps, chunk_rows)
+
+        split = split_components(
+            self.readout, path, route, shape.column_segments(len(path.names)),
+            columns, chunk_rows, top_k,
+        )
+        views = None if split.views is None else _column_views(shape, path, split.views)
+        return replace(split, levels=shape.levels(path, split.levels), views=views)
 
     def _with_readout(self, result: IGLensResult) -> IGLensResult:
         """The result of a learned readout whose translators on the path are

@@ -18,10 +18,18 @@ telescope to ``p_model - f_0(h_base)``. A block made of several columns
 part puts ``½ (f_b - f_a)(h_s)`` on its first column and ``½ (f_b - f_a)(h_e)``
 on its last. Translators that are equal are one readout (a lens part of
 exactly 0, and one integral, not two).
+
+A granularity whose columns are *components* of straight segments (heads,
+neurons, experts, sources: :func:`split_components`) is split the same way:
+every segment of the stream belongs to a block, each column's block part is
+the mean of its component integrals under the block's ``f_a`` and ``f_b``
+(the estimator's own split, once per readout, so the components add up to the
+segment's integral under each), and the lens part sits on the block's first
+column (``h_s``) and its last (``h_e``).
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -31,7 +39,7 @@ from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import Estimator
 from captum_iglens.attr.tracing import TracedPath, path_levels
 from captum_iglens.readout.layer_readout import LayerReadout
-from captum_iglens.readout.scores import Views
+from captum_iglens.readout.scores import TokenScore, Views
 
 Key = Tuple[int, int]  # (path point, hidden-state index of its readout)
 
@@ -81,7 +89,8 @@ def plan(
                     ``j = 0``, read as state 0) to the output of ``layers[j]``.
         column_blocks (list[int]): The path block of each credit column, in
                     order (``[0, 1, ...]`` for blocks, ``[0, 0, 1, 1, ...]``
-                    for sub-layers).
+                    for sub-layers), or of each straight segment of the
+                    stream where the columns are components of segments.
 
     Returns:
         *ReadoutPlan*.
@@ -284,3 +293,131 @@ def _integrated(
             )[:, 0].view(b, p, n)
         total = found.double() if total is None else total + found.double()
     return total / len(orders)
+
+
+#: The granularity's component columns ``(B, P, n)`` (or ``(B, P, n, d)``)
+#: read by a readout, from ``f`` at both ends of every segment ``(B, P, S, 2)``.
+Columns = Callable[["SegmentReadout", Tensor], Tensor]
+
+
+class SegmentReadout:
+    r"""
+    A learned readout that reads the rows of each straight segment with one
+    readout per segment: the component splits label every row of a segment
+    with the path point at its end (``q``), read here as readout ``table[q]``.
+
+    Args:
+
+        readout (LayerReadout): The learned readout.
+        table (Tensor): ``(S + 1,)`` long: the readout of the segment ending
+                    at each path point (entry 0 unused).
+    """
+
+    def __init__(self, readout: LayerReadout, table: Tensor) -> None:
+        self.readout = readout
+        self.table = table
+        self.max_chunk_bytes = readout.max_chunk_bytes
+
+    @property
+    def vocab_size(self) -> int:
+        return self.readout.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.readout.device
+
+    def rows_per_chunk(self, backward: bool = False) -> int:
+        return self.readout.rows_per_chunk(backward)
+
+    def __call__(self, hidden: Tensor, layer: Optional[Tensor] = None) -> Tensor:
+        return self.readout(hidden, self._index(layer))
+
+    def score(
+        self, hidden: Tensor, score: TokenScore, layer: Optional[Tensor] = None
+    ) -> Tensor:
+        return self.readout.score(hidden, score, self._index(layer))
+
+    def _index(self, layer: Optional[Tensor]) -> Tensor:
+        if layer is None:
+            raise ValueError("layer: a segment readout reads labelled rows only")
+        return self.table.to(layer.device)[layer]
+
+
+def split_components(
+    readout: LayerReadout,
+    path: TracedPath,
+    route: ReadoutPlan,
+    column_segments: Sequence[int],
+    columns: Columns,
+    chunk_rows: int,
+    top_k: int = 0,
+) -> ReadoutSplit:
+    r"""
+    The block and lens parts of columns that are components of the stream's
+    straight segments (``granularity="head"``, ``"neuron"``, ...).
+
+    Args:
+
+        readout (LayerReadout): The learned readout.
+        path (TracedPath): The traced stream (``K`` points, ``S = K - 1``
+                    segments).
+        route (ReadoutPlan): The readouts of the segments (:func:`plan` with
+                    the path block of each segment).
+        column_segments (list[int]): The segment each of the ``n`` columns
+                    is a component of, in order.
+        columns (Callable): The granularity's component columns under a
+                    :class:`SegmentReadout`, from ``f`` at both ends of every
+                    segment ``(B, P, S, 2)``.
+        chunk_rows (int): Rows read at once.
+        top_k (int): Views of the top tokens at the points. Default: 0
+
+    Returns:
+        *ReadoutSplit* with ``levels`` and ``views`` at the stream's points
+        ``(B, P, K)``, ``block`` ``(B, P, n)`` (or per dimension, as
+        ``columns`` gives) and ``lens`` ``(B, P, n)``.
+    """
+    with torch.no_grad():
+        levels, views = path_levels(
+            readout, path, chunk_rows, top_k, _tensor(route.level_readouts()[:-1], path)
+        )
+        values = _values(readout, path, route, levels, chunk_rows)
+        lens = _component_lens(values, route, column_segments, path)
+    orders = [route.start] if route.start == route.end else [route.start, route.end]
+    total = None
+    for order in orders:
+        ends = torch.stack(
+            [
+                torch.stack([values[(s, t)], values[(s + 1, t)]], -1)
+                for s, t in enumerate(order)
+            ],
+            2,
+        )  # (B, P, S, 2)
+        table = _tensor([order[0], *order], path)
+        found = columns(SegmentReadout(readout, table), ends).double()
+        total = found if total is None else total + found
+    assert total is not None
+    return ReadoutSplit(levels, total / len(orders), lens, views)
+
+
+def _component_lens(
+    values: Dict[Key, Tensor],
+    route: ReadoutPlan,
+    column_segments: Sequence[int],
+    path: TracedPath,
+) -> Tensor:
+    """``½ (f_b - f_a)`` at a block's start on the first column of its first
+    segment, and at its end on the last column of its last, float64
+    ``(B, P, n)``."""
+    segments = list(column_segments)
+    n = len(segments)
+    lens = torch.zeros(
+        *path.model_prob.shape, n, dtype=torch.float64, device=path.model_prob.device
+    )
+    for s, (a, b) in enumerate(zip(route.start, route.end)):
+        if a == b:
+            continue
+        if route.first[s]:
+            lens[..., segments.index(s)] += _gap(values, s, a, b) / 2
+        if route.last[s]:
+            lens[..., n - 1 - segments[::-1].index(s)] += _gap(values, s + 1, a, b) / 2
+    return lens

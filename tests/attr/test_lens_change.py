@@ -4,6 +4,7 @@ parts add up to Δp; identity translators give today's numbers."""
 import pytest
 import torch
 from captum_iglens import IGLensResult, LayerIGLens
+from captum_iglens.attr.granularities import GRANULARITIES, Blocks
 from captum_iglens.hf import model_parts
 from captum_iglens.readout.layer_readout import LayerReadout
 from captum_iglens.readout.translators import Translators
@@ -158,10 +159,19 @@ def test_a_subset_of_blocks_telescopes_across_the_skipped_readouts(llama):
     assert (result.attributions.sum(-1) - change).abs().max() <= TOL
 
 
-def test_the_head_granularity_is_refused_with_a_learned_readout(llama):
+def test_a_granularity_without_blocks_is_refused_with_a_learned_readout(
+    llama, monkeypatch
+):
+    class Unplaced(Blocks):  # declares neither column nor segment blocks
+        name = "unplaced"
+
+        def column_blocks(self):
+            return None
+
+    monkeypatch.setitem(GRANULARITIES, Unplaced.name, Unplaced)
     lens = LayerIGLens.from_model(llama, lens=_random(3))
     with pytest.raises(ValueError, match="not available with a learned readout"):
-        lens.attribute_map(_ids(), granularity="head")
+        lens.attribute_map(_ids(), granularity="unplaced")
 
 
 def test_a_wrong_model_checkpoint_is_refused_before_any_forward(tmp_path, llama):

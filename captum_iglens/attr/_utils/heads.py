@@ -411,6 +411,21 @@ def _pairs(stream: Tensor, which: Sequence[int]) -> Tuple[Tensor, Tensor]:
     return pairs, torch.stack([index, index + 1], -1).repeat(stream.shape[0], 1)
 
 
+def segment_ends(values: Tensor, which: Sequence[int]) -> Tensor:
+    r"""
+    ``f`` at both ends of the segments ``which``: from ``values`` ``(N, K)``
+    at the path points, or ``(N, K - 1, 2)`` per segment (a learned readout
+    per layer reads each segment with its own readout).
+
+    Returns:
+        *Tensor* ``(N, len(which), 2)``.
+    """
+    ends = torch.tensor(list(which), device=values.device)
+    if values.dim() == 3:
+        return values[:, ends]
+    return torch.stack([values[:, ends], values[:, ends + 1]], -1)
+
+
 def head_attributions(
     estimator: Estimator,
     readout: PathReadout,
@@ -440,7 +455,8 @@ def head_attributions(
         components (Tensor): ``(N, k, C, d)`` float32.
         targets (TokenScore): ``N`` rows (the score of each).
         values (Tensor): ``(N, 2k + 2)``: ``f`` at the path points, the last the
-                    model's own.
+                    model's own; or ``(N, 2k + 1, 2)`` at both ends of each
+                    segment (:func:`segment_ends`).
         per_dimension (bool): Per-dimension attributions (for ``attribute``) or
                     scalar credits (for ``attribute_map``).
         parents (Tensor, optional): ``(C,)``: a group per component, as
@@ -460,8 +476,7 @@ def head_attributions(
         attn = list(range(1, k_points - 1, 2))
     common = dict(n_steps=n_steps, chunk_rows=chunk_rows, grad_kwargs=grad_kwargs)
     pairs, layers = _pairs(stream, attn)
-    ends = torch.tensor(attn, device=values.device)
-    end_values = torch.stack([values[:, ends], values[:, ends + 1]], -1)
+    end_values = segment_ends(values, attn)
     attn_out = estimator.components(
         readout,
         pairs,
@@ -474,8 +489,7 @@ def head_attributions(
         **common,
     )
     pairs, layers = _pairs(stream, plain)
-    ends = torch.tensor(plain, device=values.device)
-    plain_values = torch.stack([values[:, ends], values[:, ends + 1]], -1)
+    plain_values = segment_ends(values, plain)
     plain_targets = targets.repeat_interleave(len(plain))
     if per_dimension:
         plain_out = estimator.attributions(

@@ -26,6 +26,7 @@ from captum_iglens.attr._utils.heads import (
     _pairs,
     _weight,
     output_factors,
+    segment_ends,
 )
 from captum_iglens.attr.estimators.base import Estimator
 from captum_iglens.readout.interface import PathReadout
@@ -192,7 +193,8 @@ def neuron_attributions(
         stream (Tensor): ``(N, 2k + 1, d)`` path points.
         components (NeuronComponents): ``N·k`` rows.
         values (Tensor): ``(N, 2k + 1)``: ``f`` at the points, the last the
-                    model's own.
+                    model's own; or ``(N, 2k, 2)`` per segment
+                    (:func:`~captum_iglens.attr._utils.heads.segment_ends`).
 
     Returns:
         *Tensor* ``(N, k (1 + C))``, or ``(N, k (1 + C), d)`` per dimension.
@@ -202,8 +204,7 @@ def neuron_attributions(
     common = dict(n_steps=n_steps, chunk_rows=chunk_rows, grad_kwargs=grad_kwargs)
     mlp = list(range(1, k_points, 2))
     pairs, layers = _pairs(stream, mlp)
-    ends = torch.tensor(mlp, device=values.device)
-    end_values = torch.stack([values[:, ends], values[:, ends + 1]], -1)
+    end_values = segment_ends(values, mlp)
     split = estimator.components(
         readout,
         pairs,
@@ -216,8 +217,7 @@ def neuron_attributions(
     ).float()
     attn = list(range(0, k_points - 1, 2))
     pairs, layers = _pairs(stream, attn)
-    ends = torch.tensor(attn, device=values.device)
-    attn_values = torch.stack([values[:, ends], values[:, ends + 1]], -1)
+    attn_values = segment_ends(values, attn)
     attn_targets = targets.repeat_interleave(k)
     if per_dimension:
         plain = estimator.attributions(

@@ -121,6 +121,37 @@ class PathGranularity(ABC):
         """
         return None
 
+    def segment_blocks(self) -> Optional[List[int]]:
+        r"""
+        For a learned readout per layer, where the columns are components of
+        the stream's straight segments (:meth:`column_blocks` is None): the
+        path block each segment belongs to. None where the granularity has
+        neither (a learned readout is then refused).
+        """
+        return None
+
+    def column_segments(self, n_columns: int) -> List[int]:
+        """With :meth:`segment_blocks`: the segment each of the ``n_columns``
+        credit columns is a component of, in order."""
+        raise NotImplementedError(f"granularity {self.name!r} has no segments")
+
+    def segment_attributions(
+        self,
+        rule: Estimator,
+        readout: PathReadout,
+        path: TracedPath,
+        values: Tensor,
+        n_steps: int,
+        chunk_rows: int,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> Tensor:
+        r"""
+        With :meth:`segment_blocks`: the per-dimension attributions
+        ``(B, P, n, d)`` of the columns from ``f`` at both ends of every
+        segment, ``values`` ``(B, P, K - 1, 2)``.
+        """
+        raise NotImplementedError(f"granularity {self.name!r} has no segments")
+
     def map_needs_gradients(self, rule: Estimator) -> bool:
         """Whether :meth:`credits` with ``rule`` takes a backward pass."""
         return not rule.gradient_free_map

@@ -65,6 +65,35 @@ class Heads(Sublayers):
     def column_blocks(self) -> Optional[List[int]]:
         return None  # components of a segment, not segments
 
+    def segment_blocks(self) -> Optional[List[int]]:
+        """``"input"`` in the first block, then each block's attention and
+        MLP segments (a parallel block: its one segment)."""
+        per_block = 1 if self._parallel else 2
+        return [0] + [j for j in range(len(self.layers)) for _ in range(per_block)]
+
+    def column_segments(self, n_columns: int) -> List[int]:
+        k = len(self.layers)
+        m = (n_columns - 1) // k  # columns per block
+        if self._parallel:
+            return [0] + [1 + j for j in range(k) for _ in range(m)]
+        return [0] + [
+            s for j in range(k) for s in [2 * j + 1] * (m - 1) + [2 * j + 2]
+        ]
+
+    def segment_attributions(
+        self,
+        rule: Estimator,
+        readout: PathReadout,
+        path: TracedPath,
+        values: Tensor,
+        n_steps: int,
+        chunk_rows: int,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> Tensor:
+        return self._columns(
+            rule, readout, path, values, n_steps, chunk_rows, grad_kwargs, True
+        )
+
     def map_needs_gradients(self, rule: Estimator) -> bool:
         return True  # the attention segments are split by gradients
 

@@ -93,7 +93,30 @@ class Neurons(Sublayers):
         return torch.cat([values[..., :1], per_column], -1)
 
     def column_blocks(self) -> Optional[List[int]]:
-        return None  # a learned readout per layer is not split per neuron
+        return None  # components of a segment, not segments
+
+    def segment_blocks(self) -> Optional[List[int]]:
+        """Each block's attention and MLP segments."""
+        return [j for j in range(len(self.layers)) for _ in range(2)]
+
+    def column_segments(self, n_columns: int) -> List[int]:
+        k = len(self.layers)
+        m = n_columns // k  # columns per block: attention, then the MLP's
+        return [s for j in range(k) for s in [2 * j] + [2 * j + 1] * (m - 1)]
+
+    def segment_attributions(
+        self,
+        rule: Estimator,
+        readout: PathReadout,
+        path: TracedPath,
+        values: Tensor,
+        n_steps: int,
+        chunk_rows: int,
+        grad_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> Tensor:
+        return self._columns(
+            rule, readout, path, values, n_steps, chunk_rows, grad_kwargs, True
+        )
 
     def _columns(
         self,
