@@ -4,14 +4,16 @@ embedded model, from one run:
 
     python benchmarks/bench_readout.py                  # smollm2, 32 positions
     python benchmarks/bench_readout.py --model gemma3 --positions 16
+    python benchmarks/bench_readout.py --granularity head --positions 8
 
 The learned readout is the identity plus noise (``W_i ~ N(0, s²/d)``, ``b_i ~
 N(0, s²)``, ``s = --noise``): the cost does not depend on the values, and every
 translator differs, the worst case (equal neighbours share a readout). It
 prints:
 
-1. the CPU time of ``attribute_map`` (prediction-aware, block granularity) with
-   the logit readout and with the learned one, and their ratio (goal ≤ 1.3);
+1. the CPU time of ``attribute_map`` (prediction-aware, ``--granularity``,
+   block by default) with the logit readout and with the learned one, and
+   their ratio (goal ≤ 1.3);
 2. the readouts each reads (``T·k`` and ``T·3k``: the levels, plus each block's
    two cross values ``f_{l-1}(h_l)`` and ``f_l(h_{l-1})``);
 3. completeness on real weights: ``max |Σ block + Σ lens − Δp|`` (goal ≤ 1e-6,
@@ -73,6 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--noise", type=float, default=0.1)
     parser.add_argument("--identity", action="store_true")
+    parser.add_argument("--granularity", default="block")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     begin = time.perf_counter()
@@ -87,14 +90,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     print(
         f"{args.model}: {n_layers} blocks, d = {d}, V = {logit.readout.vocab_size}, "
-        f"T = {len(positions)} positions, {args.threads} thread(s)"
+        f"T = {len(positions)} positions, {args.threads} thread(s), "
+        f"granularity {args.granularity}"
     )
+    kwargs = dict(positions=positions, granularity=args.granularity)
 
     def logit_map() -> Any:
-        return logit.attribute_map(ids, positions=positions)
+        return logit.attribute_map(ids, **kwargs)
 
     def learned_map() -> Any:
-        return learned.attribute_map(ids, positions=positions)
+        return learned.attribute_map(ids, **kwargs)
 
     times = cpu_times({"logit": logit_map, "learned": learned_map}, args.repeats)
     ratio = times["learned"] / times["logit"]
@@ -112,7 +117,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     print(f"    (mean |lens part| {result.lens_change.abs().mean().item():.3e})")
     rule = learned.attribute_map(
-        ids, positions=positions[-4:], method="gausslegendre", n_steps=8
+        ids,
+        positions=positions[-4:],
+        granularity=args.granularity,
+        method="gausslegendre",
+        n_steps=8,
     )
     off = rule.attributions.sum(-1) - (rule.model_prob - rule.base_prob) - rule.delta
     print(
@@ -122,7 +131,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     if args.identity:
         same = LayerIGLens.from_model(parts, lens=Translators.identity(n_layers, d))
-        found = same.attribute_map(ids, positions=positions)
+        found = same.attribute_map(ids, **kwargs)
         exact = torch.equal(found.attributions, logit_map().attributions)
         print(f"  identity translators give the logit map exactly: {exact}")
     print(f"  wall time {time.perf_counter() - begin:.0f} s")

@@ -564,8 +564,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             )
         else:
             split = self._learned_split(
-                shape, rule, path, route, n_steps, chunk_rows,
-                grad_kwargs=grad_kwargs, per_dimension=True,
+                shape,
+                rule,
+                path,
+                route,
+                n_steps,
+                chunk_rows,
+                grad_kwargs=grad_kwargs,
+                per_dimension=True,
             )
             attrs = split.block.to(work_dtype(path.points.dtype))
         per_layer = list(attrs.unbind(dim=2))
@@ -810,8 +816,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         if shape.column_blocks() is not None:
             if per_dimension:
                 return split_attributions(
-                    rule, self.readout, path, route, n_steps, chunk_rows,
-                    grad_kwargs, self.multiplies_by_inputs,
+                    rule,
+                    self.readout,
+                    path,
+                    route,
+                    n_steps,
+                    chunk_rows,
+                    grad_kwargs,
+                    self.multiplies_by_inputs,
                 )
             return split_map(
                 rule, self.readout, path, route, n_steps, chunk_rows, top_k
@@ -825,8 +837,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             return shape.credits(rule, readout, path, ends, n_steps, chunk_rows)
 
         split = split_components(
-            self.readout, path, route, shape.column_segments(len(path.names)),
-            columns, chunk_rows, top_k,
+            self.readout,
+            path,
+            route,
+            shape.column_segments(len(path.names)),
+            columns,
+            chunk_rows,
+            top_k,
         )
         views = None if split.views is None else _column_views(shape, path, split.views)
         return replace(split, levels=shape.levels(path, split.levels), views=views)

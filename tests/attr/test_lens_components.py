@@ -49,7 +49,9 @@ def _check_against_blocks(lens, granularity, method, n_steps):
     found = lens.attribute_map(
         ids, granularity=granularity, method=method, n_steps=n_steps
     )
-    blocks = lens.attribute_map(ids, granularity="block", method=method, n_steps=n_steps)
+    blocks = lens.attribute_map(
+        ids, granularity="block", method=method, n_steps=n_steps
+    )
     change = (found.model_prob - found.base_prob).double()
     total = found.block_part.double().sum(-1) + found.lens_change.double().sum(-1)
     assert (total - change).abs().max() <= TOL
@@ -63,9 +65,7 @@ def _check_against_blocks(lens, granularity, method, n_steps):
     )
     assert blocks.lens_change.abs().max() > 1e-3  # the readouts differ
     parts = _per_block(found, names, "attributions") - lens_blocks
-    torch.testing.assert_close(
-        parts, blocks.block_part.double(), atol=TOL, rtol=0
-    )
+    torch.testing.assert_close(parts, blocks.block_part.double(), atol=TOL, rtol=0)
     return found
 
 
@@ -113,9 +113,7 @@ def test_captum_rules_split_their_block_credit_into_heads(lenses, method):
 @pytest.mark.parametrize("granularity", ["neuron", "source", "source_head"])
 def test_neurons_and_sources_add_up_to_the_block_parts(lenses, granularity):
     for n_steps in (1, 4):
-        _check_against_blocks(
-            lenses["llama"], granularity, "prediction_aware", n_steps
-        )
+        _check_against_blocks(lenses["llama"], granularity, "prediction_aware", n_steps)
 
 
 def test_experts_add_up_to_the_block_parts(lenses):
@@ -138,9 +136,7 @@ def test_head_attributions_per_dimension_sum_to_the_block_parts(lenses, name):
         ids, granularity="head", method="prediction_aware", n_steps=3
     )
     per_column = torch.stack(list(attrs), 2).double().sum(-1)
-    torch.testing.assert_close(
-        per_column, found.block_part.double(), atol=TOL, rtol=0
-    )
+    torch.testing.assert_close(per_column, found.block_part.double(), atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("granularity", ["head", "neuron", "source"])

@@ -76,9 +76,8 @@ class Heads(Sublayers):
         m = (n_columns - 1) // k  # columns per block
         if self._parallel:
             return [0] + [1 + j for j in range(k) for _ in range(m)]
-        return [0] + [
-            s for j in range(k) for s in [2 * j + 1] * (m - 1) + [2 * j + 2]
-        ]
+        attn = [[2 * j + 1] * (m - 1) + [2 * j + 2] for j in range(k)]
+        return [0] + [s for block in attn for s in block]
 
     def segment_attributions(
         self,
