@@ -24,7 +24,11 @@ from captum_iglens.attr._utils.heads import HeadSplit
 from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import estimator
 from captum_iglens.attr._utils.path_math import work_dtype
-from captum_iglens.attr.granularities import PathGranularity, granularity_of
+from captum_iglens.attr.granularities import (
+    PathGranularity,
+    check_learned_readout,
+    granularity_of,
+)
 from captum_iglens.attr.lens_change import (
     ReadoutPlan,
     ReadoutSplit,
@@ -777,13 +781,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         (the logit readout's numbers, exactly)."""
         if not isinstance(self.readout, LayerReadout):
             return None
+        check_learned_readout(shape.name, self.readout.kind)
         blocks = shape.column_blocks()
-        if blocks is None:
-            raise ValueError(
-                f"granularity: {shape.name!r} is not available with a learned "
-                f"readout ({self.readout.kind}); use \"block\" or \"sublayer\", "
-                "or the logit readout"
-            )
+        assert blocks is not None  # granularities with learned_readout have them
         route = plan(self.readout, self.layers, blocks)
         return None if route.uniform else route
 

@@ -66,6 +66,7 @@ def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the options and loads the model; the job generates the answer,
     attributes it and writes the outputs."""
     from captum_iglens.attr import attribute_text
+    from captum_iglens.attr.granularities import check_learned_readout
     from captum_iglens.hf.text import encode_prompt, generate
 
     settings = settings_from(args)
@@ -74,6 +75,11 @@ def prepare(args: argparse.Namespace) -> Job:
     check_outputs(args, "json", "csv", "png", "html")
     prompt = read_prompt(args)
     folder = lens_folder(args.lens)
+    if folder is not None:
+        try:
+            check_learned_readout(settings.granularity)
+        except ValueError as err:  # the option's name as the user typed it
+            raise CommandError(f"--{err}") from None
     stages = Stages()
     parts, tokenizer = stages.run("load", lambda: load(args, settings))
     translators = learned_lens(folder, parts)
