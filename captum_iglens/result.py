@@ -11,14 +11,24 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from captum_iglens._utils.schema import (
+    Array,
+    Default,
+    Integer,
+    Maybe,
+    Record,
+    Text,
+    Texts,
+)
 from captum_iglens._utils.serialization import (
     JsonDocument,
     check_writable,
     plain,
-    tensor_field,
     write_atomic,
 )
+from captum_iglens._utils.source_columns import SourceLayout, source_layout
 from captum_iglens._utils.tokens import decode_tokens
+from captum_iglens.readout.layer_readout import READOUT_KINDS
 from captum_iglens.readout.scores import PAD
 from captum_iglens.viewer import Viewable
 from captum_iglens.viewer.payload import map_payload
@@ -49,7 +59,9 @@ _TENSOR_FIELDS = (
 #: and what was attributed in place of the single target.
 _VIEW_FIELDS = ("top_ids", "top_probs", "entropy", "kl", "rank")
 _SET_FIELDS = ("target_sets", "foils")
-_OPTIONAL_FIELDS = _VIEW_FIELDS + _SET_FIELDS
+#: Under a learned readout per layer: the lens-change part of each credit.
+_READOUT_FIELDS = ("lens_change",)
+_OPTIONAL_FIELDS = _VIEW_FIELDS + _SET_FIELDS + _READOUT_FIELDS
 _DTYPES = {
     "targets": torch.long,
     "positions": torch.long,
@@ -65,6 +77,37 @@ _PROB_SLACK = 1e-4
 _DELTA_SLACK = 1e-3
 
 Index = Union[None, int, slice, Sequence[int], Tensor]
+
+#: What a saved :class:`IGLensResult` holds, one declaration per field (see
+#: :mod:`captum_iglens._utils.schema`): ``B`` sequences, ``P`` positions, ``k``
+#: layers, ``K`` top tokens, ``S`` set members, ``F`` foils. Sizes are set by
+#: the first field that shows them, so the fields that name them come first.
+IGLENS_SCHEMA = Record(
+    layer_names=Texts("k", nonempty=True),
+    targets=Array("int", "B", "P"),
+    positions=Array("int", "P"),
+    mask=Array("bool", "B", "P"),
+    attributions=Array("float", "B", "P", "k"),
+    lens=Array("float", "B", "P", "k"),
+    base_prob=Array("float", "B", "P"),
+    model_prob=Array("float", "B", "P"),
+    delta=Array("float", "B", "P"),
+    method=Text(ESTIMATOR_NAMES),
+    n_steps=Integer(low=1),
+    tokens=Maybe(Texts("B", "P")),
+    metadata=Default(Record(open=True, source_tokens=Maybe(Texts("B", "T")))),
+    top_ids=Maybe(Array("int", "B", "P", "k", "K")),
+    top_probs=Maybe(Array("float", "B", "P", "k", "K")),
+    top_tokens=Maybe(Texts("B", "P", "k", "K")),
+    entropy=Maybe(Array("float", "B", "P", "k")),
+    kl=Maybe(Array("float", "B", "P", "k")),
+    rank=Maybe(Array("int", "B", "P", "k")),
+    target_sets=Maybe(Array("int", "B", "P", "S")),
+    foils=Maybe(Array("int", "B", "P", "F")),
+    lens_change=Maybe(Array("float", "B", "P", "k")),
+    readout_kind=Default(Text(READOUT_KINDS)),
+    readout_checksum=Maybe(Text()),
+)
 
 
 def _visible(text: str) -> str:
@@ -125,6 +168,18 @@ class IGLensResult(JsonDocument, Viewable):
                     of ``targets`` (which then only label the positions).
         foils (Tensor, optional): ``(B, P, F)`` long, padded with -1. The foils
                     whose probability was subtracted (contrastive targets).
+        lens_change (Tensor, optional): ``(B, P, k)`` float32, under a learned
+                    readout per layer (``readout_kind`` ``"linear"`` or
+                    ``"tuned"``): the part of each credit that is a change of
+                    readout at a fixed state; the rest, :attr:`block_part`, is
+                    the block's own. ``attributions`` hold their sum, the
+                    column's whole term ``f_j(h_{L_j}) - f_{j-1}(h_{L_{j-1}})``,
+                    and ``lens`` each point's level under its own readout.
+                    None under the logit readout.
+        readout_kind (str): ``"logit"`` (the model's readout at every layer),
+                    ``"linear"`` or ``"tuned"``.
+        readout_checksum (str, optional): The learned readout's checksum
+                    (``Translators.checksum()``); None for ``"logit"``.
 
     The view fields (``top_ids`` ... ``rank``) are all set or all None.
     """
@@ -150,13 +205,115 @@ class IGLensResult(JsonDocument, Viewable):
     rank: Optional[Tensor] = None
     target_sets: Optional[Tensor] = None
     foils: Optional[Tensor] = None
+    lens_change: Optional[Tensor] = None
+    readout_kind: str = "logit"
+    readout_checksum: Optional[str] = None
 
     KIND = "IGLensResult"
 
     def page_data(self) -> Dict[str, Any]:
         r"""The data of this map's viewer page (see
-        :func:`~captum_iglens.viewer.payload.map_payload`)."""
-        return map_payload(self)
+        :func:`~captum_iglens.viewer.payload.map_payload`), with ``"sources"``
+        (:meth:`source_page_data`) for the source granularities."""
+        data = map_payload(self)
+        data["sources"] = self.source_page_data()
+        data["readout"] = self.readout_page_data()
+        return data
+
+    def readout_page_data(self) -> Dict[str, Any]:
+        r"""The readout of the viewer page: ``kind``, ``checksum`` and, under a
+        learned readout, ``lens_change`` (``B x P x k``, the lens-change part
+        of each credit; None under the logit readout)."""
+        return {
+            "kind": self.readout_kind,
+            "checksum": self.readout_checksum,
+            "lens_change": (
+                None if self.lens_change is None else plain(self.lens_change)
+            ),
+        }
+
+    @property
+    def block_part(self) -> Tensor:
+        """``(B, P, k)``: each credit less its lens-change part (the credits
+        themselves under the logit readout)."""
+        if self.lens_change is None:
+            return self.attributions
+        return self.attributions - self.lens_change
+
+    # ------------------------------------------------------------ source tokens
+
+    def source_layout(self) -> Optional[SourceLayout]:
+        """Where each block's per-source credits are among the columns, for
+        ``granularity="source"`` or ``"source_head"`` (else None)."""
+        return source_layout(self.layer_names)
+
+    def source_map(self, by_head: bool = False) -> Tensor:
+        r"""
+        Each block's attention credit split over the source positions, for
+        ``granularity="source"`` or ``"source_head"``: how much probability
+        block ``l`` gave the target at position ``t`` from the value of source
+        ``j`` (summed over its heads, or per head with ``by_head``). With the
+        bias and MLP columns it adds up to the block's credit.
+
+        Args:
+            by_head (bool, optional): Keep the heads apart (``"source_head"``
+                        only). Default: False
+
+        Returns:
+            *Tensor* ``(B, P, k, T)``, or ``(B, P, k, H, T)`` with ``by_head``,
+            float32, with ``k`` the blocks of :meth:`source_layout`.
+
+        Raises:
+            ValueError: If the result has no source columns, or ``by_head``
+                without head-resolved ones.
+        """
+        layout = self.source_layout()
+        if layout is None:
+            raise ValueError(
+                "source_map: this result has no per-source columns; attribute "
+                'with granularity="source" (or "source_head")'
+            )
+        if by_head and layout.n_heads is None:
+            raise ValueError(
+                'by_head: the heads are summed in this result; attribute with '
+                'granularity="source_head"'
+            )
+        return layout.source_map(self.attributions, by_head)
+
+    def source_page_data(self) -> Optional[List[Dict[str, Any]]]:
+        r"""
+        The per-source data of the viewer page, one entry per sequence (None
+        without source columns): ``tokens`` (``T`` source strings, or None),
+        ``blocks`` (``k`` names), ``positions`` (``P``), ``credits`` (``P x k x
+        T``, heads summed), ``bias`` and ``mlp`` (``P x k``; bias 0 without
+        one), ``input`` (``P``), and ``heads`` (``P x k x H x T``, or None when
+        the heads are summed). Zero at padding; see docs/iglens.md.
+        """
+        layout = self.source_layout()
+        if layout is None:
+            return None
+        sources = self.metadata.get("source_tokens")
+        per_head = layout.n_heads is not None
+        out = []
+        for b in range(self.attributions.shape[0]):
+            row = self.attributions[b]
+            zero = torch.zeros(row.shape[0], 1)
+            bias = [row[:, [i]] if i is not None else zero for i in layout.bias]
+            out.append(
+                {
+                    "tokens": None if sources is None else list(sources[b]),
+                    "blocks": list(layout.blocks),
+                    "positions": self.positions.tolist(),
+                    "credits": layout.source_map(row).tolist(),
+                    "bias": torch.cat(bias, -1).tolist(),
+                    "mlp": row[:, layout.mlp].tolist(),
+                    "input": row[:, 0].tolist(),
+                    "heads": (
+                        layout.source_map(row, True).tolist() if per_head else None
+                    ),
+                }
+            )
+        return out
 
     def __post_init__(self) -> None:
         for name in _TENSOR_FIELDS:
@@ -228,12 +385,31 @@ class IGLensResult(JsonDocument, Viewable):
             raise ValueError(f"tokens: expected {b} lists of {p} strings")
         if not isinstance(self.metadata, dict):
             raise TypeError(f"metadata: expected a dict, got {self.metadata!r}")
+        self._check_readout()
         change = self.model_prob - self.base_prob
         mismatch = (self.attributions.sum(-1) - change - self.delta).abs()
         if (mismatch > _DELTA_SLACK)[self.mask].any():
             raise ValueError(
                 "delta: does not equal Σ attributions − (model_prob − base_prob) "
                 f"(off by up to {mismatch[self.mask].max().item():.3g})"
+            )
+
+    def _check_readout(self) -> None:
+        """The readout's kind and checksum, and the lens-change parts exactly
+        when the readout is learned."""
+        if self.readout_kind not in READOUT_KINDS:
+            raise ValueError(
+                f"readout_kind: expected one of {list(READOUT_KINDS)}, got "
+                f"{self.readout_kind!r}"
+            )
+        learned = self.readout_kind != "logit"
+        if learned != (self.lens_change is not None) or learned != isinstance(
+            self.readout_checksum, str
+        ):
+            raise ValueError(
+                "lens_change/readout_checksum: expected both under a learned "
+                f"readout and neither under the logit readout (readout_kind "
+                f"{self.readout_kind!r})"
             )
 
     def _check_optional(self, b: int, p: int, k: int) -> None:
@@ -389,10 +565,38 @@ class IGLensResult(JsonDocument, Viewable):
                 "|credit|; Σ includes all layers)"
             )
         residual = (credits.sum(-1) - change)[rows].abs().max().item() if rows else 0.0
+        lines += self._lens_change_lines(
+            batch_index, rows, labels, shown, token_w, col_w
+        )
         lines.append(
             f"completeness: max |Σ - Δp| = {residual:.2e} over {len(rows)} tokens"
         )
         return "\n".join(lines)
+
+    def _lens_change_lines(
+        self,
+        batch_index: int,
+        rows: List[int],
+        labels: List[str],
+        shown: List[int],
+        token_w: int,
+        col_w: int,
+    ) -> List[str]:
+        """Under a learned readout: the lens-change part of each shown credit,
+        and its sum per token (nothing under the logit readout)."""
+        if self.lens_change is None:
+            return []
+        parts = self.lens_change[batch_index]
+        lines = [
+            f"lens-change part ({self.readout_kind} readout; in the credits above, "
+            "block part = credit - lens change):"
+        ]
+        for r in rows:
+            cells = [f"{labels[r]:<{token_w}}"]
+            cells += [f"{parts[r, j]:>+{col_w}.3f}" for j in shown]
+            cells.append(f"{'':>8} {parts[r].sum():>+8.4f}")
+            lines.append(" ".join(cells))
+        return lines
 
     def format_views(self, batch_index: int = 0, *, width: int = 100) -> str:
         r"""
@@ -578,7 +782,9 @@ class IGLensResult(JsonDocument, Viewable):
             raise ValueError("results: expected at least one result")
         first = results[0]
         for i, other in enumerate(results[1:], 1):
-            for name in ("layer_names", "method", "n_steps"):
+            for name in (
+                "layer_names", "method", "n_steps", "readout_kind", "readout_checksum"
+            ):
                 if getattr(other, name) != getattr(first, name):
                     raise ValueError(
                         f"results[{i}]: {name} {getattr(other, name)!r} differs from "
@@ -599,7 +805,7 @@ class IGLensResult(JsonDocument, Viewable):
                 if name == "positions"
                 else torch.cat([getattr(r, name) for r in results])
             )
-            for name in _TENSOR_FIELDS + _VIEW_FIELDS
+            for name in _TENSOR_FIELDS + _VIEW_FIELDS + _READOUT_FIELDS
             if getattr(first, name) is not None
         }
         for name in _SET_FIELDS:  # ragged sets: pad to the widest
@@ -619,34 +825,9 @@ class IGLensResult(JsonDocument, Viewable):
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "IGLensResult":
-        """Inverse of :meth:`to_dict`; every field is checked."""
-        names = {f.name for f in fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise ValueError(f"unknown IGLensResult fields {sorted(unknown)}")
-        optional = ("tokens", "metadata", "top_tokens", *_OPTIONAL_FIELDS)
-        missing = {f.name for f in fields(cls) if f.name not in optional}
-        missing -= set(data)
-        if missing:
-            raise ValueError(f"missing IGLensResult fields {sorted(missing)}")
-        kwargs = dict(data)
-        b = len(data["targets"]) if isinstance(data["targets"], list) else -1
-        p = len(data["positions"]) if isinstance(data["positions"], list) else -1
-        # k is read from the credits (then checked against the names), unless they
-        # are empty and keep no shape.
-        names = data["layer_names"]
-        k = len(names) if b * p == 0 and isinstance(names, list) else -1
-        shapes = {"attributions": (b, p, k), "lens": (b, p, k), "positions": (p,)}
-        for name in _TENSOR_FIELDS:
-            dtype = _DTYPES.get(name, torch.float32)
-            kwargs[name] = tensor_field(data, name, dtype, shapes.get(name, (b, p)))
-        for name in _OPTIONAL_FIELDS:
-            if data.get(name) is not None:
-                top = name in ("top_ids", "top_probs")
-                shape = (b, p, k, -1) if top else (b, p, -1)
-                dtype = _DTYPES.get(name, torch.float32)
-                kwargs[name] = tensor_field(data, name, dtype, shape)
-        return cls(**kwargs)
+        """Inverse of :meth:`to_dict`; every field is checked
+        (:data:`IGLENS_SCHEMA`)."""
+        return cls(**IGLENS_SCHEMA.load(data))
 
     def to_csv(self, path: Union[str, Path]) -> None:
         """Write a long-format CSV: batch, position, token, layer, credit, lens;

@@ -133,4 +133,6 @@ def attribute_text(
         "answer": tokenizer.decode(answer_ids),
         **provenance(model, settings),
     }
+    if result.source_layout() is not None:  # the sources' text, for the viewer
+        result.metadata["source_tokens"] = [decode_tokens(tokenizer, ids[0].tolist())]
     return result.to("cpu")

@@ -7,7 +7,17 @@ read the same path.
 """
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    List,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import torch
 from captum._utils.common import _format_additional_forward_args, _run_forward
@@ -32,7 +42,7 @@ from captum_iglens.attr._utils.checks import (
     target_positions,
 )
 from captum_iglens.attr._utils.path_math import path_values, work_dtype
-from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import (
     FoilType,
     TokenScore,
@@ -74,6 +84,12 @@ class PathShape(Protocol):
         self, points: Tensor, extras: List[Tensor], mask: Tensor
     ) -> Optional[Tensor]: ...
 
+    def recording(
+        self, positions: Tensor, device: torch.device
+    ) -> ContextManager[Any]: ...
+
+    def column_names(self, names: List[str]) -> List[str]: ...
+
 
 @dataclass
 class _Request:
@@ -101,11 +117,15 @@ class Tracer:
 
         forward_func (Callable): As :class:`LayerIGLens` takes it.
         input_layer (Module): The model's first block.
-        readout (Readout): The readout of the last block.
+        readout (PathReadout): The readout; read without a layer index, it is
+                    the model's own (the last block's output).
     """
 
     def __init__(
-        self, forward_func: Callable[..., Any], input_layer: Module, readout: Readout
+        self,
+        forward_func: Callable[..., Any],
+        input_layer: Module,
+        readout: PathReadout,
     ) -> None:
         self.forward_func = forward_func
         self.input_layer = input_layer
@@ -141,7 +161,8 @@ class Tracer:
         check_baselines(baselines)
         reference_inputs = baseline_inputs(baselines, request.inputs)
         hooked, names = shape.path_points()
-        output, h_0, states = self._capture(request.inputs, request, hooked)
+        with shape.recording(request.positions, self.device):
+            output, h_0, states = self._capture(request.inputs, request, hooked)
         states, extras = shape.split(states)
         if reference_inputs is not None:  # the first block's input for them
             h_0 = self._capture(reference_inputs, request, [])[1]
@@ -167,15 +188,16 @@ class Tracer:
         pos = request.positions.to(self.device)
         start = baseline_states(baselines, h_0, request.attention_mask)
         points = torch.stack([start.index_select(1, pos), *states], dim=2)
+        components = shape.components(points, extras, mask)
         return TracedPath(
             points=points,
             targets=targets,
             model_prob=model_prob,
             mask=mask,
             positions=pos,
-            names=names,
+            names=shape.column_names(names),
             one_output=one_output,
-            components=shape.components(points, extras, mask),
+            components=components,
             score=TokenScore.build(targets, target_sets, foils),
             target_sets=target_sets,
             foils=foils,
@@ -186,7 +208,7 @@ class Tracer:
     @property
     def device(self) -> torch.device:
         """The readout's device, where captured states and results go."""
-        return next(self.readout.parameters()).device
+        return self.readout.device
 
     def _resolve(
         self,
@@ -391,10 +413,16 @@ def _final_rows(
 
 
 def path_levels(
-    readout: Readout, path: TracedPath, chunk_rows: int, top_k: int = 0
+    readout: PathReadout,
+    path: TracedPath,
+    chunk_rows: int,
+    top_k: int = 0,
+    layers: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Views]]:
     r"""
     ``f`` at every path point, ``(B, P, k + 1)``; the last is the model's own.
+    ``layers`` ``(k,)``: the hidden-state index each point but the last is
+    read as (None: the readout ignores it).
 
     Returns:
         2-element tuple of the levels and, with ``top_k``, the views of the
@@ -409,6 +437,7 @@ def path_levels(
         chunk_rows,
         top_k,
         path.final_logits,
+        layers,
     )
     values = torch.cat([below_top.view(b, p, -1), path.model_prob[..., None]], -1)
     if below_views is None or path.top_views is None:

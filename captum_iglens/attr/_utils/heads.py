@@ -245,6 +245,7 @@ def head_attributions(
     chunk_rows: int,
     per_dimension: bool,
     grad_kwargs: Optional[Dict[str, Any]] = None,
+    parents: Optional[Tensor] = None,
 ) -> Tensor:
     r"""
     The credit columns of ``granularity="head"``, in the order of
@@ -261,6 +262,9 @@ def head_attributions(
                     model's own.
         per_dimension (bool): Per-dimension attributions (for ``attribute``) or
                     scalar credits (for ``attribute_map``).
+        parents (Tensor, optional): ``(C,)``: a group per component, as
+                    :meth:`~captum_iglens.attr.estimators.base.Estimator.components`
+                    takes it. Default: None
 
     Returns:
         *Tensor* ``(N, n_columns)``, or ``(N, n_columns, d)`` with
@@ -282,6 +286,7 @@ def head_attributions(
         end_values.flatten(0, 1),
         per_dimension=per_dimension,
         layers=layers,
+        parents=parents,
         **common,
     )
     pairs, layers = _pairs(stream, plain)

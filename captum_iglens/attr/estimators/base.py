@@ -134,17 +134,27 @@ class Estimator(ABC):
         per_dimension: bool,
         grad_kwargs: Optional[Dict[str, Any]] = None,
         layers: Optional[Tensor] = None,
+        parents: Optional[Tensor] = None,
     ) -> Tensor:
         r"""
         The credits of the components ``u_c`` of one straight segment per row,
-        ``Σ_c u_c = end - start`` (the heads of ``granularity="head"``).
+        ``Σ_c u_c = end - start`` (the heads of ``granularity="head"``, the
+        per-(head, source) terms of ``"source"``).
 
         Args:
 
             ends (Tensor): ``(M, 2, d)``: each segment's start and end.
-            components (Tensor): ``(M, C, d)`` float32: the components ``u_c``.
+            components (Tensor): ``(M, C, d)`` float32: the components ``u_c``
+                        (or an object whose ``[rows]`` builds those rows'
+                        ``(g, C, d)`` components, and with a ``shape``).
             end_values (Tensor): ``(M, 2)``: ``f`` at the start and the end.
             per_dimension (bool): Per-dimension attributions, or scalar credits.
+            parents (Tensor, optional): ``(C,)`` long: a group per component
+                        (the head of a (head, source) term). Where the
+                        estimator is not linear in the components, each
+                        group's credit is the one the group's summed component
+                        would get, split among its members by the same rule.
+                        Default: None, no groups
 
         Returns:
             *Tensor* ``(M, C)``, or ``(M, C, d)`` with ``per_dimension``,

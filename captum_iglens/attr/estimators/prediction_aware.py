@@ -85,6 +85,7 @@ class PredictionAware(Estimator):
         per_dimension: bool,
         grad_kwargs: Optional[Dict[str, Any]] = None,
         layers: Optional[Tensor] = None,
+        parents: Optional[Tensor] = None,
     ) -> Tensor:
         r"""
         :func:`prediction_aware_components`; per dimension, ``u_{c,i} Ĝ_i``
@@ -101,9 +102,11 @@ class PredictionAware(Estimator):
             chunk_rows,
             grad_kwargs,
             layers,
+            parents,
         )
         if not per_dimension:
             return credits
+        components = components[:]  # all rows (built here if built on demand)
         linear = components * mean_gradient.unsqueeze(1)
         rest = credits - linear.sum(-1)
         spread = split_weights(linear.abs().sqrt(), components)
@@ -177,6 +180,7 @@ def prediction_aware_components(
     chunk_rows: int,
     grad_kwargs: Optional[Dict[str, Any]] = None,
     layers: Optional[Tensor] = None,
+    parents: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     r"""
     Prediction-aware credits of the components of one straight segment per row.
@@ -203,6 +207,12 @@ def prediction_aware_components(
                     telescope with the other segments' values.
         layers (Tensor, optional): Broadcastable to ``(M, 2)``: the path points
                     of the ends. Default: None
+        parents (Tensor, optional): ``(C,)`` long, a group per component. Each
+                    step is then split twice by the same rule: among the
+                    groups (each group's first-order term the sum of its
+                    members'), then each group's share among its members, so
+                    that a group's credits are those of its summed component
+                    and its members' credits add up to them. Default: None
 
     Returns:
         2-element tuple of **credits** ``(M, C)`` and **mean_gradient** ``(M, d)``
@@ -232,7 +242,54 @@ def prediction_aware_components(
         along = torch.einsum("gsd,gcd->gsc", grads, u)  # (g, n + 1, C)
         first_order = (along[:, :-1] + along[:, 1:]) / (2 * n_steps)
         residual = values.diff(dim=1) - first_order.sum(-1)  # (g, n)
-        weights = split_weights(first_order.abs().sqrt(), u.norm(dim=-1).unsqueeze(1))
-        credits[rows] = (first_order + residual.unsqueeze(-1) * weights).sum(1)
+        shares = _shares(first_order, residual, u, parents)
+        credits[rows] = shares.sum(1)
         mean_gradient[rows] = (grads[:, :-1] + grads[:, 1:]).sum(1) / (2 * n_steps)
     return credits, mean_gradient
+
+
+def _shares(
+    first_order: Tensor, residual: Tensor, u: Tensor, parents: Optional[Tensor]
+) -> Tensor:
+    r"""
+    Each step's change split among the components: ``t_{s,c}`` plus a share of
+    the residual ``r_s`` in proportion to ``|t_{s,c}|`` (to ``‖u_c‖²`` where
+    every ``t_{s,c}`` is zero); with ``parents``, first among the groups, then
+    within each group.
+
+    Args:
+        first_order (Tensor): ``(g, n, C)``: ``t_{s,c}``.
+        residual (Tensor): ``(g, n)``: ``r_s``.
+        u (Tensor): ``(g, C, d)``: the components.
+        parents (Tensor, optional): ``(C,)`` long.
+
+    Returns:
+        *Tensor* ``(g, n, C)``, summing over ``C`` to ``Σ_c t_{s,c} + r_s``.
+    """
+    if parents is None:
+        weights = split_weights(first_order.abs().sqrt(), u.norm(dim=-1).unsqueeze(1))
+        return first_order + residual.unsqueeze(-1) * weights
+    n_groups = int(parents.max()) + 1
+    group_first = first_order.new_zeros(*first_order.shape[:2], n_groups)
+    group_first.index_add_(2, parents, first_order)
+    group_u = u.new_zeros(u.shape[0], n_groups, u.shape[2]).index_add_(1, parents, u)
+    group_rest = _shares(group_first, residual, group_u, None) - group_first
+    within = _within(first_order.abs(), u.square().sum(-1).unsqueeze(1), parents)
+    return first_order + group_rest[..., parents] * within
+
+
+def _within(amount: Tensor, fallback: Tensor, parents: Tensor) -> Tensor:
+    """``amount`` normalised within each group (``fallback`` where a group's
+    ``amount`` is all zero, zeros where both are)."""
+    n_groups = int(parents.max()) + 1
+
+    def normalised(x: Tensor) -> Tensor:
+        total = x.new_zeros(*x.shape[:-1], n_groups).index_add_(-1, parents, x)
+        total = total[..., parents]
+        return x / total.clamp_min(torch.finfo(x.dtype).tiny), total > 0
+
+    by_amount, has_amount = normalised(amount)
+    by_fallback, has_fallback = normalised(fallback.expand_as(amount).contiguous())
+    zeros = torch.zeros_like(amount)
+    by_fallback = torch.where(has_fallback, by_fallback, zeros)
+    return torch.where(has_amount, by_amount, by_fallback)

@@ -5,8 +5,20 @@ credits them.
 """
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
+from contextlib import nullcontext
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    ContextManager,
+    Dict,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
+import torch
 from torch import Tensor
 from torch.nn import Module
 
@@ -89,6 +101,24 @@ class PathGranularity(ABC):
         self, points: Tensor, extras: List[Tensor], mask: Tensor
     ) -> Optional[Tensor]:
         """The components ``(B, P, k, C, d)`` of the segments split apart."""
+        return None
+
+    def recording(self, positions: Tensor, device: torch.device) -> ContextManager[Any]:
+        """What else is recorded during the traced forward (nothing here)."""
+        return nullcontext()
+
+    def column_names(self, names: List[str]) -> List[str]:
+        """The credit columns' names once the traced forward has run."""
+        return names
+
+    def column_blocks(self) -> Optional[List[int]]:
+        r"""
+        For a learned readout per layer: the path block (an index into the
+        chosen blocks) each credit column belongs to, the columns of a block
+        being consecutive straight segments from its input to its output.
+        None where the granularity has no such columns (a learned readout is
+        then refused).
+        """
         return None
 
     def map_needs_gradients(self, rule: Estimator) -> bool:

@@ -50,6 +50,9 @@ class Heads(Sublayers):
         tolerance = split_tolerance(points.dtype)
         return head_components(self.heads, extras, points, mask, tolerance)
 
+    def column_blocks(self) -> Optional[List[int]]:
+        return None  # components of a segment, not segments
+
     def map_needs_gradients(self, rule: Estimator) -> bool:
         return True  # the attention segments are split by gradients
 

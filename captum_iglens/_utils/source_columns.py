@@ -1,0 +1,91 @@
+r"""
+The layout of the credit columns of ``granularity="source"`` and
+``"source_head"``, read from the column names alone: ``"input"``, then per block
+``"<block>.attn.s<j>"`` (or ``"<block>.attn.h<i>.s<j>"``), optionally
+``"<block>.attn.bias"``, and ``"<block>.mlp"``.
+"""
+
+import re
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+_SOURCE = re.compile(r"^(?P<block>.+)\.attn\.(?:h(?P<head>\d+)\.)?s(?P<source>\d+)$")
+
+
+@dataclass(frozen=True)
+class SourceLayout:
+    r"""
+    Where each (block, head, source) credit is among the columns.
+
+    Attributes:
+        blocks (list[str]): The ``k`` block names, in path order.
+        n_heads (int or None): ``H`` for ``"source_head"``, None when the heads
+                    are summed.
+        n_sources (int): ``T``, the number of source positions.
+        index (Tensor): ``(k, H, T)`` (``(k, 1, T)`` with heads summed) long:
+                    the column of each credit.
+        bias (list[int or None]): Per block, its bias column if any.
+        mlp (list[int]): Per block, its MLP column.
+    """
+
+    blocks: List[str]
+    n_heads: Optional[int]
+    n_sources: int
+    index: Tensor
+    bias: List[Optional[int]]
+    mlp: List[int]
+
+    def source_map(self, credits: Tensor, by_head: bool = False) -> Tensor:
+        r"""
+        The source credits of ``credits`` ``(..., n_columns)``.
+
+        Returns:
+            *Tensor* ``(..., k, T)``, or ``(..., k, H, T)`` with ``by_head``.
+        """
+        found = credits[..., self.index.flatten()].view(
+            *credits.shape[:-1], *self.index.shape
+        )
+        return found if by_head else found.sum(-2)
+
+
+def source_layout(names: Sequence[str]) -> Optional[SourceLayout]:
+    """The layout of ``names``, or None if they are not source columns."""
+    blocks: List[str] = []
+    cells: dict = {}
+    bias: dict = {}
+    mlp: dict = {}
+    for i, name in enumerate(names):
+        found = _SOURCE.match(name)
+        if found:
+            block = found["block"]
+            if block not in cells:
+                blocks.append(block)
+                cells[block] = {}
+            head = int(found["head"]) if found["head"] is not None else -1
+            cells[block][(head, int(found["source"]))] = i
+        elif name.endswith(".attn.bias"):
+            bias[name[: -len(".attn.bias")]] = i
+        elif name.endswith(".mlp"):
+            mlp[name[: -len(".mlp")]] = i
+    if not blocks or any(b not in mlp for b in blocks):
+        return None
+    keys = sorted(cells[blocks[0]])
+    heads = sorted({h for h, _ in keys})
+    n_sources = 1 + max(j for _, j in keys)
+    uneven = any(sorted(cells[b]) != keys for b in blocks)
+    if uneven or len(keys) != len(heads) * n_sources:
+        return None
+    index = torch.tensor(
+        [[[cells[b][(h, j)] for j in range(n_sources)] for h in heads] for b in blocks]
+    )
+    return SourceLayout(
+        blocks=blocks,
+        n_heads=None if heads == [-1] else len(heads),
+        n_sources=n_sources,
+        index=index,
+        bias=[bias.get(b) for b in blocks],
+        mlp=[mlp[b] for b in blocks],
+    )

@@ -1,0 +1,199 @@
+r"""
+The attention weights and values of one forward pass, captured for
+``granularity="source"``: at the attributed positions only.
+
+For the call, every attention module the path splits runs through an attention
+implementation of ours, registered with transformers under
+:data:`IMPLEMENTATION`: it calls the eager attention function of the module's
+own model family (with its masks, sliding windows, grouped key-value heads,
+attention sinks and softcapped logits, exactly as the family computes them), and
+records the attention weights of the attributed query positions, ``(B, H, P,
+T)``, and the values of every source position, ``(B, H_kv, T, e)``. Nothing else
+of the ``T × T`` weights is kept. The models' configs are switched to this
+implementation for the call and restored after, whatever happens.
+"""
+
+import sys
+import threading
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+#: The name our capturing attention is registered under.
+IMPLEMENTATION = "captum_iglens_capture"
+
+#: Per attention module, what records its call (set only inside a capture).
+_RECORDERS: "weakref.WeakKeyDictionary[Module, Callable[[Tensor, Tensor], None]]" = (
+    weakref.WeakKeyDictionary()
+)
+_REGISTER = threading.Lock()
+
+
+def _family_eager(module: Module) -> Callable[..., Tuple[Tensor, Optional[Tensor]]]:
+    """The eager attention function of the module's own modelling file."""
+    family = sys.modules.get(type(module).__module__)
+    found = getattr(family, "eager_attention_forward", None)
+    if not callable(found):
+        raise ValueError(
+            "granularity: 'source' needs the attention weights of the real forward; "
+            f"{type(module).__name__} has no eager attention function in its "
+            "modelling file, so its weights cannot be read"
+        )
+    return found
+
+
+def _capturing_attention(
+    module: Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    *args: Any,
+    **kwargs: Any,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """The family's eager attention, recording weights and values on the way."""
+    output, weights = _family_eager(module)(
+        module, query, key, value, attention_mask, *args, **kwargs
+    )
+    recorder = _RECORDERS.get(module)
+    if recorder is not None:
+        recorder(weights, value)
+    return output, weights
+
+
+def _register() -> None:
+    """Registers :data:`IMPLEMENTATION` (attention and masks), once."""
+    with _REGISTER:
+        ALL_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, _capturing_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(
+            IMPLEMENTATION, ALL_MASK_ATTENTION_FUNCTIONS["eager"]
+        )
+
+
+def attention_of(block: Module, projection: Module) -> Module:
+    r"""
+    The attention module of ``block`` whose output projection is ``projection``.
+
+    Raises:
+        ValueError: If no module of ``block`` holds ``projection`` as a child.
+    """
+    for module in block.modules():
+        if any(child is projection for child in module.children()):
+            return module
+    raise ValueError(
+        "granularity: 'source' needs the attention module that holds each block's "
+        "attention output projection; none was found inside the block"
+    )
+
+
+def _configs(modules: Sequence[Module]) -> List[Any]:
+    """The distinct model configs the modules (and their submodules) read."""
+    found: Dict[int, Any] = {}
+    for root in modules:
+        for module in root.modules():
+            config = getattr(module, "config", None)
+            if config is not None and hasattr(config, "_attn_implementation_internal"):
+                found.setdefault(id(config), config)
+    return list(found.values())
+
+
+class AttentionCapture:
+    r"""
+    Records, during one forward pass, each attention module's weights at
+    ``positions`` and its values at every position.
+
+    Used as a context manager around the forward: on entry the configs of
+    ``owners`` (and of the attention modules) are switched to
+    :data:`IMPLEMENTATION`; on exit they are restored and the recorders removed.
+
+    Args:
+
+        attentions (list[Module]): One attention module per chosen block.
+        owners (list[Module]): The modules whose configs choose the attention
+                    implementation (the model).
+        positions (Tensor): ``(P,)`` long: the query positions kept.
+        device (torch.device): Where the records go.
+    """
+
+    def __init__(
+        self,
+        attentions: Sequence[Module],
+        owners: Sequence[Module],
+        positions: Tensor,
+        device: torch.device,
+    ) -> None:
+        self.attentions = list(attentions)
+        self.positions = positions
+        self.device = device
+        self.weights: Dict[int, Tensor] = {}
+        self.values: Dict[int, Tensor] = {}
+        self._configs = _configs([*owners, *self.attentions])
+        self._saved: List[Tuple[Any, Any]] = []
+
+    def _recorder(self, index: int) -> Callable[[Tensor, Tensor], None]:
+        def record(weights: Optional[Tensor], value: Tensor) -> None:
+            if index in self.weights:
+                raise ValueError(
+                    "forward_func: an attention module ran more than once in one "
+                    "call; granularity 'source' needs a single forward pass"
+                )
+            if weights is None or weights.dim() != 4:
+                raise ValueError(
+                    "granularity: 'source' needs the attention weights (B, H, T, T) "
+                    "of the real forward, and the eager attention of "
+                    f"{type(self.attentions[index]).__name__} returned none"
+                )
+            rows = weights.detach().index_select(2, self.positions.to(weights.device))
+            self.weights[index] = rows.to(self.device)
+            self.values[index] = value.detach().to(self.device)
+
+        return record
+
+    def __enter__(self) -> "AttentionCapture":
+        _register()
+        try:
+            for config in self._configs:
+                self._saved.append((config, config._attn_implementation_internal))
+                config._attn_implementation_internal = IMPLEMENTATION
+            for index, module in enumerate(self.attentions):
+                _RECORDERS[module] = self._recorder(index)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for module in self.attentions:
+            _RECORDERS.pop(module, None)
+        for config, saved in reversed(self._saved):
+            config._attn_implementation_internal = saved
+        self._saved = []
+
+    def records(self) -> Tuple[List[Tensor], List[Tensor]]:
+        r"""
+        The recorded weights and values, after checking every module ran.
+
+        Returns:
+            2-element tuple of **weights** (per block ``(B, H, P, T)``) and
+            **values** (per block ``(B, H_kv, T, e)``).
+
+        Raises:
+            ValueError: If an attention module did not run through the capture
+                (its family does not use transformers' attention interface).
+        """
+        missing = [i for i in range(len(self.attentions)) if i not in self.weights]
+        if missing:
+            name = type(self.attentions[missing[0]]).__name__
+            raise ValueError(
+                f"granularity: 'source' could not read the attention weights of "
+                f"{name} (chosen block(s) {missing}): its forward does not go "
+                "through transformers' attention interface; use "
+                "granularity='head' for this model"
+            )
+        n = len(self.attentions)
+        return [self.weights[i] for i in range(n)], [self.values[i] for i in range(n)]

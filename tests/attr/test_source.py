@@ -1,0 +1,153 @@
+"""Source tokens: each block's attention credit split over the source positions
+(and heads) it reads, exactly, with the attention weights of the real forward."""
+
+import pytest
+import torch
+
+from captum_iglens import LayerIGLens
+from captum_iglens.attr.granularities import GRANULARITIES
+from tests.helpers import hook_snapshot, left_padded
+from tests.tiny_models import VOCAB, tiny_model
+
+FP32_TOL = 1e-6
+# Sequential families whose attention goes through transformers' attention
+# interface with their own eager function.
+SEQUENTIAL = [
+    ("llama", {}),
+    ("mistral", {"sliding_window": 3}),
+    ("qwen2", {}),
+    ("qwen3", {}),
+    ("gemma", {}),
+    ("gpt2", {}),
+    ("opt", {}),
+    ("phi3", {}),
+    ("stablelm", {}),
+    ("granite", {"residual_multiplier": 0.5}),
+    ("olmo", {}),
+    ("gpt_neox", {"use_parallel_residual": False}),
+    ("mixtral", {}),
+    ("qwen3_moe", {}),
+    ("smollm3", {}),
+    ("gpt_oss", {}),
+    ("deepseek_v3", {}),
+]
+
+
+def _by_block(result, n_blocks):
+    """Per block: its attention columns summed, and its MLP column."""
+    names = result.layer_names
+    attn = torch.stack(
+        [
+            result.attributions[
+                ..., [i for i, n in enumerate(names) if n.startswith(f"{j}.attn.")]
+            ].sum(-1)
+            for j in range(n_blocks)
+        ],
+        -1,
+    )
+    mlp = result.attributions[..., [names.index(f"{j}.mlp") for j in range(n_blocks)]]
+    return attn, mlp
+
+
+def _head_columns(result, block):
+    names = result.layer_names
+    cols = [
+        i
+        for i, n in enumerate(names)
+        if n.startswith(f"{block}.attn.h") and ".s" not in n
+    ]
+    return result.attributions[..., cols]
+
+
+def test_registered_granularities():
+    assert {"source", "source_head"} <= set(GRANULARITIES)
+
+
+@pytest.mark.parametrize("arch, overrides", SEQUENTIAL)
+def test_sources_add_up_to_heads_and_blocks(arch, overrides):
+    model = tiny_model(arch, **overrides)
+    lens = LayerIGLens.from_model(model)
+    ids, mask = left_padded([6, 4], VOCAB)
+    extra = (mask,)
+    snapshot = hook_snapshot(model)
+    implementation = model.config._attn_implementation
+    n_heads = model.config.num_attention_heads
+    for method, n_steps in (
+        ("prediction_aware", 1),
+        ("prediction_aware", 7),
+        ("gausslegendre", 3),
+    ):
+        kwargs = dict(additional_forward_args=extra, method=method, n_steps=n_steps)
+        heads = lens.attribute_map(ids, granularity="head", **kwargs)
+        sources = lens.attribute_map(ids, granularity="source", **kwargs)
+        resolved = lens.attribute_map(ids, granularity="source_head", **kwargs)
+        assert sum(n.startswith("0.attn.s") for n in sources.layer_names) == 6
+        by_head = resolved.source_map(by_head=True)  # (B, P, k, H, T)
+        assert by_head.shape[-2:] == (n_heads, 6)
+        # Σ over heads of the head-resolved map = the heads-summed map
+        assert (by_head.sum(-2) - sources.source_map()).abs().max() <= FP32_TOL
+        for block in range(2):  # Σ over sources = each head's credit
+            found = by_head[:, :, block].sum(-1)
+            expected = _head_columns(heads, block)[..., :n_heads]
+            assert (found - expected).abs().max() <= FP32_TOL
+        for result in (sources, resolved):  # everything = the block credit
+            attn, mlp = _by_block(result, 2)
+            head_attn, head_mlp = _by_block(heads, 2)
+            assert (attn - head_attn).abs().max() <= FP32_TOL
+            assert (mlp - head_mlp).abs().max() <= FP32_TOL
+            if method == "prediction_aware":
+                assert result.delta.abs().max() <= FP32_TOL
+        # nothing comes from a later position, nor from padding
+        credits = sources.source_map()
+        for p, t in enumerate(sources.positions.tolist()[:-1]):
+            assert credits[:, p, :, t + 1 :].abs().max() == 0
+        assert credits[1, :, :, :2].abs().max() == 0
+    assert hook_snapshot(model) == snapshot
+    assert model.config._attn_implementation == implementation
+
+
+def test_per_dimension_attributions_add_up_to_the_map():
+    model = tiny_model("llama")
+    lens = LayerIGLens.from_model(model)
+    ids = torch.randint(3, VOCAB, (1, 5), generator=torch.Generator().manual_seed(0))
+    attrs, delta = lens.attribute(
+        ids, granularity="source", n_steps=4, return_convergence_delta=True
+    )
+    found = lens.attribute_map(ids, granularity="source", n_steps=4)
+    per_column = torch.stack([a.sum(-1) for a in attrs], -1)
+    assert len(attrs) == len(found.layer_names)
+    assert (per_column - found.attributions).abs().max() <= FP32_TOL
+    assert delta.abs().max() <= FP32_TOL
+
+
+def test_page_data_has_the_source_map():
+    model = tiny_model("llama")
+    lens = LayerIGLens.from_model(model)
+    ids = torch.randint(3, VOCAB, (1, 5), generator=torch.Generator().manual_seed(1))
+    result = lens.attribute_map(ids, positions=[2, 4], granularity="source_head")
+    result.metadata["source_tokens"] = [[f"w{i}" for i in range(5)]]
+    (data,) = result.page_data()["sources"]
+    assert data["tokens"] == [f"w{i}" for i in range(5)]
+    assert data["blocks"] == ["0", "1"] and data["positions"] == [2, 4]
+    credits = torch.tensor(data["credits"])
+    assert credits.shape == (2, 2, 5)
+    assert torch.tensor(data["heads"]).shape == (2, 2, 4, 5)
+    total = (
+        credits.sum(-1)
+        + torch.tensor(data["bias"])
+        + torch.tensor(data["mlp"])
+    ).sum(-1) + torch.tensor(data["input"])
+    assert (total - result.attributions[0].sum(-1)).abs().max() <= FP32_TOL
+    blocks = lens.attribute_map(ids, positions=[2, 4])
+    assert blocks.page_data()["sources"] is None
+    with pytest.raises(ValueError, match="granularity"):
+        blocks.source_map()
+
+
+def test_refused_without_a_head_split():
+    model = tiny_model("gptj")
+    lens = LayerIGLens.from_model(model)
+    before = hook_snapshot(model)
+    with pytest.raises(ValueError, match="granularity"):
+        lens.attribute_map(torch.tensor([[5, 6, 7]]), granularity="source")
+    assert hook_snapshot(model) == before
