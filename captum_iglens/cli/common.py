@@ -258,9 +258,7 @@ def _device(text: str) -> torch.device:
     if device.type == "meta":
         raise CommandError("--device: 'meta' holds no weights; use cpu or cuda")
     backend = getattr(torch, device.type, None)
-    if device.type != "cpu" and not (
-        backend is not None and backend.is_available()
-    ):
+    if device.type != "cpu" and not (backend is not None and backend.is_available()):
         raise CommandError(
             f"--device: {device.type} is not available with this torch build on "
             "this machine; use --device cpu"

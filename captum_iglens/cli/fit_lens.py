@@ -33,10 +33,17 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         "top-1 agreement on held-out tokens beside the logit lens; write a "
         "tuned-lens checkpoint folder, also cached per model checksum.",
     )
-    fit.add_argument("--out", metavar="DIR", help="the lens folder to write "
-                     "(default: only the model's lens cache)")
-    fit.add_argument("--corpus", metavar="FILE", help="plain text, or JSON Lines of "
-                     "strings or {\"text\": ...} (default: sampled from the model)")
+    fit.add_argument(
+        "--out",
+        metavar="DIR",
+        help="the lens folder to write (default: only the model's lens cache)",
+    )
+    fit.add_argument(
+        "--corpus",
+        metavar="FILE",
+        help="plain text, or JSON Lines of "
+        'strings or {"text": ...} (default: sampled from the model)',
+    )
     for option, kind, default, text in (
         ("--tokens", int, defaults.tokens, "fitting tokens"),
         ("--eval-tokens", int, defaults.eval_tokens, "held-out tokens"),
@@ -49,11 +56,16 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         ("--kl-batch", int, defaults.kl_batch, "its tokens per step"),
         ("--kl-tokens", int, defaults.kl_tokens, "fitting tokens kept for it"),
     ):
-        fit.add_argument(option, type=kind, default=default,
-                         help=f"{text} (default: {default})")
-    fit.add_argument("--curve", metavar="N,N", default="",
-                     help="also fit on the first N tokens and report each "
-                     "(written as DIR-tokensN with --out)")
+        fit.add_argument(
+            option, type=kind, default=default, help=f"{text} (default: {default})"
+        )
+    fit.add_argument(
+        "--curve",
+        metavar="N,N",
+        default="",
+        help="also fit on the first N tokens and report each "
+        "(written as DIR-tokensN with --out)",
+    )
     fit.add_argument("--png", metavar="PATH", help="also write the figure here")
     fit.add_argument("--json", metavar="PATH", help="also write the report here")
     fit.set_defaults(prepare=prepare)
@@ -70,10 +82,18 @@ def _options(args: argparse.Namespace) -> "object":
             f"--curve: expected comma-separated token counts, got {args.curve!r}"
         ) from None
     options = FitOptions(
-        tokens=args.tokens, eval_tokens=args.eval_tokens, length=args.length,
-        batch=args.batch, seed=args.seed, ridge=args.ridge, kl_steps=args.kl_steps,
-        kl_lr=args.kl_lr, kl_batch=args.kl_batch, kl_tokens=args.kl_tokens,
-        curve=curve, corpus=None if args.corpus is None else read_corpus(args.corpus),
+        tokens=args.tokens,
+        eval_tokens=args.eval_tokens,
+        length=args.length,
+        batch=args.batch,
+        seed=args.seed,
+        ridge=args.ridge,
+        kl_steps=args.kl_steps,
+        kl_lr=args.kl_lr,
+        kl_batch=args.kl_batch,
+        kl_tokens=args.kl_tokens,
+        curve=curve,
+        corpus=None if args.corpus is None else read_corpus(args.corpus),
     )
     try:
         options.check()
@@ -92,8 +112,10 @@ def prepare(args: argparse.Namespace) -> Job:
     if args.out:
         out = check_folder(args.out, "--out")
         if out.exists() and any(out.iterdir()) and not (out / "params.pt").exists():
-            raise CommandError(f"--out: {out} is a folder that holds no lens; "
-                               "expected a new folder or a lens folder")
+            raise CommandError(
+                f"--out: {out} is a folder that holds no lens; "
+                "expected a new folder or a lens folder"
+            )
     for name in ("png", "json"):
         if getattr(args, name):
             check_writable(getattr(args, name), f"--{name}")
@@ -102,8 +124,13 @@ def prepare(args: argparse.Namespace) -> Job:
     def job() -> int:
         from captum_iglens.lens_fit import fit_lens, lens_cache_folder, save_fit
 
-        fitted = fit_lens(parts, tokenizer, options, model_name=args.model or
-                          "smollm2", progress=progress(args))
+        fitted = fit_lens(
+            parts,
+            tokenizer,
+            options,
+            model_name=args.model or "smollm2",
+            progress=progress(args),
+        )
         print(fitted.report.format_table())
         cache = lens_cache_folder(fitted.report.checksum)
         cache.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ tuned-lens checkpoint folders, and the per-model cache."""
 from captum_iglens.lens_fit.cache import lens_cache_folder, model_checksum
 from captum_iglens.lens_fit.fit import FitOptions, FittedLens, fit_lens, save_fit
 from captum_iglens.lens_fit.gram import GramStats, solve_ridge
-from captum_iglens.lens_fit.quality import Quality, lens_quality, translate
+from captum_iglens.lens_fit.quality import Quality, lens_quality
 from captum_iglens.lens_fit.report import LensFitReport
 
 __all__ = [
@@ -21,5 +21,4 @@ __all__ = [
     "Quality",
     "save_fit",
     "solve_ridge",
-    "translate",
 ]

@@ -31,7 +31,9 @@ def model_checksum(model: Module) -> str:
     for name, tensor in sorted(model.state_dict().items()):
         value = tensor.detach().cpu().contiguous()
         digest.update(f"{name}:{value.dtype}:{tuple(value.shape)};".encode())
-        digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+        digest.update(
+            value.view(torch.uint8).numpy().tobytes() if value.numel() else b""
+        )
     return digest.hexdigest()
 
 

@@ -44,12 +44,17 @@ def read_corpus(path: Any) -> List[str]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"--corpus: cannot read {path} as UTF-8 text ({err})") from None
+        raise ValueError(
+            f"--corpus: cannot read {path} as UTF-8 text ({err})"
+        ) from None
     if path.suffix.lower() not in (".jsonl", ".ndjson"):
         texts = [text] if text.strip() else []
     else:
-        texts = [_jsonl_text(line, i + 1, path) for i, line in enumerate(
-            text.splitlines()) if line.strip()]
+        texts = [
+            _jsonl_text(line, i + 1, path)
+            for i, line in enumerate(text.splitlines())
+            if line.strip()
+        ]
     texts = [t for t in texts if t.strip()]
     if not texts:
         raise ValueError(f"--corpus: {path} holds no text")

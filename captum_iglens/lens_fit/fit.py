@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.lens_fit.cache import model_checksum
-from captum_iglens.lens_fit.checkpoint import lens_config, save_lens_folder
+from captum_iglens.lens_fit.checkpoint import save_lens_folder
 from captum_iglens.lens_fit.corpus import (
     corpus_windows,
     record_windows,
@@ -29,6 +29,14 @@ from captum_iglens.lens_fit.quality import Quality, lens_quality
 from captum_iglens.lens_fit.report import LensFitReport
 from captum_iglens.lens_fit.states import StateRecorder
 from captum_iglens.lens_fit.tune import kl_tune
+from captum_iglens.readout.translators import (
+    TUNED_LENS_TYPE,
+    Translators,
+    unembedding_hash,
+)
+
+#: The ``lens_type`` of linear shortcuts fitted in closed form (Din et al.).
+LINEAR_SHORTCUT = "linear_shortcut"
 
 
 @dataclass(frozen=True)
@@ -72,16 +80,24 @@ class FitOptions:
 
     def check(self) -> None:
         r"""Raises ``ValueError`` naming the first option out of range."""
-        for name, low in (("tokens", 2), ("eval_tokens", 1), ("length", 2),
-                          ("batch", 1), ("kl_steps", 0), ("kl_batch", 1),
-                          ("kl_tokens", 1), ("seed", 0)):
+        for name, low in (
+            ("tokens", 2),
+            ("eval_tokens", 1),
+            ("length", 2),
+            ("batch", 1),
+            ("kl_steps", 0),
+            ("kl_batch", 1),
+            ("kl_tokens", 1),
+            ("seed", 0),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
         for name in ("ridge", "kl_lr"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value)
-                    and value > 0):
+            if not (
+                isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+            ):
                 raise ValueError(f"{name}: expected a number > 0, got {value!r}")
         bad = [n for n in self.curve if not 2 <= n < self.tokens]
         if bad:
@@ -148,9 +164,10 @@ def _collect(
     """Samples (or reads) sequences until the fitting rows are there."""
     if options.corpus is None:
         collector.eval_sequences = math.ceil(options.eval_tokens / (options.length - 1))
-        with torch.random.fork_rng(devices=[]), StateRecorder(
-            parts, collector
-        ) as recorder:
+        with (
+            torch.random.fork_rng(devices=[]),
+            StateRecorder(parts, collector) as recorder,
+        ):
             torch.manual_seed(options.seed)
             while not collector.done:
                 collector.next_batch(options.batch)
@@ -227,8 +244,13 @@ def fit_lens(
     tick = time.perf_counter()
     checksum = model_checksum(parts.model)
     readout = parts.readout()
-    with tqdm(total=options.tokens, desc="fitting tokens", unit="tok",
-              file=sys.stderr, disable=not progress) as bar:
+    with tqdm(
+        total=options.tokens,
+        desc="fitting tokens",
+        unit="tok",
+        file=sys.stderr,
+        disable=not progress,
+    ) as bar:
         collector = _Collector(parts, options, bar)
         _collect(parts, tokenizer, options, collector)
     seconds["corpus"] = time.perf_counter() - tick
@@ -237,25 +259,42 @@ def fit_lens(
     held = torch.cat(collector.held, 1)
     qualities = {"logit": lens_quality(readout, held)}
     if options.kl_steps:
-        qualities["closed_form"] = lens_quality(readout, held, weight, bias)
+        qualities["closed_form"] = lens_quality(
+            readout, held, Translators(weight, bias)
+        )
         tick = time.perf_counter()
-        with tqdm(total=options.kl_steps, desc="KL fine-tune", unit="step",
-                  file=sys.stderr, disable=not progress) as bar:
+        with tqdm(
+            total=options.kl_steps,
+            desc="KL fine-tune",
+            unit="step",
+            file=sys.stderr,
+            disable=not progress,
+        ) as bar:
             weight, bias = kl_tune(
-                readout, torch.cat(collector.tuning, 1), weight, bias,
-                steps=options.kl_steps, lr=options.kl_lr, batch=options.kl_batch,
-                seed=options.seed, progress=bar,
+                readout,
+                torch.cat(collector.tuning, 1),
+                weight,
+                bias,
+                steps=options.kl_steps,
+                lr=options.kl_lr,
+                batch=options.kl_batch,
+                seed=options.seed,
+                progress=bar,
             )
         seconds["kl_tune"] = time.perf_counter() - tick
     tick = time.perf_counter()
-    qualities["fitted"] = lens_quality(readout, held, weight, bias)
-    points = [_curve_point(n, lens_quality(readout, held, *wb))
-              for n, wb in sorted(curve.items())]
+    qualities["fitted"] = lens_quality(readout, held, Translators(weight, bias))
+    points = [
+        _curve_point(n, lens_quality(readout, held, Translators(*wb)))
+        for n, wb in sorted(curve.items())
+    ]
     seconds["evaluate"] = time.perf_counter() - tick
     settings = {k: v for k, v in asdict(options).items() if k != "corpus"}
     settings.update(
         corpus="sampled" if options.corpus is None else "file",
-        fit_tokens=collector.stats.rows, eval_tokens=held.shape[1],
+        unembed_sha256=unembedding_hash(parts.head),
+        fit_tokens=collector.stats.rows,
+        eval_tokens=held.shape[1],
         seconds=seconds,
     )
     report = LensFitReport(
@@ -279,6 +318,40 @@ def _model_name(parts: ModelParts) -> str:
     return str(getattr(config, "_name_or_path", "") or config.model_type)
 
 
+def translators_of(
+    fitted: "FittedLens", weight: Tensor, bias: Tensor, tuned: bool
+) -> Translators:
+    r"""
+    Fitted ``weight`` and ``bias`` as
+    :class:`~captum_iglens.readout.translators.Translators` that record the
+    model they were fitted on (name, unembedding hash, weights' checksum).
+
+    Args:
+
+        fitted (FittedLens): The fit (for its report).
+        weight (Tensor): ``(L, d, d)`` deltas.
+        bias (Tensor): ``(L, d)``.
+        tuned (bool): KL-tuned (``lens_type`` ``"linear_tuned_lens"``, read as a
+                    ``"tuned"`` readout), else the closed form
+                    (``"linear_shortcut"``, a ``"linear"`` readout).
+
+    Returns:
+        *Translators*.
+    """
+    report = fitted.report
+    return Translators(
+        weight,
+        bias,
+        base_model=report.model,
+        unembed_sha256=report.settings["unembed_sha256"],
+        lens_type=TUNED_LENS_TYPE if tuned else LINEAR_SHORTCUT,
+        extra={
+            "model_checksum": report.checksum,
+            "fitted_by": "captum-iglens fit-lens",
+        },
+    )
+
+
 def save_fit(folder: Any, fitted: FittedLens, curve_folders: bool = False) -> None:
     r"""
     Writes a fit as a tuned-lens checkpoint folder (``params.pt``,
@@ -295,17 +368,16 @@ def save_fit(folder: Any, fitted: FittedLens, curve_folders: bool = False) -> No
     """
     folder = Path(folder)
     report = fitted.report
-    config = lens_config(fitted.weight, report.model, report.checksum)
     extra = {
         "fit_report.json": report.save,
         "fit_report.png": lambda p: report.plot()[0].savefig(p, dpi=110),
     }
-    save_lens_folder(folder, fitted.weight, fitted.bias, config, extra)
+    tuned = bool(report.settings["kl_steps"])
+    main = translators_of(fitted, fitted.weight, fitted.bias, tuned)
+    save_lens_folder(folder, main, extra)
     for n, (weight, bias) in fitted.curve.items() if curve_folders else ():
-        save_lens_folder(folder.with_name(f"{folder.name}-tokens{n}"), weight, bias,
-                         lens_config(weight, report.model, report.checksum), {})
-
-
-def curve_sizes(text: str) -> Sequence[int]:
-    r"""``"1024,2048"`` as ``(1024, 2048)``."""
-    return tuple(int(t) for t in text.split(",") if t.strip())
+        save_lens_folder(
+            folder.with_name(f"{folder.name}-tokens{n}"),
+            translators_of(fitted, weight, bias, tuned=False),
+            {},
+        )

@@ -59,8 +59,10 @@ class GramStats:
                         h_{L−1}`` and the target ``h_L`` (last).
         """
         n_states = self.sum_x.shape[0]
-        if states.dim() != 3 or states.shape[0] != n_states + 1 or (
-            states.shape[2] != self.width
+        if (
+            states.dim() != 3
+            or states.shape[0] != n_states + 1
+            or (states.shape[2] != self.width)
         ):
             raise ValueError(
                 f"states: expected shape ({n_states + 1}, N, {self.width}), got "

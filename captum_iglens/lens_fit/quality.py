@@ -12,23 +12,7 @@ import torch
 from torch import Tensor
 
 from captum_iglens.readout.readout import Readout
-
-
-def translate(hidden: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    r"""
-    The tuned-lens translator ``h + h Wᵀ + b``.
-
-    Args:
-
-        hidden (Tensor): ``(..., d)``.
-        weight (Tensor): ``(d, d)``, the delta from the identity.
-        bias (Tensor): ``(d,)``.
-
-    Returns:
-        *Tensor* ``(..., d)`` in the dtype of ``hidden``.
-    """
-    w = weight.to(hidden.device, hidden.dtype)
-    return hidden + hidden @ w.T + bias.to(hidden.device, hidden.dtype)
+from captum_iglens.readout.translators import Translators
 
 
 @dataclass
@@ -51,8 +35,7 @@ class Quality:
 def lens_quality(
     readout: Readout,
     states: Tensor,
-    weight: Optional[Tensor] = None,
-    bias: Optional[Tensor] = None,
+    translators: Optional[Translators] = None,
     chunk: int = 64,
 ) -> Quality:
     r"""
@@ -62,9 +45,8 @@ def lens_quality(
 
         readout (Readout): The model's readout ``R``.
         states (Tensor): ``(L + 1, N, d)``: ``h_0 … h_L`` per row.
-        weight (Tensor, optional): ``(L, d, d)`` translators (the logit lens
-                    when None). Default: None
-        bias (Tensor, optional): ``(L, d)``, with ``weight``. Default: None
+        translators (Translators, optional): One per state ``h_0 … h_{L−1}``
+                    (None: the logit lens). Default: None
         chunk (int, optional): Rows read out at once. Default: 64
 
     Returns:
@@ -81,8 +63,8 @@ def lens_quality(
         best = final.argmax(-1)
         for i in range(last + 1):
             h = rows[i]
-            if weight is not None and i < last:
-                h = translate(h, weight[i], bias[i])  # type: ignore[index]
+            if translators is not None:
+                h = translators(h, torch.full((len(h),), i))
             divergence, agree = _compare(final, best, readout(h))
             kl[i] += divergence
             top1[i] += agree

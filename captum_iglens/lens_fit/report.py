@@ -70,7 +70,8 @@ class LensFitReport:
         for point in self.curve:
             lines.append(
                 f"closed form on {point['tokens']:>6} tokens: mean KL "
-                f"{np.mean(point['kl'][:-1]):.3f}, top-1 {np.mean(point['top1'][:-1]):.3f}"
+                f"{np.mean(point['kl'][:-1]):.3f}, "
+                f"top-1 {np.mean(point['top1'][:-1]):.3f}"
             )
         return "\n".join(lines)
 
@@ -96,16 +97,25 @@ class LensFitReport:
         fig = Figure(figsize=(5 * panels, 4), layout="constrained")
         axes = fig.subplots(1, panels)
         x = np.arange(len(self.states) - 1)
-        labels = {"logit": "logit lens", "closed_form": "closed form",
-                  "fitted": "fitted lens"}
+        labels = {
+            "logit": "logit lens",
+            "closed_form": "closed form",
+            "fitted": "fitted lens",
+        }
         for kind, label in labels.items():
             if kind in self.kl:
                 axes[0].plot(x, self.kl[kind][:-1], marker=".", label=label)
                 axes[1].plot(x, self.top1[kind][:-1], marker=".", label=label)
-        axes[0].set(yscale="log", ylabel="KL(model ‖ readout), nats",
-                    title=f"{self.model}: held-out KL")
-        axes[1].set(ylabel="top-1 agreement with the model", ylim=(0, 1),
-                    title="top-1 agreement")
+        axes[0].set(
+            yscale="log",
+            ylabel="KL(model ‖ readout), nats",
+            title=f"{self.model}: held-out KL",
+        )
+        axes[1].set(
+            ylabel="top-1 agreement with the model",
+            ylim=(0, 1),
+            title="top-1 agreement",
+        )
         ticks = x[:: max(1, len(x) // 10)]
         for ax in axes[:2]:
             ax.set_xticks(ticks, [self.states[i] for i in ticks])
@@ -113,9 +123,13 @@ class LensFitReport:
             ax.legend()
         if self.curve:
             tokens = [p["tokens"] for p in self.curve]
-            axes[2].plot(tokens, [np.mean(p["kl"][:-1]) for p in self.curve],
-                         marker="o")
-            axes[2].set(xscale="log", xlabel="fitting tokens",
-                        ylabel="mean KL over states, nats",
-                        title="closed form vs fitting tokens")
+            axes[2].plot(
+                tokens, [np.mean(p["kl"][:-1]) for p in self.curve], marker="o"
+            )
+            axes[2].set(
+                xscale="log",
+                xlabel="fitting tokens",
+                ylabel="mean KL over states, nats",
+                title="closed form vs fitting tokens",
+            )
         return fig, axes

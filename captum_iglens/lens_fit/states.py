@@ -69,7 +69,9 @@ class StateRecorder:
             first.register_forward_pre_hook(self._record_input, with_kwargs=True)
         )
         for index, block in enumerate(self.blocks):
-            self._handles.append(block.register_forward_hook(self._output(index == last)))
+            self._handles.append(
+                block.register_forward_hook(self._output(index == last))
+            )
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

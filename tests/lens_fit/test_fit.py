@@ -15,8 +15,8 @@ from captum_iglens.lens_fit import (
     model_checksum,
     save_fit,
     solve_ridge,
-    translate,
 )
+from captum_iglens.readout.translators import Translators
 from tests.helpers import assert_state_unchanged, hook_snapshot, state_snapshot
 from tests.tiny_models import tiny_model, tiny_tokenizer
 
@@ -28,8 +28,9 @@ def _planted(n: int, d: int, layers: int, seed: int = 0):
     bias = torch.randn(layers, d, generator=g, dtype=torch.float64)
     y = torch.randn(n, d, generator=g, dtype=torch.float64) * 3 + 1
     # Each x_i is chosen so that x_i M_i + b_i = y exactly.
-    x = torch.stack([torch.linalg.solve(maps[i].T, (y - bias[i]).T).T
-                     for i in range(layers)])
+    x = torch.stack(
+        [torch.linalg.solve(maps[i].T, (y - bias[i]).T).T for i in range(layers)]
+    )
     return torch.cat([x, y[None]]).float(), maps, bias
 
 
@@ -44,8 +45,8 @@ def test_closed_form_recovers_a_planted_map():
     assert stats.rows == 600
     assert torch.allclose(recovered, maps, atol=1e-3)
     assert torch.allclose(b.double(), bias, atol=1e-3)
-    mapped = translate(states[1].double(), weight[1].double(), b[1].double())
-    assert torch.allclose(mapped, states[-1].double(), atol=1e-3)
+    mapped = Translators(weight, b)(states[1], torch.ones(600, dtype=torch.long))
+    assert torch.allclose(mapped, states[-1], atol=1e-2)
 
 
 def test_streaming_equals_one_batch_and_ridge_shrinks_towards_identity():
@@ -78,13 +79,13 @@ def test_quality_of_the_identity_is_the_logit_lens_and_zero_at_the_top():
     readout = model_parts(model).readout()
     states = torch.randn(3, 10, 32)
     logit = lens_quality(readout, states)
-    zeros = lens_quality(readout, states, torch.zeros(2, 32, 32), torch.zeros(2, 32))
+    zeros = lens_quality(readout, states, Translators.identity(2, 32))
     assert torch.equal(logit.kl, zeros.kl) and torch.equal(logit.top1, zeros.top1)
     assert logit.kl[-1].abs() < 1e-6 and logit.top1[-1] == 1
     # An independent KL of state 0, from plain softmaxes.
     p = readout(states[-1]).log_softmax(-1)
     q = readout(states[0]).log_softmax(-1)
-    expected = (p.exp() * (p - q)).sum(-1).mean()
+    expected = (p.exp() * (p - q)).sum(-1).mean().detach()
     assert abs(float(logit.kl[0]) - float(expected)) < 1e-5
 
 
@@ -93,8 +94,16 @@ def test_tiny_fit_end_to_end_writes_a_loadable_checkpoint(kind, tmp_path):
     model, tokenizer = tiny_model(kind), tiny_tokenizer()
     parts = model_parts(model)
     hooks, state = hook_snapshot(model), state_snapshot(model)
-    options = FitOptions(tokens=300, eval_tokens=40, length=16, batch=8,
-                         curve=(100,), kl_steps=2, kl_tokens=50, kl_batch=8)
+    options = FitOptions(
+        tokens=300,
+        eval_tokens=40,
+        length=16,
+        batch=8,
+        curve=(100,),
+        kl_steps=2,
+        kl_tokens=50,
+        kl_batch=8,
+    )
     first = fit_lens(parts, tokenizer, options)
     again = fit_lens(parts, tokenizer, options)
     assert hook_snapshot(model) == hooks
@@ -116,6 +125,12 @@ def test_tiny_fit_end_to_end_writes_a_loadable_checkpoint(kind, tmp_path):
     config = json.loads((tmp_path / "lens" / "config.json").read_text())
     assert config["d_model"] == 32 and config["num_hidden_layers"] == 2
     assert config["bias"] is True and config["lens_type"] == "linear_tuned_lens"
+    curve = json.loads((tmp_path / "lens-tokens100" / "config.json").read_text())
+    assert curve["lens_type"] == "linear_shortcut"
+    loaded = Translators.load(tmp_path / "lens")
+    assert torch.equal(loaded.weight, first.weight) and torch.equal(
+        loaded.bias, first.bias
+    )
     assert config["model_checksum"] == model_checksum(model)
     assert (tmp_path / "lens-tokens100" / "params.pt").is_file()
     assert (tmp_path / "lens" / "fit_report.png").stat().st_size > 1000
@@ -124,10 +139,14 @@ def test_tiny_fit_end_to_end_writes_a_loadable_checkpoint(kind, tmp_path):
 
 def test_fit_on_a_corpus_file_leaves_the_first_position_out(tmp_path):
     model, tokenizer = tiny_model("llama"), tiny_tokenizer()
-    texts = [" ".join(f"t{5 + (i * 7 + j) % 100}" for j in range(20)) for i in range(30)]
-    fitted = fit_lens(model_parts(model), tokenizer,
-                      FitOptions(tokens=200, eval_tokens=30, length=10, batch=4,
-                                 corpus=texts))
+    texts = [
+        " ".join(f"t{5 + (i * 7 + j) % 100}" for j in range(20)) for i in range(30)
+    ]
+    fitted = fit_lens(
+        model_parts(model),
+        tokenizer,
+        FitOptions(tokens=200, eval_tokens=30, length=10, batch=4, corpus=texts),
+    )
     # BOS + 20 words = 21 ids per text -> windows of 10, 10, 1: 9 + 9 rows each.
     assert fitted.report.settings["fit_tokens"] == 200
     assert fitted.report.settings["eval_tokens"] == 30

@@ -7,7 +7,8 @@ scores, on the common loop of :mod:`~captum_iglens.studies.validation.study`.
 """
 
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -19,8 +20,9 @@ from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import encode_prompt, left_pad, pad_token_id
+from captum_iglens.readout.translators import Translators
 from captum_iglens.settings import Settings
-from captum_iglens.studies.comparison.methods import SCORED_METHODS
+from captum_iglens.studies.comparison.methods import LEARNED_METHODS, SCORED_METHODS
 from captum_iglens.studies.comparison.runners import Work
 from captum_iglens.studies.validation.facts import Fact
 from captum_iglens.studies.validation.restoration import (
@@ -129,6 +131,7 @@ def run_restoration(
     settings: Optional[Settings] = None,
     study: StudyOptions = StudyOptions(),
     progress: bool = True,
+    lens: Union[None, str, Path, Translators] = None,
     **options: Any,
 ) -> RestorationResult:
     r"""
@@ -160,17 +163,32 @@ def run_restoration(
         methods, settings, study, progress, **options: As in
                     :func:`run_validation` (``settings.chat`` must be False:
                     the subject is found in the raw prompt).
+        lens (str, Path or Translators, optional): A learned readout per layer
+                    (a fitted lens: a tuned-lens folder or translators), checked
+                    against the model before any forward. Its methods
+                    (:data:`LEARNED_METHODS`: IG-Lens under it, whole terms and
+                    block parts, and its own levels) are scored beside the
+                    default methods, or where ``methods`` names them.
+                    Default: None
 
     Returns:
         :class:`RestorationResult`; print it for the table.
     """
+    if lens is not None and tuple(methods) == SCORED_METHODS:
+        methods = SCORED_METHODS + LEARNED_METHODS
     settings, methods = check_arguments(
-        settings, options, methods, study, "restoration restores whole blocks' outputs"
+        settings,
+        options,
+        methods,
+        study,
+        "restoration restores whole blocks' outputs",
+        learned=lens is not None,
     )
     facts = traced_facts(prompts, corruptions, methods, settings)
     started = time.perf_counter()
     parts = model_parts(model)  # unwrapped and looked up once
     model = parts.model
+    learned = _learned_lens(parts, lens, settings)
     lens = LayerIGLens.from_model(
         parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
@@ -196,6 +214,7 @@ def run_restoration(
         study,
         test,
         progress,
+        learned,
     )
     onsets = {
         m: np.array([_onset(row, study.onset_frac) for row in scored.scores[m]])
@@ -218,6 +237,7 @@ def run_restoration(
         conductance_steps=study.conductance_steps,
         seconds=time.perf_counter() - started,
         seconds_by_part=dict(lens=scored.seconds["lens"], **test.seconds),
+        readout=_readout_record(learned),
     )
     return RestorationResult(
         corruptions=list(corruptions),
@@ -235,6 +255,40 @@ def run_restoration(
         summary=summary,
         settings=run,
     )
+
+
+def _learned_lens(
+    parts: ModelParts,
+    lens: Union[None, str, Path, Translators],
+    settings: Settings,
+) -> Optional[LayerIGLens]:
+    """The lens under the learned readout ``lens``; None without one. Its
+    LayerReadout checks the translators against the model before any forward."""
+    if lens is None:
+        return None
+    if not isinstance(lens, (str, Path, Translators)):
+        raise TypeError(
+            f"lens: expected a lens folder or Translators, got {type(lens).__name__}"
+        )
+    return LayerIGLens.from_model(
+        parts,
+        settings.layers,
+        max_chunk_bytes=settings.max_chunk_bytes,
+        lens=lens,
+    )
+
+
+def _readout_record(learned: Optional[LayerIGLens]) -> Dict[str, Any]:
+    """The learned readout of the run's settings: kind and checksum."""
+    if learned is None:
+        return {"kind": "logit", "checksum": None}
+    readout = learned.readout
+    translators = readout.translators  # type: ignore[union-attr]
+    return {
+        "kind": readout.kind,  # type: ignore[union-attr]
+        "checksum": translators.checksum(),
+        "base_model": translators.base_model,
+    }
 
 
 def traced_facts(
@@ -257,8 +311,7 @@ def traced_facts(
         raise ValueError(f"methods: restoration needs ig_lens, got {methods!r}")
     if not corruptions or any(c not in CORRUPTIONS for c in corruptions):
         raise ValueError(
-            f"corruptions: expected names from {list(CORRUPTIONS)}, got "
-            f"{corruptions!r}"
+            f"corruptions: expected names from {list(CORRUPTIONS)}, got {corruptions!r}"
         )
     facts = [f for f in prompts if isinstance(f, Fact) and f.subject_span()]
     if not facts:
