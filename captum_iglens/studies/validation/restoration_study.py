@@ -222,23 +222,7 @@ def run_restoration(
     }
     depth = scored.nonmonotone_depth()
     summary, causal = _summary(test.probs, scored, onsets, depth, study)
-    run = scored.run_settings(
-        model,
-        settings,
-        study,
-        noise_scale=study.noise_scale,
-        noise_std=noise_std,
-        noise_seeds=study.noise_seeds,
-        min_effect=study.min_effect,
-        recovery_threshold=study.recovery_threshold,
-        onset_frac=study.onset_frac,
-        nonmonotone_threshold=study.nonmonotone_threshold,
-        conductance_prompts=int(scored.conductance.sum()),
-        conductance_steps=study.conductance_steps,
-        seconds=time.perf_counter() - started,
-        seconds_by_part=dict(lens=scored.seconds["lens"], **test.seconds),
-        readout=_readout_record(learned),
-    )
+    run = _run_record(model, settings, study, scored, test, started, learned)
     return RestorationResult(
         corruptions=list(corruptions),
         methods=methods,
@@ -254,6 +238,35 @@ def run_restoration(
         conductance=scored.conductance,
         summary=summary,
         settings=run,
+    )
+
+
+def _run_record(
+    model: Module,
+    settings: Settings,
+    study: StudyOptions,
+    scored: Scores,
+    test: Restorations,
+    started: float,
+    learned: Optional[LayerIGLens],
+) -> Dict[str, Any]:
+    """The run's settings: the study's, the noise's, timings and the readout."""
+    return scored.run_settings(
+        model,
+        settings,
+        study,
+        noise_scale=study.noise_scale,
+        noise_std=test.noise_std,
+        noise_seeds=study.noise_seeds,
+        min_effect=study.min_effect,
+        recovery_threshold=study.recovery_threshold,
+        onset_frac=study.onset_frac,
+        nonmonotone_threshold=study.nonmonotone_threshold,
+        conductance_prompts=int(scored.conductance.sum()),
+        conductance_steps=study.conductance_steps,
+        seconds=time.perf_counter() - started,
+        seconds_by_part=dict(lens=scored.seconds["lens"], **test.seconds),
+        readout=_readout_record(learned),
     )
 
 
