@@ -37,7 +37,9 @@ def _no_model(monkeypatch):
         (["--png", "/nonexistent/x.png"], "--png"),
     ],
 )
-def test_fit_lens_refuses_bad_options_before_loading(args, message, capsys, monkeypatch):
+def test_fit_lens_refuses_bad_options_before_loading(
+    args, message, capsys, monkeypatch
+):
     _no_model(monkeypatch)
     assert main(["fit-lens", *args]) == 2
     err = capsys.readouterr().err

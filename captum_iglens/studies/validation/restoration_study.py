@@ -156,8 +156,10 @@ def run_restoration(
 
         model (PreTrainedModel): A causal LM of a supported architecture.
         tokenizer (PreTrainedTokenizerBase): Its (fast) tokenizer.
-        prompts (list[Fact]): The facts, e.g. :func:`load_facts`; those without
-                    a subject are left out.
+        prompts (list[Fact]): The facts, e.g. :func:`load_facts`; those whose
+                    subject is not found (:meth:`Fact.subject_span`) are left
+                    out, and named in ``settings["subjects_not_found"]`` and
+                    the table.
         corruptions (list[str], optional): From :data:`CORRUPTIONS`.
                     Default: both.
         methods, settings, study, progress, **options: As in
@@ -223,6 +225,9 @@ def run_restoration(
     depth = scored.nonmonotone_depth()
     summary, causal = _summary(test.probs, scored, onsets, depth, study)
     run = _run_record(model, settings, study, scored, test, started, learned)
+    run["subjects_not_found"] = [
+        f.id for f in prompts if isinstance(f, Fact) and not f.subject_span()
+    ]
     return RestorationResult(
         corruptions=list(corruptions),
         methods=methods,

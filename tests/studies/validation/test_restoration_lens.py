@@ -66,9 +66,13 @@ def test_fitted_lens_scores_by_hand(llama4, tiny_facts):
                 return float(readout(h).softmax(-1)[y])
 
         levels = np.array([f(j, j) for j in range(5)])  # each state its own readout
-        assert levels[-1] == pytest.approx(float(logits[0, -1].softmax(-1)[y]), abs=1e-6)
+        assert levels[-1] == pytest.approx(
+            float(logits[0, -1].softmax(-1)[y]), abs=1e-6
+        )
         assert np.allclose(result.scores["fitted_lens"][i], levels[1:], atol=1e-6)
-        assert np.allclose(result.scores["ig_lens_fitted"][i], np.diff(levels), atol=1e-6)
+        assert np.allclose(
+            result.scores["ig_lens_fitted"][i], np.diff(levels), atol=1e-6
+        )
         # prediction_aware block part: the mean of the two readouts' changes
         block = [
             0.5 * ((f(j, j) - f(j - 1, j)) + (f(j, j - 1) - f(j - 1, j - 1)))
@@ -117,3 +121,50 @@ def test_a_lens_adds_its_methods_to_the_defaults(llama4, tiny_facts):
         lens=Translators.identity(4, 32),
     )
     assert set(LEARNED) <= set(result.methods)
+
+
+def test_subject_field_is_honoured_and_an_unfound_subject_named(llama4, tmp_path):
+    from captum_iglens.studies.validation import load_facts
+
+    path = tmp_path / "facts.jsonl"
+    rows = [
+        {
+            "id": "a",
+            "relation": "r",
+            "prompt": "w4 w10 w11 w5 w6",
+            "subject": "w10 w11",
+        },
+        {
+            "id": "b",
+            "relation": "r",
+            "prompt": "w4 w20 w21 w5 w6",
+            "subject": "w20 w21",
+        },
+        {"id": "c", "relation": "r", "prompt": "w4 w30 w5 w6", "subject": "w99"},
+        {"id": "d", "relation": "capital", "prompt": "The capital of x is"},
+    ]
+    path.write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    facts = load_facts(path)
+    assert facts[0].subject_span() == (3, 10)  # no pattern for relation "r"
+    assert facts[2].subject_span() is None
+    assert facts[3].subject_span() == (15, 16)  # the shipped pattern
+    result = run_restoration(
+        llama4,
+        word_tokenizer(VOCAB),
+        facts[:3],
+        corruptions=("counterfactual",),
+        methods=("ig_lens", "random"),
+        study=STUDY,
+        progress=False,
+    )
+    assert [f.id for f in result.facts] == ["a", "b"]
+    assert result.settings["subjects_not_found"] == ["c"]
+    assert "1 facts left out, their subject not found in the prompt: c" in (
+        result.format_table()
+    )
+    assert result.facts[0].subject == "w10 w11"
+    saved = tmp_path / "r.json"
+    result.save(saved)
+    from captum_iglens.studies.validation import RestorationResult
+
+    assert RestorationResult.load(saved).facts[0].subject == "w10 w11"
