@@ -240,9 +240,17 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """
         parts = model_parts(model)
         chosen = parts.choose(layers)
-        layer, sublayers, projections = (
+        layer, sublayers, projections, norms, mlps, downs, down_norms = (
             None if modules is None else [modules[i] for i in chosen]
-            for modules in (parts.blocks, parts.mid_modules, parts.attention_outputs)
+            for modules in (
+                parts.blocks,
+                parts.mid_modules,
+                parts.attention_outputs,
+                parts.attention_norms,
+                parts.parallel_mlps,
+                parts.mlp_outputs,
+                parts.mlp_norms,
+            )
         )
         readout = parts.readout(max_chunk_bytes=max_chunk_bytes)
         if lens is not None:
@@ -261,7 +269,15 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             heads=(
                 None
                 if projections is None
-                else HeadSplit(projections, parts.n_heads, parts.attention_scale)
+                else HeadSplit(
+                    projections,
+                    parts.n_heads,
+                    parts.attention_scale,
+                    norms,
+                    mlps,
+                    downs,
+                    down_norms,
+                )
             ),
         )
 

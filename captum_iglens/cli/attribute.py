@@ -12,6 +12,8 @@ from captum_iglens.cli.common import (
     Job,
     Stages,
     check_outputs,
+    learned_lens,
+    lens_folder,
     load,
     model_parent,
     names,
@@ -46,6 +48,13 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         help="attribute the total probability of these tokens (each a single "
         "token, e.g. ' Paris,Paris') in place of the answer's token",
     )
+    attribute.add_argument(
+        "--lens",
+        metavar="logit|DIR",
+        help="the readout of each layer: logit (the model's own, the default) or "
+        "a tuned-lens folder (params.pt, config.json), e.g. from fit-lens; "
+        "credits then split into block and lens-change parts",
+    )
     attribute.add_argument("--json", metavar="PATH", help="write the result as JSON")
     attribute.add_argument("--csv", metavar="PATH", help="write a long-format CSV")
     attribute.add_argument("--png", metavar="PATH", help="write the heatmap as PNG")
@@ -64,8 +73,10 @@ def prepare(args: argparse.Namespace) -> Job:
         raise CommandError(f"--onset-frac: expected (0, 1], got {args.onset_frac}")
     check_outputs(args, "json", "csv", "png", "html")
     prompt = read_prompt(args)
+    folder = lens_folder(args.lens)
     stages = Stages()
     parts, tokenizer = stages.run("load", lambda: load(args, settings))
+    translators = learned_lens(folder, parts)
     scored = _scored_tokens(args, tokenizer)
 
     def job() -> int:
@@ -92,6 +103,7 @@ def prepare(args: argparse.Namespace) -> Job:
                 prompt,
                 answer=answer_ids,
                 settings=settings,
+                lens=translators,
                 **scored,
             ),
         )
@@ -106,6 +118,10 @@ def _report(result: Any, args: argparse.Namespace) -> None:
     """Prints the map (and its views) and writes the files asked for."""
     width = shutil.get_terminal_size((120, 24)).columns
     print(result.format_table(width=width, onset_frac=args.onset_frac))
+    parts = _top_parts(result)
+    if parts:
+        print()
+        print(parts)
     if result.has_views:
         print()
         print(result.format_views(width=width))
@@ -119,6 +135,45 @@ def _report(result: Any, args: argparse.Namespace) -> None:
         from captum_iglens.plots import plot_heatmap
 
         save_figure(plot_heatmap(result, onset_frac=args.onset_frac)[0], args.png)
+
+
+#: Heads and neurons printed per answer token.
+TOP_PARTS = 5
+
+
+def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
+    """Per attributed token, its ``k`` heads and neurons with the largest
+    ``|credit|`` (``granularity="head"`` or ``"neuron"``), or ``""``."""
+    from captum_iglens.attr.granularities.neurons import top_neurons
+
+    names = result.layer_names
+    heads = [i for i, n in enumerate(names) if ".attn.h" in n and ".s" not in n]
+    has_neurons = any(".mlp.n" in n for n in names)
+    if not heads and not has_neurons:
+        return ""
+    labels = result._token_labels(0)
+    lines = [f"top heads and neurons (by |credit|, {k} each):"]
+    for p in result.mask[0].nonzero()[:, 0].tolist():
+        row = result.attributions[0, p]
+        found = []
+        if heads:
+            order = sorted(heads, key=lambda i: -abs(float(row[i])))[:k]
+            found.append(
+                "heads " + ", ".join(f"{names[i]} {float(row[i]):+.4f}" for i in order)
+            )
+        if has_neurons:
+            ranked = [
+                (f"{block}.mlp.n{neuron}", credit)
+                for block, kept in top_neurons(row, names, k).items()
+                for neuron, credit in kept
+                if neuron >= 0
+            ]
+            ranked.sort(key=lambda item: -abs(item[1]))
+            found.append(
+                "neurons " + ", ".join(f"{n} {c:+.4f}" for n, c in ranked[:k])
+            )
+        lines.append(f"  {labels[p]!r}: " + "; ".join(found))
+    return "\n".join(lines)
 
 
 def _scored_tokens(args: argparse.Namespace, tokenizer: Any) -> Dict[str, Any]:

@@ -57,13 +57,37 @@ class Architecture:
         attn_out (Callable): From the model's config, the path inside each block
                     of the attention output projection (``nn.Linear`` or GPT-2's
                     ``Conv1D``), whose input is the heads' outputs side by side
-                    and whose output (times ``attn_scale``) the block adds to the
-                    stream unchanged; ``None`` where no such split exists
-                    (parallel blocks, a norm on the attention output). Needed for
-                    ``granularity="head"``. Default: none.
+                    and whose output the block adds to the stream (times
+                    ``attn_scale``, through ``attn_norm`` where set, beside
+                    ``parallel_mlp`` where set); ``None`` where no such split
+                    exists (hybrid recurrent blocks, a block that normalises the
+                    stream itself). Needed for ``granularity="head"``.
+                    Default: none.
         attn_scale (Callable): From the config, the factor the block applies
                     to the attention output before adding it (Granite's
                     ``residual_multiplier``). Default: 1.
+        attn_norm (Callable): From the config, the path inside each block of
+                    the RMSNorm the block applies to the attention output
+                    projection's output before adding it to the stream (Gemma
+                    2/3/4, OLMo 2/3: a post-norm), or ``None``. With
+                    ``attn_out``, the head split scales each head's output by
+                    the norm's factor of the real forward. Default: none.
+        parallel_mlp (Callable): From the config, the path inside each block of
+                    the MLP whose output the block adds beside the attention
+                    output, both computed from the block's input (GPT-J, Phi,
+                    Cohere, parallel Falcon/GPT-NeoX/StableLM), or ``None`` for a
+                    sequential block. With ``attn_out``, the heads and the MLP
+                    split the block's one segment. Default: none.
+        mlp_out (Callable): From the config, the path inside each block of the
+                    MLP's output projection (``nn.Linear`` or ``Conv1D``),
+                    whose input is the neurons' activations and whose output
+                    (times ``attn_scale``, through ``mlp_norm`` where set) the
+                    block adds after ``mid``; ``None`` where the MLP is a
+                    mixture of experts or the block is parallel. Needed for
+                    ``granularity="neuron"``. Default: none.
+        mlp_norm (Callable): From the config, the path inside each block of the
+                    RMSNorm applied to the MLP's output before it is added
+                    (Gemma 2/3, OLMo 2/3), or ``None``. Default: none.
     """
 
     layers: str
@@ -74,6 +98,10 @@ class Architecture:
     norm_kind: str = "rms"
     attn_out: Callable[[Any], Optional[str]] = lambda config: None
     attn_scale: Callable[[Any], float] = lambda config: 1.0
+    attn_norm: Callable[[Any], Optional[str]] = lambda config: None
+    parallel_mlp: Callable[[Any], Optional[str]] = lambda config: None
+    mlp_out: Callable[[Any], Optional[str]] = lambda config: None
+    mlp_norm: Callable[[Any], Optional[str]] = lambda config: None
 
     def __post_init__(self) -> None:
         if not isinstance(self.layers, str) or not self.layers:
@@ -88,7 +116,16 @@ class Architecture:
                 )
         if not self.head:
             raise ValueError("head: expected at least one dotted path")
-        for name in ("post", "mid", "attn_out", "attn_scale"):
+        for name in (
+            "post",
+            "mid",
+            "attn_out",
+            "attn_scale",
+            "attn_norm",
+            "parallel_mlp",
+            "mlp_out",
+            "mlp_norm",
+        ):
             if not callable(getattr(self, name)):
                 raise TypeError(f"{name}: expected a callable")
         if self.norm_kind not in NORM_KINDS:
@@ -104,6 +141,14 @@ def in_block(
     r"""A block-relative module ``path``, for ``Architecture.mid`` or ``attn_out``,
     unless the config makes the block parallel (then None)."""
     return lambda config: None if parallel_if(config) else path
+
+
+def parallel_in_block(
+    path: str, *, parallel_if: Callable[[Any], bool] = lambda c: True
+) -> Callable[[Any], Optional[str]]:
+    r"""A block-relative module ``path``, for ``Architecture.parallel_mlp``, where
+    the config makes the block parallel (else None)."""
+    return lambda config: path if parallel_if(config) else None
 
 
 def _softcap_from_config(model: nn.Module) -> Optional[nn.Module]:
@@ -127,19 +172,38 @@ def _falcon_h1_multiplier(model: nn.Module) -> nn.Module:
 
 _POST_ATTENTION_NORM = in_block("post_attention_layernorm")
 _O_PROJ = in_block("self_attn.o_proj")
+_DOWN_PROJ = in_block("mlp.down_proj")
+_POST_FEEDFORWARD_NORM = in_block("post_feedforward_layernorm")
 _LLAMA_LIKE = Architecture(
     layers="model.layers",
     norm=("model.norm",),
     mid=_POST_ATTENTION_NORM,
     attn_out=_O_PROJ,
 )
-# Gemma 2/3 normalise the attention output before adding it: no head split.
+# Gemma 2/3/4 normalise the attention output before adding it (an RMSNorm:
+# the heads are split with the norm's per-position factor).
 _GEMMA2_LIKE = Architecture(
     layers="model.layers",
     norm=("model.norm",),
     post=_softcap_from_config,
     mid=in_block("pre_feedforward_layernorm"),
+    attn_out=_O_PROJ,
+    attn_norm=_POST_ATTENTION_NORM,
+    mlp_out=_DOWN_PROJ,
+    mlp_norm=_POST_FEEDFORWARD_NORM,
 )
+
+_OLMO2_LIKE = Architecture(
+    layers="model.layers",
+    norm=("model.norm",),
+    mid=in_block("mlp"),
+    attn_out=_O_PROJ,
+    attn_norm=_POST_ATTENTION_NORM,
+    mlp_out=_DOWN_PROJ,
+    mlp_norm=_POST_FEEDFORWARD_NORM,
+)
+# Dense Llama-like MLPs: down_proj(act(gate_proj(x)) * up_proj(x)).
+_LLAMA_DENSE = replace(_LLAMA_LIKE, mlp_out=_DOWN_PROJ)
 
 _LAYER_NORM = dict(norm_kind="layer")
 _GRANITE = Architecture(
@@ -156,11 +220,11 @@ _LLAMA_LIKE_HYBRID = replace(_LLAMA_LIKE, attn_out=lambda config: None)
 
 #: The built-in entries, by ``config.model_type``; the test suite verifies each.
 BUILT_IN: Dict[str, Architecture] = {
-    "llama": _LLAMA_LIKE,
-    "mistral": _LLAMA_LIKE,
-    "qwen2": _LLAMA_LIKE,
-    "qwen3": _LLAMA_LIKE,
-    "gemma": _LLAMA_LIKE,
+    "llama": _LLAMA_DENSE,
+    "mistral": _LLAMA_DENSE,
+    "qwen2": _LLAMA_DENSE,
+    "qwen3": _LLAMA_DENSE,
+    "gemma": _LLAMA_DENSE,
     "gemma2": _GEMMA2_LIKE,
     "gemma3_text": _GEMMA2_LIKE,
     "gpt2": Architecture(
@@ -169,6 +233,7 @@ BUILT_IN: Dict[str, Architecture] = {
         norm=("transformer.ln_f",),
         mid=in_block("ln_2", parallel_if=lambda c: c.add_cross_attention),
         attn_out=in_block("attn.c_proj", parallel_if=lambda c: c.add_cross_attention),
+        mlp_out=in_block("mlp.c_proj", parallel_if=lambda c: c.add_cross_attention),
     ),
     # transformers 5 renamed GPT-NeoX's head from ``embed_out`` to ``lm_head``.
     "gpt_neox": Architecture(
@@ -180,12 +245,20 @@ BUILT_IN: Dict[str, Architecture] = {
             "post_attention_layernorm",
             parallel_if=lambda c: c.use_parallel_residual,
         ),
-        attn_out=in_block(
-            "attention.dense", parallel_if=lambda c: c.use_parallel_residual
+        attn_out=in_block("attention.dense"),
+        parallel_mlp=parallel_in_block(
+            "mlp", parallel_if=lambda c: c.use_parallel_residual
+        ),
+        mlp_out=in_block(
+            "mlp.dense_4h_to_h", parallel_if=lambda c: c.use_parallel_residual
         ),
     ),
     "gptj": Architecture(
-        layers="transformer.h", norm=("transformer.ln_f",), **_LAYER_NORM
+        layers="transformer.h",
+        norm=("transformer.ln_f",),
+        attn_out=in_block("attn.out_proj"),
+        parallel_mlp=parallel_in_block("mlp"),
+        **_LAYER_NORM,
     ),
     "opt": Architecture(
         **_LAYER_NORM,
@@ -198,11 +271,16 @@ BUILT_IN: Dict[str, Architecture] = {
         attn_out=in_block(
             "self_attn.out_proj", parallel_if=lambda c: not c.do_layer_norm_before
         ),
+        mlp_out=in_block("fc2", parallel_if=lambda c: not c.do_layer_norm_before),
     ),
     "phi": Architecture(
-        layers="model.layers", norm=("model.final_layernorm",), **_LAYER_NORM
+        layers="model.layers",
+        norm=("model.final_layernorm",),
+        attn_out=in_block("self_attn.dense"),
+        parallel_mlp=parallel_in_block("mlp"),
+        **_LAYER_NORM,
     ),
-    "phi3": _LLAMA_LIKE,
+    "phi3": _LLAMA_DENSE,
     "falcon": Architecture(
         **_LAYER_NORM,
         layers="transformer.h",
@@ -211,8 +289,12 @@ BUILT_IN: Dict[str, Architecture] = {
             "post_attention_layernorm",
             parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture,
         ),
-        attn_out=in_block(
-            "self_attention.dense",
+        attn_out=in_block("self_attention.dense"),
+        parallel_mlp=parallel_in_block(
+            "mlp", parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture
+        ),
+        mlp_out=in_block(
+            "mlp.dense_4h_to_h",
             parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture,
         ),
     ),
@@ -231,6 +313,11 @@ BUILT_IN: Dict[str, Architecture] = {
             parallel_if=lambda c: c.apply_residual_connection_post_layernorm
             or (c.pretraining_tp > 1 and c.slow_but_exact),
         ),
+        mlp_out=in_block(
+            "mlp.dense_4h_to_h",
+            parallel_if=lambda c: c.apply_residual_connection_post_layernorm
+            or (c.pretraining_tp > 1 and c.slow_but_exact),
+        ),
     ),
     "stablelm": Architecture(
         **_LAYER_NORM,
@@ -240,8 +327,12 @@ BUILT_IN: Dict[str, Architecture] = {
             "post_attention_layernorm",
             parallel_if=lambda c: c.use_parallel_residual,
         ),
-        attn_out=in_block(
-            "self_attn.o_proj", parallel_if=lambda c: c.use_parallel_residual
+        attn_out=_O_PROJ,
+        parallel_mlp=parallel_in_block(
+            "mlp", parallel_if=lambda c: c.use_parallel_residual
+        ),
+        mlp_out=in_block(
+            "mlp.down_proj", parallel_if=lambda c: c.use_parallel_residual
         ),
     ),
     "cohere": Architecture(
@@ -249,8 +340,10 @@ BUILT_IN: Dict[str, Architecture] = {
         layers="model.layers",
         norm=("model.norm",),
         post=_cohere_logit_scale,
+        attn_out=_O_PROJ,
+        parallel_mlp=parallel_in_block("mlp"),
     ),
-    "granite": _GRANITE,
+    "granite": replace(_GRANITE, mlp_out=_DOWN_PROJ),
     # OLMo's final norm is a parameter-free LayerNorm.
     "olmo": Architecture(
         layers="model.layers",
@@ -258,12 +351,11 @@ BUILT_IN: Dict[str, Architecture] = {
         mid=_POST_ATTENTION_NORM,
         attn_out=_O_PROJ,
         **_LAYER_NORM,
+        mlp_out=_DOWN_PROJ,
     ),
-    # OLMo2 normalises the attention output before adding it (no head split);
-    # the MLP reads the stream itself.
-    "olmo2": Architecture(
-        layers="model.layers", norm=("model.norm",), mid=in_block("mlp")
-    ),
+    # OLMo2 normalises the attention output before adding it (an RMSNorm: the
+    # heads are split with its per-position factor); the MLP reads the stream.
+    "olmo2": _OLMO2_LIKE,
     # Current families. A mixture-of-experts layer is the block's MLP: the block
     # stays a residual block, and the mid-block state is the MLP's input.
     "llama4_text": _LLAMA_LIKE,
@@ -274,7 +366,7 @@ BUILT_IN: Dict[str, Architecture] = {
     "qwen2_moe": _LLAMA_LIKE,
     "mixtral": _LLAMA_LIKE,
     "olmoe": _LLAMA_LIKE,
-    "smollm3": _LLAMA_LIKE,
+    "smollm3": _LLAMA_DENSE,
     "gpt_oss": _LLAMA_LIKE,
     "deepseek_v3": _LLAMA_LIKE,
     "glm4_moe": _LLAMA_LIKE,
@@ -289,10 +381,12 @@ BUILT_IN: Dict[str, Architecture] = {
     "granitemoeshared": _GRANITE,
     # Mamba-2 or attention, then experts.
     "granitemoehybrid": replace(_GRANITE, attn_out=lambda config: None),
-    "olmo3": Architecture(
-        layers="model.layers", norm=("model.norm",), mid=in_block("mlp")
+    "olmo3": _OLMO2_LIKE,
+    # Gemma 4 scales the whole stream by layer_scalar after its MLP (and may add
+    # per-layer inputs and experts): no neuron split.
+    "gemma4_text": replace(
+        _GEMMA2_LIKE, mlp_out=lambda config: None, mlp_norm=lambda config: None
     ),
-    "gemma4_text": _GEMMA2_LIKE,
     # Hybrid recurrent: a Mamba mixer (or attention), then the MLP or experts.
     "jamba": Architecture(
         layers="model.layers",

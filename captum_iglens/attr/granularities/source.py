@@ -40,6 +40,14 @@ class Sources(Heads):
     by_head = False
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
+        if self.heads is not None and (
+            self.heads.parallel or self.heads.norms is not None
+        ):
+            raise ValueError(
+                f"granularity: {self.name!r} does not split post-norm blocks (Gemma "
+                "2/3/4, OLMo 2/3) or parallel blocks (GPT-J, Phi, Cohere, ...) "
+                "over source positions yet; use granularity='head'"
+            )
         points, names = super().path_points()
         self._attention = AttentionCapture(
             [attention_of(b, p) for b, p in zip(self.layers, self.heads.projections)],
