@@ -10,6 +10,7 @@ from captum_iglens.cli.common import (
     CommandError,
     Job,
     check_outputs,
+    lens_folder,
     load,
     model_parent,
     names,
@@ -18,7 +19,6 @@ from captum_iglens.cli.common import (
     settings_parent,
     write_outputs,
 )
-from captum_iglens.readout.translators import read_config
 from captum_iglens.settings import Settings
 from captum_iglens.studies.comparison.methods import LEARNED_METHODS
 from captum_iglens.studies.validation import (
@@ -90,7 +90,8 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     validate.add_argument(
         "--lens",
         metavar="DIR",
-        help="restoration: a fitted lens folder (captum-iglens fit-lens --out DIR); "
+        help="restoration: logit (default) or a fitted lens folder "
+        "(captum-iglens fit-lens --out DIR); "
         f"also scores {','.join(LEARNED_METHODS)}",
     )
     validate.add_argument(
@@ -110,6 +111,7 @@ def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the methods, limit and outputs, reads the facts and loads the
     model; the job runs the study and writes its outputs."""
     settings = settings_from(args)
+    _check_lens(args)
     known = SCORED_METHODS + (LEARNED_METHODS if args.lens else ())
     unknown = [m for m in args.methods if m not in known]
     if unknown or not args.methods:
@@ -119,7 +121,6 @@ def prepare(args: argparse.Namespace) -> Job:
         )
     if args.limit is not None and args.limit < 1:
         raise CommandError(f"--limit: expected an int >= 1, got {args.limit}")
-    _check_lens(args)
     study = StudyOptions(
         conductance_prompts=args.conductance_prompts, noise_seeds=args.noise_seeds
     )
@@ -155,7 +156,7 @@ def prepare(args: argparse.Namespace) -> Job:
 def _check_lens(args: argparse.Namespace) -> None:
     r"""``--lens`` and ``--noise-seeds``: restoration only; the lens folder's
     config readable (its fit to the model is checked once the model loads,
-    before any forward)."""
+    before any forward); ``--lens logit`` is the default readout."""
     if args.test != "restoration":
         for option, set_ in (
             ("--lens", args.lens is not None),
@@ -165,8 +166,7 @@ def _check_lens(args: argparse.Namespace) -> None:
                 raise CommandError(
                     f"{option}: only validate --test restoration uses it; leave it out"
                 )
-    if args.lens is not None:
-        read_config(args.lens)
+    args.lens = lens_folder(args.lens)
 
 
 def _check_test(

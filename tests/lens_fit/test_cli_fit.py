@@ -68,7 +68,7 @@ def test_fit_lens_refuses_a_folder_that_is_not_a_lens(tmp_path, capsys, monkeypa
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--lens", "/nonexistent"], "lens: /nonexistent is not a folder"),
+        (["--lens", "/nonexistent"], "--lens: /nonexistent is not a folder"),
         (["--test", "ablation", "--lens", "."], "--lens: only validate --test"),
         (["--test", "ablation", "--noise-seeds", "1"], "--noise-seeds: only"),
         (["--methods", "ig_lens,fitted_lens"], "--methods: expected names"),
