@@ -122,10 +122,11 @@ class LensFitReport:
             ax.set_xlabel("state (emb = h_0, else the block's output)")
             ax.legend()
         if self.curve:
+            closed = self.kl.get("closed_form", self.kl["fitted"])
             tokens = [p["tokens"] for p in self.curve]
-            axes[2].plot(
-                tokens, [np.mean(p["kl"][:-1]) for p in self.curve], marker="o"
-            )
+            tokens.append(self.settings.get("fit_tokens", tokens[-1]))
+            kl = [np.mean(p["kl"][:-1]) for p in self.curve] + [np.mean(closed[:-1])]
+            axes[2].plot(tokens, kl, marker="o")
             axes[2].set(
                 xscale="log",
                 xlabel="fitting tokens",
