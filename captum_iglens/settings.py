@@ -22,7 +22,7 @@ from captum_iglens.attr.granularities import check_granularity
 from captum_iglens.hf.text import POSITIONS, Positions
 from captum_iglens.version import __version__
 
-#: A baseline that can be written down: None (``h_0``), ``"mean"`` or a number.
+#: A baseline that can be written down; None (``h_0``), ``"mean"`` or a number.
 SettingsBaseline = Union[None, float, str]
 
 

@@ -310,8 +310,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
         Args:
 
-            inputs, baselines, target, additional_forward_args, positions,
-            granularity, foil, target_tokens: As in :meth:`attribute`.
+            inputs (Tensor or tuple[Tensor, ...]): As in :meth:`attribute`; so
+                        are ``baselines``, ``target``, ``additional_forward_args``,
+                        ``positions``, ``granularity``, ``foil`` and
+                        ``target_tokens``.
 
         Returns:
             :class:`~captum_iglens.attr.tracing.TracedPath`: the path points
@@ -677,16 +679,18 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
         Args:
 
-            inputs, baselines, target, additional_forward_args, positions,
-            granularity: As in :meth:`attribute`.
+            inputs (Tensor or tuple[Tensor, ...]): As in :meth:`attribute`; so
+                        are ``baselines``, ``target``, ``additional_forward_args``,
+                        ``positions`` and ``granularity``.
             method (str, optional): As in :meth:`attribute`.
                         Default: ``"prediction_aware"``.
             n_steps (int, optional): As in :meth:`attribute`; the map of
                         ``"prediction_aware"`` does not depend on it. Default: 50.
             internal_batch_size (int, optional): As in :meth:`attribute`.
                         Default: None.
-            foil, target_tokens: As in :meth:`attribute`; recorded in the
-                        result's ``foils`` and ``target_sets``.
+            foil (int, list or Tensor, optional): As in :meth:`attribute`, and
+                        so is ``target_tokens``; both are recorded in the result's
+                        ``foils`` and ``target_sets``.
             top_k (int, optional): With ``top_k >= 1``, the result also holds
                         what each layer's readout predicts, from the same readout
                         chunks as the credits: ``top_ids`` and ``top_probs``
@@ -879,7 +883,7 @@ def _column_views(shape: PathGranularity, path: TracedPath, views: Views) -> Vie
     return views[:, :, point - 1]
 
 
-def _view_fields(views: Views) -> Dict[str, Tensor]:
+def _view_fields(views: Views) -> Dict[str, Any]:
     """The view fields of :class:`IGLensResult` (float32, like the credits)."""
     return dict(
         top_ids=views.top_ids,

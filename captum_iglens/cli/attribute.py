@@ -134,7 +134,9 @@ def _report(result: Any, args: argparse.Namespace) -> None:
     if args.png:
         from captum_iglens.plots import plot_heatmap
 
-        save_figure(plot_heatmap(result, onset_frac=args.onset_frac)[0], args.png)
+        drawn = plot_heatmap(result, onset_frac=args.onset_frac)
+        assert drawn is not None  # None only with show=True
+        save_figure(drawn[0], args.png)
 
 
 #: Heads and neurons printed per answer token.

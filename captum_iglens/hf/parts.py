@@ -96,7 +96,7 @@ class ModelParts:
         """
         norm, head = _final_norm(model, arch), _head(model, arch)
         blocks = _blocks(model, arch)
-        config = model.config
+        config: Any = model.config
         projections = _in_blocks(
             model, blocks, arch.attn_out(config), "the attention output projection"
         )
@@ -182,7 +182,7 @@ def _resolve(model: nn.Module, path: str) -> Optional[nn.Module]:
     obj = _lookup(model, path)
     if obj is _MISSING:
         raise ValueError(
-            f"{type(model).__name__} (model_type={model.config.model_type!r}) "
+            f"{type(model).__name__} (model_type={_model_type(model)!r}) "
             f"has no attribute {path!r}, where the architecture table expects "
             "it. Load the model with AutoModelForCausalLM, or build "
             "Readout(head=..., norm=..., post=...) by hand and pass layer= "
@@ -237,16 +237,26 @@ def _head(model: nn.Module, arch: Architecture) -> nn.Module:
     heads = [p for p in arch.head if _lookup(model, p) is not _MISSING]
     if len(heads) != 1:
         raise ValueError(
-            f"{type(model).__name__} (model_type={model.config.model_type!r}) must "
+            f"{type(model).__name__} (model_type={_model_type(model)!r}) must "
             f"have exactly one of the head attributes {arch.head}; found "
             f"{heads or 'none'}. Load the model with AutoModelForCausalLM, or "
             "build Readout(head=..., norm=..., post=...) by hand and pass layer= "
             "explicitly."
         )
-    return _resolve(model, heads[0])
+    head = _resolve(model, heads[0])
+    if head is None:
+        raise ValueError(
+            f"{type(model).__name__}.{heads[0]} is None: the readout needs the "
+            "output head"
+        )
+    return head
 
 
-def _block_index(index: object, n: int) -> int:
+def _model_type(model: nn.Module) -> Any:
+    return getattr(getattr(model, "config", None), "model_type", None)
+
+
+def _block_index(index: Any, n: int) -> int:
     """An integer block index in ``[-n, n)``: Python, numpy and 0-d torch integers
     are accepted, booleans and floats are not."""
     try:

@@ -18,7 +18,7 @@ from torch import nn
 
 from captum_iglens.readout.transforms import LogitDivide, LogitScale, Softcap
 
-#: Kinds of final norm: ``"rms"`` scales only, ``"layer"`` also centres,
+#: Kinds of final norm; ``"rms"`` scales only, ``"layer"`` also centres,
 #: ``"none"`` where the model applies no final norm.
 NORM_KINDS: Tuple[str, ...] = ("rms", "layer", "none")
 
@@ -151,21 +151,22 @@ def parallel_in_block(
     return lambda config: path if parallel_if(config) else None
 
 
-def _softcap_from_config(model: nn.Module) -> Optional[nn.Module]:
+# The final transforms read attributes of a Hugging Face model (duck-typed: Any).
+def _softcap_from_config(model: Any) -> Optional[nn.Module]:
     cap = model.config.final_logit_softcapping
     return None if cap is None else Softcap(cap)
 
 
-def _cohere_logit_scale(model: nn.Module) -> nn.Module:
+def _cohere_logit_scale(model: Any) -> nn.Module:
     # CohereForCausalLM.forward multiplies by its own copy of config.logit_scale.
     return LogitScale(model.logit_scale)
 
 
-def _granite_logits_scaling(model: nn.Module) -> nn.Module:
+def _granite_logits_scaling(model: Any) -> nn.Module:
     return LogitDivide(model.config.logits_scaling)
 
 
-def _falcon_h1_multiplier(model: nn.Module) -> nn.Module:
+def _falcon_h1_multiplier(model: Any) -> nn.Module:
     # FalconH1ForCausalLM.forward: lm_head(h) * model.model.lm_head_multiplier.
     return LogitScale(model.model.lm_head_multiplier)
 
@@ -205,7 +206,7 @@ _OLMO2_LIKE = Architecture(
 # Dense Llama-like MLPs: down_proj(act(gate_proj(x)) * up_proj(x)).
 _LLAMA_DENSE = replace(_LLAMA_LIKE, mlp_out=_DOWN_PROJ)
 
-_LAYER_NORM = dict(norm_kind="layer")
+_LAYER_NORM: Dict[str, Any] = dict(norm_kind="layer")
 _GRANITE = Architecture(
     layers="model.layers",
     norm=("model.norm",),

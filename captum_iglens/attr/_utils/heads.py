@@ -150,7 +150,9 @@ def _weight(module: Module) -> Tensor:
     module = _projection(module)
     if isinstance(module, Linear):
         return module.weight
-    return module.weight.t()  # GPT-2's Conv1D computes z @ W + b
+    weight = module.weight
+    assert isinstance(weight, Tensor)
+    return weight.t()  # GPT-2's Conv1D computes z @ W + b
 
 
 def _bias(module: Module) -> Optional[Tensor]:

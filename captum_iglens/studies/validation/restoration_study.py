@@ -162,9 +162,10 @@ def run_restoration(
                     the table.
         corruptions (list[str], optional): From :data:`CORRUPTIONS`.
                     Default: both.
-        methods, settings, study, progress, **options: As in
-                    :func:`run_validation` (``settings.chat`` must be False:
-                    the subject is found in the raw prompt).
+        methods (list[str], optional): As in :func:`run_validation`; so are
+                    ``settings``, ``study``, ``progress`` and ``**options``
+                    (``settings.chat`` must be False: the subject is found in the
+                    raw prompt).
         lens (str, Path or Translators, optional): A learned readout per layer
                     (a fitted lens: a tuned-lens folder or translators), checked
                     against the model before any forward. Its methods
