@@ -293,7 +293,31 @@ def tidy_lists(
     lines[:] = out
 
 
+_PROSE: Dict[Tuple[str, str], List[str]] = {}
+
+
+def keep_prose(
+    app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: List[str]
+) -> None:
+    r"""Before napoleon: a constant's, attribute's or property's docstring is
+    prose ("Every point is read by one readout: ..."), not napoleon's
+    ``type: text``; it is kept as written."""
+    if what in ("attribute", "data", "property"):
+        _PROSE[(what, name)] = list(lines)
+
+
+def restore_prose(
+    app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: List[str]
+) -> None:
+    r"""After napoleon: the docstring :func:`keep_prose` kept."""
+    kept = _PROSE.pop((what, name), None)
+    if kept is not None:
+        lines[:] = kept
+
+
 def setup(app: Sphinx) -> Dict[str, Any]:
+    app.connect("autodoc-process-docstring", keep_prose, priority=100)
+    app.connect("autodoc-process-docstring", restore_prose, priority=900)
     app.connect("autodoc-process-docstring", tidy_lists, priority=100)
     app.connect("builder-inited", generate)
     app.connect("env-check-consistency", check_public_names)
