@@ -240,7 +240,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """
         parts = model_parts(model)
         chosen = parts.choose(layers)
-        layer, sublayers, projections, norms, mlps, downs, down_norms = (
+        layer, sublayers, projections, norms, mlps, downs, down_norms, experts = (
             None if modules is None else [modules[i] for i in chosen]
             for modules in (
                 parts.blocks,
@@ -250,6 +250,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 parts.parallel_mlps,
                 parts.mlp_outputs,
                 parts.mlp_norms,
+                parts.experts,
             )
         )
         readout = parts.readout(max_chunk_bytes=max_chunk_bytes)
@@ -277,6 +278,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                     mlps,
                     downs,
                     down_norms,
+                    experts,
+                    parts.shared_experts,
                 )
             ),
         )

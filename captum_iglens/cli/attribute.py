@@ -139,22 +139,24 @@ def _report(result: Any, args: argparse.Namespace) -> None:
         save_figure(drawn[0], args.png)
 
 
-#: Heads and neurons printed per answer token.
+#: Heads, neurons and experts printed per answer token.
 TOP_PARTS = 5
 
 
 def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
-    """Per attributed token, its ``k`` heads and neurons with the largest
-    ``|credit|`` (``granularity="head"`` or ``"neuron"``), or ``""``."""
+    """Per attributed token, its ``k`` heads, neurons or experts with the largest
+    ``|credit|`` (``granularity="head"``, ``"neuron"`` or ``"expert"``), or
+    ``""``."""
     from captum_iglens.attr.granularities.neurons import top_neurons
 
     names = result.layer_names
     heads = [i for i, n in enumerate(names) if ".attn.h" in n and ".s" not in n]
+    experts = [i for i, n in enumerate(names) if ".mlp.e" in n or ".mlp.shared" in n]
     has_neurons = any(".mlp.n" in n for n in names)
-    if not heads and not has_neurons:
+    if not heads and not has_neurons and not experts:
         return ""
     labels = result._token_labels(0)
-    lines = [f"top heads and neurons (by |credit|, {k} each):"]
+    lines = [f"top heads, neurons and experts (by |credit|, {k} each):"]
     for p in result.mask[0].nonzero()[:, 0].tolist():
         row = result.attributions[0, p]
         found = []
@@ -162,6 +164,12 @@ def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
             order = sorted(heads, key=lambda i: -abs(float(row[i])))[:k]
             found.append(
                 "heads " + ", ".join(f"{names[i]} {float(row[i]):+.4f}" for i in order)
+            )
+        if experts:
+            order = sorted(experts, key=lambda i: -abs(float(row[i])))[:k]
+            found.append(
+                "experts "
+                + ", ".join(f"{names[i]} {float(row[i]):+.4f}" for i in order)
             )
         if has_neurons:
             ranked = [

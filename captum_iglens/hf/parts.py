@@ -58,6 +58,10 @@ class ModelParts:
                     None where there is no neuron split.
         mlp_norms (list[nn.Module] or None): For each block, the RMSNorm on the
                     MLP's output before it is added, or None.
+        experts (list[nn.Module] or None): For each block, the routed experts
+                    of its mixture-of-experts MLP; None unless every block has
+                    them.
+        shared_experts (bool): Whether the MoE MLPs add shared experts.
         norm (nn.Module or None): The final norm (and output projection), or
                     None if the model applies none.
         head (nn.Module): The unembedding, ``(..., d)`` to ``(..., V)``.
@@ -76,6 +80,8 @@ class ModelParts:
     parallel_mlps: Optional[List[nn.Module]]
     mlp_outputs: Optional[List[nn.Module]]
     mlp_norms: Optional[List[nn.Module]]
+    experts: Optional[List[nn.Module]]
+    shared_experts: bool
     norm: Optional[nn.Module]
     head: nn.Module
     post: Optional[nn.Module]
@@ -122,6 +128,8 @@ class ModelParts:
             mlp_norms=_in_blocks(
                 model, blocks, arch.mlp_norm(config), "the MLP output's norm"
             ),
+            experts=_experts(blocks, arch.experts(config)),
+            shared_experts=bool(arch.shared_experts(config)),
             norm=norm,
             head=head,
             post=arch.post(model),
@@ -224,6 +232,15 @@ def _in_blocks(
                 f"where the architecture table expects {what}"
             )
     return modules
+
+
+def _experts(blocks: List[nn.Module], path: Optional[str]) -> Optional[List[nn.Module]]:
+    """The routed experts at ``path`` in every block, or None where a block has
+    none (a dense block among MoE ones)."""
+    if path is None:
+        return None
+    found = [_lookup(block, path) for block in blocks]
+    return found if all(isinstance(m, nn.Module) for m in found) else None
 
 
 def _final_norm(model: nn.Module, arch: Architecture) -> Optional[nn.Module]:

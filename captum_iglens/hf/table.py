@@ -88,6 +88,14 @@ class Architecture:
         mlp_norm (Callable): From the config, the path inside each block of the
                     RMSNorm applied to the MLP's output before it is added
                     (Gemma 2/3, OLMo 2/3), or ``None``. Default: none.
+        experts (Callable): From the config, the path inside each block of the
+                    routed experts module of a mixture-of-experts MLP, called as
+                    ``experts(x, top_k_index, top_k_weights)`` and returning
+                    ``Σ_e g_e expert_e(x)``, whose sum (plus any shared experts)
+                    the block adds after ``mid``; or ``None``. Needed for
+                    ``granularity="expert"``. Default: none.
+        shared_experts (Callable): From the config, whether the MoE MLP adds
+                    shared experts beside the routed ones. Default: False.
     """
 
     layers: str
@@ -102,6 +110,8 @@ class Architecture:
     parallel_mlp: Callable[[Any], Optional[str]] = lambda config: None
     mlp_out: Callable[[Any], Optional[str]] = lambda config: None
     mlp_norm: Callable[[Any], Optional[str]] = lambda config: None
+    experts: Callable[[Any], Optional[str]] = lambda config: None
+    shared_experts: Callable[[Any], bool] = lambda config: False
 
     def __post_init__(self) -> None:
         if not isinstance(self.layers, str) or not self.layers:
@@ -125,6 +135,8 @@ class Architecture:
             "parallel_mlp",
             "mlp_out",
             "mlp_norm",
+            "experts",
+            "shared_experts",
         ):
             if not callable(getattr(self, name)):
                 raise TypeError(f"{name}: expected a callable")
@@ -205,6 +217,8 @@ _OLMO2_LIKE = Architecture(
 )
 # Dense Llama-like MLPs: down_proj(act(gate_proj(x)) * up_proj(x)).
 _LLAMA_DENSE = replace(_LLAMA_LIKE, mlp_out=_DOWN_PROJ)
+# Llama-like blocks whose MLP is a mixture of experts, mlp.experts(x, index, g).
+_LLAMA_MOE = replace(_LLAMA_LIKE, experts=in_block("mlp.experts"))
 
 _LAYER_NORM: Dict[str, Any] = dict(norm_kind="layer")
 _GRANITE = Architecture(
@@ -362,11 +376,11 @@ BUILT_IN: Dict[str, Architecture] = {
     "llama4_text": _LLAMA_LIKE,
     "qwen3_5_text": _LLAMA_LIKE_HYBRID,  # Gated DeltaNet or attention, then MLP
     "qwen3_5_moe_text": _LLAMA_LIKE_HYBRID,
-    "qwen3_moe": _LLAMA_LIKE,
+    "qwen3_moe": _LLAMA_MOE,
     "qwen3_next": _LLAMA_LIKE_HYBRID,  # Gated DeltaNet or attention, then experts
-    "qwen2_moe": _LLAMA_LIKE,
-    "mixtral": _LLAMA_LIKE,
-    "olmoe": _LLAMA_LIKE,
+    "qwen2_moe": replace(_LLAMA_MOE, shared_experts=lambda config: True),
+    "mixtral": _LLAMA_MOE,
+    "olmoe": _LLAMA_MOE,
     "smollm3": _LLAMA_DENSE,
     "gpt_oss": _LLAMA_LIKE,
     "deepseek_v3": _LLAMA_LIKE,
@@ -377,6 +391,7 @@ BUILT_IN: Dict[str, Architecture] = {
         mid=_POST_ATTENTION_NORM,
         attn_out=_O_PROJ,
         **_LAYER_NORM,
+        experts=in_block("mlp.experts"),
     ),
     "granitemoe": _GRANITE,
     "granitemoeshared": _GRANITE,

@@ -21,12 +21,12 @@ def lens():
 
 def test_the_registry_names_each_granularity_once():
     assert list(GRANULARITIES) == [
-        "block", "sublayer", "head", "source", "source_head", "neuron"
+        "block", "sublayer", "head", "source", "source_head", "neuron", "expert"
     ]
     for name, kind in GRANULARITIES.items():
         assert issubclass(kind, PathGranularity) and kind.name == name
     with pytest.raises(ValueError, match=r"granularity: expected one of \['block'"):
-        check_granularity("expert")
+        check_granularity("neurons")
 
 
 @pytest.mark.parametrize("granularity", ["block", "sublayer", "head", "neuron"])

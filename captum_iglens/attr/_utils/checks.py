@@ -31,7 +31,9 @@ from captum_iglens.readout.scores import per_position
 
 BaselineType = Union[None, int, float, Tensor, str, Tuple[Tensor, ...]]
 PositionsType = Union[None, int, Sequence[int], Tensor]
-Granularity = Literal["block", "sublayer", "head", "source", "source_head", "neuron"]
+Granularity = Literal[
+    "block", "sublayer", "head", "source", "source_head", "neuron", "expert"
+]
 
 
 def forward_module(forward_func: Callable[..., Any]) -> Optional[Module]:

@@ -75,6 +75,11 @@ class HeadSplit:
         mlp_norms (list[Module], optional): One per block: the RMSNorm on the
                     MLP's output before it is added (Gemma 2/3, OLMo 2/3), or
                     None. Default: None
+        experts (list[Module], optional): One per block: the routed experts
+                    of its mixture-of-experts MLP, for ``granularity="expert"``.
+                    Default: None
+        shared_experts (bool): Whether the MoE MLPs add shared experts.
+                    Default: False
     """
 
     projections: List[Module]
@@ -84,6 +89,8 @@ class HeadSplit:
     mlps: Optional[List[Module]] = None
     mlp_outputs: Optional[List[Module]] = None
     mlp_norms: Optional[List[Module]] = None
+    experts: Optional[List[Module]] = None
+    shared_experts: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.n_heads, bool) or not isinstance(self.n_heads, int):
@@ -95,7 +102,7 @@ class HeadSplit:
                     f"n_heads: the attention output projection takes "
                     f"{weight.shape[1]} inputs, not a multiple of {self.n_heads} heads"
                 )
-        for name in ("norms", "mlps", "mlp_outputs", "mlp_norms"):
+        for name in ("norms", "mlps", "mlp_outputs", "mlp_norms", "experts"):
             modules = getattr(self, name)
             if modules is not None and (
                 len(modules) != len(self.projections)
