@@ -109,6 +109,9 @@ def _report(result: Any, args: argparse.Namespace) -> None:
     if result.has_views:
         print()
         print(result.format_views(width=width))
+    if result.source_layout() is not None:
+        print()
+        print(result.format_sources())
     if args.json:
         result.save(args.json)
     if args.csv:
