@@ -151,3 +151,75 @@ def test_refused_without_a_head_split():
     with pytest.raises(ValueError, match="granularity"):
         lens.attribute_map(torch.tensor([[5, 6, 7]]), granularity="source")
     assert hook_snapshot(model) == before
+
+
+def _planted_gpt2(source_token: int, target: int):
+    """A tiny GPT-2 whose only update is head 0 of block 0 copying the token
+    ``source_token`` (wherever it is) into the target's unembedding direction."""
+    model = tiny_model("gpt2")
+    d = model.config.n_embd
+    e = d // model.config.n_head
+    with torch.no_grad():
+        wte = model.transformer.wte.weight
+        wte[:, :2] = 0.0
+        wte[source_token, :2] = 8.0  # a key direction and a value direction
+        model.transformer.wpe.weight.zero_()
+        for block in model.transformer.h:
+            block.attn.c_proj.weight.zero_()
+            block.attn.c_proj.bias.zero_()
+            block.mlp.c_proj.weight.zero_()
+            block.mlp.c_proj.bias.zero_()
+            block.ln_1.weight.fill_(1.0)
+            block.ln_1.bias.zero_()
+        attn = model.transformer.h[0].attn
+        attn.c_attn.weight[:, : 3 * d].zero_()
+        attn.c_attn.bias.zero_()
+        attn.c_attn.bias[0] = 10.0  # head 0's query: a constant
+        attn.c_attn.weight[0, d] = 10.0  # its key: the key direction
+        attn.c_attn.weight[1, 2 * d] = 1.0  # its value: the value direction
+        direction = model.lm_head.weight[target]
+        attn.c_proj.weight[0] = 2.0 * direction / direction.norm()
+        attn.c_proj.weight[1:e].zero_()
+    return model
+
+
+def test_planted_head_copies_a_known_source():
+    source_token, target, source = 50, 60, 2
+    model = _planted_gpt2(source_token, target)
+    lens = LayerIGLens.from_model(model)
+    ids = torch.tensor([[7, 9, source_token, 11, 13, 17]])
+    result = lens.attribute_map(
+        ids, target=torch.tensor([[target]]), positions=[5], granularity="source_head"
+    )
+    cells = result.source_map(by_head=True)[0, 0]  # (k, H, T)
+    change = float(result.model_prob[0, 0] - result.base_prob[0, 0])
+    assert change > 0.05
+    best = divmod(int(cells.abs().argmax()), cells.shape[1] * cells.shape[2])
+    assert best[0] == 0 and divmod(best[1], cells.shape[2]) == (0, source)
+    assert cells[0, 0, source] > 0.9 * change  # nearly all of it
+    summed = lens.attribute_map(
+        ids, target=torch.tensor([[target]]), positions=[5], granularity="source"
+    ).source_map()[0, 0]
+    assert int(summed.sum(0).argmax()) == source
+
+
+def test_prediction_aware_converges_to_gauss_legendre_per_source():
+    model = tiny_model("llama")
+    lens = LayerIGLens.from_model(model)
+    ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
+    kwargs = dict(positions=[3, 5], granularity="source_head")
+    reference = lens.attribute_map(ids, method="gausslegendre", n_steps=64, **kwargs)
+    expected = reference.source_map(by_head=True)
+    errors = [
+        float(
+            (
+                lens.attribute_map(ids, n_steps=n, **kwargs).source_map(by_head=True)
+                - expected
+            )
+            .abs()
+            .max()
+        )
+        for n in (4, 16, 64)
+    ]
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] <= 1e-3 * max(float(expected.abs().max()), 1e-3)
