@@ -223,3 +223,33 @@ def test_prediction_aware_converges_to_gauss_legendre_per_source():
     ]
     assert errors[0] > errors[1] > errors[2]
     assert errors[2] <= 1e-3 * max(float(expected.abs().max()), 1e-3)
+
+
+def test_text_and_figure_of_the_sources():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from captum_iglens.plots import plot_source_map
+
+    model = _planted_gpt2(50, 60)
+    lens = LayerIGLens.from_model(model)
+    ids = torch.tensor([[7, 9, 50, 11, 13, 17]])
+    result = lens.attribute_map(
+        ids, target=torch.tensor([[60]]), positions=[5], granularity="source_head"
+    )
+    result.metadata["source_tokens"] = [["a", "b", "X\n", "c", "d", "e"]]
+    text = result.format_sources(top=2)
+    first, routes = text.splitlines()
+    assert "'X\\n'@2 +0.5" in first  # the planted source first, escaped
+    assert routes.split("routes: ")[1].startswith("'X\\n'@2→L0.h0 +0.5")
+    fig, ax = plot_source_map(result, token=0)
+    data = ax.images[0].get_array()
+    assert data.shape == (2, 6) and abs(data[0, 2] - result.source_map()[0, 0, 0, 2]) < 1e-6
+    assert [t.get_text() for t in ax.get_xticklabels()][2] == repr("X\n")
+    with pytest.raises(ValueError, match="token"):
+        plot_source_map(result, token=3)
+    blocks = lens.attribute_map(ids, positions=[5])
+    with pytest.raises(ValueError, match="granularity"):
+        blocks.format_sources()
+    with pytest.raises(ValueError, match="granularity"):
+        plot_source_map(blocks)
