@@ -42,7 +42,7 @@ from captum_iglens.attr._utils.checks import (
     target_positions,
 )
 from captum_iglens.attr._utils.path_math import path_values, work_dtype
-from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import (
     FoilType,
     TokenScore,
@@ -117,11 +117,15 @@ class Tracer:
 
         forward_func (Callable): As :class:`LayerIGLens` takes it.
         input_layer (Module): The model's first block.
-        readout (Readout): The readout of the last block.
+        readout (PathReadout): The readout; read without a layer index, it is
+                    the model's own (the last block's output).
     """
 
     def __init__(
-        self, forward_func: Callable[..., Any], input_layer: Module, readout: Readout
+        self,
+        forward_func: Callable[..., Any],
+        input_layer: Module,
+        readout: PathReadout,
     ) -> None:
         self.forward_func = forward_func
         self.input_layer = input_layer
@@ -204,7 +208,7 @@ class Tracer:
     @property
     def device(self) -> torch.device:
         """The readout's device, where captured states and results go."""
-        return next(self.readout.parameters()).device
+        return self.readout.device
 
     def _resolve(
         self,
@@ -409,10 +413,16 @@ def _final_rows(
 
 
 def path_levels(
-    readout: Readout, path: TracedPath, chunk_rows: int, top_k: int = 0
+    readout: PathReadout,
+    path: TracedPath,
+    chunk_rows: int,
+    top_k: int = 0,
+    layers: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Views]]:
     r"""
     ``f`` at every path point, ``(B, P, k + 1)``; the last is the model's own.
+    ``layers`` ``(k,)``: the hidden-state index each point but the last is
+    read as (None: the readout ignores it).
 
     Returns:
         2-element tuple of the levels and, with ``top_k``, the views of the
@@ -427,6 +437,7 @@ def path_levels(
         chunk_rows,
         top_k,
         path.final_logits,
+        layers,
     )
     values = torch.cat([below_top.view(b, p, -1), path.model_prob[..., None]], -1)
     if below_views is None or path.top_views is None:

@@ -9,6 +9,7 @@ reads every point the same way and ignores it, while a per-layer readout ``f_l``
 
 from typing import Optional, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from captum_iglens.readout.scores import TokenScore
@@ -19,10 +20,12 @@ class PathReadout(Protocol):
     r"""
     The readout of the points of a path.
 
-    ``layer`` is a long tensor of one index per row, the path point the row is
-    read as: ``0`` for ``h_base`` and ``j`` for ``h_{L_j}``; the interpolation
-    points of segment ``j`` (from ``h_{L_{j-1}}`` to ``h_{L_j}``) are read as
-    point ``j``. None reads every row as the last point.
+    ``layer`` is a long tensor of one index per row, the hidden state the row
+    is read as: ``0`` for the first block's input (and ``h_base``), ``i`` for
+    the output of block ``i`` (1-based), ``L`` for the last block's output,
+    read by the model's own readout. Every point of a straight segment that an
+    estimator integrates along is read with one index. None reads every row as
+    state ``L``.
 
     Attributes:
 
@@ -34,6 +37,11 @@ class PathReadout(Protocol):
 
     @property
     def vocab_size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where the readout computes (captured states are moved there)."""
+        ...
 
     def rows_per_chunk(self, backward: bool = False) -> int:
         r"""Rows read at once (with ``backward``, rows a backward pass may take)."""

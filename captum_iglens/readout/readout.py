@@ -92,6 +92,12 @@ class Readout(nn.Module):
         r"""The number of logits ``V`` the head produces."""
         return self._vocab_size
 
+    @property
+    def device(self) -> torch.device:
+        r"""The device of the readout's first weights (the norm's, else the
+        head's): where captured states go."""
+        return next(self.parameters()).device
+
     def rows_per_chunk(self, backward: bool = False) -> int:
         r"""Returns how many rows :meth:`log_prob` and :meth:`score` evaluate at
         once, or, with ``backward``, how many rows a backward pass through them
