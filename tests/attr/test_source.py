@@ -244,7 +244,8 @@ def test_text_and_figure_of_the_sources():
     assert routes.split("routes: ")[1].startswith("'X\\n'@2→L0.h0 +0.5")
     fig, ax = plot_source_map(result, token=0)
     data = ax.images[0].get_array()
-    assert data.shape == (2, 6) and abs(data[0, 2] - result.source_map()[0, 0, 0, 2]) < 1e-6
+    assert data.shape == (2, 6)
+    assert abs(data[0, 2] - result.source_map()[0, 0, 0, 2]) < 1e-6
     assert [t.get_text() for t in ax.get_xticklabels()][2] == repr("X\n")
     with pytest.raises(ValueError, match="token"):
         plot_source_map(result, token=3)
@@ -253,3 +254,71 @@ def test_text_and_figure_of_the_sources():
         blocks.format_sources()
     with pytest.raises(ValueError, match="granularity"):
         plot_source_map(blocks)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("n_steps", [2, 5])
+def test_real_model_sources_add_up(embedded_model, n_steps):
+    _, model, tokenizer = embedded_model
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    lens = LayerIGLens.from_model(model)
+    snapshot = hook_snapshot(model)
+    implementation = model.config._attn_implementation
+    kwargs = dict(positions=[-2, -1], n_steps=n_steps)
+    blocks = lens.attribute_map(ids, positions=[-2, -1])
+    heads = lens.attribute_map(ids, granularity="head", **kwargs)
+    resolved = lens.attribute_map(ids, granularity="source_head", **kwargs)
+    sources = lens.attribute_map(ids, granularity="source", **kwargs)
+    k, n_heads = len(lens.layers), lens.heads.n_heads
+    by_head = resolved.source_map(by_head=True)
+    assert (by_head.sum(-2) - sources.source_map()).abs().max() <= FP32_TOL
+    for block in range(k):
+        expected = _head_columns(heads, block)[..., :n_heads]
+        assert (by_head[:, :, block].sum(-1) - expected).abs().max() <= FP32_TOL
+    for result in (sources, resolved):
+        attn, mlp = _by_block(result, k)
+        assert (attn + mlp - blocks.attributions).abs().max() <= FP32_TOL
+        assert result.delta.abs().max() <= FP32_TOL
+    assert hook_snapshot(model) == snapshot
+    assert model.config._attn_implementation == implementation
+
+
+def test_config_restored_when_the_forward_fails():
+    from captum_iglens.attr._utils import attention
+
+    model = tiny_model("llama")
+    lens = LayerIGLens.from_model(model)
+    implementation = model.config._attn_implementation
+
+    def fail(module, args, output):
+        assert model.config._attn_implementation == attention.IMPLEMENTATION
+        raise RuntimeError("planted failure")
+
+    handle = model.model.layers[1].register_forward_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="planted failure"):
+            lens.attribute_map(torch.tensor([[5, 6, 7]]), granularity="source")
+    finally:
+        handle.remove()
+    assert model.config._attn_implementation == implementation
+    assert len(attention._RECORDERS) == 0
+    assert attention._SWITCH.acquire(blocking=False)  # released
+    attention._SWITCH.release()
+
+
+def test_llm_layer_attribution_with_sources():
+    from captum.attr import TextTokenInput
+
+    from captum_iglens.attr.llm_attr import LLMLayerAttribution
+    from tests.attr.test_llm_attr import DummyTokenizer
+
+    model = tiny_model("llama")
+    tokenizer = DummyTokenizer()
+    llm = LLMLayerAttribution(LayerIGLens.from_model(model), tokenizer)
+    inp = TextTokenInput("a b c", tokenizer)
+    res = llm.attribute(inp, target="d e", granularity="source", n_steps=3)
+    result = res.iglens
+    assert result.metadata["source_tokens"] == [["<s>", "a", "b", "c", "d", "e"]]
+    assert result.source_map().shape == (1, 2, 2, 6)
+    assert (res.token_attr.sum(-1) - (result.model_prob - result.base_prob)[0]).abs(
+    ).max() <= FP32_TOL

@@ -32,6 +32,9 @@ _RECORDERS: "weakref.WeakKeyDictionary[Module, Callable[[Tensor, Tensor], None]]
     weakref.WeakKeyDictionary()
 )
 _REGISTER = threading.Lock()
+#: Held while any configs are switched: captures run one at a time, so that one
+#: never saves another's switched value as the one to restore.
+_SWITCH = threading.RLock()
 
 
 def _family_eager(module: Module) -> Callable[..., Tuple[Tensor, Optional[Tensor]]]:
@@ -110,6 +113,7 @@ class AttentionCapture:
     Used as a context manager around the forward: on entry the configs of
     ``owners`` (and of the attention modules) are switched to
     :data:`IMPLEMENTATION`; on exit they are restored and the recorders removed.
+    Captures run one at a time (a lock is held from entry to exit).
 
     Args:
 
@@ -156,6 +160,7 @@ class AttentionCapture:
 
     def __enter__(self) -> "AttentionCapture":
         _register()
+        _SWITCH.acquire()
         try:
             for config in self._configs:
                 self._saved.append((config, config._attn_implementation_internal))
@@ -168,11 +173,14 @@ class AttentionCapture:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        for module in self.attentions:
-            _RECORDERS.pop(module, None)
-        for config, saved in reversed(self._saved):
-            config._attn_implementation_internal = saved
-        self._saved = []
+        try:
+            for module in self.attentions:
+                _RECORDERS.pop(module, None)
+            for config, saved in reversed(self._saved):
+                config._attn_implementation_internal = saved
+            self._saved = []
+        finally:
+            _SWITCH.release()
 
     def records(self) -> Tuple[List[Tensor], List[Tensor]]:
         r"""
