@@ -11,11 +11,20 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from captum_iglens._utils.schema import (
+    Array,
+    Default,
+    Integer,
+    Json,
+    Maybe,
+    Record,
+    Text,
+    Texts,
+)
 from captum_iglens._utils.serialization import (
     JsonDocument,
     check_writable,
     plain,
-    tensor_field,
     write_atomic,
 )
 from captum_iglens._utils.source_columns import (
@@ -70,6 +79,34 @@ _PROB_SLACK = 1e-4
 _DELTA_SLACK = 1e-3
 
 Index = Union[None, int, slice, Sequence[int], Tensor]
+
+#: What a saved :class:`IGLensResult` holds, one declaration per field (see
+#: :mod:`captum_iglens._utils.schema`): ``B`` sequences, ``P`` positions, ``k``
+#: layers, ``K`` top tokens, ``S`` set members, ``F`` foils. Sizes are set by
+#: the first field that shows them, so the fields that name them come first.
+IGLENS_SCHEMA = Record(
+    layer_names=Texts("k", nonempty=True),
+    targets=Array("int", "B", "P"),
+    positions=Array("int", "P"),
+    mask=Array("bool", "B", "P"),
+    attributions=Array("float", "B", "P", "k"),
+    lens=Array("float", "B", "P", "k"),
+    base_prob=Array("float", "B", "P"),
+    model_prob=Array("float", "B", "P"),
+    delta=Array("float", "B", "P"),
+    method=Text(ESTIMATOR_NAMES),
+    n_steps=Integer(low=1),
+    tokens=Maybe(Texts("B", "P")),
+    metadata=Default(Json()),
+    top_ids=Maybe(Array("int", "B", "P", "k", "K")),
+    top_probs=Maybe(Array("float", "B", "P", "k", "K")),
+    top_tokens=Maybe(Texts("B", "P", "k", "K")),
+    entropy=Maybe(Array("float", "B", "P", "k")),
+    kl=Maybe(Array("float", "B", "P", "k")),
+    rank=Maybe(Array("int", "B", "P", "k")),
+    target_sets=Maybe(Array("int", "B", "P", "S")),
+    foils=Maybe(Array("int", "B", "P", "F")),
+)
 
 
 def _visible(text: str) -> str:
@@ -738,34 +775,9 @@ class IGLensResult(JsonDocument, Viewable):
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "IGLensResult":
-        """Inverse of :meth:`to_dict`; every field is checked."""
-        names = {f.name for f in fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise ValueError(f"unknown IGLensResult fields {sorted(unknown)}")
-        optional = ("tokens", "metadata", "top_tokens", *_OPTIONAL_FIELDS)
-        missing = {f.name for f in fields(cls) if f.name not in optional}
-        missing -= set(data)
-        if missing:
-            raise ValueError(f"missing IGLensResult fields {sorted(missing)}")
-        kwargs = dict(data)
-        b = len(data["targets"]) if isinstance(data["targets"], list) else -1
-        p = len(data["positions"]) if isinstance(data["positions"], list) else -1
-        # k is read from the credits (then checked against the names), unless they
-        # are empty and keep no shape.
-        names = data["layer_names"]
-        k = len(names) if b * p == 0 and isinstance(names, list) else -1
-        shapes = {"attributions": (b, p, k), "lens": (b, p, k), "positions": (p,)}
-        for name in _TENSOR_FIELDS:
-            dtype = _DTYPES.get(name, torch.float32)
-            kwargs[name] = tensor_field(data, name, dtype, shapes.get(name, (b, p)))
-        for name in _OPTIONAL_FIELDS:
-            if data.get(name) is not None:
-                top = name in ("top_ids", "top_probs")
-                shape = (b, p, k, -1) if top else (b, p, -1)
-                dtype = _DTYPES.get(name, torch.float32)
-                kwargs[name] = tensor_field(data, name, dtype, shape)
-        return cls(**kwargs)
+        """Inverse of :meth:`to_dict`; every field is checked
+        (:data:`IGLENS_SCHEMA`)."""
+        return cls(**IGLENS_SCHEMA.load(data))
 
     def to_csv(self, path: Union[str, Path]) -> None:
         """Write a long-format CSV: batch, position, token, layer, credit, lens;

@@ -264,6 +264,30 @@ def test_each_subcommand_keeps_its_own_defaults():
         (["x", "--json", f"{__file__}/r.json"], "is a file, not a folder"),
         (["--quiet", "compare", "x", "--methods", "nope"], "--methods"),
         (["--device", "cpu", "validate", "--limit", "-1"], "--limit"),
+        (["validate", "--test", "restoration", "--chat"], "use chat=False"),
+        (
+            ["validate", "--test", "restoration", "--methods", "logit_lens"],
+            "restoration needs ig_lens",
+        ),
+        (
+            ["validate", "--test", "restoration", "--granularity", "sublayer"],
+            "granularity='block'",
+        ),
+        (
+            ["validate", "--test", "restoration", "--granularity", "head"],
+            "granularity='block'",
+        ),
+        (
+            ["validate", "--test", "restoration", "--positions", "all"],
+            "positions='answer'",
+        ),
+        (["validate", "--granularity", "head"], "granularity='block'"),
+        (["validate", "--top-k", "3"], "--top-k: not used by validate"),
+        (["validate", "--test", "restoration", "--mode", "mean"], "--mode: not used"),
+        (
+            ["validate", "--test", "restoration", "--max-new-tokens", "3"],
+            "--max-new-tokens: not used",
+        ),
     ],
 )
 def test_input_errors_before_the_model_loads(args, message, capsys, monkeypatch):
@@ -353,6 +377,8 @@ def test_top_k_foil_and_target_tokens(tmp_path, capsys):
         (["--foil", "w7 w8"], "--foil: 'w7 w8' is 2 tokens"),
         (["--target-tokens", "w9,w9"], "--target-tokens: the same token twice"),
         (["--top-k", "-1"], "top_k: expected an int >= 0"),
+        (["--foil", "zzz"], "--foil: 'zzz' is not in the vocabulary"),
+        (["--target-tokens", "w9,zzz"], "--target-tokens: 'zzz' is not in the voc"),
     ],
 )
 def test_bad_scored_tokens_exit_2(tmp_path, capsys, extra, message):
@@ -430,3 +456,23 @@ def test_validate_restoration_writes_its_viewer(tmp_path, capsys, monkeypatch):
 
     data = page_data(page.read_text(encoding="utf-8"))
     assert data["kind"] == "restoration" and len(data["facts"]) == 2
+
+
+def test_restoration_facts_without_subjects_refused_before_the_model_loads(
+    tmp_path, capsys, monkeypatch
+):
+    import captum_iglens.hf.models as models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the facts were checked")
+
+    monkeypatch.setattr(models, "load_embedded", no_model)
+    facts = tmp_path / "facts.jsonl"
+    facts.write_text(
+        json.dumps({"id": "a", "relation": "other", "prompt": "Hi", "answer": "x"})
+        + "\n"
+    )
+    status = main(["validate", "--test", "restoration", "--prompts", str(facts)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1
+    assert "facts whose subject can be found" in err[0]

@@ -265,3 +265,25 @@ def test_files_written_atomically_keep_the_usual_permissions(
         os.umask(mask)
     for name in ("r.json", "r.csv"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644
+
+
+def test_every_field_is_declared_in_the_file_schema():
+    from dataclasses import fields as dataclass_fields
+
+    from captum_iglens.result import IGLENS_SCHEMA
+
+    declared = set(IGLENS_SCHEMA.fields)
+    assert declared == {f.name for f in dataclass_fields(IGLensResult)}
+
+
+def test_loaded_file_has_the_declared_types(result, tmp_path):
+    data = {"kind": "IGLensResult", **result.to_dict()}
+    for field, value, message in (
+        ("layer_names", [], "at least one string"),
+        ("tokens", [["a"] * 3] * 2 + [[1, 2, 3]], "expected strings"),
+        ("metadata", [1], "expected an object"),
+        ("top_ids", [[[[True]]]], "top_ids: expected integers"),
+    ):
+        (tmp_path / "bad.json").write_text(json.dumps({**data, field: value}))
+        with pytest.raises(ValueError, match=message):
+            IGLensResult.load(tmp_path / "bad.json")

@@ -9,11 +9,12 @@ import math
 import os
 import secrets
 from pathlib import Path
-from typing import Any, ClassVar, Dict, Iterator, Sequence, Tuple, Type, TypeVar, Union
+from typing import Any, ClassVar, Dict, Type, TypeVar, Union
 
 import numpy as np
-import torch
 from torch import Tensor
+
+from captum_iglens._utils.schema import SURROGATE, MAX_DEPTH, check_plain
 
 #: The version of the file format; a file with another is refused.
 FORMAT = 1
@@ -98,103 +99,66 @@ def save_json(path: PathLike, kind: str, data: Dict[str, Any]) -> None:
     r"""Writes ``data`` as a tagged JSON document, atomically."""
     check_writable(path, "path")
     document = {"kind": kind, "format": FORMAT, **plain(data)}
-    write_atomic(path, json.dumps(document, ensure_ascii=False, allow_nan=False))
+    text = json.dumps(document, ensure_ascii=False, allow_nan=False)
+    if SURROGATE.search(text):
+        check_plain(document)  # names the field whose text cannot be written
+    write_atomic(path, text)
 
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+def parse_json(text: str, where: Any) -> Any:
+    r"""
+    Parses JSON text that will be loaded as a result (a file, or one line of a
+    results file): NaN and infinities are refused, and so are nesting deeper
+    than :data:`~captum_iglens._utils.schema.MAX_DEPTH` levels and text with
+    lone surrogates. Raises ``ValueError`` starting with ``where``.
+    """
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where}: not a JSON file ({error})") from None
+    except RecursionError:
+        raise ValueError(
+            f"{where}: nested deeper than {MAX_DEPTH} levels"
+        ) from None
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    try:
+        check_plain(data)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    return data
+
+
 def load_json(path: PathLike, kind: str) -> Dict[str, Any]:
     r"""Reads a document written by :func:`save_json` for ``kind``.
 
     Raises:
-        ValueError: If the file is not JSON, holds another kind of result or
-            another format, or contains NaN or infinite numbers.
+        ValueError: If the file is not JSON, has no ``kind`` or another one,
+            another format, NaN or infinite numbers, nesting deeper than
+            :data:`~captum_iglens._utils.schema.MAX_DEPTH` or text with lone
+            surrogates.
     """
     path = Path(path)
     try:
-        data = json.loads(
-            path.read_text(encoding="utf-8"), parse_constant=_refuse_constant
-        )
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not a JSON file ({error})") from None
-    except ValueError as error:
-        raise ValueError(f"{path}: {error}") from None
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not a UTF-8 JSON file ({error})") from None
+    data = parse_json(text, path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    found = data.pop("kind", kind)
+    if "kind" not in data:
+        raise ValueError(f"{path}: kind: missing; expected {kind!r}")
+    found = data.pop("kind")
     if found != kind:
         raise ValueError(f"{path}: holds a {found}; expected a {kind} file")
     version = data.pop("format", FORMAT)
     if version != FORMAT:
         raise ValueError(f"{path}: file format {version!r}, expected {FORMAT}")
     return data
-
-
-def tensor_field(
-    data: Dict[str, Any], name: str, dtype: torch.dtype, shape: Sequence[int]
-) -> Tensor:
-    r"""Field ``name`` of a loaded document as a tensor of ``dtype`` and ``shape``
-    (``-1`` for any size). Raises ``ValueError`` naming the field when it is
-    missing, ragged, of the wrong shape, or holds values of the wrong type
-    (booleans for a mask, integers for ids, finite numbers for floats)."""
-    if name not in data:
-        raise ValueError(f"{name}: missing")
-    value = data[name]
-    leaf_type, what = _LEAVES[dtype]
-    for leaf in _leaves(value):
-        if not _is(leaf, leaf_type):
-            raise ValueError(f"{name}: expected {what}, found {leaf!r}")
-    try:
-        tensor = torch.tensor(value, dtype=dtype)
-    except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"{name}: expected a rectangular nested list") from None
-    if tensor.numel() == 0:
-        # Nested lists keep no shape when a dimension is empty.
-        zero = tuple(0 if n == -1 else n for n in shape)
-        if math.prod(zero) == 0:
-            tensor = tensor.reshape(zero)
-    if not _shape_matches(tuple(tensor.shape), shape):
-        raise ValueError(
-            f"{name}: expected shape {_shape_text(shape)}, got {tuple(tensor.shape)}"
-        )
-    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-        raise ValueError(f"{name}: expected finite numbers")
-    return tensor
-
-
-_LEAVES = {
-    torch.bool: (bool, "booleans"),
-    torch.long: (int, "integers"),
-    torch.float32: (float, "finite numbers"),
-}
-
-
-def _is(leaf: Any, leaf_type: type) -> bool:
-    if leaf_type is bool:
-        return isinstance(leaf, bool)
-    if leaf_type is int:
-        return isinstance(leaf, int) and not isinstance(leaf, bool)
-    return isinstance(leaf, (int, float)) and not isinstance(leaf, bool)
-
-
-def _leaves(value: Any) -> Iterator[Any]:
-    if isinstance(value, list):
-        for item in value:
-            yield from _leaves(item)
-    else:
-        yield value
-
-
-def _shape_matches(found: Tuple[int, ...], expected: Sequence[int]) -> bool:
-    return len(found) == len(expected) and all(
-        e == -1 or f == e for f, e in zip(found, expected)
-    )
-
-
-def _shape_text(shape: Sequence[int]) -> str:
-    return "(" + ", ".join("any" if n == -1 else str(n) for n in shape) + ")"
 
 
 class JsonDocument:

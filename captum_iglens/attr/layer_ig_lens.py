@@ -657,6 +657,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             values, views = path_levels(self.readout, path, chunk_rows, top_k)
         credits = shape.credits(rule, self.readout, path, values, n_steps, chunk_rows)
         values = shape.levels(path, values)
+        views = None if views is None else _column_views(shape, path, views)
         mask = path.mask
         credits = credits.float() * mask[..., None]
         values, model_prob = values.float(), path.model_prob.float()
@@ -713,12 +714,26 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             return tracer.trace(shape, *args, **kwargs)
 
 
+def _column_views(shape: PathGranularity, path: TracedPath, views: Views) -> Views:
+    r"""
+    The views of the path points ``(B, P, K)`` (points ``1 .. K``) as the views
+    of the credit columns ``(B, P, n)``: each column shows the distribution of
+    the path point whose level it reads. Which point that is comes from the
+    granularity's own :meth:`~PathGranularity.levels`, applied to the points'
+    indices, so every granularity's columns get their views the same way.
+    """
+    b, p, k_plus_1 = path.points.shape[:3]
+    index = torch.arange(k_plus_1, device=views.rank.device).expand(b, p, k_plus_1)
+    point = shape.levels(path, index)[0, 0, 1:].to(views.rank.device)
+    return views[:, :, point - 1]
+
+
 def _view_fields(views: Views) -> Dict[str, Tensor]:
-    """The view fields of :class:`IGLensResult`."""
+    """The view fields of :class:`IGLensResult` (float32, like the credits)."""
     return dict(
         top_ids=views.top_ids,
-        top_probs=views.top_probs,
-        entropy=views.entropy,
-        kl=views.kl,
+        top_probs=views.top_probs.float(),
+        entropy=views.entropy.float(),
+        kl=views.kl.float(),
         rank=views.rank,
     )

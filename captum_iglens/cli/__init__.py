@@ -30,6 +30,7 @@ from captum_iglens.cli.common import (
     model_parent,
     settings_parent,
 )
+from captum_iglens.version import __version__
 
 #: The subcommands, in the order of the help, and what adds each to the parser.
 _COMMANDS: Dict[str, Callable[[Any, str], None]] = {
@@ -50,6 +51,9 @@ def build_parser() -> Parser:
         "produced? IG-Lens credits, which add up exactly to the change in "
         "probability. Without a subcommand, `attribute` is run.",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"captum-iglens {__version__}"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, add_parser in _COMMANDS.items():
         add_parser(commands, name)
@@ -59,7 +63,7 @@ def build_parser() -> Parser:
 def _with_subcommand(argv: List[str]) -> List[str]:
     """``argv`` with the subcommand first: ``attribute`` when none is named, and
     options given before the subcommand (``--quiet compare ...``) moved after it."""
-    if argv[:1] in (["-h"], ["--help"]):
+    if argv[:1] in (["-h"], ["--help"], ["--version"]):
         return argv
     for i, token in enumerate(argv):
         if token in _COMMANDS:

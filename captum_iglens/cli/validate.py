@@ -3,6 +3,7 @@ a block (``--test ablation``) or restoring one (``--test restoration``) matters
 most? (see :mod:`captum_iglens.studies.validation`)."""
 
 import argparse
+from typing import List
 
 from captum_iglens.cli.common import (
     HTML_HELP,
@@ -17,7 +18,9 @@ from captum_iglens.cli.common import (
     settings_parent,
     write_outputs,
 )
+from captum_iglens.settings import Settings
 from captum_iglens.studies.validation import (
+    CORRUPTIONS,
     MODES,
     SCORED_METHODS,
     StudyOptions,
@@ -25,13 +28,27 @@ from captum_iglens.studies.validation import (
     run_restoration,
     run_validation,
 )
+from captum_iglens.studies.validation.facts import Fact
+from captum_iglens.studies.validation.restoration_study import traced_facts
+from captum_iglens.studies.validation.study import check_arguments
+
+#: What each test does, for the errors that refuse settings it cannot use.
+_WHAT = {
+    "ablation": "the validation study ablates whole blocks",
+    "restoration": "restoration restores whole blocks' outputs",
+}
+#: The ``--max-new-tokens`` of validate (ablation generates to check answers).
+_MAX_NEW_TOKENS = 8
 
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     r"""Adds the subcommand ``name`` to ``commands``."""
     validate = commands.add_parser(
         name,
-        parents=[settings_parent(chat=False, max_new_tokens=8), model_parent()],
+        parents=[
+            settings_parent(chat=False, max_new_tokens=_MAX_NEW_TOKENS),
+            model_parent(),
+        ],
         help="does each per-layer score predict where ablation hurts most?",
         description="Does each per-layer score predict where ablating a block "
         "lowers p(y) most? Agreement (Spearman, top-1/top-3 hits, onset distance) "
@@ -47,7 +64,12 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         help="ablation: remove whole blocks; restoration: corrupt the subject and "
         "restore one block's output at the attributed position (causal tracing)",
     )
-    validate.add_argument("--mode", choices=MODES, default="skip")
+    validate.add_argument(
+        "--mode",
+        choices=MODES,
+        help="how --test ablation removes a block (default: skip; not used by "
+        "restoration)",
+    )
     validate.add_argument(
         "--methods",
         type=names,
@@ -84,11 +106,12 @@ def prepare(args: argparse.Namespace) -> Job:
     study = StudyOptions(conductance_prompts=args.conductance_prompts)
     check_outputs(args, "json", "png", "html")
     prompts = load_facts(args.prompts)[: args.limit]
+    _check_test(args, settings, study, prompts)
     parts, tokenizer = load(args, settings)
 
     def job() -> int:
         run = run_restoration if args.test == "restoration" else run_validation
-        extra = {} if args.test == "restoration" else {"mode": args.mode}
+        extra = {} if args.test == "restoration" else {"mode": args.mode or "skip"}
         result = run(
             parts,
             tokenizer,
@@ -104,3 +127,29 @@ def prepare(args: argparse.Namespace) -> Job:
         return 0
 
     return job
+
+
+def _check_test(
+    args: argparse.Namespace,
+    settings: Settings,
+    study: StudyOptions,
+    prompts: List[Fact],
+) -> None:
+    r"""Everything the chosen ``--test`` checks, before the model loads: the
+    settings it can use, the facts it can trace, and no option it would ignore."""
+    ignored = [("--top-k", args.top_k != 0)]
+    if args.test == "restoration":
+        ignored += [
+            ("--mode", args.mode is not None),
+            ("--max-new-tokens", args.max_new_tokens != _MAX_NEW_TOKENS),
+        ]
+    given = [name for name, set_ in ignored if set_]
+    if given:
+        raise CommandError(
+            f"{given[0]}: not used by validate --test {args.test}; leave it out"
+        )
+    settings, methods = check_arguments(
+        settings, {}, args.methods, study, _WHAT[args.test]
+    )
+    if args.test == "restoration":
+        traced_facts(prompts, CORRUPTIONS, methods, settings)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from torch import nn
 
+from captum_iglens.hf.declared import check_declared
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.probe import (
     last_outputs_and_logits,
@@ -167,15 +168,29 @@ def _constant(module: nn.Module) -> Callable[[nn.Module], nn.Module]:
 
 
 def unregister_architecture(model_type: str) -> None:
-    r"""Removes a model type added with :func:`register_architecture`.
+    r"""Removes a model type added with :func:`register_architecture`; an entry
+    that replaced a built-in one gives the built-in entry back.
 
     Args:
 
-        model_type (str): A registered ``config.model_type``.
+        model_type (str): A ``config.model_type`` registered by the user.
+
+    Raises:
+        ValueError: If the type is not registered, or its entry is built in
+            (built-in entries cannot be removed; ``replace=True`` overrides one).
     """
     if model_type not in _REGISTRY:
         raise ValueError(f"model_type: {model_type!r} is not registered")
-    del _REGISTRY[model_type]
+    built_in = BUILT_IN.get(model_type)
+    if _REGISTRY[model_type] is built_in:
+        raise ValueError(
+            f"model_type: {model_type!r} is built in and cannot be removed; "
+            "register_architecture(..., replace=True) overrides it"
+        )
+    if built_in is not None:
+        _REGISTRY[model_type] = built_in
+    else:
+        del _REGISTRY[model_type]
 
 
 def supported_model_types() -> List[str]:
@@ -243,6 +258,13 @@ def _verify(model: nn.Module, entry: Architecture) -> Architecture:
             f"post) of the output of the last block of {entry.layers!r} must be "
             f"what the model computes. Fix the entry with {hint[:-1]}, replace=True)"
         )
+    try:
+        check_declared(parts, h_final)
+    except ValueError as error:
+        raise ValueError(
+            f"{type(model).__name__} (model_type={model_type!r}): the registered "
+            f"{error}"
+        ) from None
     return entry
 
 

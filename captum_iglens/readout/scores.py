@@ -222,9 +222,8 @@ class FinalDistribution:
         r"""``KL(q ‖ p) = Σ q log q − Σ q log p`` of each row ``(N, V)`` against
         its position's ``q``: one ``(N, G)`` matrix product."""
         vocab = log_probs.shape[-1]
-        cross = sum(
-            log_probs[:, cols] @ self.probs[:, cols].T for cols in _blocks(vocab)
-        )
+        probs = self.probs.to(log_probs.dtype)  # float64 rows of a float64 model
+        cross = sum(log_probs[:, cols] @ probs[:, cols].T for cols in _blocks(vocab))
         cross = cross.gather(1, self.index[:, None])[:, 0]
         return self.neg_entropy[self.index] - cross
 
@@ -312,6 +311,7 @@ def _token_set(
                 f"padded with {PAD}), got {tokens!r}"
             )
         ids = torch.tensor(sorted(tokens), dtype=torch.long).reshape(-1)
+        _check_range(ids, name, vocab)  # -1 pads only the tensor form
         if len(set(tokens)) != len(tokens):
             raise ValueError(f"{name}: expected distinct token ids, got {tokens!r}")
         ids = ids.expand(batch, n_positions, -1)

@@ -45,7 +45,9 @@ def embed_json(data: Dict[str, Any]) -> str:
         *str*.
     """
     text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return "".join(_ESCAPES.get(char, char) for char in text)
+    return "".join(_ESCAPES.get(char, char) for char in text).encode(
+        "utf-8", "backslashreplace"  # lone surrogates, as the same JSON escapes
+    ).decode("utf-8")
 
 
 def _static(name: str) -> str:
@@ -69,13 +71,14 @@ def render_page(data: Dict[str, Any]) -> str:
     Returns:
         *str*: a complete HTML document.
     """
-    title = data.get("title", "IG-Lens")
+    title = html.escape(str(data.get("title", "IG-Lens")))
+    title = title.encode("utf-8", "backslashreplace").decode("utf-8")
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         # Nothing may be fetched: the policy forbids every source but inline code.
         '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
         "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n"
-        f"<title>{html.escape(title)}</title>\n"
+        f"<title>{title}</title>\n"
         f"<style>\n{_static('viewer.css')}</style>\n</head>\n<body>\n"
         '<div id="app"></div>\n'
         f'<script type="application/json" id="{DATA_ID}">{embed_json(data)}'

@@ -40,6 +40,16 @@ BAD_CALLS = [
 ]
 
 
+@pytest.mark.parametrize(
+    "tokens", [{-1}, [-1, 4], torch.tensor([-1]), {VOCAB}], ids=str
+)
+def test_token_sets_out_of_range_say_so(lens, tokens):
+    """``-1`` pads only the ``(B, P, S)`` tensor form: in a set it is an id out
+    of range, not a missing one."""
+    with pytest.raises(ValueError, match=r"target_tokens: token ids must lie in"):
+        lens.attribute_map(_ids(), target_tokens=tokens)
+
+
 @pytest.mark.parametrize("name, kwargs, error", BAD_CALLS)
 def test_bad_arguments_name_the_argument(lens, llama, name, kwargs, error):
     hooks, state = hook_snapshot(llama), state_snapshot(llama)

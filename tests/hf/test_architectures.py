@@ -126,6 +126,7 @@ def test_registration_in_a_few_lines_with_a_transform(bigcode):
             norm=("transformer.ln_f",),
             post=Softcap(cap),
             mid="ln_2",
+            norm_kind="layer",
             replace=True,
         )
         lens = LayerIGLens.from_model(capped)
@@ -152,3 +153,85 @@ def test_bad_registration_is_named(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
         register_architecture("my_model", **{"norm": (), **kwargs})
     assert "my_model" not in supported_model_types()
+
+
+def _my_llama():
+    from tests.tiny_models import tiny_model
+
+    model = tiny_model("llama")
+    model.config.model_type = "my_llama"  # a user type with llama's layout
+    return model
+
+
+LLAMA = dict(layers="model.layers", norm=("model.norm",))
+BIGCODE = dict(layers="transformer.h", norm=("transformer.ln_f",), norm_kind="layer")
+
+
+@pytest.mark.parametrize(
+    "which, fields, message",
+    [
+        ("llama", dict(mid="input_layernorm"), "mid: the input of block 0's mid "
+         "module is the block input itself"),
+        ("llama", dict(mid="self_attn.o_proj"), "mid: the input of block 0's mid "
+         "module is not the block input plus"),
+        ("llama", dict(mid="mlp.down_proj"), "mid: the input of block 0's mid "
+         "module has shape"),
+        ("llama", dict(mid="post_attention_layernorm", attn_out="mlp.down_proj"),
+         "attn_out: the output of block 0's attn_out module is not the attention"),
+        ("llama", dict(norm_kind="layer"), "norm_kind: registered 'layer'"),
+        ("bigcode", dict(mid="ln_1"), "block input itself"),
+        ("bigcode", dict(mid="ln_2", norm_kind="rms"), "norm_kind: registered 'rms'"),
+        ("bigcode", dict(mid="ln_2", attn_out="mlp.c_proj"), "attn_out:"),
+    ],
+)
+def test_declared_fields_are_measured_on_first_use(bigcode, which, fields, message):
+    """A wrong mid, attn_out or norm_kind is one sentence naming the field, on
+    first use, before any credit is computed."""
+    model = _my_llama() if which == "llama" else bigcode
+    model_type = model.config.model_type
+    register_architecture(model_type, **{**(LLAMA if which == "llama" else BIGCODE),
+                                         **fields})
+    try:
+        with pytest.raises(ValueError, match=message) as error:
+            LayerIGLens.from_model(model)
+        assert len(str(error.value).splitlines()) == 1
+    finally:
+        unregister_architecture(model_type)
+
+
+@pytest.mark.parametrize("which", ["llama", "bigcode"])
+def test_correct_declarations_pass_and_split_exactly(bigcode, which):
+    model = _my_llama() if which == "llama" else bigcode
+    fields = (
+        dict(LLAMA, mid="post_attention_layernorm", attn_out="self_attn.o_proj")
+        if which == "llama"
+        else dict(BIGCODE, mid="ln_2", attn_out="attn.c_proj")
+    )
+    register_architecture(model.config.model_type, **fields)
+    try:
+        lens = LayerIGLens.from_model(model)
+        for granularity in ("sublayer", "head"):
+            result = lens.attribute_map(
+                torch.tensor([[5, 6, 7, 8]]), granularity=granularity
+            )
+            assert result.delta.abs().max() <= 1e-6
+    finally:
+        unregister_architecture(model.config.model_type)
+
+
+def test_built_in_entries_cannot_be_unregistered():
+    with pytest.raises(ValueError, match="'llama' is built in"):
+        unregister_architecture("llama")
+    assert "llama" in supported_model_types()
+    built_in = model_parts(_my_llama_as("llama")).architecture
+    register_architecture("llama", **LLAMA, replace=True)
+    unregister_architecture("llama")  # the built-in entry comes back
+    assert model_parts(_my_llama_as("llama")).architecture is built_in
+    with pytest.raises(ValueError, match="built in"):
+        unregister_architecture("llama")
+
+
+def _my_llama_as(model_type):
+    model = _my_llama()
+    model.config.model_type = model_type
+    return model

@@ -157,7 +157,6 @@ def test_hover_shows_the_numbers_of_the_results_json(browser, map_page):
 def test_click_draws_trajectory_and_completeness(browser, map_page):
     result, folder = map_page
     open_page(browser, folder / "r.html")
-    assert not browser.find_elements("css selector", "#trajectory polyline")
     browser.find_elements("css selector", "#map .rowhead")[2].click()
     lens = browser.find_element("css selector", "#trajectory polyline.lens")
     points = lens.get_attribute("points").split()
@@ -349,3 +348,76 @@ def test_restoration_page(browser, tmp_path, restoration_result):
     assert console_errors(browser) == []
     browser.execute_script("window.scrollTo(0, 0)")
     screenshot(browser, "restoration.png")
+
+
+def escaped(text: str) -> str:
+    """A token as the viewer labels it: the terminal table's escapes (Python's
+    own for what is not printable), plain spaces as '␣', the empty token '∅'."""
+    from captum_iglens.result import _visible
+
+    if text == "":
+        return "∅"
+    return "␣" * len(text) if text.strip(" ") == "" else _visible(text)
+
+
+def test_cells_show_their_layers_top_token_on_open(browser, tmp_path):
+    # The classic logit-lens grid, before any hover: each cell its layer's
+    # top-1 token, readable, the target's cells marked.
+    result = synthetic_result(6, 10, seed=3)
+    result.rank[0, 1, 4] = 1
+    result.rank[0, 3, 9] = 1
+    result.to_html(tmp_path / "t.html")
+    open_page(browser, tmp_path / "t.html")
+    shown = cells(browser)
+    assert len(shown) == 6 * 10
+    for row in range(6):
+        for col in range(10):
+            cell = shown[row * 10 + col]
+            top = result.top_tokens[0][row][col][0]
+            assert cell.get_attribute("textContent") == top
+            hit = "hit" in cell.get_attribute("class").split()
+            assert hit == (int(result.rank[0, row, col]) == 1)
+    width = shown[0].size["width"]
+    size = float(shown[0].value_of_css_property("font-size").rstrip("px"))
+    assert width >= 40 and size >= 10
+    # The text is not clipped away: the cell is as wide as its token needs.
+    fits = browser.execute_script(
+        "var c = arguments[0]; return c.scrollWidth <= c.clientWidth + 1", shown[0]
+    )
+    assert fits
+    assert console_errors(browser) == []
+    screenshot(browser, "top-tokens.png")
+
+
+def test_invisible_tokens_are_labelled_escaped(browser, tmp_path):
+    tokens = [" The", "\n", " ", "\t", "a\x00b", "\u200b", "", "\n\n"]
+    result = synthetic_result(len(tokens), 4, tokens=tokens)
+    result.top_tokens[0][0][2][0] = "\n"
+    result.to_html(tmp_path / "e.html")
+    open_page(browser, tmp_path / "e.html")
+    labels = browser.find_elements("css selector", "#map .rowhead .tok")
+    texts = [e.get_attribute("textContent") for e in labels]
+    assert texts == [escaped(t) for t in tokens]
+    assert texts[1] == "\\n" and texts[2] == "␣" and texts[5] == "\\u200b"
+    assert labels[1].is_displayed() and labels[1].size["width"] > 0
+    assert cells(browser)[2].get_attribute("textContent") == "\\n"
+    hover(browser, cells(browser)[1 * 4])
+    assert field(browser, "token") == "\\n"
+    assert console_errors(browser) == []
+    screenshot(browser, "escaped.png")
+
+
+def test_first_token_trajectory_is_drawn_on_open(browser, map_page):
+    result, folder = map_page
+    open_page(browser, folder / "r.html")
+    lens = browser.find_element("css selector", "#trajectory polyline.lens")
+    ys = [float(p.split(",")[1]) for p in lens.get_attribute("points").split()]
+    levels = [float(result.base_prob[0, 0])] + result.lens[0, 0].tolist()
+    assert len(ys) == len(levels)
+    low, high = int(np.argmin(levels)), int(np.argmax(levels))
+    assert ys[high] < ys[low]
+    text = browser.find_element("id", "completeness").text
+    sigma = text.split("Σ = ")[1].split()[0]
+    assert close_to(sigma, sum(result.attributions[0, 0].tolist()))
+    selected = browser.find_elements("css selector", "#map .rowhead.selected")
+    assert [e.get_attribute("data-row") for e in selected] == ["0"]

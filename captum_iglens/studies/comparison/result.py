@@ -4,10 +4,22 @@ additivity residual and its cost, checked, saved and loaded like every result.""
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Tuple
 
-import torch
 from torch import Tensor
 
-from captum_iglens._utils.serialization import JsonDocument, plain, tensor_field
+from captum_iglens._utils.schema import (
+    Array,
+    Default,
+    Either,
+    Integer,
+    Json,
+    MapOf,
+    Maybe,
+    Number,
+    Record,
+    Text,
+    Texts,
+)
+from captum_iglens._utils.serialization import JsonDocument, plain
 from captum_iglens.studies.comparison.measure import Cost
 from captum_iglens.studies.comparison.page import comparison_page
 from captum_iglens.studies.comparison.plot import plot_comparison
@@ -16,26 +28,36 @@ from captum_iglens.viewer import Viewable
 _COST_FIELDS = tuple(f.name for f in fields(Cost))
 
 
-def _length(value: Any) -> int:
-    return len(value) if isinstance(value, list) else -1
+#: One method's entry in a saved :class:`ComparisonResult`: ``B`` sequences,
+#: ``P`` positions, ``m`` columns of its own (blocks, or their parts).
+_METHOD = Record(
+    local=("m",),
+    layer_names=Texts("m", nonempty=True),
+    scores=Array("float", "B", "P", "m"),
+    expected=Array("float", "B", "P"),
+    prob_change=Array("float", "B", "P"),
+    unit=Text(("probability", "logit")),
+    note=Text(),
+    seconds=Number(low=0),
+    **{name: Integer() for name in _COST_FIELDS if name != "seconds"},
+    delta=Maybe(Either(Array("float", "B", "P"), Array("float", "B", "P", "m"))),
+    # Written for readers of the file; recomputed on load.
+    layer_sum=Maybe(Array("float", "B", "P")),
+    residual=Maybe(Array("float", "B", "P")),
+)
 
-
-def _method_from_dict(entry: Any, b: int, p: int) -> "MethodResult":
-    if not isinstance(entry, dict):
-        raise ValueError("expected an object")
-    kwargs = {f.name: entry[f.name] for f in fields(MethodResult)}
-    k = _length(kwargs["layer_names"])
-    kwargs["scores"] = tensor_field(entry, "scores", torch.float32, (b, p, k))
-    for key in ("expected", "prob_change"):
-        kwargs[key] = tensor_field(entry, key, torch.float32, (b, p))
-    if entry["delta"] is not None:
-        per_block = isinstance(entry["delta"], list) and any(
-            isinstance(row, list) and row and isinstance(row[0], list)
-            for row in entry["delta"]
-        )
-        shape = (b, p, k) if per_block else (b, p)
-        kwargs["delta"] = tensor_field(entry, "delta", torch.float32, shape)
-    return MethodResult(**kwargs)
+#: What a saved :class:`ComparisonResult` holds, one declaration per field (see
+#: :mod:`captum_iglens._utils.schema`).
+COMPARISON_SCHEMA = Record(
+    targets=Array("int", "B", "P"),
+    positions=Array("int", "P"),
+    mask=Array("bool", "B", "P"),
+    layer_names=Texts("k", nonempty=True),
+    tokens=Maybe(Texts("B", "P")),
+    input_tokens=Maybe(Texts("B", "P")),
+    metadata=Default(Json()),
+    methods=MapOf(_METHOD, nonempty=True),
+)
 
 
 @dataclass
@@ -215,31 +237,15 @@ class ComparisonResult(JsonDocument, Viewable):
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "ComparisonResult":
-        """Inverse of :meth:`to_dict`; every field is checked."""
-        names = [f.name for f in fields(cls)]
-        unknown = set(data) - set(names)
-        missing = {"methods", "targets", "positions", "mask", "layer_names"} - set(data)
-        if unknown or missing:
-            raise ValueError(
-                f"unknown fields {sorted(unknown)}, missing fields {sorted(missing)}"
-            )
-        if not isinstance(data["methods"], dict) or not data["methods"]:
-            raise ValueError("methods: expected a non-empty object")
-        b, p = _length(data["targets"]), _length(data["positions"])
-        methods = {}
-        for name, entry in data["methods"].items():
-            try:
-                methods[name] = _method_from_dict(entry, b, p)
-            except (ValueError, TypeError, KeyError) as error:
-                raise ValueError(f"methods.{name}.{error}") from None
-        kwargs = {name: data[name] for name in names if name in data}
-        kwargs.update(
-            methods=methods,
-            targets=tensor_field(data, "targets", torch.long, (b, p)),
-            positions=tensor_field(data, "positions", torch.long, (p,)),
-            mask=tensor_field(data, "mask", torch.bool, (b, p)),
-        )
-        return cls(**kwargs)
+        """Inverse of :meth:`to_dict`; every field is checked
+        (:data:`COMPARISON_SCHEMA`)."""
+        fields = COMPARISON_SCHEMA.load(data)
+        derived = ("layer_sum", "residual")
+        fields["methods"] = {
+            name: MethodResult(**{k: v for k, v in entry.items() if k not in derived})
+            for name, entry in fields["methods"].items()
+        }
+        return cls(**fields)
 
     def plot(self, sequence: int = 0) -> Tuple[Any, Dict[str, Any]]:
         r"""The methods side by side; see

@@ -119,7 +119,7 @@ def run_validation(
     (:func:`~captum_iglens.studies.validation.ablation.ablate`), beside each
     method's per-layer score of the same token, on the same blocks. Agreement per
     token (:func:`~captum_iglens.studies.validation.stats.agreement`) is
-    aggregated with percentile bootstrap intervals.
+    aggregated with BCa bootstrap intervals (:func:`scipy.stats.bootstrap`).
 
     Methods (:data:`SCORED_METHODS`): ``"ig_lens"`` (signed credits, with the
     settings' estimator and baseline) and ``"ig_lens_abs"`` (their magnitudes);

@@ -58,12 +58,13 @@ class Fact:
 
     @classmethod
     def from_dict(cls, record: Dict[str, Any]) -> "Fact":
-        """Inverse of :meth:`to_dict`; other keys of ``record`` are ignored."""
+        """Inverse of :meth:`to_dict` (a missing ``answer`` is None); other keys
+        of ``record`` are ignored."""
         return cls(
             id=record["id"],
             relation=record["relation"],
             prompt=record["prompt"],
-            answer=record["answer"],
+            answer=record.get("answer"),
             aliases=tuple(record["aliases"]),
         )
 

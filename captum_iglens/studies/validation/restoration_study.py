@@ -167,7 +167,7 @@ def run_restoration(
     settings, methods = check_arguments(
         settings, options, methods, study, "restoration restores whole blocks' outputs"
     )
-    facts = _traced_facts(prompts, corruptions, methods, settings)
+    facts = traced_facts(prompts, corruptions, methods, settings)
     started = time.perf_counter()
     parts = model_parts(model)  # unwrapped and looked up once
     model = parts.model
@@ -237,14 +237,20 @@ def run_restoration(
     )
 
 
-def _traced_facts(
+def traced_facts(
     prompts: Sequence[Fact],
     corruptions: Sequence[str],
     methods: List[str],
     settings: Settings,
 ) -> List[Fact]:
-    """The facts whose subject can be found, once the arguments that only
-    restoration needs are checked."""
+    r"""
+    The facts whose subject can be found, once the arguments that only
+    restoration needs are checked (the CLI calls it before the model loads).
+
+    Raises:
+        ValueError: Naming the argument: chat prompts, ``ig_lens`` not among
+            ``methods``, an unknown corruption, or no fact with a subject.
+    """
     if settings.chat:
         raise ValueError("settings: restoration needs raw prompts; use chat=False")
     if "ig_lens" not in methods:

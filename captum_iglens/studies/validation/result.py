@@ -6,6 +6,19 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from captum_iglens._utils.schema import (
+    Array,
+    Default,
+    Flag,
+    Integer,
+    ListOf,
+    MapOf,
+    Maybe,
+    Number,
+    Record,
+    Text,
+    Texts,
+)
 from captum_iglens._utils.serialization import JsonDocument, plain
 from captum_iglens.studies.validation.facts import Fact
 from captum_iglens.studies.validation.page import restoration_page, validation_page
@@ -22,7 +35,69 @@ def _cell(stats: Dict[str, float], signed: bool) -> str:
     if stats["n"] == 0:
         return "-"
     form = "+.3f" if signed else ".3f"
-    return f"{stats['mean']:{form}} [{stats['lo']:{form}}, {stats['hi']:{form}}]"
+    # An undefined value is NaN in memory and null in a saved file.
+    mean, lo, hi = (
+        float("nan") if stats[key] is None else stats[key]
+        for key in ("mean", "lo", "hi")
+    )
+    return f"{mean:{form}} [{lo:{form}}, {hi:{form}}]"
+
+
+#: The agreement statistics of one cell of a summary.
+_STATS = Record(
+    n=Integer(),
+    n_undefined=Integer(),
+    mean=Number(nullable=True),
+    lo=Number(nullable=True),
+    hi=Number(nullable=True),
+)
+#: A fact as saved (see :meth:`Fact.to_dict`).
+_FACT = dict(
+    id=Text(),
+    relation=Text(),
+    prompt=Text(),
+    answer=Maybe(Text()),
+    aliases=ListOf(Text()),
+)
+_GROUPS = ("all", "correct", "non_monotone", "conductance_subset")
+_SUMMARY = MapOf(
+    MapOf(MapOf(_STATS, keys=METRICS), keys="methods"), keys=_GROUPS, every=False
+)
+#: One prompt of a saved :class:`ValidationResult`, ``k`` blocks.
+_TOKEN = Record(
+    **_FACT,
+    generated=Text(),
+    correct=Flag(nullable=True),
+    token=Text(),
+    model_prob=Number(),
+    drops=Array("float", "k", numpy=True),
+    trajectory=Array("float", "k+1", numpy=True),
+    nonmonotone_depth=Number(),
+    groups=ListOf(Text(_GROUPS), names="groups"),
+    scores=MapOf(Array("float", "k", numpy=True), keys="methods", every=False),
+    agreement=MapOf(
+        MapOf(Number(nullable=True), keys=METRICS), keys="methods", every=False
+    ),
+)
+#: What a saved :class:`ValidationResult` holds, one declaration per field (see
+#: :mod:`captum_iglens._utils.schema`): ``N`` prompts, ``k`` blocks.
+VALIDATION_SCHEMA = Record(
+    mode=Text(),
+    methods=ListOf(Text(), names="methods", nonempty=True, required=("ig_lens",)),
+    layer_names=Texts("k", nonempty=True),
+    tokens=ListOf(_TOKEN, "N", nonempty=True),
+    # Written for readers of the file; recomputed on load.
+    accuracy=Maybe(_STATS),
+    summary=_SUMMARY,
+    summary_without_first=Default(MapOf(_SUMMARY.value, keys=_GROUPS, every=False)),
+    settings=Record(
+        open=True,
+        n_bootstrap=Integer(low=1),
+        seed=Integer(),
+        nonmonotone_threshold=Number(),
+        notes=ListOf(Text()),
+    ),
+)
 
 
 @dataclass
@@ -104,6 +179,13 @@ class ValidationResult(JsonDocument, Viewable):
         for group, members in self.groups.items():
             if np.shape(members) != (n,):
                 raise ValueError(f"groups.{group}: expected shape {(n,)}")
+        for name in ("summary", "summary_without_first"):
+            tables = getattr(self, name)
+            if (tables or name == "summary") and set(tables) != set(self.groups):
+                raise ValueError(
+                    f"{name}: expected a table per group {sorted(self.groups)}, "
+                    f"got {sorted(tables)}"
+                )
 
     def accuracy(self) -> Dict[str, float]:
         """The share of checked prompts answered correctly, with its bootstrap CI."""
@@ -232,58 +314,45 @@ class ValidationResult(JsonDocument, Viewable):
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "ValidationResult":
-        """Inverse of :meth:`to_dict`; every field is checked."""
-        required = {"mode", "methods", "layer_names", "summary", "settings", "tokens"}
-        missing = required - set(data)
-        if missing:
-            raise ValueError(f"missing fields {sorted(missing)}")
-        methods, tokens = data["methods"], data["tokens"]
-        if not isinstance(tokens, list) or not all(isinstance(t, dict) for t in tokens):
-            raise ValueError("tokens: expected a list of per-token objects")
-        n, k = len(tokens), len(data["layer_names"])
-        try:
-            facts = [Fact.from_dict({"aliases": (), **t}) for t in tokens]
-            groups = {
-                g: np.array([g in t["groups"] for t in tokens], dtype=bool)
-                for g in dict.fromkeys(g for t in tokens for g in t["groups"])
-            }
-            groups.setdefault("all", np.ones(n, bool))
-            groups.setdefault("correct", np.zeros(n, bool))
-            groups.setdefault("non_monotone", np.zeros(n, bool))
-            scores = {m: np.full((n, k), np.nan) for m in methods}
-            values = {m: {} for m in methods}  # type: Dict[str, Dict[str, np.ndarray]]
-            for i, t in enumerate(tokens):
-                for m, row in t["scores"].items():
-                    scores[m][i] = _floats(row, f"tokens[{i}].scores.{m}")
-                for m, metrics in t["agreement"].items():
-                    for metric, value in metrics.items():
-                        column = values[m].setdefault(metric, np.full(n, np.nan))
-                        column[i] = np.nan if value is None else value
-            return cls(
-                mode=data["mode"],
-                methods=list(methods),
-                layer_names=list(data["layer_names"]),
-                facts=facts,
-                generated=[t["generated"] for t in tokens],
-                correct=[t["correct"] for t in tokens],
-                target_tokens=[t["token"] for t in tokens],
-                model_prob=_floats([t["model_prob"] for t in tokens], "model_prob"),
-                drops=_floats([t["drops"] for t in tokens], "drops").reshape(n, k),
-                trajectory=_floats(
-                    [t["trajectory"] for t in tokens], "trajectory"
-                ).reshape(n, k + 1),
-                nonmonotone_depth=_floats(
-                    [t["nonmonotone_depth"] for t in tokens], "nonmonotone_depth"
-                ),
-                scores=scores,
-                values=values,
-                groups=groups,
-                summary=data["summary"],
-                settings=data["settings"],
-                summary_without_first=data.get("summary_without_first", {}),
-            )
-        except KeyError as missing_key:
-            raise ValueError(f"tokens: an entry lacks {missing_key}") from None
+        """Inverse of :meth:`to_dict`; every field is checked
+        (:data:`VALIDATION_SCHEMA`)."""
+        found = VALIDATION_SCHEMA.load(data)
+        methods, tokens = found["methods"], found["tokens"]
+        n, k = len(tokens), len(found["layer_names"])
+        groups = {g: np.zeros(n, bool) for g in ("all", "correct", "non_monotone")}
+        scores = {m: np.full((n, k), np.nan) for m in methods}
+        values: Dict[str, Dict[str, np.ndarray]] = {m: {} for m in methods}
+        for i, t in enumerate(tokens):
+            for g in t["groups"]:
+                groups.setdefault(g, np.zeros(n, bool))[i] = True
+            for m, row in t["scores"].items():
+                scores[m][i] = row
+            for m, metrics in t["agreement"].items():
+                for metric, value in metrics.items():
+                    values[m].setdefault(metric, np.full(n, np.nan))[i] = value
+        return cls(
+            mode=found["mode"],
+            methods=methods,
+            layer_names=found["layer_names"],
+            facts=[Fact.from_dict(t) for t in tokens],
+            generated=[t["generated"] for t in tokens],
+            correct=[t["correct"] for t in tokens],
+            target_tokens=[t["token"] for t in tokens],
+            model_prob=np.array([t["model_prob"] for t in tokens], float),
+            drops=np.array([t["drops"] for t in tokens], float).reshape(n, k),
+            trajectory=np.array([t["trajectory"] for t in tokens], float).reshape(
+                n, k + 1
+            ),
+            nonmonotone_depth=np.array(
+                [t["nonmonotone_depth"] for t in tokens], float
+            ),
+            scores=scores,
+            values=values,
+            groups=groups,
+            summary=found["summary"],
+            settings=found["settings"],
+            summary_without_first=found.get("summary_without_first", {}),
+        )
 
     def plot(
         self, examples: Optional[Sequence[int]] = None
@@ -298,16 +367,6 @@ class ValidationResult(JsonDocument, Viewable):
         return validation_page(self)
 
 
-def _floats(value: Any, name: str) -> np.ndarray:
-    try:
-        array = np.array(value, dtype=float)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected numbers") from None
-    if not np.isfinite(array).all():
-        raise ValueError(f"{name}: expected finite numbers")
-    return array
-
-
 #: Column titles of the restoration table.
 _ONSET_TITLES = {
     "onset_spearman": "onset Spearman",
@@ -317,6 +376,48 @@ _ONSET_TITLES = {
     "within_2": "within ±2",
     "gain_spearman": "Spearman vs gains",
 }
+
+
+_CORRUPTIONS = ("noise", "counterfactual")
+#: What a saved :class:`RestorationResult` holds, one declaration per field
+#: (see :mod:`captum_iglens._utils.schema`): ``N`` facts, ``k`` blocks; null
+#: numbers read as NaN (not traced, not run, no onset).
+RESTORATION_SCHEMA = Record(
+    corruptions=ListOf(Text(_CORRUPTIONS), names="corruptions", nonempty=True),
+    methods=ListOf(Text(), names="methods", nonempty=True, required=("ig_lens",)),
+    layer_names=Texts("k", nonempty=True),
+    facts=ListOf(Record(**_FACT), "N", nonempty=True),
+    target_tokens=Texts("N"),
+    trajectory=Array("float", "N", "k+1", numpy=True, nullable=True),
+    nonmonotone_depth=Array("float", "N", numpy=True, nullable=True),
+    probs=MapOf(
+        Array("float", "N", "k+2", numpy=True, nullable=True), keys="corruptions"
+    ),
+    scores=MapOf(Array("float", "N", "k", numpy=True, nullable=True), keys="methods"),
+    onsets=MapOf(Array("float", "N", numpy=True, nullable=True), keys="methods"),
+    causal_onsets=MapOf(
+        Array("float", "N", numpy=True, nullable=True), keys="corruptions"
+    ),
+    conductance=Array("bool", "N", numpy=True),
+    summary=MapOf(
+        MapOf(
+            MapOf(MapOf(_STATS, keys=ONSET_METRICS), keys="methods"),
+            keys=("all", "monotone", "non_monotone", "conductance_subset"),
+            every=False,
+        ),
+        keys="corruptions",
+    ),
+    settings=Record(
+        open=True,
+        n_bootstrap=Integer(low=1),
+        recovery_threshold=Number(),
+        onset_frac=Number(),
+        min_effect=Number(),
+        noise_scale=Number(),
+        noise_std=Number(),
+        noise_seeds=Integer(),
+    ),
+)
 
 
 @dataclass
@@ -385,6 +486,13 @@ class RestorationResult(JsonDocument, Viewable):
             found = np.shape(value[key] if key else value)
             if found != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {found}")
+        for field in ("onsets", "causal_onsets"):
+            for key, onsets in getattr(self, field).items():
+                given = onsets[~np.isnan(onsets)]
+                if ((given != np.round(given)) | (given < 0) | (given >= k)).any():
+                    raise ValueError(
+                        f"{field}.{key}: expected block indices in [0, {k}) or null"
+                    )
 
     def recovery(self, corruption: str) -> np.ndarray:
         r"""``(N, k)`` recoveries ``r(L)`` under ``corruption`` (NaN where not
@@ -461,7 +569,7 @@ class RestorationResult(JsonDocument, Viewable):
             "",
             "gains: r(L) − r(L−1), r before block 0 = 0; 'Spearman vs gains' is the "
             "per-token rank correlation of a method's per-block scores with them, "
-            "averaged over tokens. Intervals: percentile bootstrap over tokens, "
+            "averaged over tokens. Intervals: BCa bootstrap over tokens, "
             f"{s['n_bootstrap']} resamples.",
         ]
         return "\n".join(lines)
@@ -513,26 +621,11 @@ class RestorationResult(JsonDocument, Viewable):
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "RestorationResult":
-        """Inverse of :meth:`to_dict`; shapes are checked."""
-        try:
-            return cls(
-                corruptions=list(data["corruptions"]),
-                methods=list(data["methods"]),
-                layer_names=list(data["layer_names"]),
-                facts=[Fact.from_dict(f) for f in data["facts"]],
-                target_tokens=list(data["target_tokens"]),
-                trajectory=_nans(data["trajectory"]),
-                nonmonotone_depth=_nans(data["nonmonotone_depth"]),
-                probs={c: _nans(v) for c, v in data["probs"].items()},
-                scores={m: _nans(v) for m, v in data["scores"].items()},
-                onsets={m: _nans(v) for m, v in data["onsets"].items()},
-                causal_onsets={c: _nans(v) for c, v in data["causal_onsets"].items()},
-                conductance=np.array(data["conductance"], dtype=bool),
-                summary=_summary_nans(data["summary"]),
-                settings=data["settings"],
-            )
-        except KeyError as missing:
-            raise ValueError(f"missing field {missing}") from None
+        """Inverse of :meth:`to_dict`; every field is checked
+        (:data:`RESTORATION_SCHEMA`)."""
+        found = RESTORATION_SCHEMA.load(data)
+        found["facts"] = [Fact.from_dict(f) for f in found["facts"]]
+        return cls(**found)
 
 
 def _nulls(value: Any) -> Any:
@@ -546,22 +639,3 @@ def _nulls(value: Any) -> Any:
     if isinstance(value, float) and np.isnan(value):
         return None
     return value
-
-
-def _nans(value: Any) -> np.ndarray:
-    array = np.array(_none_to_nan(value), dtype=float)
-    if np.isinf(array).any():
-        raise ValueError("expected finite numbers or null")
-    return array
-
-
-def _none_to_nan(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_none_to_nan(v) for v in value]
-    return np.nan if value is None else value
-
-
-def _summary_nans(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _summary_nans(v) for key, v in value.items()}
-    return np.nan if value is None else value

@@ -2,15 +2,21 @@ r"""
 Agreement statistics between a per-layer score and per-layer ablation drops, for
 one token at a time, and their bootstrap aggregation over tokens.
 
-Everything here is plain numpy on 1-D arrays of ``k`` layers. Ties are handled
-explicitly: ranks are averaged, and "the argmax layer" of a vector with tied
-maxima is taken uniformly at random among them, so every rate and distance is its
-expectation over that choice (a constant score earns exactly the chance rate).
+Ranks, Spearman correlations and bootstrap intervals come from
+:mod:`scipy.stats` (``spearmanr``, ``bootstrap`` with bias-corrected and
+accelerated, BCa, intervals); what is written here is what scipy does not have:
+the argument checks, the agreement metrics of a per-layer score, and the handling
+of undefined values and degenerate resamples. Ties are handled explicitly: ranks
+are averaged, and "the argmax layer" of a vector with tied maxima is taken
+uniformly at random among them, so every rate and distance is its expectation over
+that choice (a constant score earns exactly the chance rate).
 """
 
+import warnings
 from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 #: Relative slack of the onset rule, as in :meth:`IGLensResult.onset`.
 _ONSET_SLACK = 1e-6
@@ -37,31 +43,10 @@ def _pair(score: np.ndarray, drop: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return score, drop
 
 
-def rankdata(values: np.ndarray) -> np.ndarray:
-    r"""
-    Ranks from 1 to ``n``, tied values sharing the average of their ranks
-    (``scipy.stats.rankdata(method="average")``).
-
-    Args:
-
-        values (np.ndarray): 1-D array of finite numbers.
-
-    Returns:
-        *np.ndarray* of float64 ranks, the shape of ``values``.
-    """
-    values = _vector(values, "values")
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(values.size)
-    ranks[order] = np.arange(1, values.size + 1)
-    _, groups = np.unique(values, return_inverse=True)
-    sums = np.bincount(groups, weights=ranks)
-    counts = np.bincount(groups)
-    return sums[groups] / counts[groups]
-
-
 def spearman(score: np.ndarray, drop: np.ndarray) -> float:
     r"""
-    Spearman's rank correlation: the Pearson correlation of the average ranks.
+    Spearman's rank correlation (:func:`scipy.stats.spearmanr`, average ranks
+    for ties) of two checked per-layer vectors.
 
     Args:
 
@@ -70,13 +55,12 @@ def spearman(score: np.ndarray, drop: np.ndarray) -> float:
 
     Returns:
         *float* in ``[-1, 1]``, or NaN when either vector is constant (the
-        correlation is undefined there).
+        correlation is undefined there; scipy's warning is not raised).
     """
     score, drop = _pair(score, drop)
-    a = rankdata(score) - (score.size + 1) / 2
-    b = rankdata(drop) - (drop.size + 1) / 2
-    norm = np.sqrt((a * a).sum() * (b * b).sum())
-    return float((a * b).sum() / norm) if norm > 0 else float("nan")
+    if score.size < 2 or np.ptp(score) == 0 or np.ptp(drop) == 0:
+        return float("nan")
+    return float(scipy_stats.spearmanr(score, drop).statistic)
 
 
 def _maxima(values: np.ndarray) -> np.ndarray:
@@ -194,8 +178,9 @@ def bootstrap_mean(
     values: np.ndarray, n_bootstrap: int = 1000, seed: int = 0, level: float = 0.95
 ) -> Dict[str, float]:
     r"""
-    The mean of per-token values and its percentile bootstrap confidence interval
-    (tokens resampled with replacement). NaN values are excluded and counted.
+    The mean of per-token values and its BCa bootstrap confidence interval
+    (:func:`bootstrap_statistic` of :func:`numpy.mean`). NaN values are excluded
+    and counted.
 
     Args:
 
@@ -209,25 +194,7 @@ def bootstrap_mean(
         *dict* with ``mean``, ``lo``, ``hi`` (NaN when no value is defined),
         ``n`` (defined values) and ``n_undefined`` (NaN values).
     """
-    array = np.asarray(values, dtype=np.float64).reshape(-1)
-    if (
-        isinstance(n_bootstrap, bool)
-        or not isinstance(n_bootstrap, int)
-        or n_bootstrap < 1
-    ):
-        raise ValueError(f"n_bootstrap: expected an int >= 1, got {n_bootstrap!r}")
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level: expected a number in (0, 1), got {level}")
-    defined = array[~np.isnan(array)]
-    out = {"n": int(defined.size), "n_undefined": int(array.size - defined.size)}
-    if defined.size == 0:
-        return dict(out, mean=float("nan"), lo=float("nan"), hi=float("nan"))
-    rng = np.random.default_rng(seed)
-    samples = rng.integers(0, defined.size, size=(n_bootstrap, defined.size))
-    means = defined[samples].mean(axis=1)
-    tail = 100 * (1 - level) / 2
-    lo, hi = np.percentile(means, [tail, 100 - tail])
-    return dict(out, mean=float(defined.mean()), lo=float(lo), hi=float(hi))
+    return bootstrap_statistic((values,), np.mean, n_bootstrap, seed, level)
 
 
 #: The agreement metrics of :func:`agreement`, in table order.
@@ -343,48 +310,101 @@ def recovery_gains(recovery: np.ndarray) -> np.ndarray:
     return np.diff(_vector(recovery, "recovery"), prepend=0.0)
 
 
+def _check_bootstrap(n_bootstrap: int, level: float) -> None:
+    if (
+        isinstance(n_bootstrap, bool)
+        or not isinstance(n_bootstrap, int)
+        or n_bootstrap < 1
+    ):
+        raise ValueError(f"n_bootstrap: expected an int >= 1, got {n_bootstrap!r}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level: expected a number in (0, 1), got {level}")
+
+
+def _bca_interval(
+    arrays: Tuple[np.ndarray, ...],
+    statistic: Callable[..., Any],
+    n_bootstrap: int,
+    seed: int,
+    level: float,
+) -> Tuple[float, float]:
+    # A point-mass bootstrap distribution (one row, or constant values) has no
+    # BCa interval in scipy (which needs two rows and a spread): it is the point.
+    if arrays[0].size < 2:
+        value = float(statistic(*arrays))
+        return value, value
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", scipy_stats.DegenerateDataWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        found = scipy_stats.bootstrap(
+            arrays,
+            statistic,
+            n_resamples=n_bootstrap,
+            confidence_level=level,
+            method="BCa",
+            paired=True,
+            rng=np.random.default_rng(seed),
+        )
+    spread = found.bootstrap_distribution
+    if np.isfinite(spread).all() and np.ptp(spread) == 0:
+        return float(spread[0]), float(spread[0])
+    interval = found.confidence_interval
+    return float(interval.low), float(interval.high)
+
+
 def bootstrap_statistic(
     columns: Tuple[np.ndarray, ...],
-    statistic: Callable[..., float],
+    statistic: Callable[..., Any],
     n_bootstrap: int = 1000,
     seed: int = 0,
     level: float = 0.95,
 ) -> Dict[str, float]:
     r"""
-    A statistic of per-token columns and its percentile bootstrap interval
-    (tokens, i.e. rows of every column together, resampled with replacement).
+    A statistic of per-token columns and its BCa bootstrap interval
+    (:func:`scipy.stats.bootstrap` with ``method="BCa"``, ``paired=True``:
+    tokens, i.e. rows of every column together, resampled with replacement).
     Rows with a NaN in any column are excluded and counted.
 
     Args:
 
         columns (tuple of np.ndarray): 1-D arrays of the same length.
-        statistic (Callable): ``statistic(*columns) -> float``.
-        n_bootstrap (int, optional): Resamples. Default: 1000.
+        statistic (Callable): ``statistic(*columns) -> float``; when it takes an
+                    ``axis`` keyword, scipy evaluates all resamples at once.
+        n_bootstrap (int, optional): Resamples, ``>= 1``. Default: 1000.
         seed (int, optional): Seed of the resampling. Default: 0.
-        level (float, optional): Coverage of the interval. Default: 0.95.
+        level (float, optional): Coverage of the interval, in ``(0, 1)``.
+                    Default: 0.95.
 
     Returns:
-        *dict* as :func:`bootstrap_mean`'s, with ``mean`` the statistic on all
-        defined rows (NaN resamples are ignored in the interval).
+        *dict* with ``mean`` (the statistic on all defined rows), ``lo`` and
+        ``hi`` (the interval: the value itself when every resample gives the same
+        value, e.g. with one defined row; NaN when the statistic is undefined on
+        some resample), ``n`` (defined rows) and ``n_undefined``.
     """
+    _check_bootstrap(n_bootstrap, level)
     arrays = [np.asarray(c, dtype=np.float64).reshape(-1) for c in columns]
+    sizes = [a.size for a in arrays]
+    if len(set(sizes)) != 1:
+        raise ValueError(f"columns: expected 1-D arrays of one length, got {sizes}")
     defined = ~np.any([np.isnan(a) for a in arrays], axis=0)
     arrays = [a[defined] for a in arrays]
     out = {"n": int(defined.sum()), "n_undefined": int((~defined).sum())}
     if not out["n"]:
         return dict(out, mean=float("nan"), lo=float("nan"), hi=float("nan"))
-    rng = np.random.default_rng(seed)
-    samples = rng.integers(0, out["n"], size=(n_bootstrap, out["n"]))
-    values = np.array([statistic(*(a[s] for a in arrays)) for s in samples])
-    values = values[~np.isnan(values)]
-    tail = 100 * (1 - level) / 2
-    lo, hi = np.percentile(values, [tail, 100 - tail]) if values.size else (np.nan,) * 2
+    lo, hi = _bca_interval(tuple(arrays), statistic, n_bootstrap, seed, level)
     value = statistic(*arrays)
-    return dict(out, mean=float(value), lo=float(lo), hi=float(hi))
+    return dict(out, mean=float(value), lo=lo, hi=hi)
 
 
 def _spearman_or_nan(a: np.ndarray, b: np.ndarray) -> float:
     return spearman(a, b) if a.size > 1 else float("nan")
+
+
+def _within(layers: int) -> Callable[..., Any]:
+    def share(diff: np.ndarray, axis: int = -1) -> Any:
+        return np.mean(diff <= layers, axis=axis)
+
+    return share
 
 
 #: The metrics of :func:`onset_agreement`, in table order.
@@ -426,14 +446,14 @@ def onset_agreement(
     diff = np.abs(np.asarray(onsets, float) - np.asarray(causal, float))
     pair = (np.asarray(onsets, float), np.asarray(causal, float))
 
-    def boot(cols: Tuple[np.ndarray, ...], stat: Callable[..., float]) -> Any:
+    def boot(cols: Tuple[np.ndarray, ...], stat: Callable[..., Any]) -> Any:
         return bootstrap_statistic(cols, stat, n_bootstrap, seed)
 
     return {
         "onset_spearman": boot(pair, _spearman_or_nan),
         "mean_abs_diff": boot((diff,), np.mean),
         "median_abs_diff": boot((diff,), np.median),
-        "within_1": boot((diff,), lambda d: float(np.mean(d <= 1))),
-        "within_2": boot((diff,), lambda d: float(np.mean(d <= 2))),
+        "within_1": boot((diff,), _within(1)),
+        "within_2": boot((diff,), _within(2)),
         "gain_spearman": boot((np.asarray(gain_spearman, float),), np.mean),
     }

@@ -12,6 +12,8 @@
     pending = setTimeout(function () { if (redraw) redraw(); }, 150);
   });
   var PURPLE = [84, 39, 143];
+  // Above this many columns, cells are coloured only (no top-1 token text).
+  var MAX_TEXT_COLUMNS = 64;
 
   // ------------------------------------------------------------------ helpers
   function h(tag, cls, text) {
@@ -21,6 +23,29 @@
     return e;
   }
   function add(parent, child) { parent.appendChild(child); return child; }
+  // A token as the terminal table shows it: what renders invisibly written as
+  // Python escapes it (newline \n, tab \t, other control and format characters
+  // and unusual spaces \x0b, \u200b), a token of plain spaces
+  // as one '␣' per space, the empty token as '∅'.
+  var INVISIBLE = /[\p{C}\p{Z}]/u, NAMED = { '\n': '\\n', '\t': '\\t', '\r': '\\r' };
+  function visible(text) {
+    text = String(text);
+    if (text === '') return '∅';
+    if (/^ +$/.test(text)) return text.replace(/ /g, '␣');
+    return Array.from(text).map(function (c) {
+      if (c === ' ' || !INVISIBLE.test(c)) return c;
+      if (NAMED[c]) return NAMED[c];
+      var n = c.codePointAt(0), hex = n.toString(16);
+      if (n < 0x100) return '\\x' + ('0' + hex).slice(-2);
+      if (n < 0x10000) return '\\u' + ('000' + hex).slice(-4);
+      return '\\U' + ('0000000' + hex).slice(-8);
+    }).join('');
+  }
+  // An element holding a token's visible text; class 'esc' where it was escaped.
+  function tok(tag, cls, text) {
+    var shown = visible(text);
+    return h(tag, (cls || '') + (shown !== String(text) ? ' esc' : ''), shown);
+  }
   function sv(tag, attrs, text) {
     var e = document.createElementNS(SVGNS, tag);
     Object.keys(attrs || {}).forEach(function (k) { e.setAttribute(k, attrs[k]); });
@@ -36,6 +61,11 @@
     return 'rgb(' + [0, 1, 2].map(function (i) {
       return Math.round(a[i] + (b[i] - a[i]) * t);
     }).join(',') + ')';
+  }
+  // Whether text on the CSS colour 'rgb(r, g, b)' needs light ink.
+  function dark(colour) {
+    var c = (colour.match(/\d+/g) || [255, 255, 255]).map(Number);
+    return 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] < 150;
   }
   // Colour intensity grows with sqrt(|v| / scale): small credits stay visible.
   function diverging(v, scale) {
@@ -134,7 +164,7 @@
   // ------------------------------------------------------------------ chart
   /* A small SVG chart: x = labels, optional bars from 0, optional lines. */
   function chart(opts) {
-    var W = opts.width || 360, H = opts.height || 200, L = 40, R = 8, T = 10, B = 34;
+    var W = opts.width || 330, H = opts.height || 200, L = 40, R = 8, T = 10, B = 34;
     var n = opts.labels.length, all = [0];
     (opts.series || []).forEach(function (s) { all = all.concat(s.values); });
     if (opts.bars) all = all.concat(opts.bars);
@@ -233,11 +263,13 @@
     }
     var legendSlot = add(controls, h('span'));
     add(root, h('div', 'hint', rows.length + ' tokens × ' + layers.length +
-      ' layers. Hover a cell for its numbers; click a token for its trajectory. ' +
+      ' layers' + (rows.length && rows[0].top ? '; each cell shows the layer\'s top-1 token, bold over a ' +
+      'blue bar where it is the target' : '') + '. Hover a cell for its numbers; click a token for its trajectory. ' +
       'A black frame marks the onset (the layer by which half of the token\'s |credit| is given).'));
     var parts = cellLayout(root, 'Cell', 'Hover a cell of the map.');
     var main = parts.main, side = parts.side, info = parts.info, kvt = parts.kvt;
     var infoHint = parts.hint;
+    kvt.style.display = 'none';  // until a cell is hovered
     var f = {
       token: kv(kvt, 'token', 'token'), layer: kv(kvt, 'layer', 'layer'),
       credit: kv(kvt, 'credit', 'credit'), before: kv(kvt, 'lens before', 'lens_before'),
@@ -270,18 +302,24 @@
       rows.forEach(function (r) { maxLen = Math.max(maxLen, r.token.length + String(r.pos).length + 1); });
       var labelW = Math.min(220, 16 + 7.3 * maxLen);
       var avail = Math.max(300, main.clientWidth - labelW - 8);
-      var cw = Math.max(4, Math.min(26, Math.floor(avail / cols.length) - 1));
+      // With views, each cell shows its layer's top-1 token, as in the classic
+      // logit-lens grid; cells wide enough to read it (the grid scrolls).
+      var text = rows.length > 0 && !!rows[0].top && cols.length <= MAX_TEXT_COLUMNS;
+      if (text) avail -= 16;  // the grid's own vertical scroll bar
+      var cw = text ? Math.max(38, Math.min(64, Math.floor(avail / cols.length) - 1))
+        : Math.max(4, Math.min(26, Math.floor(avail / cols.length) - 1));
       if (grid) main.removeChild(grid);
-      grid = add(main, h('div', 'grid'));
+      grid = add(main, h('div', 'grid' + (text ? ' text' : '')));
       grid.id = 'map';
+      main.classList.toggle('scroll', text);
       grid.style.gridTemplateColumns = labelW + 'px repeat(' + cols.length + ', ' + cw + 'px)';
-      add(grid, h('div'));
+      add(grid, h('div', 'corner'));
       cols.forEach(function (c, ci) {
         var name = c.label || layers[c.members[0]];
         var showText = cw >= 10 || c.head === 'group' || (c.head === 'member' && c.first) || ci % Math.ceil(10 / cw) === 0;
         var head = add(grid, h('div', 'colhead' + (c.head ? ' ' + c.head : ''), showText ? name : ''));
         head.setAttribute('title', name + (c.head ? ' (click to ' + (c.head === 'group' ? 'expand' : 'collapse') + ')' : ''));
-        head.style.height = '72px';
+        head.style.height = text ? '18px' : '72px';
         if (c.head) {
           head.addEventListener('click', function () { collapsed[c.group] = c.head !== 'group'; draw(); });
         }
@@ -290,7 +328,7 @@
         var label = add(grid, h('div', 'rowhead' + (ri === state.row ? ' selected' : '')));
         label.setAttribute('data-row', ri);
         add(label, h('span', 'pos', row.pos + ' '));
-        add(label, h('span', 'tok', row.token));
+        add(label, tok('span', 'tok', row.token));
         label.setAttribute('title', row.token);
         var onset = row.onset;
         cols.forEach(function (c, ci) {
@@ -299,18 +337,31 @@
           if (onset >= 0 && c.members.indexOf(onset) >= 0) cell.className = 'cell onset';
           cell.style.background = kind === 'div' ? diverging(v, scale)
             : sequential(v, scale, kind === 'lens' ? GREEN : PURPLE);
+          if (text) topCell(cell, row, c.members[c.members.length - 1]);
           cell.setAttribute('data-row', ri);
           cell.setAttribute('data-col', ci);
           grid.appendChild(cell);
         });
       });
     }
+    // The top-1 token of layer j (after a folded group: its last member), bold
+    // over a blue bar where it is the target; ink that reads on the colour.
+    function topCell(cell, row, j) {
+      var text = vocab[row.top[j][0]];
+      var hit = row.rank ? row.rank[j] === 1 : text === row.token;
+      var shown = visible(text);
+      cell.textContent = shown;
+      if (hit) cell.classList.add('hit');
+      if (shown !== text) cell.classList.add('esc');
+      if (dark(cell.style.background)) cell.style.color = '#fff';
+    }
     function showCell(ri, ci) {
       var row = rows[ri], c = cols[ci], first = c.members[0], last = c.members[c.members.length - 1];
       var credit = 0;
       c.members.forEach(function (m) { credit += row.credit[m]; });
       infoHint.textContent = '';
-      f.token.textContent = row.token;
+      kvt.style.display = '';
+      f.token.textContent = visible(row.token);
       f.layer.textContent = c.members.length > 1
         ? groups[c.group].key + ' (' + c.members.length + ' parts, summed)' : layers[first];
       f.credit.textContent = fmt(credit, true);
@@ -324,7 +375,7 @@
         row.top[last].forEach(function (vi, i) {
           var p = row.topp[last][i], text = vocab[vi];
           var tr = add(topTable, h('tr', text === row.token ? 'target' : null));
-          add(tr, h('td', 'tok', text));
+          add(tr, tok('td', 'tok', text));
           add(tr, h('td', 'p', fmt(p)));
           var bar = add(add(tr, h('td')), h('span', 'pbar'));
           bar.style.width = Math.round(80 * Math.max(0, Math.min(1, p))) + 'px';
@@ -342,7 +393,7 @@
       trajBody.className = '';
       var title = add(trajBody, h('div'));
       add(title, document.createTextNode('token '));
-      add(title, h('b', 'tok', row.token));
+      add(title, tok('b', 'tok', row.token));
       add(title, document.createTextNode(' at position ' + row.pos + ', p_model = ' + fmt(row.prob)));
       add(trajBody, chart({
         labels: ['h_base'].concat(layers), bars: [null].concat(row.credit), signed: true,
@@ -379,6 +430,7 @@
     });
     draw();
     redraw = draw;
+    if (rows.length) showRow(0);  // the first token's trajectory, on open
   }
 
   // ------------------------------------------------------------------ pages
@@ -484,7 +536,7 @@
       seq.rows.forEach(function (row, ri) {
         var label = add(grid, h('div', 'rowhead'));
         add(label, h('span', 'pos', row.pos + ' '));
-        add(label, h('span', 'tok', row.token));
+        add(label, tok('span', 'tok', row.token));
         seq.methods.forEach(function (m, mi) {
           var scale = 0;
           m.scores.forEach(function (r) { r.forEach(function (v) { scale = Math.max(scale, Math.abs(v)); }); });
@@ -554,7 +606,7 @@
       d.prompts.forEach(function (p, ri) {
         var label = add(grid, h('div', 'rowhead'));
         label.setAttribute('data-row', ri);
-        add(label, h('span', 'tok', p.token));
+        add(label, tok('span', 'tok', p.token));
         add(label, h('span', 'pos', '  ' + p.prompt));
         var vals = values(p);
         d.layers.forEach(function (name, j) {
@@ -570,7 +622,7 @@
       if (!t.classList || !t.classList.contains('cell')) return;
       var p = d.prompts[Number(t.getAttribute('data-row'))], j = Number(t.getAttribute('data-col'));
       f.prompt.textContent = p.prompt;
-      f.token.textContent = p.token;
+      f.token.textContent = visible(p.token);
       f.layer.textContent = d.layers[j];
       f.drop.textContent = fmt(p.drops[j], true);
       d.methods.forEach(function (m) { scoreFields[m].textContent = p.scores[m] ? fmt(p.scores[m][j], true) : '–'; });
@@ -629,7 +681,7 @@
       d.facts.forEach(function (fact, ri) {
         var label = add(grid, h('div', 'rowhead' + (ri === state.row ? ' selected' : '')));
         label.setAttribute('data-row', ri);
-        add(label, h('span', 'tok', fact.token));
+        add(label, tok('span', 'tok', fact.token));
         add(label, h('span', 'pos', '  ' + fact.prompt));
         var t = trace(fact), vals = state.view === 'share' ? fact.share : (t ? t.recovery : null);
         d.layers.forEach(function (name, j) {
@@ -651,7 +703,7 @@
       var fact = d.facts[ri], t = trace(fact);
       trajBody.textContent = '';
       trajBody.className = '';
-      add(trajBody, h('div', null, fact.prompt + ' → ' + fact.token));
+      add(trajBody, h('div', null, fact.prompt + ' → ' + visible(fact.token)));
       var series = [{ cls: 'share', values: fact.share, name: 'IG-Lens share' }];
       if (t) series.unshift({ cls: 'recovery', values: t.recovery, name: 'recovery, ' + state.corruption });
       add(trajBody, chart({ labels: d.layers, series: series }));
@@ -666,7 +718,7 @@
       if (!t.classList || !t.classList.contains('cell')) return;
       var fact = d.facts[Number(t.getAttribute('data-row'))], j = Number(t.getAttribute('data-col')), tr = trace(fact);
       f.prompt.textContent = fact.prompt;
-      f.token.textContent = fact.token;
+      f.token.textContent = visible(fact.token);
       f.layer.textContent = d.layers[j];
       f.recovery.textContent = tr ? fmt(tr.recovery[j]) : 'not traced';
       f.share.textContent = fmt(fact.share[j]);

@@ -18,12 +18,6 @@ FP32_TOL = 1e-6
 # ------------------------------------------------------------------ statistics
 
 
-def test_rankdata_averages_ties():
-    assert stats.rankdata(np.array([10, 20, 20, 30])).tolist() == [1, 2.5, 2.5, 4]
-    assert stats.rankdata(np.array([3.0, 1.0, 2.0])).tolist() == [3, 1, 2]
-    assert stats.rankdata(np.array([5.0, 5.0, 5.0])).tolist() == [2, 2, 2]
-
-
 def test_spearman_hand_computed():
     # No ties: 1 − 6·Σd² / (n(n² − 1)) = 1 − 6·2/60.
     assert stats.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
@@ -130,6 +124,25 @@ def test_bootstrap_mean():
     assert empty["n"] == 0 and math.isnan(empty["mean"])
     with pytest.raises(ValueError, match="n_bootstrap"):
         stats.bootstrap_mean(values, 0)
+    with pytest.raises(ValueError, match="level"):
+        stats.bootstrap_mean(values, 10, level=1.0)
+    # One defined value: every resample is that value (scipy needs two rows).
+    single = stats.bootstrap_mean(np.array([0.7, np.nan]), 10)
+    assert (single["mean"], single["lo"], single["hi"]) == (0.7, 0.7, 0.7)
+
+
+def test_bootstrap_interval_is_bca_not_percentile():
+    # A skewed sample: BCa shifts the interval relative to the percentile one.
+    # The percentile interval of 2000 resamples drawn here is what the
+    # hand-written bootstrap returned.
+    values = np.array([0.0] * 15 + [0.1, 0.2, 0.5, 3.0, 9.0])
+    out = stats.bootstrap_mean(values, 2000, seed=5)
+    rng = np.random.default_rng(5)
+    means = values[rng.integers(0, values.size, (2000, values.size))].mean(axis=1)
+    lo_pct, hi_pct = np.percentile(means, [2.5, 97.5])
+    assert out["lo"] <= out["mean"] <= out["hi"]
+    # Right-skewed: BCa moves both ends up, away from the percentile ends.
+    assert out["lo"] > lo_pct + 1e-3 and out["hi"] > hi_pct + 1e-3
 
 
 def test_summarize_leaves_out_tokens_a_method_did_not_run_on():
