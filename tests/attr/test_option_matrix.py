@@ -39,10 +39,7 @@ def _kwargs(targets, ids):
 
 
 #: Known failures, each strict (it fails once fixed, to be taken off here).
-KNOWN = {
-    ("source", torch.float64): "NaN hidden states at '<block>.attn.sources'",
-    ("source_head", torch.float64): "NaN hidden states at '<block>.attn.sources'",
-}
+KNOWN: dict = {}
 
 
 def _cases():

@@ -59,7 +59,14 @@ def _capturing_attention(
     *args: Any,
     **kwargs: Any,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """The family's eager attention, recording weights and values on the way."""
+    """The family's eager attention, recording weights and values on the way.
+
+    A float64 additive mask is clamped to float32's range first: eager attention
+    takes its softmax in float32, where float64's minimum becomes ``-inf`` and a
+    fully masked row (a padding query) ``NaN``, which the next block's values
+    spread to every position (``0 · NaN``). Masked weights stay exactly zero."""
+    if attention_mask is not None and attention_mask.dtype == torch.float64:
+        attention_mask = attention_mask.clamp_min(torch.finfo(torch.float32).min)
     output, weights = _family_eager(module)(
         module, query, key, value, attention_mask, *args, **kwargs
     )
