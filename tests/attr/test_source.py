@@ -265,8 +265,18 @@ def test_real_model_sources_add_up(embedded_model, n_steps):
     snapshot = hook_snapshot(model)
     implementation = model.config._attn_implementation
     kwargs = dict(positions=[-2, -1], n_steps=n_steps)
-    blocks = lens.attribute_map(ids, positions=[-2, -1])
-    heads = lens.attribute_map(ids, granularity="head", **kwargs)
+    if lens.heads is None:  # no head split for this family yet: refused
+        with pytest.raises(ValueError, match="granularity: 'head'"):
+            lens.attribute_map(ids, granularity="source", **kwargs)
+        return
+    # the references with the eager attention the source maps run with (sdpa's
+    # kernels give states that differ by float rounding, ~1e-6 of a 0.4 credit)
+    model.config._attn_implementation = "eager"
+    try:
+        blocks = lens.attribute_map(ids, positions=[-2, -1])
+        heads = lens.attribute_map(ids, granularity="head", **kwargs)
+    finally:
+        model.config._attn_implementation = implementation
     resolved = lens.attribute_map(ids, granularity="source_head", **kwargs)
     sources = lens.attribute_map(ids, granularity="source", **kwargs)
     k, n_heads = len(lens.layers), lens.heads.n_heads
