@@ -15,7 +15,6 @@ from captum_iglens._utils.schema import (
     Array,
     Default,
     Integer,
-    Json,
     Maybe,
     Record,
     Text,
@@ -33,6 +32,7 @@ from captum_iglens._utils.source_columns import (
     source_layout,
 )
 from captum_iglens._utils.tokens import decode_tokens
+from captum_iglens.readout.layer_readout import READOUT_KINDS
 from captum_iglens.readout.scores import PAD
 from captum_iglens.viewer import Viewable
 from captum_iglens.viewer.payload import map_payload
@@ -63,7 +63,9 @@ _TENSOR_FIELDS = (
 #: and what was attributed in place of the single target.
 _VIEW_FIELDS = ("top_ids", "top_probs", "entropy", "kl", "rank")
 _SET_FIELDS = ("target_sets", "foils")
-_OPTIONAL_FIELDS = _VIEW_FIELDS + _SET_FIELDS
+#: Under a learned readout per layer: the lens-change part of each credit.
+_READOUT_FIELDS = ("lens_change",)
+_OPTIONAL_FIELDS = _VIEW_FIELDS + _SET_FIELDS + _READOUT_FIELDS
 _DTYPES = {
     "targets": torch.long,
     "positions": torch.long,
@@ -97,7 +99,7 @@ IGLENS_SCHEMA = Record(
     method=Text(ESTIMATOR_NAMES),
     n_steps=Integer(low=1),
     tokens=Maybe(Texts("B", "P")),
-    metadata=Default(Json()),
+    metadata=Default(Record(open=True, source_tokens=Maybe(Texts("B", "T")))),
     top_ids=Maybe(Array("int", "B", "P", "k", "K")),
     top_probs=Maybe(Array("float", "B", "P", "k", "K")),
     top_tokens=Maybe(Texts("B", "P", "k", "K")),
@@ -106,6 +108,9 @@ IGLENS_SCHEMA = Record(
     rank=Maybe(Array("int", "B", "P", "k")),
     target_sets=Maybe(Array("int", "B", "P", "S")),
     foils=Maybe(Array("int", "B", "P", "F")),
+    lens_change=Maybe(Array("float", "B", "P", "k")),
+    readout_kind=Default(Text(READOUT_KINDS)),
+    readout_checksum=Maybe(Text()),
 )
 
 
@@ -167,6 +172,18 @@ class IGLensResult(JsonDocument, Viewable):
                     of ``targets`` (which then only label the positions).
         foils (Tensor, optional): ``(B, P, F)`` long, padded with -1. The foils
                     whose probability was subtracted (contrastive targets).
+        lens_change (Tensor, optional): ``(B, P, k)`` float32, under a learned
+                    readout per layer (``readout_kind`` ``"linear"`` or
+                    ``"tuned"``): the part of each credit that is a change of
+                    readout at a fixed state; the rest, :attr:`block_part`, is
+                    the block's own. ``attributions`` hold their sum, the
+                    column's whole term ``f_j(h_{L_j}) - f_{j-1}(h_{L_{j-1}})``,
+                    and ``lens`` each point's level under its own readout.
+                    None under the logit readout.
+        readout_kind (str): ``"logit"`` (the model's readout at every layer),
+                    ``"linear"`` or ``"tuned"``.
+        readout_checksum (str, optional): The learned readout's checksum
+                    (``Translators.checksum()``); None for ``"logit"``.
 
     The view fields (``top_ids`` ... ``rank``) are all set or all None.
     """
@@ -192,6 +209,9 @@ class IGLensResult(JsonDocument, Viewable):
     rank: Optional[Tensor] = None
     target_sets: Optional[Tensor] = None
     foils: Optional[Tensor] = None
+    lens_change: Optional[Tensor] = None
+    readout_kind: str = "logit"
+    readout_checksum: Optional[str] = None
 
     KIND = "IGLensResult"
 
@@ -201,7 +221,28 @@ class IGLensResult(JsonDocument, Viewable):
         (:meth:`source_page_data`) for the source granularities."""
         data = map_payload(self)
         data["sources"] = self.source_page_data()
+        data["readout"] = self.readout_page_data()
         return data
+
+    def readout_page_data(self) -> Dict[str, Any]:
+        r"""The readout of the viewer page: ``kind``, ``checksum`` and, under a
+        learned readout, ``lens_change`` (``B x P x k``, the lens-change part
+        of each credit; None under the logit readout)."""
+        return {
+            "kind": self.readout_kind,
+            "checksum": self.readout_checksum,
+            "lens_change": (
+                None if self.lens_change is None else plain(self.lens_change)
+            ),
+        }
+
+    @property
+    def block_part(self) -> Tensor:
+        """``(B, P, k)``: each credit less its lens-change part (the credits
+        themselves under the logit readout)."""
+        if self.lens_change is None:
+            return self.attributions
+        return self.attributions - self.lens_change
 
     # ------------------------------------------------------------ source tokens
 
@@ -384,12 +425,31 @@ class IGLensResult(JsonDocument, Viewable):
             raise ValueError(f"tokens: expected {b} lists of {p} strings")
         if not isinstance(self.metadata, dict):
             raise TypeError(f"metadata: expected a dict, got {self.metadata!r}")
+        self._check_readout()
         change = self.model_prob - self.base_prob
         mismatch = (self.attributions.sum(-1) - change - self.delta).abs()
         if (mismatch > _DELTA_SLACK)[self.mask].any():
             raise ValueError(
                 "delta: does not equal Σ attributions − (model_prob − base_prob) "
                 f"(off by up to {mismatch[self.mask].max().item():.3g})"
+            )
+
+    def _check_readout(self) -> None:
+        """The readout's kind and checksum, and the lens-change parts exactly
+        when the readout is learned."""
+        if self.readout_kind not in READOUT_KINDS:
+            raise ValueError(
+                f"readout_kind: expected one of {list(READOUT_KINDS)}, got "
+                f"{self.readout_kind!r}"
+            )
+        learned = self.readout_kind != "logit"
+        if learned != (self.lens_change is not None) or learned != isinstance(
+            self.readout_checksum, str
+        ):
+            raise ValueError(
+                "lens_change/readout_checksum: expected both under a learned "
+                f"readout and neither under the logit readout (readout_kind "
+                f"{self.readout_kind!r})"
             )
 
     def _check_optional(self, b: int, p: int, k: int) -> None:
@@ -545,10 +605,38 @@ class IGLensResult(JsonDocument, Viewable):
                 "|credit|; Σ includes all layers)"
             )
         residual = (credits.sum(-1) - change)[rows].abs().max().item() if rows else 0.0
+        lines += self._lens_change_lines(
+            batch_index, rows, labels, shown, token_w, col_w
+        )
         lines.append(
             f"completeness: max |Σ - Δp| = {residual:.2e} over {len(rows)} tokens"
         )
         return "\n".join(lines)
+
+    def _lens_change_lines(
+        self,
+        batch_index: int,
+        rows: List[int],
+        labels: List[str],
+        shown: List[int],
+        token_w: int,
+        col_w: int,
+    ) -> List[str]:
+        """Under a learned readout: the lens-change part of each shown credit,
+        and its sum per token (nothing under the logit readout)."""
+        if self.lens_change is None:
+            return []
+        parts = self.lens_change[batch_index]
+        lines = [
+            f"lens-change part ({self.readout_kind} readout; in the credits above, "
+            "block part = credit - lens change):"
+        ]
+        for r in rows:
+            cells = [f"{labels[r]:<{token_w}}"]
+            cells += [f"{parts[r, j]:>+{col_w}.3f}" for j in shown]
+            cells.append(f"{'':>8} {parts[r].sum():>+8.4f}")
+            lines.append(" ".join(cells))
+        return lines
 
     def format_views(self, batch_index: int = 0, *, width: int = 100) -> str:
         r"""
@@ -734,7 +822,9 @@ class IGLensResult(JsonDocument, Viewable):
             raise ValueError("results: expected at least one result")
         first = results[0]
         for i, other in enumerate(results[1:], 1):
-            for name in ("layer_names", "method", "n_steps"):
+            for name in (
+                "layer_names", "method", "n_steps", "readout_kind", "readout_checksum"
+            ):
                 if getattr(other, name) != getattr(first, name):
                     raise ValueError(
                         f"results[{i}]: {name} {getattr(other, name)!r} differs from "
@@ -755,7 +845,7 @@ class IGLensResult(JsonDocument, Viewable):
                 if name == "positions"
                 else torch.cat([getattr(r, name) for r in results])
             )
-            for name in _TENSOR_FIELDS + _VIEW_FIELDS
+            for name in _TENSOR_FIELDS + _VIEW_FIELDS + _READOUT_FIELDS
             if getattr(first, name) is not None
         }
         for name in _SET_FIELDS:  # ragged sets: pad to the widest

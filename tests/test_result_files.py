@@ -41,11 +41,19 @@ def documents():
         results = [
             synthetic_result(positions=3, layers=2, batch=2, top_k=2),
             run_validation(
-                model, tokenizer, facts, methods=["ig_lens", "random"], study=study,
+                model,
+                tokenizer,
+                facts,
+                methods=["ig_lens", "random"],
+                study=study,
                 progress=False,
             ),
             run_restoration(
-                model, tokenizer, facts, methods=("ig_lens", "dla"), study=study,
+                model,
+                tokenizer,
+                facts,
+                methods=("ig_lens", "dla"),
+                study=study,
                 progress=False,
             ),
             compare(
@@ -196,9 +204,7 @@ def test_deep_nesting_is_a_value_error(kind, tmp_path):
         kind.load(path)
 
 
-def test_lone_surrogates_are_refused_on_load_and_escaped_on_render(
-    documents, tmp_path
-):
+def test_lone_surrogates_are_refused_on_load_and_escaped_on_render(documents, tmp_path):
     document = copy.deepcopy(documents[IGLensResult])
     document["tokens"][0][1] = "a\ud800b"
     path = tmp_path / "doc.json"
@@ -227,3 +233,17 @@ def test_empty_and_contrastive_results_round_trip(lens, tmp_path):
     loaded = IGLensResult.load(tmp_path / "s.json")
     assert torch.equal(loaded.target_sets, sets.target_sets)
     assert torch.equal(loaded.foils, sets.foils)
+
+
+def test_source_tokens_of_a_source_map_are_checked(lens, tmp_path):
+    ids, mask = left_padded([5], VOCAB)
+    result = lens.attribute_map(ids, granularity="source")
+    result.metadata = {"source_tokens": [[f"w{i}" for i in ids[0].tolist()]]}
+    result.save(tmp_path / "s.json")
+    IGLensResult.load(tmp_path / "s.json").to_html(tmp_path / "s.html")
+    data = json.loads((tmp_path / "s.json").read_text())
+    for bad in (7, ["w1"], [[1, 2]]):
+        data["metadata"]["source_tokens"] = bad
+        (tmp_path / "s.json").write_text(json.dumps(data))
+        with pytest.raises(ValueError, match="metadata.source_tokens"):
+            IGLensResult.load(tmp_path / "s.json")

@@ -328,8 +328,10 @@ class MapOf(Spec):
             fail(at, f"expected an object, got {_kind(value)}")
         if self.nonempty and not value:
             fail(at, "expected at least one entry")
-        allowed = ctx.names.get(self.keys, []) if isinstance(self.keys, str) else (
-            list(self.keys)
+        allowed = (
+            ctx.names.get(self.keys, [])
+            if isinstance(self.keys, str)
+            else (list(self.keys))
         )
         if self.keys != ():
             unknown = [key for key in value if key not in allowed]

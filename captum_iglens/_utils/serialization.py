@@ -121,9 +121,7 @@ def parse_json(text: str, where: Any) -> Any:
     except json.JSONDecodeError as error:
         raise ValueError(f"{where}: not a JSON file ({error})") from None
     except RecursionError:
-        raise ValueError(
-            f"{where}: nested deeper than {MAX_DEPTH} levels"
-        ) from None
+        raise ValueError(f"{where}: nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
     try:

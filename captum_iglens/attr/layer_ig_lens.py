@@ -1,6 +1,8 @@
 r"""LayerIGLens: exact layer-wise attribution of a token's probability."""
 
 import typing
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import torch
@@ -21,12 +23,22 @@ from captum_iglens.attr._utils.checks import (
 from captum_iglens.attr._utils.heads import HeadSplit
 from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import estimator
+from captum_iglens.attr._utils.path_math import work_dtype
 from captum_iglens.attr.granularities import PathGranularity, granularity_of
+from captum_iglens.attr.lens_change import (
+    ReadoutPlan,
+    ReadoutSplit,
+    plan,
+    split_attributions,
+    split_map,
+)
 from captum_iglens.attr.tracing import TracedPath, Tracer, path_levels
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.forward import CausalLMForward
 from captum_iglens.hf.parts import ModelParts
+from captum_iglens.readout.layer_readout import LayerReadout
 from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.translators import Translators
 from captum_iglens.readout.scores import (
     FoilType,
     TokenSetType,
@@ -75,7 +87,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         device_ids: Optional[List[int]] = None,
         multiply_by_inputs: bool = True,
         *,
-        readout: Optional[Readout] = None,
+        readout: Optional[Union[Readout, LayerReadout]] = None,
         input_layer: Optional[Module] = None,
         layer_names: Optional[Sequence[str]] = None,
         sublayers: Optional[Sequence[Module]] = None,
@@ -117,9 +129,16 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         it with False. The returned ``delta`` and
                         :meth:`attribute_map` always use the multiplied
                         attributions. Default: True
-            readout (Readout, optional): What the model does between its last
-                        block and its logits (final norm, head, final
-                        transforms). Default: None, only when ``forward_func``
+            readout (Readout or LayerReadout, optional): What the model does
+                        between its last block and its logits (final norm,
+                        head, final transforms): the logit readout, the same
+                        at every layer. A
+                        :class:`~captum_iglens.readout.layer_readout.LayerReadout`
+                        reads each block's output through its own learned
+                        translator (and the model's readout at the last block);
+                        then every credit is a block part plus a lens-change
+                        part (see :meth:`attribute_map`). Default: None, only
+                        when ``forward_func``
                         is a supported Hugging Face causal LM, a bound method of
                         one, or a wrapper holding one in ``.module``
                         (``nn.DataParallel``, DDP) or ``.model``: then
@@ -185,6 +204,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         layers: Optional[Sequence[int]] = None,
         *,
         max_chunk_bytes: int = 256 * 2**20,
+        lens: Union[None, str, Path, Translators] = None,
     ) -> "LayerIGLens":
         r"""
         IG-Lens for a Hugging Face causal language model, from the architecture
@@ -203,6 +223,12 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         block is always appended. Default: all blocks.
             max_chunk_bytes (int, optional): Memory budget of one readout chunk.
                         Default: 256 MiB.
+            lens (str, Path or Translators, optional): A learned readout per
+                        layer: a tuned-lens folder (``params.pt`` and
+                        ``config.json``) or
+                        :class:`~captum_iglens.readout.translators.Translators`;
+                        refused, before any forward, if made for another model.
+                        Default: None (the logit readout)
 
         Returns:
             *LayerIGLens* whose ``forward_func`` is
@@ -214,21 +240,36 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """
         parts = model_parts(model)
         chosen = parts.choose(layers)
-        layer, sublayers, projections = (
+        layer, sublayers, projections, norms, mlps = (
             None if modules is None else [modules[i] for i in chosen]
-            for modules in (parts.blocks, parts.mid_modules, parts.attention_outputs)
+            for modules in (
+                parts.blocks,
+                parts.mid_modules,
+                parts.attention_outputs,
+                parts.attention_norms,
+                parts.parallel_mlps,
+            )
         )
+        readout = parts.readout(max_chunk_bytes=max_chunk_bytes)
+        if lens is not None:
+            translators = (
+                lens if isinstance(lens, Translators) else Translators.load(lens)
+            )
+            translators = translators.to(readout.device)
+            readout = LayerReadout(readout, translators, parts.blocks)
         return cls(
             CausalLMForward(parts.model),
             layer,
-            readout=parts.readout(max_chunk_bytes=max_chunk_bytes),
+            readout=readout,
             input_layer=parts.blocks[0],
             layer_names=[str(i) for i in chosen],
             sublayers=sublayers,
             heads=(
                 None
                 if projections is None
-                else HeadSplit(projections, parts.n_heads, parts.attention_scale)
+                else HeadSplit(
+                    projections, parts.n_heads, parts.attention_scale, norms, mlps
+                )
             ),
         )
 
@@ -495,15 +536,23 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             foil=foil,
             target_tokens=target_tokens,
         )
-        attrs = shape.attributions(
-            rule,
-            self.readout,
-            path,
-            n_steps,
-            chunk_rows,
-            grad_kwargs,
-            self.multiplies_by_inputs,
-        )
+        route, split = self._route(shape), None
+        if route is None:
+            attrs = shape.attributions(
+                rule,
+                self._model_readout,
+                path,
+                n_steps,
+                chunk_rows,
+                grad_kwargs,
+                self.multiplies_by_inputs,
+            )
+        else:
+            split = split_attributions(
+                rule, self.readout, path, route, n_steps, chunk_rows, grad_kwargs,
+                self.multiplies_by_inputs,
+            )
+            attrs = split.block.to(work_dtype(path.points.dtype))
         per_layer = list(attrs.unbind(dim=2))
         out: _Attributions = (
             per_layer[0]
@@ -516,6 +565,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             points = path.points.to(attrs.dtype)
             attrs = attrs * points.diff(dim=2)
         with torch.no_grad():
+            if split is not None:
+                return out, _learned_delta(path, split, attrs.sum((-1, -2)))
             return out, self._delta(path, attrs.sum((-1, -2)), chunk_rows)
 
     @log_usage()
@@ -560,9 +611,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             :meth:`attribute` returns it).
         """
         parts = [attributions] if isinstance(attributions, Tensor) else attributions
+        blocks = self._granularity("block")
         with torch.no_grad():
             path = self._trace(
-                self._granularity("block"),
+                blocks,
                 end_point,
                 start_point,
                 target,
@@ -579,8 +631,16 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                     f"{shape + ('d',)} as attribute returns for these arguments"
                 )
             credits = torch.stack([a.sum(-1) for a in parts]).sum(0)
+            credits = credits.to(path.model_prob.device)
             chunk_rows = self.readout.rows_per_chunk()
-            return self._delta(path, credits.to(path.model_prob.device), chunk_rows)
+            route = self._route(blocks)
+            if route is not None:  # the attributions are block parts
+                split = split_map(
+                    estimator("prediction_aware"), self.readout, path, route, 1,
+                    chunk_rows,
+                )
+                return _learned_delta(path, split, credits)
+            return self._delta(path, credits, chunk_rows)
 
     def attribute_map(
         self,
@@ -639,6 +699,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         rule = estimator(method)
         chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         shape = self._granularity(granularity)
+        route = self._route(shape)
         grad_free = (
             torch.no_grad if shape.map_needs_gradients(rule) else torch.inference_mode
         )
@@ -654,20 +715,89 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 target_tokens=target_tokens,
                 top_k=top_k,
             )
-            values, views = path_levels(self.readout, path, chunk_rows, top_k)
-        credits = shape.credits(rule, self.readout, path, values, n_steps, chunk_rows)
+            if route is not None:
+                split = split_map(
+                    rule, self.readout, path, route, n_steps, chunk_rows, top_k
+                )
+                return self._learned_result(path, split, method, n_steps)
+            readout = self._model_readout
+            values, views = path_levels(readout, path, chunk_rows, top_k)
+        credits = shape.credits(rule, readout, path, values, n_steps, chunk_rows)
         values = shape.levels(path, values)
         views = None if views is None else _column_views(shape, path, views)
         mask = path.mask
         credits = credits.float() * mask[..., None]
         values, model_prob = values.float(), path.model_prob.float()
         delta = (credits.sum(-1) - (model_prob - values[..., 0])) * mask
+        return self._with_readout(
+            IGLensResult(
+                attributions=credits,
+                lens=values[..., 1:],
+                base_prob=values[..., 0],
+                model_prob=model_prob,
+                delta=delta,
+                targets=path.targets,
+                positions=path.positions,
+                mask=mask,
+                layer_names=path.names,
+                method=method,
+                n_steps=n_steps,
+                target_sets=path.target_sets,
+                foils=path.foils,
+                **({} if views is None else _view_fields(views)),
+            )
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    @property
+    def _model_readout(self) -> Readout:
+        """The model's own readout (that of a learned readout's last block)."""
+        readout = self.readout
+        return readout.base if isinstance(readout, LayerReadout) else readout
+
+    def _route(self, shape: PathGranularity) -> Optional[ReadoutPlan]:
+        """The readouts of the columns under a learned readout; None under the
+        logit readout, or where every translator on the path is the identity
+        (the logit readout's numbers, exactly)."""
+        if not isinstance(self.readout, LayerReadout):
+            return None
+        blocks = shape.column_blocks()
+        if blocks is None:
+            raise ValueError(
+                f"granularity: {shape.name!r} is not available with a learned "
+                f"readout ({self.readout.kind}); use \"block\" or \"sublayer\", "
+                "or the logit readout"
+            )
+        route = plan(self.readout, self.layers, blocks)
+        return None if route.uniform else route
+
+    def _with_readout(self, result: IGLensResult) -> IGLensResult:
+        """The result of a learned readout whose translators on the path are
+        all the identity: the logit readout's numbers, lens-change parts 0."""
+        if not isinstance(self.readout, LayerReadout):
+            return result
+        return replace(
+            result,
+            lens_change=torch.zeros_like(result.attributions),
+            readout_kind=self.readout.kind,
+            readout_checksum=self.readout.checksum(),
+        )
+
+    def _learned_result(
+        self, path: TracedPath, split: ReadoutSplit, method: str, n_steps: int
+    ) -> IGLensResult:
+        """The map under a learned readout: credits are block plus lens parts."""
+        mask = path.mask
+        credits = ((split.block + split.lens).float()) * mask[..., None]
+        levels, model_prob = split.levels.float(), path.model_prob.float()
+        delta = _learned_delta(path, split, split.block.sum(-1), one_output=False)
         return IGLensResult(
             attributions=credits,
-            lens=values[..., 1:],
-            base_prob=values[..., 0],
+            lens=levels[..., 1:],
+            base_prob=levels[..., 0],
             model_prob=model_prob,
-            delta=delta,
+            delta=delta.float(),
             targets=path.targets,
             positions=path.positions,
             mask=mask,
@@ -676,17 +806,18 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             n_steps=n_steps,
             target_sets=path.target_sets,
             foils=path.foils,
-            **({} if views is None else _view_fields(views)),
+            lens_change=split.lens.float() * mask[..., None],
+            readout_kind=self.readout.kind,
+            readout_checksum=self.readout.checksum(),
+            **({} if split.views is None else _view_fields(split.views)),
         )
-
-    # ------------------------------------------------------------------ internals
 
     def _delta(self, path: TracedPath, credits: Tensor, chunk_rows: int) -> Tensor:
         """``credits - (f_model - f(h_base))`` from the credits ``(B, P)``, zero at
         padding; ``(B,)`` when one output is attributed per example."""
         b, p = path.targets.shape
         base_prob = path_values(
-            self.readout,
+            self._model_readout,
             path.points[:, :, :1].flatten(0, 1),
             path.score.flatten(),
             chunk_rows,
@@ -712,6 +843,18 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         tracer = Tracer(self.forward_func, self.input_layer, self.readout)
         with torch.no_grad():
             return tracer.trace(shape, *args, **kwargs)
+
+
+def _learned_delta(
+    path: TracedPath, split: ReadoutSplit, block: Tensor, one_output: bool = True
+) -> Tensor:
+    r"""``Σ block parts + Σ lens parts - (f_model - f_0(h_base))`` from the
+    block parts' sums ``(B, P)``, zero at padding; ``(B,)`` when one output is
+    attributed per example (and ``one_output``)."""
+    change = path.model_prob.double() - split.levels[..., 0].double()
+    delta = (block.double() + split.lens.sum(-1) - change) * path.mask
+    delta = delta.to(work_dtype(path.points.dtype))
+    return delta.sum(-1) if path.one_output and one_output else delta
 
 
 def _column_views(shape: PathGranularity, path: TracedPath, views: Views) -> Views:

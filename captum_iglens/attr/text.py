@@ -3,6 +3,7 @@ IG-Lens on text with a Hugging Face causal LM: the map of a model's answer to a
 prompt, with the tokens attached.
 """
 
+from pathlib import Path
 from typing import Any, List, Optional, Union
 
 from torch import Tensor
@@ -17,6 +18,7 @@ from captum_iglens.hf.text import (
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.integrations import unwrap_model
 from captum_iglens.readout.scores import FoilType, TokenSetType
+from captum_iglens.readout.translators import Translators
 from captum_iglens.result import IGLensResult
 from captum_iglens.settings import Settings, provenance
 
@@ -28,7 +30,7 @@ def attribute_text(
     *,
     answer: Optional[Union[str, Tensor]] = None,
     settings: Optional[Settings] = None,
-    lens: Optional[LayerIGLens] = None,
+    lens: Union[None, LayerIGLens, str, Path, Translators] = None,
     progress: bool = False,
     foil: Union[str, FoilType] = None,
     target_tokens: Union[List[str], TokenSetType] = None,
@@ -56,7 +58,12 @@ def attribute_text(
         settings (Settings, optional): Layers, positions, baselines, estimator,
                     granularity, chat template, generation length, ...
                     Default: ``Settings()``.
-        lens (LayerIGLens, optional): The lens to use, e.g. one built by hand for
+        lens (LayerIGLens, str, Path or Translators, optional): A tuned-lens
+                    folder or :class:`~captum_iglens.readout.translators.Translators`
+                    reads every block through its learned translator (see
+                    :meth:`LayerIGLens.from_model`; refused before any forward
+                    if made for another model). Or the lens to use, e.g. one
+                    built by hand for
                     a model outside the registry; its ``forward_func`` must take
                     ``(input_ids)``. Then ``settings.layers`` must be None.
                     Default: ``LayerIGLens.from_model(model, settings.layers)``.
@@ -80,6 +87,8 @@ def attribute_text(
         ``metadata`` (prompt, answer, settings, model, package versions).
     """
     settings = Settings.resolve(settings, options)
+    learned = lens if isinstance(lens, (str, Path, Translators)) else None
+    lens = None if learned is not None else lens
     # Unwrapped once (a bridge, an nnsight model); looked up only without a lens.
     parts = None if lens is not None else model_parts(model)
     model = unwrap_model(model) if parts is None else parts.model
@@ -93,6 +102,13 @@ def attribute_text(
         }
     if lens is not None and settings.layers is not None:
         raise ValueError("layers: pass either layers or lens, not both")
+    if parts is not None:  # checked (a learned readout too) before any forward
+        lens = LayerIGLens.from_model(
+            parts,
+            settings.layers,
+            max_chunk_bytes=settings.max_chunk_bytes,
+            lens=learned,
+        )
     ids, pos, targets, answer_ids = answered_prompt(
         model,
         tokenizer,
@@ -111,10 +127,6 @@ def attribute_text(
                 if settings.positions == "answer"
                 else "(the prompt has one token)"
             )
-        )
-    if parts is not None:
-        lens = LayerIGLens.from_model(
-            parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
         )
     device = next(model.parameters()).device
     result = lens.attribute_map(

@@ -12,6 +12,8 @@ from captum_iglens.cli.common import (
     Job,
     Stages,
     check_outputs,
+    learned_lens,
+    lens_folder,
     load,
     model_parent,
     names,
@@ -46,6 +48,13 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         help="attribute the total probability of these tokens (each a single "
         "token, e.g. ' Paris,Paris') in place of the answer's token",
     )
+    attribute.add_argument(
+        "--lens",
+        metavar="logit|DIR",
+        help="the readout of each layer: logit (the model's own, the default) or "
+        "a tuned-lens folder (params.pt, config.json), e.g. from fit-lens; "
+        "credits then split into block and lens-change parts",
+    )
     attribute.add_argument("--json", metavar="PATH", help="write the result as JSON")
     attribute.add_argument("--csv", metavar="PATH", help="write a long-format CSV")
     attribute.add_argument(
@@ -69,8 +78,10 @@ def prepare(args: argparse.Namespace) -> Job:
         raise CommandError(f"--onset-frac: expected (0, 1], got {args.onset_frac}")
     check_outputs(args, "json", "csv", "png", "html")
     prompt = read_prompt(args)
+    folder = lens_folder(args.lens)
     stages = Stages()
     parts, tokenizer = stages.run("load", lambda: load(args, settings))
+    translators = learned_lens(folder, parts)
     scored = _scored_tokens(args, tokenizer)
 
     def job() -> int:
@@ -97,6 +108,7 @@ def prepare(args: argparse.Namespace) -> Job:
                 prompt,
                 answer=answer_ids,
                 settings=settings,
+                lens=translators,
                 **scored,
             ),
         )

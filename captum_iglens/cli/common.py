@@ -8,7 +8,8 @@ outputs. It imports no study: each subcommand's module imports what it runs.
 import argparse
 import sys
 import time
-from typing import Any, Callable, Dict, List, NoReturn, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 import torch
 
@@ -246,6 +247,36 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     lens = LayerIGLens.from_model(parts, settings.layers)
     lens.segment_names(settings.granularity)
     return parts, tokenizer
+
+
+def lens_folder(text: Optional[str]) -> Optional[Path]:
+    r"""``--lens``, checked before the model loads: None for ``logit`` (the
+    default), else a tuned-lens folder whose ``config.json`` is readable."""
+    from captum_iglens.readout.translators import read_config
+
+    if text is None or text == "logit":
+        return None
+    if text == "linear":
+        raise CommandError(
+            "--lens: 'linear' needs this model's fitted lens; fit it with "
+            "`captum-iglens fit-lens --model M --out DIR` and pass --lens DIR"
+        )
+    try:
+        read_config(text)
+    except ValueError as err:
+        raise CommandError(f"--lens: {err}".replace("lens: ", "", 1)) from None
+    return Path(text)
+
+
+def learned_lens(folder: Optional[Path], parts: Any) -> Any:
+    r"""The translators of ``folder`` (None for the logit readout), checked
+    against the loaded model before any forward (a ``ValueError`` in one
+    sentence for another model's lens)."""
+    from captum_iglens.readout.layer_readout import LayerReadout
+
+    if folder is None:
+        return None
+    return LayerReadout.from_folder(folder, parts.readout(), parts.blocks).translators
 
 
 def _device(text: str) -> torch.device:

@@ -47,6 +47,12 @@ class ModelParts:
                     ``attention_outputs``.
         attention_scale (float): The factor each block applies to its attention
                     output before adding it to the stream.
+        attention_norms (list[nn.Module] or None): For each block, the RMSNorm
+                    it applies to the attention output projection's output
+                    before adding it (post-norm families), or None.
+        parallel_mlps (list[nn.Module] or None): For each block, the MLP whose
+                    output it adds beside the attention output (parallel
+                    blocks), or None for sequential blocks.
         norm (nn.Module or None): The final norm (and output projection), or
                     None if the model applies none.
         head (nn.Module): The unembedding, ``(..., d)`` to ``(..., V)``.
@@ -61,6 +67,8 @@ class ModelParts:
     attention_outputs: Optional[List[nn.Module]]
     n_heads: Optional[int]
     attention_scale: float
+    attention_norms: Optional[List[nn.Module]]
+    parallel_mlps: Optional[List[nn.Module]]
     norm: Optional[nn.Module]
     head: nn.Module
     post: Optional[nn.Module]
@@ -81,20 +89,26 @@ class ModelParts:
         """
         norm, head = _final_norm(model, arch), _head(model, arch)
         blocks = _blocks(model, arch)
+        config = model.config
         projections = _in_blocks(
-            model, blocks, arch.attn_out(model.config), "the attention output "
-            "projection"
+            model, blocks, arch.attn_out(config), "the attention output projection"
         )
         return cls(
             model=model,
             architecture=arch,
             blocks=blocks,
             mid_modules=_in_blocks(
-                model, blocks, arch.mid(model.config), "the mid-block state"
+                model, blocks, arch.mid(config), "the mid-block state"
             ),
             attention_outputs=projections,
-            n_heads=None if projections is None else model.config.num_attention_heads,
-            attention_scale=float(arch.attn_scale(model.config)),
+            n_heads=None if projections is None else config.num_attention_heads,
+            attention_scale=float(arch.attn_scale(config)),
+            attention_norms=_in_blocks(
+                model, blocks, arch.attn_norm(config), "the attention output's norm"
+            ),
+            parallel_mlps=_in_blocks(
+                model, blocks, arch.parallel_mlp(config), "the parallel MLP"
+            ),
             norm=norm,
             head=head,
             post=arch.post(model),

@@ -57,13 +57,27 @@ class Architecture:
         attn_out (Callable): From the model's config, the path inside each block
                     of the attention output projection (``nn.Linear`` or GPT-2's
                     ``Conv1D``), whose input is the heads' outputs side by side
-                    and whose output (times ``attn_scale``) the block adds to the
-                    stream unchanged; ``None`` where no such split exists
-                    (parallel blocks, a norm on the attention output). Needed for
-                    ``granularity="head"``. Default: none.
+                    and whose output the block adds to the stream (times
+                    ``attn_scale``, through ``attn_norm`` where set, beside
+                    ``parallel_mlp`` where set); ``None`` where no such split
+                    exists (hybrid recurrent blocks, a block that normalises the
+                    stream itself). Needed for ``granularity="head"``.
+                    Default: none.
         attn_scale (Callable): From the config, the factor the block applies
                     to the attention output before adding it (Granite's
                     ``residual_multiplier``). Default: 1.
+        attn_norm (Callable): From the config, the path inside each block of
+                    the RMSNorm the block applies to the attention output
+                    projection's output before adding it to the stream (Gemma
+                    2/3/4, OLMo 2/3: a post-norm), or ``None``. With
+                    ``attn_out``, the head split scales each head's output by
+                    the norm's factor of the real forward. Default: none.
+        parallel_mlp (Callable): From the config, the path inside each block of
+                    the MLP whose output the block adds beside the attention
+                    output, both computed from the block's input (GPT-J, Phi,
+                    Cohere, parallel Falcon/GPT-NeoX/StableLM), or ``None`` for a
+                    sequential block. With ``attn_out``, the heads and the MLP
+                    split the block's one segment. Default: none.
     """
 
     layers: str
@@ -74,6 +88,8 @@ class Architecture:
     norm_kind: str = "rms"
     attn_out: Callable[[Any], Optional[str]] = lambda config: None
     attn_scale: Callable[[Any], float] = lambda config: 1.0
+    attn_norm: Callable[[Any], Optional[str]] = lambda config: None
+    parallel_mlp: Callable[[Any], Optional[str]] = lambda config: None
 
     def __post_init__(self) -> None:
         if not isinstance(self.layers, str) or not self.layers:
@@ -88,7 +104,9 @@ class Architecture:
                 )
         if not self.head:
             raise ValueError("head: expected at least one dotted path")
-        for name in ("post", "mid", "attn_out", "attn_scale"):
+        for name in (
+            "post", "mid", "attn_out", "attn_scale", "attn_norm", "parallel_mlp"
+        ):
             if not callable(getattr(self, name)):
                 raise TypeError(f"{name}: expected a callable")
         if self.norm_kind not in NORM_KINDS:
@@ -104,6 +122,14 @@ def in_block(
     r"""A block-relative module ``path``, for ``Architecture.mid`` or ``attn_out``,
     unless the config makes the block parallel (then None)."""
     return lambda config: None if parallel_if(config) else path
+
+
+def parallel_in_block(
+    path: str, *, parallel_if: Callable[[Any], bool] = lambda c: True
+) -> Callable[[Any], Optional[str]]:
+    r"""A block-relative module ``path``, for ``Architecture.parallel_mlp``, where
+    the config makes the block parallel (else None)."""
+    return lambda config: path if parallel_if(config) else None
 
 
 def _softcap_from_config(model: nn.Module) -> Optional[nn.Module]:
@@ -133,12 +159,23 @@ _LLAMA_LIKE = Architecture(
     mid=_POST_ATTENTION_NORM,
     attn_out=_O_PROJ,
 )
-# Gemma 2/3 normalise the attention output before adding it: no head split.
+# Gemma 2/3/4 normalise the attention output before adding it (an RMSNorm:
+# the heads are split with the norm's per-position factor).
 _GEMMA2_LIKE = Architecture(
     layers="model.layers",
     norm=("model.norm",),
     post=_softcap_from_config,
     mid=in_block("pre_feedforward_layernorm"),
+    attn_out=_O_PROJ,
+    attn_norm=_POST_ATTENTION_NORM,
+)
+
+_OLMO2_LIKE = Architecture(
+    layers="model.layers",
+    norm=("model.norm",),
+    mid=in_block("mlp"),
+    attn_out=_O_PROJ,
+    attn_norm=_POST_ATTENTION_NORM,
 )
 
 _LAYER_NORM = dict(norm_kind="layer")
@@ -180,12 +217,17 @@ BUILT_IN: Dict[str, Architecture] = {
             "post_attention_layernorm",
             parallel_if=lambda c: c.use_parallel_residual,
         ),
-        attn_out=in_block(
-            "attention.dense", parallel_if=lambda c: c.use_parallel_residual
+        attn_out=in_block("attention.dense"),
+        parallel_mlp=parallel_in_block(
+            "mlp", parallel_if=lambda c: c.use_parallel_residual
         ),
     ),
     "gptj": Architecture(
-        layers="transformer.h", norm=("transformer.ln_f",), **_LAYER_NORM
+        layers="transformer.h",
+        norm=("transformer.ln_f",),
+        attn_out=in_block("attn.out_proj"),
+        parallel_mlp=parallel_in_block("mlp"),
+        **_LAYER_NORM,
     ),
     "opt": Architecture(
         **_LAYER_NORM,
@@ -200,7 +242,11 @@ BUILT_IN: Dict[str, Architecture] = {
         ),
     ),
     "phi": Architecture(
-        layers="model.layers", norm=("model.final_layernorm",), **_LAYER_NORM
+        layers="model.layers",
+        norm=("model.final_layernorm",),
+        attn_out=in_block("self_attn.dense"),
+        parallel_mlp=parallel_in_block("mlp"),
+        **_LAYER_NORM,
     ),
     "phi3": _LLAMA_LIKE,
     "falcon": Architecture(
@@ -211,9 +257,9 @@ BUILT_IN: Dict[str, Architecture] = {
             "post_attention_layernorm",
             parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture,
         ),
-        attn_out=in_block(
-            "self_attention.dense",
-            parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture,
+        attn_out=in_block("self_attention.dense"),
+        parallel_mlp=parallel_in_block(
+            "mlp", parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture
         ),
     ),
     "bloom": Architecture(
@@ -240,8 +286,9 @@ BUILT_IN: Dict[str, Architecture] = {
             "post_attention_layernorm",
             parallel_if=lambda c: c.use_parallel_residual,
         ),
-        attn_out=in_block(
-            "self_attn.o_proj", parallel_if=lambda c: c.use_parallel_residual
+        attn_out=_O_PROJ,
+        parallel_mlp=parallel_in_block(
+            "mlp", parallel_if=lambda c: c.use_parallel_residual
         ),
     ),
     "cohere": Architecture(
@@ -249,6 +296,8 @@ BUILT_IN: Dict[str, Architecture] = {
         layers="model.layers",
         norm=("model.norm",),
         post=_cohere_logit_scale,
+        attn_out=_O_PROJ,
+        parallel_mlp=parallel_in_block("mlp"),
     ),
     "granite": _GRANITE,
     # OLMo's final norm is a parameter-free LayerNorm.
@@ -259,11 +308,9 @@ BUILT_IN: Dict[str, Architecture] = {
         attn_out=_O_PROJ,
         **_LAYER_NORM,
     ),
-    # OLMo2 normalises the attention output before adding it (no head split);
-    # the MLP reads the stream itself.
-    "olmo2": Architecture(
-        layers="model.layers", norm=("model.norm",), mid=in_block("mlp")
-    ),
+    # OLMo2 normalises the attention output before adding it (an RMSNorm: the
+    # heads are split with its per-position factor); the MLP reads the stream.
+    "olmo2": _OLMO2_LIKE,
     # Current families. A mixture-of-experts layer is the block's MLP: the block
     # stays a residual block, and the mid-block state is the MLP's input.
     "llama4_text": _LLAMA_LIKE,
@@ -289,9 +336,7 @@ BUILT_IN: Dict[str, Architecture] = {
     "granitemoeshared": _GRANITE,
     # Mamba-2 or attention, then experts.
     "granitemoehybrid": replace(_GRANITE, attn_out=lambda config: None),
-    "olmo3": Architecture(
-        layers="model.layers", norm=("model.norm",), mid=in_block("mlp")
-    ),
+    "olmo3": _OLMO2_LIKE,
     "gemma4_text": _GEMMA2_LIKE,
     # Hybrid recurrent: a Mamba mixer (or attention), then the MLP or experts.
     "jamba": Architecture(

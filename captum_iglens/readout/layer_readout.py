@@ -17,7 +17,11 @@ from torch import nn, Tensor
 
 from captum_iglens.readout.readout import Readout
 from captum_iglens.readout.scores import TokenScore
-from captum_iglens.readout.translators import Translators, unembedding_hash
+from captum_iglens.readout.translators import (
+    TUNED_LENS_TYPE,
+    Translators,
+    unembedding_hash,
+)
 
 #: The kinds of readout, by name; ``"logit"`` is the model's own at every layer.
 READOUT_KINDS = ("logit", "linear", "tuned")
@@ -40,7 +44,9 @@ class LayerReadout(nn.Module):
         blocks (list[nn.Module]): The model's ``L`` decoder blocks in order,
                     which give each block on a path its hidden-state index
                     (not registered as submodules).
-        kind (str, optional): ``"tuned"`` or ``"linear"``. Default: ``"tuned"``
+        kind (str, optional): ``"tuned"`` or ``"linear"``. Default: None,
+                    ``"tuned"`` for translators of the tuned-lens type
+                    (``lens_type="linear_tuned_lens"``), else ``"linear"``.
 
     Examples::
 
@@ -55,7 +61,7 @@ class LayerReadout(nn.Module):
         readout: Readout,
         translators: Translators,
         blocks: Sequence[nn.Module],
-        kind: str = "tuned",
+        kind: Optional[str] = None,
     ) -> None:
         super().__init__()
         if not isinstance(readout, Readout):
@@ -67,6 +73,8 @@ class LayerReadout(nn.Module):
             raise TypeError(
                 f"translators: expected Translators, got {type(translators).__name__}"
             )
+        if kind is None:
+            kind = "tuned" if translators.lens_type == TUNED_LENS_TYPE else "linear"
         if kind not in READOUT_KINDS[1:]:
             raise ValueError(f"kind: expected 'linear' or 'tuned', got {kind!r}")
         blocks = list(blocks)
@@ -88,7 +96,7 @@ class LayerReadout(nn.Module):
         folder: Union[str, Path],
         readout: Readout,
         blocks: Sequence[nn.Module],
-        kind: str = "tuned",
+        kind: Optional[str] = None,
     ) -> "LayerReadout":
         r"""The readout of a tuned-lens folder (see
         :meth:`Translators.load`), on the readout's device."""

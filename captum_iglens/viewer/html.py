@@ -45,9 +45,14 @@ def embed_json(data: Dict[str, Any]) -> str:
         *str*.
     """
     text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return "".join(_ESCAPES.get(char, char) for char in text).encode(
-        "utf-8", "backslashreplace"  # lone surrogates, as the same JSON escapes
-    ).decode("utf-8")
+    return (
+        "".join(_ESCAPES.get(char, char) for char in text)
+        .encode(
+            "utf-8",
+            "backslashreplace",  # lone surrogates, as the same JSON escapes
+        )
+        .decode("utf-8")
+    )
 
 
 def _static(name: str) -> str:

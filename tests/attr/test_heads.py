@@ -15,21 +15,11 @@ from tests.helpers import hook_snapshot, left_padded
 from tests.tiny_models import VOCAB, tiny_model
 
 FP32_TOL = 1e-6
-# Blocks that add attention and MLP in parallel, or normalise the attention
-# output before adding it: no head split.
+# Blocks with no sum of head outputs on the stream: hybrid recurrent blocks
+# (not every block has attention heads) and OPT's post-norm, which normalises
+# the stream itself after attention.
 NO_SPLIT = {
-    "gptj",
-    "phi",
-    "cohere",
-    "falcon",
-    "gpt_neox",
     "opt-no-final-norm",
-    "gemma2",
-    "gemma3_text",
-    "gemma4_text",
-    "olmo2",
-    "olmo3",
-    # Hybrid recurrent blocks: not every block has an attention projection.
     "qwen3_5_text",
     "qwen3_5_moe_text",
     "qwen3_next",
@@ -38,6 +28,17 @@ NO_SPLIT = {
     "falcon_h1",
     "olmo_hybrid",
 }
+# Blocks that add attention and MLP, both read from the block's input, along
+# one segment: the heads and the MLP split it.
+PARALLEL = [
+    ("gptj", {}),
+    ("phi", {}),
+    ("cohere", {}),
+    ("falcon", {}),
+    ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2}),
+    ("gpt_neox", {}),
+    ("stablelm", {"use_parallel_residual": True}),
+]
 SEQUENTIAL = [
     ("llama", {}),
     ("mistral", {}),
@@ -54,6 +55,12 @@ SEQUENTIAL = [
     ("olmo", {}),
     ("gpt_neox", {"use_parallel_residual": False}),
     ("falcon", {"parallel_attn": False, "new_decoder_architecture": False}),
+    # Post-norm: an RMSNorm on the attention output before it is added.
+    ("gemma2", {}),
+    ("gemma3_text", {}),
+    ("gemma4_text", {}),
+    ("olmo2", {}),
+    ("olmo3", {}),
     # Mixture-of-experts and current dense families.
     ("llama4_text", {}),
     ("qwen3_moe", {}),
@@ -73,8 +80,8 @@ SEQUENTIAL = [
 def test_every_tiny_architecture_is_split_or_refused():
     from tests.tiny_models import _SPECS
 
-    # (falcon and gpt_neox are split in their sequential configurations only)
-    assert set(_SPECS) <= {arch for arch, _ in SEQUENTIAL} | NO_SPLIT
+    split = {arch for arch, _ in SEQUENTIAL + PARALLEL}
+    assert set(_SPECS) <= split | NO_SPLIT and not split & NO_SPLIT
 
 
 def _blocks_of(result, n_blocks):
@@ -135,6 +142,45 @@ def test_heads_add_up_to_blocks_and_sublayers(arch, overrides):
     assert (per_column - heads.attributions).abs().max() <= FP32_TOL
 
 
+@pytest.mark.parametrize("arch, overrides", PARALLEL)
+def test_parallel_heads_and_mlp_add_up_to_blocks(arch, overrides):
+    # A parallel block's one segment h_in -> h_out: its heads, bias and MLP
+    # columns split exactly the block's credit, whatever the rule.
+    model = tiny_model(arch, **overrides)
+    lens = LayerIGLens.from_model(model)
+    ids, mask = left_padded([6, 4], VOCAB)
+    extra = (mask,)
+    n_heads = model.config.num_attention_heads
+    for method, steps in (
+        ("prediction_aware", (1, 3, 16)),
+        ("gausslegendre", (2, 9)),
+        ("riemann_trapezoid", (5,)),
+    ):
+        for n_steps in steps:
+            kwargs = dict(additional_forward_args=extra, method=method, n_steps=n_steps)
+            heads = lens.attribute_map(ids, granularity="head", **kwargs)
+            blocks = lens.attribute_map(ids, **kwargs)
+            names = heads.layer_names
+            assert names[0] == "input" and names[-1] == "1.mlp"
+            assert sum(n.startswith("0.attn.h") for n in names) == n_heads
+            attn, mlp = _blocks_of(heads, 2)
+            assert (attn + mlp - blocks.attributions).abs().max() <= FP32_TOL
+            assert heads.attributions[..., 0].abs().max() == 0
+            assert attn.abs().max() > 1e-4 and mlp.abs().max() > 1e-4
+            if method == "prediction_aware":
+                assert heads.delta.abs().max() <= FP32_TOL
+    attrs, delta = lens.attribute(
+        ids, additional_forward_args=extra, granularity="head", n_steps=4,
+        return_convergence_delta=True,
+    )
+    heads = lens.attribute_map(
+        ids, additional_forward_args=extra, granularity="head", n_steps=4
+    )
+    assert len(attrs) == len(heads.layer_names) and delta.abs().max() <= FP32_TOL
+    per_column = torch.stack([a.sum(-1) for a in attrs], -1)
+    assert (per_column - heads.attributions).abs().max() <= FP32_TOL
+
+
 @pytest.mark.parametrize("method", ["gausslegendre", "riemann_middle"])
 def test_captum_rule_per_dimension_is_component_times_gradient(method):
     model = tiny_model("gpt2")
@@ -171,6 +217,103 @@ PROJECTIONS = {
     "opt": lambda block: block.self_attn.out_proj,
     "bloom": lambda block: block.self_attention.dense,
 }
+
+
+# Where the block adds the attention output: the post-attention norm's output
+# (post-norm families) or the projection's own, written out independently of
+# the architecture table.
+POST_NORMS = {
+    "gemma3_text": lambda block: block.post_attention_layernorm,
+    "olmo2": lambda block: block.post_attention_layernorm,
+}
+# The norm's elementwise weight: Gemma's RMSNorm multiplies by 1 + weight.
+GAMMAS = {
+    "gemma3_text": lambda norm: 1.0 + norm.weight,
+    "olmo2": lambda norm: norm.weight,
+}
+EPS = {
+    "gemma3_text": lambda norm: norm.eps,
+    "olmo2": lambda norm: norm.variance_epsilon,
+}
+PARALLEL_PARTS = {
+    "gptj": lambda block: (block.attn.out_proj, block.mlp),
+    "phi": lambda block: (block.self_attn.dense, block.mlp),
+    "falcon": lambda block: (block.self_attention.dense, block.mlp),
+}
+
+
+def _outputs_of(model, lens, ids, modules):
+    """The outputs of ``modules`` (per block, a list) in the head trace."""
+    seen = {}
+
+    def keep(key, output):
+        seen.setdefault(key, output.detach().clone())
+
+    handles = [
+        m.register_forward_hook(lambda m, a, o, key=(j, i): keep(key, o))
+        for j, group in enumerate(modules)
+        for i, m in enumerate(group)
+    ]
+    try:
+        with torch.no_grad():
+            path = lens.trace_path(ids, granularity="head")
+    finally:
+        for h in handles:
+            h.remove()
+    return path, seen
+
+
+@pytest.mark.parametrize("arch", sorted(POST_NORMS))
+def test_post_norm_heads_reproduce_the_normalised_attention_output(arch):
+    model = tiny_model(arch)
+    lens = LayerIGLens.from_model(model)
+    ids = torch.randint(1, VOCAB, (2, 5))
+    blocks = model_parts(model).blocks
+    inputs = {}
+
+    def keep(j, z):
+        inputs.setdefault(j, z.detach().clone())
+
+    pre = [
+        b.self_attn.o_proj.register_forward_pre_hook(lambda m, a, j=j: keep(j, a[0]))
+        for j, b in enumerate(blocks)
+    ]
+    try:
+        path, seen = _outputs_of(
+            model, lens, ids, [[POST_NORMS[arch](b)] for b in blocks]
+        )
+    finally:
+        for h in pre:
+            h.remove()
+    n_heads = model.config.num_attention_heads
+    for j, block in enumerate(blocks):
+        u = path.components[:, :, j]
+        torch.testing.assert_close(u.sum(2), seen[j, 0], atol=1e-6, rtol=1e-6)
+        # Each head's output through o_proj, times the norm's weight and the one
+        # factor 1 / rms(o) of its position, o the projection's whole output.
+        weight = block.self_attn.o_proj.weight
+        z = inputs[j].view(2, 5, n_heads, -1)
+        o_h = torch.einsum("bthe,dhe->bthd", z, weight.view(len(weight), n_heads, -1))
+        norm = POST_NORMS[arch](block)
+        rms = (o_h.sum(2).square().mean(-1, keepdim=True) + EPS[arch](norm)).sqrt()
+        expected = GAMMAS[arch](norm) * o_h / rms.unsqueeze(2)
+        torch.testing.assert_close(u, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", sorted(PARALLEL_PARTS))
+def test_parallel_components_reproduce_attention_and_mlp(arch):
+    model = tiny_model(arch)
+    lens = LayerIGLens.from_model(model)
+    ids = torch.randint(1, VOCAB, (2, 5))
+    blocks = model_parts(model).blocks
+    path, seen = _outputs_of(
+        model, lens, ids, [PARALLEL_PARTS[arch](b) for b in blocks]
+    )
+    for j in range(2):
+        u = path.components[:, :, j]
+        attn = u[:, :, :-1].sum(2)
+        torch.testing.assert_close(attn, seen[j, 0], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(u[:, :, -1], seen[j, 1], atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("arch", sorted(PROJECTIONS))
@@ -290,26 +433,53 @@ def test_cancelling_contributions_do_not_blow_up():
     torch.testing.assert_close(credits[0], 0.3 * share)
 
 
-def test_planted_head_gets_the_largest_credit():
+# Per architecture, written out here: the attention output projection, the
+# final norm's weight, and config overrides (the tiny Gemma's logit softcap of
+# 2 holds every logit within ±2: no head could lift one token far).
+PLANTED = {
+    "llama": (
+        lambda block: block.self_attn.o_proj,
+        lambda model: model.model.norm.weight,
+        {},
+    ),
+    "gemma3_text": (  # post-norm
+        lambda block: block.self_attn.o_proj,
+        lambda model: 1.0 + model.model.norm.weight,
+        {"final_logit_softcapping": None},
+    ),
+    "gptj": (  # parallel
+        lambda block: block.attn.out_proj,
+        lambda model: model.transformer.ln_f.weight,
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(PLANTED))
+def test_planted_head_gets_the_largest_credit(arch):
     """Block 1's head 2 alone writes the target's unembedding direction (read
     through the final norm's weight); every other head writes noise."""
-    model = tiny_model("llama")
+    projection_of, final_gamma, overrides = PLANTED[arch]
+    model = tiny_model(arch, **overrides)
     target, planted = 5, 2
     block = model_parts(model).blocks[1]
-    o_proj = block.self_attn.o_proj
+    o_proj = projection_of(block)
     head_dim = o_proj.in_features // model.config.num_attention_heads
     cols = slice(planted * head_dim, (planted + 1) * head_dim)
     ids = torch.randint(1, VOCAB, (1, 6))
     seen = {}
-    handle = o_proj.register_forward_pre_hook(
-        lambda m, a: seen.setdefault("z", a[0].detach())
-    )
+
+    def keep(module, args):
+        seen.setdefault("z", args[0].detach().clone())
+
+    handle = o_proj.register_forward_pre_hook(keep)
     with torch.no_grad():
         model(ids)
     handle.remove()
     z = seen["z"][0, -1, cols]
-    direction = model.lm_head.weight[target] * model.model.norm.weight
     with torch.no_grad():
+        direction = model.lm_head.weight[target] * final_gamma(model)
+        direction = direction - direction.mean()  # what a LayerNorm keeps
         o_proj.weight.mul_(0.05)
         o_proj.weight[:, cols] = 4.0 * torch.outer(direction, z) / z.square().sum()
     lens = LayerIGLens.from_model(model)
@@ -381,8 +551,9 @@ def test_skipped_blocks_behind_a_plain_function_are_refused_when_captured():
 
 
 @pytest.mark.real_model
-def test_real_model_heads_add_up(default_model):
-    model, tokenizer = default_model
+def test_real_model_heads_add_up(embedded_model):
+    # smollm2 is sequential; gemma3 normalises its attention output (post-norm).
+    _, model, tokenizer = embedded_model
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     lens = LayerIGLens.from_model(model)
     n_blocks = len(lens.layers)

@@ -7,30 +7,14 @@ import torch
 from captum_iglens import LayerIGLens
 from captum_iglens.attr.granularities import GRANULARITIES
 from tests.helpers import hook_snapshot, left_padded
+from tests.attr.test_heads import PARALLEL, SEQUENTIAL
 from tests.tiny_models import VOCAB, tiny_model
 
 FP32_TOL = 1e-6
-# Sequential families whose attention goes through transformers' attention
-# interface with their own eager function.
-SEQUENTIAL = [
-    ("llama", {}),
-    ("mistral", {"sliding_window": 3}),
-    ("qwen2", {}),
-    ("qwen3", {}),
-    ("gemma", {}),
-    ("gpt2", {}),
-    ("opt", {}),
-    ("phi3", {}),
-    ("stablelm", {}),
-    ("granite", {"residual_multiplier": 0.5}),
-    ("olmo", {}),
-    ("gpt_neox", {"use_parallel_residual": False}),
-    ("mixtral", {}),
-    ("qwen3_moe", {}),
-    ("smollm3", {}),
-    ("gpt_oss", {}),
-    ("deepseek_v3", {}),
-]
+# Every family with a head split (sequential, post-norm, parallel), except
+# BLOOM, whose attention does not go through transformers' attention interface.
+REFUSED = {"bloom"}
+ARCHS = [(a, o) for a, o in SEQUENTIAL + PARALLEL if a not in REFUSED]
 
 
 def _by_block(result, n_blocks):
@@ -63,7 +47,7 @@ def test_registered_granularities():
     assert {"source", "source_head"} <= set(GRANULARITIES)
 
 
-@pytest.mark.parametrize("arch, overrides", SEQUENTIAL)
+@pytest.mark.parametrize("arch, overrides", ARCHS)
 def test_sources_add_up_to_heads_and_blocks(arch, overrides):
     model = tiny_model(arch, **overrides)
     lens = LayerIGLens.from_model(model)
@@ -71,7 +55,7 @@ def test_sources_add_up_to_heads_and_blocks(arch, overrides):
     extra = (mask,)
     snapshot = hook_snapshot(model)
     implementation = model.config._attn_implementation
-    n_heads = model.config.num_attention_heads
+    n_heads = lens.heads.n_heads
     for method, n_steps in (
         ("prediction_aware", 1),
         ("prediction_aware", 7),
@@ -144,13 +128,23 @@ def test_page_data_has_the_source_map():
         blocks.source_map()
 
 
-def test_refused_without_a_head_split():
-    model = tiny_model("gptj")
+@pytest.mark.parametrize("arch", sorted(REFUSED))
+def test_refused_where_the_weights_cannot_be_read(arch):
+    model = tiny_model(arch)
     lens = LayerIGLens.from_model(model)
     before = hook_snapshot(model)
-    with pytest.raises(ValueError, match="granularity"):
+    implementation = model.config._attn_implementation
+    with pytest.raises(ValueError, match="attention interface; use granularity='head'"):
         lens.attribute_map(torch.tensor([[5, 6, 7]]), granularity="source")
     assert hook_snapshot(model) == before
+    assert model.config._attn_implementation == implementation
+
+
+def test_refused_without_a_head_split():
+    model = tiny_model("qwen3_next")
+    lens = LayerIGLens.from_model(model)
+    with pytest.raises(ValueError, match="granularity: 'head'"):
+        lens.attribute_map(torch.tensor([[5, 6, 7]]), granularity="source")
 
 
 def _planted_gpt2(source_token: int, target: int):

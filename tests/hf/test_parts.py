@@ -44,6 +44,25 @@ def test_parts_are_the_models_own(llama):
     assert parts.norm_kind == "rms"
     readout = parts.readout(max_chunk_bytes=1024)
     assert readout.head is llama.lm_head and readout.max_chunk_bytes == 1024
+    assert parts.attention_norms is None and parts.parallel_mlps is None
+
+
+def test_post_norm_and_parallel_parts():
+    from tests.tiny_models import tiny_model
+
+    gemma = model_parts(tiny_model("gemma3_text"))
+    assert gemma.attention_outputs == [b.self_attn.o_proj for b in gemma.blocks]
+    assert gemma.attention_norms == [
+        b.post_attention_layernorm for b in gemma.blocks
+    ]
+    assert gemma.parallel_mlps is None
+    gptj = model_parts(tiny_model("gptj"))
+    assert gptj.attention_outputs == [b.attn.out_proj for b in gptj.blocks]
+    assert gptj.parallel_mlps == [b.mlp for b in gptj.blocks]
+    assert gptj.mid_modules is None and gptj.attention_norms is None
+    # GPT-NeoX is parallel or sequential as configured.
+    neox = model_parts(tiny_model("gpt_neox", use_parallel_residual=False))
+    assert neox.parallel_mlps is None and neox.mid_modules is not None
 
 
 def test_from_model_looks_the_model_up_once(llama, lookups):

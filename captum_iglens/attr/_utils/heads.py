@@ -14,6 +14,15 @@ h_out(1) → h_mid(2) → ...``: a first segment ``"input"`` (from the baseline 
 first chosen block's input; zero with the default baseline when the first chosen
 block is the model's first), then per block its attention segment, split into
 ``"<block>.attn.h<i>"`` (and ``"<block>.attn.bias"``), and ``"<block>.mlp"``.
+
+A post-norm block (Gemma 2/3/4, OLMo 2/3) adds ``γ ⊙ o / rms(o)``, an RMSNorm
+of the projection's output ``o = Σ_h o_h (+ b)``: with the per-position factor
+``1 / rms(o)`` of the real forward fixed, the update is ``Σ_h γ ⊙ o_h / rms(o)``
+(:func:`attention_factors`). A parallel block (GPT-J, Phi, Cohere, parallel
+Falcon/GPT-NeoX/StableLM) adds attention and MLP, both read from its input,
+along one segment ``h_in → h_out``: the heads, the bias and the MLP's output
+are the components of that segment, and the path is ``h_base → h_in → h_out(1)
+→ h_out(2) → ...``, with the same column names.
 """
 
 from dataclasses import dataclass
@@ -52,11 +61,20 @@ class HeadSplit:
         scale (float): The factor the block applies to the attention output
                     before adding it to the stream (Granite's
                     ``residual_multiplier``). Default: 1.0
+        norms (list[Module], optional): One per block: the RMSNorm the block
+                    applies to the projection's output before adding it to the
+                    stream (Gemma 2/3/4, OLMo 2/3), or None. Default: None
+        mlps (list[Module], optional): One per block: the MLP whose output the
+                    block adds beside the attention output, both read from the
+                    block's input (a parallel block: GPT-J, Phi, Cohere, ...), or
+                    None for sequential blocks. Default: None
     """
 
     projections: List[Module]
     n_heads: int
     scale: float = 1.0
+    norms: Optional[List[Module]] = None
+    mlps: Optional[List[Module]] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.n_heads, bool) or not isinstance(self.n_heads, int):
@@ -68,6 +86,26 @@ class HeadSplit:
                     f"n_heads: the attention output projection takes "
                     f"{weight.shape[1]} inputs, not a multiple of {self.n_heads} heads"
                 )
+        for name in ("norms", "mlps"):
+            modules = getattr(self, name)
+            if modules is not None and (
+                len(modules) != len(self.projections)
+                or not all(isinstance(m, Module) for m in modules)
+            ):
+                raise ValueError(
+                    f"{name}: expected one torch.nn.Module per projection "
+                    f"({len(self.projections)}), got {modules!r}"
+                )
+        if self.norms is not None and self.mlps is not None:
+            raise ValueError(
+                "norms, mlps: a block either normalises its attention output "
+                "(norms) or adds it beside its MLP (mlps), not both"
+            )
+
+    @property
+    def parallel(self) -> bool:
+        """Whether the blocks add attention and MLP along one segment."""
+        return self.mlps is not None
 
     def column_names(self, block: str, index: int) -> List[str]:
         """The credit columns of one block's attention."""
@@ -139,7 +177,7 @@ def check_consecutive(forward_func: Any, layers: Sequence[Module]) -> None:
 
 def head_path_points(
     layers: Sequence[Module],
-    mids: Sequence[Module],
+    mids: Optional[Sequence[Module]],
     split: HeadSplit,
     layer_names: Sequence[str],
 ) -> Tuple[List[PathPoint], List[str]]:
@@ -147,83 +185,185 @@ def head_path_points(
     The hooked modules of the head path, in execution order, and the names of
     its credit columns.
 
+    Args:
+        mids (list[Module], optional): Per block, the module whose input is the
+                    mid-block state; not read for parallel blocks.
+
     Returns:
         2-element tuple: the points (the first block's input, then per block the
-        projection's input ``z``, the mid-block state and the block's output),
-        and the column names.
+        projection's input ``z``, the mid-block state (a parallel block: its
+        MLP's output) and the block's output), and the column names.
     """
     points: List[PathPoint] = [(layers[0], True)]
     names = [INPUT_COLUMN]
-    for j, (name, mid, block) in enumerate(zip(layer_names, mids, layers)):
-        points += [(split.projections[j], True), (mid, True), (block, False)]
+    for j, (name, block) in enumerate(zip(layer_names, layers)):
+        middle: PathPoint = (
+            (split.mlps[j], False) if split.mlps is not None else (mids[j], True)
+        )
+        points += [(split.projections[j], True), middle, (block, False)]
         names += [*split.column_names(name, j), f"{name}.mlp"]
     return points, names
 
 
-def split_states(states: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
+def split_states(
+    states: List[Tensor], parallel: bool = False
+) -> Tuple[List[Tensor], List[Tensor]]:
     """The captured states of :func:`head_path_points`, as residual-stream states
-    ``h_in, h_mid(1), h_out(1), ...`` and the projections' inputs ``z`` per block."""
+    (``h_in, h_mid(1), h_out(1), ...``; parallel blocks: ``h_in, h_out(1),
+    ...``) and the other states: the projections' inputs ``z`` per block, then
+    for parallel blocks the MLPs' outputs per block."""
     k = (len(states) - 1) // 3
+    heads_in = [states[1 + 3 * j] for j in range(k)]
+    if parallel:
+        stream = [states[0], *(states[3 + 3 * j] for j in range(k))]
+        return stream, heads_in + [states[2 + 3 * j] for j in range(k)]
     stream = [states[0]]
     for j in range(k):
         stream += [states[2 + 3 * j], states[3 + 3 * j]]
-    return stream, [states[1 + 3 * j] for j in range(k)]
+    return stream, heads_in
+
+
+def attention_updates(split: HeadSplit, stream: Tensor) -> Tensor:
+    r"""
+    The stream's change across each block's split segment.
+
+    Args:
+        stream (Tensor): ``(B, P, K, d)`` path points: ``h_base, h_in, h_mid(1),
+                    h_out(1), ...`` (parallel blocks: ``h_base, h_in, h_out(1),
+                    ...``).
+
+    Returns:
+        *Tensor* ``(B, P, k, d)`` float32: ``h_mid - h_prev`` per block (parallel
+        blocks: ``h_out - h_in``).
+    """
+    stream = stream.float()
+    if split.parallel:
+        return stream[:, :, 2:] - stream[:, :, 1:-1]
+    return stream[:, :, 2::2] - stream[:, :, 1:-1:2]
+
+
+def projected_heads(split: HeadSplit, index: int, z: Tensor) -> Tensor:
+    r"""
+    Each head's output through block ``index``'s attention output projection.
+
+    Args:
+        z (Tensor): ``(B, P, H · e)``: the projection's input.
+
+    Returns:
+        *Tensor* ``(B, P, C, d)`` float32: ``W_O[:, head h] z_h`` per head, then
+        the bias where the projection has one; they sum to its output.
+    """
+    module = split.projections[index]
+    weight = _weight(module).float().to(z.device)
+    d = weight.shape[0]
+    z = z.float().view(*z.shape[:2], split.n_heads, -1)
+    u = torch.einsum("bphe,dhe->bphd", z, weight.view(d, split.n_heads, -1))
+    bias = _bias(module)
+    if bias is None:
+        return u
+    return torch.cat([u, bias.float().to(z.device).expand(*z.shape[:2], 1, d)], 2)
+
+
+def attention_factors(split: HeadSplit, outputs: Tensor, updates: Tensor) -> Tensor:
+    r"""
+    The factor, per position and dimension, that turns each block's attention
+    output projection's output into the block's attention update: the update is
+    linear in the heads' outputs with it fixed from the real forward.
+
+    ``split.scale`` for blocks that add the projection's output as it is. For a
+    post-norm block, whose update is ``γ ⊙ o / rms(o)`` (an RMSNorm of the
+    projection's output ``o``), the factor is ``γ̂ · r`` with ``γ̂`` the norm
+    applied to a vector of ones (``γ`` up to a constant) and ``r`` the one
+    scalar per position that maps ``γ̂ ⊙ o`` onto the update the model made
+    (least squares; exact where the norm is an RMSNorm, which the caller checks
+    by adding the components up).
+
+    Args:
+        outputs (Tensor): ``(B, P, k, d)`` float32: the projections' outputs.
+        updates (Tensor): ``(B, P, k, d)`` float32: :func:`attention_updates`.
+
+    Returns:
+        *Tensor* ``(B, P, k, d)`` float32 (broadcastable: ``(1, 1, 1, 1)`` without
+        norms).
+    """
+    if split.norms is None:
+        return torch.full((1, 1, 1, 1), float(split.scale), device=outputs.device)
+    d = outputs.shape[-1]
+    gammas = []
+    for norm in split.norms:
+        probe = next(norm.parameters(), None)
+        ones = torch.ones(1, d, device=outputs.device)
+        if probe is not None:
+            ones = ones.to(device=probe.device, dtype=probe.dtype)
+        with torch.no_grad():  # forward, not __call__: no one's hooks run
+            gammas.append(norm.forward(ones).float().view(d).to(outputs.device))
+    scaled = outputs * torch.stack(gammas)  # (B, P, k, d)
+    power = scaled.square().sum(-1, keepdim=True)
+    along = (scaled * updates).sum(-1, keepdim=True)
+    r = torch.where(power > 0, along / power.clamp_min(1e-30), torch.zeros_like(power))
+    return torch.stack(gammas) * r
 
 
 def head_components(
     split: HeadSplit,
-    heads_in: List[Tensor],
+    extras: List[Tensor],
     stream: Tensor,
     mask: Tensor,
     tolerance: float,
 ) -> Tensor:
     r"""
-    Each block's attention update split into its heads (and bias), checked
-    against the update the model made.
+    Each block's split segment cut into its heads (and bias; parallel blocks:
+    and the MLP), checked against the update the model made.
 
     Args:
-        heads_in (list[Tensor]): Per block, the projection's input ``(B, P, H·e)``.
-        stream (Tensor): ``(B, P, 2k + 2, d)``: ``h_base, h_in, h_mid(1),
-                    h_out(1), ...``.
+        extras (list[Tensor]): Per block, the projection's input ``(B, P, H·e)``;
+                    then for parallel blocks, per block, the MLP's output
+                    ``(B, P, d)`` (:func:`split_states`).
+        stream (Tensor): ``(B, P, K, d)`` path points (:func:`attention_updates`).
         mask (Tensor): ``(B, P)``, False at padding.
-        tolerance (float): Allowed ``|Σ_c u_c - (h_mid - h_prev)|``, relative to
-                    ``1 + max |h_mid - h_prev|``.
+        tolerance (float): Allowed ``|Σ_c u_c - update|``, relative to
+                    ``1 + max |update|``.
 
     Returns:
         *Tensor* ``(B, P, k, C, d)`` float32: ``u_c`` per block (``C = H``, plus
-        one for the bias where the projection has one).
+        one for the bias where the projection has one, plus one for the MLP of a
+        parallel block).
 
     Raises:
-        ValueError: Where the components do not add up to the attention update,
-            e.g. when the chosen blocks are not consecutive.
+        ValueError: Where the components do not add up to the update, e.g. when
+            the chosen blocks are not consecutive.
     """
-    parts = []
-    for j, z in enumerate(heads_in):
-        module = split.projections[j]
-        weight = _weight(module).float().to(z.device)
-        d = weight.shape[0]
-        z = z.float().view(*z.shape[:2], split.n_heads, -1)
-        u = torch.einsum("bphe,dhe->bphd", z, weight.view(d, split.n_heads, -1))
-        bias = _bias(module)
-        if bias is not None:
-            bias = bias.float().to(z.device).expand(*z.shape[:2], 1, d)
-            u = torch.cat([u, bias], dim=2)
-        parts.append(u * split.scale)
-    components = torch.stack(parts, dim=2)
-    update = stream[:, :, 2::2].float() - stream[:, :, 1:-1:2].float()
-    error = (components.sum(3) - update)[mask].abs()
-    size = 1.0 + update[mask].abs().max().item() if mask.any() else 1.0
+    k = len(split.projections)
+    heads = torch.stack(
+        [projected_heads(split, j, z) for j, z in enumerate(extras[:k])], dim=2
+    )
+    updates = attention_updates(split, stream)
+    heads = heads * attention_factors(split, heads.sum(3), updates).unsqueeze(3)
+    if split.parallel:
+        mlps = torch.stack([m.float() for m in extras[k:]], dim=2)
+        heads = torch.cat([heads, mlps.to(heads.device).unsqueeze(3)], dim=3)
+    _check_sum(heads, updates, mask, tolerance)
+    return heads.to(stream.device)
+
+
+def _check_sum(
+    components: Tensor, updates: Tensor, mask: Tensor, tolerance: float
+) -> None:
+    error = (components.sum(3) - updates)[mask].abs()
+    size = 1.0 + updates[mask].abs().max().item() if mask.any() else 1.0
     if error.numel() and error.max().item() > tolerance * size:
         worst = int(error.amax(dim=(0, 2)).argmax())
         raise ValueError(
             "granularity: 'head' needs each chosen block's attention update "
-            "h_mid - h_in to be the sum of its heads' outputs through the attention "
-            "output projection (plus its bias), but at chosen block "
-            f"{worst} they differ by {error.max().item():.3g}. Choose consecutive "
-            "blocks (layers=None or a range), and check the architecture table's "
-            "attn_out for this model."
+            "(h_mid - h_in; a parallel block's h_out - h_in) to be the sum of its "
+            "heads' outputs through the attention output projection (plus its "
+            "bias; through the post-attention RMSNorm's factor where the block "
+            "has one; plus the MLP's output in a parallel block), but at chosen "
+            f"block {worst} they differ by {error.max().item():.3g}. Choose "
+            "consecutive blocks (layers=None or a range), and check the "
+            "architecture table's attn_out, attn_norm and parallel_mlp for this "
+            "model."
         )
-    return components.to(stream.device)
 
 
 def _pairs(stream: Tensor, which: Sequence[int]) -> Tuple[Tensor, Tensor]:
@@ -246,16 +386,20 @@ def head_attributions(
     per_dimension: bool,
     grad_kwargs: Optional[Dict[str, Any]] = None,
     parents: Optional[Tensor] = None,
+    parallel: bool = False,
 ) -> Tensor:
     r"""
     The credit columns of ``granularity="head"``, in the order of
     :func:`head_path_points`: the segments ``"input"`` and ``"<block>.mlp"`` get
     the estimator's credits (or attributions), each attention segment the
     estimator's split into its components ``u_c``
-    (:meth:`~captum_iglens.attr.estimators.base.Estimator.components`).
+    (:meth:`~captum_iglens.attr.estimators.base.Estimator.components`). With
+    ``parallel`` blocks, each block's one segment is split, its MLP the last
+    component.
 
     Args:
-        stream (Tensor): ``(N, 2k + 2, d)`` path points.
+        stream (Tensor): ``(N, 2k + 2, d)`` path points (``parallel``:
+                    ``(N, k + 2, d)``).
         components (Tensor): ``(N, k, C, d)`` float32.
         targets (TokenScore): ``N`` rows (the score of each).
         values (Tensor): ``(N, 2k + 2)``: ``f`` at the path points, the last the
@@ -272,8 +416,11 @@ def head_attributions(
     """
     n, k_points, d = stream.shape
     k, c = components.shape[1], components.shape[2]
-    plain = [0, *range(2, k_points - 1, 2)]  # "input" and the MLPs
-    attn = list(range(1, k_points - 1, 2))
+    if parallel:  # "input", then each block's one segment, split
+        plain, attn = [0], list(range(1, k_points - 1))
+    else:  # "input" and the MLPs; the attention segments, split
+        plain = [0, *range(2, k_points - 1, 2)]
+        attn = list(range(1, k_points - 1, 2))
     common = dict(n_steps=n_steps, chunk_rows=chunk_rows, grad_kwargs=grad_kwargs)
     pairs, layers = _pairs(stream, attn)
     ends = torch.tensor(attn, device=values.device)
@@ -311,7 +458,11 @@ def head_attributions(
             layers=layers,
             **common,
         )[:, 0]
-    out = interleave(plain_out.view(n, k + 1, -1), attn_out.view(n, k, c, -1))
+    attn_out = attn_out.view(n, k, c, -1)
+    if parallel:
+        out = torch.cat([plain_out.view(n, 1, -1), attn_out.flatten(1, 2)], dim=1)
+    else:
+        out = interleave(plain_out.view(n, k + 1, -1), attn_out)
     return out if per_dimension else out.squeeze(-1)
 
 

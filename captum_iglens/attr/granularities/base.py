@@ -111,6 +111,16 @@ class PathGranularity(ABC):
         """The credit columns' names once the traced forward has run."""
         return names
 
+    def column_blocks(self) -> Optional[List[int]]:
+        r"""
+        For a learned readout per layer: the path block (an index into the
+        chosen blocks) each credit column belongs to, the columns of a block
+        being consecutive straight segments from its input to its output.
+        None where the granularity has no such columns (a learned readout is
+        then refused).
+        """
+        return None
+
     def map_needs_gradients(self, rule: Estimator) -> bool:
         """Whether :meth:`credits` with ``rule`` takes a backward pass."""
         return not rule.gradient_free_map

@@ -1,6 +1,6 @@
 r"""Block and sub-layer granularities: one column per block, or two."""
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from torch.nn import Module
 
@@ -15,6 +15,9 @@ class Blocks(PathGranularity):
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         return [(m, False) for m in self.layers], list(self.layer_names)
+
+    def column_blocks(self) -> Optional[List[int]]:
+        return list(range(len(self.layers)))
 
 
 class Sublayers(PathGranularity):
@@ -31,6 +34,9 @@ class Sublayers(PathGranularity):
             points += [(mid, True), (block, False)]
             names += [f"{name}.attn", f"{name}.mlp"]
         return points, names
+
+    def column_blocks(self) -> Optional[List[int]]:
+        return [j for j in range(len(self.layers)) for _ in ("attn", "mlp")]
 
     def _mids(self) -> List[Module]:
         if self.sublayers is None:

@@ -23,32 +23,46 @@ from captum_iglens.readout.interface import PathReadout
 class Heads(Sublayers):
     r"""A first column ``"input"``, then per block ``"<name>.attn.h<i>"`` per head
     (and ``"<name>.attn.bias"``), the attention update split as ``Σ_h W_O[:, head
-    h] z_h (+ b)``, and ``"<name>.mlp"``."""
+    h] z_h (+ b)`` (through a post-attention RMSNorm's per-position factor where
+    the block has one), and ``"<name>.mlp"`` (in a parallel block, the MLP's
+    output as a component of the block's one segment)."""
 
     name = "head"
     supports_unmultiplied = False
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
-        mids = self._mids()
         if self.heads is None:
             raise ValueError(
                 "granularity: 'head' needs each block's attention output "
                 "projection (heads=); from_model sets it from the architecture "
-                "table's attn_out, which is None for this architecture (no "
-                "split: e.g. Gemma 2/3 and OLMo 2 normalise the attention "
-                "output before adding it to the stream)"
+                "table's attn_out, which is None for this model: its blocks have "
+                "no attention heads to split (hybrid recurrent blocks: Mamba or "
+                "Gated DeltaNet in some blocks), or the block normalises the "
+                "residual stream itself after attention (OPT with "
+                "do_layer_norm_before=False, BLOOM with "
+                "apply_residual_connection_post_layernorm, GPT-2 with cross-"
+                "attention), so no sum of head outputs reaches the stream. Use "
+                'granularity="sublayer" or "block"'
             )
+        mids = None if self.heads.parallel else self._mids()
         check_consecutive(self.forward_func, self.layers)
         return head_path_points(self.layers, mids, self.heads, self.layer_names)
 
     def split(self, states: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
-        return split_states(states)
+        return split_states(states, self._parallel)
+
+    @property
+    def _parallel(self) -> bool:
+        return self.heads is not None and self.heads.parallel
 
     def components(
         self, points: Tensor, extras: List[Tensor], mask: Tensor
     ) -> Optional[Tensor]:
         tolerance = split_tolerance(points.dtype)
         return head_components(self.heads, extras, points, mask, tolerance)
+
+    def column_blocks(self) -> Optional[List[int]]:
+        return None  # components of a segment, not segments
 
     def map_needs_gradients(self, rule: Estimator) -> bool:
         return True  # the attention segments are split by gradients
@@ -84,8 +98,11 @@ class Heads(Sublayers):
 
     def levels(self, path: TracedPath, values: Tensor) -> Tensor:
         """A head's column reads the level after its block's attention,
-        ``f(h_mid)``."""
+        ``f(h_mid)`` (a parallel block's columns: after the block)."""
         c = path.components.shape[3]
+        if self._parallel:
+            per_column = values[..., 2:, None].expand(-1, -1, -1, c).flatten(2)
+            return torch.cat([values[..., :2], per_column], -1)
         mids = values[..., 2:-1:2, None].expand(-1, -1, -1, c)
         per_column = torch.cat([mids, values[..., 3::2, None]], -1).flatten(2)
         return torch.cat([values[..., :2], per_column], -1)
@@ -114,6 +131,7 @@ class Heads(Sublayers):
             chunk_rows,
             per_dimension,
             grad_kwargs,
+            parallel=self._parallel,
         )
         mask = path.mask.view(b, p, *[1] * (attrs.dim() - 1))
         return attrs.view(b, p, *attrs.shape[1:]) * mask

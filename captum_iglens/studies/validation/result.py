@@ -343,9 +343,7 @@ class ValidationResult(JsonDocument, Viewable):
             trajectory=np.array([t["trajectory"] for t in tokens], float).reshape(
                 n, k + 1
             ),
-            nonmonotone_depth=np.array(
-                [t["nonmonotone_depth"] for t in tokens], float
-            ),
+            nonmonotone_depth=np.array([t["nonmonotone_depth"] for t in tokens], float),
             scores=scores,
             values=values,
             groups=groups,

@@ -1,0 +1,286 @@
+r"""
+Exact credits under a learned readout per layer: each block's term split into
+a *block part* and a *lens-change part*.
+
+With readouts ``f_i`` (:class:`~captum_iglens.readout.layer_readout.LayerReadout`)
+and block ``j`` of the path going from ``h_s`` (read by ``f_a``) to ``h_e``
+(read by ``f_b``), its term ``f_b(h_e) - f_a(h_s)`` is split as the average of
+the two orders (state first, or readout first):
+
+    block part = ½ [(f_a(h_e) - f_a(h_s)) + (f_b(h_e) - f_b(h_s))]
+    lens part  = ½ [(f_b - f_a)(h_s) + (f_b - f_a)(h_e)]
+
+The block part is the mean of the block's integrated gradients under ``f_a``
+and under ``f_b`` (each one straight segment, read by one readout, with the
+estimator asked for), so it splits inside the block as today; the terms
+telescope to ``p_model - f_0(h_base)``. A block made of several columns
+(``granularity="sublayer"``) splits its block part per column, and its lens
+part puts ``½ (f_b - f_a)(h_s)`` on its first column and ``½ (f_b - f_a)(h_e)``
+on its last. Translators that are equal are one readout (a lens part of
+exactly 0, and one integral, not two).
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from captum_iglens.attr._utils.path_math import path_values
+from captum_iglens.attr.estimators import Estimator
+from captum_iglens.attr.tracing import TracedPath, path_levels
+from captum_iglens.readout.layer_readout import LayerReadout
+from captum_iglens.readout.scores import Views
+
+Key = Tuple[int, int]  # (path point, hidden-state index of its readout)
+
+
+@dataclass
+class ReadoutPlan:
+    """Which readout each column's block starts and ends with, canonical
+    (equal translators share one index; the model's own is ``L``)."""
+
+    start: List[int]  # (n,): f_a of each column's block
+    end: List[int]  # (n,): f_b
+    first: List[bool]  # (n,): the column opens its block
+    last: List[bool]  # (n,): the column closes its block
+
+    @property
+    def uniform(self) -> bool:
+        """Every point is read by one readout: no lens change anywhere."""
+        return len(set(self.start) | set(self.end)) == 1
+
+    def level_readouts(self) -> List[int]:
+        """The readout of each point ``0 .. n``: ``f_a`` of the first block at
+        ``h_base``, then each column's ``f_b``."""
+        return [self.start[0], *self.end]
+
+
+@dataclass
+class ReadoutSplit:
+    """The parts of every column, with the levels of every point."""
+
+    levels: Tensor  # (B, P, n + 1): f at the points, the last the model's own
+    block: Tensor  # (B, P, n), or (B, P, n, d) per dimension
+    lens: Tensor  # (B, P, n)
+    views: Optional[Views] = None  # (B, P, n)
+
+
+def plan(
+    readout: LayerReadout, layers: Sequence[Module], column_blocks: Sequence[int]
+) -> ReadoutPlan:
+    r"""
+    The readouts of the columns of a path through ``layers``.
+
+    Args:
+
+        readout (LayerReadout): The learned readout.
+        layers (list[Module]): The chosen blocks; block ``j`` of the path goes
+                    from the output of ``layers[j - 1]`` (``h_base`` for
+                    ``j = 0``, read as state 0) to the output of ``layers[j]``.
+        column_blocks (list[int]): The path block of each credit column, in
+                    order (``[0, 1, ...]`` for blocks, ``[0, 0, 1, 1, ...]``
+                    for sub-layers).
+
+    Returns:
+        *ReadoutPlan*.
+    """
+    states = [0] + [readout.state_index(m) for m in layers]
+    canonical = _canonical(readout, sorted(set(states)))
+    start = [canonical[states[j]] for j in column_blocks]
+    end = [canonical[states[j + 1]] for j in column_blocks]
+    blocks = list(column_blocks)
+    first = [i == 0 or blocks[i - 1] != j for i, j in enumerate(blocks)]
+    last = [i == len(blocks) - 1 or blocks[i + 1] != j for i, j in enumerate(blocks)]
+    return ReadoutPlan(start, end, first, last)
+
+
+def _canonical(readout: LayerReadout, used: List[int]) -> Dict[int, int]:
+    """Each used state's readout, as the first equal one (the model's own,
+    ``L``, first of all)."""
+    order = sorted(used, key=lambda i: (i != readout.n_layers, i))
+    found: Dict[int, int] = {}
+    for i in order:
+        found[i] = next((j for j in found if readout.same(i, j)), i)
+    return found
+
+
+def split_map(
+    rule: Estimator,
+    readout: LayerReadout,
+    path: TracedPath,
+    route: ReadoutPlan,
+    n_steps: int,
+    chunk_rows: int,
+    top_k: int = 0,
+) -> ReadoutSplit:
+    r"""
+    The scalar block and lens parts of every column (``attribute_map``): with
+    an exact estimator from the readout's values alone, else the mean of the
+    estimator's credits under both readouts.
+    """
+    levels, views = path_levels(
+        readout, path, chunk_rows, top_k, _tensor(route.level_readouts()[:-1], path)
+    )
+    values = _values(readout, path, route, levels, chunk_rows)
+    lens = _lens_parts(values, route, path)
+    if rule.exact:
+        block = _exact_block_parts(values, route, path)
+    else:
+        block = _integrated(rule, readout, path, route, values, n_steps, chunk_rows)
+    return ReadoutSplit(levels, block, lens, views)
+
+
+def split_attributions(
+    rule: Estimator,
+    readout: LayerReadout,
+    path: TracedPath,
+    route: ReadoutPlan,
+    n_steps: int,
+    chunk_rows: int,
+    grad_kwargs: Optional[Dict[str, Any]] = None,
+    multiply_by_inputs: bool = True,
+) -> ReadoutSplit:
+    r"""
+    The per-dimension block parts ``(B, P, n, d)`` of every column
+    (``attribute``): the mean of the estimator's attributions under both
+    readouts, with the scalar lens parts beside them.
+    """
+    with torch.no_grad():
+        levels = path_levels(
+            readout, path, chunk_rows, 0, _tensor(route.level_readouts()[:-1], path)
+        )[0]
+        values = _values(readout, path, route, levels, chunk_rows)
+        lens = _lens_parts(values, route, path)
+    block = _integrated(
+        rule,
+        readout,
+        path,
+        route,
+        values,
+        n_steps,
+        chunk_rows,
+        per_dimension=True,
+        grad_kwargs=grad_kwargs,
+        multiply_by_inputs=multiply_by_inputs,
+    )
+    return ReadoutSplit(levels, block, lens)
+
+
+def _tensor(values: Sequence[int], path: TracedPath) -> Tensor:
+    return torch.tensor(list(values), dtype=torch.long, device=path.points.device)
+
+
+def _values(
+    readout: LayerReadout,
+    path: TracedPath,
+    route: ReadoutPlan,
+    levels: Tensor,
+    chunk_rows: int,
+) -> Dict[Key, Tensor]:
+    """``f_t`` at every (point, readout) the parts need, ``(B, P)`` each: the
+    levels, and the rest read once each (the last point by the model's own
+    readout is the model's probability)."""
+    found: Dict[Key, Tensor] = {
+        (c, t): levels[..., c] for c, t in enumerate(route.level_readouts())
+    }
+    found[(len(route.end), readout.n_layers)] = path.model_prob
+    wanted: List[Key] = []
+    for c, (a, b) in enumerate(zip(route.start, route.end), start=1):
+        for key in ((c - 1, a), (c, a), (c - 1, b), (c, b)):
+            if key not in found and key not in wanted:
+                wanted.append(key)
+    if not wanted:
+        return found
+    b, p, _, d = path.points.shape
+    points = path.points[:, :, [c for c, _ in wanted]].flatten(0, 1)
+    read = path_values(
+        readout,
+        points,
+        path.score.flatten(),
+        chunk_rows,
+        layers=_tensor([t for _, t in wanted], path),
+    )[0].view(b, p, len(wanted))
+    for i, key in enumerate(wanted):
+        found[key] = read[..., i]
+    return found
+
+
+def _lens_parts(
+    values: Dict[Key, Tensor], route: ReadoutPlan, path: TracedPath
+) -> Tensor:
+    """``½ (f_b - f_a)`` at the block's start (on its first column) and at its
+    end (on its last), in float64 then float32 ``(B, P, n)``."""
+    parts = []
+    for c, (a, b) in enumerate(zip(route.start, route.end), start=1):
+        part = torch.zeros_like(path.model_prob, dtype=torch.float64)
+        if a != b:
+            if route.first[c - 1]:
+                part = part + _gap(values, c - 1, a, b)
+            if route.last[c - 1]:
+                part = part + _gap(values, c, a, b)
+        parts.append(part / 2)
+    return torch.stack(parts, -1)
+
+
+def _gap(values: Dict[Key, Tensor], c: int, a: int, b: int) -> Tensor:
+    return values[(c, b)].double() - values[(c, a)].double()
+
+
+def _exact_block_parts(
+    values: Dict[Key, Tensor], route: ReadoutPlan, path: TracedPath
+) -> Tensor:
+    """``½ [Δ f_a + Δ f_b]`` across each column, in float64 ``(B, P, n)``."""
+    parts = []
+    for c, (a, b) in enumerate(zip(route.start, route.end), start=1):
+        change_a = values[(c, a)].double() - values[(c - 1, a)].double()
+        change_b = values[(c, b)].double() - values[(c - 1, b)].double()
+        parts.append((change_a + change_b) / 2)
+    return torch.stack(parts, -1)
+
+
+def _integrated(
+    rule: Estimator,
+    readout: LayerReadout,
+    path: TracedPath,
+    route: ReadoutPlan,
+    values: Dict[Key, Tensor],
+    n_steps: int,
+    chunk_rows: int,
+    per_dimension: bool = False,
+    grad_kwargs: Optional[Dict[str, Any]] = None,
+    multiply_by_inputs: bool = True,
+) -> Tensor:
+    """The mean of the estimator's credits (or attributions) of each column
+    under its block's two readouts, each column one straight segment read by
+    one readout; ``(B, P, n)`` or ``(B, P, n, d)``."""
+    b, p, k_plus_1, d = path.points.shape
+    n = k_plus_1 - 1
+    columns = torch.arange(n, device=path.points.device)
+    pairs = torch.stack(
+        [path.points[:, :, columns], path.points[:, :, columns + 1]], 3
+    ).flatten(0, 2)  # (B·P·n, 2, d)
+    targets = path.score.flatten().repeat_interleave(n)
+    orders = [route.start] if route.start == route.end else [route.start, route.end]
+    total = None
+    for order in orders:
+        ends = torch.stack(
+            [
+                torch.stack([values[(c - 1, t)], values[(c, t)]], -1)
+                for c, t in enumerate(order, start=1)
+            ],
+            2,
+        ).flatten(0, 2)  # (B·P·n, 2)
+        layers = _tensor(order, path).repeat(b * p)[:, None].expand(-1, 2)
+        if per_dimension:
+            found = rule.attributions(
+                readout, pairs, targets, ends[:, 1], n_steps, chunk_rows,
+                grad_kwargs, multiply_by_inputs, layers=layers,
+            )[:, 0].view(b, p, n, d)
+        else:
+            found = rule.credits(
+                readout, pairs, targets, ends, n_steps, chunk_rows, layers=layers
+            )[:, 0].view(b, p, n)
+        total = found.double() if total is None else total + found.double()
+    return total / len(orders)

@@ -1,0 +1,89 @@
+"""``--lens``: a tuned-lens folder read by the attribute command, checked before
+the model loads (the folder) and before any forward (the model)."""
+
+import pytest
+import torch
+from captum_iglens import IGLensResult
+from captum_iglens.cli import main
+from captum_iglens.hf import model_parts
+from captum_iglens.readout.translators import Translators, unembedding_hash
+from tests.helpers import word_tokenizer
+from tests.tiny_models import HIDDEN, tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model")
+    tiny_model("llama").save_pretrained(folder)
+    word_tokenizer(128).save_pretrained(folder)
+    return folder
+
+
+def _lens(folder, n_layers=2, d=HIDDEN, **meta):
+    g = torch.Generator().manual_seed(0)
+    t = Translators(
+        0.3 * torch.randn(n_layers, d, d, generator=g),
+        0.3 * torch.randn(n_layers, d, generator=g),
+        **meta,
+    )
+    return t.save(folder)
+
+
+def test_a_lens_folder_splits_the_credits(tmp_path, model_folder, capsys):
+    own = unembedding_hash(model_parts(tiny_model("llama")).head)
+    lens = _lens(tmp_path / "lens", unembed_sha256=own)
+    out = tmp_path / "r.json"
+    args = ["w5 w6", "--model", str(model_folder), "--no-chat", "--max-new-tokens"]
+    assert main([*args, "3", "--lens", str(lens), "--json", str(out)]) == 0
+    assert "lens-change part (tuned readout" in capsys.readouterr().out
+    result = IGLensResult.load(out)
+    assert result.readout_kind == "tuned"
+    assert result.readout_checksum == Translators.load(lens).checksum()
+    change = result.model_prob - result.base_prob
+    parts = result.block_part.sum(-1) + result.lens_change.sum(-1)
+    assert (parts - change).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p / "missing", "is not a folder"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "has no params.pt"),
+        (lambda p: p, "has no params.pt"),
+    ],
+)
+def test_a_bad_lens_folder_is_refused_before_the_model_loads(
+    tmp_path, make, message, capsys, monkeypatch
+):
+    import captum_iglens.hf.models as models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before --lens was checked")
+
+    monkeypatch.setattr(models, "load_embedded", no_model)
+    monkeypatch.setattr(models, "load_model", no_model)
+    status = main(["x", "--lens", str(make(tmp_path))])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1
+    assert err.startswith("captum-iglens: error: --lens:") and message in err
+
+
+def test_another_models_lens_is_refused_before_any_forward(
+    tmp_path, model_folder, capsys, monkeypatch
+):
+    import captum_iglens.attr as attr
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the model ran before the lens was checked")
+
+    monkeypatch.setattr(attr, "attribute_text", no_forward)
+    lens = _lens(tmp_path / "lens", n_layers=3)
+    status = main(["w5", "--model", str(model_folder), "--lens", str(lens)])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1
+    assert "3 blocks, but this model has" in err
+
+
+def test_linear_without_a_fitted_lens_says_what_to_do(capsys):
+    assert main(["x", "--lens", "linear"]) == 2
+    assert "fit-lens" in capsys.readouterr().err
