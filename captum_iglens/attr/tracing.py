@@ -25,7 +25,7 @@ from captum._utils.typing import TargetType
 from torch import Tensor
 from torch.nn import Module
 
-from captum_iglens.attr._utils.capture import PathPoint, ResidualCapture
+from captum_iglens.attr._utils.capture import NEEDS, PathPoint, ResidualCapture
 from captum_iglens.attr._utils.checks import (
     BaselineType,
     PositionsType,
@@ -312,11 +312,20 @@ class Tracer:
         checked in full at one real position of every sequence."""
         first = mask.float().argmax(-1)  # one real position per sequence
         rows = torch.arange(h_final.shape[0], device=h_final.device)
-        ours = self.readout(h_final[rows, first]).float()
+        try:
+            ours = self.readout(h_final[rows, first]).float()
+        except RuntimeError as error:  # e.g. a layer whose output is no stream
+            raise ValueError(
+                "layer/readout: the readout cannot read the last layer's output "
+                f"(shape {tuple(h_final.shape)}): {str(error).splitlines()[0]}. "
+                + NEEDS
+            ) from None
         theirs = logits[rows.to(logits.device), index[first.cpu()].to(logits.device)]
         theirs = theirs.to(ours.device).float()
         scale = 1.0 + theirs.abs().max().item()
         error = (ours - theirs).abs().max().item()
+        if error > _tolerance(h_final.dtype) * scale:  # a softmax forward's log?
+            error = _shifted_error(ours, theirs)
         if error > _tolerance(h_final.dtype) * scale:
             raise ValueError(
                 "layer/readout: the readout of the last block's output does not "
@@ -324,6 +333,16 @@ class Tracer:
                 "entry of `layer` must be the model's final block, and `readout` "
                 "must be its final norm, head and final transforms."
             )
+
+
+def _shifted_error(ours: Tensor, theirs: Tensor) -> float:
+    """The largest difference of the log-softmax of ``ours`` and ``theirs``
+    rows, over the tokens of probability above 1e-17 (a forward returning
+    probabilities gives logits up to a per-row constant, with its smallest
+    probabilities cut off at the dtype's tiniest number)."""
+    ours, theirs = ours.log_softmax(-1), theirs.log_softmax(-1)
+    kept = theirs > -40.0
+    return (ours - theirs)[kept].abs().max().item() if kept.any() else float("inf")
 
 
 def _tolerance(dtype: torch.dtype) -> float:

@@ -38,35 +38,59 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
 
 
 def prepare(args: argparse.Namespace) -> Job:
-    r"""Reads the prompt set, checks the output folder, joins the distributed
-    group (under torchrun) and loads the model; the job runs the set."""
+    r"""Reads the prompt set, checks the output folder (taking its lock, and
+    checking a rerun's settings and prompt texts against what it holds), joins
+    the distributed group (under torchrun), loads the model and checks it
+    against the folder's; the job runs the set."""
+    import torch.distributed as dist
+
     from captum_iglens._utils.serialization import check_folder
-    from captum_iglens.studies.batch import init_distributed, run_batch, write_html
+    from captum_iglens.studies.batch import (
+        BatchLock,
+        check_model,
+        check_resume,
+        init_distributed,
+        run_batch,
+        write_html,
+    )
     from captum_iglens.studies.prompts import read_prompts
 
     settings = settings_from(args)
     if args.batch_size < 1:
         raise CommandError(f"--batch-size: expected an int >= 1, got {args.batch_size}")
     prompts = read_prompts(args.prompts)
-    check_folder(args.out, "--out")
+    out = check_folder(args.out, "--out")
     device = init_distributed()
     if device.type == "cuda":
         args.device = str(device)
-    parts, tokenizer = load(args, settings)
+    lock = BatchLock(out)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        out.mkdir(exist_ok=True)
+        lock.acquire()  # the others wait for rank 0 in run_batch
+    try:
+        check_resume(out, prompts, settings)
+        parts, tokenizer = load(args, settings)
+        check_model(out, parts)
+    except BaseException:
+        lock.release()
+        raise
 
     def job() -> int:
-        path = run_batch(
-            parts,
-            tokenizer,
-            prompts,
-            args.out,
-            settings=settings,
-            batch_size=args.batch_size,
-            progress=progress(args),
-        )
+        try:
+            path = run_batch(
+                parts,
+                tokenizer,
+                prompts,
+                out,
+                settings=settings,
+                batch_size=args.batch_size,
+                progress=progress(args),
+            )
+        finally:
+            lock.release()
         print(f"results: {path}")
         if args.html:
-            print(f"viewer: {write_html(args.out)}")
+            print(f"viewer: {write_html(out)}")
         return 0
 
     return job

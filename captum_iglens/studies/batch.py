@@ -15,6 +15,8 @@ extra positions (prompt or padding) are computed and dropped.
 import hashlib
 import json
 import os
+import socket
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -27,6 +29,7 @@ from tqdm import tqdm
 from captum_iglens._utils.serialization import (
     check_folder,
     check_writable,
+    parse_json,
     plain,
     write_atomic,
 )
@@ -50,6 +53,13 @@ from captum_iglens.studies.prompts import check_prompts, prompt_key
 RESULTS = "results.jsonl"
 #: The settings and model identity of the run that writes ``out_dir``.
 RUN = "run.json"
+#: The lock file of a folder being written (see :class:`BatchLock`).
+LOCK = ".batch.lock"
+#: The key of a record's metadata that holds the answer given with the prompt
+#: (None when the answer was generated), compared on resume.
+GIVEN = "given_answer"
+# A lock file this young with no holder yet is being written.
+_LOCK_WRITE_S = 10.0
 
 
 def read_results(path: Union[str, Path]) -> List[Dict[str, Any]]:
@@ -210,19 +220,39 @@ def run_batch(
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     run = {**provenance(model, settings), "weights_sha256": weights_checksum(model)}
-    if rank == 0:
-        _claim(out, run)
+    lock = BatchLock(out)
+    error = _on_rank_zero(rank, lambda: (lock.acquire(), _claim(out, run)))
     if distributed:
-        dist.barrier()  # rank 0 has checked and written run.json
-        _claim(out, run)
-    own = out / (f"results.rank{rank}.jsonl" if distributed else RESULTS)
+        error = _shared(error)  # every process stops, not only rank 0
+    if error is not None:
+        lock.release()
+        raise ValueError(error)
+    try:
+        _run_prompts(
+            model, tokenizer, lens, prompts, out, settings, batch_size, progress
+        )
+    finally:
+        lock.release()
+    return out / RESULTS
 
+
+def _run_prompts(
+    model: Any,
+    tokenizer: Any,
+    lens: LayerIGLens,
+    prompts: Sequence[Dict[str, Any]],
+    out: Path,
+    settings: Settings,
+    batch_size: int,
+    progress: bool,
+) -> None:
+    """The prompts not done yet, attributed and merged (every process)."""
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    own = out / (f"results.rank{rank}.jsonl" if distributed else RESULTS)
     _drop_incomplete_line(own)
-    done = {
-        prompt_key(record["id"])
-        for path in _result_files(out)
-        for record in read_results(path)
-    }
+    done = _done_records(out)
+    _check_texts(out, prompts, done)
     if distributed:
         dist.barrier()  # every process has read the same finished set before any writes
     todo = [p for p in prompts if prompt_key(p["id"]) not in done][rank::world]
@@ -248,7 +278,136 @@ def run_batch(
         _merge(out, prompts)
     if distributed:
         dist.barrier()
-    return out / RESULTS
+
+
+def check_resume(
+    out_dir: Union[str, Path],
+    prompts: Sequence[Dict[str, Any]],
+    settings: Settings,
+) -> None:
+    r"""
+    The checks of a rerun in ``out_dir`` that need no model, for a caller that
+    loads the model afterwards (the CLI): the settings recorded in
+    ``run.json`` and the texts of the prompts already done. :func:`run_batch`
+    makes them again, with the weights' checksum.
+
+    Raises:
+        ValueError: If the folder was written with other settings, holds results
+            but no ``run.json``, or holds a prompt or given answer that differs
+            under the same id (naming the ids).
+    """
+    out = Path(out_dir)
+    if not out.is_dir():
+        return
+    if (out / RUN).exists():
+        _compare(out, _read_run(out), {"settings": settings.to_dict()}, "settings")
+    elif any(f.exists() for f in _result_files(out)):
+        raise ValueError(
+            f"out_dir: {out} holds results but no {RUN}, so their settings are "
+            "unknown; choose a new --out folder"
+        )
+    _check_texts(out, prompts, _done_records(out))
+
+
+def check_model(out_dir: Union[str, Path], model: Any) -> None:
+    r"""
+    Checks the model against the one recorded in ``out_dir/run.json`` (if any)
+    by the checksum of its weights, before any work.
+
+    Raises:
+        ValueError: If the weights differ, showing both checksums in full.
+    """
+    out = Path(out_dir)
+    if not (out / RUN).exists():
+        return
+    model = model_parts(model).model
+    recorded = _read_run(out)
+    ours = {"model": provenance(model, Settings())["model"]}
+    ours["weights_sha256"] = weights_checksum(model)
+    names = f"; model {recorded.get('model')!r} then, {ours['model']!r} now"
+    _compare(out, recorded, ours, "weights_sha256", names)
+
+
+class BatchLock:
+    r"""
+    The exclusive lock of a batch folder: the file ``.batch.lock`` in it,
+    created only if absent, holding the host and pid of the process that runs
+    the folder. A lock whose process is gone (same host) is stale and taken
+    over; a process that holds the lock may take it again (it is then released
+    by the first taker only).
+
+    Args:
+
+        out_dir (str or Path): The output folder (it must exist).
+    """
+
+    def __init__(self, out_dir: Union[str, Path]) -> None:
+        self.path = Path(out_dir) / LOCK
+        self.held = False
+
+    def acquire(self) -> "BatchLock":
+        r"""Takes the lock, or raises ``ValueError`` in one line naming the
+        process that holds it."""
+        me = {"host": socket.gethostname(), "pid": os.getpid()}
+        for _ in range(3):
+            try:
+                handle = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder == me:
+                    return self
+                if holder is not None and not _is_stale(holder):
+                    raise ValueError(
+                        f"out_dir: {self.path.parent} is being written by another "
+                        f"batch run (pid {holder.get('pid')} on "
+                        f"{holder.get('host')}); wait for it to finish, or delete "
+                        f"{self.path} if that process is gone"
+                    ) from None
+                self.path.unlink(missing_ok=True)  # stale: its process is gone
+                continue
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                out.write(json.dumps(me))
+            self.held = True
+            return self
+        raise ValueError(f"out_dir: could not take the lock {self.path}; try again")
+
+    def release(self) -> None:
+        r"""Removes the lock file, if this object took it."""
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+    def _holder(self) -> Optional[Dict[str, Any]]:
+        """The lock's holder; None for a file being written (young) or
+        unreadable and old (stale)."""
+        try:
+            holder = json.loads(self.path.read_text(encoding="utf-8"))
+            if isinstance(holder, dict) and isinstance(holder.get("pid"), int):
+                return holder
+        except (OSError, ValueError):
+            pass
+        try:
+            young = time.time() - self.path.stat().st_mtime < _LOCK_WRITE_S
+        except OSError:
+            return None
+        if young:
+            return {"host": "?", "pid": "? (starting)"}
+        return None
+
+
+def _is_stale(holder: Dict[str, Any]) -> bool:
+    """Whether the lock's process is gone (only knowable on this host)."""
+    if holder.get("host") != socket.gethostname() or not isinstance(
+        holder.get("pid"), int
+    ):
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 def weights_checksum(model: torch.nn.Module) -> str:
@@ -266,7 +425,9 @@ def weights_checksum(model: torch.nn.Module) -> str:
 
 
 def _claim(out: Path, run: Dict[str, Any]) -> None:
-    """Records ``run`` in ``out/run.json``, or checks it against the one there."""
+    """Records ``run`` in ``out/run.json``, or checks it against the one there:
+    the settings and the weights' checksum (the model's name or path is kept for
+    the reader, not compared: a folder given relatively is the same model)."""
     path = out / RUN
     if not path.exists():
         if any(f.exists() for f in _result_files(out)):
@@ -276,26 +437,94 @@ def _claim(out: Path, run: Dict[str, Any]) -> None:
             )
         write_atomic(path, json.dumps(plain(run), indent=1))
         return
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        raise ValueError(f"out_dir: {path} is not valid JSON") from None
+    recorded = _read_run(out)
     ours = json.loads(json.dumps(plain(run)))
-    for key in ("settings", "model", "weights_sha256"):
-        if recorded.get(key) != ours[key]:
-            raise ValueError(
-                f"out_dir: {out} was written with other {key.replace('_', ' ')} "
-                f"({_differences(recorded.get(key), ours[key])}); resuming would mix "
-                "results. Rerun with the recorded settings or choose a new --out "
-                "folder"
-            )
+    _compare(out, recorded, ours, "settings")
+    if recorded.get("weights_sha256") != ours["weights_sha256"]:
+        names = f"model {recorded.get('model')!r} then, {ours['model']!r} now"
+        _compare(out, recorded, ours, "weights_sha256", f"; {names}")
+
+
+def _read_run(out: Path) -> Dict[str, Any]:
+    """The ``run.json`` of ``out``, checked to be a JSON object."""
+    try:
+        recorded = json.loads((out / RUN).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise ValueError(f"out_dir: {out / RUN} is not valid JSON") from None
+    if not isinstance(recorded, dict):
+        raise ValueError(f"out_dir: {out / RUN} is not a JSON object")
+    return recorded
+
+
+def _compare(
+    out: Path, recorded: Dict[str, Any], ours: Dict[str, Any], key: str, more: str = ""
+) -> None:
+    """Refuses to resume when ``key`` of ``run.json`` differs from this run's."""
+    if recorded.get(key) != ours[key]:
+        raise ValueError(
+            f"out_dir: {out} was written with other {key.replace('_', ' ')} "
+            f"({_differences(recorded.get(key), ours[key])}{more}); resuming would "
+            "mix results. Rerun with the recorded settings and model or choose a "
+            "new --out folder"
+        )
 
 
 def _differences(old: Any, new: Any) -> str:
+    """Every differing value, in full."""
     if isinstance(old, dict) and isinstance(new, dict):
         keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
         return ", ".join(f"{k}: {old.get(k)!r} then, {new.get(k)!r} now" for k in keys)
-    return f"{str(old)[:16]!r} then, {str(new)[:16]!r} now"
+    return f"{old!r} then, {new!r} now"
+
+
+def _done_records(out: Path) -> Dict[str, Dict[str, Any]]:
+    """The first record of each id in the result files of ``out``."""
+    done: Dict[str, Dict[str, Any]] = {}
+    for path in _result_files(out):
+        for record in read_results(path):
+            done.setdefault(prompt_key(record["id"]), record)
+    return done
+
+
+def _check_texts(
+    out: Path, prompts: Sequence[Dict[str, Any]], done: Dict[str, Dict[str, Any]]
+) -> None:
+    """Refuses to resume when the prompt or the given answer of a done id changed:
+    its old map would be kept under the new text."""
+    changed = []
+    for item in prompts:
+        record = done.get(prompt_key(item["id"]))
+        if record is None:
+            continue
+        given = (record.get("metadata") or {}).get(GIVEN, item.get("answer"))
+        if record.get("prompt") != item["prompt"] or given != item.get("answer"):
+            changed.append(item["id"])
+    if changed:
+        shown = ", ".join(repr(i) for i in changed[:10])
+        more = f" and {len(changed) - 10} more" if len(changed) > 10 else ""
+        raise ValueError(
+            f"prompts: the prompt or answer text of ids {shown}{more} differs from "
+            f"the one attributed in {out}; resuming would keep their old maps. "
+            "Restore the texts, give them new ids, or choose a new --out folder"
+        )
+
+
+def _on_rank_zero(rank: int, step: Any) -> Optional[str]:
+    """Runs ``step`` on rank 0; the message of the ``ValueError`` it raised."""
+    if rank != 0:
+        return None
+    try:
+        step()
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _shared(error: Optional[str]) -> Optional[str]:
+    """Rank 0's ``error``, on every process."""
+    box = [error]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _complete_lines(path: Path) -> Iterator[Tuple[Dict[str, Any], int]]:
@@ -309,7 +538,7 @@ def _complete_lines(path: Path) -> Iterator[Tuple[Dict[str, Any], int]]:
                 return  # interrupted while writing this line
             offset += len(line)
             if line.strip():
-                yield json.loads(line), offset
+                yield parse_json(line.decode("utf-8"), path), offset
 
 
 def _drop_incomplete_line(path: Path) -> None:
@@ -388,7 +617,11 @@ def _attribute_batch(
         result.tokens = [decode_tokens(tokenizer, result.targets[0].tolist())]
         if result.top_ids is not None:
             result.top_tokens = decoded_top_tokens(tokenizer, result.top_ids)
-        result.metadata = {"chat": settings.chat, "positions": settings.positions}
+        result.metadata = {
+            "chat": settings.chat,
+            "positions": settings.positions,
+            GIVEN: item.get("answer"),
+        }
         records.append(
             {
                 "id": item["id"],

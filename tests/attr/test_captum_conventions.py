@@ -794,3 +794,81 @@ def test_class_summarizer(pure):
         torch.testing.assert_close(mine["mean"], ours[rows].mean(0), **TOL)
         assert mine.keys() == lig.keys()
     torch.testing.assert_close(ours_s.summary[0]["mean"], ours.mean(0), **TOL)
+
+
+# ------------------------------------------------- Captum drop-in leftovers
+
+
+class Softmaxed(nn.Module):
+    """A forward returning probabilities, as many Captum tutorials write it."""
+
+    def __init__(self, forward: nn.Module) -> None:
+        super().__init__()
+        self.forward_ = forward
+
+    def forward(self, x: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
+        return self.forward_(x, attention_mask).softmax(-1)
+
+
+@pytest.mark.parametrize("last", [False, True], ids=["all-positions", "last"])
+def test_a_softmax_forward_is_recognised(pure, last):
+    """The probabilities' log is the logits up to a per-row constant: the same
+    distribution, the same targets, the same attributions."""
+    seq = pure.last if last else pure.seq
+    ids = pure.ids()
+    theirs = pure.lens(Softmaxed(seq)).attribute(ids, target=5)
+    ours = pure.lens(seq).attribute(ids, target=5)
+    for a, b in zip(theirs, ours):
+        assert torch.allclose(a, b, atol=1e-6)
+    got = pure.lens(Softmaxed(seq)).attribute_map(ids)
+    want = pure.lens(seq).attribute_map(ids)
+    assert torch.equal(got.targets, want.targets)
+    assert torch.allclose(got.attributions, want.attributions, atol=1e-6)
+    assert got.delta.abs().max() <= 1e-6
+
+
+class _Classifier(nn.Module):
+    """Captum's generic toy: features (B, F) in, class scores (B, C) out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear1, self.linear2 = nn.Linear(3, 4), nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(torch.relu(self.linear1(x)))
+
+
+@pytest.mark.parametrize(
+    "inputs", [torch.randn(2, 3), torch.randn(2, 5, 3)], ids=["features", "seq"]
+)
+def test_a_classifier_is_refused_saying_what_is_needed(inputs):
+    toy = _Classifier()
+    lens = LayerIGLens(toy, toy.linear1, readout=Readout(head=nn.Linear(4, 7)))
+    with pytest.raises((TypeError, ValueError), match="attributes a language model"):
+        lens.attribute(inputs, target=0)
+    assert _no_hooks(toy)
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid",
+     "gausslegendre"],
+)
+def test_n_steps_one_accepted_exactly_where_captum_accepts_it(pure, method):
+    """Captum 0.9's Riemann rules assert n > 1; Gauss-Legendre takes n = 1.
+    LayerIGLens accepts the same, and refuses the rest with a ValueError
+    naming n_steps (where Captum raises an AssertionError)."""
+    ids = pure.ids()
+    lig = LayerIntegratedGradients(pure.seq, pure.blocks[-1])
+    try:
+        lig.attribute(pure.embed(ids), target=(LENGTH - 1, 5), n_steps=1,
+                      method=method)
+        captum_accepts = True
+    except AssertionError:
+        captum_accepts = False
+    lens = pure.lens()
+    if captum_accepts:
+        lens.attribute(ids, target=5, n_steps=1, method=method)
+    else:
+        with pytest.raises(ValueError, match="n_steps"):
+            lens.attribute(ids, target=5, n_steps=1, method=method)

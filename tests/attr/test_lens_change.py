@@ -77,6 +77,10 @@ def test_credits_add_up_under_random_translators_on_every_architecture(name):
         assert (parts - change).abs().max() <= TOL
         assert (result.attributions.sum(-1) - change).abs().max() <= TOL
         assert result.lens_change.abs().max() > 1e-3  # the readouts differ
+    if lens.sublayers is not None:  # the block part split per sub-layer
+        result = lens.attribute_map(ids, granularity="sublayer", n_steps=3)
+        change = result.model_prob - result.base_prob
+        assert (result.attributions.sum(-1) - change).abs().max() <= TOL
 
 
 def test_each_term_is_the_readouts_change_and_the_split_is_the_mean_order(llama):

@@ -1,6 +1,7 @@
 """Prompt sets: padded batches, JSON Lines output, resumption, two Gloo processes."""
 
 import json
+import re
 import socket
 
 import pytest
@@ -259,3 +260,131 @@ def test_resume_with_another_model_is_refused(tmp_path):
         other.lm_head.weight[0, 0] += 1.0
     with pytest.raises(ValueError, match="weights sha256"):
         run_batch(other, tokenizer, PROMPTS, tmp_path, progress=False)
+
+
+def test_resume_with_the_same_model_under_another_path_goes_on(tmp_path):
+    # The model's name is its path as given: the weights decide, not the string.
+    tokenizer = word_tokenizer(VOCAB)
+    model = tiny_model("llama")
+    model.config._name_or_path = "models/tiny"
+    run_batch(model, tokenizer, PROMPTS[:2], tmp_path, progress=False)
+    model.config._name_or_path = "/home/me/models/tiny"
+    run_batch(model, tokenizer, PROMPTS[:3], tmp_path, progress=False)
+    assert [r["id"] for r in read_results(tmp_path / "results.jsonl")] == ["a", 7, "c"]
+
+
+def test_refusals_show_the_full_differing_values(tmp_path):
+    from captum_iglens.studies.batch import weights_checksum
+
+    tokenizer = word_tokenizer(VOCAB)
+    model = tiny_model("llama")
+    run_batch(model, tokenizer, PROMPTS[:1], tmp_path, progress=False)
+    other = tiny_model("llama")
+    with torch.no_grad():
+        other.lm_head.weight[0, 0] += 1.0
+    with pytest.raises(ValueError) as refused:
+        run_batch(other, tokenizer, PROMPTS, tmp_path, progress=False)
+    message = str(refused.value)
+    assert weights_checksum(model) in message and weights_checksum(other) in message
+    with pytest.raises(ValueError, match=r"method: 'prediction_aware' then, "):
+        run_batch(
+            model, tokenizer, PROMPTS, tmp_path, progress=False, method="riemann_left"
+        )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"prompt": "w5 w9 w14"},  # the prompt of "a"
+        {"answer": "w20 w21"},  # its given answer
+        {"answer": None},  # its answer, now to be generated
+    ],
+)
+def test_resume_with_changed_texts_names_the_ids(tmp_path, change):
+    model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
+    run_batch(model, tokenizer, PROMPTS[:3], tmp_path, progress=False, max_new_tokens=2)
+    before = (tmp_path / "results.jsonl").read_text()
+    edited = {**PROMPTS[0], **change}
+    if edited["answer"] is None:
+        del edited["answer"]
+    with pytest.raises(ValueError, match=r"ids 'a' differs.*new ids"):
+        run_batch(
+            model,
+            tokenizer,
+            [edited, *PROMPTS[1:]],
+            tmp_path,
+            progress=False,
+            max_new_tokens=2,
+        )
+    assert (tmp_path / "results.jsonl").read_text() == before
+
+
+def _holder(out_dir, seconds):
+    """Another process that takes the folder's lock and holds it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time\n"
+        "from captum_iglens.studies.batch import BatchLock\n"
+        "BatchLock(sys.argv[1]).acquire()\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(float(sys.argv[2]))\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(out_dir), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout.readline().strip() == "locked"
+    return process
+
+
+def test_a_second_run_on_a_locked_folder_is_refused(tmp_path):
+    from captum_iglens.studies.batch import LOCK
+
+    model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
+    holder = _holder(tmp_path, 60)
+    try:
+        with pytest.raises(
+            ValueError, match=f"another batch run \\(pid {holder.pid} on "
+        ):
+            run_batch(model, tokenizer, PROMPTS[:2], tmp_path, progress=False)
+        assert not (tmp_path / "results.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # Its process is gone: the lock is stale, taken over, and released at the end.
+    assert (tmp_path / LOCK).exists()
+    run_batch(model, tokenizer, PROMPTS[:2], tmp_path, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "run.json"]
+
+
+def test_cli_refuses_in_one_line_before_the_model_loads(tmp_path, capsys):
+    from captum_iglens.cli import main
+
+    model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
+    run_batch(model, tokenizer, PROMPTS[:2], tmp_path / "out", progress=False)
+    prompts = tmp_path / "p.jsonl"
+    edited = [{**PROMPTS[0], "prompt": "w5 w9 w14"}, PROMPTS[1]]
+    prompts.write_text("\n".join(json.dumps(p) for p in edited))
+    # No such model: had the checks come after loading, the error would name it.
+    base = ["batch", str(prompts), "--out", str(tmp_path / "out")]
+    base += ["--model", str(tmp_path / "no-model")]
+    cases = [
+        (["--no-chat", "--max-new-tokens", "32"], r"settings \(chat: True then, False"),
+        (["--max-new-tokens", "32"], "ids 'a' differs"),
+    ]
+    holder = _holder(tmp_path / "out", 60)
+    try:
+        assert main([*base, "--max-new-tokens", "32"]) == 2
+        err = capsys.readouterr().err
+        assert f"pid {holder.pid}" in err and len(err.splitlines()) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    for extra, message in cases:
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert re.search(message, err) and len(err.splitlines()) == 1, err
+        assert "no-model" not in err

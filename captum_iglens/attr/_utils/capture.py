@@ -19,6 +19,15 @@ _LOCKS: "weakref.WeakKeyDictionary[Module, threading.RLock]" = (
 )
 _LOCKS_GUARD = threading.Lock()
 
+#: What LayerIGLens needs of a model, for the errors that show it has another.
+NEEDS = (
+    "LayerIGLens attributes a language model's next-token probabilities: inputs "
+    "are token ids (B, T) or embeddings (B, T, d), each layer returns the residual "
+    "stream (B, T, d), the readout maps it to logits over the vocabulary, and "
+    "forward_func returns those logits (B, T, V) or (B, V); for another model "
+    "(a classifier, a regressor) use captum.attr.LayerIntegratedGradients"
+)
+
 
 def _lock_of(module: Module) -> "threading.RLock":
     """One lock per model (keyed by its first block), shared by every capture."""
@@ -111,6 +120,12 @@ class ResidualCapture:
             )
         if hidden.dim() == 2 and self.base is not None:
             # OPT flattens tokens, (B * T, d), in front of its MLP.
+            if hidden.shape[0] != self.base.shape[0] * self.base.shape[1]:
+                raise ValueError(
+                    f"layer: path point {index} returned shape "
+                    f"{tuple(hidden.shape)}, not a state per token (B, T, d). "
+                    + NEEDS
+                )
             hidden = hidden.view(*self.base.shape[:2], -1)
         rows = hidden.detach().index_select(1, self.positions.to(hidden.device))
         self.states[index] = rows.to(self.device)

@@ -13,6 +13,7 @@ from captum._utils.typing import TargetType
 from torch import Tensor
 from torch.nn import Module, ModuleList
 
+from captum_iglens.attr._utils.capture import NEEDS
 from captum_iglens.attr.estimators import estimator
 from captum_iglens.readout.layer_readout import LayerReadout
 from captum_iglens.readout.readout import Readout
@@ -205,6 +206,16 @@ def format_inputs(
     if first.dtype == torch.bool or first.is_complex():
         raise TypeError(
             f"inputs: expected integer token ids or float embeddings, got {first.dtype}"
+        )
+    if first.is_floating_point() and first.dim() == 2:
+        raise TypeError(
+            f"inputs: a (B, T) tensor holds token ids, expected an integer dtype, "
+            f"got {first.dtype} (embeddings are (B, T, d)). {NEEDS}"
+        )
+    if first.is_floating_point() and first.dim() != 3:
+        raise ValueError(
+            f"inputs: float inputs must be embeddings (B, T, d), got shape "
+            f"{tuple(first.shape)}. {NEEDS}"
         )
     if not first.is_floating_point() and first.dim() != 2:
         raise ValueError(
@@ -479,9 +490,25 @@ def output_logits(output: Any, batch: int, length: int, vocab: int) -> Tensor:
             f"{type(output).__name__}"
         )
     if tuple(logits.shape) in ((batch, vocab), (batch, length, vocab)):
-        return logits
+        return _log_if_probabilities(logits)
     raise ValueError(
         f"forward_func: expected logits of shape ({batch}, {length}, {vocab}) or "
         f"({batch}, {vocab}) (vocabulary from the readout), got "
-        f"{tuple(logits.shape)}"
+        f"{tuple(logits.shape)}. {NEEDS}"
     )
+
+
+def _log_if_probabilities(logits: Tensor) -> Tensor:
+    r"""The log of a forward's output that is a softmax (every entry >= 0, every
+    row summing to 1, as many Captum tutorials write the forward): log-
+    probabilities are logits of the same distribution. Other outputs as they
+    are."""
+    if not logits.is_floating_point() or logits.numel() == 0:
+        return logits
+    if logits.min().item() < 0:  # logits nearly always have negative entries
+        return logits
+    total = logits.sum(-1, dtype=torch.float32)
+    tol = 1e-4 if logits.dtype in (torch.float32, torch.float64) else 1e-2
+    if (total - 1).abs().max().item() > tol:
+        return logits
+    return logits.clamp_min(torch.finfo(logits.dtype).tiny).log()

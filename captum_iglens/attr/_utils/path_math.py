@@ -7,10 +7,12 @@ sequence position), the ``K`` path points ``h_base, h_{L_1}, ..., h_{L_k}`` (or 
 part of them) in the model's dtype, and ``targets``, a
 :class:`~captum_iglens.readout.scores.TokenScore` of ``N`` rows (the score ``f`` of
 each row: one target's probability, a token set's, or a contrastive difference).
-``layers`` (broadcastable to ``(N, K)``, long) is the path point each column is:
-every row is read by the readout of its point (see
-:class:`~captum_iglens.readout.interface.PathReadout`), and the interpolation
-points of a segment by the readout of the point at its end. The readout is
+``layers`` (broadcastable to ``(N, K)``, long) is the readout index each
+column is read with (a hidden-state index, see
+:class:`~captum_iglens.readout.interface.PathReadout`; the model's own readout
+ignores it), and the interpolation points of a segment are read with the index
+of the point at its end: a learned readout passes one index per segment (both
+ends equal, :mod:`captum_iglens.attr.lens_change`). The readout is
 pointwise over rows, so rows can be grouped freely; ``chunk_rows`` bounds how
 many rows go through the readout at once. Results are in :func:`work_dtype` of
 the points' dtype: float64 for a float64 model, float32 otherwise.

@@ -118,8 +118,16 @@ def load_facts(path: Optional[Union[str, Path]] = None) -> List[Fact]:
             resources.files("captum_iglens").joinpath("data/facts.jsonl")
         ) as shipped:
             return load_facts(shipped)
-    facts = []
+    facts: List[Fact] = []
+    seen: Dict[str, int] = {}
     for index, record in enumerate(read_prompts(path)):
+        fact_id = str(record["id"])
+        if fact_id in seen:
+            raise ValueError(
+                f"{path}[{index}]: duplicate id {fact_id!r} (a fact's id is text, so "
+                f'1 and "1" are the same id; first at [{seen[fact_id]}])'
+            )
+        seen[fact_id] = index
         aliases = record.get("aliases", [])
         if not isinstance(aliases, list) or not all(
             isinstance(a, str) for a in aliases
@@ -127,7 +135,7 @@ def load_facts(path: Optional[Union[str, Path]] = None) -> List[Fact]:
             raise ValueError(f"{path}[{index}]: 'aliases' must be a list of strings")
         facts.append(
             Fact(
-                id=str(record["id"]),
+                id=fact_id,
                 relation=str(record.get("relation", "")),
                 prompt=record["prompt"],
                 answer=record.get("answer"),

@@ -40,3 +40,10 @@ def test_load_facts_errors(tmp_path):
         load_facts(path)
     path.write_text('{"prompt": "A", "answer": "b", "aliases": ["c"]}\n')
     assert load_facts(path) == [Fact("1", "", "A", "b", ("c",))]
+
+
+def test_ids_equal_as_text_are_duplicates(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": 1, "prompt": "A"}\n{"id": "1", "prompt": "B"}\n')
+    with pytest.raises(ValueError, match=r"\[1\]: duplicate id '1'.*first at \[0\]"):
+        load_facts(path)
