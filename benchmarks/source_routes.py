@@ -99,8 +99,10 @@ def main() -> None:
 
     print("LIG on the embeddings, top |attribution|: " + listed(per_source, top_lig))
     print("IG-Lens sources, top |credit|: " + listed(ours, top_ours))
-    print(f"Spearman rank agreement over {position + 1} sources: {rho:+.3f}; "
-          f"top-5 overlap {len(set(top_lig) & set(top_ours))}/5")
+    print(
+        f"Spearman rank agreement over {position + 1} sources: {rho:+.3f}; "
+        f"top-5 overlap {len(set(top_lig) & set(top_ours))}/5"
+    )
 
 
 if __name__ == "__main__":

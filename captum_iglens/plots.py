@@ -37,7 +37,7 @@ def color_map() -> mcolors.Colormap:
         from captum.attr._core.llm_attr import LLMAttributionResult
 
         # The method does not use ``self``; it is Captum's single source of truth.
-        return LLMAttributionResult._get_plot_color_map(None)  # type: ignore[arg-type]
+        return LLMAttributionResult._get_plot_color_map(None)
     except Exception:  # pragma: no cover - a future Captum may move it
         return mcolors.LinearSegmentedColormap.from_list(
             "RdWhGn", ["red", "white", "green"]
@@ -360,12 +360,14 @@ def _write_top_tokens(
 ) -> None:
     """Each cell's top-1 token (at most 6 characters), bold where it is the
     target."""
+    top_ids, rank = result.top_ids, result.rank
+    assert top_ids is not None and rank is not None  # called with views only
     for i, p in enumerate(rows):
         for j in range(data.shape[1]):
             if result.top_tokens is not None:
                 text = result.top_tokens[b][p][j][0]
             else:
-                text = f"#{int(result.top_ids[b, p, j, 0])}"
+                text = f"#{int(top_ids[b, p, j, 0])}"
             label = ax.text(
                 j,
                 i,
@@ -373,7 +375,7 @@ def _write_top_tokens(
                 ha="center",
                 va="center",
                 fontsize=6,
-                fontweight="bold" if int(result.rank[b, p, j]) == 1 else "normal",
+                fontweight="bold" if int(rank[b, p, j]) == 1 else "normal",
                 color=_text_color(norm, data[i, j]),
             )
             label.set_gid("top1")

@@ -279,7 +279,7 @@ class IGLensResult(JsonDocument, Viewable):
             )
         if by_head and layout.n_heads is None:
             raise ValueError(
-                'by_head: the heads are summed in this result; attribute with '
+                "by_head: the heads are summed in this result; attribute with "
                 'granularity="source_head"'
             )
         return layout.source_map(self.attributions, by_head)
@@ -484,10 +484,10 @@ class IGLensResult(JsonDocument, Viewable):
         if present:
             if top < 1:
                 raise ValueError("top_ids: expected at least one token per layer")
-            probs = self.top_probs
+            probs = self._view("top_probs")
             if ((probs < -_PROB_SLACK) | (probs > 1 + _PROB_SLACK)).any():
                 raise ValueError("top_probs: probabilities must lie in [0, 1]")
-            if (self.top_ids < 0).any() or (self.rank < 1).any():
+            if (self._view("top_ids") < 0).any() or (self._view("rank") < 1).any():
                 raise ValueError("top_ids/rank: expected ids >= 0 and ranks >= 1")
             for name in ("entropy", "kl"):
                 if (getattr(self, name) < -_PROB_SLACK).any():
@@ -514,6 +514,13 @@ class IGLensResult(JsonDocument, Viewable):
     def has_views(self) -> bool:
         """Whether the result holds each layer's top tokens, entropy, KL, rank."""
         return self.top_ids is not None
+
+    def _view(self, name: str) -> Tensor:
+        """A view field (``top_ids``, ``rank``, ...), refused without views."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError("result: no views; attribute with top_k >= 1")
+        return value
 
     @property
     def total(self) -> Tensor:
@@ -679,21 +686,21 @@ class IGLensResult(JsonDocument, Viewable):
             cells = [f"{labels[r]:<{token_w}}"]
             for j in shown:
                 text = self._top_label(b, r, j, 0, col_w - 1)
-                mark = "*" if int(self.rank[b, r, j]) == 1 else ""
+                mark = "*" if int(self._view("rank")[b, r, j]) == 1 else ""
                 cells.append(f"{text + mark:>{col_w}}")
             lines.append(" ".join(cells))
         lines.append("rank of the target (1 = top)")
         lines.append(" ".join(head))
         for r in rows:
             cells = [f"{labels[r]:<{token_w}}"]
-            cells += [f"{int(self.rank[b, r, j]):>{col_w}}" for j in shown]
+            cells += [f"{int(self._view('rank')[b, r, j]):>{col_w}}" for j in shown]
             lines.append(" ".join(cells))
         if len(shown) < k:
             lines.append(f"(showing {len(shown)} of {k} layers, evenly spaced)")
-        top = self.top_ids.shape[-1]
+        top = self._view("top_ids").shape[-1]
         lines.append(f"the model's own top {top} (last layer), with probabilities")
         for r in rows:
-            probs = self.top_probs[b, r, -1].tolist()
+            probs = self._view("top_probs")[b, r, -1].tolist()
             best = ", ".join(
                 f"{self._top_label(b, r, k - 1, i, 16)} {probs[i]:.3f}"
                 for i in range(top)
@@ -705,7 +712,7 @@ class IGLensResult(JsonDocument, Viewable):
         """The ``i``-th top token of layer ``j`` as a short quoted label (so
         that spaces show), cut to ``width`` characters."""
         if self.top_tokens is None:
-            return f"#{int(self.top_ids[b, p, j, i])}"[:width]
+            return f"#{int(self._view('top_ids')[b, p, j, i])}"[:width]
         text = repr(self.top_tokens[b][p][j][i])
         return text if len(text) <= width else text[: width - 2] + "…" + text[-1]
 
@@ -713,16 +720,17 @@ class IGLensResult(JsonDocument, Viewable):
         """The CSV cells of the views of one (sequence, position, layer)."""
         if not self.has_views:
             return []
+        top_probs = self._view("top_probs")[b, p, j].tolist()
         cells: List[Any] = [
-            json.dumps(self.top_ids[b, p, j].tolist()),
-            json.dumps([round(x, 6) for x in self.top_probs[b, p, j].tolist()]),
+            json.dumps(self._view("top_ids")[b, p, j].tolist()),
+            json.dumps([round(x, 6) for x in top_probs]),
         ]
         if self.top_tokens is not None:
             cells.append(json.dumps(self.top_tokens[b][p][j]))
         cells += [
-            float(self.entropy[b, p, j]),
-            float(self.kl[b, p, j]),
-            int(self.rank[b, p, j]),
+            float(self._view("entropy")[b, p, j]),
+            float(self._view("kl")[b, p, j]),
+            int(self._view("rank")[b, p, j]),
         ]
         return cells
 
@@ -823,7 +831,11 @@ class IGLensResult(JsonDocument, Viewable):
         first = results[0]
         for i, other in enumerate(results[1:], 1):
             for name in (
-                "layer_names", "method", "n_steps", "readout_kind", "readout_checksum"
+                "layer_names",
+                "method",
+                "n_steps",
+                "readout_kind",
+                "readout_checksum",
             ):
                 if getattr(other, name) != getattr(first, name):
                     raise ValueError(
@@ -837,7 +849,9 @@ class IGLensResult(JsonDocument, Viewable):
                     raise ValueError(
                         f"results[{i}]: {name} given for some results only"
                     )
-            if first.has_views and other.top_ids.shape[-1] != first.top_ids.shape[-1]:
+            if first.has_views and (
+                other._view("top_ids").shape[-1] != first._view("top_ids").shape[-1]
+            ):
                 raise ValueError(f"results[{i}]: top_k differs from results[0]'s")
         stacked: Dict[str, Any] = {
             name: (
@@ -880,7 +894,7 @@ class IGLensResult(JsonDocument, Viewable):
         views = ["top_ids", "top_probs"] if self.has_views else []
         views += ["top_tokens"] if self.top_tokens is not None else []
         views += ["entropy", "kl", "rank"] if self.has_views else []
-        lines = [header + sets + views]
+        lines: List[List[Any]] = [header + sets + views]
         for b in range(self.attributions.shape[0]):
             labels = self.tokens[b] if self.tokens is not None else None
             for p in self.mask[b].nonzero()[:, 0].tolist():
@@ -921,7 +935,7 @@ def _nested_shape(value: Any, depth: int) -> Optional[tuple]:
         return None
     if not value:
         return (0,)
-    return (len(value),) + inner.pop()
+    return (len(value),) + (inner.pop() or ())
 
 
 def _index(index: Index, size: int, name: str) -> Tensor:

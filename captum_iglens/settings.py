@@ -22,7 +22,7 @@ from captum_iglens.attr.granularities import check_granularity
 from captum_iglens.hf.text import POSITIONS, Positions
 from captum_iglens.version import __version__
 
-#: A baseline that can be written down: None (``h_0``), ``"mean"`` or a number.
+#: A baseline that can be written down; None (``h_0``), ``"mean"`` or a number.
 SettingsBaseline = Union[None, float, str]
 
 
@@ -98,8 +98,7 @@ class Settings:
             object.__setattr__(self, "layers", layers)
         if self.positions not in POSITIONS:
             raise ValueError(
-                f"positions: expected one of {list(POSITIONS)}, got "
-                f"{self.positions!r}"
+                f"positions: expected one of {list(POSITIONS)}, got {self.positions!r}"
             )
         if not (
             self.baselines is None or isinstance(self.baselines, (int, float, str))

@@ -476,3 +476,67 @@ def test_restoration_facts_without_subjects_refused_before_the_model_loads(
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1
     assert "facts whose subject can be found" in err[0]
+
+
+@pytest.mark.parametrize("granularity", ["head", "sublayer"])
+def test_views_per_column_from_attribute_and_batch(tmp_path, capsys, granularity):
+    """--top-k with every granularity gives one view per column of the map
+    (head + top-k crashed after the work, leaving batch an empty results file)."""
+    folder = _tiny_folder(tmp_path / "model")
+    common = ["--model", folder, "--no-chat", "--max-new-tokens", "2",
+              "--granularity", granularity, "--top-k", "2"]
+    out_json = str(tmp_path / "r.json")
+    assert main(["w5 w6", *common, "--json", out_json]) == 0
+    result = IGLensResult.load(out_json)
+    assert result.top_ids.shape[2] == len(result.layer_names)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "w5 w6"}\n')
+    assert main(["batch", str(prompts), "--out", str(tmp_path / "o"), *common]) == 0
+    lines = (tmp_path / "o" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    capsys.readouterr()
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return _tiny_folder(tmp_path_factory.mktemp("model"))
+
+
+def _combinations():
+    from captum_iglens.attr.granularities import GRANULARITIES
+    from captum_iglens.hf.text import POSITIONS
+
+    extras = {
+        "views-foil": ["--top-k", "2", "--foil", "w7"],
+        "captum-rule": ["--method", "riemann_middle", "--n-steps", "2"],
+    }
+    for granularity in GRANULARITIES:
+        for positions in POSITIONS:
+            for name, extra in extras.items():
+                yield pytest.param(
+                    ["--granularity", granularity, "--positions", positions, *extra],
+                    id=f"{granularity}-{positions}-{name}",
+                )
+
+
+@pytest.mark.parametrize("options", list(_combinations()))
+def test_every_option_combination_works_or_is_refused_in_one_line(
+    tiny_folder, tmp_path, capsys, options
+):
+    """The CLI's combinations of granularity, positions, views, contrastive
+    targets and estimators: each runs to a result file that loads, or is an
+    input error (one line, exit 2), never a traceback after the work."""
+    out_json = str(tmp_path / "r.json")
+    args = ["w5 w6", "--model", tiny_folder, "--no-chat", "--max-new-tokens", "2"]
+    status = main([*args, *options, "--json", out_json])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    if status == 2:
+        lines = [line for line in err.strip().splitlines() if "warning" not in line]
+        assert len(lines) == 1 and lines[0].startswith("captum-iglens: error:")
+    else:
+        assert status == 0
+        result = IGLensResult.load(out_json)
+        assert torch.isfinite(result.attributions).all()
+        if "riemann_middle" not in options:  # prediction_aware is exact
+            assert (result.delta.abs() <= 1e-5).all()

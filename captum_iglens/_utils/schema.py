@@ -213,7 +213,7 @@ class Array(Spec):
             ctx.size(dim, found, at, f"size along {dim}")
         shape = tuple(ctx.known(dim) for dim in self.dims)
         try:
-            array = np.array(
+            array: np.ndarray = np.array(
                 _nan_for_null(value) if self.nullable else value,
                 dtype=self._NUMPY[self.dtype],
             )
@@ -355,6 +355,12 @@ class Record(Spec):
         self, open: bool = False, local: Tuple[str, ...] = (), **fields: Spec
     ) -> None:
         self.open, self.local, self.fields = open, local, fields
+
+    def extended(self, **fields: Spec) -> "Record":
+        r"""This record with more fields, declared after its own."""
+        out = Record(open=self.open, local=self.local)
+        out.fields = {**self.fields, **fields}
+        return out
 
     def load(self, value: Any, at: str = "", ctx: Any = None) -> Dict[str, Any]:
         r"""The declared fields present in ``value``, converted (and, when open,

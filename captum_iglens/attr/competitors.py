@@ -60,6 +60,7 @@ def competitor_maps(
         raise ValueError(f"n: expected at most the vocabulary size, got {n}")
     top_k = map_kwargs.pop("top_k", 0)
     finder = lens.attribute_map(inputs, top_k=n, **map_kwargs)
+    assert finder.top_ids is not None  # attributed with top_k=n
     competitors = finder.top_ids[:, :, -1]  # the model's own distribution
     maps = []
     for i in range(n):

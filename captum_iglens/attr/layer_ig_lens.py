@@ -240,7 +240,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """
         parts = model_parts(model)
         chosen = parts.choose(layers)
-        layer, sublayers, projections, norms, mlps = (
+        layer, sublayers, projections, norms, mlps, downs, down_norms, experts = (
             None if modules is None else [modules[i] for i in chosen]
             for modules in (
                 parts.blocks,
@@ -248,6 +248,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 parts.attention_outputs,
                 parts.attention_norms,
                 parts.parallel_mlps,
+                parts.mlp_outputs,
+                parts.mlp_norms,
+                parts.experts,
             )
         )
         readout = parts.readout(max_chunk_bytes=max_chunk_bytes)
@@ -268,7 +271,15 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 None
                 if projections is None
                 else HeadSplit(
-                    projections, parts.n_heads, parts.attention_scale, norms, mlps
+                    projections,
+                    parts.n_heads,
+                    parts.attention_scale,
+                    norms,
+                    mlps,
+                    downs,
+                    down_norms,
+                    experts,
+                    parts.shared_experts,
                 )
             ),
         )
@@ -302,8 +313,10 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
         Args:
 
-            inputs, baselines, target, additional_forward_args, positions,
-            granularity, foil, target_tokens: As in :meth:`attribute`.
+            inputs (Tensor or tuple[Tensor, ...]): As in :meth:`attribute`; so
+                        are ``baselines``, ``target``, ``additional_forward_args``,
+                        ``positions``, ``granularity``, ``foil`` and
+                        ``target_tokens``.
 
         Returns:
             :class:`~captum_iglens.attr.tracing.TracedPath`: the path points
@@ -669,16 +682,18 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
 
         Args:
 
-            inputs, baselines, target, additional_forward_args, positions,
-            granularity: As in :meth:`attribute`.
+            inputs (Tensor or tuple[Tensor, ...]): As in :meth:`attribute`; so
+                        are ``baselines``, ``target``, ``additional_forward_args``,
+                        ``positions`` and ``granularity``.
             method (str, optional): As in :meth:`attribute`.
                         Default: ``"prediction_aware"``.
             n_steps (int, optional): As in :meth:`attribute`; the map of
                         ``"prediction_aware"`` does not depend on it. Default: 50.
             internal_batch_size (int, optional): As in :meth:`attribute`.
                         Default: None.
-            foil, target_tokens: As in :meth:`attribute`; recorded in the
-                        result's ``foils`` and ``target_sets``.
+            foil (int, list or Tensor, optional): As in :meth:`attribute`, and
+                        so is ``target_tokens``; both are recorded in the result's
+                        ``foils`` and ``target_sets``.
             top_k (int, optional): With ``top_k >= 1``, the result also holds
                         what each layer's readout predicts, from the same readout
                         chunks as the credits: ``top_ids`` and ``top_probs``
@@ -871,7 +886,7 @@ def _column_views(shape: PathGranularity, path: TracedPath, views: Views) -> Vie
     return views[:, :, point - 1]
 
 
-def _view_fields(views: Views) -> Dict[str, Tensor]:
+def _view_fields(views: Views) -> Dict[str, Any]:
     """The view fields of :class:`IGLensResult` (float32, like the credits)."""
     return dict(
         top_ids=views.top_ids,

@@ -105,7 +105,7 @@ class LLMLayerAttribution(Attribution):
         self.model: Optional[Module] = _generator(attr_method.forward_func)
         self.device: torch.device = next(attr_method.readout.parameters()).device
 
-    def attribute(  # type: ignore[override]
+    def attribute(
         self,
         inp: Union[TextTokenInput, TextTemplateInput],
         target: Optional[Union[str, Tensor]] = None,
@@ -179,7 +179,7 @@ class LLMLayerAttribution(Attribution):
             output_probs=result.model_prob[0],
             inp=inp,
         )
-        res.iglens = result  # type: ignore[attr-defined]
+        res.iglens = result
         return res
 
     def attribute_future(self) -> Callable[..., Any]:

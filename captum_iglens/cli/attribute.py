@@ -123,6 +123,10 @@ def _report(result: Any, args: argparse.Namespace) -> None:
     """Prints the map (and its views) and writes the files asked for."""
     width = shutil.get_terminal_size((120, 24)).columns
     print(result.format_table(width=width, onset_frac=args.onset_frac))
+    parts = _top_parts(result)
+    if parts:
+        print()
+        print(parts)
     if result.has_views:
         print()
         print(result.format_views(width=width))
@@ -142,7 +146,54 @@ def _report(result: Any, args: argparse.Namespace) -> None:
     elif args.png:
         from captum_iglens.plots import plot_heatmap
 
-        save_figure(plot_heatmap(result, onset_frac=args.onset_frac)[0], args.png)
+        drawn = plot_heatmap(result, onset_frac=args.onset_frac)
+        assert drawn is not None  # None only with show=True
+        save_figure(drawn[0], args.png)
+
+
+#: Heads, neurons and experts printed per answer token.
+TOP_PARTS = 5
+
+
+def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
+    """Per attributed token, its ``k`` heads, neurons or experts with the largest
+    ``|credit|`` (``granularity="head"``, ``"neuron"`` or ``"expert"``), or
+    ``""``."""
+    from captum_iglens.attr.granularities.neurons import top_neurons
+
+    names = result.layer_names
+    heads = [i for i, n in enumerate(names) if ".attn.h" in n and ".s" not in n]
+    experts = [i for i, n in enumerate(names) if ".mlp.e" in n or ".mlp.shared" in n]
+    has_neurons = any(".mlp.n" in n for n in names)
+    if not heads and not has_neurons and not experts:
+        return ""
+    labels = result._token_labels(0)
+    lines = [f"top heads, neurons and experts (by |credit|, {k} each):"]
+    for p in result.mask[0].nonzero()[:, 0].tolist():
+        row = result.attributions[0, p]
+        found = []
+        if heads:
+            order = sorted(heads, key=lambda i: -abs(float(row[i])))[:k]
+            found.append(
+                "heads " + ", ".join(f"{names[i]} {float(row[i]):+.4f}" for i in order)
+            )
+        if experts:
+            order = sorted(experts, key=lambda i: -abs(float(row[i])))[:k]
+            found.append(
+                "experts "
+                + ", ".join(f"{names[i]} {float(row[i]):+.4f}" for i in order)
+            )
+        if has_neurons:
+            ranked = [
+                (f"{block}.mlp.n{neuron}", credit)
+                for block, kept in top_neurons(row, names, k).items()
+                for neuron, credit in kept
+                if neuron >= 0
+            ]
+            ranked.sort(key=lambda item: -abs(item[1]))
+            found.append("neurons " + ", ".join(f"{n} {c:+.4f}" for n, c in ranked[:k]))
+        lines.append(f"  {labels[p]!r}: " + "; ".join(found))
+    return "\n".join(lines)
 
 
 def _scored_tokens(args: argparse.Namespace, tokenizer: Any) -> Dict[str, Any]:

@@ -27,7 +27,7 @@ MODEL_DTYPES = {
 INPUT_ERRORS = (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError)
 HTML_HELP = "write the interactive viewer, one self-contained HTML file"
 
-#: A prepared subcommand: runs the expensive work, returns the exit status.
+#: A prepared subcommand; it runs the expensive work, returns the exit status.
 Job = Callable[[], int]
 
 
@@ -232,7 +232,7 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     from captum_iglens.hf import model_parts
     from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
 
-    options = dict(
+    options: Dict[str, Any] = dict(
         dtype=MODEL_DTYPES[args.dtype],
         device=_device(args.device),
         progress=progress(args),
@@ -290,9 +290,7 @@ def _device(text: str) -> torch.device:
     if device.type == "meta":
         raise CommandError("--device: 'meta' holds no weights; use cpu or cuda")
     backend = getattr(torch, device.type, None)
-    if device.type != "cpu" and not (
-        backend is not None and backend.is_available()
-    ):
+    if device.type != "cpu" and not (backend is not None and backend.is_available()):
         raise CommandError(
             f"--device: {device.type} is not available with this torch build on "
             "this machine; use --device cpu"

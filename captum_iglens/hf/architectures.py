@@ -220,8 +220,9 @@ def architecture(model: nn.Module) -> Architecture:
             f"{type(model).__name__} (model_type={model_type!r}) is not supported: "
             f"{REFUSED[model_type]}."
         )
-    entry = _REGISTRY.get(model_type)
-    if entry is not None and BUILT_IN.get(model_type) is entry:
+    known = model_type if isinstance(model_type, str) else ""
+    entry = _REGISTRY.get(known)
+    if entry is not None and BUILT_IN.get(known) is entry:
         return entry
     if entry is None and config is None:
         raise ValueError(
@@ -292,15 +293,15 @@ def _probe(model: nn.Module) -> Architecture:
             entry = Architecture(layers=p.layers, norm=p.norm, head=p.head, post=p.post)
             parts = ModelParts.bind(model, entry)
             h_final = captured[p.layers]
-            error = readout_error(parts.norm, parts.head, parts.post, h_final, logits)
-            if error <= tolerance(h_final.dtype):
+            gap = readout_error(parts.norm, parts.head, parts.post, h_final, logits)
+            if gap <= tolerance(h_final.dtype):
                 kind = measured_norm_kind(parts.norm, h_final)
                 return Architecture(
                     layers=p.layers, norm=p.norm, head=p.head, post=p.post,
                     norm_kind=kind,
                 )
             tried.append(
-                f"layers={p.layers!r}, norm={p.norm}, post={p.post_name}: {error:.3g}"
+                f"layers={p.layers!r}, norm={p.norm}, post={p.post_name}: {gap:.3g}"
             )
     first = proposals[0] if proposals else None
     hint = register_hint(

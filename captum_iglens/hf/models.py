@@ -29,7 +29,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union, cast
 
 import torch
 from filelock import FileLock
@@ -414,7 +414,8 @@ def _finish(
     model: PreTrainedModel, dtype: Optional[torch.dtype], device: Optional[Device]
 ) -> PreTrainedModel:
     if dtype is not None or device is not None:
-        model = model.to(device=device, dtype=dtype)
+        # transformers types PreTrainedModel.to through a wrapper mypy misreads.
+        model = cast(Any, model).to(device=device, dtype=dtype)
     return model.eval()
 
 

@@ -53,6 +53,15 @@ class ModelParts:
         parallel_mlps (list[nn.Module] or None): For each block, the MLP whose
                     output it adds beside the attention output (parallel
                     blocks), or None for sequential blocks.
+        mlp_outputs (list[nn.Module] or None): For each block, the MLP's
+                    output projection, whose input is the neurons' activations;
+                    None where there is no neuron split.
+        mlp_norms (list[nn.Module] or None): For each block, the RMSNorm on the
+                    MLP's output before it is added, or None.
+        experts (list[nn.Module] or None): For each block, the routed experts
+                    of its mixture-of-experts MLP; None unless every block has
+                    them.
+        shared_experts (bool): Whether the MoE MLPs add shared experts.
         norm (nn.Module or None): The final norm (and output projection), or
                     None if the model applies none.
         head (nn.Module): The unembedding, ``(..., d)`` to ``(..., V)``.
@@ -69,6 +78,10 @@ class ModelParts:
     attention_scale: float
     attention_norms: Optional[List[nn.Module]]
     parallel_mlps: Optional[List[nn.Module]]
+    mlp_outputs: Optional[List[nn.Module]]
+    mlp_norms: Optional[List[nn.Module]]
+    experts: Optional[List[nn.Module]]
+    shared_experts: bool
     norm: Optional[nn.Module]
     head: nn.Module
     post: Optional[nn.Module]
@@ -89,7 +102,7 @@ class ModelParts:
         """
         norm, head = _final_norm(model, arch), _head(model, arch)
         blocks = _blocks(model, arch)
-        config = model.config
+        config: Any = model.config
         projections = _in_blocks(
             model, blocks, arch.attn_out(config), "the attention output projection"
         )
@@ -109,6 +122,14 @@ class ModelParts:
             parallel_mlps=_in_blocks(
                 model, blocks, arch.parallel_mlp(config), "the parallel MLP"
             ),
+            mlp_outputs=_in_blocks(
+                model, blocks, arch.mlp_out(config), "the MLP output projection"
+            ),
+            mlp_norms=_in_blocks(
+                model, blocks, arch.mlp_norm(config), "the MLP output's norm"
+            ),
+            experts=_experts(blocks, arch.experts(config)),
+            shared_experts=bool(arch.shared_experts(config)),
             norm=norm,
             head=head,
             post=arch.post(model),
@@ -169,7 +190,7 @@ def _resolve(model: nn.Module, path: str) -> Optional[nn.Module]:
     obj = _lookup(model, path)
     if obj is _MISSING:
         raise ValueError(
-            f"{type(model).__name__} (model_type={model.config.model_type!r}) "
+            f"{type(model).__name__} (model_type={_model_type(model)!r}) "
             f"has no attribute {path!r}, where the architecture table expects "
             "it. Load the model with AutoModelForCausalLM, or build "
             "Readout(head=..., norm=..., post=...) by hand and pass layer= "
@@ -213,6 +234,15 @@ def _in_blocks(
     return modules
 
 
+def _experts(blocks: List[nn.Module], path: Optional[str]) -> Optional[List[nn.Module]]:
+    """The routed experts at ``path`` in every block, or None where a block has
+    none (a dense block among MoE ones)."""
+    if path is None:
+        return None
+    found = [_lookup(block, path) for block in blocks]
+    return found if all(isinstance(m, nn.Module) for m in found) else None
+
+
 def _final_norm(model: nn.Module, arch: Architecture) -> Optional[nn.Module]:
     norms = [m for m in (_resolve(model, p) for p in arch.norm) if m is not None]
     if len(norms) < 2:
@@ -224,16 +254,26 @@ def _head(model: nn.Module, arch: Architecture) -> nn.Module:
     heads = [p for p in arch.head if _lookup(model, p) is not _MISSING]
     if len(heads) != 1:
         raise ValueError(
-            f"{type(model).__name__} (model_type={model.config.model_type!r}) must "
+            f"{type(model).__name__} (model_type={_model_type(model)!r}) must "
             f"have exactly one of the head attributes {arch.head}; found "
             f"{heads or 'none'}. Load the model with AutoModelForCausalLM, or "
             "build Readout(head=..., norm=..., post=...) by hand and pass layer= "
             "explicitly."
         )
-    return _resolve(model, heads[0])
+    head = _resolve(model, heads[0])
+    if head is None:
+        raise ValueError(
+            f"{type(model).__name__}.{heads[0]} is None: the readout needs the "
+            "output head"
+        )
+    return head
 
 
-def _block_index(index: object, n: int) -> int:
+def _model_type(model: nn.Module) -> Any:
+    return getattr(getattr(model, "config", None), "model_type", None)
+
+
+def _block_index(index: Any, n: int) -> int:
     """An integer block index in ``[-n, n)``: Python, numpy and 0-d torch integers
     are accepted, booleans and floats are not."""
     try:

@@ -1,6 +1,6 @@
 r"""Proposing and verifying the parts of a causal LM that is not in the table.
 
-:func:`propose_architectures` reads the module tree and the config of a model:
+:func:`propose_parts` reads the module tree and the config of a model:
 the decoder blocks are its longest ``nn.ModuleList``, the head is
 ``model.get_output_embeddings()``, the final norm is a norm next to the blocks
 (or nothing), and the final-logit transform is whichever the config names
@@ -19,7 +19,7 @@ register it with ``mid=`` for the sub-layer split.
 """
 
 import itertools
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, cast
 
 import torch
 from torch import nn, Tensor
@@ -142,7 +142,7 @@ def verification_ids(model: nn.Module) -> Tensor:
             f"{type(model).__name__}: config.vocab_size is {vocab!r}; the probe "
             "needs token ids to run a verification forward"
         )
-    device = model.get_input_embeddings().weight.device
+    device = cast(Any, model).get_input_embeddings().weight.device
     ids = 1 + (torch.arange(VERIFY_LENGTH) * 7919) % (vocab - 1)
     return ids[None].to(device)
 
@@ -172,7 +172,9 @@ def last_outputs_and_logits(
 
     modes = {m: m.training for m in model.modules()}
     handles = [
-        model.get_submodule(path)[-1].register_forward_hook(keeper(path))
+        cast(nn.ModuleList, model.get_submodule(path))[-1].register_forward_hook(
+            keeper(path)
+        )
         for path in paths
     ]
     try:

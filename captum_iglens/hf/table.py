@@ -18,7 +18,7 @@ from torch import nn
 
 from captum_iglens.readout.transforms import LogitDivide, LogitScale, Softcap
 
-#: Kinds of final norm: ``"rms"`` scales only, ``"layer"`` also centres,
+#: Kinds of final norm; ``"rms"`` scales only, ``"layer"`` also centres,
 #: ``"none"`` where the model applies no final norm.
 NORM_KINDS: Tuple[str, ...] = ("rms", "layer", "none")
 
@@ -78,6 +78,24 @@ class Architecture:
                     Cohere, parallel Falcon/GPT-NeoX/StableLM), or ``None`` for a
                     sequential block. With ``attn_out``, the heads and the MLP
                     split the block's one segment. Default: none.
+        mlp_out (Callable): From the config, the path inside each block of the
+                    MLP's output projection (``nn.Linear`` or ``Conv1D``),
+                    whose input is the neurons' activations and whose output
+                    (times ``attn_scale``, through ``mlp_norm`` where set) the
+                    block adds after ``mid``; ``None`` where the MLP is a
+                    mixture of experts or the block is parallel. Needed for
+                    ``granularity="neuron"``. Default: none.
+        mlp_norm (Callable): From the config, the path inside each block of the
+                    RMSNorm applied to the MLP's output before it is added
+                    (Gemma 2/3, OLMo 2/3), or ``None``. Default: none.
+        experts (Callable): From the config, the path inside each block of the
+                    routed experts module of a mixture-of-experts MLP, called as
+                    ``experts(x, top_k_index, top_k_weights)`` and returning
+                    ``Σ_e g_e expert_e(x)``, whose sum (plus any shared experts)
+                    the block adds after ``mid``; or ``None``. Needed for
+                    ``granularity="expert"``. Default: none.
+        shared_experts (Callable): From the config, whether the MoE MLP adds
+                    shared experts beside the routed ones. Default: False.
     """
 
     layers: str
@@ -90,6 +108,10 @@ class Architecture:
     attn_scale: Callable[[Any], float] = lambda config: 1.0
     attn_norm: Callable[[Any], Optional[str]] = lambda config: None
     parallel_mlp: Callable[[Any], Optional[str]] = lambda config: None
+    mlp_out: Callable[[Any], Optional[str]] = lambda config: None
+    mlp_norm: Callable[[Any], Optional[str]] = lambda config: None
+    experts: Callable[[Any], Optional[str]] = lambda config: None
+    shared_experts: Callable[[Any], bool] = lambda config: False
 
     def __post_init__(self) -> None:
         if not isinstance(self.layers, str) or not self.layers:
@@ -105,7 +127,16 @@ class Architecture:
         if not self.head:
             raise ValueError("head: expected at least one dotted path")
         for name in (
-            "post", "mid", "attn_out", "attn_scale", "attn_norm", "parallel_mlp"
+            "post",
+            "mid",
+            "attn_out",
+            "attn_scale",
+            "attn_norm",
+            "parallel_mlp",
+            "mlp_out",
+            "mlp_norm",
+            "experts",
+            "shared_experts",
         ):
             if not callable(getattr(self, name)):
                 raise TypeError(f"{name}: expected a callable")
@@ -132,27 +163,30 @@ def parallel_in_block(
     return lambda config: path if parallel_if(config) else None
 
 
-def _softcap_from_config(model: nn.Module) -> Optional[nn.Module]:
+# The final transforms read attributes of a Hugging Face model (duck-typed: Any).
+def _softcap_from_config(model: Any) -> Optional[nn.Module]:
     cap = model.config.final_logit_softcapping
     return None if cap is None else Softcap(cap)
 
 
-def _cohere_logit_scale(model: nn.Module) -> nn.Module:
+def _cohere_logit_scale(model: Any) -> nn.Module:
     # CohereForCausalLM.forward multiplies by its own copy of config.logit_scale.
     return LogitScale(model.logit_scale)
 
 
-def _granite_logits_scaling(model: nn.Module) -> nn.Module:
+def _granite_logits_scaling(model: Any) -> nn.Module:
     return LogitDivide(model.config.logits_scaling)
 
 
-def _falcon_h1_multiplier(model: nn.Module) -> nn.Module:
+def _falcon_h1_multiplier(model: Any) -> nn.Module:
     # FalconH1ForCausalLM.forward: lm_head(h) * model.model.lm_head_multiplier.
     return LogitScale(model.model.lm_head_multiplier)
 
 
 _POST_ATTENTION_NORM = in_block("post_attention_layernorm")
 _O_PROJ = in_block("self_attn.o_proj")
+_DOWN_PROJ = in_block("mlp.down_proj")
+_POST_FEEDFORWARD_NORM = in_block("post_feedforward_layernorm")
 _LLAMA_LIKE = Architecture(
     layers="model.layers",
     norm=("model.norm",),
@@ -168,6 +202,8 @@ _GEMMA2_LIKE = Architecture(
     mid=in_block("pre_feedforward_layernorm"),
     attn_out=_O_PROJ,
     attn_norm=_POST_ATTENTION_NORM,
+    mlp_out=_DOWN_PROJ,
+    mlp_norm=_POST_FEEDFORWARD_NORM,
 )
 
 _OLMO2_LIKE = Architecture(
@@ -176,9 +212,15 @@ _OLMO2_LIKE = Architecture(
     mid=in_block("mlp"),
     attn_out=_O_PROJ,
     attn_norm=_POST_ATTENTION_NORM,
+    mlp_out=_DOWN_PROJ,
+    mlp_norm=_POST_FEEDFORWARD_NORM,
 )
+# Dense Llama-like MLPs: down_proj(act(gate_proj(x)) * up_proj(x)).
+_LLAMA_DENSE = replace(_LLAMA_LIKE, mlp_out=_DOWN_PROJ)
+# Llama-like blocks whose MLP is a mixture of experts, mlp.experts(x, index, g).
+_LLAMA_MOE = replace(_LLAMA_LIKE, experts=in_block("mlp.experts"))
 
-_LAYER_NORM = dict(norm_kind="layer")
+_LAYER_NORM: Dict[str, Any] = dict(norm_kind="layer")
 _GRANITE = Architecture(
     layers="model.layers",
     norm=("model.norm",),
@@ -193,11 +235,11 @@ _LLAMA_LIKE_HYBRID = replace(_LLAMA_LIKE, attn_out=lambda config: None)
 
 #: The built-in entries, by ``config.model_type``; the test suite verifies each.
 BUILT_IN: Dict[str, Architecture] = {
-    "llama": _LLAMA_LIKE,
-    "mistral": _LLAMA_LIKE,
-    "qwen2": _LLAMA_LIKE,
-    "qwen3": _LLAMA_LIKE,
-    "gemma": _LLAMA_LIKE,
+    "llama": _LLAMA_DENSE,
+    "mistral": _LLAMA_DENSE,
+    "qwen2": _LLAMA_DENSE,
+    "qwen3": _LLAMA_DENSE,
+    "gemma": _LLAMA_DENSE,
     "gemma2": _GEMMA2_LIKE,
     "gemma3_text": _GEMMA2_LIKE,
     "gpt2": Architecture(
@@ -206,6 +248,7 @@ BUILT_IN: Dict[str, Architecture] = {
         norm=("transformer.ln_f",),
         mid=in_block("ln_2", parallel_if=lambda c: c.add_cross_attention),
         attn_out=in_block("attn.c_proj", parallel_if=lambda c: c.add_cross_attention),
+        mlp_out=in_block("mlp.c_proj", parallel_if=lambda c: c.add_cross_attention),
     ),
     # transformers 5 renamed GPT-NeoX's head from ``embed_out`` to ``lm_head``.
     "gpt_neox": Architecture(
@@ -220,6 +263,9 @@ BUILT_IN: Dict[str, Architecture] = {
         attn_out=in_block("attention.dense"),
         parallel_mlp=parallel_in_block(
             "mlp", parallel_if=lambda c: c.use_parallel_residual
+        ),
+        mlp_out=in_block(
+            "mlp.dense_4h_to_h", parallel_if=lambda c: c.use_parallel_residual
         ),
     ),
     "gptj": Architecture(
@@ -240,6 +286,7 @@ BUILT_IN: Dict[str, Architecture] = {
         attn_out=in_block(
             "self_attn.out_proj", parallel_if=lambda c: not c.do_layer_norm_before
         ),
+        mlp_out=in_block("fc2", parallel_if=lambda c: not c.do_layer_norm_before),
     ),
     "phi": Architecture(
         layers="model.layers",
@@ -248,7 +295,7 @@ BUILT_IN: Dict[str, Architecture] = {
         parallel_mlp=parallel_in_block("mlp"),
         **_LAYER_NORM,
     ),
-    "phi3": _LLAMA_LIKE,
+    "phi3": _LLAMA_DENSE,
     "falcon": Architecture(
         **_LAYER_NORM,
         layers="transformer.h",
@@ -260,6 +307,10 @@ BUILT_IN: Dict[str, Architecture] = {
         attn_out=in_block("self_attention.dense"),
         parallel_mlp=parallel_in_block(
             "mlp", parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture
+        ),
+        mlp_out=in_block(
+            "mlp.dense_4h_to_h",
+            parallel_if=lambda c: c.parallel_attn or c.new_decoder_architecture,
         ),
     ),
     "bloom": Architecture(
@@ -277,6 +328,11 @@ BUILT_IN: Dict[str, Architecture] = {
             parallel_if=lambda c: c.apply_residual_connection_post_layernorm
             or (c.pretraining_tp > 1 and c.slow_but_exact),
         ),
+        mlp_out=in_block(
+            "mlp.dense_4h_to_h",
+            parallel_if=lambda c: c.apply_residual_connection_post_layernorm
+            or (c.pretraining_tp > 1 and c.slow_but_exact),
+        ),
     ),
     "stablelm": Architecture(
         **_LAYER_NORM,
@@ -290,6 +346,9 @@ BUILT_IN: Dict[str, Architecture] = {
         parallel_mlp=parallel_in_block(
             "mlp", parallel_if=lambda c: c.use_parallel_residual
         ),
+        mlp_out=in_block(
+            "mlp.down_proj", parallel_if=lambda c: c.use_parallel_residual
+        ),
     ),
     "cohere": Architecture(
         **_LAYER_NORM,
@@ -299,7 +358,7 @@ BUILT_IN: Dict[str, Architecture] = {
         attn_out=_O_PROJ,
         parallel_mlp=parallel_in_block("mlp"),
     ),
-    "granite": _GRANITE,
+    "granite": replace(_GRANITE, mlp_out=_DOWN_PROJ),
     # OLMo's final norm is a parameter-free LayerNorm.
     "olmo": Architecture(
         layers="model.layers",
@@ -307,6 +366,7 @@ BUILT_IN: Dict[str, Architecture] = {
         mid=_POST_ATTENTION_NORM,
         attn_out=_O_PROJ,
         **_LAYER_NORM,
+        mlp_out=_DOWN_PROJ,
     ),
     # OLMo2 normalises the attention output before adding it (an RMSNorm: the
     # heads are split with its per-position factor); the MLP reads the stream.
@@ -316,12 +376,12 @@ BUILT_IN: Dict[str, Architecture] = {
     "llama4_text": _LLAMA_LIKE,
     "qwen3_5_text": _LLAMA_LIKE_HYBRID,  # Gated DeltaNet or attention, then MLP
     "qwen3_5_moe_text": _LLAMA_LIKE_HYBRID,
-    "qwen3_moe": _LLAMA_LIKE,
+    "qwen3_moe": _LLAMA_MOE,
     "qwen3_next": _LLAMA_LIKE_HYBRID,  # Gated DeltaNet or attention, then experts
-    "qwen2_moe": _LLAMA_LIKE,
-    "mixtral": _LLAMA_LIKE,
-    "olmoe": _LLAMA_LIKE,
-    "smollm3": _LLAMA_LIKE,
+    "qwen2_moe": replace(_LLAMA_MOE, shared_experts=lambda config: True),
+    "mixtral": _LLAMA_MOE,
+    "olmoe": _LLAMA_MOE,
+    "smollm3": _LLAMA_DENSE,
     "gpt_oss": _LLAMA_LIKE,
     "deepseek_v3": _LLAMA_LIKE,
     "glm4_moe": _LLAMA_LIKE,
@@ -331,13 +391,18 @@ BUILT_IN: Dict[str, Architecture] = {
         mid=_POST_ATTENTION_NORM,
         attn_out=_O_PROJ,
         **_LAYER_NORM,
+        experts=in_block("mlp.experts"),
     ),
     "granitemoe": _GRANITE,
     "granitemoeshared": _GRANITE,
     # Mamba-2 or attention, then experts.
     "granitemoehybrid": replace(_GRANITE, attn_out=lambda config: None),
     "olmo3": _OLMO2_LIKE,
-    "gemma4_text": _GEMMA2_LIKE,
+    # Gemma 4 scales the whole stream by layer_scalar after its MLP (and may add
+    # per-layer inputs and experts): no neuron split.
+    "gemma4_text": replace(
+        _GEMMA2_LIKE, mlp_out=lambda config: None, mlp_norm=lambda config: None
+    ),
     # Hybrid recurrent: a Mamba mixer (or attention), then the MLP or experts.
     "jamba": Architecture(
         layers="model.layers",

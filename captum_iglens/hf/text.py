@@ -221,7 +221,13 @@ def generate(
 
     Returns:
         *list[Tensor]*: for each prompt, the generated ids ``(n,)``,
-        ``n <= max_new_tokens``, on the CPU.
+        ``n <= max_new_tokens``, on the CPU. Each is checked to be the greedy
+        choice of the model's own teacher-forced logits (:func:`not_greedy`);
+        where the cached generation is not, it is generated again without the
+        KV cache.
+
+    Raises:
+        ValueError: If even that gives a token that is not the greedy choice.
     """
     if (
         isinstance(max_new_tokens, bool)
@@ -233,7 +239,6 @@ def generate(
         )
     stops = stop_token_ids(tokenizer)
     ids, mask = left_pad([p.reshape(-1) for p in prompts], pad_token_id(tokenizer))
-    device = next(model.parameters()).device
     args: Dict[str, Any] = dict(
         max_new_tokens=_within_context(model, ids.shape[1], max_new_tokens),
         do_sample=False,
@@ -244,6 +249,31 @@ def generate(
     if progress and len(prompts) == 1:  # streamers take one sequence
         bar = tqdm(total=args["max_new_tokens"], desc="generating", unit="tok")
         args["streamer"] = _Progress(bar)
+    answers = _generated(model, ids, mask, stops, args)
+    wrong = not_greedy(model, ids, mask, answers)
+    if wrong is not None and args.get("use_cache", True):
+        # A KV cache can be wrong where the model is right (a TransformerLens 4
+        # bridge booted around it changes its cached generation): without it.
+        args.pop("streamer", None)
+        answers = _generated(model, ids, mask, stops, {**args, "use_cache": False})
+        wrong = not_greedy(model, ids, mask, answers)
+    if wrong is not None:
+        row, i = wrong
+        raise ValueError(
+            f"generate: model.generate gave answer token {i} of prompt {row} that "
+            "is not the greedy choice of the model's own logits, even without the "
+            "KV cache; the attribution would explain a token the model does not "
+            "say. Pass the answer explicitly (answer=...)"
+        )
+    return answers
+
+
+def _generated(
+    model: Any, ids: Tensor, mask: Tensor, stops: List[int], args: Dict[str, Any]
+) -> List[Tensor]:
+    """``model.generate`` of the left-padded ``ids``, each continuation cut at
+    its first stop token, on the CPU."""
+    device = next(model.parameters()).device
     with torch.inference_mode():
         out = model.generate(ids.to(device), attention_mask=mask.to(device), **args)
     sequences = getattr(out, "sequences", out)
@@ -257,6 +287,42 @@ def generate(
         ends = torch.isin(row, stop).nonzero()
         answers.append(row[: int(ends[0, 0])] if len(ends) else row)
     return answers
+
+
+def not_greedy(
+    model: Any, ids: Tensor, mask: Tensor, answers: Sequence[Tensor]
+) -> Optional[Tuple[int, int]]:
+    r"""
+    The first answer token that is not the greedy choice of the model's own
+    teacher-forced logits (one forward without cache, a prompt at a time).
+
+    Args:
+
+        model (PreTrainedModel): The causal LM.
+        ids (Tensor): ``(B, T)`` left-padded prompt ids; ``mask`` its mask.
+        answers (list[Tensor]): The ``B`` answers ``(n_b,)``.
+
+    Returns:
+        *(prompt, token)* indices of the first such token, or None. A token
+        within a rounding tolerance of the largest logit counts as greedy.
+    """
+    device = next(model.parameters()).device
+    for row, answer in enumerate(answers):
+        if len(answer) == 0:
+            continue
+        prompt = ids[row][mask[row].bool()]
+        full = torch.cat([prompt, answer.to(prompt)])[None].to(device)
+        with torch.inference_mode():
+            logits = model(input_ids=full, use_cache=False).logits[0]
+        rows = logits[len(prompt) - 1 : -1].float()
+        best = rows.max(-1).values
+        chosen = rows.gather(-1, answer.to(device)[:, None])[:, 0]
+        wide = logits.dtype in (torch.float32, torch.float64)
+        tol = (1e-3 if wide else 5e-2) * (1.0 + best.abs())
+        below = (chosen < best - tol).nonzero()
+        if len(below):
+            return row, int(below[0, 0])
+    return None
 
 
 def answered_prompt(

@@ -76,4 +76,5 @@ def with_hook_names(result: Result) -> Result:
         ``["blocks.0.hook_resid_post", ...]`` (sub-layer segments:
         ``hook_resid_mid`` for attention, ``hook_resid_post`` for the MLP).
     """
-    return replace(result, layer_names=[hook_name(n) for n in result.layer_names])
+    named: Any = result  # a dataclass with layer_names (not imported: layering)
+    return replace(named, layer_names=[hook_name(n) for n in named.layer_names])

@@ -9,7 +9,7 @@ Both the map and the per-dimension estimators evaluate ``f`` through
 """
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -223,7 +223,8 @@ class FinalDistribution:
         its position's ``q``: one ``(N, G)`` matrix product."""
         vocab = log_probs.shape[-1]
         probs = self.probs.to(log_probs.dtype)  # float64 rows of a float64 model
-        cross = sum(log_probs[:, cols] @ probs[:, cols].T for cols in _blocks(vocab))
+        blocks = (log_probs[:, cols] @ probs[:, cols].T for cols in _blocks(vocab))
+        cross = cast(Tensor, sum(blocks))
         cross = cross.gather(1, self.index[:, None])[:, 0]
         return self.neg_entropy[self.index] - cross
 

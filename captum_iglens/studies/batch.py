@@ -4,7 +4,7 @@ resumption after an interruption, and splitting across processes with
 ``torch.distributed`` (e.g. under ``torchrun``).
 
 Each prompt's answer (generated greedily unless given) is attributed by teacher
-forcing, as :func:`captum_iglens.hf.attribute_text` does. Prompts are attributed
+forcing, as :func:`captum_iglens.attribute_text` does. Prompts are attributed
 in left-padded batches: with left padding every sequence ends in the last column,
 so the positions that predict each prompt's answer are a suffix of the columns,
 and one shared set of positions, the longest answer's, covers every prompt of the
@@ -19,7 +19,17 @@ import socket
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import torch
 import torch.distributed as dist
@@ -110,7 +120,7 @@ def write_html(
     out = Path(out_dir)
     if not (out / RESULTS).is_file():
         raise ValueError(f"out_dir: {out} holds no {RESULTS}")
-    run = json.loads((out / RUN).read_text()) if (out / RUN).is_file() else {}
+    run = _read_run(out) if (out / RUN).is_file() else {}
     records = read_results(out / RESULTS)
     items = [dict(record, result=to_result(record)) for record in records]
     page = Path(path) if path is not None else out / "index.html"
@@ -221,7 +231,12 @@ def run_batch(
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     run = {**provenance(model, settings), "weights_sha256": weights_checksum(model)}
     lock = BatchLock(out)
-    error = _on_rank_zero(rank, lambda: (lock.acquire(), _claim(out, run)))
+
+    def claim() -> None:
+        lock.acquire()
+        _claim(out, run)
+
+    error = _on_rank_zero(rank, claim)
     if distributed:
         error = _shared(error)  # every process stops, not only rank 0
     if error is not None:
@@ -509,7 +524,7 @@ def _check_texts(
         )
 
 
-def _on_rank_zero(rank: int, step: Any) -> Optional[str]:
+def _on_rank_zero(rank: int, step: Callable[[], None]) -> Optional[str]:
     """Runs ``step`` on rank 0; the message of the ``ValueError`` it raised."""
     if rank != 0:
         return None
@@ -604,7 +619,9 @@ def _attribute_batch(
         )
         for i, answer in zip(missing, generated):
             answers[i] = answer
-    sequences = [torch.cat([p, a.to(p)]) for p, a in zip(prompt_ids, answers)]
+    given = [a for a in answers if a is not None]
+    assert len(given) == len(answers)  # each given or generated above
+    sequences = [torch.cat([p, a.to(p)]) for p, a in zip(prompt_ids, given)]
     spans = [
         positions_span(len(p), len(s), settings.positions)
         for p, s in zip(prompt_ids, sequences)
@@ -613,7 +630,7 @@ def _attribute_batch(
         lens, sequences, spans, pad_token_id(tokenizer), settings
     )
     records = []
-    for item, answer, result in zip(batch, answers, results):
+    for item, answer, result in zip(batch, given, results):
         result.tokens = [decode_tokens(tokenizer, result.targets[0].tolist())]
         if result.top_ids is not None:
             result.top_tokens = decoded_top_tokens(tokenizer, result.top_ids)

@@ -58,7 +58,8 @@ def embed_json(data: Dict[str, Any]) -> str:
 def _static(name: str) -> str:
     return (
         resources.files("captum_iglens.viewer")
-        .joinpath("static", name)
+        .joinpath("static")
+        .joinpath(name)  # one name a call: Python 3.10's Traversable
         .read_text(encoding="utf-8")
     )
 

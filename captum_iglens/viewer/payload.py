@@ -213,7 +213,7 @@ def batch_payload(
                 "rows": sequence["rows"],
             }
         )
-    mean = (credit_sum / max(n_tokens, 1)) if credit_sum is not None else []
+    mean: Any = (credit_sum / max(n_tokens, 1)) if credit_sum is not None else []
     mean_change = float(change_sum) / max(n_tokens, 1)
     keep = ("model", "method", "n_steps", "granularity", "baselines", "positions")
     return {

@@ -20,20 +20,22 @@ def lens():
 
 
 def test_the_registry_names_each_granularity_once():
-    assert list(GRANULARITIES) == ["block", "sublayer", "head"]
+    assert list(GRANULARITIES) == [
+        "block", "sublayer", "head", "source", "source_head", "neuron", "expert"
+    ]
     for name, kind in GRANULARITIES.items():
         assert issubclass(kind, PathGranularity) and kind.name == name
     with pytest.raises(ValueError, match=r"granularity: expected one of \['block'"):
-        check_granularity("neuron")
+        check_granularity("neurons")
 
 
-@pytest.mark.parametrize("granularity", ["block", "sublayer", "head"])
+@pytest.mark.parametrize("granularity", ["block", "sublayer", "head", "neuron"])
 def test_the_traced_path_is_the_one_the_map_reads(lens, granularity):
     ids = torch.randint(1, VOCAB, (2, 5))
     path = lens.trace_path(ids, granularity=granularity)
     assert isinstance(path, TracedPath)
     assert path.names == lens.segment_names(granularity)
-    assert (path.components is not None) == (granularity == "head")
+    assert (path.components is not None) == (granularity in ("head", "neuron"))
     found = lens.attribute_map(ids, granularity=granularity)
     levels = path_levels(lens.readout, path, lens.readout.rows_per_chunk())[0]
     shape = lens._granularity(granularity)

@@ -117,9 +117,7 @@ def test_page_data_has_the_source_map():
     assert credits.shape == (2, 2, 5)
     assert torch.tensor(data["heads"]).shape == (2, 2, 4, 5)
     total = (
-        credits.sum(-1)
-        + torch.tensor(data["bias"])
-        + torch.tensor(data["mlp"])
+        credits.sum(-1) + torch.tensor(data["bias"]) + torch.tensor(data["mlp"])
     ).sum(-1) + torch.tensor(data["input"])
     assert (total - result.attributions[0].sum(-1)).abs().max() <= FP32_TOL
     blocks = lens.attribute_map(ids, positions=[2, 4])
@@ -324,5 +322,6 @@ def test_llm_layer_attribution_with_sources():
     result = res.iglens
     assert result.metadata["source_tokens"] == [["<s>", "a", "b", "c", "d", "e"]]
     assert result.source_map().shape == (1, 2, 2, 6)
-    assert (res.token_attr.sum(-1) - (result.model_prob - result.base_prob)[0]).abs(
-    ).max() <= FP32_TOL
+    assert (
+        res.token_attr.sum(-1) - (result.model_prob - result.base_prob)[0]
+    ).abs().max() <= FP32_TOL

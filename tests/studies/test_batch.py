@@ -388,3 +388,61 @@ def test_cli_refuses_in_one_line_before_the_model_loads(tmp_path, capsys):
         err = capsys.readouterr().err
         assert re.search(message, err) and len(err.splitlines()) == 1, err
         assert "no-model" not in err
+
+
+def test_cli_resume_knows_the_model_by_its_weights(tmp_path, capsys, monkeypatch):
+    from captum_iglens.cli import main
+
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path / "model")
+    word_tokenizer(VOCAB).save_pretrained(tmp_path / "model")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in PROMPTS[:2]))
+    args = ["batch", str(prompts), "--out", str(tmp_path / "out"), "--no-chat"]
+    args += ["--max-new-tokens", "2", "--quiet"]
+    assert main([*args, "--model", str(tmp_path / "model")]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main([*args, "--model", "model"]) == 0  # the same folder, relatively
+    recorded = json.loads((tmp_path / "out" / "run.json").read_text())
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] += 1.0
+    model.save_pretrained(tmp_path / "other")
+    word_tokenizer(VOCAB).save_pretrained(tmp_path / "other")
+    capsys.readouterr()
+    assert main([*args, "--model", "other"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and recorded["weights_sha256"] in err
+    assert "'other' now" in err
+
+
+def _refused_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    import os
+
+    from captum_iglens.studies.batch import init_distributed
+
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    init_distributed()
+    try:
+        with pytest.raises(ValueError, match="another batch run"):
+            _run(out_dir)  # rank 0 finds the lock; rank 1 hears it, no hang
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_a_locked_folder_stops_every_process(tmp_path):
+    holder = _holder(tmp_path, 120)
+    try:
+        mp.spawn(
+            _refused_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (tmp_path / "results.jsonl").exists()

@@ -5,7 +5,17 @@ expected, before any hook is registered on the model.
 """
 
 import inspect
-from typing import Any, Callable, List, Literal, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 import torch
 from captum._utils.common import _format_tensor_into_tuples
@@ -21,7 +31,9 @@ from captum_iglens.readout.scores import per_position
 
 BaselineType = Union[None, int, float, Tensor, str, Tuple[Tensor, ...]]
 PositionsType = Union[None, int, Sequence[int], Tensor]
-Granularity = Literal["block", "sublayer", "head", "source", "source_head"]
+Granularity = Literal[
+    "block", "sublayer", "head", "source", "source_head", "neuron", "expert"
+]
 
 
 def forward_module(forward_func: Callable[..., Any]) -> Optional[Module]:
@@ -47,7 +59,8 @@ def check_construction(
             f"forward_func: expected a callable, got {type(forward_func).__name__}"
         )
     is_list = isinstance(layer, (list, tuple, ModuleList))
-    layers = list(layer) if is_list else [layer]
+    # Checked below: each must be a Module.
+    layers: List[Any] = list(cast(Sequence[Module], layer)) if is_list else [layer]
     if not layers or not all(isinstance(m, Module) for m in layers):
         raise TypeError(
             "layer: expected a non-empty list of torch.nn.Module blocks, got "
@@ -74,7 +87,7 @@ def check_construction(
     if isinstance(readout, LayerReadout):
         for module in layers:
             readout.state_index(module)  # each block is one of the model's
-    input_layer = layers[0] if input_layer is None else input_layer
+    first: Module = layers[0] if input_layer is None else input_layer
     names = (
         _default_names(forward_func, layers)
         if layer_names is None
@@ -94,13 +107,13 @@ def check_construction(
         inside = {id(m) for m in forward_func.modules()}
         named = [(f"layer[{i}]", m) for i, m in enumerate(layers)]
         named += [(f"sublayers[{i}]", m) for i, m in enumerate(sublayers or ())]
-        for what, module in [*named, ("input_layer", input_layer)]:
+        for what, module in [*named, ("input_layer", first)]:
             if id(module) not in inside:
                 raise ValueError(
                     f"{what}: {type(module).__name__} is not a submodule of "
                     "forward_func"
                 )
-    return layers, input_layer, names, None if sublayers is None else list(sublayers)
+    return layers, first, names, None if sublayers is None else list(sublayers)
 
 
 def hf_model_of(forward_func: Callable[..., Any]) -> Module:
@@ -114,7 +127,7 @@ def hf_model_of(forward_func: Callable[..., Any]) -> Module:
     Raises:
         TypeError: If there is none, naming ``readout=`` as the way out.
     """
-    frontier = [forward_func]
+    frontier: List[Any] = [forward_func]
     for _ in range(5):  # wrappers of wrappers, a few levels deep
         for candidate in frontier:
             if isinstance(candidate, Module) and hasattr(
@@ -229,7 +242,7 @@ def check_token_ids(forward_func: Callable[..., Any], inputs: Tensor) -> None:
     r"""For a Hugging Face model: ``(B, T)`` inputs are integer token ids within
     its input vocabulary (other forward functions define their own inputs)."""
     try:
-        embeddings = hf_model_of(forward_func).get_input_embeddings()
+        embeddings = cast(Any, hf_model_of(forward_func)).get_input_embeddings()
     except (TypeError, AttributeError, NotImplementedError):
         return
     vocab = getattr(embeddings, "num_embeddings", None)
@@ -439,8 +452,12 @@ def baseline_inputs(
     )
     if not isinstance(baselines, tuple) or len(baselines) == 1:
         if is_ids:
-            return (ids, *inputs[1:])
-        if isinstance(baselines, tuple) and not ids.is_floating_point():
+            return (cast(Tensor, ids), *inputs[1:])
+        if (
+            isinstance(baselines, tuple)
+            and isinstance(ids, Tensor)
+            and not ids.is_floating_point()
+        ):
             raise ValueError(
                 "baselines: token-id baselines must be an integer tensor shaped like "
                 f"the token-id inputs {tuple(first.shape)}, got {tuple(ids.shape)}"

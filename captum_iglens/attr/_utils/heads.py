@@ -68,6 +68,18 @@ class HeadSplit:
                     block adds beside the attention output, both read from the
                     block's input (a parallel block: GPT-J, Phi, Cohere, ...), or
                     None for sequential blocks. Default: None
+        mlp_outputs (list[Module], optional): One per block: the MLP's output
+                    projection, whose input is the neurons' activations, for
+                    ``granularity="neuron"`` (its output, times ``scale``, is
+                    the update after the mid-block state). Default: None
+        mlp_norms (list[Module], optional): One per block: the RMSNorm on the
+                    MLP's output before it is added (Gemma 2/3, OLMo 2/3), or
+                    None. Default: None
+        experts (list[Module], optional): One per block: the routed experts
+                    of its mixture-of-experts MLP, for ``granularity="expert"``.
+                    Default: None
+        shared_experts (bool): Whether the MoE MLPs add shared experts.
+                    Default: False
     """
 
     projections: List[Module]
@@ -75,6 +87,10 @@ class HeadSplit:
     scale: float = 1.0
     norms: Optional[List[Module]] = None
     mlps: Optional[List[Module]] = None
+    mlp_outputs: Optional[List[Module]] = None
+    mlp_norms: Optional[List[Module]] = None
+    experts: Optional[List[Module]] = None
+    shared_experts: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.n_heads, bool) or not isinstance(self.n_heads, int):
@@ -86,7 +102,7 @@ class HeadSplit:
                     f"n_heads: the attention output projection takes "
                     f"{weight.shape[1]} inputs, not a multiple of {self.n_heads} heads"
                 )
-        for name in ("norms", "mlps"):
+        for name in ("norms", "mlps", "mlp_outputs", "mlp_norms", "experts"):
             modules = getattr(self, name)
             if modules is not None and (
                 len(modules) != len(self.projections)
@@ -141,7 +157,9 @@ def _weight(module: Module) -> Tensor:
     module = _projection(module)
     if isinstance(module, Linear):
         return module.weight
-    return module.weight.t()  # GPT-2's Conv1D computes z @ W + b
+    weight = module.weight
+    assert isinstance(weight, Tensor)
+    return weight.t()  # GPT-2's Conv1D computes z @ W + b
 
 
 def _bias(module: Module) -> Optional[Tensor]:
@@ -286,11 +304,30 @@ def attention_factors(split: HeadSplit, outputs: Tensor, updates: Tensor) -> Ten
         *Tensor* ``(B, P, k, d)`` float32 (broadcastable: ``(1, 1, 1, 1)`` without
         norms).
     """
-    if split.norms is None:
-        return torch.full((1, 1, 1, 1), float(split.scale), device=outputs.device)
+    return output_factors(split.norms, split.scale, outputs, updates)
+
+
+def output_factors(
+    norms: Optional[Sequence[Module]], scale: float, outputs: Tensor, updates: Tensor
+) -> Tensor:
+    r"""
+    :func:`attention_factors` for any output projection: ``scale`` without
+    ``norms``, else per block the RMSNorm factor ``γ̂ · r`` fitted to
+    ``updates``.
+
+    Args:
+        norms (list[Module], optional): Per block, the RMSNorm on the output.
+        outputs (Tensor): ``(B, P, k, d)`` float32: the projections' outputs.
+        updates (Tensor): ``(B, P, k, d)`` float32: the stream's changes.
+
+    Returns:
+        *Tensor* ``(B, P, k, d)`` float32 (``(1, 1, 1, 1)`` without norms).
+    """
+    if norms is None:
+        return torch.full((1, 1, 1, 1), float(scale), device=outputs.device)
     d = outputs.shape[-1]
     gammas = []
-    for norm in split.norms:
+    for norm in norms:
         probe = next(norm.parameters(), None)
         ones = torch.ones(1, d, device=outputs.device)
         if probe is not None:

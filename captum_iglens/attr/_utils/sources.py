@@ -239,9 +239,9 @@ def source_components(
         p * k,
         factor=None if factor.numel() == 1 else factor.flatten(0, 2),
         extra=(
-            torch.stack([m.float() for m in extras[k:]], 2).flatten(0, 2).to(
-                stream.device
-            )
+            torch.stack([m.float() for m in extras[k:]], 2)
+            .flatten(0, 2)
+            .to(stream.device)
             if split.parallel
             else None
         ),

@@ -82,7 +82,7 @@ class Estimator(ABC):
                         it in place of the readout's).
             multiply_by_inputs (bool, optional): False: the path-averaged
                         gradient of each segment, where
-                        :attr:`supports_unmultiplied`. Default: True
+                        ``supports_unmultiplied``. Default: True
 
         Returns:
             *Tensor* ``(N, K - 1, d)``, in the work dtype of the points.

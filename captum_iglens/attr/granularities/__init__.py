@@ -13,13 +13,17 @@ from torch.nn import Module
 from captum_iglens.attr._utils.heads import HeadSplit
 from captum_iglens.attr.granularities.base import PathGranularity
 from captum_iglens.attr.granularities.blocks import Blocks, Sublayers
+from captum_iglens.attr.granularities.experts import Experts
 from captum_iglens.attr.granularities.heads import Heads
+from captum_iglens.attr.granularities.neurons import Neurons
 from captum_iglens.attr.granularities.source import SourceHeads, Sources
 
 __all__ = [
     "GRANULARITIES",
     "Blocks",
+    "Experts",
     "Heads",
+    "Neurons",
     "PathGranularity",
     "SourceHeads",
     "Sources",
@@ -31,7 +35,8 @@ __all__ = [
 
 #: The granularities ``granularity=`` takes, by name (iterating gives the names).
 GRANULARITIES: Dict[str, Type[PathGranularity]] = {
-    g.name: g for g in (Blocks, Sublayers, Heads, Sources, SourceHeads)
+    g.name: g
+    for g in (Blocks, Sublayers, Heads, Sources, SourceHeads, Neurons, Experts)
 }
 
 

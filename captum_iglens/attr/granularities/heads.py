@@ -59,6 +59,7 @@ class Heads(Sublayers):
         self, points: Tensor, extras: List[Tensor], mask: Tensor
     ) -> Optional[Tensor]:
         tolerance = split_tolerance(points.dtype)
+        assert self.heads is not None  # path_points refused None
         return head_components(self.heads, extras, points, mask, tolerance)
 
     def column_blocks(self) -> Optional[List[int]]:
@@ -120,6 +121,7 @@ class Heads(Sublayers):
     ) -> Tensor:
         """The columns ``(B, P, n)``, or ``(B, P, n, d)`` per dimension."""
         b, p = path.targets.shape
+        assert path.components is not None  # traced with this granularity
         attrs = head_attributions(
             rule,
             readout,

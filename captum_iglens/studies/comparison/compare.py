@@ -9,7 +9,7 @@ A tuned lens is not compared: it needs a trained translator per layer.
 """
 
 from dataclasses import replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 from torch import Tensor
 from torch.nn import Module
@@ -18,6 +18,7 @@ from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.attr._utils.checks import PositionsType
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
+from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import answered_prompt
 from captum_iglens.settings import Settings, provenance
 from captum_iglens.studies.comparison.measure import (
@@ -39,7 +40,7 @@ from captum_iglens.studies.comparison.runners import (
 
 
 def compare(
-    model: Module,
+    model: Union[Module, ModelParts],
     input_ids: Tensor,
     attention_mask: Optional[Tensor] = None,
     *,
@@ -220,7 +221,7 @@ def _baseline_token(model: Module, baseline_token: Optional[int]) -> int:
     default, checked against the vocabulary."""
     if baseline_token is None:
         baseline_token = default_baseline_token(model)
-    vocab = model.get_input_embeddings().num_embeddings
+    vocab = cast(Any, model).get_input_embeddings().num_embeddings
     if (
         isinstance(baseline_token, bool)
         or not isinstance(baseline_token, int)

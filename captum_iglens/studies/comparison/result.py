@@ -39,7 +39,12 @@ _METHOD = Record(
     unit=Text(("probability", "logit")),
     note=Text(),
     seconds=Number(low=0),
-    **{name: Integer() for name in _COST_FIELDS if name != "seconds"},
+    peak_bytes=Integer(),
+    forwards=Integer(),
+    forward_sequences=Integer(),
+    backwards=Integer(),
+    backward_sequences=Integer(),
+    readout_rows=Integer(),
     delta=Maybe(Either(Array("float", "B", "P"), Array("float", "B", "P", "m"))),
     # Written for readers of the file; recomputed on load.
     layer_sum=Maybe(Array("float", "B", "P")),

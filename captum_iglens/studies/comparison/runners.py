@@ -13,7 +13,7 @@ import os
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
 import captum
 import torch
@@ -114,6 +114,7 @@ class Work:
         path = self._path("head")
         stream = path.points
         updates = stream.float().diff(dim=2)[:, :, 0::2]  # "input" and the MLPs
+        assert path.components is not None  # traced with the head granularity
         parts = interleave(updates.flatten(0, 1), path.components.flatten(0, 1))
         return stream.flatten(0, 1), parts, path.names
 
@@ -271,7 +272,7 @@ def _frozen_logit(
     softcapping (not affine) was left out.
     """
     norm = readout.norm
-    parts = list(norm) if isinstance(norm, Sequential) else [norm]
+    parts: List[Any] = list(norm) if isinstance(norm, Sequential) else [norm]
     norm, after = parts[0], parts[1:]
     centered = norm_kind == "layer"
     # OLMo's parameter-free LayerNorm stores no eps; it uses torch's default, 1e-5.
@@ -350,7 +351,7 @@ CAPTUM_BUDGET = 1 << 30
 def sequence_bytes(model: Module, length: int) -> int:
     """A generous estimate of the activations one sequence of ``length`` tokens
     keeps for a backward pass through ``model`` (float32)."""
-    config = model.config
+    config: Any = model.config
     d = config.hidden_size
     inner = getattr(config, "intermediate_size", None) or 4 * d
     heads = config.num_attention_heads
@@ -446,7 +447,7 @@ def _captum_per_block(work: Work, conductance: bool) -> Outcome:
     baseline = torch.full_like(rows, work.baseline_token)
     forward = TargetProbability(work.model, embeddings=conductance)
     if conductance:
-        embed = work.model.get_input_embeddings()
+        embed = cast(Any, work.model).get_input_embeddings()
         with torch.no_grad():
             rows, baseline = embed(rows), embed(baseline)
     totals, deltas = [], []

@@ -184,6 +184,7 @@ def ablate(
     ]
     fills = None
     if mode == "mean":
+        assert means is not None  # checked above
         first = _first_token(mask)[..., None]
         fills = [torch.where(first, m[0], m[1]).to(device) for m in means]
     plan: Dict[int, List[Tuple[int, Optional[int]]]] = {}  # the forward in flight

@@ -52,7 +52,8 @@ class Ablations(CausalTest):
         tokenizer (PreTrainedTokenizerBase): Its tokenizer.
         encoded (list[Tensor]): Each prompt's token ids.
         mode (str): The ablation, one of :data:`MODES`.
-        means (list[Tensor], optional): The ``"mean"`` mode's updates.
+        means (Tensor, optional): ``(k, 2, d)``, the ``"mean"`` mode's updates
+                    (:func:`~captum_iglens.studies.validation.ablation.mean_updates`).
         settings (Settings): The blocks and the answers' length.
         k (int): The number of blocks.
     """
@@ -63,7 +64,7 @@ class Ablations(CausalTest):
         tokenizer: Any,
         encoded: Sequence[Tensor],
         mode: str,
-        means: Optional[List[Tensor]],
+        means: Optional[Tensor],
         settings: Settings,
         k: int,
     ) -> None:

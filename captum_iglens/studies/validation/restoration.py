@@ -12,7 +12,17 @@ block at the attributed position only and run the rest of the model.
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 import torch
 from torch import Tensor
@@ -74,7 +84,7 @@ def embedding_std(model: Module, chunk: int = 16384) -> float:
     Returns:
         *float*.
     """
-    embed = model.get_input_embeddings()
+    embed = cast(Any, model).get_input_embeddings()
     vocab = embed.weight.shape[0]
     device = embed.weight.device
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -158,9 +168,11 @@ def restore(
     mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(device)
     targets = torch.as_tensor(targets, device=device).reshape(batch, 1)
     last = torch.tensor([length - 1], device=device)
-    embed = model.get_input_embeddings()
+    embed = cast(Any, model).get_input_embeddings()
     draws: List[Optional[Tensor]] = [None]
     if noise:
+        # _check_corruption refused noise without a subject mask and a std.
+        assert subject_mask is not None and noise_std is not None
         width = embed.weight.shape[1]
         draws = [
             _noise_draw(mask, subject_mask, seed, width, noise_std).to(device)

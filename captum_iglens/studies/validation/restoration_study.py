@@ -157,9 +157,10 @@ def run_restoration(
                     a subject are left out.
         corruptions (list[str], optional): From :data:`CORRUPTIONS`.
                     Default: both.
-        methods, settings, study, progress, **options: As in
-                    :func:`run_validation` (``settings.chat`` must be False:
-                    the subject is found in the raw prompt).
+        methods (list[str], optional): As in :func:`run_validation`; so are
+                    ``settings``, ``study``, ``progress`` and ``**options``
+                    (``settings.chat`` must be False: the subject is found in the
+                    raw prompt).
 
     Returns:
         :class:`RestorationResult`; print it for the table.

@@ -52,7 +52,7 @@ _STATS = Record(
     hi=Number(nullable=True),
 )
 #: A fact as saved (see :meth:`Fact.to_dict`).
-_FACT = dict(
+_FACT = Record(
     id=Text(),
     relation=Text(),
     prompt=Text(),
@@ -64,8 +64,7 @@ _SUMMARY = MapOf(
     MapOf(MapOf(_STATS, keys=METRICS), keys="methods"), keys=_GROUPS, every=False
 )
 #: One prompt of a saved :class:`ValidationResult`, ``k`` blocks.
-_TOKEN = Record(
-    **_FACT,
+_TOKEN = _FACT.extended(
     generated=Text(),
     correct=Flag(nullable=True),
     token=Text(),
@@ -174,7 +173,7 @@ class ValidationResult(JsonDocument, Viewable):
                 found = np.shape(getattr(self, name))
                 raise ValueError(f"{name}: expected shape {shape}, got {found}")
         for method in self.methods:
-            if np.shape(self.scores.get(method)) != (n, k):
+            if method not in self.scores or np.shape(self.scores[method]) != (n, k):
                 raise ValueError(f"scores.{method}: expected shape {(n, k)}")
         for group, members in self.groups.items():
             if np.shape(members) != (n,):
@@ -384,7 +383,7 @@ RESTORATION_SCHEMA = Record(
     corruptions=ListOf(Text(_CORRUPTIONS), names="corruptions", nonempty=True),
     methods=ListOf(Text(), names="methods", nonempty=True, required=("ig_lens",)),
     layer_names=Texts("k", nonempty=True),
-    facts=ListOf(Record(**_FACT), "N", nonempty=True),
+    facts=ListOf(_FACT, "N", nonempty=True),
     target_tokens=Texts("N"),
     trajectory=Array("float", "N", "k+1", numpy=True, nullable=True),
     nonmonotone_depth=Array("float", "N", numpy=True, nullable=True),

@@ -33,7 +33,7 @@ from captum_iglens.studies.validation.scoring import (
 )
 from captum_iglens.studies.validation.stats import nonmonotone_depth
 
-#: The study's defaults for the run settings: raw completion, short answers.
+#: The study's defaults for the run settings; raw completion, short answers.
 STUDY_SETTINGS = Settings(chat=False, max_new_tokens=8)
 
 
@@ -197,8 +197,8 @@ class Scores:
     seconds: Dict[str, float]
 
     def nonmonotone_depth(self) -> np.ndarray:
-        r"""``(n,)``: each trajectory's depth (:func:`~captum_iglens.studies.
-        validation.stats.nonmonotone_depth`)."""
+        r"""``(n,)``: each trajectory's depth
+        (:func:`~captum_iglens.studies.validation.stats.nonmonotone_depth`)."""
         return np.array([nonmonotone_depth(t) for t in self.trajectory])
 
     def run_settings(
@@ -264,6 +264,11 @@ def score_prompts(
         picked = rng.choice(n, min(study.conductance_prompts, n), replace=False)
         scored.conductance[picked] = True
     baseline_token = default_baseline_token(parts.model)
+    if baseline_token is None:
+        raise ValueError(
+            "model: its config has neither pad_token_id nor bos_token_id, the "
+            "token of Captum's baseline input in the study"
+        )
     batches = range(0, n, study.batch_size)
     for start in tqdm(batches, desc=test.desc, disable=not progress):
         rows = np.arange(start, min(n, start + study.batch_size))
