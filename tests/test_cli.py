@@ -252,6 +252,10 @@ def test_each_subcommand_keeps_its_own_defaults():
         (["batch", "/no/such/prompts.jsonl", "--out", "o"], "prompts"),
         (["validate", "--limit", "0"], "--limit"),
         (["compare", "x", "--methods", "ig_lens,nope"], "--methods"),
+        (
+            ["compare", "x", "--methods", "ig_lens_sources", "--layers", "0,10"],
+            "--layers: ig_lens_sources needs consecutive blocks",
+        ),
         (["x", "--max-new-tokens", "0"], "max_new_tokens"),
         (["x", "--baseline", "nan"], "baselines"),
         (["x", "--baseline=-inf"], "baselines"),

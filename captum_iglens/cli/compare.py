@@ -20,9 +20,14 @@ from captum_iglens.cli.common import (
 )
 from captum_iglens.studies.comparison import (
     COMPARED_METHODS,
+    METHODS,
+    SOURCE_METHODS,
     compare_text,
     format_head_agreement,
+    format_source_agreement,
 )
+from captum_iglens.studies.comparison.compare import method_names
+from captum_iglens.studies.comparison.sources import has_source_agreement
 
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
@@ -40,7 +45,9 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         "--methods",
         type=names,
         help=f"comma-separated, from {','.join(COMPARED_METHODS)} (default: all; "
-        "ig_lens,dla with --granularity head)",
+        "ig_lens,dla with --granularity head), or the source-token methods "
+        f"{','.join(SOURCE_METHODS)} (their rank agreement with ig_lens_sources is "
+        "printed)",
     )
     compare.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     compare.add_argument("--png", metavar="PATH", help="write the comparison plot")
@@ -56,16 +63,23 @@ def prepare(args: argparse.Namespace) -> Job:
     if args.methods is None:
         head = settings.granularity == "head"
         args.methods = ("ig_lens", "dla") if head else COMPARED_METHODS
-    unknown = [m for m in args.methods if m not in COMPARED_METHODS]
-    if unknown or not args.methods:
+    try:
+        method_names(args.methods)
+    except ValueError as error:
+        raise CommandError(f"--{error}") from None
+    # IG-Lens's source credits split each block: they need consecutive blocks.
+    whole = any(METHODS[m].granularity is not None for m in args.methods)
+    if whole and settings.layers is not None and list(settings.layers) != list(
+        range(min(settings.layers), max(settings.layers) + 1)
+    ):
         raise CommandError(
-            f"--methods: expected names from {','.join(COMPARED_METHODS)}, got "
-            f"{','.join(args.methods)}"
+            f"--layers: ig_lens_sources needs consecutive blocks, got "
+            f"{','.join(map(str, settings.layers))} (leave --layers out for all)"
         )
     check_outputs(args, "json", "png", "html")
     prompt = read_prompt(args)
     parts, tokenizer = load(args, settings)
-    if settings.layers is None and settings.granularity != "head":
+    if settings.layers is None and settings.granularity != "head" and not whole:
         n_blocks = len(parts.blocks)
         spread = sorted({round(i * (n_blocks - 1) / 3) for i in range(4)})
         settings = settings.replace(layers=spread)
@@ -84,6 +98,8 @@ def prepare(args: argparse.Namespace) -> Job:
         print(result.format_table())
         if settings.granularity == "head" and {"ig_lens", "dla"} <= set(args.methods):
             print(format_head_agreement(result))
+        if has_source_agreement(result):
+            print(format_source_agreement(result))
         write_outputs(result, args)
         return 0
 

@@ -66,3 +66,53 @@ def synthetic_result(
         result.kl = torch.rand(b, p, k, generator=gen) * 3
         result.rank = torch.randint(1, 100, (b, p, k), generator=gen)
     return result
+
+
+def synthetic_source_result(
+    positions: int = 4, blocks: int = 3, sources: int = 9, seed: int = 0, heads: int = 0
+) -> IGLensResult:
+    r"""
+    A one-sequence ``granularity="source"`` map without a model: the columns
+    ``input``, then per block ``<b>.attn.s<j>`` for ``j < sources``,
+    ``<b>.attn.bias`` and ``<b>.mlp``, as the source granularity names them
+    (with ``heads``, ``<b>.attn.h<i>.s<j>`` per head, as ``"source_head"``);
+    the last ``positions`` of ``sources`` tokens attributed, each with zero
+    credit from the sources after it (causal), credits adding up to ``Δp``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    names = ["input"]
+    parts = [f"h{i}." for i in range(heads)] or [""]
+    width = len(parts) * sources + 2  # columns per block
+    for b in range(blocks):
+        names += [f"{b}.attn.{h}s{j}" for h in parts for j in range(sources)]
+        names += [f"{b}.attn.bias", f"{b}.mlp"]
+    at = torch.arange(sources - positions, sources)
+    credits = torch.randn(1, positions, len(names), generator=gen) * 0.005
+    credits[..., 0] = 0.0  # the default baseline: nothing before the first block
+    for p, pos in enumerate(at.tolist()):
+        for b in range(blocks):
+            for h in range(len(parts)):
+                first = 1 + b * width + h * sources
+                credits[0, p, first + pos + 1 : first + sources] = 0.0
+    base = 0.4 + torch.rand(1, positions, generator=gen) * 0.2
+    lens = base[..., None] + credits.cumsum(-1)
+    words = [f" w{j}" if j % 4 else "\n" for j in range(sources)]
+    return IGLensResult(
+        attributions=credits,
+        lens=lens,
+        base_prob=base,
+        model_prob=lens[..., -1].clone(),
+        delta=torch.zeros(1, positions),
+        targets=torch.randint(0, 1000, (1, positions), generator=gen),
+        positions=at,
+        mask=torch.ones(1, positions, dtype=torch.bool),
+        layer_names=names,
+        method="prediction_aware",
+        n_steps=50,
+        tokens=[[words[j] if j + 1 < sources else " end" for j in (at + 1).tolist()]],
+        metadata={
+            "prompt": "".join(words),
+            "granularity": "source",
+            "source_tokens": [words],
+        },
+    )

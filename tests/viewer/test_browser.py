@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from captum_iglens.studies.batch import write_html
 from captum_iglens.viewer import batch_payload, render_page
@@ -421,3 +422,115 @@ def test_first_token_trajectory_is_drawn_on_open(browser, map_page):
     assert close_to(sigma, sum(result.attributions[0, 0].tolist()))
     selected = browser.find_elements("css selector", "#map .rowhead.selected")
     assert [e.get_attribute("data-row") for e in selected] == ["0"]
+
+
+def test_click_shows_the_source_map_with_exact_credit_on_hover(browser, tmp_path):
+    from tests.viewer.synthetic import synthetic_source_result
+
+    result = synthetic_source_result(4, 3, 9)
+    page = tmp_path / "s.html"
+    result.to_html(page)
+    open_page(browser, page)
+    # Per-source columns fold into their block's attention in the map.
+    assert len(cells(browser)) == 4 * (1 + 3 * 2)
+    sources = result.source_map()[0]  # (P, k, T)
+    row = 2
+    position = int(result.positions[row])
+    browser.find_elements("css selector", "#map .rowhead")[row].click()
+    shown = browser.find_elements("css selector", "#source-map .cell")
+    assert len(shown) == (position + 1) * 3 + 2 * 3  # sources, bias and MLP rows
+    labels = browser.find_elements("css selector", "#source-map .rowhead .tok")
+    words = result.metadata["source_tokens"][0][: position + 1]
+    assert [e.get_attribute("textContent") for e in labels] == [
+        escaped(w) for w in words
+    ]
+    for source, block in [(0, 0), (position, 2), (3, 1)]:
+        hover(browser, shown[source * 3 + block])
+        credit = browser.find_element(
+            "css selector", '#source-info [data-field="credit"]'
+        ).text
+        exact = float(sources[row, block, source])
+        assert abs(float(credit) - exact) <= 1e-6 * max(1.0, abs(exact))
+        assert browser.find_element(
+            "css selector", '#source-info [data-field="source"]'
+        ).text.startswith(f"{source} ")
+    # The strongest routes, the largest |credit| first, drawn as a flow.
+    routes = browser.find_elements("css selector", "#routes path.route")
+    causal = sources[row, :, : position + 1].flatten()
+    assert len(routes) == min(8, int((causal != 0).sum()))
+    first = float(routes[0].get_attribute("data-credit"))
+    assert abs(abs(first) - float(causal.abs().max())) <= 1e-6
+    total = browser.find_element("id", "source-sum").text
+    change = float(result.model_prob[0, row] - result.base_prob[0, row])
+    assert close_to(total.split("= ")[1].split()[0], change)
+    assert console_errors(browser) == [] and requests_made(browser, page) == []
+    screenshot(browser, "sources.png")
+
+
+def test_comparison_page_shows_source_rank_agreement(browser, tmp_path):
+    from captum_iglens.studies.comparison import (
+        ComparisonResult,
+        MethodResult,
+        source_rank_agreement,
+    )
+
+    gen = torch.Generator().manual_seed(0)
+    names = [f"{j} ' w{j}'" for j in range(6)]
+    positions = torch.tensor([3, 5])
+    causal = (torch.arange(6)[None, :] <= positions[:, None]).float()
+
+    def method(unit):
+        scores = torch.rand(1, 2, 6, generator=gen) * causal
+        zeros = torch.zeros(1, 2)
+        return MethodResult(scores, names, zeros, zeros, unit, unit, *[0] * 7)
+
+    result = ComparisonResult(
+        {
+            "ig_lens_sources": method("probability"),
+            "lig_embeddings": method("probability"),
+            "attention_rollout": method("share"),
+        },
+        torch.tensor([[5, 9]]),
+        positions,
+        torch.ones(1, 2, dtype=torch.bool),
+        ["0"],
+        tokens=[[" a", "\n"]],
+        input_tokens=[[" w3", " w5"]],
+    )
+    page = tmp_path / "agree.html"
+    result.to_html(page)
+    open_page(browser, page)
+    rho = source_rank_agreement(result)
+    for name in ("lig_embeddings", "attention_rollout"):
+        shown = browser.find_elements(
+            "css selector", f'#agreement td[data-method="{name}"]'
+        )
+        assert len(shown) == 2
+        for p, cell in enumerate(shown):
+            assert close_to(cell.text, float(rho[name][0, p]), 3)
+    rows = browser.find_elements("css selector", "#agreement .tok")
+    assert [e.get_attribute("textContent") for e in rows] == [" a", "\\n"]
+    assert console_errors(browser) == []
+    screenshot(browser, "agreement.png")
+
+
+def test_routes_go_through_heads_when_the_result_has_them(browser, tmp_path):
+    from tests.viewer.synthetic import synthetic_source_result
+
+    result = synthetic_source_result(3, 2, 6, heads=3)
+    page = tmp_path / "sh.html"
+    result.to_html(page)
+    open_page(browser, page)
+    per_head = result.source_map(by_head=True)[0, 0]  # (k, H, T), the first token
+    position = int(result.positions[0])
+    visible = per_head[..., : position + 1]
+    block, head, source = np.unravel_index(
+        int(visible.abs().argmax()), tuple(visible.shape)
+    )
+    routes = browser.find_elements("css selector", "#routes path.route")
+    assert len(routes) == 8
+    first = float(routes[0].get_attribute("data-credit"))
+    assert abs(first - float(visible[block, head, source])) <= 1e-6
+    title = routes[0].find_element("tag name", "title").get_attribute("textContent")
+    assert title.startswith(f"{source} ") and f"→ {block}.h{head} →" in title
+    assert console_errors(browser) == []

@@ -9,21 +9,29 @@ from captum_iglens.studies.comparison.methods import (
     COMPARED_METHODS,
     METHODS,
     SCORED_METHODS,
+    SOURCE_METHODS,
     StudyMethod,
 )
 from captum_iglens.studies.comparison.plot import plot_comparison
 from captum_iglens.studies.comparison.result import ComparisonResult, MethodResult
+from captum_iglens.studies.comparison.sources import (
+    format_source_agreement,
+    source_rank_agreement,
+)
 
 __all__ = [
     "COMPARED_METHODS",
     "METHODS",
     "SCORED_METHODS",
+    "SOURCE_METHODS",
     "ComparisonResult",
     "MethodResult",
     "StudyMethod",
     "compare",
     "compare_text",
     "format_head_agreement",
+    "format_source_agreement",
     "head_rank_agreement",
     "plot_comparison",
+    "source_rank_agreement",
 ]

@@ -31,7 +31,11 @@ from captum_iglens.studies.comparison.result import (
     ComparisonResult,
     MethodResult,
 )
-from captum_iglens.studies.comparison.methods import COMPARED_METHODS, METHODS
+from captum_iglens.studies.comparison.methods import (
+    COMPARED_METHODS,
+    METHODS,
+    SOURCE_METHODS,
+)
 from captum_iglens.studies.comparison.runners import (
     Outcome,
     Work,
@@ -157,12 +161,15 @@ def compare(
     settings = Settings.resolve(settings, options)
     parts = model_parts(model)  # unwrapped and looked up once
     model = parts.model
-    names = _method_names(methods)
+    names = method_names(methods)
     baseline_token = _baseline_token(model, baseline_token)
     lens = LayerIGLens.from_model(
         parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
     lens.segment_names(settings.granularity)  # fails now, before any method runs
+    for name in names:
+        if METHODS[name].granularity is not None:
+            lens.segment_names(METHODS[name].granularity)  # the same
     extra = None if attention_mask is None else (attention_mask,)
     setup = lens.attribute_map(input_ids, None, target, extra, positions=positions)
     work = Work.from_map(
@@ -182,6 +189,9 @@ def compare(
         with measure(model, lens.readout.head, device) as cost:
             # Each method runs from scratch (no outcome shared): its cost is its own.
             out = METHODS[name].run(replace(work, outcomes={}))  # type: ignore[misc]
+        if METHODS[name].axis == "sources":
+            labels = _source_labels(tokenizer, input_ids, out.layer_names)
+            out = replace(out, layer_names=labels)
         results[name] = _method_result(out, mask, lens.layer_names, cost)
     tokens, input_tokens = _token_labels(tokenizer, input_ids, work)
     metadata = dict(
@@ -205,14 +215,27 @@ def compare(
     )
 
 
-def _method_names(methods: Union[str, Sequence[str]]) -> List[str]:
-    """``methods`` as a list without repeats, checked against the registry."""
+def method_names(methods: Union[str, Sequence[str]]) -> List[str]:
+    r"""
+    ``methods`` as a list without repeats, checked against the registry: names
+    from :data:`COMPARED_METHODS` or :data:`SOURCE_METHODS`, each able to run in
+    this version.
+
+    Args:
+        methods (str or list[str]): The names.
+
+    Returns:
+        *list[str]*, in the order given.
+    """
     names = [methods] if isinstance(methods, str) else list(methods)
-    unknown = [m for m in names if m not in COMPARED_METHODS]
+    known = COMPARED_METHODS + SOURCE_METHODS
+    unknown = [m for m in names if m not in known]
     if unknown or not names:
-        raise ValueError(
-            f"methods: expected names from {list(COMPARED_METHODS)}, got {names}"
-        )
+        raise ValueError(f"methods: expected names from {list(known)}, got {names}")
+    for name in names:
+        reason = METHODS[name].why_not()
+        if reason is not None:
+            raise ValueError(f"methods: {reason}")
     return list(dict.fromkeys(names))
 
 
@@ -233,6 +256,17 @@ def _baseline_token(model: Module, baseline_token: Optional[int]) -> int:
             "bos_token_id)"
         )
     return baseline_token
+
+
+def _source_labels(
+    tokenizer: Optional[Any], input_ids: Tensor, names: Optional[List[str]]
+) -> Optional[List[str]]:
+    """The source columns of one sequence with a tokenizer, named by position
+    and text (``3 ' capital'``); else ``names`` as they are."""
+    if tokenizer is None or input_ids.shape[0] != 1:
+        return names
+    tokens = decode_tokens(tokenizer, input_ids[0].tolist())
+    return [f"{i} {text!r}" for i, text in enumerate(tokens)]
 
 
 def _token_labels(

@@ -3,9 +3,9 @@ each ranks first, and how well the two rankings agree (Spearman)."""
 
 from typing import List
 
-import torch
 from torch import Tensor
 
+from captum_iglens.studies.comparison.ranking import ranks, spearman
 from captum_iglens.studies.comparison.result import ComparisonResult
 
 _FIRST, _SECOND = "ig_lens", "dla"
@@ -14,36 +14,6 @@ _FIRST, _SECOND = "ig_lens", "dla"
 def head_columns(names: List[str]) -> List[int]:
     r"""The indices of the head columns (``"<block>.attn.h<i>"``) among ``names``."""
     return [i for i, name in enumerate(names) if ".attn.h" in name]
-
-
-def _ranks(scores: Tensor) -> Tensor:
-    """Rank 1 for the largest score along the last dimension (ties in order)."""
-    order = scores.argsort(dim=-1, descending=True)
-    ranks = torch.empty_like(order)
-    ranks.scatter_(-1, order, torch.arange(1, scores.shape[-1] + 1).expand_as(order))
-    return ranks
-
-
-def spearman(first: Tensor, second: Tensor) -> Tensor:
-    r"""
-    Spearman's rank correlation along the last dimension.
-
-    Args:
-        first (Tensor): ``(..., n)`` scores, ``n >= 2``.
-        second (Tensor): ``(..., n)`` scores.
-
-    Returns:
-        *Tensor* ``(...)``: the Pearson correlation of the two rankings, in
-        ``[-1, 1]``.
-    """
-    if first.shape != second.shape or first.shape[-1] < 2:
-        raise ValueError(
-            f"first/second: expected equal shapes (..., n >= 2), got "
-            f"{tuple(first.shape)} and {tuple(second.shape)}"
-        )
-    a, b = _ranks(first).double(), _ranks(second).double()
-    a, b = a - a.mean(-1, keepdim=True), b - b.mean(-1, keepdim=True)
-    return ((a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))).float()
 
 
 def _head_scores(result: ComparisonResult) -> List[Tensor]:
@@ -103,14 +73,14 @@ def format_head_agreement(
         for i in head_columns(result.methods[_FIRST].layer_names)
     ]
     rho = spearman(ig, dla)
-    ig_rank, dla_rank = _ranks(ig), _ranks(dla)
+    ig_rank, dla_rank = ranks(ig), ranks(dla)
     lines = [
         f"per-head IG-Lens credit (probability) beside DLA (logit) over "
         f"{len(names)} heads; rank 1 = largest"
     ]
     for row in result.mask[sequence].nonzero()[:, 0].tolist():
         lines.append(
-            f"{result.label(sequence, row)}: Spearman ρ = " f"{rho[sequence, row]:+.3f}"
+            f"{result.label(sequence, row)}: Spearman ρ = {rho[sequence, row]:+.3f}"
         )
         lines.append(
             f"  {'head':<14}{'IG-Lens':>10}{'rank':>6}{'DLA':>10}{'DLA rank':>10}"

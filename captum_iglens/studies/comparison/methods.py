@@ -1,18 +1,30 @@
 r"""
 The one registry of the methods the studies score: :func:`compare` runs those
-marked ``compared``, the validation and restoration studies those marked
-``scored``. A method is one :class:`StudyMethod` entry; a new one is a runner in
-:mod:`~captum_iglens.studies.comparison.runners` and one line here.
+marked ``compared`` (by default those over layers; those over source tokens on
+request), the validation and restoration studies those marked ``scored``. A
+method is one :class:`StudyMethod` entry; a new one is a runner in
+:mod:`~captum_iglens.studies.comparison.runners` (or
+:mod:`~captum_iglens.studies.comparison.source_runners`) and one line here.
 """
 
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Optional, Tuple
 
+from captum_iglens.studies.comparison.source_runners import (
+    SOURCE_GRANULARITY,
+    attention_rollout,
+    ig_lens_sources,
+    lig_embeddings,
+    source_granularity_missing,
+)
 from captum_iglens.studies.comparison.runners import (
     Outcome,
     Work,
     dla,
+    fitted_lens,
     ig_lens,
+    ig_lens_fitted,
+    ig_lens_fitted_block,
     layer_conductance,
     layer_integrated_gradients,
     layer_integrated_gradients_multilayer,
@@ -39,6 +51,18 @@ class StudyMethod:
                     so the studies run it on a seeded subset of
                     ``StudyOptions.conductance_prompts`` prompts with
                     ``StudyOptions.conductance_steps`` steps. Default: False.
+        learned (bool): It reads a learned readout per layer (a fitted lens):
+                    the restoration study scores it when given a lens.
+                    Default: False.
+        axis (str): What its columns are: ``"layers"`` (the chosen blocks or
+                    their parts) or ``"sources"`` (the ``T`` source positions
+                    of each attributed token). Default: ``"layers"``.
+        missing (Callable[[], str or None], optional): Why it cannot run in
+                    this version (None when it can), asked before any work.
+                    Default: None (it always can).
+        granularity (str, optional): The IG-Lens granularity it runs at, whose
+                    needs (consecutive blocks) are checked before any method
+                    runs. Default: None (the settings' own).
     """
 
     name: str
@@ -46,6 +70,14 @@ class StudyMethod:
     compared: bool
     scored: bool
     costly: bool = False
+    learned: bool = False
+    axis: str = "layers"
+    missing: Optional[Callable[[], Optional[str]]] = None
+    granularity: Optional[str] = None
+
+    def why_not(self) -> Optional[str]:
+        r"""Why the method cannot run in this version, or None."""
+        return None if self.missing is None else self.missing()
 
 
 def outcome(work: Work, name: str) -> Outcome:
@@ -105,13 +137,61 @@ METHODS: Dict[str, StudyMethod] = {
             scored=False,
         ),
         StudyMethod("random", None, compared=False, scored=True),
+        StudyMethod(
+            "ig_lens_sources",
+            ig_lens_sources,
+            compared=True,
+            scored=False,
+            axis="sources",
+            missing=source_granularity_missing,
+            granularity=SOURCE_GRANULARITY,
+        ),
+        StudyMethod(
+            "lig_embeddings",
+            lig_embeddings,
+            compared=True,
+            scored=False,
+            axis="sources",
+        ),
+        StudyMethod(
+            "attention_rollout",
+            attention_rollout,
+            compared=True,
+            scored=False,
+            axis="sources",
+        ),
+        StudyMethod(
+            "ig_lens_fitted", ig_lens_fitted, compared=False, scored=False, learned=True
+        ),
+        StudyMethod(
+            "ig_lens_fitted_block",
+            ig_lens_fitted_block,
+            compared=False,
+            scored=False,
+            learned=True,
+        ),
+        StudyMethod(
+            "fitted_lens", fitted_lens, compared=False, scored=False, learned=True
+        ),
     )
 }
 
-#: The methods :func:`~captum_iglens.studies.compare` runs, in the order of its
-#: table.
-COMPARED_METHODS: Tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.compared)
+#: The methods :func:`~captum_iglens.studies.compare` runs by default, over
+#: layers, in the order of its table.
+COMPARED_METHODS: Tuple[str, ...] = tuple(
+    n for n, m in METHODS.items() if m.compared and m.axis == "layers"
+)
+
+#: The source-token methods :func:`~captum_iglens.studies.compare` runs on
+#: request: a score per source position of each attributed token.
+SOURCE_METHODS: Tuple[str, ...] = tuple(
+    n for n, m in METHODS.items() if m.compared and m.axis == "sources"
+)
 
 #: The methods the validation and restoration studies score, in the order of
 #: their tables.
 SCORED_METHODS: Tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.scored)
+
+#: The methods that read a learned readout per layer, which the restoration
+#: study scores beside :data:`SCORED_METHODS` when given a lens.
+LEARNED_METHODS: Tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.learned)

@@ -3,6 +3,11 @@ r"""The viewer page of a comparison of methods (see
 
 from typing import Any, Dict
 
+from captum_iglens.studies.comparison.sources import (
+    REFERENCE,
+    has_source_agreement,
+    source_rank_agreement,
+)
 from captum_iglens.viewer.payload import RESIDUAL_DIGITS, about, sig
 
 
@@ -16,8 +21,12 @@ def comparison_page(result: Any) -> Dict[str, Any]:
 
     Returns:
         *dict*: per sequence the attributed tokens, and per method its columns,
-        scores, ``Δp``, expected sum and residual ``|Σ − Δp|`` per token.
+        scores, ``Δp``, expected sum and residual ``|Σ − Δp|`` per token; with
+        IG-Lens's source credits and another source-token method, each one's
+        Spearman ρ against them per token (``agreement``; see
+        :func:`~captum_iglens.studies.comparison.sources.source_rank_agreement`).
     """
+    agreement = source_rank_agreement(result) if has_source_agreement(result) else {}
     sequences = []
     for b in range(result.targets.shape[0]):
         rows = result.mask[b].nonzero()[:, 0].tolist()
@@ -44,11 +53,13 @@ def comparison_page(result: Any) -> Dict[str, Any]:
                     "resid": sig(m.residual[b, rows], RESIDUAL_DIGITS),
                 }
             )
-        sequences.append({"rows": labels, "methods": methods})
+        rho = {name: sig(value[b, rows]) for name, value in agreement.items()}
+        sequences.append({"rows": labels, "methods": methods, "agreement": rho})
     return {
         "kind": "comparison",
         "title": "IG-Lens comparison",
         "layers": list(result.layer_names),
         "about": about(result),
+        "reference": REFERENCE,
         "sequences": sequences,
     }

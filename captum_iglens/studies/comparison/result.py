@@ -36,7 +36,7 @@ _METHOD = Record(
     scores=Array("float", "B", "P", "m"),
     expected=Array("float", "B", "P"),
     prob_change=Array("float", "B", "P"),
-    unit=Text(("probability", "logit")),
+    unit=Text(("probability", "logit", "share")),
     note=Text(),
     seconds=Number(low=0),
     peak_bytes=Integer(),
@@ -83,7 +83,8 @@ class MethodResult:
                     for DLA).
         prob_change (Tensor): ``(B, P)``: the change in the target's probability
                     over the method's path, ``Δp``.
-        unit (str): ``"probability"`` or ``"logit"``.
+        unit (str): ``"probability"``, ``"logit"``, or ``"share"`` (attention
+                    rollout: a share of the input).
         note (str): What the method computed, from which baseline, and what
                     happened.
         seconds, peak_bytes, forwards, forward_sequences, backwards,
@@ -202,7 +203,7 @@ class ComparisonResult(JsonDocument, Viewable):
         """The table: method, residual max / median, time, peak memory, passes."""
         b, p = self.targets.shape
         head = (
-            f"{'method':<38}{'resid max':>10}{'resid med':>10}{'time s':>8}"
+            f"{'method':<38}{'resid max':>10}{'resid med':>10}{'time s':>10}"
             f"{'peak MiB':>9}{'fwd (seqs)':>12}{'bwd (seqs)':>12}{'readouts':>9}"
         )
         lines = [
@@ -216,7 +217,7 @@ class ComparisonResult(JsonDocument, Viewable):
             fwd = f"{m.forwards} ({m.forward_sequences})"
             bwd = f"{m.backwards} ({m.backward_sequences})"
             lines.append(
-                f"{name:<38}{top:>10.2e}{median:>10.2e}{m.seconds:>8.3f}"
+                f"{name:<38}{top:>10.2e}{median:>10.2e}{m.seconds:>10.3f}"
                 f"{m.peak_bytes / 2**20:>9.1f}{fwd:>12}{bwd:>12}{m.readout_rows:>9}"
             )
         lines += ["", "resid = |Σ_layers score − Δp| per token, in probability."]

@@ -218,7 +218,7 @@
   function groupColumns(names) {
     var groups = [];
     names.forEach(function (name, i) {
-      var key = name.replace(/\.(h\d+|bias)$/, '');
+      var key = name.replace(/\.(h\d+|h\d+\.s\d+|s\d+|bias)$/, '');
       var last = groups[groups.length - 1];
       if (key !== name && last && last.key === key && last.grouped) last.members.push(i);
       else groups.push({ key: key, members: [i], grouped: key !== name });
@@ -242,9 +242,11 @@
   // ------------------------------------------------------------------ map view
   /* The answer tokens x layers map of one sequence, with its hover panel and
      the trajectory of a clicked token. */
-  function renderMap(root, layers, rows, vocab) {
+  function renderMap(root, layers, rows, vocab, sources) {
     var groups = groupColumns(layers);
-    var many = layers.length > 60;
+    // Per-source columns fold into their block's attention (the source panel
+    // shows them), as do many heads.
+    var many = layers.length > 60 || !!sources;
     var collapsed = groups.map(function (g) { return g.grouped && many; });
     var state = { view: 'credit', absolute: false, row: -1 };
     var controls = add(root, h('div', 'controls'));
@@ -283,6 +285,7 @@
     add(traj, h('h3', null, 'Trajectory'));
     var trajBody = add(traj, h('div', 'hint', 'Click a token (a row label) to draw its trajectory.'));
     var cols = [], grid = null;
+    var showSources = sources ? sourcePanel(root, sources) : null;
 
     function value(row, col) {
       if (state.view === 'lens') return row.lens[col.members[col.members.length - 1]];
@@ -416,6 +419,7 @@
       line.id = 'completeness';
       line.textContent = 'Σ = ' + fmt(row.sum, true) + '   Δp = ' + fmt(row.dp, true) +
         '   |Σ − Δp| = ' + fmt(row.resid, false, 3);
+      if (showSources) showSources(row);
     }
     main.addEventListener('mouseover', function (ev) {
       var t = ev.target;
@@ -433,6 +437,156 @@
     if (rows.length) showRow(0);  // the first token's trajectory, on open
   }
 
+  // ------------------------------------------------------------------ sources
+  /* The panel of a sequence's source-token map (src: page_data()["sources"][b]);
+     returns show(row), which draws the clicked token's layer x source map
+     (sources down, blocks across, then its bias and MLP rows) and its
+     strongest routes source -> block/head -> answer as a flow. */
+  var N_ROUTES = 8;
+  function sourcePanel(root, src) {
+    var box = add(root, h('div', 'panel'));
+    box.id = 'sources';
+    add(box, h('h3', null, 'Where the probability came from: source tokens × blocks'));
+    var body = add(box, h('div', 'hint', 'Click a token for its source map.'));
+    var info = h('table', 'kv');
+    info.id = 'source-info';
+    var f = { source: kv(info, 'source', 'source'), block: kv(info, 'block', 'block'),
+      credit: kv(info, 'credit (probability)', 'credit') };
+    function label(j) {
+      return j + ' ' + (src.tokens ? visible(src.tokens[j]) : 's' + j);
+    }
+    function tell(j, block, v) {
+      f.source.textContent = j === null ? '–' : label(j);
+      f.block.textContent = block;
+      f.credit.textContent = fmt(v, true, 7);
+    }
+    return function show(row) {
+      var p = src.positions.indexOf(row.pos);
+      body.textContent = '';
+      body.className = '';
+      if (p < 0) { add(body, h('div', 'hint', 'No source map for this token.')); return; }
+      var credits = src.credits[p], k = src.blocks.length;
+      var T = Math.min(credits.length ? credits[0].length : 0, row.pos + 1);
+      var title = add(body, h('div'));
+      add(title, document.createTextNode('token '));
+      add(title, tok('b', 'tok', row.token));
+      add(title, document.createTextNode(' at position ' + row.pos +
+        ': the credit of each block\'s attention from each earlier token (heads summed), ' +
+        'then each block\'s attention bias and MLP. Hover a cell for its exact credit.'));
+      var wrap = add(body, h('div', 'srcwrap'));
+      var left = add(wrap, h('div', 'srcmap'));
+      var right = add(wrap, h('div', 'srcside'));
+      add(right, info);
+      tell(null, '–', null);
+      // Coloured on the sources' own scale (an MLP's credit would wash them
+      // out); the bias and MLP rows saturate beyond it.
+      var scale = 0;
+      for (var l = 0; l < k; l++) {
+        for (var j = 0; j < T; j++) scale = Math.max(scale, Math.abs(credits[l][j]));
+      }
+      add(left, legend('div', scale, 'credit from a source'));
+      var grid = add(left, h('div', 'grid'));
+      grid.id = 'source-map';
+      grid.style.gridTemplateColumns = 'minmax(90px, max-content) repeat(' + k + ', 16px) 64px';
+      add(grid, h('div'));
+      src.blocks.forEach(function (b) { add(grid, h('div', 'colhead', b)).style.height = '36px'; });
+      add(grid, h('div', 'num head', 'Σ blocks'));
+      // One row: a label, a cell per block (source j, or a named part), its sum.
+      function line(head, values, j, what) {
+        add(grid, head);
+        var total = 0;
+        values.forEach(function (v, l) {
+          total += v;
+          var cell = add(grid, h('div', 'cell'));
+          cell.style.background = diverging(v, scale);
+          cell.setAttribute('data-source', j === null ? '' : j);
+          cell.setAttribute('data-block', l);
+          cell.setAttribute('data-what', what);
+          cell.setAttribute('data-credit', v);
+        });
+        add(grid, h('div', 'num', fmt(total, true, 3)));
+      }
+      for (var s = 0; s < T; s++) {
+        var head = h('div', 'rowhead');
+        add(head, h('span', 'pos', s + ' '));
+        add(head, src.tokens ? tok('span', 'tok', src.tokens[s]) : h('span', 'tok', 's' + s));
+        line(head, credits.map(function (perBlock) { return perBlock[s]; }), s, '');
+      }
+      line(h('div', 'rowhead', 'attention bias'), src.bias[p], null, 'attention bias');
+      line(h('div', 'rowhead', 'MLP'), src.mlp[p], null, 'MLP');
+      grid.addEventListener('mouseover', function (ev) {
+        var t = ev.target;
+        if (!t.classList || !t.classList.contains('cell')) return;
+        var j = t.getAttribute('data-source'), l = Number(t.getAttribute('data-block'));
+        tell(j === '' ? null : Number(j), src.blocks[l] + (j === '' ? ' ' + t.getAttribute('data-what') : ''),
+          Number(t.getAttribute('data-credit')));
+      });
+      var sum = 0;
+      credits.forEach(function (r) { r.forEach(function (v) { sum += v; }); });
+      src.bias[p].forEach(function (v) { sum += v; });
+      src.mlp[p].forEach(function (v) { sum += v; });
+      sum += src.input[p];
+      var check = add(left, h('div', 'completeness'));
+      check.id = 'source-sum';
+      check.textContent = 'Σ sources + bias + MLP + input = ' + fmt(sum, true) + '   Δp = ' + fmt(row.dp, true);
+      add(right, h('h3', null, 'Strongest routes'));
+      add(right, flow(routes(src, p, T), row, label, tell));
+    };
+  }
+  // The N_ROUTES largest |credit| (source, block, head) of answer token p.
+  function routes(src, p, T) {
+    var found = [];
+    src.blocks.forEach(function (b, l) {
+      if (src.heads) {
+        src.heads[p][l].forEach(function (perSource, hd) {
+          for (var j = 0; j < T; j++) if (perSource[j]) found.push({ j: j, l: l, h: hd, v: perSource[j] });
+        });
+      } else {
+        for (var j = 0; j < T; j++) if (src.credits[p][l][j]) found.push({ j: j, l: l, h: null, v: src.credits[p][l][j] });
+      }
+    });
+    found.sort(function (a, b) { return Math.abs(b.v) - Math.abs(a.v); });
+    return found.slice(0, N_ROUTES).map(function (r) {
+      r.block = src.blocks[r.l] + (r.h === null ? '' : '.h' + r.h);
+      return r;
+    });
+  }
+  /* Routes as a flow: source tokens on the left, blocks (or heads) in the
+     middle, the answer token on the right; width ∝ |credit|, green gives,
+     red takes away. Hover a route for its exact credit. */
+  function flow(list, row, label, tell) {
+    var W = 340, X = [92, 196, 300];
+    var sources = [], blocks = [];
+    list.forEach(function (r) {
+      if (sources.indexOf(r.j) < 0) sources.push(r.j);
+      if (blocks.indexOf(r.block) < 0) blocks.push(r.block);
+    });
+    sources.sort(function (a, b) { return a - b; });
+    var n = Math.max(sources.length, blocks.length, 1), H = 24 + 26 * n;
+    var root = sv('svg', { width: W, height: H, viewBox: '0 0 ' + W + ' ' + H });
+    root.id = 'routes';
+    if (!list.length) { add(root, sv('text', { x: 8, y: 16 }, 'no credit from any source')); return root; }
+    var y = function (i, count) { return 14 + (i + 0.5) * (H - 20) / count; };
+    var big = Math.abs(list[0].v);
+    list.forEach(function (r) {
+      var y0 = y(sources.indexOf(r.j), sources.length), y1 = y(blocks.indexOf(r.block), blocks.length), y2 = H / 2;
+      var d = 'M' + X[0] + ',' + y0 + ' C' + (X[0] + X[1]) / 2 + ',' + y0 + ' ' + (X[0] + X[1]) / 2 + ',' + y1 + ' ' + X[1] + ',' + y1 +
+        ' C' + (X[1] + X[2]) / 2 + ',' + y1 + ' ' + (X[1] + X[2]) / 2 + ',' + y2 + ' ' + X[2] + ',' + y2;
+      var path = add(root, sv('path', { d: d, 'class': 'route ' + (r.v >= 0 ? 'up' : 'down'),
+        'stroke-width': (1.5 + 12 * Math.abs(r.v) / big).toFixed(2), 'data-credit': r.v }));
+      add(path, sv('title', {}, label(r.j) + ' → ' + r.block + ' → answer: ' + fmt(r.v, true, 7)));
+      path.addEventListener('mouseover', function () { tell(r.j, r.block, r.v); });
+    });
+    sources.forEach(function (j, i) {
+      add(root, sv('text', { x: X[0] - 4, y: y(i, sources.length) + 3, 'text-anchor': 'end' }, label(j)));
+    });
+    blocks.forEach(function (b, i) {
+      add(root, sv('text', { x: X[1], y: y(i, blocks.length) - 5, 'text-anchor': 'middle', 'class': 'node' }, 'L' + b));
+    });
+    add(root, sv('text', { x: X[2] + 4, y: H / 2 + 3 }, visible(row.token)));
+    return root;
+  }
+
   // ------------------------------------------------------------------ pages
   function pageMap(root, d) {
     header(root, 'IG-Lens map', Object.assign({}, d.about, { method: d.method + ', n_steps = ' + d.n_steps }));
@@ -447,7 +601,7 @@
     add(root, slot);
     function show(i) {
       slot.textContent = '';
-      renderMap(slot, d.layers, d.sequences[i].rows, d.vocab);
+      renderMap(slot, d.layers, d.sequences[i].rows, d.vocab, d.sources ? d.sources[i] : null);
     }
     show(0);
   }
@@ -565,6 +719,7 @@
         f.expected.textContent = fmt(m.expected[ri], true);
         f.resid.textContent = fmt(m.resid[ri], false, 3);
       });
+      agreementTable(slot, seq, d.reference);
       var notes = add(slot, h('div', 'panel'));
       add(notes, h('h3', null, 'Methods'));
       seq.methods.forEach(function (m) {
@@ -574,6 +729,27 @@
       });
     }
     show(0);
+  }
+
+  /* Per answer token, each source-token method's Spearman ρ against IG-Lens's
+     per-source credits (by |score|, over the sources the token sees). */
+  function agreementTable(slot, seq, reference) {
+    var names = Object.keys(seq.agreement || {});
+    if (!names.length) return;
+    var box = add(slot, h('div', 'panel'));
+    box.id = 'agreement';
+    add(box, h('h3', null, 'Rank agreement with ' + reference + ' (Spearman ρ of |score| over the sources 0..position)'));
+    var table = add(box, h('table', 'stats'));
+    var tr = add(table, h('tr'));
+    add(tr, h('th', null, 'token'));
+    names.forEach(function (n) { add(tr, h('th', null, 'ρ ' + n)); });
+    seq.rows.forEach(function (row, ri) {
+      var line = add(table, h('tr'));
+      var cell = add(line, h('td'));
+      add(cell, h('span', 'pos', row.pos + ' '));
+      add(cell, tok('span', 'tok', row.token));
+      names.forEach(function (n) { add(line, h('td', 'v', fmt(seq.agreement[n][ri], true, 3))).setAttribute('data-method', n); });
+    });
   }
 
   function pageValidation(root, d) {

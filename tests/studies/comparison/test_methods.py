@@ -9,6 +9,7 @@ from captum_iglens.studies.comparison import (
     COMPARED_METHODS,
     METHODS,
     SCORED_METHODS,
+    SOURCE_METHODS,
     compare,
 )
 from captum_iglens.studies.comparison.methods import outcome
@@ -30,7 +31,12 @@ def batch():
 
 
 def test_both_studies_list_methods_from_the_one_registry():
-    assert COMPARED_METHODS == tuple(n for n, m in METHODS.items() if m.compared)
+    layers = tuple(n for n, m in METHODS.items() if m.compared and m.axis == "layers")
+    assert COMPARED_METHODS == layers
+    assert SOURCE_METHODS == tuple(
+        n for n, m in METHODS.items() if m.compared and m.axis == "sources"
+    )
+    assert SOURCE_METHODS == ("ig_lens_sources", "lig_embeddings", "attention_rollout")
     assert SCORED_METHODS == tuple(n for n, m in METHODS.items() if m.scored)
     assert COMPARED_METHODS == (
         "ig_lens",
