@@ -135,7 +135,8 @@ def settings_parent(
         choices=GRANULARITIES,
         default="block",
         help="'sublayer' credits attention and MLP of each block separately; "
-        "'head' also splits the attention across its heads",
+        "'head' also splits the attention across its heads; 'source' across the "
+        "source tokens it reads ('source_head': per head and source token)",
     )
     group.add_argument(
         "--internal-batch-size",
