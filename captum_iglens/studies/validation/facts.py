@@ -94,7 +94,7 @@ class Fact:
     def subject_span(self) -> Optional[Tuple[int, int]]:
         r"""
         The characters of the prompt's subject, e.g. ``"France"`` in ``"The
-        capital of France is"``: the last occurrence of :attr:`subject` when
+        capital of France is"``: the last occurrence of ``subject`` when
         given (the one nearest the answer), else from :data:`SUBJECT_PATTERNS`.
 
         Returns:
