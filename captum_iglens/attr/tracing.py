@@ -243,8 +243,16 @@ class Tracer:
             foil, target_tokens, batch, len(pos), vocab
         )
         return _Request(
-            formatted, extra, batch, length, attention_mask, named, pos, targets,
-            target_sets, foils,
+            formatted,
+            extra,
+            batch,
+            length,
+            attention_mask,
+            named,
+            pos,
+            targets,
+            target_sets,
+            foils,
         )
 
     def _capture(

@@ -57,7 +57,12 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     )
     attribute.add_argument("--json", metavar="PATH", help="write the result as JSON")
     attribute.add_argument("--csv", metavar="PATH", help="write a long-format CSV")
-    attribute.add_argument("--png", metavar="PATH", help="write the heatmap as PNG")
+    attribute.add_argument(
+        "--png",
+        metavar="PATH",
+        help="write the heatmap as PNG (with --granularity source or source_head: "
+        "the first answer token's block x source-token map)",
+    )
     attribute.add_argument("--html", metavar="PATH", help=HTML_HELP)
     attribute.set_defaults(prepare=prepare)
 
@@ -131,13 +136,20 @@ def _report(result: Any, args: argparse.Namespace) -> None:
     if result.has_views:
         print()
         print(result.format_views(width=width))
+    if result.source_layout() is not None:
+        print()
+        print(result.format_sources())
     if args.json:
         result.save(args.json)
     if args.csv:
         result.to_csv(args.csv)
     if args.html:
         result.to_html(args.html)
-    if args.png:
+    if args.png and result.source_layout() is not None:
+        from captum_iglens.plots import plot_source_map
+
+        save_figure(plot_source_map(result, token=0)[0], args.png)
+    elif args.png:
         from captum_iglens.plots import plot_heatmap
 
         drawn = plot_heatmap(result, onset_frac=args.onset_frac)
@@ -185,9 +197,7 @@ def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
                 if neuron >= 0
             ]
             ranked.sort(key=lambda item: -abs(item[1]))
-            found.append(
-                "neurons " + ", ".join(f"{n} {c:+.4f}" for n, c in ranked[:k])
-            )
+            found.append("neurons " + ", ".join(f"{n} {c:+.4f}" for n, c in ranked[:k]))
         lines.append(f"  {labels[p]!r}: " + "; ".join(found))
     return "\n".join(lines)
 
