@@ -148,7 +148,9 @@ def _report(result: Any, args: argparse.Namespace) -> None:
     if args.png and result.source_layout() is not None:
         from captum_iglens.plots import plot_source_map
 
-        save_figure(plot_source_map(result, token=0)[0], args.png)
+        drawn = plot_source_map(result, token=0)
+        assert drawn is not None  # None only with show=True
+        save_figure(drawn[0], args.png)
     elif args.png:
         from captum_iglens.plots import plot_heatmap
 
