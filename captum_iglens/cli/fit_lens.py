@@ -6,6 +6,7 @@ checkpoint folder (see :mod:`captum_iglens.lens_fit`)."""
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from captum_iglens.cli.common import (
     CommandError,
@@ -16,6 +17,9 @@ from captum_iglens.cli.common import (
     save_figure,
 )
 from captum_iglens.settings import Settings
+
+if TYPE_CHECKING:  # imported when the command runs, after the checks
+    from captum_iglens.lens_fit import FitOptions
 
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
@@ -71,7 +75,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     fit.set_defaults(prepare=prepare)
 
 
-def _options(args: argparse.Namespace) -> "object":
+def _options(args: argparse.Namespace) -> "FitOptions":
     from captum_iglens.lens_fit import FitOptions
     from captum_iglens.lens_fit.corpus import read_corpus
 

@@ -113,8 +113,9 @@ def sample_batch(
     device = next(parts.model.parameters()).device
     ids = torch.full((batch, 1), start_token(tokenizer), device=device)
     recorder.set_mask(None)
+    model: Any = parts.model  # a Hugging Face model: ``generate`` is untyped
     with torch.inference_mode():
-        out = parts.model.generate(
+        out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             do_sample=True,

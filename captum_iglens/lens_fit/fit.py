@@ -111,7 +111,8 @@ class _Collector:
     into the Gram sums (snapshotted at the curve's sizes) and the tuning rows."""
 
     def __init__(self, parts: ModelParts, options: FitOptions, bar: tqdm) -> None:
-        width = parts.model.get_input_embeddings().weight.shape[1]
+        model: Any = parts.model  # a Hugging Face model, untyped
+        width = model.get_input_embeddings().weight.shape[1]
         self.options, self.bar = options, bar
         self.stats = GramStats(len(parts.blocks), width)
         self.snapshots: Dict[int, GramStats] = {}
@@ -314,7 +315,7 @@ def _curve_point(tokens: int, quality: Quality) -> Dict[str, Any]:
 
 
 def _model_name(parts: ModelParts) -> str:
-    config = parts.model.config
+    config: Any = parts.model.config  # a Hugging Face config, untyped
     return str(getattr(config, "_name_or_path", "") or config.model_type)
 
 

@@ -11,7 +11,7 @@ corpus; :func:`solve_ridge` turns them into translators in the tuned-lens layout
 """
 
 import copy
-from typing import Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 from torch import Tensor
@@ -37,7 +37,7 @@ class GramStats:
             raise ValueError(
                 f"n_states, width: expected ints >= 1, got {n_states}, {width}"
             )
-        options = dict(dtype=torch.float64, device=device)
+        options: Dict[str, Any] = dict(dtype=torch.float64, device=device)
         self.rows = 0
         self.sum_x = torch.zeros(n_states, width, **options)
         self.sum_y = torch.zeros(width, **options)

@@ -37,7 +37,7 @@ _REGISTER = threading.Lock()
 _SWITCH = threading.RLock()
 
 
-def _family_eager(module: Module) -> Callable[..., Tuple[Tensor, Optional[Tensor]]]:
+def _family_eager(module: Module) -> Callable[..., Tuple[Tensor, Tensor]]:
     """The eager attention function of the module's own modelling file."""
     family = sys.modules.get(type(module).__module__)
     found = getattr(family, "eager_attention_forward", None)

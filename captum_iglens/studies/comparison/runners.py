@@ -354,7 +354,8 @@ def _frozen_logit(
 
 
 def dla(work: Work) -> Outcome:
-    logit, skip_post = _frozen_logit(work.lens.readout, work.parts.norm_kind)
+    readout = cast(Readout, work.lens.readout)  # the work's lens reads logits
+    logit, skip_post = _frozen_logit(readout, work.parts.norm_kind)
     chunk = work.lens.readout.rows_per_chunk()
     names: Optional[List[str]] = None
     with torch.no_grad():
