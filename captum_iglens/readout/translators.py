@@ -206,8 +206,23 @@ class Translators(nn.Module):
             digest.update(_bytes(tensor.detach().float()))
         return digest.hexdigest()
 
-    def check_model(self, d_model: int, n_layers: int, unembed_sha256: str) -> None:
+    def check_model(
+        self,
+        d_model: int,
+        n_layers: int,
+        unembed_sha256: str,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
         r"""
+        Args:
+
+            d_model (int): The model's hidden size.
+            n_layers (int): Its number of blocks.
+            unembed_sha256 (str): :func:`unembedding_hash` of its head.
+            dtype (torch.dtype, optional): Its head's dtype, named in the
+                        message (the hash is of the weights in their own
+                        dtype). Default: None
+
         Raises:
             ValueError: In one sentence, if the translators were made for
                 another model: another hidden size, number of blocks, or
@@ -223,7 +238,9 @@ class Translators(nn.Module):
             raise ValueError(
                 "lens: the translators were made for another model (base model "
                 f"{self.base_model or 'unnamed'}): its unembedding differs from "
-                "this model's."
+                f"this model's{_in_dtype(dtype)}; if it is this model in another "
+                "dtype, load it in the dtype the lens was fitted with (float32 "
+                "unless fit-lens was given --dtype)."
             )
 
     def config(self) -> Dict[str, Any]:
@@ -367,6 +384,11 @@ def unembedding_hash(head: nn.Module) -> str:
     if not isinstance(weight, Tensor):
         return ""
     return hashlib.sha256(_bytes(weight.detach())).hexdigest()
+
+
+def _in_dtype(dtype: Optional[torch.dtype]) -> str:
+    """`` (in bfloat16)`` for the message of :meth:`Translators.check_model`."""
+    return "" if dtype is None else f" (in {str(dtype).replace('torch.', '')})"
 
 
 def _bytes(tensor: Tensor) -> Any:

@@ -160,3 +160,12 @@ def test_the_layer_readout_reads_each_state_through_its_translator():
     assert torch.equal(lr(h), readout(h))  # no layer: the model's own
     assert torch.equal(lr(h[2:3], layer[2:3]), readout(h[2:3]))  # state L
     assert lr.state_index(blocks[0]) == 1 and lr.state_index(blocks[1]) == 2
+
+
+def test_the_same_model_in_another_dtype_is_refused_saying_so():
+    model = tiny_model("llama")
+    own = unembedding_hash(model_parts(model).head)  # fitted in float32
+    readout, blocks = _readout(model.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="unembedding differs") as error:
+        LayerReadout(readout, _random(2, unembed_sha256=own), blocks)
+    assert "dtype" in str(error.value) and "float32" in str(error.value)
