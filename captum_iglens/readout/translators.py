@@ -104,7 +104,7 @@ class Translators(nn.Module):
         self.unembed_sha256 = unembed_sha256
         self.lens_type = str(lens_type)
         self.extra = dict(extra or {})
-        self._cast: Dict[Tuple[torch.dtype, torch.device], Tuple[Tensor, Tensor]] = {}
+        self._cast: Dict[Tuple[torch.dtype, torch.device], Tuple[Any, ...]] = {}
 
     @classmethod
     def identity(
@@ -189,14 +189,19 @@ class Translators(nn.Module):
     def _params(
         self, dtype: torch.dtype, device: torch.device
     ) -> Tuple[Tensor, Tensor]:
-        """The parameters in ``dtype`` on ``device``, cast once."""
-        key = (dtype, device)
-        if key not in self._cast:
-            self._cast[key] = (
+        """The parameters in ``dtype`` on ``device``, cast once per version of
+        the parameters (cast again after ``load_state_dict`` or an in-place
+        change)."""
+        version = tuple((p._version, p.data_ptr()) for p in (self.weight, self.bias))
+        found = self._cast.get((dtype, device))
+        if found is None or found[0] != version:
+            found = (
+                version,
                 self.weight.to(device=device, dtype=dtype),
                 self.bias.to(device=device, dtype=dtype),
             )
-        return self._cast[key]
+            self._cast[(dtype, device)] = found
+        return found[1], found[2]
 
     def checksum(self) -> str:
         """SHA-256 of the parameters (float32 bytes, weight then bias): the

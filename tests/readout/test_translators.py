@@ -169,3 +169,19 @@ def test_the_same_model_in_another_dtype_is_refused_saying_so():
     with pytest.raises(ValueError, match="unembedding differs") as error:
         LayerReadout(readout, _random(2, unembed_sha256=own), blocks)
     assert "dtype" in str(error.value) and "float32" in str(error.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_new_parameters_are_used_after_a_cast_was_made(dtype):
+    t = _random(2, 8)
+    h = torch.randn(5, 8, dtype=dtype)
+    index = torch.tensor([0, 1, 0, 1, 2])
+    t(h, index)  # casts the parameters to h's dtype once
+    fresh = _random(2, 8, seed=1)
+    t.load_state_dict(fresh.state_dict())
+    w, b = fresh.weight.to(dtype), fresh.bias.to(dtype)
+    expected = h.clone()
+    for i in (0, 1):
+        rows = index == i
+        expected[rows] = h[rows] + h[rows] @ w[i].T + b[i]
+    torch.testing.assert_close(t(h, index), expected)
