@@ -60,8 +60,8 @@ class Translators(nn.Module):
 
     Examples::
 
-        >>> t = Translators.identity(n_layers=30, d_model=576)
-        >>> t.save("my-lens", base_model="smollm2")
+        >>> t = Translators.identity(n_layers=30, d_model=576, base_model="smollm2")
+        >>> t.save("my-lens")
         >>> Translators.load("my-lens").weight.shape
         torch.Size([30, 576, 576])
     """
