@@ -524,7 +524,12 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             - **delta** (*Tensor*, returned if return_convergence_delta=True):
               ``Σ_layers Σ_d attributions - (f_model - f(h_base))``, measured
               against the model's real output distribution (``f`` is ``p(y)``,
-              or the token-set / contrastive score), zero at padding: ``(B,)``
+              or the token-set / contrastive score); under a learned readout
+              (:class:`~captum_iglens.readout.layer_readout.LayerReadout`) the
+              attributions are the block parts only, and ``delta`` adds the
+              lens-change parts (``Σ block + Σ lens - (f_model - f_0(h_base))``),
+              so ``Σ attributions`` alone does not reach ``Δp``; zero at
+              padding: ``(B,)``
               when one output is attributed per example (a ``(B, V)`` forward,
               an int ``positions``, a ``(t, v)`` target), else ``(B, P)``.
               :meth:`compute_convergence_delta` recomputes it.
