@@ -29,12 +29,16 @@ def _lens(folder, n_layers=2, d=HIDDEN, **meta):
     return t.save(folder)
 
 
-def test_a_lens_folder_splits_the_credits(tmp_path, model_folder, capsys):
+@pytest.mark.parametrize("granularity", ["block", "head"])
+def test_a_lens_folder_splits_the_credits(
+    tmp_path, model_folder, capsys, granularity
+):
     own = unembedding_hash(model_parts(tiny_model("llama")).head)
     lens = _lens(tmp_path / "lens", unembed_sha256=own)
     out = tmp_path / "r.json"
     args = ["w5 w6", "--model", str(model_folder), "--no-chat", "--max-new-tokens"]
-    assert main([*args, "3", "--lens", str(lens), "--json", str(out)]) == 0
+    args += ["3", "--granularity", granularity]
+    assert main([*args, "--lens", str(lens), "--json", str(out)]) == 0
     assert "lens-change part (tuned readout" in capsys.readouterr().out
     result = IGLensResult.load(out)
     assert result.readout_kind == "tuned"
@@ -87,3 +91,44 @@ def test_another_models_lens_is_refused_before_any_forward(
 def test_linear_without_a_fitted_lens_says_what_to_do(capsys):
     assert main(["x", "--lens", "linear"]) == 2
     assert "fit-lens" in capsys.readouterr().err
+
+
+def test_a_lens_with_a_granularity_it_cannot_split_is_refused_before_loading(
+    tmp_path, capsys, monkeypatch
+):
+    import captum_iglens.hf.models as models
+    from captum_iglens.attr.granularities import GRANULARITIES, Blocks
+
+    class Unplaced(Blocks):  # a granularity no learned readout can split
+        name = "unplaced"
+        learned_readout = False
+
+    granularity = Unplaced.name
+    monkeypatch.setitem(GRANULARITIES, granularity, Unplaced)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before --granularity was checked")
+
+    monkeypatch.setattr(models, "load_embedded", no_model)
+    monkeypatch.setattr(models, "load_model", no_model)
+    lens = _lens(tmp_path / "lens")
+    status = main(["x", "--lens", str(lens), "--granularity", granularity])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("captum-iglens: error: --granularity:")
+    assert "'block'" in err and "'sublayer'" in err
+
+
+def test_the_granularities_a_lens_takes_are_those_with_blocks():
+    from captum_iglens.attr import LayerIGLens
+    from captum_iglens.attr.granularities import GRANULARITIES
+
+    lens = LayerIGLens.from_model(tiny_model("llama"))
+    for name, kind in GRANULARITIES.items():
+        shape = lens._granularity(name)
+        try:
+            shape.path_points()
+        except ValueError:
+            pass  # e.g. experts on a dense model: refused anyway
+        blocks = shape.column_blocks() or shape.segment_blocks()
+        assert kind.learned_readout == (blocks is not None), name

@@ -162,11 +162,9 @@ def test_a_subset_of_blocks_telescopes_across_the_skipped_readouts(llama):
 def test_a_granularity_without_blocks_is_refused_with_a_learned_readout(
     llama, monkeypatch
 ):
-    class Unplaced(Blocks):  # declares neither column nor segment blocks
+    class Unplaced(Blocks):  # a granularity no learned readout can split
         name = "unplaced"
-
-        def column_blocks(self):
-            return None
+        learned_readout = False
 
     monkeypatch.setitem(GRANULARITIES, Unplaced.name, Unplaced)
     lens = LayerIGLens.from_model(llama, lens=_random(3))

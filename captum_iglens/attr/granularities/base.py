@@ -47,10 +47,15 @@ class PathGranularity(ABC):
         name (str): The name ``granularity=`` takes.
         supports_unmultiplied (bool): Has attributions without the displacement
                     (``multiply_by_inputs=False``).
+        learned_readout (bool): Its columns are whole segments of blocks
+                    (:meth:`column_blocks` is not None) or components of them
+                    (:meth:`segment_blocks` is not None), so a learned readout
+                    per layer can split them.
     """
 
     name: ClassVar[str]
     supports_unmultiplied: ClassVar[bool] = True
+    learned_readout: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -126,7 +131,7 @@ class PathGranularity(ABC):
         For a learned readout per layer, where the columns are components of
         the stream's straight segments (:meth:`column_blocks` is None): the
         path block each segment belongs to. None where the granularity has
-        neither (a learned readout is then refused).
+        neither (it then sets ``learned_readout`` False).
         """
         return None
 
