@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["plot_heatmap", "plot_trajectory"]
+__all__ = ["plot_heatmap", "plot_source_map", "plot_trajectory"]
 
 #: Colours of credit given (up) and taken back (down); Captum's convention.
 UP_COLOR = "#2e8b3e"
@@ -590,3 +590,76 @@ def _trajectory_legend(ax: "Axes") -> None:
         bbox_to_anchor=(1.01, 1.0),
         framealpha=0.9,
     )
+
+
+def plot_source_map(
+    result: IGLensResult,
+    token: int = 0,
+    batch_index: int = 0,
+    *,
+    ax: Optional["Axes"] = None,
+    show: bool = False,
+) -> Union[None, Tuple["Figure", "Axes"]]:
+    r"""
+    Plots, for one attributed token, its layer × source-token map: blocks
+    (rows) by source positions (columns), cell ``(l, j)`` the credit block
+    ``l``'s attention gave the token's probability from source ``j`` (heads
+    summed), from a result of ``granularity="source"`` or ``"source_head"``.
+    Green adds probability, red takes it back; the colour scale is symmetric
+    around 0. Sources after the token's position (never read) are left out.
+
+    Args:
+
+        result (IGLensResult): The map.
+        token (int, optional): Which attributed token (an index into
+                    ``result.positions``; negative counts from the end).
+                    Default: 0
+        batch_index (int, optional): Which sequence. Default: 0
+        ax (matplotlib.axes.Axes, optional): Axes to draw on. Default: None
+        show (bool, optional): Show the figure and return None. Default: False
+
+    Returns:
+        None or 2-element tuple of **fig**, **ax**; ``ax.images[0]`` holds the
+        ``(k, t + 1)`` credits.
+
+    Raises:
+        ValueError: If the result has no source columns, or ``token`` or
+            ``batch_index`` is out of range or at padding.
+    """
+    b = _check_result(result, batch_index)
+    n_tokens = result.positions.shape[0]
+    if isinstance(token, bool) or not -n_tokens <= token < n_tokens:
+        raise ValueError(f"token: expected an int in [-{n_tokens}, {n_tokens})")
+    p = token % n_tokens
+    if not bool(result.mask[b, p]):
+        raise ValueError(f"token: attributed token {token} is padding")
+    layout = result.source_layout()
+    if layout is None:
+        raise ValueError(
+            'result: no per-source columns; attribute with granularity="source"'
+        )
+    last = min(int(result.positions[p]) + 1, layout.n_sources)
+    data = result.source_map()[b, p, :, :last].float().cpu().numpy()
+    sources = result.metadata.get("source_tokens")
+    labels = [
+        (repr(sources[b][j])[:16] if sources is not None else f"@{j}")
+        for j in range(last)
+    ]
+    size = (min(24.0, 2.5 + 0.28 * last), min(24.0, 1.5 + 0.22 * len(layout.blocks)))
+    fig, ax = _new_axes(ax, size)
+    limit = float(np.abs(data).max()) or 1.0
+    norm = mcolors.Normalize(vmin=-limit, vmax=limit)
+    image = ax.imshow(data, cmap=color_map(), norm=norm, aspect="auto")
+    fig.colorbar(image, ax=ax, label="credit (probability)")
+    ax.set_xticks(range(last), labels, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(layout.blocks)), layout.blocks, fontsize=7)
+    ax.set_xlabel("source token")
+    ax.set_ylabel("block")
+    ax.set_title(
+        f"{_token_text(result, b, p)} @{int(result.positions[p])}: attention credit "
+        f"by block and source ({result.method}); "
+        f"Σ = {data.sum():+.4f} of Δp "
+        f"{float(result.model_prob[b, p] - result.base_prob[b, p]):+.4f}",
+        fontsize=9,
+    )
+    return _finish(fig, ax, show)

@@ -26,7 +26,11 @@ from captum_iglens._utils.serialization import (
     plain,
     write_atomic,
 )
-from captum_iglens._utils.source_columns import SourceLayout, source_layout
+from captum_iglens._utils.source_columns import (
+    SourceLayout,
+    format_sources,
+    source_layout,
+)
 from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.readout.layer_readout import READOUT_KINDS
 from captum_iglens.readout.scores import PAD
@@ -275,10 +279,46 @@ class IGLensResult(JsonDocument, Viewable):
             )
         if by_head and layout.n_heads is None:
             raise ValueError(
-                'by_head: the heads are summed in this result; attribute with '
+                "by_head: the heads are summed in this result; attribute with "
                 'granularity="source_head"'
             )
         return layout.source_map(self.attributions, by_head)
+
+    def format_sources(self, batch_index: int = 0, *, top: int = 5) -> str:
+        r"""
+        Per attributed token of one sequence, its ``top`` source tokens (credit
+        summed over blocks and heads) and its ``top`` routes, source → block
+        (→ head with ``"source_head"``), with their exact credits.
+
+        Args:
+            batch_index (int, optional): The sequence. Default: 0.
+            top (int, optional): How many of each. Default: 5.
+
+        Returns:
+            *str*: two lines per token.
+
+        Raises:
+            ValueError: If the result has no source columns.
+        """
+        layout = self.source_layout()
+        if layout is None:
+            raise ValueError(
+                "format_sources: this result has no per-source columns; attribute "
+                'with granularity="source" (or "source_head")'
+            )
+        if not 0 <= batch_index < self.attributions.shape[0]:
+            raise ValueError(f"batch_index: out of range, got {batch_index}")
+        rows = self.mask[batch_index].nonzero()[:, 0].tolist()
+        labels = self._token_labels(batch_index)
+        width = max([5] + [len(labels[r]) for r in rows])
+        sources = self.metadata.get("source_tokens")
+        return format_sources(
+            layout,
+            self.attributions[batch_index, rows],
+            [labels[r].ljust(width) for r in rows],
+            None if sources is None else sources[batch_index],
+            top,
+        )
 
     def source_page_data(self) -> Optional[List[Dict[str, Any]]]:
         r"""
@@ -791,7 +831,11 @@ class IGLensResult(JsonDocument, Viewable):
         first = results[0]
         for i, other in enumerate(results[1:], 1):
             for name in (
-                "layer_names", "method", "n_steps", "readout_kind", "readout_checksum"
+                "layer_names",
+                "method",
+                "n_steps",
+                "readout_kind",
+                "readout_checksum",
             ):
                 if getattr(other, name) != getattr(first, name):
                     raise ValueError(

@@ -45,8 +45,10 @@ class Settings:
         method (str): The estimator, from :data:`captum_iglens.ESTIMATORS`.
                     Default: ``"prediction_aware"``.
         n_steps (int): Steps per segment. Default: 50.
-        granularity (str): ``"block"``, ``"sublayer"`` or ``"head"`` (each
-                    block's attention credit split across its heads). Default:
+        granularity (str): ``"block"``, ``"sublayer"``, ``"head"`` (each
+                    block's attention credit split across its heads),
+                    ``"source"`` (across the source tokens it reads) or
+                    ``"source_head"`` (per head and source token). Default:
                     ``"block"``.
         internal_batch_size (int, optional): Rows through the readout at once.
                     Default: None (``max_chunk_bytes`` decides).
@@ -96,8 +98,7 @@ class Settings:
             object.__setattr__(self, "layers", layers)
         if self.positions not in POSITIONS:
             raise ValueError(
-                f"positions: expected one of {list(POSITIONS)}, got "
-                f"{self.positions!r}"
+                f"positions: expected one of {list(POSITIONS)}, got {self.positions!r}"
             )
         if not (
             self.baselines is None or isinstance(self.baselines, (int, float, str))

@@ -87,3 +87,36 @@ def test_another_models_lens_is_refused_before_any_forward(
 def test_linear_without_a_fitted_lens_says_what_to_do(capsys):
     assert main(["x", "--lens", "linear"]) == 2
     assert "fit-lens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("granularity", ["head", "neuron", "source", "expert"])
+def test_a_lens_with_a_granularity_it_cannot_split_is_refused_before_loading(
+    tmp_path, granularity, capsys, monkeypatch
+):
+    import captum_iglens.hf.models as models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before --granularity was checked")
+
+    monkeypatch.setattr(models, "load_embedded", no_model)
+    monkeypatch.setattr(models, "load_model", no_model)
+    lens = _lens(tmp_path / "lens")
+    status = main(["x", "--lens", str(lens), "--granularity", granularity])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("captum-iglens: error: --granularity:")
+    assert "'block'" in err and "'sublayer'" in err
+
+
+def test_the_granularities_a_lens_takes_are_those_with_column_blocks():
+    from captum_iglens.attr import LayerIGLens
+    from captum_iglens.attr.granularities import GRANULARITIES
+
+    lens = LayerIGLens.from_model(tiny_model("llama"))
+    for name, kind in GRANULARITIES.items():
+        shape = lens._granularity(name)
+        try:
+            shape.path_points()
+        except ValueError:
+            pass  # e.g. experts on a dense model: refused anyway
+        assert kind.learned_readout == (shape.column_blocks() is not None), name

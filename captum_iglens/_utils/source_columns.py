@@ -89,3 +89,55 @@ def source_layout(names: Sequence[str]) -> Optional[SourceLayout]:
         bias=[bias.get(b) for b in blocks],
         mlp=[mlp[b] for b in blocks],
     )
+
+
+def _label(tokens: Optional[Sequence[str]], j: int) -> str:
+    """A source as text: its token (escaped) and position."""
+    if tokens is None or j >= len(tokens):
+        return f"@{j}"
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in tokens[j])
+    return f"'{text}'@{j}"
+
+
+def format_sources(
+    layout: SourceLayout,
+    credits: Tensor,
+    labels: Sequence[str],
+    sources: Optional[Sequence[str]],
+    top: int = 5,
+) -> str:
+    r"""
+    Per attributed token, its top source tokens (credit summed over the blocks
+    and heads) and its strongest routes, source → block (→ head).
+
+    Args:
+        layout (SourceLayout): The columns' layout.
+        credits (Tensor): ``(P, n_columns)``: one sequence's credits (its real
+                    positions only).
+        labels (list[str]): ``P`` token labels.
+        sources (list[str], optional): ``T`` source tokens.
+        top (int, optional): How many of each to list. Default: 5
+
+    Returns:
+        *str*: two lines per token.
+    """
+    by_head = layout.n_heads is not None
+    cells = layout.source_map(credits, by_head=True)  # (P, k, H or 1, T)
+    lines = []
+    for p, label in enumerate(labels):
+        per_source = cells[p].sum((0, 1))
+        attention = float(per_source.sum())
+        order = per_source.abs().argsort(descending=True)[:top].tolist()
+        listed = ", ".join(
+            f"{_label(sources, j)} {float(per_source[j]):+.3f}" for j in order
+        )
+        lines.append(f"{label}  sources (Σ attention {attention:+.4f}): {listed}")
+        flat = cells[p].flatten()
+        routes = []
+        for i in flat.abs().argsort(descending=True)[:top].tolist():
+            block, rest = divmod(i, cells.shape[2] * cells.shape[3])
+            head, j = divmod(rest, cells.shape[3])
+            where = f"L{layout.blocks[block]}" + (f".h{head}" if by_head else "")
+            routes.append(f"{_label(sources, j)}→{where} {float(flat[i]):+.3f}")
+        lines.append(f"{' ' * len(label)}  routes: {', '.join(routes)}")
+    return "\n".join(lines)

@@ -24,7 +24,11 @@ from captum_iglens.attr._utils.heads import HeadSplit
 from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import estimator
 from captum_iglens.attr._utils.path_math import work_dtype
-from captum_iglens.attr.granularities import PathGranularity, granularity_of
+from captum_iglens.attr.granularities import (
+    PathGranularity,
+    check_learned_readout,
+    granularity_of,
+)
 from captum_iglens.attr.lens_change import (
     ReadoutPlan,
     ReadoutSplit,
@@ -520,7 +524,12 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             - **delta** (*Tensor*, returned if return_convergence_delta=True):
               ``Σ_layers Σ_d attributions - (f_model - f(h_base))``, measured
               against the model's real output distribution (``f`` is ``p(y)``,
-              or the token-set / contrastive score), zero at padding: ``(B,)``
+              or the token-set / contrastive score); under a learned readout
+              (:class:`~captum_iglens.readout.layer_readout.LayerReadout`) the
+              attributions are the block parts only, and ``delta`` adds the
+              lens-change parts (``Σ block + Σ lens - (f_model - f_0(h_base))``),
+              so ``Σ attributions`` alone does not reach ``Δp``; zero at
+              padding: ``(B,)``
               when one output is attributed per example (a ``(B, V)`` forward,
               an int ``positions``, a ``(t, v)`` target), else ``(B, P)``.
               :meth:`compute_convergence_delta` recomputes it.
@@ -777,13 +786,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         (the logit readout's numbers, exactly)."""
         if not isinstance(self.readout, LayerReadout):
             return None
+        check_learned_readout(shape.name, self.readout.kind)
         blocks = shape.column_blocks()
-        if blocks is None:
-            raise ValueError(
-                f"granularity: {shape.name!r} is not available with a learned "
-                f"readout ({self.readout.kind}); use \"block\" or \"sublayer\", "
-                "or the logit readout"
-            )
+        assert blocks is not None  # granularities with learned_readout have them
         route = plan(self.readout, self.layers, blocks)
         return None if route.uniform else route
 

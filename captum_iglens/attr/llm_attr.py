@@ -133,7 +133,9 @@ class LLMLayerAttribution(Attribution):
             **kwargs (Any): Passed to
                         :meth:`~captum_iglens.LayerIGLens.attribute_map`:
                         ``baselines``, ``method``, ``n_steps``,
-                        ``internal_batch_size``.
+                        ``internal_batch_size``, ``granularity`` (with
+                        ``"source"`` or ``"source_head"`` the input tokens are
+                        kept in ``.iglens.metadata["source_tokens"]``).
 
         Returns:
             *LLMAttributionResult* with ``token_attr`` of shape
@@ -165,6 +167,8 @@ class LLMLayerAttribution(Attribution):
         output_tokens = self._pretty_tokens(target_ids)
         result.tokens = [list(output_tokens)]
         result.metadata = dict(result.metadata, prompt_length=n_prompt)
+        if result.source_layout() is not None:  # granularity="source": the sources
+            result.metadata["source_tokens"] = [self._pretty_tokens(ids[0])]
 
         token_attr = result.attributions[0]
         res = LLMAttributionResult(

@@ -17,6 +17,7 @@ from typing import (
     Sequence,
     Tuple,
     Union,
+    cast,
 )
 
 import torch
@@ -243,8 +244,16 @@ class Tracer:
             foil, target_tokens, batch, len(pos), vocab
         )
         return _Request(
-            formatted, extra, batch, length, attention_mask, named, pos, targets,
-            target_sets, foils,
+            formatted,
+            extra,
+            batch,
+            length,
+            attention_mask,
+            named,
+            pos,
+            targets,
+            target_sets,
+            foils,
         )
 
     def _capture(
@@ -255,7 +264,8 @@ class Tracer:
     ) -> Tuple[Any, Tensor, List[Tensor]]:
         """One forward of ``inputs``: its output, ``h_0`` and the hooked states."""
         owner = forward_module(self.forward_func)
-        in_eval = [self.readout] if owner is None else [self.readout, owner]
+        readout = cast(Module, self.readout)  # Readout and LayerReadout are modules
+        in_eval = [readout] if owner is None else [readout, owner]
         capture = ResidualCapture(
             self.input_layer, hooked, request.positions, self.device, in_eval
         )
@@ -323,13 +333,13 @@ class Tracer:
         theirs = logits[rows.to(logits.device), index[first.cpu()].to(logits.device)]
         theirs = theirs.to(ours.device).float()
         scale = 1.0 + theirs.abs().max().item()
-        error = (ours - theirs).abs().max().item()
-        if error > _tolerance(h_final.dtype) * scale:  # a softmax forward's log?
-            error = _shifted_error(ours, theirs)
-        if error > _tolerance(h_final.dtype) * scale:
+        gap = (ours - theirs).abs().max().item()
+        if gap > _tolerance(h_final.dtype) * scale:  # a softmax forward's log?
+            gap = _shifted_error(ours, theirs)
+        if gap > _tolerance(h_final.dtype) * scale:
             raise ValueError(
                 "layer/readout: the readout of the last block's output does not "
-                f"reproduce the model's logits (max difference {error:.3g}). The last "
+                f"reproduce the model's logits (max difference {gap:.3g}). The last "
                 "entry of `layer` must be the model's final block, and `readout` "
                 "must be its final norm, head and final transforms."
             )
@@ -462,5 +472,5 @@ def path_levels(
     if below_views is None or path.top_views is None:
         return values, None
     below = below_views.reshape(b, p, k_plus_1 - 1)
-    layers = below[:, :, 1:]  # h_base has no view
-    return values, Views.cat([layers, path.top_views[:, :, None]], dim=2)
+    above_base = below[:, :, 1:]  # h_base has no view
+    return values, Views.cat([above_base, path.top_views[:, :, None]], dim=2)

@@ -5,6 +5,7 @@ The ``captum-iglens`` command: attribute a model's answer to a prompt across lay
     captum-iglens compare "What is the capital of Vietnam?"
     captum-iglens batch PROMPTS.jsonl --out DIR
     captum-iglens validate
+    captum-iglens fit-lens --model gemma3 --out DIR
 
 Every subcommand is prepared before any expensive work: its arguments are turned
 into :class:`~captum_iglens.Settings`, its input and output paths are checked,
@@ -22,7 +23,7 @@ import sys
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from captum_iglens.cli import attribute, batch, compare, validate
+from captum_iglens.cli import attribute, batch, compare, fit_lens, validate
 from captum_iglens.cli.common import (
     INPUT_ERRORS,
     CommandError,
@@ -38,6 +39,7 @@ _COMMANDS: Dict[str, Callable[[Any, str], None]] = {
     "compare": compare.add_parser,
     "batch": batch.add_parser,
     "validate": validate.add_parser,
+    "fit-lens": fit_lens.add_parser,
 }
 
 

@@ -57,7 +57,12 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     )
     attribute.add_argument("--json", metavar="PATH", help="write the result as JSON")
     attribute.add_argument("--csv", metavar="PATH", help="write a long-format CSV")
-    attribute.add_argument("--png", metavar="PATH", help="write the heatmap as PNG")
+    attribute.add_argument(
+        "--png",
+        metavar="PATH",
+        help="write the heatmap as PNG (with --granularity source or source_head: "
+        "the first answer token's block x source-token map)",
+    )
     attribute.add_argument("--html", metavar="PATH", help=HTML_HELP)
     attribute.set_defaults(prepare=prepare)
 
@@ -66,6 +71,7 @@ def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the options and loads the model; the job generates the answer,
     attributes it and writes the outputs."""
     from captum_iglens.attr import attribute_text
+    from captum_iglens.attr.granularities import check_learned_readout
     from captum_iglens.hf.text import encode_prompt, generate
 
     settings = settings_from(args)
@@ -74,6 +80,11 @@ def prepare(args: argparse.Namespace) -> Job:
     check_outputs(args, "json", "csv", "png", "html")
     prompt = read_prompt(args)
     folder = lens_folder(args.lens)
+    if folder is not None:
+        try:
+            check_learned_readout(settings.granularity)
+        except ValueError as err:  # the option's name as the user typed it
+            raise CommandError(f"--{err}") from None
     stages = Stages()
     parts, tokenizer = stages.run("load", lambda: load(args, settings))
     translators = learned_lens(folder, parts)
@@ -125,13 +136,22 @@ def _report(result: Any, args: argparse.Namespace) -> None:
     if result.has_views:
         print()
         print(result.format_views(width=width))
+    if result.source_layout() is not None:
+        print()
+        print(result.format_sources())
     if args.json:
         result.save(args.json)
     if args.csv:
         result.to_csv(args.csv)
     if args.html:
         result.to_html(args.html)
-    if args.png:
+    if args.png and result.source_layout() is not None:
+        from captum_iglens.plots import plot_source_map
+
+        drawn = plot_source_map(result, token=0)
+        assert drawn is not None  # None only with show=True
+        save_figure(drawn[0], args.png)
+    elif args.png:
         from captum_iglens.plots import plot_heatmap
 
         drawn = plot_heatmap(result, onset_frac=args.onset_frac)
@@ -179,9 +199,7 @@ def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
                 if neuron >= 0
             ]
             ranked.sort(key=lambda item: -abs(item[1]))
-            found.append(
-                "neurons " + ", ".join(f"{n} {c:+.4f}" for n, c in ranked[:k])
-            )
+            found.append("neurons " + ", ".join(f"{n} {c:+.4f}" for n, c in ranked[:k]))
         lines.append(f"  {labels[p]!r}: " + "; ".join(found))
     return "\n".join(lines)
 

@@ -135,7 +135,8 @@ def settings_parent(
         choices=GRANULARITIES,
         default="block",
         help="'sublayer' credits attention and MLP of each block separately; "
-        "'head' also splits the attention across its heads",
+        "'head' also splits the attention across its heads; 'source' across the "
+        "source tokens it reads ('source_head': per head and source token)",
     )
     group.add_argument(
         "--internal-batch-size",
@@ -289,9 +290,7 @@ def _device(text: str) -> torch.device:
     if device.type == "meta":
         raise CommandError("--device: 'meta' holds no weights; use cpu or cuda")
     backend = getattr(torch, device.type, None)
-    if device.type != "cpu" and not (
-        backend is not None and backend.is_available()
-    ):
+    if device.type != "cpu" and not (backend is not None and backend.is_available()):
         raise CommandError(
             f"--device: {device.type} is not available with this torch build on "
             "this machine; use --device cpu"

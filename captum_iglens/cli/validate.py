@@ -10,6 +10,7 @@ from captum_iglens.cli.common import (
     CommandError,
     Job,
     check_outputs,
+    lens_folder,
     load,
     model_parent,
     names,
@@ -19,6 +20,7 @@ from captum_iglens.cli.common import (
     write_outputs,
 )
 from captum_iglens.settings import Settings
+from captum_iglens.studies.comparison.methods import LEARNED_METHODS
 from captum_iglens.studies.validation import (
     CORRUPTIONS,
     MODES,
@@ -85,6 +87,20 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         default=16,
         help="LayerConductance runs on this many prompts only (it is slow)",
     )
+    validate.add_argument(
+        "--lens",
+        metavar="DIR",
+        help="restoration: logit (default) or a fitted lens folder "
+        "(captum-iglens fit-lens --out DIR); "
+        f"also scores {','.join(LEARNED_METHODS)}",
+    )
+    validate.add_argument(
+        "--noise-seeds",
+        type=int,
+        default=StudyOptions().noise_seeds,
+        help="restoration: noise draws per fact (default: "
+        f"{StudyOptions().noise_seeds})",
+    )
     validate.add_argument("--json", metavar="PATH", help="write the study as JSON")
     validate.add_argument("--png", metavar="PATH", help="write the plots as PNG")
     validate.add_argument("--html", metavar="PATH", help=HTML_HELP)
@@ -95,15 +111,19 @@ def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the methods, limit and outputs, reads the facts and loads the
     model; the job runs the study and writes its outputs."""
     settings = settings_from(args)
-    unknown = [m for m in args.methods if m not in SCORED_METHODS]
+    _check_lens(args)
+    known = SCORED_METHODS + (LEARNED_METHODS if args.lens else ())
+    unknown = [m for m in args.methods if m not in known]
     if unknown or not args.methods:
         raise CommandError(
-            f"--methods: expected names from {','.join(SCORED_METHODS)}, got "
+            f"--methods: expected names from {','.join(known)}, got "
             f"{','.join(args.methods)}"
         )
     if args.limit is not None and args.limit < 1:
         raise CommandError(f"--limit: expected an int >= 1, got {args.limit}")
-    study = StudyOptions(conductance_prompts=args.conductance_prompts)
+    study = StudyOptions(
+        conductance_prompts=args.conductance_prompts, noise_seeds=args.noise_seeds
+    )
     check_outputs(args, "json", "png", "html")
     prompts = load_facts(args.prompts)[: args.limit]
     _check_test(args, settings, study, prompts)
@@ -111,7 +131,11 @@ def prepare(args: argparse.Namespace) -> Job:
 
     def job() -> int:
         run = run_restoration if args.test == "restoration" else run_validation
-        extra = {} if args.test == "restoration" else {"mode": args.mode or "skip"}
+        extra = (
+            {"lens": args.lens}
+            if args.test == "restoration"
+            else {"mode": args.mode or "skip"}
+        )
         result = run(
             parts,
             tokenizer,
@@ -127,6 +151,22 @@ def prepare(args: argparse.Namespace) -> Job:
         return 0
 
     return job
+
+
+def _check_lens(args: argparse.Namespace) -> None:
+    r"""``--lens`` and ``--noise-seeds``: restoration only; the lens folder's
+    config readable (its fit to the model is checked once the model loads,
+    before any forward); ``--lens logit`` is the default readout."""
+    if args.test != "restoration":
+        for option, set_ in (
+            ("--lens", args.lens is not None),
+            ("--noise-seeds", args.noise_seeds != StudyOptions().noise_seeds),
+        ):
+            if set_:
+                raise CommandError(
+                    f"{option}: only validate --test restoration uses it; leave it out"
+                )
+    args.lens = lens_folder(args.lens)
 
 
 def _check_test(
@@ -149,7 +189,12 @@ def _check_test(
             f"{given[0]}: not used by validate --test {args.test}; leave it out"
         )
     settings, methods = check_arguments(
-        settings, {}, args.methods, study, _WHAT[args.test]
+        settings,
+        {},
+        args.methods,
+        study,
+        _WHAT[args.test],
+        learned=args.lens is not None,
     )
     if args.test == "restoration":
         traced_facts(prompts, CORRUPTIONS, methods, settings)

@@ -90,6 +90,7 @@ def _check_attn_out(
     projected = outputs.get(parts.attention_outputs[i])
     exact = projected is not None and projected.shape == update.shape
     if exact:
+        assert projected is not None  # narrowed by ``exact``
         error = update - parts.attention_scale * projected.double()
         exact = error.abs().max().item() <= tol * update.abs().max().item()
     if not exact:
@@ -127,6 +128,8 @@ def _block_records(
     """Per block: its input, its mid module's input, and the tensor output of
     each of its submodules, from one forward (hooks removed, modes restored)."""
     n = len(parts.blocks)
+    mid_modules = parts.mid_modules
+    assert mid_modules is not None  # the caller checks only blocks with a mid
     inputs: List[Optional[Tensor]] = [None] * n
     mids: List[Optional[Tensor]] = [None] * n
     outputs: List[Dict[nn.Module, Tensor]] = [{} for _ in range(n)]
@@ -136,7 +139,7 @@ def _block_records(
             block.register_forward_pre_hook(_keep_input(inputs, i), with_kwargs=True)
         )
         handles.append(
-            parts.mid_modules[i].register_forward_pre_hook(
+            mid_modules[i].register_forward_pre_hook(
                 _keep_input(mids, i), with_kwargs=True
             )
         )

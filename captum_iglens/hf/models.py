@@ -343,6 +343,21 @@ def load_model(
     )
 
 
+def cache_root(cache_dir: Optional[PathLike] = None) -> Path:
+    r"""
+    The root folder of the caches (models, and fitted lenses under ``lenses/``).
+
+    Args:
+        cache_dir (str or Path, optional): An explicit root. Default: None
+                    (``$CAPTUM_IGLENS_CACHE``, else ``$XDG_CACHE_HOME/captum_iglens``,
+                    else ``~/.cache/captum_iglens``).
+
+    Returns:
+        *Path* (it may not exist yet).
+    """
+    return _cache_root(cache_dir)
+
+
 def _cache_root(cache_dir: Optional[PathLike]) -> Path:
     if cache_dir is not None:
         root, what = Path(cache_dir).expanduser(), "cache_dir"

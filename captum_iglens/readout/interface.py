@@ -33,7 +33,8 @@ class PathReadout(Protocol):
         max_chunk_bytes (int): Memory budget of one chunk of float32 logits.
     """
 
-    max_chunk_bytes: int
+    @property
+    def max_chunk_bytes(self) -> int: ...
 
     @property
     def vocab_size(self) -> int: ...

@@ -84,6 +84,7 @@ class LayerReadout(nn.Module):
             _hidden_size(readout, translators.d_model),
             len(blocks),
             unembedding_hash(readout.head),
+            _head_dtype(readout),
         )
         self.base = readout
         self.translators = translators
@@ -184,6 +185,12 @@ class LayerReadout(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, n_layers={self.n_layers}"
+
+
+def _head_dtype(readout: Readout) -> Optional[torch.dtype]:
+    """The dtype of the unembedding's weight (None without one)."""
+    weight = getattr(readout.head, "weight", None)
+    return weight.dtype if isinstance(weight, Tensor) else None
 
 
 def _hidden_size(readout: Readout, fallback: int) -> int:

@@ -60,8 +60,8 @@ class Translators(nn.Module):
 
     Examples::
 
-        >>> t = Translators.identity(n_layers=30, d_model=576)
-        >>> t.save("my-lens", base_model="smollm2")
+        >>> t = Translators.identity(n_layers=30, d_model=576, base_model="smollm2")
+        >>> t.save("my-lens")
         >>> Translators.load("my-lens").weight.shape
         torch.Size([30, 576, 576])
     """
@@ -104,7 +104,7 @@ class Translators(nn.Module):
         self.unembed_sha256 = unembed_sha256
         self.lens_type = str(lens_type)
         self.extra = dict(extra or {})
-        self._cast: Dict[Tuple[torch.dtype, torch.device], Tuple[Tensor, Tensor]] = {}
+        self._cast: Dict[Tuple[torch.dtype, torch.device], Tuple[Any, ...]] = {}
 
     @classmethod
     def identity(
@@ -189,14 +189,19 @@ class Translators(nn.Module):
     def _params(
         self, dtype: torch.dtype, device: torch.device
     ) -> Tuple[Tensor, Tensor]:
-        """The parameters in ``dtype`` on ``device``, cast once."""
-        key = (dtype, device)
-        if key not in self._cast:
-            self._cast[key] = (
+        """The parameters in ``dtype`` on ``device``, cast once per version of
+        the parameters (cast again after ``load_state_dict`` or an in-place
+        change)."""
+        version = tuple((p._version, p.data_ptr()) for p in (self.weight, self.bias))
+        found = self._cast.get((dtype, device))
+        if found is None or found[0] != version:
+            found = (
+                version,
                 self.weight.to(device=device, dtype=dtype),
                 self.bias.to(device=device, dtype=dtype),
             )
-        return self._cast[key]
+            self._cast[(dtype, device)] = found
+        return found[1], found[2]
 
     def checksum(self) -> str:
         """SHA-256 of the parameters (float32 bytes, weight then bias): the
@@ -206,8 +211,23 @@ class Translators(nn.Module):
             digest.update(_bytes(tensor.detach().float()))
         return digest.hexdigest()
 
-    def check_model(self, d_model: int, n_layers: int, unembed_sha256: str) -> None:
+    def check_model(
+        self,
+        d_model: int,
+        n_layers: int,
+        unembed_sha256: str,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
         r"""
+        Args:
+
+            d_model (int): The model's hidden size.
+            n_layers (int): Its number of blocks.
+            unembed_sha256 (str): :func:`unembedding_hash` of its head.
+            dtype (torch.dtype, optional): Its head's dtype, named in the
+                        message (the hash is of the weights in their own
+                        dtype). Default: None
+
         Raises:
             ValueError: In one sentence, if the translators were made for
                 another model: another hidden size, number of blocks, or
@@ -223,7 +243,9 @@ class Translators(nn.Module):
             raise ValueError(
                 "lens: the translators were made for another model (base model "
                 f"{self.base_model or 'unnamed'}): its unembedding differs from "
-                "this model's."
+                f"this model's{_in_dtype(dtype)}; if it is this model in another "
+                "dtype, load it in the dtype the lens was fitted with (float32 "
+                "unless fit-lens was given --dtype)."
             )
 
     def config(self) -> Dict[str, Any]:
@@ -367,6 +389,11 @@ def unembedding_hash(head: nn.Module) -> str:
     if not isinstance(weight, Tensor):
         return ""
     return hashlib.sha256(_bytes(weight.detach())).hexdigest()
+
+
+def _in_dtype(dtype: Optional[torch.dtype]) -> str:
+    """`` (in bfloat16)`` for the message of :meth:`Translators.check_model`."""
+    return "" if dtype is None else f" (in {str(dtype).replace('torch.', '')})"
 
 
 def _bytes(tensor: Tensor) -> Any:

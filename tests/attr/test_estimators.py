@@ -88,6 +88,10 @@ class _Recording(torch.nn.Module):
     def vocab_size(self) -> int:
         return self.readout.vocab_size
 
+    @property
+    def device(self) -> torch.device:
+        return self.readout.device
+
     def rows_per_chunk(self, backward: bool = False) -> int:
         return self.readout.rows_per_chunk(backward)
 

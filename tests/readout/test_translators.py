@@ -160,3 +160,28 @@ def test_the_layer_readout_reads_each_state_through_its_translator():
     assert torch.equal(lr(h), readout(h))  # no layer: the model's own
     assert torch.equal(lr(h[2:3], layer[2:3]), readout(h[2:3]))  # state L
     assert lr.state_index(blocks[0]) == 1 and lr.state_index(blocks[1]) == 2
+
+
+def test_the_same_model_in_another_dtype_is_refused_saying_so():
+    model = tiny_model("llama")
+    own = unembedding_hash(model_parts(model).head)  # fitted in float32
+    readout, blocks = _readout(model.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="unembedding differs") as error:
+        LayerReadout(readout, _random(2, unembed_sha256=own), blocks)
+    assert "dtype" in str(error.value) and "float32" in str(error.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_new_parameters_are_used_after_a_cast_was_made(dtype):
+    t = _random(2, 8)
+    h = torch.randn(5, 8, dtype=dtype)
+    index = torch.tensor([0, 1, 0, 1, 2])
+    t(h, index)  # casts the parameters to h's dtype once
+    fresh = _random(2, 8, seed=1)
+    t.load_state_dict(fresh.state_dict())
+    w, b = fresh.weight.to(dtype), fresh.bias.to(dtype)
+    expected = h.clone()
+    for i in (0, 1):
+        rows = index == i
+        expected[rows] = h[rows] + h[rows] @ w[i].T + b[i]
+    torch.testing.assert_close(t(h, index), expected)

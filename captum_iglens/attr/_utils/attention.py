@@ -32,9 +32,12 @@ _RECORDERS: "weakref.WeakKeyDictionary[Module, Callable[[Tensor, Tensor], None]]
     weakref.WeakKeyDictionary()
 )
 _REGISTER = threading.Lock()
+#: Held while any configs are switched: captures run one at a time, so that one
+#: never saves another's switched value as the one to restore.
+_SWITCH = threading.RLock()
 
 
-def _family_eager(module: Module) -> Callable[..., Tuple[Tensor, Optional[Tensor]]]:
+def _family_eager(module: Module) -> Callable[..., Tuple[Tensor, Tensor]]:
     """The eager attention function of the module's own modelling file."""
     family = sys.modules.get(type(module).__module__)
     found = getattr(family, "eager_attention_forward", None)
@@ -56,7 +59,14 @@ def _capturing_attention(
     *args: Any,
     **kwargs: Any,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """The family's eager attention, recording weights and values on the way."""
+    """The family's eager attention, recording weights and values on the way.
+
+    A float64 additive mask is clamped to float32's range first: eager attention
+    takes its softmax in float32, where float64's minimum becomes ``-inf`` and a
+    fully masked row (a padding query) ``NaN``, which the next block's values
+    spread to every position (``0 · NaN``). Masked weights stay exactly zero."""
+    if attention_mask is not None and attention_mask.dtype == torch.float64:
+        attention_mask = attention_mask.clamp_min(torch.finfo(torch.float32).min)
     output, weights = _family_eager(module)(
         module, query, key, value, attention_mask, *args, **kwargs
     )
@@ -110,6 +120,7 @@ class AttentionCapture:
     Used as a context manager around the forward: on entry the configs of
     ``owners`` (and of the attention modules) are switched to
     :data:`IMPLEMENTATION`; on exit they are restored and the recorders removed.
+    Captures run one at a time (a lock is held from entry to exit).
 
     Args:
 
@@ -156,6 +167,7 @@ class AttentionCapture:
 
     def __enter__(self) -> "AttentionCapture":
         _register()
+        _SWITCH.acquire()
         try:
             for config in self._configs:
                 self._saved.append((config, config._attn_implementation_internal))
@@ -168,11 +180,14 @@ class AttentionCapture:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        for module in self.attentions:
-            _RECORDERS.pop(module, None)
-        for config, saved in reversed(self._saved):
-            config._attn_implementation_internal = saved
-        self._saved = []
+        try:
+            for module in self.attentions:
+                _RECORDERS.pop(module, None)
+            for config, saved in reversed(self._saved):
+                config._attn_implementation_internal = saved
+            self._saved = []
+        finally:
+            _SWITCH.release()
 
     def records(self) -> Tuple[List[Tensor], List[Tensor]]:
         r"""

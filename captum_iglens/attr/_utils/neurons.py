@@ -13,7 +13,7 @@ segment ``h_mid → h_out``. The components are built a group of rows at a time
 (:class:`NeuronComponents`), never ``(rows, neurons, d)`` for all rows at once.
 """
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -146,7 +146,7 @@ def neuron_components(
     bias = (
         None
         if biases[0] is None
-        else torch.stack([b.detach().float().to(device) for b in biases])
+        else torch.stack([cast(Tensor, b).detach().float().to(device) for b in biases])
     )
     a = torch.stack([x.float().to(device) for x in activations], dim=2)  # (B,P,k,I)
     outputs = torch.einsum("bpki,kid->bpkd", a, weights)
@@ -199,7 +199,9 @@ def neuron_attributions(
     """
     n, k_points, _ = stream.shape
     k = (k_points - 1) // 2
-    common = dict(n_steps=n_steps, chunk_rows=chunk_rows, grad_kwargs=grad_kwargs)
+    common: Dict[str, Any] = dict(
+        n_steps=n_steps, chunk_rows=chunk_rows, grad_kwargs=grad_kwargs
+    )
     mlp = list(range(1, k_points, 2))
     pairs, layers = _pairs(stream, mlp)
     ends = torch.tensor(mlp, device=values.device)
@@ -207,6 +209,8 @@ def neuron_attributions(
     split = estimator.components(
         readout,
         pairs,
+        # NeuronComponents builds its (M, C, d) rows on demand: the estimators
+        # only index it and read its shape, as documented for ``components``
         components,  # type: ignore[arg-type]
         targets.repeat_interleave(k),
         end_values.flatten(0, 1),
@@ -221,13 +225,21 @@ def neuron_attributions(
     attn_targets = targets.repeat_interleave(k)
     if per_dimension:
         plain = estimator.attributions(
-            readout, pairs, attn_targets, attn_values[..., 1].flatten(),
-            layers=layers, **common,
+            readout,
+            pairs,
+            attn_targets,
+            attn_values[..., 1].flatten(),
+            layers=layers,
+            **common,
         )[:, 0]
     else:
         plain = estimator.credits(
-            readout, pairs, attn_targets, attn_values.flatten(0, 1),
-            layers=layers, **common,
+            readout,
+            pairs,
+            attn_targets,
+            attn_values.flatten(0, 1),
+            layers=layers,
+            **common,
         )[:, 0]
     c = components.shape[1]
     plain = plain.float().view(n, k, 1, -1)

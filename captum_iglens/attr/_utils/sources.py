@@ -19,7 +19,15 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from captum_iglens.attr._utils.heads import HeadSplit, _bias, _weight, head_components
+from captum_iglens.attr._utils.heads import (
+    HeadSplit,
+    _bias,
+    _weight,
+    attention_factors,
+    attention_updates,
+    head_components,
+    projected_heads,
+)
 
 
 class SourceComponents:
@@ -39,6 +47,12 @@ class SourceComponents:
                     of it.
         blocks (int): ``k``.
         per_example (int): ``P · k``, the rows of one example.
+        factor (Tensor, optional): ``(R, d)`` float32: a post-norm block's
+                    factor per row (the terms and the bias are multiplied by
+                    it; ``projected`` and ``bias`` then carry no ``s``).
+                    Default: None
+        extra (Tensor, optional): ``(R, d)`` float32: a parallel block's MLP
+                    output per row, the last component. Default: None
     """
 
     def __init__(
@@ -49,6 +63,8 @@ class SourceComponents:
         rows: Tuple[int, ...],
         blocks: int,
         per_example: int,
+        factor: Optional[Tensor] = None,
+        extra: Optional[Tensor] = None,
     ) -> None:
         self.weights = weights
         self.projected = projected
@@ -56,6 +72,8 @@ class SourceComponents:
         self.rows = tuple(rows)
         self.blocks = blocks
         self.per_example = per_example
+        self.factor = factor
+        self.extra = extra
 
     @property
     def n_heads(self) -> int:
@@ -68,14 +86,16 @@ class SourceComponents:
     @property
     def shape(self) -> torch.Size:
         c = self.n_heads * self.n_sources + (self.bias is not None)
+        c += self.extra is not None
         return torch.Size([*self.rows, c, self.projected.shape[-1]])
 
     @property
     def parents(self) -> Tensor:
-        """``(C,)`` long: each term's head (the bias: ``H``)."""
+        """``(C,)`` long: each term's head; the bias and a parallel block's MLP
+        are groups of their own."""
         heads = torch.arange(self.n_heads).repeat_interleave(self.n_sources)
-        if self.bias is not None:
-            heads = torch.cat([heads, torch.tensor([self.n_heads])])
+        others = (self.bias is not None) + (self.extra is not None)
+        heads = torch.cat([heads, self.n_heads + torch.arange(others)])
         return heads.to(self.weights.device)
 
     def flatten(self, start: int, end: int) -> "SourceComponents":
@@ -87,7 +107,14 @@ class SourceComponents:
             size *= n
         rows = (*self.rows[:start], size, *self.rows[end + 1 :])
         return SourceComponents(
-            self.weights, self.projected, self.bias, rows, self.blocks, self.per_example
+            self.weights,
+            self.projected,
+            self.bias,
+            rows,
+            self.blocks,
+            self.per_example,
+            self.factor,
+            self.extra,
         )
 
     def __getitem__(self, index: Union[slice, Tensor]) -> Tensor:
@@ -98,10 +125,17 @@ class SourceComponents:
         block = flat % self.blocks
         example = torch.div(flat, self.per_example, rounding_mode="floor")
         pv = self.projected[example * self.blocks + block]  # (g, H, T, d)
-        terms = (self.weights[flat].unsqueeze(-1) * pv).flatten(1, 2)
-        if self.bias is None:
-            return terms
-        return torch.cat([terms, self.bias[block].unsqueeze(1)], dim=1)
+        terms = self.weights[flat].unsqueeze(-1) * pv
+        factor = None if self.factor is None else self.factor[flat]
+        if factor is not None:
+            terms = terms * factor[:, None, None]
+        parts = [terms.flatten(1, 2)]
+        if self.bias is not None:
+            bias = self.bias[block]
+            parts.append((bias if factor is None else bias * factor).unsqueeze(1))
+        if self.extra is not None:
+            parts.append(self.extra[flat].unsqueeze(1))
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
     def __len__(self) -> int:
         return self.rows[0]
@@ -149,7 +183,7 @@ def source_components(
     split: HeadSplit,
     weights: Sequence[Tensor],
     values: Sequence[Tensor],
-    heads_in: List[Tensor],
+    extras: List[Tensor],
     stream: Tensor,
     mask: Tensor,
     tolerance: float,
@@ -159,42 +193,56 @@ def source_components(
     checked twice: the captured weights times values reproduce the heads'
     outputs ``z`` at the attributed rows, and (through
     :func:`~captum_iglens.attr._utils.heads.head_components`) the heads' outputs
-    projected reproduce the update ``h_mid - h_in``.
+    projected (through a post-norm block's factor; with a parallel block's MLP)
+    reproduce the update.
 
     Args:
         weights (list[Tensor]): Per block, ``(B, H, P, T)``.
         values (list[Tensor]): Per block, ``(B, H_kv, T, e)``.
-        heads_in (list[Tensor]): Per block, the projection's input ``(B, P, H·e)``.
-        stream (Tensor): ``(B, P, 2k + 2, d)`` as ``head_components`` takes it.
+        extras (list[Tensor]): Per block, the projection's input ``(B, P, H·e)``;
+                    then for parallel blocks, per block, the MLP's output.
+        stream (Tensor): ``(B, P, K, d)`` as ``head_components`` takes it.
         mask (Tensor): ``(B, P)``, False at padding.
         tolerance (float): Relative tolerance of both checks.
 
     Returns:
         :class:`SourceComponents` of shape ``(B, P, k, C, d)``.
     """
-    head_components(split, heads_in, stream, mask, tolerance)  # the update check
+    head_components(split, extras, stream, mask, tolerance)  # the update check
+    k = len(weights)
+    heads_in = extras[:k]
+    outputs = torch.stack(
+        [projected_heads(split, j, z).sum(2) for j, z in enumerate(heads_in)], 2
+    )
+    factor = attention_factors(split, outputs, attention_updates(split, stream))
+    scale = float(factor.flatten()[0]) if factor.numel() == 1 else 1.0
     projected, rows, biases = [], [], []
     for j, (a, v) in enumerate(zip(weights, values)):
         a = a.to(stream.device).float()
-        v, outputs = _head_outputs(a, v.to(stream.device), split.n_heads)
-        check_reproduced(j, outputs, heads_in[j], mask, tolerance)
+        v, found = _head_outputs(a, v.to(stream.device), split.n_heads)
+        check_reproduced(j, found, heads_in[j], mask, tolerance)
         weight = _weight(split.projections[j]).float().to(stream.device)
         per_head = weight.view(weight.shape[0], split.n_heads, -1)
-        projected.append(torch.einsum("bhte,dhe->bhtd", v, per_head) * split.scale)
+        projected.append(torch.einsum("bhte,dhe->bhtd", v, per_head) * scale)
         rows.append(a.permute(0, 2, 1, 3))  # (B, P, H, T)
         bias = _bias(split.projections[j])
         if bias is not None:
-            biases.append(bias.detach().float().to(stream.device) * split.scale)
+            biases.append(bias.detach().float().to(stream.device) * scale)
     b, p = mask.shape
-    k = len(weights)
-    weights_rows = torch.stack(rows, dim=2).flatten(0, 2) * mask.repeat_interleave(
-        k
-    ).view(-1, 1, 1).to(stream.device)
+    real = mask.repeat_interleave(k).view(-1, 1, 1).to(stream.device)
     return SourceComponents(
-        weights_rows,
+        torch.stack(rows, dim=2).flatten(0, 2) * real,
         torch.stack(projected, dim=1).flatten(0, 1),
         torch.stack(biases) if len(biases) == k else None,
         (b, p, k),
         k,
         p * k,
+        factor=None if factor.numel() == 1 else factor.flatten(0, 2),
+        extra=(
+            torch.stack([m.float() for m in extras[k:]], 2)
+            .flatten(0, 2)
+            .to(stream.device)
+            if split.parallel
+            else None
+        ),
     )

@@ -283,7 +283,7 @@ def _within(amount: Tensor, fallback: Tensor, parents: Tensor) -> Tensor:
     ``amount`` is all zero, zeros where both are)."""
     n_groups = int(parents.max()) + 1
 
-    def normalised(x: Tensor) -> Tensor:
+    def normalised(x: Tensor) -> Tuple[Tensor, Tensor]:
         total = x.new_zeros(*x.shape[:-1], n_groups).index_add_(-1, parents, x)
         total = total[..., parents]
         return x / total.clamp_min(torch.finfo(x.dtype).tiny), total > 0

@@ -29,6 +29,7 @@ __all__ = [
     "Sources",
     "Sublayers",
     "check_granularity",
+    "check_learned_readout",
     "granularity_of",
 ]
 
@@ -48,6 +49,27 @@ def check_granularity(granularity: str) -> None:
     if not isinstance(granularity, str) or granularity not in GRANULARITIES:
         raise ValueError(
             f"granularity: expected one of {list(GRANULARITIES)}, got {granularity!r}"
+        )
+
+
+def check_learned_readout(granularity: str, kind: str = "") -> None:
+    r"""
+    Args:
+
+        granularity (str): A name in :data:`GRANULARITIES`.
+        kind (str, optional): The readout's kind, for the message. Default: ""
+
+    Raises:
+        ValueError: If a learned readout per layer cannot split the columns
+            of ``granularity`` (checked before any forward).
+    """
+    check_granularity(granularity)
+    if not GRANULARITIES[granularity].learned_readout:
+        takes = [n for n, g in GRANULARITIES.items() if g.learned_readout]
+        raise ValueError(
+            f"granularity: {granularity!r} is not available with a learned readout "
+            f"per layer{f' ({kind})' if kind else ''}; use one of {takes}, or the "
+            "logit readout"
         )
 
 

@@ -47,10 +47,14 @@ class PathGranularity(ABC):
         name (str): The name ``granularity=`` takes.
         supports_unmultiplied (bool): Has attributions without the displacement
                     (``multiply_by_inputs=False``).
+        learned_readout (bool): Its columns are whole segments of blocks
+                    (:meth:`column_blocks` is not None), so a learned readout
+                    per layer can split them.
     """
 
     name: ClassVar[str]
     supports_unmultiplied: ClassVar[bool] = True
+    learned_readout: ClassVar[bool] = False
 
     def __init__(
         self,

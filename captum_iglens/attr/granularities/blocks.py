@@ -12,6 +12,7 @@ class Blocks(PathGranularity):
     """One column per block: the segment from the previous block's output."""
 
     name = "block"
+    learned_readout = True
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         return [(m, False) for m in self.layers], list(self.layer_names)
@@ -25,6 +26,7 @@ class Sublayers(PathGranularity):
     ``"<name>.mlp"`` (the rest of the block)."""
 
     name = "sublayer"
+    learned_readout = True
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         mids = self._mids()

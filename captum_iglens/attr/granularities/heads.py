@@ -28,6 +28,7 @@ class Heads(Sublayers):
     output as a component of the block's one segment)."""
 
     name = "head"
+    learned_readout = False
     supports_unmultiplied = False
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:

@@ -30,6 +30,7 @@ class Neurons(Sublayers):
     exactly; :func:`top_neurons` picks the strongest per answer token."""
 
     name = "neuron"
+    learned_readout = False
     supports_unmultiplied = False
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:

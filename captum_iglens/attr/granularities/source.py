@@ -13,11 +13,7 @@ from torch import Tensor
 from captum_iglens.attr._utils.attention import AttentionCapture, attention_of
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.checks import forward_module
-from captum_iglens.attr._utils.heads import (
-    head_attributions,
-    split_states,
-    split_tolerance,
-)
+from captum_iglens.attr._utils.heads import head_attributions, split_tolerance
 from captum_iglens.attr._utils.sources import SourceComponents, source_components
 from captum_iglens.attr.estimators import Estimator
 from captum_iglens.attr.granularities.heads import Heads
@@ -40,14 +36,6 @@ class Sources(Heads):
     by_head = False
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
-        if self.heads is not None and (
-            self.heads.parallel or self.heads.norms is not None
-        ):
-            raise ValueError(
-                f"granularity: {self.name!r} does not split post-norm blocks (Gemma "
-                "2/3/4, OLMo 2/3) or parallel blocks (GPT-J, Phi, Cohere, ...) "
-                "over source positions yet; use granularity='head'"
-            )
         points, names = super().path_points()
         self._attention = AttentionCapture(
             [attention_of(b, p) for b, p in zip(self.layers, self.heads.projections)],
@@ -60,9 +48,6 @@ class Sources(Heads):
     def recording(self, positions: Tensor, device: torch.device) -> ContextManager[Any]:
         self._attention.positions, self._attention.device = positions, device
         return self._attention
-
-    def split(self, states: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
-        return split_states(states)
 
     def components(
         self, points: Tensor, extras: List[Tensor], mask: Tensor
@@ -91,8 +76,13 @@ class Sources(Heads):
         return out
 
     def levels(self, path: TracedPath, values: Tensor) -> Tensor:
-        """A block's attention columns read the level after its attention."""
-        c = (len(path.names) - 1) // len(self.layers) - 1
+        """A block's attention columns read the level after its attention (a
+        parallel block's columns: after the block)."""
+        c = (len(path.names) - 1) // len(self.layers)
+        if self._parallel:
+            per_column = values[..., 2:, None].expand(-1, -1, -1, c).flatten(2)
+            return torch.cat([values[..., :2], per_column], -1)
+        c -= 1  # the MLP column reads the block's output
         mids = values[..., 2:-1:2, None].expand(-1, -1, -1, c)
         per_column = torch.cat([mids, values[..., 3::2, None]], -1).flatten(2)
         return torch.cat([values[..., :2], per_column], -1)
@@ -135,6 +125,7 @@ class Sources(Heads):
             per_dimension,
             grad_kwargs,
             parents=found.parents,
+            parallel=self._parallel,
         )
         if not self.by_head:
             attrs = _sum_heads(attrs, len(self.layers), found)

@@ -15,11 +15,12 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens._utils.tokens import decode_tokens
-from captum_iglens.attr._utils.checks import PositionsType
+from captum_iglens.attr._utils.checks import Granularity, PositionsType
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import answered_prompt
+from captum_iglens.readout import Readout
 from captum_iglens.settings import Settings, provenance
 from captum_iglens.studies.comparison.measure import (
     Cost,
@@ -169,7 +170,7 @@ def compare(
     lens.segment_names(settings.granularity)  # fails now, before any method runs
     for name in names:
         if METHODS[name].granularity is not None:
-            lens.segment_names(METHODS[name].granularity)  # the same
+            lens.segment_names(cast(Granularity, METHODS[name].granularity))  # same
     extra = None if attention_mask is None else (attention_mask,)
     setup = lens.attribute_map(input_ids, None, target, extra, positions=positions)
     work = Work.from_map(
@@ -186,8 +187,10 @@ def compare(
     mask = setup.mask.cpu().clone()
     results: Dict[str, MethodResult] = {}
     for name in names:
-        with measure(model, lens.readout.head, device) as cost:
+        head = cast(Readout, lens.readout).head  # a plain (logit) readout
+        with measure(model, head, device) as cost:
             # Each method runs from scratch (no outcome shared): its cost is its own.
+            # The compared and source methods all have a ``run`` (misc: None).
             out = METHODS[name].run(replace(work, outcomes={}))  # type: ignore[misc]
         if METHODS[name].axis == "sources":
             labels = _source_labels(tokenizer, input_ids, out.layer_names)

@@ -80,7 +80,7 @@ def format_head_agreement(
     ]
     for row in result.mask[sequence].nonzero()[:, 0].tolist():
         lines.append(
-            f"{result.label(sequence, row)}: Spearman ρ = " f"{rho[sequence, row]:+.3f}"
+            f"{result.label(sequence, row)}: Spearman ρ = {rho[sequence, row]:+.3f}"
         )
         lines.append(
             f"  {'head':<14}{'IG-Lens':>10}{'rank':>6}{'DLA':>10}{'DLA rank':>10}"

@@ -21,7 +21,10 @@ from captum_iglens.studies.comparison.runners import (
     Outcome,
     Work,
     dla,
+    fitted_lens,
     ig_lens,
+    ig_lens_fitted,
+    ig_lens_fitted_block,
     layer_conductance,
     layer_integrated_gradients,
     layer_integrated_gradients_multilayer,
@@ -48,6 +51,9 @@ class StudyMethod:
                     so the studies run it on a seeded subset of
                     ``StudyOptions.conductance_prompts`` prompts with
                     ``StudyOptions.conductance_steps`` steps. Default: False.
+        learned (bool): It reads a learned readout per layer (a fitted lens):
+                    the restoration study scores it when given a lens.
+                    Default: False.
         axis (str): What its columns are: ``"layers"`` (the chosen blocks or
                     their parts) or ``"sources"`` (the ``T`` source positions
                     of each attributed token). Default: ``"layers"``.
@@ -64,6 +70,7 @@ class StudyMethod:
     compared: bool
     scored: bool
     costly: bool = False
+    learned: bool = False
     axis: str = "layers"
     missing: Optional[Callable[[], Optional[str]]] = None
     granularity: Optional[str] = None
@@ -153,6 +160,19 @@ METHODS: Dict[str, StudyMethod] = {
             scored=False,
             axis="sources",
         ),
+        StudyMethod(
+            "ig_lens_fitted", ig_lens_fitted, compared=False, scored=False, learned=True
+        ),
+        StudyMethod(
+            "ig_lens_fitted_block",
+            ig_lens_fitted_block,
+            compared=False,
+            scored=False,
+            learned=True,
+        ),
+        StudyMethod(
+            "fitted_lens", fitted_lens, compared=False, scored=False, learned=True
+        ),
     )
 }
 
@@ -171,3 +191,7 @@ SOURCE_METHODS: Tuple[str, ...] = tuple(
 #: The methods the validation and restoration studies score, in the order of
 #: their tables.
 SCORED_METHODS: Tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.scored)
+
+#: The methods that read a learned readout per layer, which the restoration
+#: study scores beside :data:`SCORED_METHODS` when given a lens.
+LEARNED_METHODS: Tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.learned)

@@ -12,7 +12,7 @@ classes, called through :class:`TargetProbability`.
 import os
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, cast
 
 import captum
@@ -50,6 +50,10 @@ class Work:
     baseline_token: int  # the token of Captum's baseline input
     # Each method's outcome once run (or read from a pass already made), by name.
     outcomes: Dict[str, "Outcome"] = field(default_factory=dict, repr=False)
+    # The lens under a learned readout per layer (a fitted lens), if any, and
+    # its map once made.
+    learned: Optional[LayerIGLens] = None
+    learned_map: Optional[IGLensResult] = field(default=None, repr=False)
 
     @classmethod
     def from_map(
@@ -62,6 +66,7 @@ class Work:
         h0_prob: Tensor,
         settings: Settings,
         baseline_token: int,
+        learned: Optional[LayerIGLens] = None,
     ) -> "Work":
         """The work of the targets and positions of an IG-Lens map ``found``."""
         return cls(
@@ -75,6 +80,7 @@ class Work:
             h0_prob=h0_prob.clone(),
             settings=settings,
             baseline_token=baseline_token,
+            learned=learned,
         )
 
     @property
@@ -232,6 +238,50 @@ def ig_lens_outcome(result: IGLensResult, settings: Settings) -> Outcome:
     )
 
 
+def _learned_map(work: Work) -> IGLensResult:
+    """IG-Lens's map under the work's learned readout, made once."""
+    if work.learned is None:
+        raise ValueError(
+            "methods: the fitted-lens methods need a learned readout (lens=, "
+            "--lens DIR)"
+        )
+    if work.learned_map is None:
+        work.learned_map = work.learned.attribute_map(
+            work.input_ids,
+            target=work.targets,
+            additional_forward_args=work.extra,
+            positions=work.positions,
+            **work.settings.map_kwargs(),
+        )
+    return work.learned_map
+
+
+def ig_lens_fitted(work: Work) -> Outcome:
+    """IG-Lens under the learned readout: each block's whole term
+    ``f_j(h_j) − f_{j−1}(h_{j−1})`` (block part plus lens-change part)."""
+    outcome = ig_lens_outcome(_learned_map(work), work.settings)
+    return replace(outcome, note="under the fitted lens: " + outcome.note)
+
+
+def ig_lens_fitted_block(work: Work) -> Outcome:
+    """IG-Lens under the learned readout, block parts only."""
+    found = _learned_map(work)
+    outcome = ig_lens_outcome(found, work.settings)
+    return replace(
+        outcome,
+        scores=found.block_part,
+        note="block parts under the fitted lens (lens-change parts left out)",
+    )
+
+
+def fitted_lens(work: Work) -> Outcome:
+    """The learned readout's levels ``f_j(h_j)`` (the tuned lens's trajectory)."""
+    found = _learned_map(work)
+    levels = torch.cat([found.base_prob[..., None], found.lens], -1)
+    outcome = logit_lens_outcome(levels, found.layer_names)
+    return replace(outcome, note="fitted-lens " + outcome.note)
+
+
 def logit_lens(work: Work) -> Outcome:
     return logit_lens_outcome(*work.levels())
 
@@ -304,7 +354,8 @@ def _frozen_logit(
 
 
 def dla(work: Work) -> Outcome:
-    logit, skip_post = _frozen_logit(work.lens.readout, work.parts.norm_kind)
+    readout = cast(Readout, work.lens.readout)  # the work's lens reads logits
+    logit, skip_post = _frozen_logit(readout, work.parts.norm_kind)
     chunk = work.lens.readout.rows_per_chunk()
     names: Optional[List[str]] = None
     with torch.no_grad():

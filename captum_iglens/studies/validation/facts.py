@@ -38,6 +38,9 @@ class Fact:
         prompt (str): The text to complete.
         answer (str, optional): The expected next word(s); None if unchecked.
         aliases (tuple[str, ...]): Other accepted spellings of the answer.
+        subject (str, optional): The subject's text in the prompt (as in ROME's
+                    known-facts file), used before :data:`SUBJECT_PATTERNS`;
+                    None to use the patterns.
     """
 
     id: str
@@ -45,16 +48,21 @@ class Fact:
     prompt: str
     answer: Optional[str] = None
     aliases: Tuple[str, ...] = ()
+    subject: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
-        """The fact as a JSON object (``aliases`` as a list)."""
-        return dict(
+        """The fact as a JSON object (``aliases`` as a list; ``subject`` only
+        when given)."""
+        out: Dict[str, Any] = dict(
             id=self.id,
             relation=self.relation,
             prompt=self.prompt,
             answer=self.answer,
             aliases=list(self.aliases),
         )
+        if self.subject is not None:
+            out["subject"] = self.subject
+        return out
 
     @classmethod
     def from_dict(cls, record: Dict[str, Any]) -> "Fact":
@@ -66,6 +74,7 @@ class Fact:
             prompt=record["prompt"],
             answer=record.get("answer"),
             aliases=tuple(record["aliases"]),
+            subject=record.get("subject"),
         )
 
     def is_answered_by(self, text: str) -> Optional[bool]:
@@ -85,12 +94,17 @@ class Fact:
     def subject_span(self) -> Optional[Tuple[int, int]]:
         r"""
         The characters of the prompt's subject, e.g. ``"France"`` in ``"The
-        capital of France is"``, from :data:`SUBJECT_PATTERNS`.
+        capital of France is"``: the last occurrence of ``subject`` when
+        given (the one nearest the answer), else from :data:`SUBJECT_PATTERNS`.
 
         Returns:
             *tuple* ``(start, end)`` of character offsets, or None when the
+            given subject is not in the prompt, or without one, when the
             relation has no pattern or the prompt does not match it.
         """
+        if self.subject is not None:
+            start = self.prompt.rfind(self.subject) if self.subject else -1
+            return None if start < 0 else (start, start + len(self.subject))
         pattern = SUBJECT_PATTERNS.get(self.relation)
         found = re.search(pattern, self.prompt) if pattern else None
         return found.span("subject") if found else None
@@ -103,7 +117,8 @@ def _words(text: str) -> List[str]:
 def load_facts(path: Optional[Union[str, Path]] = None) -> List[Fact]:
     r"""
     Reads a prompt set of facts (see :func:`~captum_iglens.studies.read_prompts`),
-    with the optional fields ``relation`` (str) and ``aliases`` (list of str).
+    with the optional fields ``relation`` (str), ``aliases`` (list of str) and
+    ``subject`` (str, the subject's text in the prompt).
 
     Args:
 
@@ -133,6 +148,9 @@ def load_facts(path: Optional[Union[str, Path]] = None) -> List[Fact]:
             isinstance(a, str) for a in aliases
         ):
             raise ValueError(f"{path}[{index}]: 'aliases' must be a list of strings")
+        subject = record.get("subject")
+        if subject is not None and not isinstance(subject, str):
+            raise ValueError(f"{path}[{index}]: 'subject' must be a string")
         facts.append(
             Fact(
                 id=fact_id,
@@ -140,6 +158,7 @@ def load_facts(path: Optional[Union[str, Path]] = None) -> List[Fact]:
                 prompt=record["prompt"],
                 answer=record.get("answer"),
                 aliases=tuple(aliases),
+                subject=subject,
             )
         )
     return facts

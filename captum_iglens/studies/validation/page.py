@@ -114,9 +114,7 @@ def _traces(result: Any, i: int) -> Dict[str, Any]:
 
 def _scores(result: Any, i: int) -> Dict[str, Any]:
     """The per-layer scores of token ``i``, of the methods that ran on it."""
-    return {
-        m: sig(s[i]) for m, s in result.scores.items() if not np.isnan(s[i]).all()
-    }
+    return {m: sig(s[i]) for m, s in result.scores.items() if not np.isnan(s[i]).all()}
 
 
 def _index(value: float) -> Optional[int]:

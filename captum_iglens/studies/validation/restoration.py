@@ -157,9 +157,7 @@ def restore(
     Returns:
         :class:`Restoration`.
     """
-    noise = _check_corruption(
-        input_ids, subject_mask, noise_std, seeds, corrupted_ids
-    )
+    noise = _check_corruption(input_ids, subject_mask, noise_std, seeds, corrupted_ids)
     parts = model_parts(model)
     model, blocks, chosen = parts.model, parts.blocks, parts.choose(layers)
     device = next(model.parameters()).device
@@ -222,8 +220,7 @@ def _check_corruption(
         )
     if noise and subject_mask[:, -1].any():  # type: ignore[index]
         raise ValueError(
-            "subject_mask: the last position is the one restored; it must not be "
-            "noised"
+            "subject_mask: the last position is the one restored; it must not be noised"
         )
     return noise
 

@@ -7,7 +7,8 @@ scores, on the common loop of :mod:`~captum_iglens.studies.validation.study`.
 """
 
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -19,8 +20,10 @@ from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import encode_prompt, left_pad, pad_token_id
+from captum_iglens.readout.layer_readout import LayerReadout
+from captum_iglens.readout.translators import Translators
 from captum_iglens.settings import Settings
-from captum_iglens.studies.comparison.methods import SCORED_METHODS
+from captum_iglens.studies.comparison.methods import LEARNED_METHODS, SCORED_METHODS
 from captum_iglens.studies.comparison.runners import Work
 from captum_iglens.studies.validation.facts import Fact
 from captum_iglens.studies.validation.restoration import (
@@ -129,6 +132,7 @@ def run_restoration(
     settings: Optional[Settings] = None,
     study: StudyOptions = StudyOptions(),
     progress: bool = True,
+    lens: Union[None, str, Path, Translators] = None,
     **options: Any,
 ) -> RestorationResult:
     r"""
@@ -153,25 +157,42 @@ def run_restoration(
 
         model (PreTrainedModel): A causal LM of a supported architecture.
         tokenizer (PreTrainedTokenizerBase): Its (fast) tokenizer.
-        prompts (list[Fact]): The facts, e.g. :func:`load_facts`; those without
-                    a subject are left out.
+        prompts (list[Fact]): The facts, e.g. :func:`load_facts`; those whose
+                    subject is not found (:meth:`Fact.subject_span`) are left
+                    out, and named in ``settings["subjects_not_found"]`` and
+                    the table.
         corruptions (list[str], optional): From :data:`CORRUPTIONS`.
                     Default: both.
         methods (list[str], optional): As in :func:`run_validation`; so are
                     ``settings``, ``study``, ``progress`` and ``**options``
                     (``settings.chat`` must be False: the subject is found in the
                     raw prompt).
+        lens (str, Path or Translators, optional): A learned readout per layer
+                    (a fitted lens: a tuned-lens folder or translators), checked
+                    against the model before any forward. Its methods
+                    (:data:`LEARNED_METHODS`: IG-Lens under it, whole terms and
+                    block parts, and its own levels) are scored beside the
+                    default methods, or where ``methods`` names them.
+                    Default: None
 
     Returns:
         :class:`RestorationResult`; print it for the table.
     """
+    if lens is not None and tuple(methods) == SCORED_METHODS:
+        methods = SCORED_METHODS + LEARNED_METHODS
     settings, methods = check_arguments(
-        settings, options, methods, study, "restoration restores whole blocks' outputs"
+        settings,
+        options,
+        methods,
+        study,
+        "restoration restores whole blocks' outputs",
+        learned=lens is not None,
     )
     facts = traced_facts(prompts, corruptions, methods, settings)
     started = time.perf_counter()
     parts = model_parts(model)  # unwrapped and looked up once
     model = parts.model
+    learned = _learned_lens(parts, lens, settings)
     lens = LayerIGLens.from_model(
         parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
@@ -197,6 +218,7 @@ def run_restoration(
         study,
         test,
         progress,
+        learned,
     )
     onsets = {
         m: np.array([_onset(row, study.onset_frac) for row in scored.scores[m]])
@@ -204,22 +226,10 @@ def run_restoration(
     }
     depth = scored.nonmonotone_depth()
     summary, causal = _summary(test.probs, scored, onsets, depth, study)
-    run = scored.run_settings(
-        model,
-        settings,
-        study,
-        noise_scale=study.noise_scale,
-        noise_std=noise_std,
-        noise_seeds=study.noise_seeds,
-        min_effect=study.min_effect,
-        recovery_threshold=study.recovery_threshold,
-        onset_frac=study.onset_frac,
-        nonmonotone_threshold=study.nonmonotone_threshold,
-        conductance_prompts=int(scored.conductance.sum()),
-        conductance_steps=study.conductance_steps,
-        seconds=time.perf_counter() - started,
-        seconds_by_part=dict(lens=scored.seconds["lens"], **test.seconds),
-    )
+    run = _run_record(model, settings, study, scored, test, started, learned)
+    run["subjects_not_found"] = [
+        f.id for f in prompts if isinstance(f, Fact) and not f.subject_span()
+    ]
     return RestorationResult(
         corruptions=list(corruptions),
         methods=methods,
@@ -236,6 +246,69 @@ def run_restoration(
         summary=summary,
         settings=run,
     )
+
+
+def _run_record(
+    model: Module,
+    settings: Settings,
+    study: StudyOptions,
+    scored: Scores,
+    test: Restorations,
+    started: float,
+    learned: Optional[LayerIGLens],
+) -> Dict[str, Any]:
+    """The run's settings: the study's, the noise's, timings and the readout."""
+    return scored.run_settings(
+        model,
+        settings,
+        study,
+        noise_scale=study.noise_scale,
+        noise_std=test.noise_std,
+        noise_seeds=study.noise_seeds,
+        min_effect=study.min_effect,
+        recovery_threshold=study.recovery_threshold,
+        onset_frac=study.onset_frac,
+        nonmonotone_threshold=study.nonmonotone_threshold,
+        conductance_prompts=int(scored.conductance.sum()),
+        conductance_steps=study.conductance_steps,
+        seconds=time.perf_counter() - started,
+        seconds_by_part=dict(lens=scored.seconds["lens"], **test.seconds),
+        readout=_readout_record(learned),
+    )
+
+
+def _learned_lens(
+    parts: ModelParts,
+    lens: Union[None, str, Path, Translators],
+    settings: Settings,
+) -> Optional[LayerIGLens]:
+    """The lens under the learned readout ``lens``; None without one. Its
+    LayerReadout checks the translators against the model before any forward."""
+    if lens is None:
+        return None
+    if not isinstance(lens, (str, Path, Translators)):
+        raise TypeError(
+            f"lens: expected a lens folder or Translators, got {type(lens).__name__}"
+        )
+    return LayerIGLens.from_model(
+        parts,
+        settings.layers,
+        max_chunk_bytes=settings.max_chunk_bytes,
+        lens=lens,
+    )
+
+
+def _readout_record(learned: Optional[LayerIGLens]) -> Dict[str, Any]:
+    """The learned readout of the run's settings: kind and checksum."""
+    if learned is None:
+        return {"kind": "logit", "checksum": None}
+    readout = cast(LayerReadout, learned.readout)  # a learned lens's readout
+    translators = readout.translators
+    return {
+        "kind": readout.kind,
+        "checksum": translators.checksum(),
+        "base_model": translators.base_model,
+    }
 
 
 def traced_facts(
@@ -258,8 +331,7 @@ def traced_facts(
         raise ValueError(f"methods: restoration needs ig_lens, got {methods!r}")
     if not corruptions or any(c not in CORRUPTIONS for c in corruptions):
         raise ValueError(
-            f"corruptions: expected names from {list(CORRUPTIONS)}, got "
-            f"{corruptions!r}"
+            f"corruptions: expected names from {list(CORRUPTIONS)}, got {corruptions!r}"
         )
     facts = [f for f in prompts if isinstance(f, Fact) and f.subject_span()]
     if not facts:

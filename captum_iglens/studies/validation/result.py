@@ -58,6 +58,7 @@ _FACT = Record(
     prompt=Text(),
     answer=Maybe(Text()),
     aliases=ListOf(Text()),
+    subject=Maybe(Text()),
 )
 _GROUPS = ("all", "correct", "non_monotone", "conductance_subset")
 _SUMMARY = MapOf(
@@ -513,6 +514,12 @@ class RestorationResult(JsonDocument, Viewable):
             "|score|; tokens count when the corruption lowers p by >= "
             f"{s['min_effect']:.0%} of p_clean",
         ]
+        unfound = s.get("subjects_not_found") or []
+        if unfound:
+            lines.append(
+                f"{len(unfound)} facts left out, their subject not found in the "
+                f"prompt: {', '.join(map(str, unfound))}"
+            )
         for c in self.corruptions:
             columns = self.probs[c]
             traced = ~np.isnan(columns[:, 0])

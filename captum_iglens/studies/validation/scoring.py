@@ -6,7 +6,7 @@ pass gives IG-Lens's and the logit lens's outcomes, which the study's
 makes that pass again.
 """
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ def study_work(
     mask: Tensor,
     settings: Settings,
     baseline_token: int,
+    learned: Optional[LayerIGLens] = None,
 ) -> Tuple[Work, Tensor]:
     r"""
     The work of the model's greedy next token at the last position, with the
@@ -46,6 +47,8 @@ def study_work(
         mask (Tensor): ``(B, T)``, zeros at padding.
         settings (Settings): IG-Lens's settings.
         baseline_token (int): The token of Captum's baseline input.
+        learned (LayerIGLens, optional): The lens under a learned readout per
+                    layer, for the fitted-lens methods. Default: None
 
     Returns:
         2-element tuple of the :class:`Work` and the lens trajectory
@@ -63,7 +66,15 @@ def study_work(
     )
     levels = torch.cat([from_h0.base_prob[..., None], from_h0.lens], -1)
     work = Work.from_map(
-        parts, lens, ids, mask, found, from_h0.base_prob, settings, baseline_token
+        parts,
+        lens,
+        ids,
+        mask,
+        found,
+        from_h0.base_prob,
+        settings,
+        baseline_token,
+        learned,
     )
     work.outcomes.update(
         ig_lens=ig_lens_outcome(found, settings),

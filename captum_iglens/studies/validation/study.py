@@ -24,7 +24,11 @@ from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import left_pad
 from captum_iglens.settings import Settings, provenance
-from captum_iglens.studies.comparison.methods import METHODS, SCORED_METHODS
+from captum_iglens.studies.comparison.methods import (
+    LEARNED_METHODS,
+    METHODS,
+    SCORED_METHODS,
+)
 from captum_iglens.studies.comparison.runners import Work, default_baseline_token
 from captum_iglens.studies.validation.scoring import (
     method_scores,
@@ -110,6 +114,7 @@ def check_arguments(
     methods: Sequence[str],
     study: StudyOptions,
     what: str,
+    learned: bool = False,
 ) -> Tuple[Settings, List[str]]:
     r"""
     The checks both studies make.
@@ -122,6 +127,8 @@ def check_arguments(
         methods (list[str]): Names from :data:`SCORED_METHODS`.
         study (StudyOptions): The sampling and aggregation.
         what (str): Why the settings must be per block and for the answer.
+        learned (bool, optional): A learned readout is given, so the methods of
+                    :data:`LEARNED_METHODS` may be asked for too. Default: False
 
     Returns:
         2-element tuple of the settings and the methods without repeats.
@@ -136,10 +143,13 @@ def check_arguments(
         )
     if not isinstance(study, StudyOptions):
         raise TypeError(f"study: expected a StudyOptions, got {type(study).__name__}")
-    unknown = [m for m in methods if m not in SCORED_METHODS]
+    known = SCORED_METHODS + (LEARNED_METHODS if learned else ())
+    unknown = [m for m in methods if m not in known]
     if unknown or not methods or isinstance(methods, str):
+        needs = [m for m in unknown if m in LEARNED_METHODS]
+        hint = f" ({', '.join(needs)} need a fitted lens: lens=)" if needs else ""
         raise ValueError(
-            f"methods: expected names from {list(SCORED_METHODS)}, got {methods!r}"
+            f"methods: expected names from {list(known)}, got {methods!r}{hint}"
         )
     return settings, list(dict.fromkeys(methods))
 
@@ -226,6 +236,7 @@ def score_prompts(
     study: StudyOptions,
     test: CausalTest,
     progress: bool,
+    learned: Optional[LayerIGLens] = None,
 ) -> Scores:
     r"""
     The common loop: every method's scores of each prompt's greedy next token,
@@ -243,6 +254,8 @@ def score_prompts(
         study (StudyOptions): Seed, batch size, the costly methods' subset.
         test (CausalTest): The study's causal measurement.
         progress (bool): Progress bar on stderr.
+        learned (LayerIGLens, optional): The lens under a learned readout, for
+                    the fitted-lens methods. Default: None
 
     Returns:
         :class:`Scores`.
@@ -275,7 +288,9 @@ def score_prompts(
         ids, mask = left_pad([encoded[i] for i in rows], pad_id)
         ids, mask = ids.to(device), mask.to(device)
         tick = time.perf_counter()
-        work, trajectory = study_work(parts, lens, ids, mask, settings, baseline_token)
+        work, trajectory = study_work(
+            parts, lens, ids, mask, settings, baseline_token, learned
+        )
         scored.trajectory[rows] = trajectory.cpu().numpy()
         for m in methods:
             if METHODS[m].run is not None and not METHODS[m].costly:

@@ -1,0 +1,153 @@
+r"""``captum-iglens fit-lens``: fit linear shortcuts per layer in closed form on
+text the model samples itself (or ``--corpus FILE``), optionally KL-tune them,
+report them on held-out tokens beside the logit lens, and write a tuned-lens
+checkpoint folder (see :mod:`captum_iglens.lens_fit`)."""
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from captum_iglens.cli.common import (
+    CommandError,
+    Job,
+    load,
+    model_parent,
+    progress,
+    save_figure,
+)
+from captum_iglens.settings import Settings
+
+if TYPE_CHECKING:  # imported when the command runs, after the checks
+    from captum_iglens.lens_fit import FitOptions
+
+
+def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
+    r"""Adds the subcommand ``name`` to ``commands``."""
+    from captum_iglens.lens_fit import FitOptions
+
+    defaults = FitOptions()
+    fit = commands.add_parser(
+        name,
+        parents=[model_parent()],
+        help="fit a linear lens per layer (closed form, optional KL fine-tune)",
+        description="Fit linear shortcuts h_i -> h_L per layer by ridge least "
+        "squares (streamed float64 Gram matrices; the first position left out) on "
+        "text the model samples itself (seeded) or --corpus FILE; report KL and "
+        "top-1 agreement on held-out tokens beside the logit lens; write a "
+        "tuned-lens checkpoint folder, also cached per model checksum.",
+    )
+    fit.add_argument(
+        "--out",
+        metavar="DIR",
+        help="the lens folder to write (default: only the model's lens cache)",
+    )
+    fit.add_argument(
+        "--corpus",
+        metavar="FILE",
+        help="plain text, or JSON Lines of "
+        'strings or {"text": ...} (default: sampled from the model)',
+    )
+    for option, kind, default, text in (
+        ("--tokens", int, defaults.tokens, "fitting tokens"),
+        ("--eval-tokens", int, defaults.eval_tokens, "held-out tokens"),
+        ("--length", int, defaults.length, "tokens per sampled sequence / window"),
+        ("--batch", int, defaults.batch, "sequences sampled or run together"),
+        ("--seed", int, defaults.seed, "seed of the sampling and fine-tune"),
+        ("--ridge", float, defaults.ridge, "relative ridge of the closed form"),
+        ("--kl-steps", int, defaults.kl_steps, "Adam steps of a KL fine-tune"),
+        ("--kl-lr", float, defaults.kl_lr, "its learning rate"),
+        ("--kl-batch", int, defaults.kl_batch, "its tokens per step"),
+        ("--kl-tokens", int, defaults.kl_tokens, "fitting tokens kept for it"),
+    ):
+        fit.add_argument(
+            option, type=kind, default=default, help=f"{text} (default: {default})"
+        )
+    fit.add_argument(
+        "--curve",
+        metavar="N,N",
+        default="",
+        help="also fit on the first N tokens and report each "
+        "(written as DIR-tokensN with --out)",
+    )
+    fit.add_argument("--png", metavar="PATH", help="also write the figure here")
+    fit.add_argument("--json", metavar="PATH", help="also write the report here")
+    fit.set_defaults(prepare=prepare)
+
+
+def _options(args: argparse.Namespace) -> "FitOptions":
+    from captum_iglens.lens_fit import FitOptions
+    from captum_iglens.lens_fit.corpus import read_corpus
+
+    try:
+        curve = tuple(int(t) for t in args.curve.split(",") if t.strip())
+    except ValueError:
+        raise CommandError(
+            f"--curve: expected comma-separated token counts, got {args.curve!r}"
+        ) from None
+    options = FitOptions(
+        tokens=args.tokens,
+        eval_tokens=args.eval_tokens,
+        length=args.length,
+        batch=args.batch,
+        seed=args.seed,
+        ridge=args.ridge,
+        kl_steps=args.kl_steps,
+        kl_lr=args.kl_lr,
+        kl_batch=args.kl_batch,
+        kl_tokens=args.kl_tokens,
+        curve=curve,
+        corpus=None if args.corpus is None else read_corpus(args.corpus),
+    )
+    try:
+        options.check()
+    except ValueError as err:
+        name, _, rest = str(err).partition(":")
+        raise CommandError(f"--{name.replace('_', '-')}:{rest}") from None
+    return options
+
+
+def prepare(args: argparse.Namespace) -> Job:
+    r"""Checks the options, the corpus and the output paths, then loads the
+    model; the job fits, prints the table and writes the lens folders."""
+    from captum_iglens._utils.serialization import check_folder, check_writable
+
+    options = _options(args)
+    if args.out:
+        out = check_folder(args.out, "--out")
+        if out.exists() and any(out.iterdir()) and not (out / "params.pt").exists():
+            raise CommandError(
+                f"--out: {out} is a folder that holds no lens; "
+                "expected a new folder or a lens folder"
+            )
+    for name in ("png", "json"):
+        if getattr(args, name):
+            check_writable(getattr(args, name), f"--{name}")
+    parts, tokenizer = load(args, Settings(chat=False))
+
+    def job() -> int:
+        from captum_iglens.lens_fit import fit_lens, lens_cache_folder, save_fit
+
+        fitted = fit_lens(
+            parts,
+            tokenizer,
+            options,
+            model_name=args.model or "smollm2",
+            progress=progress(args),
+        )
+        print(fitted.report.format_table())
+        cache = lens_cache_folder(fitted.report.checksum)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        if options == type(options)():  # only the default fit is the cached one
+            save_fit(cache, fitted)
+            print(f"cached: {cache}", file=sys.stderr)
+        if args.out:
+            save_fit(Path(args.out), fitted, curve_folders=True)
+            print(f"lens: {args.out}", file=sys.stderr)
+        if args.png:
+            save_figure(fitted.report.plot()[0], args.png)
+        if args.json:
+            fitted.report.save(args.json)
+        return 0
+
+    return job
