@@ -81,6 +81,7 @@ def segment_layers(layers: Tensor, steps: int, with_end: bool) -> Tensor:
     return rows.flatten()
 
 
+@torch.no_grad()
 def path_values(
     readout: PathReadout,
     points: Tensor,
