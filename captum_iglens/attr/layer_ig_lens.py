@@ -3,7 +3,18 @@ r"""LayerIGLens: exact layer-wise attribution of a token's probability."""
 import typing
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 import torch
 from captum._utils.typing import TargetType
@@ -257,6 +268,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 parts.experts,
             )
         )
+        readout: Union[Readout, LayerReadout]
         readout = parts.readout(max_chunk_bytes=max_chunk_bytes)
         if lens is not None:
             translators = (
@@ -266,7 +278,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             readout = LayerReadout(readout, translators, parts.blocks)
         return cls(
             CausalLMForward(parts.model),
-            layer,
+            cast(List[Module], layer),  # from parts.blocks, never None
             readout=readout,
             input_layer=parts.blocks[0],
             layer_names=[str(i) for i in chosen],
@@ -276,7 +288,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 if projections is None
                 else HeadSplit(
                     projections,
-                    parts.n_heads,
+                    cast(int, parts.n_heads),  # set where projections are
                     parts.attention_scale,
                     norms,
                     mlps,
@@ -571,7 +583,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             )
         else:
             split = split_attributions(
-                rule, self.readout, path, route, n_steps, chunk_rows, grad_kwargs,
+                rule,
+                self._layer_readout,
+                path,
+                route,
+                n_steps,
+                chunk_rows,
+                grad_kwargs,
                 self.multiplies_by_inputs,
             )
             attrs = split.block.to(work_dtype(path.points.dtype))
@@ -579,7 +597,9 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         out: _Attributions = (
             per_layer[0]
             if len(per_layer) == 1 and not isinstance(self.layer, list)
-            else tuple(per_layer) if self._as_tuple else per_layer
+            else tuple(per_layer)
+            if self._as_tuple
+            else per_layer
         )
         if not return_convergence_delta:
             return out
@@ -658,7 +678,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             route = self._route(blocks)
             if route is not None:  # the attributions are block parts
                 split = split_map(
-                    estimator("prediction_aware"), self.readout, path, route, 1,
+                    estimator("prediction_aware"),
+                    self._layer_readout,
+                    path,
+                    route,
+                    1,
                     chunk_rows,
                 )
                 return _learned_delta(path, split, credits)
@@ -741,7 +765,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             )
             if route is not None:
                 split = split_map(
-                    rule, self.readout, path, route, n_steps, chunk_rows, top_k
+                    rule,
+                    self._layer_readout,
+                    path,
+                    route,
+                    n_steps,
+                    chunk_rows,
+                    top_k,
                 )
                 return self._learned_result(path, split, method, n_steps)
             readout = self._model_readout
@@ -779,6 +809,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """The model's own readout (that of a learned readout's last block)."""
         readout = self.readout
         return readout.base if isinstance(readout, LayerReadout) else readout
+
+    @property
+    def _layer_readout(self) -> LayerReadout:
+        """The learned readout, where a route (:meth:`_route`) says there is one."""
+        return cast(LayerReadout, self.readout)
 
     def _route(self, shape: PathGranularity) -> Optional[ReadoutPlan]:
         """The readouts of the columns under a learned readout; None under the
@@ -827,8 +862,8 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             target_sets=path.target_sets,
             foils=path.foils,
             lens_change=split.lens.float() * mask[..., None],
-            readout_kind=self.readout.kind,
-            readout_checksum=self.readout.checksum(),
+            readout_kind=self._layer_readout.kind,
+            readout_checksum=self._layer_readout.checksum(),
             **({} if split.views is None else _view_fields(split.views)),
         )
 
@@ -856,9 +891,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             self.heads,
         )
 
-    def _trace(
-        self, shape: PathGranularity, *args: Any, **kwargs: Any
-    ) -> TracedPath:
+    def _trace(self, shape: PathGranularity, *args: Any, **kwargs: Any) -> TracedPath:
         """:meth:`Tracer.trace` of this lens, without gradients."""
         tracer = Tracer(self.forward_func, self.input_layer, self.readout)
         with torch.no_grad():

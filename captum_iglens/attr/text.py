@@ -4,7 +4,7 @@ prompt, with the tokens attached.
 """
 
 from pathlib import Path
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, Union, cast
 
 from torch import Tensor
 
@@ -129,7 +129,8 @@ def attribute_text(
             )
         )
     device = next(model.parameters()).device
-    result = lens.attribute_map(
+    # built above, or given (neither a path nor Translators): a LayerIGLens
+    result = cast(LayerIGLens, lens).attribute_map(
         ids.to(device),
         target=targets.to(device),
         positions=pos,

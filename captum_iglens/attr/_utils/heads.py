@@ -26,7 +26,7 @@ are the components of that segment, and the path is ``h_base → h_in → h_out(
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -216,7 +216,9 @@ def head_path_points(
     names = [INPUT_COLUMN]
     for j, (name, block) in enumerate(zip(layer_names, layers)):
         middle: PathPoint = (
-            (split.mlps[j], False) if split.mlps is not None else (mids[j], True)
+            (split.mlps[j], False)
+            if split.mlps is not None
+            else (cast(Sequence[Module], mids)[j], True)  # given where not parallel
         )
         points += [(split.projections[j], True), middle, (block, False)]
         names += [*split.column_names(name, j), f"{name}.mlp"]
@@ -458,7 +460,9 @@ def head_attributions(
     else:  # "input" and the MLPs; the attention segments, split
         plain = [0, *range(2, k_points - 1, 2)]
         attn = list(range(1, k_points - 1, 2))
-    common = dict(n_steps=n_steps, chunk_rows=chunk_rows, grad_kwargs=grad_kwargs)
+    common: Dict[str, Any] = dict(
+        n_steps=n_steps, chunk_rows=chunk_rows, grad_kwargs=grad_kwargs
+    )
     pairs, layers = _pairs(stream, attn)
     ends = torch.tensor(attn, device=values.device)
     end_values = torch.stack([values[:, ends], values[:, ends + 1]], -1)

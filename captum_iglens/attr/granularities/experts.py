@@ -1,14 +1,15 @@
 r"""The expert granularity: each mixture-of-experts block's MLP update split
 per routed expert (and the shared experts)."""
 
-from typing import Any, ContextManager, List, Optional, Tuple
+from typing import Any, ContextManager, List, Optional, Tuple, cast
 
 import torch
 from torch import Tensor
+from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.experts import RouterCapture, expert_components
-from captum_iglens.attr._utils.heads import split_tolerance
+from captum_iglens.attr._utils.heads import HeadSplit, split_tolerance
 from captum_iglens.attr.granularities.neurons import Neurons
 
 
@@ -58,12 +59,13 @@ class Experts(Neurons):
         self, points: Tensor, extras: List[Tensor], mask: Tensor
     ) -> Optional[Tensor]:
         p = points.shape[1]  # the last position only, for last-position logits
+        heads = cast(HeadSplit, self.heads)  # path_points checked it has experts
         return expert_components(
-            self.heads.experts,
+            cast(List[Module], heads.experts),
             self._router.records,
             self._positions[-p:],
             points,
             mask,
-            self.heads.shared_experts,
+            heads.shared_experts,
             split_tolerance(points.dtype),
         )

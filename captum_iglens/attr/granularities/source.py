@@ -5,7 +5,7 @@ positions it reads (``"source"``, heads summed), or over (head, source) pairs
 (:mod:`~captum_iglens.attr._utils.sources`).
 """
 
-from typing import Any, ContextManager, Dict, List, Optional, Tuple
+from typing import Any, ContextManager, Dict, List, Optional, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -13,7 +13,11 @@ from torch import Tensor
 from captum_iglens.attr._utils.attention import AttentionCapture, attention_of
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.checks import forward_module
-from captum_iglens.attr._utils.heads import head_attributions, split_tolerance
+from captum_iglens.attr._utils.heads import (
+    HeadSplit,
+    head_attributions,
+    split_tolerance,
+)
 from captum_iglens.attr._utils.sources import SourceComponents, source_components
 from captum_iglens.attr.estimators import Estimator
 from captum_iglens.attr.granularities.heads import Heads
@@ -36,9 +40,10 @@ class Sources(Heads):
     by_head = False
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
-        points, names = super().path_points()
+        points, names = super().path_points()  # refuses a lens without heads
+        projections = cast(HeadSplit, self.heads).projections
         self._attention = AttentionCapture(
-            [attention_of(b, p) for b, p in zip(self.layers, self.heads.projections)],
+            [attention_of(b, p) for b, p in zip(self.layers, projections)],
             [m for m in [forward_module(self.forward_func)] if m is not None],
             torch.zeros(0, dtype=torch.long),
             torch.device("cpu"),
@@ -56,10 +61,12 @@ class Sources(Heads):
         p = points.shape[1]  # the last position only, for last-position logits
         weights = [w[:, :, -p:] for w in weights]
         tolerance = split_tolerance(points.dtype)
+        heads = cast(HeadSplit, self.heads)  # checked by path_points
         found = source_components(
-            self.heads, weights, values, extras, points, mask, tolerance
+            heads, weights, values, extras, points, mask, tolerance
         )
         self._sources = found.n_sources
+        # SourceComponents builds its rows on demand, read as the components
         return found  # type: ignore[return-value]
 
     def column_names(self, names: List[str]) -> List[str]:
@@ -69,7 +76,8 @@ class Sources(Heads):
                 out.append(name)
                 continue
             block = name[: -len(f".{SOURCES}")]
-            heads = range(self.heads.n_heads) if self.by_head else [None]
+            n_heads = cast(HeadSplit, self.heads).n_heads  # checked by path_points
+            heads = range(n_heads) if self.by_head else [None]
             for h in heads:
                 prefix = block if h is None else f"{block}.h{h}"
                 out += [f"{prefix}.s{j}" for j in range(self._sources)]
@@ -112,12 +120,13 @@ class Sources(Heads):
     ) -> Tensor:
         """The columns ``(B, P, n)``, or ``(B, P, n, d)`` per dimension."""
         b, p = path.targets.shape
+        # this granularity's components are SourceComponents (see components)
         found: SourceComponents = path.components  # type: ignore[assignment]
         attrs = head_attributions(
             rule,
             readout,
             path.points.flatten(0, 1),
-            found.flatten(0, 1),
+            found.flatten(0, 1),  # type: ignore[arg-type]  # indexed on demand
             path.score.flatten(),
             values.flatten(0, 1),
             n_steps,
