@@ -1,6 +1,6 @@
 r"""The head granularity: each block's attention update split per head."""
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -101,7 +101,7 @@ class Heads(Sublayers):
     def levels(self, path: TracedPath, values: Tensor) -> Tensor:
         """A head's column reads the level after its block's attention,
         ``f(h_mid)`` (a parallel block's columns: after the block)."""
-        c = path.components.shape[3]
+        c = cast(Tensor, path.components).shape[3]  # set by this granularity
         if self._parallel:
             per_column = values[..., 2:, None].expand(-1, -1, -1, c).flatten(2)
             return torch.cat([values[..., :2], per_column], -1)

@@ -1,13 +1,13 @@
 r"""The neuron granularity: each block's MLP update split per neuron, and the
 top neurons of a result."""
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 import torch
 from torch import Tensor
 
 from captum_iglens.attr._utils.capture import PathPoint
-from captum_iglens.attr._utils.heads import split_tolerance
+from captum_iglens.attr._utils.heads import HeadSplit, split_tolerance
 from captum_iglens.attr._utils.neurons import (
     NeuronComponents,
     neuron_attributions,
@@ -50,7 +50,9 @@ class Neurons(Sublayers):
         self, points: Tensor, extras: List[Tensor], mask: Tensor
     ) -> Optional[Tensor]:
         tolerance = split_tolerance(points.dtype)
-        found = neuron_components(self.heads, extras, points, mask, tolerance)
+        heads = cast(HeadSplit, self.heads)  # checked by path_points
+        found = neuron_components(heads, extras, points, mask, tolerance)
+        # NeuronComponents builds its rows on demand, read as the components
         return found  # type: ignore[return-value]
 
     def map_needs_gradients(self, rule: Estimator) -> bool:
