@@ -90,7 +90,11 @@ def bench_speed(rounds: int) -> Dict[str, float]:
 def bench_breakdown(rounds: int) -> Dict[str, float]:
     """CPU milliseconds of each step of one readout chunk of the default model
     (random hidden states, ``rows_per_chunk()`` rows): what the views add."""
-    from captum_iglens.readout.scores import FinalDistribution, Views
+    from captum_iglens.readout.scores import (
+        FinalDistribution,
+        Views,
+        log_softmax_in_place,
+    )
 
     model, _ = load_default(progress=False)
     readout = LayerIGLens.from_model(model).readout
@@ -98,20 +102,25 @@ def bench_breakdown(rounds: int) -> Dict[str, float]:
     hidden = torch.randn(rows, model.config.hidden_size) * 3
     score = TokenScore.build(torch.randint(0, readout.vocab_size, (rows,)))
     with torch.inference_mode():
-        log_probs = torch.log_softmax(readout(hidden).float(), -1)
+        logits = readout(hidden).float()
+        log_probs = torch.log_softmax(logits, -1)
+        entropy = -log_probs.exp().mul_(log_probs).sum(-1)
         final = FinalDistribution.of(
             log_probs[: rows // k + 1], torch.arange(rows) // k
         )
-        scratch = torch.empty_like(log_probs)  # the chunk's dead logits, in the map
+        work, scratch = torch.empty_like(logits), torch.empty_like(logits)
         steps: Dict[str, Callable[[], Any]] = {
             "readout (norm + head)": lambda: readout(hidden),
-            "log_softmax": lambda: torch.log_softmax(log_probs, -1),
-            "score (gather)": lambda: score.of(log_probs),
-            "views: all": lambda: Views.of(log_probs, score, 10, final, scratch),
-            "views: top-10": lambda: log_probs.topk(10, -1),
-            "views: exp + entropy": lambda: Views.of(
-                log_probs, score, 1, None, scratch
+            "log_softmax": lambda: torch.log_softmax(logits, -1),
+            "copy (to subtract)": lambda: work.copy_(logits),
+            "log_softmax + entropy": lambda: log_softmax_in_place(
+                work.copy_(logits), scratch, entropy=True
             ),
+            "score (gather)": lambda: score.of(log_probs),
+            "views: all but entropy": lambda: Views.of(
+                log_probs, score, 10, final, entropy
+            ),
+            "views: top-10": lambda: log_probs.topk(10, -1),
             "views: KL": lambda: final.kl(log_probs),
             "views: rank": lambda: score.rank(log_probs),
         }
@@ -121,7 +130,7 @@ def bench_breakdown(rounds: int) -> Dict[str, float]:
             out[name] = statistics.median(
                 _cpu_seconds(function) * 1000 for _ in range(rounds)
             )
-    out["views: exp + entropy"] -= out["views: rank"]  # Views.of includes a rank
+    out["log_softmax + entropy"] -= out.pop("copy (to subtract)")
     return out
 
 

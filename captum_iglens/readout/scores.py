@@ -145,28 +145,20 @@ class Views:
         score: TokenScore,
         top_k: int,
         final: Optional["FinalDistribution"],
-        scratch: Optional[Tensor] = None,
+        entropy: Optional[Tensor] = None,
     ) -> "Views":
         r"""
         The views of ``log_probs`` ``(N, V)``; ``final`` holds the model's final
         distribution of each row (None: the rows are the final distribution,
-        and ``kl`` is zero). Besides the top-k, the entropy costs one ``exp``,
-        a product in place and a row sum, the rank one comparison pass, and
-        the KL one matrix product. ``scratch``, a tensor like ``log_probs``
-        whose values are no longer needed (the chunk's logits), takes the
-        ``exp`` in place of a new ``(N, V)`` tensor (fresh memory costs page
-        faults about twice the ``exp`` itself).
+        and ``kl`` is zero). ``entropy`` ``(N,)``, where the caller has it from
+        :func:`log_softmax_in_place`, saves an ``exp`` pass over ``V``; without
+        it the entropy costs one ``exp`` and a row product. Besides, the top-k
+        costs one selection pass, the rank one comparison pass, and the KL one
+        matrix product.
         """
         top_lp, top_ids = log_probs.topk(top_k, dim=-1)
-        usable = (
-            scratch is not None
-            and scratch.shape == log_probs.shape
-            and scratch.dtype == log_probs.dtype
-            and scratch.device == log_probs.device
-        )
-        probs = torch.exp(log_probs, out=scratch) if usable else log_probs.exp()
-        entropy = -probs.mul_(log_probs).sum(-1)
-        del probs
+        if entropy is None:
+            entropy = -log_probs.exp().mul_(log_probs).sum(-1)
         kl = torch.zeros_like(entropy) if final is None else final.kl(log_probs)
         return cls(top_ids, top_lp.exp(), entropy, kl, score.rank(log_probs))
 
@@ -227,6 +219,45 @@ class FinalDistribution:
         cross = cast(Tensor, sum(blocks))
         cross = cross.gather(1, self.index[:, None])[:, 0]
         return self.neg_entropy[self.index] - cross
+
+
+def log_softmax_in_place(
+    logits: Tensor, scratch: Optional[Tensor] = None, entropy: bool = False
+) -> Tuple[Tensor, Optional[Tensor]]:
+    r"""
+    The log-softmax of ``logits`` ``(N, V)``, and with ``entropy`` the entropy
+    of each row, from one ``exp`` pass: with ``m`` the row maximum,
+    ``e = exp(x − m)`` and ``s = Σ e``, ``log p = (x − m) − log s`` and the
+    entropy is ``log s − Σ e (x − m) / s``.
+
+    ``logits`` is overwritten: it becomes the log-softmax (no fresh ``(N, V)``
+    memory, whose page faults cost about twice the ``exp``). ``scratch``, a
+    contiguous ``(N, V)`` tensor like ``logits`` whose values are not needed
+    (e.g. kept from an earlier chunk), takes ``e``; without it ``e`` is new.
+    The log-softmax does not depend on ``entropy``: a map with views has the
+    same values as one without.
+
+    Returns:
+        2-element tuple of *Tensor* ``(N, V)`` (``logits``, now the
+        log-softmax) and *Tensor* ``(N,)``, the entropy in nats (None without
+        ``entropy``).
+    """
+    shifted = logits.sub_(logits.amax(-1, keepdim=True))
+    usable = (
+        scratch is not None
+        and scratch.shape == logits.shape
+        and scratch.dtype == logits.dtype
+        and scratch.device == logits.device
+        and scratch.is_contiguous()
+    )
+    exps = torch.exp(shifted, out=scratch) if usable else shifted.exp()
+    total = exps.sum(-1)
+    log_total = total.log()
+    found = None
+    if entropy:  # a cascade sum: float32-accurate over V
+        found = log_total - exps.mul_(shifted).sum(-1) / total
+    del exps
+    return shifted.sub_(log_total[:, None]), found
 
 
 def _blocks(vocab: int) -> List[slice]:

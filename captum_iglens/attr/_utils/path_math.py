@@ -24,7 +24,12 @@ import torch
 from torch import Tensor
 
 from captum_iglens.readout.interface import PathReadout
-from captum_iglens.readout.scores import FinalDistribution, TokenScore, Views
+from captum_iglens.readout.scores import (
+    FinalDistribution,
+    TokenScore,
+    Views,
+    log_softmax_in_place,
+)
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -76,6 +81,7 @@ def segment_layers(layers: Tensor, steps: int, with_end: bool) -> Tensor:
     return rows.flatten()
 
 
+@torch.no_grad()
 def path_values(
     readout: PathReadout,
     points: Tensor,
@@ -92,8 +98,9 @@ def path_values(
     ``final_logits(rows)`` returns the model's own logits ``(n, V)`` of the rows
     ``rows`` of ``points`` (needed with ``top_k``, for the KL divergence from the
     model's final distribution, read once per position of a chunk). Views keep
-    one ``(n, V)`` temporary beside the chunk's log-softmax (where its logits
-    were) and the final distributions of the chunk's positions; chunks are
+    one ``(n, V)`` buffer for the ``exp`` beside the chunk's log-softmax (made
+    in place of its logits, with the entropy, by :func:`log_softmax_in_place`)
+    and the final distributions of the chunk's positions; chunks are
     shortened to keep these within the readout's budget.
 
     Args:
@@ -111,17 +118,24 @@ def path_values(
     flat_targets = targets.repeat_interleave(k)
     size = min(chunk_rows, _rows_with_views(readout, k)) if top_k else chunk_rows
     values, views = [], []
+    scratch: Optional[Tensor] = None  # the exp, one buffer for all chunks
     for rows in chunks(n * k, size):
         for sub in chunks(rows.stop - rows.start, readout.rows_per_chunk()):
             part = slice(rows.start + sub.start, rows.start + sub.stop)
-            logits = readout(flat[part], flat_layers[part])
-            logits = logits.to(work_dtype(logits.dtype))
-            log_probs = torch.log_softmax(logits, dim=-1)
+            raw = readout(flat[part], flat_layers[part])
+            logits = raw.to(work_dtype(raw.dtype))
+            # A half-precision readout's logits and their float32 copy coexist:
+            # then the exp gets fresh memory, so as not to exceed the budget.
+            if logits.dtype == raw.dtype and scratch is None:
+                scratch = torch.empty_like(logits)  # the first chunk is the largest
+            del raw
+            exps = None if scratch is None else scratch[: len(logits)]
+            log_probs, entropy = log_softmax_in_place(logits, exps, bool(top_k))
             score = flat_targets[part]
             values.append(score.of(log_probs))
-            if top_k:  # the logits are dead: the views' exp is written over them
+            if top_k:
                 final = _final_distribution(final_logits, part, k)
-                views.append(Views.of(log_probs, score, top_k, final, logits))
+                views.append(Views.of(log_probs, score, top_k, final, entropy))
                 del final
             del logits, log_probs
     if not values:
