@@ -477,8 +477,9 @@ def bench_precision(model: Module, case: Case, report: Report, quick: bool) -> N
             theirs = upcast.log_prob(
                 points.flatten(0, 1).float(), targets.repeat_interleave(points.shape[1])
             )
-        ours, theirs = ours.exp().view(points.shape[:2]), theirs.exp().view(
-            points.shape[:2]
+        ours, theirs = (
+            ours.exp().view(points.shape[:2]),
+            theirs.exp().view(points.shape[:2]),
         )
         name = str(dtype).replace("torch.", "")
         top_ours = (ours[:, -1] - p_model).abs().max().item()
@@ -767,8 +768,9 @@ def bench_scaling(
         del wide
     for sweep in sweeps.values():
         ours, floor = _slope(sweep.xs, sweep.ours), _slope(sweep.xs, sweep.floor)
-        grid_s, grid_model = _slope(sweep.xs, sweep.grid), _slope(
-            sweep.xs, sweep.grid_model
+        grid_s, grid_model = (
+            _slope(sweep.xs, sweep.grid),
+            _slope(sweep.xs, sweep.grid_model),
         )
         report.data[f"scaling_{sweep.name}"] = sweep.__dict__
         report.add(

@@ -56,8 +56,11 @@ def _child(mode: str, n_steps: int, repeats: int, threads: int) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     split = lens.heads
     heads_bytes = (
-        len(positions) * len(lens.layers) * (split.n_heads + 1)
-        * model.config.hidden_size * 4
+        len(positions)
+        * len(lens.layers)
+        * (split.n_heads + 1)
+        * model.config.hidden_size
+        * 4
     )
     print(
         json.dumps(
@@ -109,8 +112,10 @@ def main() -> None:
     )
     print(f"attribute (per dimension, blocks): {block['seconds']:8.2f} s")
     print(f"attribute_map, granularity='head': {heads['seconds']:8.2f} s")
-    print(f"ratio head map / attribute: {heads['seconds'] / block['seconds']:.2f} "
-          "(goal <= 1.5)")
+    print(
+        f"ratio head map / attribute: {heads['seconds'] / block['seconds']:.2f} "
+        "(goal <= 1.5)"
+    )
     print(
         f"peak RSS added: attribute {block['peak_added'] / MIB:.0f} MiB, head map "
         f"{heads['peak_added'] / MIB:.0f} MiB; readout budget "

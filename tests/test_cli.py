@@ -487,8 +487,17 @@ def test_views_per_column_from_attribute_and_batch(tmp_path, capsys, granularity
     """--top-k with every granularity gives one view per column of the map
     (head + top-k crashed after the work, leaving batch an empty results file)."""
     folder = _tiny_folder(tmp_path / "model")
-    common = ["--model", folder, "--no-chat", "--max-new-tokens", "2",
-              "--granularity", granularity, "--top-k", "2"]
+    common = [
+        "--model",
+        folder,
+        "--no-chat",
+        "--max-new-tokens",
+        "2",
+        "--granularity",
+        granularity,
+        "--top-k",
+        "2",
+    ]
     out_json = str(tmp_path / "r.json")
     assert main(["w5 w6", *common, "--json", out_json]) == 0
     result = IGLensResult.load(out_json)

@@ -30,9 +30,7 @@ def _lens(folder, n_layers=2, d=HIDDEN, **meta):
 
 
 @pytest.mark.parametrize("granularity", ["block", "head"])
-def test_a_lens_folder_splits_the_credits(
-    tmp_path, model_folder, capsys, granularity
-):
+def test_a_lens_folder_splits_the_credits(tmp_path, model_folder, capsys, granularity):
     own = unembedding_hash(model_parts(tiny_model("llama")).head)
     lens = _lens(tmp_path / "lens", unembed_sha256=own)
     out = tmp_path / "r.json"

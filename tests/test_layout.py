@@ -38,8 +38,8 @@ def _imports(type_checking: bool = False) -> Dict[str, Set[str]]:
                     "TYPE_CHECKING"
                 ):
                     node.body = []
-        package = name.split(".") if path.name == "__init__.py" else (
-            name.split(".")[:-1]
+        package = (
+            name.split(".") if path.name == "__init__.py" else (name.split(".")[:-1])
         )
         for node in ast.walk(tree):
             targets = []

@@ -37,8 +37,10 @@ def test_readout_reproduces_model_logits(embedded_model, padded_batch):
     ids, mask = padded_batch
     lens = LayerIGLens.from_model(model)
     captured = {}
-    handle = model_parts(model).blocks[-1].register_forward_hook(
-        lambda m, a, o: captured.setdefault("h", o.detach())
+    handle = (
+        model_parts(model)
+        .blocks[-1]
+        .register_forward_hook(lambda m, a, o: captured.setdefault("h", o.detach()))
     )
     try:
         with torch.no_grad():

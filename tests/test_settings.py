@@ -18,7 +18,7 @@ from captum_iglens import Settings
         ("method", "simpson", ValueError),
         ("n_steps", 0, ValueError),
         ("n_steps", 2.0, ValueError),
-        ("granularity", "neuron", ValueError),
+        ("granularity", "neurons", ValueError),
         ("internal_batch_size", 0, ValueError),
         ("max_chunk_bytes", 0, ValueError),
         ("max_new_tokens", True, ValueError),

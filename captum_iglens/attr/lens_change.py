@@ -272,7 +272,7 @@ def _integrated(
     ).flatten(0, 2)  # (B·P·n, 2, d)
     targets = path.score.flatten().repeat_interleave(n)
     orders = [route.start] if route.start == route.end else [route.start, route.end]
-    total = None
+    parts: list[Tensor] = []
     for order in orders:
         ends = torch.stack(
             [
@@ -284,15 +284,22 @@ def _integrated(
         layers = _tensor(order, path).repeat(b * p)[:, None].expand(-1, 2)
         if per_dimension:
             found = rule.attributions(
-                readout, pairs, targets, ends[:, 1], n_steps, chunk_rows,
-                grad_kwargs, multiply_by_inputs, layers=layers,
+                readout,
+                pairs,
+                targets,
+                ends[:, 1],
+                n_steps,
+                chunk_rows,
+                grad_kwargs,
+                multiply_by_inputs,
+                layers=layers,
             )[:, 0].view(b, p, n, d)
         else:
             found = rule.credits(
                 readout, pairs, targets, ends, n_steps, chunk_rows, layers=layers
             )[:, 0].view(b, p, n)
-        total = found.double() if total is None else total + found.double()
-    return total / len(orders)
+        parts.append(found.double())
+    return torch.stack(parts).mean(0)
 
 
 #: The granularity's component columns ``(B, P, n)`` (or ``(B, P, n, d)``)
@@ -383,7 +390,7 @@ def split_components(
         values = _values(readout, path, route, levels, chunk_rows)
         lens = _component_lens(values, route, column_segments, path)
     orders = [route.start] if route.start == route.end else [route.start, route.end]
-    total = None
+    parts: list[Tensor] = []
     for order in orders:
         ends = torch.stack(
             [
@@ -394,9 +401,8 @@ def split_components(
         )  # (B, P, S, 2)
         table = _tensor([order[0], *order], path)
         found = columns(SegmentReadout(readout, table), ends).double()
-        total = found if total is None else total + found
-    assert total is not None
-    return ReadoutSplit(levels, total / len(orders), lens, views)
+        parts.append(found)
+    return ReadoutSplit(levels, torch.stack(parts).mean(0), lens, views)
 
 
 def _component_lens(

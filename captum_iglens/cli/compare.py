@@ -69,8 +69,11 @@ def prepare(args: argparse.Namespace) -> Job:
         raise CommandError(f"--{error}") from None
     # IG-Lens's source credits split each block: they need consecutive blocks.
     whole = any(METHODS[m].granularity is not None for m in args.methods)
-    if whole and settings.layers is not None and list(settings.layers) != list(
-        range(min(settings.layers), max(settings.layers) + 1)
+    if (
+        whole
+        and settings.layers is not None
+        and list(settings.layers)
+        != list(range(min(settings.layers), max(settings.layers) + 1))
     ):
         raise CommandError(
             f"--layers: ig_lens_sources needs consecutive blocks, got "

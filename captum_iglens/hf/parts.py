@@ -158,8 +158,7 @@ class ModelParts:
             return list(range(n))
         if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
             raise TypeError(
-                "layers: expected a list of block indices, got "
-                f"{type(layers).__name__}"
+                f"layers: expected a list of block indices, got {type(layers).__name__}"
             )
         indices = [_block_index(index, n) for index in layers]
         return sorted({i % n for i in indices} | {n - 1})

@@ -142,8 +142,7 @@ class Architecture:
                 raise TypeError(f"{name}: expected a callable")
         if self.norm_kind not in NORM_KINDS:
             raise ValueError(
-                f"norm_kind: expected one of {list(NORM_KINDS)}, got "
-                f"{self.norm_kind!r}"
+                f"norm_kind: expected one of {list(NORM_KINDS)}, got {self.norm_kind!r}"
             )
 
 
@@ -325,13 +324,17 @@ BUILT_IN: Dict[str, Architecture] = {
         # The slow exact path of pretraining_tp > 1 never calls `dense`.
         attn_out=in_block(
             "self_attention.dense",
-            parallel_if=lambda c: c.apply_residual_connection_post_layernorm
-            or (c.pretraining_tp > 1 and c.slow_but_exact),
+            parallel_if=lambda c: (
+                c.apply_residual_connection_post_layernorm
+                or (c.pretraining_tp > 1 and c.slow_but_exact)
+            ),
         ),
         mlp_out=in_block(
             "mlp.dense_4h_to_h",
-            parallel_if=lambda c: c.apply_residual_connection_post_layernorm
-            or (c.pretraining_tp > 1 and c.slow_but_exact),
+            parallel_if=lambda c: (
+                c.apply_residual_connection_post_layernorm
+                or (c.pretraining_tp > 1 and c.slow_but_exact)
+            ),
         ),
     ),
     "stablelm": Architecture(

@@ -346,8 +346,7 @@ def read_config(folder: PathLike) -> Dict[str, Any]:
         value = config.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(
-                f"lens: {folder / CONFIG} needs a positive integer {key}, got "
-                f"{value!r}"
+                f"lens: {folder / CONFIG} needs a positive integer {key}, got {value!r}"
             )
     return config
 

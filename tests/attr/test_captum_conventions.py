@@ -851,8 +851,13 @@ def test_a_classifier_is_refused_saying_what_is_needed(inputs):
 
 @pytest.mark.parametrize(
     "method",
-    ["riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid",
-     "gausslegendre"],
+    [
+        "riemann_left",
+        "riemann_right",
+        "riemann_middle",
+        "riemann_trapezoid",
+        "gausslegendre",
+    ],
 )
 def test_n_steps_one_accepted_exactly_where_captum_accepts_it(pure, method):
     """Captum 0.9's Riemann rules assert n > 1; Gauss-Legendre takes n = 1.
@@ -861,8 +866,7 @@ def test_n_steps_one_accepted_exactly_where_captum_accepts_it(pure, method):
     ids = pure.ids()
     lig = LayerIntegratedGradients(pure.seq, pure.blocks[-1])
     try:
-        lig.attribute(pure.embed(ids), target=(LENGTH - 1, 5), n_steps=1,
-                      method=method)
+        lig.attribute(pure.embed(ids), target=(LENGTH - 1, 5), n_steps=1, method=method)
         captum_accepts = True
     except AssertionError:
         captum_accepts = False

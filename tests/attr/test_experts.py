@@ -85,8 +85,8 @@ def test_planted_expert_tops_the_experts():
         h = experts.act_fn(gate) * up
         direction = model.lm_head.weight[target] * model.model.norm.weight
         experts.down_proj.mul_(0.05)
-        experts.down_proj[planted] = 10.0 * torch.outer(direction, h) / (
-            g * h.square().sum()
+        experts.down_proj[planted] = (
+            10.0 * torch.outer(direction, h) / (g * h.square().sum())
         )
     lens = LayerIGLens.from_model(model)
     result = lens.attribute_map(ids, target=target, positions=-1, granularity="expert")

@@ -21,7 +21,13 @@ def lens():
 
 def test_the_registry_names_each_granularity_once():
     assert list(GRANULARITIES) == [
-        "block", "sublayer", "head", "source", "source_head", "neuron", "expert"
+        "block",
+        "sublayer",
+        "head",
+        "source",
+        "source_head",
+        "neuron",
+        "expert",
     ]
     for name, kind in GRANULARITIES.items():
         assert issubclass(kind, PathGranularity) and kind.name == name

@@ -170,7 +170,10 @@ def test_parallel_heads_and_mlp_add_up_to_blocks(arch, overrides):
             if method == "prediction_aware":
                 assert heads.delta.abs().max() <= FP32_TOL
     attrs, delta = lens.attribute(
-        ids, additional_forward_args=extra, granularity="head", n_steps=4,
+        ids,
+        additional_forward_args=extra,
+        granularity="head",
+        n_steps=4,
         return_convergence_delta=True,
     )
     heads = lens.attribute_map(

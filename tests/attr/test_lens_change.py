@@ -194,9 +194,7 @@ def test_a_block_outside_the_readouts_model_is_refused(llama):
     readout = LayerReadout(parts.readout(), _random(3), parts.blocks)
     stranger = tiny_model("llama", num_hidden_layers=3)
     with pytest.raises(ValueError, match="not one of the blocks"):
-        LayerIGLens(
-            stranger, list(model_parts(stranger).blocks), readout=readout
-        )
+        LayerIGLens(stranger, list(model_parts(stranger).blocks), readout=readout)
 
 
 def test_a_learned_result_saves_loads_and_refuses_inconsistency(tmp_path, llama):

@@ -68,7 +68,7 @@ def test_parallel_blocks_refuse_sublayer(arch):
 def test_bad_granularity():
     lens = LayerIGLens.from_model(tiny_model("llama"))
     with pytest.raises(ValueError, match="granularity"):
-        lens.attribute_map(torch.randint(0, VOCAB, (1, 4)), granularity="neuron")
+        lens.attribute_map(torch.randint(0, VOCAB, (1, 4)), granularity="neurons")
 
 
 def test_mid_block_state_matches_submodules_by_hand():

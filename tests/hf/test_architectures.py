@@ -170,14 +170,26 @@ BIGCODE = dict(layers="transformer.h", norm=("transformer.ln_f",), norm_kind="la
 @pytest.mark.parametrize(
     "which, fields, message",
     [
-        ("llama", dict(mid="input_layernorm"), "mid: the input of block 0's mid "
-         "module is the block input itself"),
-        ("llama", dict(mid="self_attn.o_proj"), "mid: the input of block 0's mid "
-         "module is not the block input plus"),
-        ("llama", dict(mid="mlp.down_proj"), "mid: the input of block 0's mid "
-         "module has shape"),
-        ("llama", dict(mid="post_attention_layernorm", attn_out="mlp.down_proj"),
-         "attn_out: the output of block 0's attn_out module is not the attention"),
+        (
+            "llama",
+            dict(mid="input_layernorm"),
+            "mid: the input of block 0's mid module is the block input itself",
+        ),
+        (
+            "llama",
+            dict(mid="self_attn.o_proj"),
+            "mid: the input of block 0's mid module is not the block input plus",
+        ),
+        (
+            "llama",
+            dict(mid="mlp.down_proj"),
+            "mid: the input of block 0's mid module has shape",
+        ),
+        (
+            "llama",
+            dict(mid="post_attention_layernorm", attn_out="mlp.down_proj"),
+            "attn_out: the output of block 0's attn_out module is not the attention",
+        ),
         ("llama", dict(norm_kind="layer"), "norm_kind: registered 'layer'"),
         ("bigcode", dict(mid="ln_1"), "block input itself"),
         ("bigcode", dict(mid="ln_2", norm_kind="rms"), "norm_kind: registered 'rms'"),
@@ -189,8 +201,9 @@ def test_declared_fields_are_measured_on_first_use(bigcode, which, fields, messa
     first use, before any credit is computed."""
     model = _my_llama() if which == "llama" else bigcode
     model_type = model.config.model_type
-    register_architecture(model_type, **{**(LLAMA if which == "llama" else BIGCODE),
-                                         **fields})
+    register_architecture(
+        model_type, **{**(LLAMA if which == "llama" else BIGCODE), **fields}
+    )
     try:
         with pytest.raises(ValueError, match=message) as error:
             LayerIGLens.from_model(model)

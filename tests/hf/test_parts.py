@@ -52,9 +52,7 @@ def test_post_norm_and_parallel_parts():
 
     gemma = model_parts(tiny_model("gemma3_text"))
     assert gemma.attention_outputs == [b.self_attn.o_proj for b in gemma.blocks]
-    assert gemma.attention_norms == [
-        b.post_attention_layernorm for b in gemma.blocks
-    ]
+    assert gemma.attention_norms == [b.post_attention_layernorm for b in gemma.blocks]
     assert gemma.parallel_mlps is None
     gptj = model_parts(tiny_model("gptj"))
     assert gptj.attention_outputs == [b.attn.out_proj for b in gptj.blocks]
@@ -77,7 +75,12 @@ def test_studies_look_the_model_up_once(llama, lookups, tmp_path):
     tokenizer = tiny_tokenizer()
     prompts = [{"id": 1, "prompt": "t5 t6 t7"}]
     run_batch(
-        llama, tokenizer, prompts, tmp_path, progress=False, chat=False,
+        llama,
+        tokenizer,
+        prompts,
+        tmp_path,
+        progress=False,
+        chat=False,
         max_new_tokens=2,
     )
     assert lookups == {"architecture": 1, "bind": 1}
@@ -86,7 +89,11 @@ def test_studies_look_the_model_up_once(llama, lookups, tmp_path):
     attribute_text(llama, tokenizer, "t5 t6", answer="t7", chat=False)
     assert lookups == {"architecture": 3, "bind": 3}
     run_validation(
-        llama, tokenizer, ["t5 t6 t7"], mode="mean", methods=["ig_lens", "dla"],
+        llama,
+        tokenizer,
+        ["t5 t6 t7"],
+        mode="mean",
+        methods=["ig_lens", "dla"],
         progress=False,
     )
     assert lookups == {"architecture": 4, "bind": 4}

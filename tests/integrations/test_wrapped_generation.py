@@ -37,8 +37,9 @@ def _prompts(tokenizer):
 
 def test_a_wrong_cached_generation_is_regenerated_without_the_cache():
     tokenizer = tiny_tokenizer()
-    plain = generate(tiny_model("llama"), tokenizer, _prompts(tokenizer),
-                     max_new_tokens=4)
+    plain = generate(
+        tiny_model("llama"), tokenizer, _prompts(tokenizer), max_new_tokens=4
+    )
     model = _broken_cache(tiny_model("llama"))
     ids = [torch.cat([p, torch.full((4,), 7)]) for p in _prompts(tokenizer)]
     assert any(not torch.equal(a, b[-4:]) for a, b in zip(plain, ids))

@@ -60,8 +60,12 @@ def test_a_tuned_lens_state_dict_from_linear_modules_loads(tmp_path):
     (tmp_path / "tl" / "config.json").write_text(
         json.dumps(
             dict(
-                base_model_name_or_path="gpt2", d_model=8, num_hidden_layers=3,
-                bias=True, base_model_revision=None, unembed_hash="x",
+                base_model_name_or_path="gpt2",
+                d_model=8,
+                num_hidden_layers=3,
+                bias=True,
+                base_model_revision=None,
+                unembed_hash="x",
                 lens_type="linear_tuned_lens",
             )
         )

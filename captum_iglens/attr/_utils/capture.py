@@ -123,8 +123,7 @@ class ResidualCapture:
             if hidden.shape[0] != self.base.shape[0] * self.base.shape[1]:
                 raise ValueError(
                     f"layer: path point {index} returned shape "
-                    f"{tuple(hidden.shape)}, not a state per token (B, T, d). "
-                    + NEEDS
+                    f"{tuple(hidden.shape)}, not a state per token (B, T, d). " + NEEDS
                 )
             hidden = hidden.view(*self.base.shape[:2], -1)
         rows = hidden.detach().index_select(1, self.positions.to(hidden.device))

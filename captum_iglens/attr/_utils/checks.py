@@ -70,9 +70,7 @@ def check_construction(
         raise ValueError("layer: each block may appear only once")
     owner = forward_module(forward_func)
     for module in (*layers, readout, *([] if owner is None else [owner])):
-        if isinstance(module, Module) and any(
-            p.is_meta for p in module.parameters()
-        ):
+        if isinstance(module, Module) and any(p.is_meta for p in module.parameters()):
             raise ValueError(
                 "model: its weights are on the meta device (not loaded); load "
                 "them first, e.g. with from_pretrained(...) without device='meta'"
@@ -309,8 +307,7 @@ def resolve_positions(
     pos = pos.reshape(-1).long().cpu()
     if ((pos < -length) | (pos >= length)).any():
         raise ValueError(
-            f"positions: expected values in [-{length}, {length}), got "
-            f"{pos.tolist()}"
+            f"positions: expected values in [-{length}, {length}), got {pos.tolist()}"
         )
     return pos % length
 
@@ -327,8 +324,12 @@ def _split_target(
     ):
         index = [target] if isinstance(target, tuple) else target
         widths = {len(t) if isinstance(t, tuple) else -1 for t in index}
-        if len(widths) != 1 or widths.pop() not in (1, 2) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for t in index for i in t
+        if (
+            len(widths) != 1
+            or widths.pop() not in (1, 2)
+            or not all(
+                isinstance(i, int) and not isinstance(i, bool) for t in index for i in t
+            )
         ):
             raise TypeError(
                 "target: an index tuple is (v,) (token id v) or (t, v) (position t, "

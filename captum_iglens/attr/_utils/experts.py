@@ -36,7 +36,7 @@ class RouterCapture:
 
     def _keep(self, index: int, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
         names = ("hidden_states", "top_k_index", "top_k_weights")
-        values = list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
+        values = list(args) + [kwargs[n] for n in names[len(args) :] if n in kwargs]
         if len(values) != 3 or not all(isinstance(v, Tensor) for v in values):
             raise ValueError(
                 "granularity: 'expert' expects the experts module to be called as "
@@ -102,8 +102,10 @@ def expert_components(
             )
         x, index, weights = records[j]
         length = x.shape[0] // b
-        rows = (torch.arange(b, device=x.device)[:, None] * length
-                + positions.to(x.device)[None, :]).flatten()
+        rows = (
+            torch.arange(b, device=x.device)[:, None] * length
+            + positions.to(x.device)[None, :]
+        ).flatten()
         x, index, weights = x[rows], index[rows], weights[rows]
         n_experts = _n_experts(module, index)
         terms = []

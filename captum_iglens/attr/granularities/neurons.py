@@ -39,7 +39,7 @@ class Neurons(Sublayers):
             raise ValueError(
                 "granularity: 'neuron' needs the architecture table's entry for "
                 "this model (LayerIGLens.from_model) with mlp_out; this model has "
-                "none. Use granularity=\"sublayer\""
+                'none. Use granularity="sublayer"'
             )
         return neuron_path_points(mids, self.layers, self.heads, self.layer_names)
 

@@ -78,9 +78,7 @@ def source_rank_agreement(result: Any) -> Dict[str, Tensor]:
     return out
 
 
-def format_source_agreement(
-    result: Any, sequence: int = 0, top: int = 5
-) -> str:
+def format_source_agreement(result: Any, sequence: int = 0, top: int = 5) -> str:
     r"""
     A plain-text table per attributed token of one sequence: Spearman's ρ of
     each source-token method against IG-Lens's per-source credits, then the

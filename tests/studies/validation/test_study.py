@@ -136,8 +136,15 @@ def test_common_loop_scores_then_measures_each_batch(llama4):
     lens = LayerIGLens.from_model(llama4)
     recorder = _Recorder()
     scored = score_prompts(
-        model_parts(llama4), lens, encoded, 0, methods, STUDY_SETTINGS, study,
-        recorder, False,
+        model_parts(llama4),
+        lens,
+        encoded,
+        0,
+        methods,
+        STUDY_SETTINGS,
+        study,
+        recorder,
+        False,
     )
     assert [rows for rows, _, _ in recorder.batches] == [[0, 1], [2, 3], [4]]
     assert sum((t for _, _, t in recorder.batches), []) == scored.target_ids
