@@ -89,7 +89,7 @@ def test_stdin_layers_and_prompt_positions():
         (["   "], "prompt"),
         ([PROMPT, "--model", "/no/such/model"], "/no/such/model"),
         ([PROMPT, "--layers", "0,99", "--max-new-tokens", "2"], "layers"),
-        ([PROMPT, "--n-steps", "0", "--max-new-tokens", "2"], "n_steps"),
+        ([PROMPT, "--n-steps", "0", "--max-new-tokens", "2"], "--n-steps:"),
         ([PROMPT, "--layers", "0,1", "--granularity", "head"], "consecutive"),
     ],
 )
@@ -236,7 +236,7 @@ def test_each_subcommand_keeps_its_own_defaults():
     assert (validate.chat, validate.max_new_tokens) == (False, 8)
     assert (batch.n_steps, batch.chat) == (50, True)
     for args in (compare, validate, batch):
-        assert {"baseline", "method", "granularity", "positions", "layers"} <= set(
+        assert {"baselines", "method", "granularity", "positions", "layers"} <= set(
             vars(args)
         )
 
@@ -256,9 +256,9 @@ def test_each_subcommand_keeps_its_own_defaults():
             ["compare", "x", "--methods", "ig_lens_sources", "--layers", "0,10"],
             "--layers: ig_lens_sources needs consecutive blocks",
         ),
-        (["x", "--max-new-tokens", "0"], "max_new_tokens"),
-        (["x", "--baseline", "nan"], "baselines"),
-        (["x", "--baseline=-inf"], "baselines"),
+        (["x", "--max-new-tokens", "0"], "--max-new-tokens:"),
+        (["x", "--baseline", "nan"], "--baseline: expected finite"),
+        (["x", "--baseline=-inf"], "--baseline: expected finite"),
         (["x", "--layers", ""], "--layers"),
         (["x", "--layers", "0,,5"], "--layers"),
         (["x", "--stdin"], "not both"),
@@ -380,7 +380,8 @@ def test_top_k_foil_and_target_tokens(tmp_path, capsys):
     [
         (["--foil", "w7 w8"], "--foil: 'w7 w8' is 2 tokens"),
         (["--target-tokens", "w9,w9"], "--target-tokens: the same token twice"),
-        (["--top-k", "-1"], "top_k: expected an int >= 0"),
+        (["--top-k", "-1"], "error: --top-k: expected an int >= 0"),
+        (["--n-steps", "0"], "error: --n-steps: expected an int >= 1"),
         (["--foil", "zzz"], "--foil: 'zzz' is not in the vocabulary"),
         (["--target-tokens", "w9,zzz"], "--target-tokens: 'zzz' is not in the voc"),
     ],

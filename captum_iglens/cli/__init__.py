@@ -59,6 +59,7 @@ def build_parser() -> Parser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, add_parser in _COMMANDS.items():
         add_parser(commands, name)
+        commands.choices[name].set_defaults(parser=commands.choices[name])
     return parser
 
 
@@ -95,6 +96,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (CommandError, *INPUT_ERRORS) as err:
             text = str(err).strip()
             message = text.splitlines()[0] if text else type(err).__name__
+            message = args.parser.in_option_names(message)
             print(f"captum-iglens: error: {message}", file=sys.stderr)
             return 2
         return job()

@@ -41,6 +41,16 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"captum-iglens: error: {message} (see {self.prog} --help)\n")
 
+    def in_option_names(self, message: str) -> str:
+        r"""``message`` with a leading argument name written as the option that
+        sets it: ``"top_k: expected ..."`` as ``"--top-k: expected ..."``, so a
+        user of the command line reads the name they typed."""
+        field, sep, rest = message.partition(": ")
+        for action in self._actions:
+            if sep and action.dest == field and action.option_strings:
+                return f"{max(action.option_strings, key=len)}: {rest}"
+        return message
+
 
 # --------------------------------------------------------------------- arguments
 
@@ -124,6 +134,7 @@ def settings_parent(
     )
     group.add_argument(
         "--baseline",
+        dest="baselines",
         type=_baseline,
         default=None,
         help="'h0' (the first block's input, default), 'mean', or a number",
@@ -185,7 +196,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         layers=args.layers,
         positions=args.positions,
-        baselines=args.baseline,
+        baselines=args.baselines,
         method=args.method,
         n_steps=args.n_steps,
         granularity=args.granularity,
