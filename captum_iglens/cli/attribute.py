@@ -176,7 +176,16 @@ def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
     if not heads and not has_neurons and not experts:
         return ""
     labels = result._token_labels(0)
-    lines = [f"top heads, neurons and experts (by |credit|, {k} each):"]
+    shown = [
+        kind
+        for kind, present in (
+            ("heads", heads),
+            ("experts", experts),
+            ("neurons", has_neurons),
+        )
+        if present
+    ]
+    lines = [f"top {', '.join(shown)} (by |credit|, {k} each):"]
     for p in result.mask[0].nonzero()[:, 0].tolist():
         row = result.attributions[0, p]
         found = []

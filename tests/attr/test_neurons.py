@@ -172,7 +172,7 @@ def test_cli_prints_each_answer_tokens_top_parts(tmp_path, capsys, granularity, 
     args = ["w5 w6", "--model", str(folder), "--no-chat", "--max-new-tokens", "2"]
     assert main([*args, "--granularity", granularity, "--json", out]) == 0
     printed = capsys.readouterr().out
-    assert "top heads, neurons and experts" in printed
+    assert f"top {kind} (by |credit|, 5 each):" in printed
     result = IGLensResult.load(out)
     names = result.layer_names
     pattern = ".mlp.n" if kind == "neurons" else ".attn.h"
