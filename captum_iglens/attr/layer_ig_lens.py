@@ -273,10 +273,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         readout: Union[Readout, LayerReadout]
         readout = parts.readout(max_chunk_bytes=max_chunk_bytes)
         if lens is not None:
+            # The caller's translators stay where they are: the readout casts
+            # them to the states' device and dtype, once per parameter version.
             translators = (
                 lens if isinstance(lens, Translators) else Translators.load(lens)
             )
-            translators = translators.to(readout.device)
             readout = LayerReadout(readout, translators, parts.blocks)
         return cls(
             CausalLMForward(parts.model),

@@ -99,11 +99,8 @@ class LayerReadout(nn.Module):
         blocks: Sequence[nn.Module],
         kind: Optional[str] = None,
     ) -> "LayerReadout":
-        r"""The readout of a tuned-lens folder (see
-        :meth:`Translators.load`), on the readout's device."""
-        translators = Translators.load(folder)
-        device = next(readout.parameters()).device
-        return cls(readout, translators.to(device), blocks, kind)
+        r"""The readout of a tuned-lens folder (see :meth:`Translators.load`)."""
+        return cls(readout, Translators.load(folder), blocks, kind)
 
     @property
     def max_chunk_bytes(self) -> int:
