@@ -97,11 +97,12 @@ def path_values(
 
     ``final_logits(rows)`` returns the model's own logits ``(n, V)`` of the rows
     ``rows`` of ``points`` (needed with ``top_k``, for the KL divergence from the
-    model's final distribution, read once per position of a chunk). Views keep
-    one ``(n, V)`` buffer for the ``exp`` beside the chunk's log-softmax (made
-    in place of its logits, with the entropy, by :func:`log_softmax_in_place`)
-    and the final distributions of the chunk's positions; chunks are
-    shortened to keep these within the readout's budget.
+    model's final distribution, read once per position of a chunk). One
+    ``(n, V)`` buffer, reused by every chunk, takes the log-softmax, and the
+    chunk's logits, no longer needed, the ``exp`` of the entropy (see
+    :func:`log_softmax_in_place`); views also keep the final distributions of the
+    chunk's positions; chunks are shortened to keep these within the readout's
+    budget.
 
     Args:
         layers (Tensor, optional): The path point of each column, see
@@ -118,19 +119,19 @@ def path_values(
     flat_targets = targets.repeat_interleave(k)
     size = min(chunk_rows, _rows_with_views(readout, k)) if top_k else chunk_rows
     values, views = [], []
-    scratch: Optional[Tensor] = None  # the exp, one buffer for all chunks
+    scratch: Optional[Tensor] = None  # the log-softmax, one buffer for all chunks
     for rows in chunks(n * k, size):
         for sub in chunks(rows.stop - rows.start, readout.rows_per_chunk()):
             part = slice(rows.start + sub.start, rows.start + sub.stop)
             raw = readout(flat[part], flat_layers[part])
             logits = raw.to(work_dtype(raw.dtype))
             # A half-precision readout's logits and their float32 copy coexist:
-            # then the exp gets fresh memory, so as not to exceed the budget.
+            # then the log-softmax gets fresh memory, so as not to exceed the budget.
             if logits.dtype == raw.dtype and scratch is None:
                 scratch = torch.empty_like(logits)  # the first chunk is the largest
             del raw
-            exps = None if scratch is None else scratch[: len(logits)]
-            log_probs, entropy = log_softmax_in_place(logits, exps, bool(top_k))
+            buffer = None if scratch is None else scratch[: len(logits)]
+            log_probs, entropy = log_softmax_in_place(logits, buffer, bool(top_k))
             score = flat_targets[part]
             values.append(score.of(log_probs))
             if top_k:
