@@ -13,6 +13,7 @@ from torch.nn import Module
 from captum_iglens.attr._utils.heads import HeadSplit
 from captum_iglens.attr.granularities.base import PathGranularity
 from captum_iglens.attr.granularities.blocks import Blocks, Sublayers
+from captum_iglens.attr.granularities.components import ComponentSplit
 from captum_iglens.attr.granularities.experts import Experts
 from captum_iglens.attr.granularities.heads import Heads
 from captum_iglens.attr.granularities.neurons import Neurons
@@ -21,6 +22,7 @@ from captum_iglens.attr.granularities.source import SourceHeads, Sources
 __all__ = [
     "GRANULARITIES",
     "Blocks",
+    "ComponentSplit",
     "Experts",
     "Heads",
     "Neurons",

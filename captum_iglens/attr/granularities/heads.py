@@ -15,12 +15,12 @@ from captum_iglens.attr._utils.heads import (
     split_tolerance,
 )
 from captum_iglens.attr.estimators import Estimator
-from captum_iglens.attr.granularities.blocks import Sublayers
-from captum_iglens.attr.tracing import TracedPath, path_levels
+from captum_iglens.attr.granularities.components import ComponentSplit
+from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.readout.interface import PathReadout
 
 
-class Heads(Sublayers):
+class Heads(ComponentSplit):
     r"""A first column ``"input"``, then per block ``"<name>.attn.h<i>"`` per head
     (and ``"<name>.attn.bias"``), the attention update split as ``Σ_h W_O[:, head
     h] z_h (+ b)`` (through a post-attention RMSNorm's per-position factor where
@@ -28,8 +28,6 @@ class Heads(Sublayers):
     output as a component of the block's one segment)."""
 
     name = "head"
-    learned_readout = True
-    supports_unmultiplied = False
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         if self.heads is None:
@@ -63,9 +61,6 @@ class Heads(Sublayers):
         assert self.heads is not None  # path_points refused None
         return head_components(self.heads, extras, points, mask, tolerance)
 
-    def column_blocks(self) -> Optional[List[int]]:
-        return None  # components of a segment, not segments
-
     def segment_blocks(self) -> Optional[List[int]]:
         """``"input"`` in the first block, then each block's attention and
         MLP segments (a parallel block: its one segment)."""
@@ -80,52 +75,6 @@ class Heads(Sublayers):
         attn = [[2 * j + 1] * (m - 1) + [2 * j + 2] for j in range(k)]
         return [0] + [s for block in attn for s in block]
 
-    def segment_attributions(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-    ) -> Tensor:
-        return self._columns(
-            rule, readout, path, values, n_steps, chunk_rows, grad_kwargs, True
-        )
-
-    def map_needs_gradients(self, rule: Estimator) -> bool:
-        return True  # the attention segments are split by gradients
-
-    def attributions(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        multiply_by_inputs: bool = True,
-    ) -> Tensor:
-        self.check_multiply_by_inputs(multiply_by_inputs)
-        with torch.no_grad():
-            values = path_levels(readout, path, chunk_rows)[0]
-        return self._columns(
-            rule, readout, path, values, n_steps, chunk_rows, grad_kwargs, True
-        )
-
-    def credits(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-    ) -> Tensor:
-        with torch.no_grad():  # the gradients along the attention segments
-            return self._columns(rule, readout, path, values, n_steps, chunk_rows)
-
     def levels(self, path: TracedPath, values: Tensor) -> Tensor:
         """A head's column reads the level after its block's attention,
         ``f(h_mid)`` (a parallel block's columns: after the block)."""
@@ -137,7 +86,7 @@ class Heads(Sublayers):
         per_column = torch.cat([mids, values[..., 3::2, None]], -1).flatten(2)
         return torch.cat([values[..., :2], per_column], -1)
 
-    def _columns(
+    def _split(
         self,
         rule: Estimator,
         readout: PathReadout,
@@ -145,24 +94,20 @@ class Heads(Sublayers):
         values: Tensor,
         n_steps: int,
         chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        per_dimension: bool = False,
+        per_dimension: bool,
+        grad_kwargs: Optional[Dict[str, Any]],
     ) -> Tensor:
-        """The columns ``(B, P, n)``, or ``(B, P, n, d)`` per dimension."""
-        b, p = path.targets.shape
         assert path.components is not None  # traced with this granularity
-        attrs = head_attributions(
+        return head_attributions(
             rule,
             readout,
             path.points.flatten(0, 1),
             path.components.flatten(0, 1),
             path.score.flatten(),
-            values.flatten(0, 1),
+            values,
             n_steps,
             chunk_rows,
             per_dimension,
             grad_kwargs,
             parallel=self._parallel,
         )
-        mask = path.mask.view(b, p, *[1] * (attrs.dim() - 1))
-        return attrs.view(b, p, *attrs.shape[1:]) * mask

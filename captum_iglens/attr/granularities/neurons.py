@@ -16,12 +16,12 @@ from captum_iglens.attr._utils.neurons import (
     split_neuron_states,
 )
 from captum_iglens.attr.estimators import Estimator
-from captum_iglens.attr.granularities.blocks import Sublayers
-from captum_iglens.attr.tracing import TracedPath, path_levels
+from captum_iglens.attr.granularities.components import ComponentSplit
+from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.readout.interface import PathReadout
 
 
-class Neurons(Sublayers):
+class Neurons(ComponentSplit):
     r"""Per block ``"<name>.attn"`` (as ``"sublayer"``), then ``"<name>.mlp.n<i>"``
     for every neuron ``i`` of its MLP (and ``"<name>.mlp.bias"``): the MLP
     update split as ``Σ_n a_n W_out[:, n] (+ b)`` with the activations ``a`` of
@@ -30,8 +30,6 @@ class Neurons(Sublayers):
     exactly; :func:`top_neurons` picks the strongest per answer token."""
 
     name = "neuron"
-    learned_readout = True
-    supports_unmultiplied = False
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         mids = self._mids()
@@ -55,38 +53,6 @@ class Neurons(Sublayers):
         # NeuronComponents builds its rows on demand, read as the components
         return found  # type: ignore[return-value]
 
-    def map_needs_gradients(self, rule: Estimator) -> bool:
-        return True  # the MLP segments are split by gradients
-
-    def attributions(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        multiply_by_inputs: bool = True,
-    ) -> Tensor:
-        self.check_multiply_by_inputs(multiply_by_inputs)
-        with torch.no_grad():
-            values = path_levels(readout, path, chunk_rows)[0]
-        return self._columns(
-            rule, readout, path, values, n_steps, chunk_rows, grad_kwargs, True
-        )
-
-    def credits(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-    ) -> Tensor:
-        with torch.no_grad():
-            return self._columns(rule, readout, path, values, n_steps, chunk_rows)
-
     def levels(self, path: TracedPath, values: Tensor) -> Tensor:
         """``"<b>.attn"`` reads ``f(h_mid)``, a neuron column ``f(h_out)``."""
         c = path.components.shape[1]  # type: ignore[union-attr]
@@ -94,9 +60,6 @@ class Neurons(Sublayers):
         outs = values[..., 2::2, None].expand(-1, -1, -1, c)
         per_column = torch.cat([mids, outs], -1).flatten(2)
         return torch.cat([values[..., :1], per_column], -1)
-
-    def column_blocks(self) -> Optional[List[int]]:
-        return None  # components of a segment, not segments
 
     def segment_blocks(self) -> Optional[List[int]]:
         """Each block's attention and MLP segments."""
@@ -107,7 +70,7 @@ class Neurons(Sublayers):
         m = n_columns // k  # columns per block: attention, then the MLP's
         return [s for j in range(k) for s in [2 * j] + [2 * j + 1] * (m - 1)]
 
-    def segment_attributions(
+    def _split(
         self,
         rule: Estimator,
         readout: PathReadout,
@@ -115,40 +78,22 @@ class Neurons(Sublayers):
         values: Tensor,
         n_steps: int,
         chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
+        per_dimension: bool,
+        grad_kwargs: Optional[Dict[str, Any]],
     ) -> Tensor:
-        return self._columns(
-            rule, readout, path, values, n_steps, chunk_rows, grad_kwargs, True
-        )
-
-    def _columns(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        per_dimension: bool = False,
-    ) -> Tensor:
-        """The columns ``(B, P, n)``, or ``(B, P, n, d)`` per dimension."""
-        b, p = path.targets.shape
         found: NeuronComponents = path.components  # type: ignore[assignment]
-        attrs = neuron_attributions(
+        return neuron_attributions(
             rule,
             readout,
             path.points.flatten(0, 1),
             found,
             path.score.flatten(),
-            values.flatten(0, 1),
+            values,
             n_steps,
             chunk_rows,
             per_dimension,
             grad_kwargs,
         )
-        mask = path.mask.view(b, p, *[1] * (attrs.dim() - 1))
-        return attrs.view(b, p, *attrs.shape[1:]) * mask
 
 
 def top_neurons(

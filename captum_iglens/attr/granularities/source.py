@@ -107,7 +107,7 @@ class Sources(Heads):
             out.append(name)
         return out
 
-    def _columns(
+    def _split(
         self,
         rule: Estimator,
         readout: PathReadout,
@@ -115,11 +115,9 @@ class Sources(Heads):
         values: Tensor,
         n_steps: int,
         chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        per_dimension: bool = False,
+        per_dimension: bool,
+        grad_kwargs: Optional[Dict[str, Any]],
     ) -> Tensor:
-        """The columns ``(B, P, n)``, or ``(B, P, n, d)`` per dimension."""
-        b, p = path.targets.shape
         # this granularity's components are SourceComponents (see components)
         found: SourceComponents = path.components  # type: ignore[assignment]
         attrs = head_attributions(
@@ -128,7 +126,7 @@ class Sources(Heads):
             path.points.flatten(0, 1),
             found.flatten(0, 1),  # type: ignore[arg-type]  # indexed on demand
             path.score.flatten(),
-            values.flatten(0, 1),
+            values,
             n_steps,
             chunk_rows,
             per_dimension,
@@ -136,10 +134,7 @@ class Sources(Heads):
             parents=found.parents,
             parallel=self._parallel,
         )
-        if not self.by_head:
-            attrs = _sum_heads(attrs, len(self.layers), found)
-        mask = path.mask.view(b, p, *[1] * (attrs.dim() - 1))
-        return attrs.view(b, p, *attrs.shape[1:]) * mask
+        return attrs if self.by_head else _sum_heads(attrs, len(self.layers), found)
 
 
 class SourceHeads(Sources):
