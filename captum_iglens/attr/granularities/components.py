@@ -3,7 +3,7 @@ The granularities whose columns are components of the stream's straight segments
 (heads, source tokens, neurons, experts): what they share. Each segment's update
 is a sum of components traced with the path; every column's attributions, credits
 and segment attributions come from one gradient split of the segments,
-:meth:`ComponentSplit._split`, which each granularity implements.
+``ComponentSplit._split``, which each granularity implements.
 """
 
 from typing import Any, Dict, List, Optional
