@@ -307,7 +307,19 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         r"""
         The names of the credited segments at a granularity: the layer names, or
         ``"<name>.attn"`` and ``"<name>.mlp"`` per block for ``"sublayer"``, or
-        the columns of ``"head"`` (see :meth:`attribute`).
+        the columns of ``"head"``, ``"neuron"`` and ``"expert"`` (see
+        :meth:`attribute`); for ``"source"`` and ``"source_head"``, one
+        ``"<name>.attn.sources"`` per block stands for the source columns,
+        whose number is the input's length.
+
+        Args:
+
+            granularity (str, optional): A name in
+                        :data:`~captum_iglens.attr.granularities.GRANULARITIES`.
+                        Default: ``"block"``
+
+        Returns:
+            *list[str]*: the names, in column order.
 
         Raises:
             ValueError: If the granularity is unknown or not available.
