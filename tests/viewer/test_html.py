@@ -224,3 +224,26 @@ def test_a_result_without_a_page_is_refused():
 
     with pytest.raises(TypeError, match="result: expected a result with a viewer"):
         payload({"kind": "map"})
+
+
+def test_validation_page_with_nan_summary_renders_fresh_and_loaded(
+    validation_result, tmp_path
+):
+    """The tiny model never gives the facts' answers: the "correct" group is
+    empty and its summary holds NaN, which must render the same after a load."""
+    from captum_iglens.studies.validation import ValidationResult
+
+    correct = validation_result.summary["correct"]["ig_lens"]
+    assert any(
+        isinstance(v, float) and math.isnan(v)
+        for stat in correct.values()
+        for v in (stat.values() if isinstance(stat, dict) else [stat])
+    )
+    validation_result.save(tmp_path / "v.json")
+    loaded = ValidationResult.load(tmp_path / "v.json")
+    pages = []
+    for name, result in (("fresh", validation_result), ("loaded", loaded)):
+        result.to_html(tmp_path / f"{name}.html")
+        pages.append(page_data((tmp_path / f"{name}.html").read_text("utf-8")))
+    assert pages[0]["summary"] == pages[1]["summary"]
+    assert pages[0]["summary"]["correct"]["ig_lens"]["top1"]["n"] == 0
