@@ -349,6 +349,13 @@ def _bca_interval(
     if np.isfinite(spread).all() and np.ptp(spread) == 0:
         return float(spread[0]), float(spread[0])
     interval = found.confidence_interval
+    if np.isnan([interval.low, interval.high]).any() and np.isfinite(spread).all():
+        # BCa's bias correction is infinite when no resample falls below the
+        # statistic (a median of tied integers, e.g. onset differences): the
+        # percentile interval of the same resamples stands in.
+        tail = (1 - level) / 2
+        low, high = np.quantile(spread, [tail, 1 - tail])
+        return float(low), float(high)
     return float(interval.low), float(interval.high)
 
 
@@ -378,8 +385,10 @@ def bootstrap_statistic(
     Returns:
         *dict* with ``mean`` (the statistic on all defined rows), ``lo`` and
         ``hi`` (the interval: the value itself when every resample gives the same
-        value, e.g. with one defined row; NaN when the statistic is undefined on
-        some resample), ``n`` (defined rows) and ``n_undefined``.
+        value, e.g. with one defined row; the percentile interval where BCa's
+        bias correction is infinite, e.g. a median of tied integers; NaN when
+        the statistic is undefined on some resample), ``n`` (defined rows) and
+        ``n_undefined``.
     """
     _check_bootstrap(n_bootstrap, level)
     arrays = [np.asarray(c, dtype=np.float64).reshape(-1) for c in columns]

@@ -145,6 +145,20 @@ def test_bootstrap_interval_is_bca_not_percentile():
     assert out["lo"] > lo_pct + 1e-3 and out["hi"] > hi_pct + 1e-3
 
 
+def test_median_of_tied_integers_has_a_percentile_interval():
+    """BCa is undefined when no resample falls below the statistic (most onset
+    differences equal the median): the percentile interval of the same
+    resamples is given, not NaN."""
+    # |onset - causal onset| of DLA on SmolLM2 (noise, 172 tokens): value, count.
+    counts = {0: 37, 1: 30, 2: 20, 3: 24, 4: 28, 5: 5, 6: 2, 7: 5, 8: 4, 9: 5}
+    counts |= {10: 2, 11: 4, 13: 2, 14: 1, 16: 1, 17: 1, 19: 1}
+    values = np.repeat(np.array(list(counts), float), list(counts.values()))
+    out = stats.bootstrap_statistic((values,), np.median, 1000, seed=0)
+    assert out["mean"] == 2.0
+    assert math.isfinite(out["lo"]) and math.isfinite(out["hi"])
+    assert out["lo"] <= 2.0 <= out["hi"]
+
+
 def test_summarize_leaves_out_tokens_a_method_did_not_run_on():
     values = {"a": {"top1": np.array([1.0, 0.0, np.nan, 1.0])}}
     groups = {"all": np.ones(4, bool), "first": np.array([1, 1, 0, 0], bool)}
