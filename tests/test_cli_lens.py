@@ -86,9 +86,32 @@ def test_another_models_lens_is_refused_before_any_forward(
     assert "3 blocks, but this model has" in err
 
 
-def test_linear_without_a_fitted_lens_says_what_to_do(capsys):
-    assert main(["x", "--lens", "linear"]) == 2
-    assert "fit-lens" in capsys.readouterr().err
+def test_linear_fits_the_models_lens_once_then_reads_the_cache(
+    tmp_path, model_folder, capsys, monkeypatch
+):
+    import captum_iglens.lens_fit.fit as fit
+    from captum_iglens.lens_fit import lens_cache_folder, model_checksum
+
+    monkeypatch.setenv("CAPTUM_IGLENS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "r.json"
+    args = ["w5 w6", "--model", str(model_folder), "--no-chat", "--max-new-tokens"]
+    args += ["2", "--lens", "linear", "--json", str(out)]
+    assert main(args) == 0
+    cached = lens_cache_folder(model_checksum(tiny_model("llama")))
+    assert (cached / "params.pt").is_file() and (cached / "fit_report.json").is_file()
+    first = IGLensResult.load(out)
+    assert first.readout_checksum == Translators.load(cached).checksum()
+    change = first.model_prob - first.base_prob
+    parts = first.block_part.sum(-1) + first.lens_change.sum(-1)
+    assert (parts - change).abs().max() <= 1e-6
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("the cached lens was fitted again")
+
+    monkeypatch.setattr(fit, "fit_lens", no_fit)
+    capsys.readouterr()
+    assert main(args) == 0
+    assert IGLensResult.load(out).readout_checksum == first.readout_checksum
 
 
 def test_a_lens_with_a_granularity_it_cannot_split_is_refused_before_loading(

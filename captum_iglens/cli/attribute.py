@@ -14,6 +14,7 @@ from captum_iglens.cli.common import (
     check_outputs,
     learned_lens,
     lens_folder,
+    lens_of_model,
     load,
     model_parent,
     names,
@@ -50,9 +51,10 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     )
     attribute.add_argument(
         "--lens",
-        metavar="logit|DIR",
-        help="the readout of each layer: logit (the model's own, the default) or "
-        "a tuned-lens folder (params.pt, config.json), e.g. from fit-lens; "
+        metavar="logit|linear|DIR",
+        help="the readout of each layer: logit (the model's own, the default), "
+        "linear (this model's cached fitted lens, fitted first when there is "
+        "none, as fit-lens does) or a tuned-lens folder (params.pt, config.json); "
         "credits then split into block and lens-change parts",
     )
     attribute.add_argument("--json", metavar="PATH", help="write the result as JSON")
@@ -87,7 +89,7 @@ def prepare(args: argparse.Namespace) -> Job:
             raise CommandError(f"--{err}") from None
     stages = Stages()
     parts, tokenizer = stages.run("load", lambda: load(args, settings))
-    translators = learned_lens(folder, parts)
+    translators = learned_lens(lens_of_model(folder, parts, tokenizer, args), parts)
     scored = _scored_tokens(args, tokenizer)
 
     def job() -> int:

@@ -9,7 +9,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, Union
 
 import torch
 
@@ -260,23 +260,34 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     return parts, tokenizer
 
 
-def lens_folder(text: Optional[str]) -> Optional[Path]:
+def lens_folder(text: Optional[str]) -> Union[None, str, Path]:
     r"""``--lens``, checked before the model loads: None for ``logit`` (the
-    default), else a tuned-lens folder whose ``config.json`` is readable."""
+    default), ``"linear"`` (this model's cached fitted lens, found once the
+    model is loaded), else a tuned-lens folder whose ``config.json`` is
+    readable."""
     from captum_iglens.readout.translators import read_config
 
     if text is None or text == "logit":
         return None
     if text == "linear":
-        raise CommandError(
-            "--lens: 'linear' needs this model's fitted lens; fit it with "
-            "`captum-iglens fit-lens --model M --out DIR` and pass --lens DIR"
-        )
+        return text
     try:
         read_config(text)
     except ValueError as err:
         raise CommandError(f"--lens: {err}".replace("lens: ", "", 1)) from None
     return Path(text)
+
+
+def lens_of_model(
+    lens: Union[None, str, Path], parts: Any, tokenizer: Any, args: argparse.Namespace
+) -> Optional[Path]:
+    r"""The folder of ``--lens`` for the loaded model: for ``linear`` its cached
+    fitted lens (fitted first, with a progress bar, when there is none)."""
+    if lens != "linear":
+        return None if lens is None else Path(lens)
+    from captum_iglens.lens_fit import cached_lens
+
+    return cached_lens(parts, tokenizer, progress=progress(args))
 
 
 def learned_lens(folder: Optional[Path], parts: Any) -> Any:

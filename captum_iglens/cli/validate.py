@@ -11,6 +11,7 @@ from captum_iglens.cli.common import (
     Job,
     check_outputs,
     lens_folder,
+    lens_of_model,
     load,
     model_parent,
     names,
@@ -89,8 +90,9 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     )
     validate.add_argument(
         "--lens",
-        metavar="DIR",
-        help="restoration: logit (default) or a fitted lens folder "
+        metavar="logit|linear|DIR",
+        help="restoration: logit (default), linear (this model's cached fitted "
+        "lens, fitted first when there is none) or a fitted lens folder "
         "(captum-iglens fit-lens --out DIR); "
         f"also scores {','.join(LEARNED_METHODS)}",
     )
@@ -128,6 +130,7 @@ def prepare(args: argparse.Namespace) -> Job:
     prompts = load_facts(args.prompts)[: args.limit]
     _check_test(args, settings, study, prompts)
     parts, tokenizer = load(args, settings)
+    args.lens = lens_of_model(args.lens, parts, tokenizer, args)
 
     def job() -> int:
         run = run_restoration if args.test == "restoration" else run_validation

@@ -4,12 +4,19 @@ fine-tune, the held-out report (KL and top-1 agreement beside the logit lens),
 tuned-lens checkpoint folders, and the per-model cache."""
 
 from captum_iglens.lens_fit.cache import lens_cache_folder, model_checksum
-from captum_iglens.lens_fit.fit import FitOptions, FittedLens, fit_lens, save_fit
+from captum_iglens.lens_fit.fit import (
+    FitOptions,
+    FittedLens,
+    cached_lens,
+    fit_lens,
+    save_fit,
+)
 from captum_iglens.lens_fit.gram import GramStats, solve_ridge
 from captum_iglens.lens_fit.quality import Quality, lens_quality
 from captum_iglens.lens_fit.report import LensFitReport
 
 __all__ = [
+    "cached_lens",
     "fit_lens",
     "FitOptions",
     "FittedLens",

@@ -17,7 +17,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from captum_iglens.hf.parts import ModelParts
-from captum_iglens.lens_fit.cache import model_checksum
+from captum_iglens.lens_fit.cache import lens_cache_folder, model_checksum
 from captum_iglens.lens_fit.checkpoint import save_lens_folder
 from captum_iglens.lens_fit.corpus import (
     corpus_windows,
@@ -308,6 +308,43 @@ def fit_lens(
         settings=settings,
     )
     return FittedLens(weight, bias, report, curve)
+
+
+def cached_lens(
+    parts: ModelParts,
+    tokenizer: Any,
+    *,
+    cache_dir: Optional[Any] = None,
+    progress: bool = False,
+) -> Path:
+    r"""
+    The folder of the model's cached default fit (``lenses/<checksum>/`` under
+    the cache root, as ``captum-iglens fit-lens`` writes it), fitted first with
+    :class:`FitOptions`'s defaults and cached when there is none: the lens that
+    ``--lens linear`` reads.
+
+    Args:
+
+        parts (ModelParts): The model's parts.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer (for the sampling).
+        cache_dir (str or Path, optional): The cache root, as in
+                    :func:`~captum_iglens.hf.models.load_embedded`. Default: None
+        progress (bool, optional): Progress bars while fitting. Default: False
+
+    Returns:
+        *Path*: a tuned-lens folder (``params.pt``, ``config.json``).
+    """
+    folder = lens_cache_folder(model_checksum(parts.model), cache_dir)
+    if not (folder / "params.pt").is_file():
+        if progress:
+            print(
+                f"no fitted lens cached for this model: fitting {folder}",
+                file=sys.stderr,
+            )
+        fitted = fit_lens(parts, tokenizer, FitOptions(), progress=progress)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        save_fit(folder, fitted)
+    return folder
 
 
 def _curve_point(tokens: int, quality: Quality) -> Dict[str, Any]:
