@@ -106,7 +106,8 @@ def map_sequences(result: Any, vocab: Optional[_Vocab] = None) -> List[Dict[str,
         (non-padding) token with its text, position, target id, ``credit`` and
         ``lens`` (``k`` each), ``base``, ``prob`` (``p_model``), ``sum``, ``dp``,
         ``resid`` (``|Σ − Δp|``, from the unrounded values), ``onset`` (a column
-        index or -1) and, when the result has them, the top-token views.
+        index or -1), under a learned readout ``change`` (the lens-change part of
+        each credit, ``k``) and, when the result has them, the top-token views.
     """
     vocab = vocab if vocab is not None else _Vocab()
     views = _views(result)
@@ -132,6 +133,8 @@ def map_sequences(result: Any, vocab: Optional[_Vocab] = None) -> List[Dict[str,
                 "resid": sig((total[b, p] - change[b, p]).abs(), RESIDUAL_DIGITS),
                 "onset": int(onset[b, p]),
             }
+            if result.lens_change is not None:  # a learned readout per layer
+                row["change"] = sig(result.lens_change[b, p])
             row.update(_top_rows(views, b, p, vocab))
             rows.append(row)
         sequences.append({"rows": rows})
@@ -145,6 +148,10 @@ def about(result: Any) -> Dict[str, str]:
     metadata = dict(getattr(result, "metadata", {}) or {})
     keep = ("prompt", "answer", "model", "granularity", "baselines", "positions")
     about = {key: metadata[key] for key in keep if key in metadata}
+    kind = getattr(result, "readout_kind", "logit")
+    if isinstance(kind, str) and kind != "logit":
+        checksum = str(getattr(result, "readout_checksum", ""))[:16]
+        about["readout"] = f"{kind} lens per layer (checksum {checksum})"
     return {key: value for key, value in about.items() if isinstance(value, str)}
 
 

@@ -92,3 +92,20 @@ def restoration_result():
             ),
             progress=False,
         )
+
+
+@pytest.fixture(scope="session")
+def learned_result():
+    """A map under random translators (a learned readout per layer)."""
+    from captum_iglens import LayerIGLens
+    from captum_iglens.readout.translators import Translators
+
+    torch.manual_seed(0)
+    model = tiny_model("llama")
+    d, n = model.config.hidden_size, model.config.num_hidden_layers
+    lens = Translators(0.3 * torch.randn(n, d, d), 0.3 * torch.randn(n, d))
+    result = LayerIGLens.from_model(model, lens=lens).attribute_map(
+        torch.randint(0, VOCAB, (1, 5))
+    )
+    assert result.lens_change is not None and result.lens_change.abs().max() > 1e-3
+    return result

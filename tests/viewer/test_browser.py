@@ -196,6 +196,33 @@ def test_toggles_recolour_the_map(browser, map_page):
     assert len(lens) == 7 * 12 and console_errors(browser) == []
 
 
+def test_learned_readout_shows_block_and_lens_change_parts(
+    browser, tmp_path, learned_result
+):
+    learned_result.to_html(tmp_path / "l.html")
+    open_page(browser, tmp_path / "l.html")
+    k = len(learned_result.layer_names)
+
+    def colours():
+        return [c.value_of_css_property("background-color") for c in cells(browser)]
+
+    credit = colours()
+    browser.find_element("css selector", 'input[value="change"]').click()
+    change = colours()
+    browser.find_element("css selector", 'input[value="block"]').click()
+    block = colours()
+    assert credit != change and credit != block and change != block
+    row, col = 2, k - 2
+    hover(browser, cells(browser)[row * k + col])
+    assert close_to(
+        field(browser, "credit"), float(learned_result.attributions[0, row, col])
+    )
+    assert close_to(
+        field(browser, "change"), float(learned_result.lens_change[0, row, col])
+    )
+    assert console_errors(browser) == []
+
+
 def test_signed_colours_are_the_heatmaps(browser, map_page):
     # Green for positive credit, red for negative: the PNG heatmap's colours.
     from captum_iglens.plots import color_map

@@ -247,3 +247,11 @@ def test_validation_page_with_nan_summary_renders_fresh_and_loaded(
         pages.append(page_data((tmp_path / f"{name}.html").read_text("utf-8")))
     assert pages[0]["summary"] == pages[1]["summary"]
     assert pages[0]["summary"]["correct"]["ig_lens"]["top1"]["n"] == 0
+
+
+def test_learned_readout_rows_carry_the_lens_change_part(learned_result, tmp_path):
+    learned_result.to_html(tmp_path / "l.html")
+    data = page_data((tmp_path / "l.html").read_text(encoding="utf-8"))
+    assert data["about"]["readout"].startswith(learned_result.readout_kind)
+    for row, change in zip(data["sequences"][0]["rows"], learned_result.lens_change[0]):
+        assert all(close_to(a, float(b)) for a, b in zip(row["change"], change))

@@ -250,7 +250,13 @@
     var collapsed = groups.map(function (g) { return g.grouped && many; });
     var state = { view: 'credit', absolute: false, row: -1 };
     var controls = add(root, h('div', 'controls'));
-    radio(controls, 'view' + Math.random(), [['credit', 'credit'], ['lens', 'lens level f(h_L)']], 'credit',
+    // Under a learned readout per layer, each credit is a block part plus a
+    // lens-change part; either can be shown alone.
+    var learned = rows.length > 0 && !!rows[0].change;
+    var views = [['credit', 'credit']];
+    if (learned) views.push(['block', 'block part'], ['change', 'lens-change part']);
+    views.push(['lens', 'lens level f(h_L)']);
+    radio(controls, 'view' + Math.random(), views, 'credit',
       function (v) { state.view = v; draw(); });
     var absLabel = add(controls, h('label'));
     var abs = add(absLabel, h('input'));
@@ -274,10 +280,12 @@
     kvt.style.display = 'none';  // until a cell is hovered
     var f = {
       token: kv(kvt, 'token', 'token'), layer: kv(kvt, 'layer', 'layer'),
-      credit: kv(kvt, 'credit', 'credit'), before: kv(kvt, 'lens before', 'lens_before'),
+      credit: kv(kvt, 'credit', 'credit'), change: kv(kvt, 'lens-change part', 'change'),
+      before: kv(kvt, 'lens before', 'lens_before'),
       after: kv(kvt, 'lens after', 'lens_after'), entropy: kv(kvt, 'entropy (nats)', 'entropy'),
       kl: kv(kvt, 'KL (nats)', 'kl'), rank: kv(kvt, 'target rank', 'rank')
     };
+    if (!learned) f.change.parentNode.style.display = 'none';
     var topTable = add(info, h('table', 'top'));
     topTable.id = 'top-tokens';
     var traj = add(side, h('div', 'panel'));
@@ -290,7 +298,10 @@
     function value(row, col) {
       if (state.view === 'lens') return row.lens[col.members[col.members.length - 1]];
       var s = 0;
-      col.members.forEach(function (m) { s += row.credit[m]; });
+      col.members.forEach(function (m) {
+        var change = learned ? row.change[m] : 0;
+        s += state.view === 'change' ? change : (state.view === 'block' ? row.credit[m] - change : row.credit[m]);
+      });
       return state.absolute ? Math.abs(s) : s;
     }
     function draw() {
@@ -368,6 +379,9 @@
       f.layer.textContent = c.members.length > 1
         ? groups[c.group].key + ' (' + c.members.length + ' parts, summed)' : layers[first];
       f.credit.textContent = fmt(credit, true);
+      var change = 0;
+      if (learned) c.members.forEach(function (m) { change += row.change[m]; });
+      f.change.textContent = learned ? fmt(change, true) : '–';
       f.before.textContent = fmt(first > 0 ? row.lens[first - 1] : row.base);
       f.after.textContent = fmt(row.lens[last]);
       f.entropy.textContent = row.entropy ? fmt(row.entropy[last]) : '–';
