@@ -153,3 +153,23 @@ def test_the_granularities_a_lens_takes_are_those_with_blocks():
             pass  # e.g. experts on a dense model: refused anyway
         blocks = shape.column_blocks() or shape.segment_blocks()
         assert kind.learned_readout == (blocks is not None), name
+
+
+def test_batch_takes_a_lens_folder_and_refuses_a_rerun_without_it(
+    tmp_path, model_folder, capsys
+):
+    import json
+
+    own = unembedding_hash(model_parts(tiny_model("llama")).head)
+    lens = _lens(tmp_path / "lens", unembed_sha256=own)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "w5 w6", "answer": "w7 w8"}\n')
+    args = ["batch", str(prompts), "--out", str(tmp_path / "out"), "--quiet"]
+    args += ["--model", str(model_folder), "--no-chat"]
+    assert main([*args, "--lens", str(lens)]) == 0
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["readout"]["checksum"] == Translators.load(lens).checksum()
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "other readout" in err

@@ -6,6 +6,9 @@ import argparse
 from captum_iglens.cli.common import (
     CommandError,
     Job,
+    learned_lens,
+    lens_folder,
+    lens_of_model,
     load,
     model_parent,
     progress,
@@ -29,6 +32,12 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     batch.add_argument("prompts", help="the prompt set, a .jsonl file")
     batch.add_argument("--out", required=True, help="output folder")
     batch.add_argument("--batch-size", type=int, default=8)
+    batch.add_argument(
+        "--lens",
+        metavar="logit|linear|DIR",
+        help="the readout of each layer, as for attribute (recorded in OUT/run.json; "
+        "a rerun under another readout is refused)",
+    )
     batch.add_argument(
         "--html",
         action="store_true",
@@ -59,6 +68,7 @@ def prepare(args: argparse.Namespace) -> Job:
     if args.batch_size < 1:
         raise CommandError(f"--batch-size: expected an int >= 1, got {args.batch_size}")
     prompts = read_prompts(args.prompts)
+    lens = lens_folder(args.lens)
     out = check_folder(args.out, "--out")
     device = init_distributed()
     if device.type == "cuda":
@@ -70,7 +80,8 @@ def prepare(args: argparse.Namespace) -> Job:
     try:
         check_resume(out, prompts, settings)
         parts, tokenizer = load(args, settings)
-        check_model(out, parts)
+        translators = learned_lens(lens_of_model(lens, parts, tokenizer, args), parts)
+        check_model(out, parts, translators)
     except BaseException:
         lock.release()
         raise
@@ -85,6 +96,7 @@ def prepare(args: argparse.Namespace) -> Job:
                 settings=settings,
                 batch_size=args.batch_size,
                 progress=progress(args),
+                lens=translators,
             )
         finally:
             lock.release()

@@ -55,6 +55,8 @@ from captum_iglens.hf.text import (
     pad_token_id,
     positions_span,
 )
+from captum_iglens.readout.layer_readout import LayerReadout
+from captum_iglens.readout.translators import Translators
 from captum_iglens.result import IGLensResult
 from captum_iglens.settings import Settings, provenance
 from captum_iglens.studies.prompts import check_prompts, prompt_key
@@ -68,6 +70,8 @@ LOCK = ".batch.lock"
 #: The key of a record's metadata that holds the answer given with the prompt
 #: (None when the answer was generated), compared on resume.
 GIVEN = "given_answer"
+#: The readout a ``run.json`` without one was written under.
+_LOGIT_READOUT = {"kind": "logit", "checksum": None}
 # A lock file this young with no holder yet is being written.
 _LOCK_WRITE_S = 10.0
 
@@ -160,6 +164,7 @@ def run_batch(
     settings: Optional[Settings] = None,
     batch_size: int = 8,
     progress: bool = True,
+    lens: Union[None, str, Path, Translators] = None,
     **options: Any,
 ) -> Path:
     r"""
@@ -199,6 +204,10 @@ def run_batch(
                     Default: 8.
         progress (bool, optional): A progress bar on stderr (rank 0 only).
                     Default: True.
+        lens (str, Path or Translators, optional): A learned readout per layer,
+                    as in :meth:`LayerIGLens.from_model`; its kind and checksum
+                    are recorded in ``run.json`` and a rerun under another
+                    readout is refused. Default: None (the logit readout)
         **options (Any): Fields of :class:`Settings` that override ``settings``.
 
     Returns:
@@ -221,15 +230,16 @@ def run_batch(
         raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
     parts = model_parts(model)  # unwrapped and looked up once
     model = parts.model
-    lens = LayerIGLens.from_model(
-        parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
+    attributor = LayerIGLens.from_model(
+        parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes, lens=lens
     )
-    lens.segment_names(settings.granularity)  # fails now, not after generation
+    attributor.segment_names(settings.granularity)  # fails now, not after generation
     out = check_folder(out_dir, "out_dir")
     out.mkdir(exist_ok=True)
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     run = {**provenance(model, settings), "weights_sha256": weights_checksum(model)}
+    run["readout"] = _readout_record(attributor.readout)
     lock = BatchLock(out)
 
     def claim() -> None:
@@ -244,7 +254,7 @@ def run_batch(
         raise ValueError(error)
     try:
         _run_prompts(
-            model, tokenizer, lens, prompts, out, settings, batch_size, progress
+            model, tokenizer, attributor, prompts, out, settings, batch_size, progress
         )
     finally:
         lock.release()
@@ -324,23 +334,38 @@ def check_resume(
     _check_texts(out, prompts, _done_records(out))
 
 
-def check_model(out_dir: Union[str, Path], model: Any) -> None:
+def check_model(
+    out_dir: Union[str, Path],
+    model: Any,
+    lens: Union[None, str, Path, Translators] = None,
+) -> None:
     r"""
     Checks the model against the one recorded in ``out_dir/run.json`` (if any)
-    by the checksum of its weights, before any work.
+    by the checksum of its weights, and the readout (``lens``, as in
+    :func:`run_batch`) by its kind and checksum, before any work.
 
     Raises:
-        ValueError: If the weights differ, showing both checksums in full.
+        ValueError: If the weights or the readout differ, showing both in full.
     """
     out = Path(out_dir)
     if not (out / RUN).exists():
         return
-    model = model_parts(model).model
+    parts = model_parts(model)
     recorded = _read_run(out)
-    ours = {"model": provenance(model, Settings())["model"]}
-    ours["weights_sha256"] = weights_checksum(model)
+    recorded.setdefault("readout", _LOGIT_READOUT)
+    ours = {"model": provenance(parts.model, Settings())["model"]}
+    ours["weights_sha256"] = weights_checksum(parts.model)
     names = f"; model {recorded.get('model')!r} then, {ours['model']!r} now"
     _compare(out, recorded, ours, "weights_sha256", names)
+    ours["readout"] = _readout_record(LayerIGLens.from_model(parts, lens=lens).readout)
+    _compare(out, recorded, ours, "readout")
+
+
+def _readout_record(readout: Any) -> Dict[str, Any]:
+    """The kind and checksum of a map's readout, as ``run.json`` keeps them."""
+    if isinstance(readout, LayerReadout):
+        return {"kind": readout.kind, "checksum": readout.checksum()}
+    return dict(_LOGIT_READOUT)
 
 
 class BatchLock:
@@ -441,8 +466,9 @@ def weights_checksum(model: torch.nn.Module) -> str:
 
 def _claim(out: Path, run: Dict[str, Any]) -> None:
     """Records ``run`` in ``out/run.json``, or checks it against the one there:
-    the settings and the weights' checksum (the model's name or path is kept for
-    the reader, not compared: a folder given relatively is the same model)."""
+    the settings, the readout (kind and checksum) and the weights' checksum (the
+    model's name or path is kept for the reader, not compared: a folder given
+    relatively is the same model)."""
     path = out / RUN
     if not path.exists():
         if any(f.exists() for f in _result_files(out)):
@@ -453,8 +479,10 @@ def _claim(out: Path, run: Dict[str, Any]) -> None:
         write_atomic(path, json.dumps(plain(run), indent=1))
         return
     recorded = _read_run(out)
+    recorded.setdefault("readout", _LOGIT_READOUT)  # written before readouts were
     ours = json.loads(json.dumps(plain(run)))
     _compare(out, recorded, ours, "settings")
+    _compare(out, recorded, ours, "readout")
     if recorded.get("weights_sha256") != ours["weights_sha256"]:
         names = f"model {recorded.get('model')!r} then, {ours['model']!r} now"
         _compare(out, recorded, ours, "weights_sha256", f"; {names}")

@@ -446,3 +446,28 @@ def test_a_locked_folder_stops_every_process(tmp_path):
         holder.kill()
         holder.wait()
     assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_a_learned_readout_is_recorded_and_a_rerun_under_another_refused(tmp_path):
+    from captum_iglens.readout.translators import Translators
+
+    model = tiny_model("llama")
+    d, n = model.config.hidden_size, model.config.num_hidden_layers
+    torch.manual_seed(0)
+    translators = Translators(0.3 * torch.randn(n, d, d), 0.3 * torch.randn(n, d))
+    kwargs = dict(progress=False, max_new_tokens=2)
+    path = run_batch(
+        model, word_tokenizer(VOCAB), PROMPTS[:2], tmp_path, lens=translators, **kwargs
+    )
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["readout"] == {"kind": "tuned", "checksum": translators.checksum()}
+    for record in read_results(path):
+        result = to_result(record)
+        assert result.readout_checksum == translators.checksum()
+        change = result.model_prob - result.base_prob
+        parts = result.block_part.sum(-1) + result.lens_change.sum(-1)
+        assert (parts - change).abs().max() <= 1e-6
+    before = path.read_text()
+    with pytest.raises(ValueError, match="other readout .*kind: 'tuned' then, 'logit' now"):
+        run_batch(model, word_tokenizer(VOCAB), PROMPTS, tmp_path, **kwargs)
+    assert path.read_text() == before
