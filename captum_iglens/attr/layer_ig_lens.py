@@ -242,9 +242,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         Default: 256 MiB.
             lens (str, Path or Translators, optional): A learned readout per
                         layer: a tuned-lens folder (``params.pt`` and
-                        ``config.json``) or
-                        :class:`~captum_iglens.readout.translators.Translators`;
+                        ``config.json``; this model's cached fit is
+                        ``captum_iglens.lens_fit.cached_lens(parts, tokenizer)``)
+                        or :class:`~captum_iglens.readout.translators.Translators`;
                         refused, before any forward, if made for another model.
+                        ``"logit"`` is the model's own readout, as None.
                         Default: None (the logit readout)
 
         Returns:
@@ -272,7 +274,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         )
         readout: Union[Readout, LayerReadout]
         readout = parts.readout(max_chunk_bytes=max_chunk_bytes)
-        if lens is not None:
+        if isinstance(lens, str) and lens == "linear":
+            raise ValueError(
+                "lens: 'linear' names the cached fit on the command line; in Python "
+                "pass its folder, captum_iglens.lens_fit.cached_lens(model_parts("
+                "model), tokenizer), which fits and caches it when there is none"
+            )
+        if lens is not None and not (isinstance(lens, str) and lens == "logit"):
             # The caller's translators stay where they are: the readout casts
             # them to the states' device and dtype, once per parameter version.
             translators = (

@@ -189,3 +189,18 @@ def test_new_parameters_are_used_after_a_cast_was_made(dtype):
         rows = index == i
         expected[rows] = h[rows] + h[rows] @ w[i].T + b[i]
     torch.testing.assert_close(t(h, index), expected)
+
+
+def test_lens_names_in_python():
+    """ "logit" is the model's own readout; "linear" says how to get the cached
+    fit's folder in Python."""
+    from captum_iglens import LayerIGLens
+
+    model = tiny_model("llama")
+    ids = torch.randint(0, 50, (1, 4))
+    plain = LayerIGLens.from_model(model).attribute_map(ids)
+    named = LayerIGLens.from_model(model, lens="logit").attribute_map(ids)
+    assert torch.equal(plain.attributions, named.attributions)
+    assert named.readout_kind == "logit"
+    with pytest.raises(ValueError, match="lens: 'linear'.*cached_lens"):
+        LayerIGLens.from_model(model, lens="linear")

@@ -468,6 +468,8 @@ def test_a_learned_readout_is_recorded_and_a_rerun_under_another_refused(tmp_pat
         parts = result.block_part.sum(-1) + result.lens_change.sum(-1)
         assert (parts - change).abs().max() <= 1e-6
     before = path.read_text()
-    with pytest.raises(ValueError, match="other readout .*kind: 'tuned' then, 'logit' now"):
+    with pytest.raises(
+        ValueError, match="other readout .*kind: 'tuned' then, 'logit' now"
+    ):
         run_batch(model, word_tokenizer(VOCAB), PROMPTS, tmp_path, **kwargs)
     assert path.read_text() == before
