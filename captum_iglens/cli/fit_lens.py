@@ -126,7 +126,7 @@ def prepare(args: argparse.Namespace) -> Job:
     parts, tokenizer = load(args, Settings(chat=False))
 
     def job() -> int:
-        from captum_iglens.lens_fit import fit_lens, lens_cache_folder, save_fit
+        from captum_iglens.lens_fit import cache_fit, fit_lens, save_fit
 
         fitted = fit_lens(
             parts,
@@ -136,11 +136,8 @@ def prepare(args: argparse.Namespace) -> Job:
             progress=progress(args),
         )
         print(fitted.report.format_table())
-        cache = lens_cache_folder(fitted.report.checksum)
-        cache.parent.mkdir(parents=True, exist_ok=True)
         if options == type(options)():  # only the default fit is the cached one
-            save_fit(cache, fitted)
-            print(f"cached: {cache}", file=sys.stderr)
+            print(f"cached: {cache_fit(fitted)}", file=sys.stderr)
         if args.out:
             save_fit(Path(args.out), fitted, curve_folders=True)
             print(f"lens: {args.out}", file=sys.stderr)

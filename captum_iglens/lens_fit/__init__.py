@@ -7,6 +7,7 @@ from captum_iglens.lens_fit.cache import lens_cache_folder, model_checksum
 from captum_iglens.lens_fit.fit import (
     FitOptions,
     FittedLens,
+    cache_fit,
     cached_lens,
     fit_lens,
     save_fit,
@@ -16,6 +17,7 @@ from captum_iglens.lens_fit.quality import Quality, lens_quality
 from captum_iglens.lens_fit.report import LensFitReport
 
 __all__ = [
+    "cache_fit",
     "cached_lens",
     "fit_lens",
     "FitOptions",

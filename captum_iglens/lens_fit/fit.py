@@ -341,9 +341,28 @@ def cached_lens(
                 f"no fitted lens cached for this model: fitting {folder}",
                 file=sys.stderr,
             )
-        fitted = fit_lens(parts, tokenizer, FitOptions(), progress=progress)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        save_fit(folder, fitted)
+        cache_fit(
+            fit_lens(parts, tokenizer, FitOptions(), progress=progress), cache_dir
+        )
+    return folder
+
+
+def cache_fit(fitted: FittedLens, cache_dir: Optional[Any] = None) -> Path:
+    r"""
+    Writes a fit made with :class:`FitOptions`'s defaults as its model's cached
+    lens (see :func:`~captum_iglens.lens_fit.cache.lens_cache_folder`).
+
+    Args:
+
+        fitted (FittedLens): From :func:`fit_lens` with the default options.
+        cache_dir (str or Path, optional): The cache root. Default: None
+
+    Returns:
+        *Path*: the cached lens folder.
+    """
+    folder = lens_cache_folder(fitted.report.checksum, cache_dir)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    save_fit(folder, fitted)
     return folder
 
 
