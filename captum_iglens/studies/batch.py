@@ -352,7 +352,6 @@ def check_model(
         return
     parts = model_parts(model)
     recorded = _read_run(out)
-    recorded.setdefault("readout", _LOGIT_READOUT)
     ours = {"model": provenance(parts.model, Settings())["model"]}
     ours["weights_sha256"] = weights_checksum(parts.model)
     names = f"; model {recorded.get('model')!r} then, {ours['model']!r} now"
@@ -479,7 +478,6 @@ def _claim(out: Path, run: Dict[str, Any]) -> None:
         write_atomic(path, json.dumps(plain(run), indent=1))
         return
     recorded = _read_run(out)
-    recorded.setdefault("readout", _LOGIT_READOUT)  # written before readouts were
     ours = json.loads(json.dumps(plain(run)))
     _compare(out, recorded, ours, "settings")
     _compare(out, recorded, ours, "readout")
@@ -489,13 +487,15 @@ def _claim(out: Path, run: Dict[str, Any]) -> None:
 
 
 def _read_run(out: Path) -> Dict[str, Any]:
-    """The ``run.json`` of ``out``, checked to be a JSON object."""
+    """The ``run.json`` of ``out``, checked to be a JSON object; one written
+    before readouts were recorded was written under the logit readout."""
     try:
         recorded = json.loads((out / RUN).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise ValueError(f"out_dir: {out / RUN} is not valid JSON") from None
     if not isinstance(recorded, dict):
         raise ValueError(f"out_dir: {out / RUN} is not a JSON object")
+    recorded.setdefault("readout", dict(_LOGIT_READOUT))
     return recorded
 
 
