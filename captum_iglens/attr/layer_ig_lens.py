@@ -274,13 +274,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         )
         readout: Union[Readout, LayerReadout]
         readout = parts.readout(max_chunk_bytes=max_chunk_bytes)
-        if isinstance(lens, str) and lens == "linear":
+        if lens == "linear":
             raise ValueError(
                 "lens: 'linear' names the cached fit on the command line; in Python "
                 "pass its folder, captum_iglens.lens_fit.cached_lens(model_parts("
                 "model), tokenizer), which fits and caches it when there is none"
             )
-        if lens is not None and not (isinstance(lens, str) and lens == "logit"):
+        if lens is not None and lens != "logit":
             # The caller's translators stay where they are: the readout casts
             # them to the states' device and dtype, once per parameter version.
             translators = (

@@ -88,6 +88,10 @@ def cells(browser):
     return browser.find_elements("css selector", "#map .cell")
 
 
+def cell_colours(browser) -> list:
+    return [c.value_of_css_property("background-color") for c in cells(browser)]
+
+
 def screenshot(browser, name: str) -> None:
     """Saves a screenshot for a person to look at and checks it is not blank."""
     from PIL import Image
@@ -182,14 +186,11 @@ def test_toggles_recolour_the_map(browser, map_page):
     result, folder = map_page
     open_page(browser, folder / "r.html")
 
-    def colours():
-        return [c.value_of_css_property("background-color") for c in cells(browser)]
-
-    signed = colours()
+    signed = cell_colours(browser)
     browser.find_element("id", "absolute").click()
-    absolute = colours()
+    absolute = cell_colours(browser)
     browser.find_element("css selector", 'input[value="lens"]').click()
-    lens = colours()
+    lens = cell_colours(browser)
     assert signed != absolute != lens
     negative = (result.attributions[0] < 0).flatten().nonzero()[0].item()
     assert signed[negative] != absolute[negative]
@@ -203,14 +204,11 @@ def test_learned_readout_shows_block_and_lens_change_parts(
     open_page(browser, tmp_path / "l.html")
     k = len(learned_result.layer_names)
 
-    def colours():
-        return [c.value_of_css_property("background-color") for c in cells(browser)]
-
-    credit = colours()
+    credit = cell_colours(browser)
     browser.find_element("css selector", 'input[value="change"]').click()
-    change = colours()
+    change = cell_colours(browser)
     browser.find_element("css selector", 'input[value="block"]').click()
-    block = colours()
+    block = cell_colours(browser)
     assert credit != change and credit != block and change != block
     row, col = 2, k - 2
     hover(browser, cells(browser)[row * k + col])

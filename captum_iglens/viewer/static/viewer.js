@@ -295,12 +295,17 @@
     var cols = [], grid = null;
     var showSources = sources ? sourcePanel(root, sources) : null;
 
+    // A column's members summed: a collapsed group's parts add up.
+    function total(members, at) {
+      var s = 0;
+      members.forEach(function (m) { s += at(m); });
+      return s;
+    }
     function value(row, col) {
       if (state.view === 'lens') return row.lens[col.members[col.members.length - 1]];
-      var s = 0;
-      col.members.forEach(function (m) {
-        var change = learned ? row.change[m] : 0;
-        s += state.view === 'change' ? change : (state.view === 'block' ? row.credit[m] - change : row.credit[m]);
+      var s = total(col.members, function (m) {
+        if (state.view === 'change') return row.change[m];
+        return state.view === 'block' ? row.credit[m] - row.change[m] : row.credit[m];
       });
       return state.absolute ? Math.abs(s) : s;
     }
@@ -371,17 +376,14 @@
     }
     function showCell(ri, ci) {
       var row = rows[ri], c = cols[ci], first = c.members[0], last = c.members[c.members.length - 1];
-      var credit = 0;
-      c.members.forEach(function (m) { credit += row.credit[m]; });
+      var credit = total(c.members, function (m) { return row.credit[m]; });
       infoHint.textContent = '';
       kvt.style.display = '';
       f.token.textContent = visible(row.token);
       f.layer.textContent = c.members.length > 1
         ? groups[c.group].key + ' (' + c.members.length + ' parts, summed)' : layers[first];
       f.credit.textContent = fmt(credit, true);
-      var change = 0;
-      if (learned) c.members.forEach(function (m) { change += row.change[m]; });
-      f.change.textContent = learned ? fmt(change, true) : '–';
+      if (learned) f.change.textContent = fmt(total(c.members, function (m) { return row.change[m]; }), true);
       f.before.textContent = fmt(first > 0 ? row.lens[first - 1] : row.base);
       f.after.textContent = fmt(row.lens[last]);
       f.entropy.textContent = row.entropy ? fmt(row.entropy[last]) : '–';
