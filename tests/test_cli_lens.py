@@ -90,14 +90,15 @@ def test_linear_fits_the_models_lens_once_then_reads_the_cache(
     tmp_path, model_folder, capsys, monkeypatch
 ):
     import captum_iglens.lens_fit.fit as fit
-    from captum_iglens.lens_fit import lens_cache_folder, model_checksum
+    from captum_iglens.hf.checksum import weights_checksum
+    from captum_iglens.lens_fit import lens_cache_folder
 
     monkeypatch.setenv("CAPTUM_IGLENS_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "r.json"
     args = ["w5 w6", "--model", str(model_folder), "--no-chat", "--max-new-tokens"]
     args += ["2", "--lens", "linear", "--json", str(out)]
     assert main(args) == 0
-    cached = lens_cache_folder(model_checksum(tiny_model("llama")))
+    cached = lens_cache_folder(weights_checksum(tiny_model("llama")))
     assert (cached / "params.pt").is_file() and (cached / "fit_report.json").is_file()
     first = IGLensResult.load(out)
     assert first.readout_checksum == Translators.load(cached).checksum()

@@ -3,7 +3,7 @@ model samples itself (streamed float64 Gram matrices, ridge), an optional KL
 fine-tune, the held-out report (KL and top-1 agreement beside the logit lens),
 tuned-lens checkpoint folders, and the per-model cache."""
 
-from captum_iglens.lens_fit.cache import lens_cache_folder, model_checksum
+from captum_iglens.lens_fit.cache import lens_cache_folder
 from captum_iglens.lens_fit.fit import (
     FitOptions,
     FittedLens,
@@ -26,7 +26,6 @@ __all__ = [
     "lens_cache_folder",
     "lens_quality",
     "LensFitReport",
-    "model_checksum",
     "Quality",
     "save_fit",
     "solve_ridge",

@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from captum_iglens.hf.checksum import weights_checksum
 from captum_iglens.hf.parts import ModelParts
-from captum_iglens.lens_fit.cache import lens_cache_folder, model_checksum
+from captum_iglens.lens_fit.cache import lens_cache_folder
 from captum_iglens.lens_fit.checkpoint import save_lens_folder
 from captum_iglens.lens_fit.corpus import (
     corpus_windows,
@@ -243,7 +244,7 @@ def fit_lens(
     options.check()
     seconds: Dict[str, float] = {}
     tick = time.perf_counter()
-    checksum = model_checksum(parts.model)
+    checksum = weights_checksum(parts.model)
     readout = parts.readout()
     with tqdm(
         total=options.tokens,
@@ -334,7 +335,7 @@ def cached_lens(
     Returns:
         *Path*: a tuned-lens folder (``params.pt``, ``config.json``).
     """
-    folder = lens_cache_folder(model_checksum(parts.model), cache_dir)
+    folder = lens_cache_folder(weights_checksum(parts.model), cache_dir)
     if not (folder / "params.pt").is_file():
         if progress:
             print(

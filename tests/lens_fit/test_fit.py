@@ -7,17 +7,24 @@ import pytest
 import torch
 
 from captum_iglens.hf import model_parts
+from captum_iglens.hf.checksum import weights_checksum
 from captum_iglens.lens_fit import (
+    cached_lens,
+    lens_cache_folder,
     FitOptions,
     GramStats,
     fit_lens,
     lens_quality,
-    model_checksum,
     save_fit,
     solve_ridge,
 )
 from captum_iglens.readout.translators import Translators
-from tests.helpers import assert_state_unchanged, hook_snapshot, state_snapshot
+from tests.helpers import (
+    assert_state_unchanged,
+    fixed_weights,
+    hook_snapshot,
+    state_snapshot,
+)
 from tests.tiny_models import tiny_model, tiny_tokenizer
 
 
@@ -131,7 +138,7 @@ def test_tiny_fit_end_to_end_writes_a_loadable_checkpoint(kind, tmp_path):
     assert torch.equal(loaded.weight, first.weight) and torch.equal(
         loaded.bias, first.bias
     )
-    assert config["model_checksum"] == model_checksum(model)
+    assert config["model_checksum"] == weights_checksum(model)
     assert (tmp_path / "lens-tokens100" / "params.pt").is_file()
     assert (tmp_path / "lens" / "fit_report.png").stat().st_size > 1000
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
@@ -154,8 +161,22 @@ def test_fit_on_a_corpus_file_leaves_the_first_position_out(tmp_path):
 
 def test_checksum_follows_the_weights():
     model = tiny_model("llama")
-    before = model_checksum(model)
-    assert before == model_checksum(tiny_model("llama"))
+    before = weights_checksum(model)
+    assert before == weights_checksum(tiny_model("llama"))
     with torch.no_grad():
         model.lm_head.weight[0, 0] += 1
-    assert model_checksum(model) != before
+    assert weights_checksum(model) != before
+
+
+def test_a_lens_cached_before_is_found_by_the_same_checksum(tmp_path):
+    # The folder that version 0.1.0 cached the fixed-weight tiny Llama's lens in
+    # (the first 16 hex digits of the checksum of its weights then): found, not
+    # fitted again.
+    model = fixed_weights(tiny_model("llama"))
+    cached = tmp_path / "lenses" / "17df94e7d5fa69e6"
+    cached.mkdir(parents=True)
+    (cached / "params.pt").write_bytes(b"")
+    assert lens_cache_folder(weights_checksum(model), tmp_path) == cached
+    assert cached_lens(model_parts(model), tiny_tokenizer(), cache_dir=tmp_path) == (
+        cached
+    )

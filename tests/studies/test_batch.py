@@ -11,8 +11,9 @@ import torch.multiprocessing as mp
 from captum_iglens import LayerIGLens, Settings
 from captum_iglens.studies.batch import read_results, run_batch, to_result
 from captum_iglens.studies.prompts import read_prompts
+from captum_iglens.hf.checksum import weights_checksum
 from captum_iglens.hf import encode_answer, encode_prompt, teacher_forcing
-from tests.helpers import word_tokenizer
+from tests.helpers import fixed_weights, word_tokenizer
 from tests.tiny_models import VOCAB, tiny_model
 
 TOL = 1e-6
@@ -258,8 +259,56 @@ def test_resume_with_another_model_is_refused(tmp_path):
     other = tiny_model("llama")
     with torch.no_grad():
         other.lm_head.weight[0, 0] += 1.0
-    with pytest.raises(ValueError, match="weights sha256"):
+    with pytest.raises(ValueError, match="weights checksum"):
         run_batch(other, tokenizer, PROMPTS, tmp_path, progress=False)
+
+
+# The checksum that version 0.1.0 recorded in run.json as "weights_sha256" for
+# the fixed-weight tiny Llama (its parameters, then its buffers).
+WEIGHTS_SHA256_0_1 = "1d2b38eb9ee674ee8d55e594495103e668eb7a6c406daff1534ac81f9264bd42"
+
+
+def _run_json_0_1(out_dir, model, weights_sha256):
+    """A run.json as version 0.1.0 wrote it: no readout, the older checksum."""
+    from captum_iglens.settings import provenance
+
+    settings = Settings(max_new_tokens=2)
+    run = {**provenance(model, settings), "weights_sha256": weights_sha256}
+    (out_dir / "run.json").write_text(json.dumps(run, indent=1))
+
+
+def test_a_run_json_written_by_0_1_still_resumes_and_refuses(tmp_path):
+    model, tokenizer = fixed_weights(tiny_model("llama")), word_tokenizer(VOCAB)
+    kwargs = dict(progress=False, max_new_tokens=2)
+    _run_json_0_1(tmp_path, model, WEIGHTS_SHA256_0_1)
+    run_batch(model, tokenizer, PROMPTS[:2], tmp_path, **kwargs)
+    assert [r["id"] for r in read_results(tmp_path / "results.jsonl")] == ["a", 7]
+    assert "weights_checksum" not in json.loads((tmp_path / "run.json").read_text())
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] += 1.0
+    with pytest.raises(
+        ValueError, match=f"weights sha256 .'{WEIGHTS_SHA256_0_1}' then"
+    ):
+        run_batch(model, tokenizer, PROMPTS, tmp_path, **kwargs)
+
+
+def test_cli_checks_a_run_json_written_by_0_1(tmp_path):
+    from captum_iglens.studies.batch import check_model
+
+    model = fixed_weights(tiny_model("llama"))
+    _run_json_0_1(tmp_path, model, WEIGHTS_SHA256_0_1)
+    check_model(tmp_path, model)
+    _run_json_0_1(tmp_path, model, "0" * 64)
+    with pytest.raises(ValueError, match="other weights sha256"):
+        check_model(tmp_path, model)
+
+
+def test_run_json_records_the_lens_cache_checksum(tmp_path):
+    model = tiny_model("llama")
+    run_batch(model, word_tokenizer(VOCAB), PROMPTS[:1], tmp_path, progress=False)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["weights_checksum"] == weights_checksum(model)
+    assert "weights_sha256" not in run
 
 
 def test_resume_with_the_same_model_under_another_path_goes_on(tmp_path):
@@ -274,8 +323,6 @@ def test_resume_with_the_same_model_under_another_path_goes_on(tmp_path):
 
 
 def test_refusals_show_the_full_differing_values(tmp_path):
-    from captum_iglens.studies.batch import weights_checksum
-
     tokenizer = word_tokenizer(VOCAB)
     model = tiny_model("llama")
     run_batch(model, tokenizer, PROMPTS[:1], tmp_path, progress=False)
@@ -411,7 +458,7 @@ def test_cli_resume_knows_the_model_by_its_weights(tmp_path, capsys, monkeypatch
     capsys.readouterr()
     assert main([*args, "--model", "other"]) == 2
     err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and recorded["weights_sha256"] in err
+    assert len(err.splitlines()) == 1 and recorded["weights_checksum"] in err
     assert "'other' now" in err
 
 

@@ -5,7 +5,7 @@ from captum_iglens.studies.comparison.heads import (
     format_head_agreement,
     head_rank_agreement,
 )
-from captum_iglens.studies.comparison.methods import (
+from captum_iglens.studies.methods.registry import (
     COMPARED_METHODS,
     METHODS,
     SCORED_METHODS,

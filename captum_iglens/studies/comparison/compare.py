@@ -32,12 +32,12 @@ from captum_iglens.studies.comparison.result import (
     ComparisonResult,
     MethodResult,
 )
-from captum_iglens.studies.comparison.methods import (
+from captum_iglens.studies.methods.registry import (
     COMPARED_METHODS,
     METHODS,
     SOURCE_METHODS,
 )
-from captum_iglens.studies.comparison.runners import (
+from captum_iglens.studies.methods.runners import (
     Outcome,
     Work,
     default_baseline_token,

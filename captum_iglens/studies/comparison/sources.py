@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 import torch
 from torch import Tensor
 
-from captum_iglens.studies.comparison.methods import METHODS
+from captum_iglens.studies.methods.registry import METHODS
 from captum_iglens.studies.comparison.ranking import ranks, spearman
 
 #: The method the others are ranked against.

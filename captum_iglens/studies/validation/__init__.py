@@ -1,7 +1,7 @@
 r"""Does the IG-Lens onset predict where causal ablation hurts most, and where
 restoring the attributed position recovers the answer?"""
 
-from captum_iglens.studies.comparison.methods import SCORED_METHODS
+from captum_iglens.studies.methods.registry import SCORED_METHODS
 from captum_iglens.studies.validation.ablation import (
     MODES,
     Ablation,

@@ -26,8 +26,8 @@ from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import encode_prompt, generate, pad_token_id
 from captum_iglens.settings import Settings
-from captum_iglens.studies.comparison.methods import SCORED_METHODS
-from captum_iglens.studies.comparison.runners import Work
+from captum_iglens.studies.methods.registry import SCORED_METHODS
+from captum_iglens.studies.methods.runners import Work
 from captum_iglens.studies.validation.ablation import MODES, ablate, mean_updates
 from captum_iglens.studies.validation.facts import Fact
 from captum_iglens.studies.validation.result import ValidationResult

@@ -23,8 +23,8 @@ from captum_iglens.hf.text import encode_prompt, left_pad, pad_token_id
 from captum_iglens.readout.layer_readout import LayerReadout
 from captum_iglens.readout.translators import Translators
 from captum_iglens.settings import Settings
-from captum_iglens.studies.comparison.methods import LEARNED_METHODS, SCORED_METHODS
-from captum_iglens.studies.comparison.runners import Work
+from captum_iglens.studies.methods.registry import LEARNED_METHODS, SCORED_METHODS
+from captum_iglens.studies.methods.runners import Work
 from captum_iglens.studies.validation.facts import Fact
 from captum_iglens.studies.validation.restoration import (
     CORRUPTIONS,

@@ -1,8 +1,8 @@
 r"""
 Per-layer scores of the first answer token for the validation studies, from the
-methods' runners (:mod:`~captum_iglens.studies.comparison.methods`): one IG-Lens
+methods' runners (:mod:`~captum_iglens.studies.methods.registry`): one IG-Lens
 pass gives IG-Lens's and the logit lens's outcomes, which the study's
-:class:`~captum_iglens.studies.comparison.runners.Work` keeps so that no runner
+:class:`~captum_iglens.studies.methods.runners.Work` keeps so that no runner
 makes that pass again.
 """
 
@@ -15,8 +15,8 @@ from torch import Tensor
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.settings import Settings
-from captum_iglens.studies.comparison.methods import METHODS, outcome
-from captum_iglens.studies.comparison.runners import (
+from captum_iglens.studies.methods.registry import METHODS, outcome
+from captum_iglens.studies.methods.runners import (
     Work,
     ig_lens_outcome,
     logit_lens_diff_outcome,
@@ -87,7 +87,7 @@ def study_work(
 def method_scores(work: Work, name: str) -> np.ndarray:
     r"""
     Method ``name``'s ``(B, k)`` scores of ``work``'s one position (run once per
-    work: see :func:`~captum_iglens.studies.comparison.methods.outcome`).
+    work: see :func:`~captum_iglens.studies.methods.registry.outcome`).
 
     Args:
 

@@ -24,12 +24,12 @@ from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import left_pad
 from captum_iglens.settings import Settings, provenance
-from captum_iglens.studies.comparison.methods import (
+from captum_iglens.studies.methods.registry import (
     LEARNED_METHODS,
     METHODS,
     SCORED_METHODS,
 )
-from captum_iglens.studies.comparison.runners import Work, default_baseline_token
+from captum_iglens.studies.methods.runners import Work, default_baseline_token
 from captum_iglens.studies.validation.scoring import (
     method_scores,
     study_work,

@@ -11,7 +11,7 @@ from captum.attr import LayerConductance, LayerIntegratedGradients
 
 from captum_iglens import LayerIGLens, Settings
 from captum_iglens.attr._utils.capture import hidden_of
-from captum_iglens.studies.comparison.runners import TargetProbability
+from captum_iglens.studies.methods.runners import TargetProbability
 from captum_iglens.hf import model_parts
 from captum_iglens.studies.comparison import COMPARED_METHODS, ComparisonResult, compare
 from tests.helpers import (
@@ -218,7 +218,7 @@ def test_captum_blocks_each_explain_the_whole_change(calm_llama, batch, run, nam
 
 
 def test_captum_memory_is_bounded_by_row_groups(calm_llama, batch, monkeypatch):
-    import captum_iglens.studies.comparison.runners as runners
+    import captum_iglens.studies.methods.runners as runners
 
     ids, mask = batch
     kwargs = dict(

@@ -12,8 +12,8 @@ from captum_iglens.studies.comparison import (
     SOURCE_METHODS,
     compare,
 )
-from captum_iglens.studies.comparison.methods import outcome
-from captum_iglens.studies.comparison.runners import Work
+from captum_iglens.studies.methods.registry import outcome
+from captum_iglens.studies.methods.runners import Work
 from captum_iglens.studies.validation.scoring import study_work
 from tests.helpers import left_padded
 from tests.tiny_models import VOCAB, tiny_model

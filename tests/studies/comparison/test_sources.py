@@ -13,7 +13,7 @@ from captum_iglens.studies.comparison import (
     source_rank_agreement,
 )
 from captum_iglens.studies.comparison.compare import method_names
-from captum_iglens.studies.comparison.source_runners import rollout
+from captum_iglens.studies.methods.source_runners import rollout
 from tests.tiny_models import VOCAB, tiny_model
 
 POSITIONS = [-3, -1]
@@ -140,7 +140,7 @@ def test_agreement_needs_ig_lens_sources(run):
 def test_ig_lens_sources_refused_before_any_work_without_the_granularity(
     monkeypatch,
 ):
-    from captum_iglens.studies.comparison import source_runners
+    from captum_iglens.studies.methods import source_runners
 
     monkeypatch.delitem(source_runners.GRANULARITIES, "source")
     with pytest.raises(ValueError, match="methods: ig_lens_sources needs"):

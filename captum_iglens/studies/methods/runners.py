@@ -1,6 +1,6 @@
 r"""
 The runners of the methods the studies score (registered in
-:mod:`~captum_iglens.studies.comparison.methods`). Each takes the same
+:mod:`~captum_iglens.studies.methods.registry`). Each takes the same
 :class:`Work` (the inputs, positions, targets and blocks IG-Lens got) and returns
 an :class:`Outcome` with a token-by-layer score.
 

@@ -1,8 +1,8 @@
 r"""
 The runners of the source-token methods (registered in
-:mod:`~captum_iglens.studies.comparison.methods` with ``axis="sources"``): each
+:mod:`~captum_iglens.studies.methods.registry` with ``axis="sources"``): each
 scores, for every attributed token, every source position ``0..T-1`` of its
-sequence, an :class:`~captum_iglens.studies.comparison.runners.Outcome` of
+sequence, an :class:`~captum_iglens.studies.methods.runners.Outcome` of
 shape ``(B, P, T)``.
 
 - ``lig_embeddings``: Captum's :class:`~captum.attr.LayerIntegratedGradients` on
@@ -27,7 +27,7 @@ from torch.nn import Module
 
 from captum_iglens.attr.granularities import GRANULARITIES
 from captum_iglens.hf.forward import position_ids_from_mask
-from captum_iglens.studies.comparison.runners import (
+from captum_iglens.studies.methods.runners import (
     Outcome,
     TargetProbability,
     Work,

@@ -3,21 +3,21 @@ The one registry of the methods the studies score: :func:`compare` runs those
 marked ``compared`` (by default those over layers; those over source tokens on
 request), the validation and restoration studies those marked ``scored``. A
 method is one :class:`StudyMethod` entry; a new one is a runner in
-:mod:`~captum_iglens.studies.comparison.runners` (or
-:mod:`~captum_iglens.studies.comparison.source_runners`) and one line here.
+:mod:`~captum_iglens.studies.methods.runners` (or
+:mod:`~captum_iglens.studies.methods.source_runners`) and one line here.
 """
 
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Optional, Tuple
 
-from captum_iglens.studies.comparison.source_runners import (
+from captum_iglens.studies.methods.source_runners import (
     SOURCE_GRANULARITY,
     attention_rollout,
     ig_lens_sources,
     lig_embeddings,
     source_granularity_missing,
 )
-from captum_iglens.studies.comparison.runners import (
+from captum_iglens.studies.methods.runners import (
     Outcome,
     Work,
     dla,
@@ -42,7 +42,7 @@ class StudyMethod:
 
         name (str): Its name in tables, results and ``--methods``.
         run (Callable[[Work], Outcome], optional): Its token-by-layer score of a
-                    :class:`~captum_iglens.studies.comparison.runners.Work`;
+                    :class:`~captum_iglens.studies.methods.runners.Work`;
                     None for ``"random"``, which the studies draw from their
                     seed.
         compared (bool): :func:`~captum_iglens.studies.compare` runs it.
@@ -91,7 +91,7 @@ def outcome(work: Work, name: str) -> Outcome:
         name (str): A name from :data:`METHODS` with a runner.
 
     Returns:
-        :class:`~captum_iglens.studies.comparison.runners.Outcome`.
+        :class:`~captum_iglens.studies.methods.runners.Outcome`.
     """
     if name not in work.outcomes:
         run = METHODS[name].run

@@ -1,0 +1,34 @@
+r"""
+IG-Lens maps of a prompt set: padded batches
+(:mod:`~captum_iglens.studies.batch.padded`), incremental JSON Lines output
+(:mod:`~captum_iglens.studies.batch.records`), resumption after an interruption
+(:mod:`~captum_iglens.studies.batch.resume`) under a lock
+(:mod:`~captum_iglens.studies.batch.lock`), and splitting across processes with
+``torch.distributed`` (:mod:`~captum_iglens.studies.batch.run`).
+"""
+
+from captum_iglens.studies.batch.lock import LOCK, BatchLock
+from captum_iglens.studies.batch.page import write_html
+from captum_iglens.studies.batch.records import (
+    GIVEN,
+    RESULTS,
+    read_results,
+    to_result,
+)
+from captum_iglens.studies.batch.resume import RUN, check_model, check_resume
+from captum_iglens.studies.batch.run import init_distributed, run_batch
+
+__all__ = [
+    "GIVEN",
+    "LOCK",
+    "RESULTS",
+    "RUN",
+    "BatchLock",
+    "check_model",
+    "check_resume",
+    "init_distributed",
+    "read_results",
+    "run_batch",
+    "to_result",
+    "write_html",
+]

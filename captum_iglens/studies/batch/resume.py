@@ -1,0 +1,178 @@
+r"""
+The ``run.json`` of a batch folder, which makes a rerun resume only the same
+run: the settings, the readout (kind and checksum) and the model's weights
+(:func:`~captum_iglens.hf.checksum.weights_checksum`) it was written with. The
+model's name or path is kept for the reader, not compared: a folder given
+relatively is the same model.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Dict, Sequence, Union
+
+import torch
+from torch.nn import Module
+
+from captum_iglens._utils.serialization import plain, write_atomic
+from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.architectures import model_parts
+from captum_iglens.hf.checksum import weights_checksum
+from captum_iglens.readout.layer_readout import LayerReadout
+from captum_iglens.readout.translators import Translators
+from captum_iglens.settings import Settings, provenance
+from captum_iglens.studies.batch.records import check_texts, done_records, result_files
+
+#: The settings and model identity of the run that writes ``out_dir``.
+RUN = "run.json"
+#: The key of ``run.json`` that holds the weights' checksum.
+WEIGHTS = "weights_checksum"
+#: The key under which a ``run.json`` written by version 0.1.0 holds the older
+#: checksum of the weights (:func:`_weights_sha256_0_1`), still read.
+WEIGHTS_0_1 = "weights_sha256"
+#: The readout a ``run.json`` without one was written under.
+_LOGIT_READOUT = {"kind": "logit", "checksum": None}
+
+
+def check_resume(
+    out_dir: Union[str, Path],
+    prompts: Sequence[Dict[str, Any]],
+    settings: Settings,
+) -> None:
+    r"""
+    The checks of a rerun in ``out_dir`` that need no model, for a caller that
+    loads the model afterwards (the CLI): the settings recorded in
+    ``run.json`` and the texts of the prompts already done.
+    :func:`~captum_iglens.studies.batch.run_batch` makes them again, with the
+    weights' checksum.
+
+    Raises:
+        ValueError: If the folder was written with other settings, holds results
+            but no ``run.json``, or holds a prompt or given answer that differs
+            under the same id (naming the ids).
+    """
+    out = Path(out_dir)
+    if not out.is_dir():
+        return
+    if (out / RUN).exists():
+        _compare(out, read_run(out), {"settings": settings.to_dict()}, "settings")
+    elif any(f.exists() for f in result_files(out)):
+        raise ValueError(
+            f"out_dir: {out} holds results but no {RUN}, so their settings are "
+            "unknown; choose a new --out folder"
+        )
+    check_texts(out, prompts, done_records(out))
+
+
+def check_model(
+    out_dir: Union[str, Path],
+    model: Any,
+    lens: Union[None, str, Path, Translators] = None,
+) -> None:
+    r"""
+    Checks the model against the one recorded in ``out_dir/run.json`` (if any)
+    by the checksum of its weights, and the readout (``lens``, as in
+    :func:`~captum_iglens.studies.batch.run_batch`) by its kind and checksum,
+    before any work.
+
+    Raises:
+        ValueError: If the weights or the readout differ, showing both in full.
+    """
+    out = Path(out_dir)
+    if not (out / RUN).exists():
+        return
+    parts = model_parts(model)
+    recorded = read_run(out)
+    _check_weights(
+        out, recorded, parts.model, provenance(parts.model, Settings())["model"]
+    )
+    ours = {"readout": readout_record(LayerIGLens.from_model(parts, lens=lens).readout)}
+    _compare(out, recorded, ours, "readout")
+
+
+def readout_record(readout: Any) -> Dict[str, Any]:
+    """The kind and checksum of a map's readout, as ``run.json`` keeps them."""
+    if isinstance(readout, LayerReadout):
+        return {"kind": readout.kind, "checksum": readout.checksum()}
+    return dict(_LOGIT_READOUT)
+
+
+def claim_run(out: Path, run: Dict[str, Any], model: Module) -> None:
+    """Records ``run`` (the settings, the model's name and the readout) with the
+    checksum of ``model``'s weights in ``out/run.json``, or checks them against
+    the ones there."""
+    path = out / RUN
+    if not path.exists():
+        if any(f.exists() for f in result_files(out)):
+            raise ValueError(
+                f"out_dir: {out} holds results but no {RUN}, so their settings are "
+                "unknown; choose a new --out folder"
+            )
+        record = {**run, WEIGHTS: weights_checksum(model)}
+        write_atomic(path, json.dumps(plain(record), indent=1))
+        return
+    recorded = read_run(out)
+    ours = json.loads(json.dumps(plain(run)))
+    _compare(out, recorded, ours, "settings")
+    _compare(out, recorded, ours, "readout")
+    _check_weights(out, recorded, model, ours["model"])
+
+
+def read_run(out: Path) -> Dict[str, Any]:
+    """The ``run.json`` of ``out``, checked to be a JSON object; one written
+    before readouts were recorded was written under the logit readout."""
+    try:
+        recorded = json.loads((out / RUN).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise ValueError(f"out_dir: {out / RUN} is not valid JSON") from None
+    if not isinstance(recorded, dict):
+        raise ValueError(f"out_dir: {out / RUN} is not a JSON object")
+    recorded.setdefault("readout", dict(_LOGIT_READOUT))
+    return recorded
+
+
+def _check_weights(
+    out: Path, recorded: Dict[str, Any], model: Module, name: str
+) -> None:
+    """Refuses to resume when ``model``'s weights are not the recorded ones, by
+    the checksum ``run.json`` holds (the older form for a folder written by
+    version 0.1.0); ``name`` is the model's name now, shown beside the one then."""
+    old = WEIGHTS_0_1 in recorded and WEIGHTS not in recorded
+    key = WEIGHTS_0_1 if old else WEIGHTS
+    ours = {key: _weights_sha256_0_1(model) if old else weights_checksum(model)}
+    names = f"; model {recorded.get('model')!r} then, {name!r} now"
+    _compare(out, recorded, ours, key, names)
+
+
+@torch.no_grad()
+def _weights_sha256_0_1(model: Module) -> str:
+    """The checksum of the weights that version 0.1.0 recorded as
+    ``weights_sha256``: the parameters, then the buffers (non-persistent ones
+    included), in module order. Kept only to resume the folders it wrote."""
+    digest = hashlib.sha256()
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        data = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}:{data.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _compare(
+    out: Path, recorded: Dict[str, Any], ours: Dict[str, Any], key: str, more: str = ""
+) -> None:
+    """Refuses to resume when ``key`` of ``run.json`` differs from this run's."""
+    if recorded.get(key) != ours[key]:
+        raise ValueError(
+            f"out_dir: {out} was written with other {key.replace('_', ' ')} "
+            f"({_differences(recorded.get(key), ours[key])}{more}); resuming would "
+            "mix results. Rerun with the recorded settings and model or choose a "
+            "new --out folder"
+        )
+
+
+def _differences(old: Any, new: Any) -> str:
+    """Every differing value, in full."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        return ", ".join(f"{k}: {old.get(k)!r} then, {new.get(k)!r} now" for k in keys)
+    return f"{old!r} then, {new!r} now"

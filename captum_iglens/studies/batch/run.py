@@ -1,0 +1,221 @@
+r"""
+The run loop of a prompt set: the prompts not done yet, in padded batches, one
+JSON line per prompt appended as each batch finishes, split across processes
+with ``torch.distributed`` (e.g. under ``torchrun``) and merged at the end.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from captum_iglens._utils.serialization import check_folder
+from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.hf.architectures import model_parts
+from captum_iglens.readout.translators import Translators
+from captum_iglens.settings import Settings, provenance
+from captum_iglens.studies.batch.lock import BatchLock
+from captum_iglens.studies.batch.padded import attribute_batch
+from captum_iglens.studies.batch.records import (
+    RESULTS,
+    check_texts,
+    done_records,
+    drop_incomplete_line,
+    merge_results,
+)
+from captum_iglens.studies.batch.resume import claim_run, readout_record
+from captum_iglens.studies.prompts import check_prompts, prompt_key
+
+
+def init_distributed() -> torch.device:
+    r"""
+    Joins the process group that ``torchrun`` describes in the environment
+    (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``),
+    with the NCCL backend when CUDA is available and Gloo otherwise. Does nothing
+    outside ``torchrun`` or when the group is already initialised.
+
+    Returns:
+        *torch.device*: the device this process should put the model on:
+        ``cuda:LOCAL_RANK`` with CUDA, else the CPU.
+    """
+    cuda = torch.cuda.is_available()
+    device = torch.device(
+        f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu"
+    )
+    if cuda:
+        torch.cuda.set_device(device)
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return device
+
+
+def run_batch(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Dict[str, Any]],
+    out_dir: Union[str, Path],
+    *,
+    settings: Optional[Settings] = None,
+    batch_size: int = 8,
+    progress: bool = True,
+    lens: Union[None, str, Path, Translators] = None,
+    **options: Any,
+) -> Path:
+    r"""
+    Attributes every prompt's answer across layers and writes one JSON line per
+    prompt to ``out_dir/results.jsonl``, as each batch finishes.
+
+    Resumable: prompts whose ids already have a record in ``out_dir`` (in
+    ``results.jsonl`` or a per-process file) are not redone, and an incomplete
+    last line left by an interruption is dropped. The settings and the model's
+    identity (its name and a checksum of its weights) are recorded in
+    ``out_dir/run.json``; resuming under other settings or another model raises
+    ``ValueError`` before any work, so one folder never mixes runs.
+
+    When ``torch.distributed`` is initialised (see :func:`init_distributed`), each
+    process takes every ``world_size``-th remaining prompt and writes
+    ``results.rank<r>.jsonl``; after a barrier, rank 0 merges every file into
+    ``results.jsonl``, in input order, and removes the per-process files. Every
+    process returns after the merge.
+
+    Args:
+
+        model (PreTrainedModel): A causal LM of a supported architecture, on
+                    the device to use; a wrapper of one
+                    (TransformerLens bridge, nnsight model,
+                    ``nn.DataParallel``), or its
+                    :func:`~captum_iglens.hf.model_parts`.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
+        prompts (list[dict]): ``{"id": str or int, "prompt": str}``, ids unique,
+                    with an optional ``"answer"`` (text) to attribute instead of
+                    a generated one (see :func:`~captum_iglens.studies.read_prompts`).
+        out_dir (str or Path): The output folder, created if missing (its
+                    parent must exist).
+        settings (Settings, optional): Layers, positions, baselines, estimator,
+                    granularity, chat template, generation length, ...
+                    Default: ``Settings()``.
+        batch_size (int, optional): Prompts per padded attribution batch.
+                    Default: 8.
+        progress (bool, optional): A progress bar on stderr (rank 0 only).
+                    Default: True.
+        lens (str, Path or Translators, optional): A learned readout per layer,
+                    as in :meth:`LayerIGLens.from_model`; its kind and checksum
+                    are recorded in ``run.json`` and a rerun under another
+                    readout is refused. Default: None (the logit readout)
+        **options (Any): Fields of :class:`Settings` that override ``settings``.
+
+    Returns:
+        *Path*: ``out_dir/results.jsonl``. Each line holds ``id``, ``prompt``,
+        ``answer`` and the fields of :meth:`IGLensResult.to_dict` for that prompt
+        alone (``B = 1``, ``P`` its attributed tokens): ``tokens``,
+        ``layer_names``, ``attributions``, ``lens``, ``base_prob``,
+        ``model_prob``, ``delta``, ``targets``, ``positions`` (in the unpadded
+        sequence), ...; read them with
+        :func:`~captum_iglens.studies.batch.read_results` and
+        :func:`~captum_iglens.studies.batch.to_result`. An empty answer (the model
+        stopped at once) gets a record with no positions.
+    """
+    settings = Settings.resolve(settings, options)
+    check_prompts(prompts)
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int)
+        or batch_size < 1
+    ):
+        raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+    parts = model_parts(model)  # unwrapped and looked up once
+    model = parts.model
+    attributor = LayerIGLens.from_model(
+        parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes, lens=lens
+    )
+    attributor.segment_names(settings.granularity)  # fails now, not after generation
+    out = check_folder(out_dir, "out_dir")
+    out.mkdir(exist_ok=True)
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    run = {**provenance(model, settings), "readout": readout_record(attributor.readout)}
+    lock = BatchLock(out)
+
+    def claim() -> None:
+        lock.acquire()
+        claim_run(out, run, model)
+
+    error = _on_rank_zero(rank, claim)
+    if distributed:
+        error = _shared(error)  # every process stops, not only rank 0
+    if error is not None:
+        lock.release()
+        raise ValueError(error)
+    try:
+        _run_prompts(
+            model, tokenizer, attributor, prompts, out, settings, batch_size, progress
+        )
+    finally:
+        lock.release()
+    return out / RESULTS
+
+
+def _run_prompts(
+    model: Any,
+    tokenizer: Any,
+    lens: LayerIGLens,
+    prompts: Sequence[Dict[str, Any]],
+    out: Path,
+    settings: Settings,
+    batch_size: int,
+    progress: bool,
+) -> None:
+    """The prompts not done yet, attributed and merged (every process)."""
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    own = out / (f"results.rank{rank}.jsonl" if distributed else RESULTS)
+    drop_incomplete_line(own)
+    done = done_records(out)
+    check_texts(out, prompts, done)
+    if distributed:
+        dist.barrier()  # every process has read the same finished set before any writes
+    todo = [p for p in prompts if prompt_key(p["id"]) not in done][rank::world]
+
+    bar = tqdm(
+        total=len(todo),
+        desc="attributing",
+        unit="prompt",
+        disable=not progress or rank != 0,
+    )
+    with open(own, "a", encoding="utf-8") as handle:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            for record in attribute_batch(model, tokenizer, lens, batch, settings):
+                handle.write(json.dumps(record) + "\n")
+                handle.flush()
+            bar.update(len(batch))
+    bar.close()
+
+    if distributed:
+        dist.barrier()
+    if rank == 0:
+        merge_results(out, prompts)
+    if distributed:
+        dist.barrier()
+
+
+def _on_rank_zero(rank: int, step: Callable[[], None]) -> Optional[str]:
+    """Runs ``step`` on rank 0; the message of the ``ValueError`` it raised."""
+    if rank != 0:
+        return None
+    try:
+        step()
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _shared(error: Optional[str]) -> Optional[str]:
+    """Rank 0's ``error``, on every process."""
+    box = [error]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
