@@ -6,7 +6,7 @@ import importlib
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Union
 
 import pytest
 
@@ -122,25 +122,70 @@ def test_the_viewer_knows_no_result_kind():
 
 
 MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 500
 
 
-def _long_functions() -> List[str]:
-    """Functions whose body, docstring excluded, spans more than 80 lines."""
+def _code_lines(
+    node: Union[ast.FunctionDef, ast.AsyncFunctionDef], lines: List[str]
+) -> int:
+    """A function's code lines (its ``def`` line on): those neither blank nor
+    only a comment, its docstring excluded (a nested function's lines count)."""
+    first = node.body[0]
+    docstring = ast.get_docstring(node, clean=False) is not None
+    skipped = range(first.lineno, first.end_lineno + 1) if docstring else range(0)
+    count = 0
+    for number in range(node.lineno, node.end_lineno + 1):
+        text = lines[number - 1].strip()
+        if number not in skipped and text and not text.startswith("#"):
+            count += 1
+    return count
+
+
+def _oversized(source: str, where: str) -> List[str]:
+    """Each function of ``source`` over 80 code lines and each class over 500
+    lines, as ``where:line name (size)``."""
+    lines = source.splitlines()
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            body = node.body
-            if ast.get_docstring(node, clean=False) is not None:
-                body = body[1:]
-            if body and node.end_lineno - body[0].lineno + 1 > MAX_FUNCTION_LINES:
-                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            size = _code_lines(node, lines)
+            if size > MAX_FUNCTION_LINES:
+                found.append(
+                    f"{where}:{node.lineno} function {node.name} has {size} code "
+                    f"lines (at most {MAX_FUNCTION_LINES})"
+                )
+        elif isinstance(node, ast.ClassDef):
+            size = node.end_lineno - node.lineno + 1
+            if size > MAX_CLASS_LINES:
+                found.append(
+                    f"{where}:{node.lineno} class {node.name} has {size} lines "
+                    f"(at most {MAX_CLASS_LINES})"
+                )
     return found
 
 
-def test_no_function_over_80_lines():
-    assert _long_functions() == []
+def test_no_function_over_80_code_lines_and_no_class_over_500_lines():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        found += _oversized(path.read_text(), str(path.relative_to(PACKAGE.parent)))
+    assert found == [], "\n".join(found)
+
+
+def test_the_size_check_counts_code_lines_and_names_the_place():
+    body = "".join(f"    x{i} = {i}\n" for i in range(79))  # and its def line
+    padding = '    """A docstring.\n\n    Lines.\n    """\n\n    # a comment\n\n'
+    fits = f"def fits():\n{padding}{body}"
+    assert _oversized(fits, "m.py") == []
+    long = f"import os\n\n\ndef long():\n{padding}{body}    return x0\n"
+    assert _oversized(long, "m.py") == [
+        "m.py:4 function long has 81 code lines (at most 80)"
+    ]
+    methods = "".join(
+        f"    def f{i}(self):\n        return {i}\n\n" for i in range(167)
+    )
+    assert _oversized(f"class Big:\n{methods}", "m.py") == [
+        "m.py:1 class Big has 501 lines (at most 500)"
+    ]
 
 
 def test_every_result_kind_has_a_viewer():

@@ -125,3 +125,21 @@ def test_files_opened_at_run_time_are_package_data():
     assert any(name.startswith("viewer/static/") for name in opened)
     undeclared = [name for name in opened if not _declared(PACKAGE / name)]
     assert not undeclared, f"opened at run time, not package data: {undeclared}"
+
+
+def test_the_public_names_import_from_the_top_level():
+    from captum_iglens import (  # noqa: F401
+        IGLensResult,
+        LayerIGLens,
+        LLMLayerAttribution,
+        Settings,
+        Translators,
+        load_default,
+        register_architecture,
+    )
+
+    public = {"LayerIGLens", "LLMLayerAttribution", "IGLensResult", "Settings"}
+    public |= {"load_default", "Translators", "register_architecture"}
+    assert public <= set(captum_iglens.__all__)
+    missing = [n for n in captum_iglens.__all__ if not hasattr(captum_iglens, n)]
+    assert missing == []

@@ -220,18 +220,35 @@ def run_restoration(
         progress,
         learned,
     )
+    run = _run_record(model, settings, study, scored, test, started, learned)
+    return _restoration_result(
+        tokenizer, prompts, facts, list(corruptions), methods, scored, test, run
+    )
+
+
+def _restoration_result(
+    tokenizer: Any,
+    prompts: Sequence[Fact],
+    facts: List[Fact],
+    corruptions: List[str],
+    methods: List[str],
+    scored: Scores,
+    test: Restorations,
+    run: Dict[str, Any],
+) -> RestorationResult:
+    """Every method's onsets beside the causal ones under each corruption, with
+    the table's summary; ``run`` gets the ids of the facts left out."""
     onsets = {
-        m: np.array([_onset(row, study.onset_frac) for row in scored.scores[m]])
+        m: np.array([_onset(row, test.study.onset_frac) for row in scored.scores[m]])
         for m in methods
     }
     depth = scored.nonmonotone_depth()
-    summary, causal = _summary(test.probs, scored, onsets, depth, study)
-    run = _run_record(model, settings, study, scored, test, started, learned)
+    summary, causal = _summary(test.probs, scored, onsets, depth, test.study)
     run["subjects_not_found"] = [
         f.id for f in prompts if isinstance(f, Fact) and not f.subject_span()
     ]
     return RestorationResult(
-        corruptions=list(corruptions),
+        corruptions=corruptions,
         methods=methods,
         layer_names=scored.layer_names,
         facts=facts,
