@@ -88,9 +88,18 @@ def test_stdin_layers_and_prompt_positions():
     [
         (["   "], "prompt"),
         ([PROMPT, "--model", "/no/such/model"], "/no/such/model"),
-        ([PROMPT, "--layers", "0,99", "--max-new-tokens", "2"], "layers"),
+        # These two load the default model, then refuse.
+        pytest.param(
+            [PROMPT, "--layers", "0,99", "--max-new-tokens", "2"],
+            "layers",
+            marks=pytest.mark.real_model,
+        ),
         ([PROMPT, "--n-steps", "0", "--max-new-tokens", "2"], "--n-steps:"),
-        ([PROMPT, "--layers", "0,1", "--granularity", "head"], "consecutive"),
+        pytest.param(
+            [PROMPT, "--layers", "0,1", "--granularity", "head"],
+            "consecutive",
+            marks=pytest.mark.real_model,
+        ),
     ],
 )
 def test_bad_input_exits_with_one_line(args, message, capsys):
@@ -423,6 +432,7 @@ def test_model_short_names_load_the_embedded_models(
     assert str(loaded.value) == expected
 
 
+@pytest.mark.slow
 def test_validate_restoration_writes_its_viewer(tmp_path, capsys, monkeypatch):
     from captum_iglens.studies.validation import facts as facts_module
     from tests.tiny_models import VOCAB, tiny_model

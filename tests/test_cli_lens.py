@@ -86,6 +86,7 @@ def test_another_models_lens_is_refused_before_any_forward(
     assert "3 blocks, but this model has" in err
 
 
+@pytest.mark.slow
 def test_linear_fits_the_models_lens_once_then_reads_the_cache(
     tmp_path, model_folder, capsys, monkeypatch
 ):

@@ -121,6 +121,29 @@ def test_the_viewer_knows_no_result_kind():
             assert bad == [], f"{module} imports {bad}"
 
 
+_STUDIES = ("comparison", "validation", "batch")
+
+
+def test_the_studies_share_a_neutral_method_registry():
+    graph = _imports()
+    study = tuple(f"captum_iglens.studies.{name}" for name in _STUDIES)
+    for module, deps in graph.items():
+        if module.startswith("captum_iglens.studies.methods"):
+            assert [d for d in deps if d.startswith(study)] == [], module
+        for name in _STUDIES:
+            if module.startswith(f"captum_iglens.studies.{name}"):
+                other = tuple(s for s in study if not s.endswith(name))
+                assert [d for d in deps if d.startswith(other)] == [], module
+    for name in ("comparison", "validation"):
+        users = [
+            m
+            for m, deps in graph.items()
+            if m.startswith(f"captum_iglens.studies.{name}")
+            and "captum_iglens.studies.methods.registry" in deps
+        ]
+        assert users, f"studies.{name} does not read the method registry"
+
+
 MAX_FUNCTION_LINES = 80
 MAX_CLASS_LINES = 500
 
@@ -225,6 +248,7 @@ def test_helpers_never_import_the_algorithms(prefix):
             assert bad == [], f"{module} imports {bad}"
 
 
+@pytest.mark.slow
 def test_every_module_imports_alone():
     names = sorted(n for n in _imports() if not n.endswith("__main__"))
     code = (

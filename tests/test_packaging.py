@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -110,6 +112,7 @@ _OPENED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_files_opened_at_run_time_are_package_data():
     # The viewer page and the shipped facts, opened for real; an audit hook
     # records every file of the package that is opened.

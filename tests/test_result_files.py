@@ -156,6 +156,7 @@ def _use(result, tmp_path):
     assert again.format_table() == result.format_table()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
 def test_every_mutation_is_refused_by_name_or_works(kind, documents, tmp_path):
     document = documents[kind]

@@ -708,6 +708,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_distributed_data_parallel(pure, tmp_path):
     """DDP (gloo, CPU, two processes): each rank's attributions of its shard
     equal the plain model's."""

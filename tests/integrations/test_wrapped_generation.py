@@ -76,6 +76,7 @@ def smollm2_answer():
     return model, tokenizer, answer
 
 
+@pytest.mark.real_model
 @pytest.mark.slow
 def test_smollm2_in_a_bridge_and_in_nnsight_answers_as_the_plain_model(
     smollm2_answer,

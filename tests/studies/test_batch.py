@@ -143,6 +143,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_merge_to_the_single_process_output(single_run, tmp_path):
     mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "run.json"]
@@ -387,6 +388,7 @@ def _holder(out_dir, seconds):
     return process
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_locked_folder_is_refused(tmp_path):
     from captum_iglens.studies.batch import LOCK
 
@@ -407,6 +409,7 @@ def test_a_second_run_on_a_locked_folder_is_refused(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "run.json"]
 
 
+@pytest.mark.slow
 def test_cli_refuses_in_one_line_before_the_model_loads(tmp_path, capsys):
     from captum_iglens.cli import main
 
@@ -483,6 +486,7 @@ def _refused_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_a_locked_folder_stops_every_process(tmp_path):
     holder = _holder(tmp_path, 120)
     try:

@@ -45,6 +45,7 @@ class CharTokenizer:
         return {}
 
 
+@pytest.mark.slow
 def test_runner_end_to_end(llama4, tmp_path):
     prompts = [Fact("a", "r", "abc", "x"), Fact("b", "r", "hello", "y"), "a prompt"]
     for mode in ("skip", "mean"):
@@ -127,6 +128,7 @@ class _Recorder(CausalTest):
         self.batches.append((rows.tolist(), ids.shape, work.targets[:, 0].tolist()))
 
 
+@pytest.mark.slow
 def test_common_loop_scores_then_measures_each_batch(llama4):
     tokenizer = CharTokenizer()
     prompts = ["abc", "hello", "a prompt", "zq", "more"]
