@@ -35,7 +35,7 @@ from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.readout.layer_readout import READOUT_KINDS
 from captum_iglens.readout.scores import PAD
 from captum_iglens.viewer import Viewable
-from captum_iglens.viewer.payload import map_payload
+from captum_iglens.viewer._map import map_page
 
 #: The estimators a result may name in ``method``, as data (the names of
 #: :data:`captum_iglens.ESTIMATORS`, kept equal by a test), so that a result
@@ -217,24 +217,8 @@ class IGLensResult(JsonDocument, Viewable):
 
     def page_data(self) -> Dict[str, Any]:
         r"""The data of this map's viewer page (see
-        :func:`~captum_iglens.viewer.payload.map_payload`), with ``"sources"``
-        (:meth:`source_page_data`) for the source granularities."""
-        data = map_payload(self)
-        data["sources"] = self.source_page_data()
-        data["readout"] = self.readout_page_data()
-        return data
-
-    def readout_page_data(self) -> Dict[str, Any]:
-        r"""The readout of the viewer page: ``kind``, ``checksum`` and, under a
-        learned readout, ``lens_change`` (``B x P x k``, the lens-change part
-        of each credit; None under the logit readout)."""
-        return {
-            "kind": self.readout_kind,
-            "checksum": self.readout_checksum,
-            "lens_change": (
-                None if self.lens_change is None else plain(self.lens_change)
-            ),
-        }
+        :func:`~captum_iglens.viewer._map.map_page`)."""
+        return map_page(self)
 
     @property
     def block_part(self) -> Tensor:
@@ -319,41 +303,6 @@ class IGLensResult(JsonDocument, Viewable):
             None if sources is None else sources[batch_index],
             top,
         )
-
-    def source_page_data(self) -> Optional[List[Dict[str, Any]]]:
-        r"""
-        The per-source data of the viewer page, one entry per sequence (None
-        without source columns): ``tokens`` (``T`` source strings, or None),
-        ``blocks`` (``k`` names), ``positions`` (``P``), ``credits`` (``P x k x
-        T``, heads summed), ``bias`` and ``mlp`` (``P x k``; bias 0 without
-        one), ``input`` (``P``), and ``heads`` (``P x k x H x T``, or None when
-        the heads are summed). Zero at padding; see docs/iglens.md.
-        """
-        layout = self.source_layout()
-        if layout is None:
-            return None
-        sources = self.metadata.get("source_tokens")
-        per_head = layout.n_heads is not None
-        out = []
-        for b in range(self.attributions.shape[0]):
-            row = self.attributions[b]
-            zero = torch.zeros(row.shape[0], 1)
-            bias = [row[:, [i]] if i is not None else zero for i in layout.bias]
-            out.append(
-                {
-                    "tokens": None if sources is None else list(sources[b]),
-                    "blocks": list(layout.blocks),
-                    "positions": self.positions.tolist(),
-                    "credits": layout.source_map(row).tolist(),
-                    "bias": torch.cat(bias, -1).tolist(),
-                    "mlp": row[:, layout.mlp].tolist(),
-                    "input": row[:, 0].tolist(),
-                    "heads": (
-                        layout.source_map(row, True).tolist() if per_head else None
-                    ),
-                }
-            )
-        return out
 
     def __post_init__(self) -> None:
         for name in _TENSOR_FIELDS:
