@@ -24,7 +24,7 @@ def result(lens):
 
 
 def _same(a: IGLensResult, b: IGLensResult) -> None:
-    for name in ("attributions", "lens", "base_prob", "model_prob", "delta"):
+    for name in ("attributions", "levels", "base_prob", "model_prob", "delta"):
         torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
     for name in ("targets", "positions", "mask"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
@@ -126,8 +126,8 @@ def test_non_finite_and_foreign_files_are_refused(result, tmp_path):
 
 
 def test_construction_checks_shapes(result):
-    with pytest.raises(ValueError, match="lens"):
-        replace(result, lens=result.lens[..., :-1])
+    with pytest.raises(ValueError, match="levels: expected size along k"):
+        replace(result, levels=result.levels[..., :-1])
     with pytest.raises(TypeError, match="mask"):
         replace(result, mask=result.mask.long())
 
@@ -230,15 +230,15 @@ def test_csv_carries_views_and_foils(viewed, tmp_path):
 def test_views_are_checked(viewed):
     with pytest.raises(ValueError, match="expected all or none"):
         replace(viewed, kl=None)
-    with pytest.raises(ValueError, match="top_probs: expected shape"):
+    with pytest.raises(ValueError, match="top_probs: expected size along K"):
         replace(viewed, top_probs=viewed.top_probs[..., :2])
     with pytest.raises(TypeError, match="rank: expected dtype"):
         replace(viewed, rank=viewed.rank.float())
     with pytest.raises(ValueError, match="top_tokens: expected"):
         replace(viewed, top_tokens=[[["x"]]])
-    with pytest.raises(ValueError, match="entropy: expected non-negative"):
+    with pytest.raises(ValueError, match="entropy: expected values >= 0"):
         replace(viewed, entropy=-viewed.entropy - 1)
-    with pytest.raises(ValueError, match="foils: expected token ids"):
+    with pytest.raises(ValueError, match="foils: expected values >= -1"):
         replace(viewed, foils=viewed.foils - 10)
 
 

@@ -803,7 +803,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         return self._with_readout(
             IGLensResult(
                 attributions=credits,
-                lens=values[..., 1:],
+                levels=values[..., 1:],
                 base_prob=values[..., 0],
                 model_prob=model_prob,
                 delta=delta,
@@ -917,7 +917,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         delta = _learned_delta(path, split, split.block.sum(-1), one_output=False)
         return IGLensResult(
             attributions=credits,
-            lens=levels[..., 1:],
+            levels=levels[..., 1:],
             base_prob=levels[..., 0],
             model_prob=model_prob,
             delta=delta.float(),

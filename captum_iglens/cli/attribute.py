@@ -170,6 +170,7 @@ def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
     """Per attributed token, its ``k`` heads, neurons or experts with the largest
     ``|credit|`` (``granularity="head"``, ``"neuron"`` or ``"expert"``), or
     ``""``."""
+    from captum_iglens._result_tables import token_labels
     from captum_iglens.attr.granularities.neurons import top_neurons
 
     names = result.layer_names
@@ -179,7 +180,7 @@ def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
     has_neurons = "neuron" in kinds
     if not heads and not has_neurons and not experts:
         return ""
-    labels = result._token_labels(0)
+    labels = token_labels(result, 0)
     shown = [
         kind
         for kind, present in (

@@ -47,7 +47,7 @@ def test_the_traced_path_is_the_one_the_map_reads(lens, granularity):
     shape = lens._granularity(granularity)
     levels = shape.levels(path, levels).float()
     torch.testing.assert_close(levels[..., 0], found.base_prob, rtol=0, atol=0)
-    torch.testing.assert_close(levels[..., 1:], found.lens, rtol=0, atol=0)
+    torch.testing.assert_close(levels[..., 1:], found.levels, rtol=0, atol=0)
     assert torch.equal(path.targets, found.targets)
 
 

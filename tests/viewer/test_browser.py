@@ -169,7 +169,7 @@ def test_click_draws_trajectory_and_completeness(browser, map_page):
     assert len(points) == 12 + 1
     ys = [float(p.split(",")[1]) for p in points]
     # Higher probability is drawn higher (smaller y): the order of the levels.
-    levels = [float(result.base_prob[0, 2])] + result.lens[0, 2].tolist()
+    levels = [float(result.base_prob[0, 2])] + result.levels[0, 2].tolist()
     for a, b in zip(range(13), range(1, 13)):
         if abs(levels[a] - levels[b]) > 1e-3:
             assert (ys[a] > ys[b]) == (levels[a] < levels[b])
@@ -272,7 +272,7 @@ def test_heads_fold_per_block_and_unfold(browser, tmp_path):
     hover(browser, cells(browser)[0])
     credit = sum(result.attributions[0, 0, :13].tolist())
     assert abs(float(field(browser, "credit")) - credit) <= 2e-3 * max(1, abs(credit))
-    assert close_to(field(browser, "lens_after"), float(result.lens[0, 0, 12]))
+    assert close_to(field(browser, "lens_after"), float(result.levels[0, 0, 12]))
     screenshot(browser, "heads-collapsed.png")
     browser.find_element("xpath", "//button[text()='unfold all']").click()
     assert len(cells(browser)) == 5 * len(names)
@@ -485,11 +485,11 @@ def test_restoration_page(browser, tmp_path, restoration_result):
 def escaped(text: str) -> str:
     """A token as the viewer labels it: the terminal table's escapes (Python's
     own for what is not printable), plain spaces as '␣', the empty token '∅'."""
-    from captum_iglens.result import _visible
+    from captum_iglens._result_tables import visible
 
     if text == "":
         return "∅"
-    return "␣" * len(text) if text.strip(" ") == "" else _visible(text)
+    return "␣" * len(text) if text.strip(" ") == "" else visible(text)
 
 
 def test_cells_show_their_layers_top_token_on_open(browser, tmp_path):
@@ -544,7 +544,7 @@ def test_first_token_trajectory_is_drawn_on_open(browser, map_page):
     open_page(browser, folder / "r.html")
     lens = browser.find_element("css selector", "#trajectory polyline.lens")
     ys = [float(p.split(",")[1]) for p in lens.get_attribute("points").split()]
-    levels = [float(result.base_prob[0, 0])] + result.lens[0, 0].tolist()
+    levels = [float(result.base_prob[0, 0])] + result.levels[0, 0].tolist()
     assert len(ys) == len(levels)
     low, high = int(np.argmin(levels)), int(np.argmax(levels))
     assert ys[high] < ys[low]

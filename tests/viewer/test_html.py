@@ -71,7 +71,7 @@ def test_page_carries_the_result_to_the_displayed_precision():
     for p, row in enumerate(rows):
         for j in range(7):
             assert close_to(row["credit"][j], float(result.attributions[0, p, j]))
-            assert close_to(row["lens"][j], float(result.lens[0, p, j]))
+            assert close_to(row["lens"][j], float(result.levels[0, p, j]))
             assert close_to(row["entropy"][j], float(result.entropy[0, p, j]))
             assert row["rank"][j] == int(result.rank[0, p, j])
             shown = [data["vocab"][i] for i in row["top"][j]]

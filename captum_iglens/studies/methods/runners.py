@@ -103,7 +103,7 @@ class Work:
             positions=self.positions,
             granularity=self.settings.granularity,
         )
-        levels = torch.cat([result.base_prob[..., None], result.lens], -1).clone()
+        levels = torch.cat([result.base_prob[..., None], result.levels], -1).clone()
         return levels, result.layer_names
 
     def stream(self) -> Tensor:
@@ -277,7 +277,7 @@ def ig_lens_fitted_block(work: Work) -> Outcome:
 def fitted_lens(work: Work) -> Outcome:
     """The learned readout's levels ``f_j(h_j)`` (the tuned lens's trajectory)."""
     found = _learned_map(work)
-    levels = torch.cat([found.base_prob[..., None], found.lens], -1)
+    levels = torch.cat([found.base_prob[..., None], found.levels], -1)
     outcome = logit_lens_outcome(levels, found.layer_names)
     return replace(outcome, note="fitted-lens " + outcome.note)
 
