@@ -31,7 +31,7 @@ from captum_iglens.attr._utils.checks import (
     check_settings,
     hf_model_of,
 )
-from captum_iglens.attr._utils.heads import HeadSplit
+from captum_iglens.attr._utils.block_parts import HeadSplit
 from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import Estimator, estimator
 from captum_iglens.attr._utils.path_math import work_dtype
@@ -530,6 +530,13 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         ``"<name>.attn.bias"``), the attention update split as
                         ``Σ_h W_O[:, head h] z_h (+ b)``, and ``"<name>.mlp"``;
                         needs ``sublayers``, ``heads`` and consecutive blocks.
+                        ``"source"`` and ``"source_head"``: the attention update
+                        split over the source positions it reads (per head).
+                        ``"neuron"``: ``"<name>.attn"``, then the MLP update
+                        split per neuron, ``"<name>.mlp.n<i>"``. ``"expert"``:
+                        the MLP update of a mixture of experts split per
+                        routed expert, ``"<name>.mlp.e<i>"``. Every name in
+                        :data:`~captum_iglens.attr.granularities.GRANULARITIES`.
                         Default: ``"block"``.
             foil (int, list[int], Tensor or set[int], optional): Keyword only.
                         Contrastive target: attribute ``p(target) - p(foil)``.

@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import PathPoint
-from captum_iglens.attr._utils.heads import HeadSplit
+from captum_iglens.attr._utils.block_parts import HeadSplit
 from captum_iglens.attr.estimators import Estimator
 from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.readout.interface import PathReadout
@@ -45,6 +45,7 @@ class PathGranularity(ABC):
     Attributes:
 
         name (str): The name ``granularity=`` takes.
+        summary (str): What its columns are, in a few words (for help texts).
         supports_unmultiplied (bool): Has attributions without the displacement
                     (``multiply_by_inputs=False``).
         learned_readout (bool): Its columns are whole segments of blocks
@@ -54,6 +55,7 @@ class PathGranularity(ABC):
     """
 
     name: ClassVar[str]
+    summary: ClassVar[str]
     supports_unmultiplied: ClassVar[bool] = True
     learned_readout: ClassVar[bool] = False
 
