@@ -5,11 +5,14 @@ maths of their output projections.
 """
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, cast
 
 import torch
 from torch import Tensor
 from torch.nn import Linear, Module
+
+if TYPE_CHECKING:
+    from captum_iglens.hf.parts import ModelParts
 
 
 def split_tolerance(dtype: torch.dtype) -> float:
@@ -18,31 +21,39 @@ def split_tolerance(dtype: torch.dtype) -> float:
     return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
 
 
+#: The fields of :class:`BlockParts` that hold one module per block, named as
+#: the architecture table (:class:`~captum_iglens.hf.table.Architecture`) and
+#: :class:`~captum_iglens.hf.parts.ModelParts` name them.
+PER_BLOCK = ("attn_out", "attn_norm", "parallel_mlp", "mlp_out", "mlp_norm", "experts")
+
+
 @dataclass(frozen=True)
-class HeadSplit:
+class BlockParts:
     r"""
-    Where each chosen block's attention output projection is, and how to split it.
+    The modules inside each chosen block that the component granularities split
+    (``"head"``, ``"source"``, ``"neuron"``, ``"expert"``), with the names of the
+    architecture table's entries.
 
     Args:
-        projections (list[Module]): One per block: the attention output
+        attn_out (list[Module]): One per block: the attention output
                     projection (``nn.Linear`` or GPT-2's ``Conv1D``), whose input
                     is the heads' outputs side by side, ``(B, T, H · d_head)``.
         n_heads (int): Number of attention heads ``H``.
-        scale (float): The factor the block applies to the attention output
-                    before adding it to the stream (Granite's
-                    ``residual_multiplier``). Default: 1.0
-        norms (list[Module], optional): One per block: the RMSNorm the block
-                    applies to the projection's output before adding it to the
-                    stream (Gemma 2/3/4, OLMo 2/3), or None. Default: None
-        mlps (list[Module], optional): One per block: the MLP whose output the
-                    block adds beside the attention output, both read from the
-                    block's input (a parallel block: GPT-J, Phi, Cohere, ...), or
-                    None for sequential blocks. Default: None
-        mlp_outputs (list[Module], optional): One per block: the MLP's output
+        attn_scale (float): The factor the block applies to the attention
+                    output (and the MLP output) before adding it to the stream
+                    (Granite's ``residual_multiplier``). Default: 1.0
+        attn_norm (list[Module], optional): One per block: the RMSNorm the
+                    block applies to the projection's output before adding it
+                    to the stream (Gemma 2/3/4, OLMo 2/3), or None. Default: None
+        parallel_mlp (list[Module], optional): One per block: the MLP whose
+                    output the block adds beside the attention output, both read
+                    from the block's input (a parallel block: GPT-J, Phi,
+                    Cohere, ...), or None for sequential blocks. Default: None
+        mlp_out (list[Module], optional): One per block: the MLP's output
                     projection, whose input is the neurons' activations, for
-                    ``granularity="neuron"`` (its output, times ``scale``, is
-                    the update after the mid-block state). Default: None
-        mlp_norms (list[Module], optional): One per block: the RMSNorm on the
+                    ``granularity="neuron"`` (its output, times ``attn_scale``,
+                    is the update after the mid-block state). Default: None
+        mlp_norm (list[Module], optional): One per block: the RMSNorm on the
                     MLP's output before it is added (Gemma 2/3, OLMo 2/3), or
                     None. Default: None
         experts (list[Module], optional): One per block: the routed experts
@@ -52,51 +63,80 @@ class HeadSplit:
                     Default: False
     """
 
-    projections: List[Module]
+    attn_out: List[Module]
     n_heads: int
-    scale: float = 1.0
-    norms: Optional[List[Module]] = None
-    mlps: Optional[List[Module]] = None
-    mlp_outputs: Optional[List[Module]] = None
-    mlp_norms: Optional[List[Module]] = None
+    attn_scale: float = 1.0
+    attn_norm: Optional[List[Module]] = None
+    parallel_mlp: Optional[List[Module]] = None
+    mlp_out: Optional[List[Module]] = None
+    mlp_norm: Optional[List[Module]] = None
     experts: Optional[List[Module]] = None
     shared_experts: bool = False
+
+    @classmethod
+    def of_model(
+        cls, parts: "ModelParts", chosen: Sequence[int]
+    ) -> Optional["BlockParts"]:
+        r"""
+        The parts of the chosen blocks of a model.
+
+        Args:
+            parts (ModelParts): The model's parts.
+            chosen (list[int]): Indices of the chosen blocks.
+
+        Returns:
+            *BlockParts*, or None where the model has no attention output
+            projection to split (``attn_out`` is None).
+        """
+        if parts.attn_out is None:
+            return None
+        per_block: Dict[str, Optional[List[Module]]] = {}
+        for name in PER_BLOCK:
+            modules = getattr(parts, name)
+            per_block[name] = None if modules is None else [modules[i] for i in chosen]
+        return cls(
+            n_heads=cast(int, parts.n_heads),  # set where attn_out is
+            attn_scale=parts.attn_scale,
+            shared_experts=parts.shared_experts,
+            **per_block,  # type: ignore[arg-type]  # attn_out is not None
+        )
 
     def __post_init__(self) -> None:
         if isinstance(self.n_heads, bool) or not isinstance(self.n_heads, int):
             raise TypeError(f"n_heads: expected an int, got {self.n_heads!r}")
-        for module in self.projections:
+        for module in self.attn_out:
             weight = projection_weight(module)
             if weight.shape[1] % self.n_heads:
                 raise ValueError(
                     f"n_heads: the attention output projection takes "
                     f"{weight.shape[1]} inputs, not a multiple of {self.n_heads} heads"
                 )
-        for name in ("norms", "mlps", "mlp_outputs", "mlp_norms", "experts"):
+        for name in PER_BLOCK[1:]:
             modules = getattr(self, name)
             if modules is not None and (
-                len(modules) != len(self.projections)
+                len(modules) != len(self.attn_out)
                 or not all(isinstance(m, Module) for m in modules)
             ):
                 raise ValueError(
-                    f"{name}: expected one torch.nn.Module per projection "
-                    f"({len(self.projections)}), got {modules!r}"
+                    f"{name}: expected one torch.nn.Module per block "
+                    f"({len(self.attn_out)}), got {modules!r}"
                 )
-        if self.norms is not None and self.mlps is not None:
+        if self.attn_norm is not None and self.parallel_mlp is not None:
             raise ValueError(
-                "norms, mlps: a block either normalises its attention output "
-                "(norms) or adds it beside its MLP (mlps), not both"
+                "attn_norm, parallel_mlp: a block either normalises its attention "
+                "output (attn_norm) or adds it beside its MLP (parallel_mlp), not "
+                "both"
             )
 
     @property
     def parallel(self) -> bool:
         """Whether the blocks add attention and MLP along one segment."""
-        return self.mlps is not None
+        return self.parallel_mlp is not None
 
     def column_names(self, block: str, index: int) -> List[str]:
         """The credit columns of one block's attention."""
         names = [f"{block}.attn.h{h}" for h in range(self.n_heads)]
-        if projection_bias(self.projections[index]) is not None:
+        if projection_bias(self.attn_out[index]) is not None:
             names.append(f"{block}.attn.bias")
         return names
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Type
 
 from torch.nn import Module
 
-from captum_iglens.attr._utils.block_parts import HeadSplit
+from captum_iglens.attr._utils.block_parts import BlockParts
 from captum_iglens.attr.granularities.base import PathGranularity
 from captum_iglens.attr.granularities.blocks import Blocks, Sublayers
 from captum_iglens.attr.granularities.components import ComponentSplit
@@ -92,7 +92,7 @@ def granularity_of(
     layers: Sequence[Module],
     layer_names: Sequence[str],
     sublayers: Optional[Sequence[Module]],
-    heads: Optional[HeadSplit],
+    block_parts: Optional[BlockParts],
 ) -> PathGranularity:
     r"""
     The granularity named ``name`` of the path through ``layers`` (the other
@@ -102,4 +102,6 @@ def granularity_of(
         ValueError: If no granularity has that name.
     """
     check_granularity(name)
-    return GRANULARITIES[name](forward_func, layers, layer_names, sublayers, heads)
+    return GRANULARITIES[name](
+        forward_func, layers, layer_names, sublayers, block_parts
+    )

@@ -22,7 +22,7 @@ from torch.nn import Module
 from torch.utils.hooks import RemovableHandle
 
 from captum_iglens.attr._utils.block_parts import (
-    HeadSplit,
+    BlockParts,
     split_tolerance,
 )
 from captum_iglens.attr._utils.capture import PathPoint
@@ -159,7 +159,7 @@ class Experts(Neurons):
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         mids = self._mids()
-        if self.heads is None or self.heads.experts is None:
+        if self.block_parts is None or self.block_parts.experts is None:
             raise ValueError(
                 "granularity: 'expert' needs every chosen block's MLP to be a "
                 "mixture of experts with a routed experts module (the "
@@ -167,11 +167,11 @@ class Experts(Neurons):
                 'block among the chosen ones. Use granularity="neuron" or '
                 '"sublayer"'
             )
-        self._router = RouterCapture(self.heads.experts)
+        self._router = RouterCapture(self.block_parts.experts)
         points: List[PathPoint] = []
         names: List[str] = []
         for name, mid, block, experts in zip(
-            self.layer_names, mids, self.layers, self.heads.experts
+            self.layer_names, mids, self.layers, self.block_parts.experts
         ):
             points += [(mid, True), (block, False)]
             count = getattr(experts, "num_experts", None)
@@ -180,7 +180,7 @@ class Experts(Neurons):
                     "granularity: 'expert' needs the experts module's num_experts"
                 )
             names += [f"{name}.attn", *(f"{name}.mlp.e{i}" for i in range(count))]
-            if self.heads.shared_experts:
+            if self.block_parts.shared_experts:
                 names.append(f"{name}.mlp.shared")
         return points, names
 
@@ -195,7 +195,7 @@ class Experts(Neurons):
         self, points: Tensor, extras: List[Tensor], mask: Tensor
     ) -> Optional[Tensor]:
         p = points.shape[1]  # the last position only, for last-position logits
-        heads = cast(HeadSplit, self.heads)  # path_points checked it has experts
+        heads = cast(BlockParts, self.block_parts)  # path_points checked it has experts
         return expert_components(
             cast(List[Module], heads.experts),
             self._router.records,

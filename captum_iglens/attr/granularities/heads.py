@@ -34,7 +34,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.block_parts import (
-    HeadSplit,
+    BlockParts,
     output_factors,
     projection_bias,
     projection_weight,
@@ -84,7 +84,7 @@ def check_consecutive(forward_func: Any, layers: Sequence[Module]) -> None:
 def head_path_points(
     layers: Sequence[Module],
     mids: Optional[Sequence[Module]],
-    split: HeadSplit,
+    parts: BlockParts,
     layer_names: Sequence[str],
 ) -> Tuple[List[PathPoint], List[str]]:
     r"""
@@ -104,12 +104,12 @@ def head_path_points(
     names = [INPUT_COLUMN]
     for j, (name, block) in enumerate(zip(layer_names, layers)):
         middle: PathPoint = (
-            (split.mlps[j], False)
-            if split.mlps is not None
+            (parts.parallel_mlp[j], False)
+            if parts.parallel_mlp is not None
             else (cast(Sequence[Module], mids)[j], True)  # given where not parallel
         )
-        points += [(split.projections[j], True), middle, (block, False)]
-        names += [*split.column_names(name, j), f"{name}.mlp"]
+        points += [(parts.attn_out[j], True), middle, (block, False)]
+        names += [*parts.column_names(name, j), f"{name}.mlp"]
     return points, names
 
 
@@ -131,7 +131,7 @@ def split_states(
     return stream, heads_in
 
 
-def attention_updates(split: HeadSplit, stream: Tensor) -> Tensor:
+def attention_updates(parts: BlockParts, stream: Tensor) -> Tensor:
     r"""
     The stream's change across each block's split segment.
 
@@ -145,12 +145,12 @@ def attention_updates(split: HeadSplit, stream: Tensor) -> Tensor:
         blocks: ``h_out - h_in``).
     """
     stream = stream.float()
-    if split.parallel:
+    if parts.parallel:
         return stream[:, :, 2:] - stream[:, :, 1:-1]
     return stream[:, :, 2::2] - stream[:, :, 1:-1:2]
 
 
-def projected_heads(split: HeadSplit, index: int, z: Tensor) -> Tensor:
+def projected_heads(parts: BlockParts, index: int, z: Tensor) -> Tensor:
     r"""
     Each head's output through block ``index``'s attention output projection.
 
@@ -161,24 +161,24 @@ def projected_heads(split: HeadSplit, index: int, z: Tensor) -> Tensor:
         *Tensor* ``(B, P, C, d)`` float32: ``W_O[:, head h] z_h`` per head, then
         the bias where the projection has one; they sum to its output.
     """
-    module = split.projections[index]
+    module = parts.attn_out[index]
     weight = projection_weight(module).float().to(z.device)
     d = weight.shape[0]
-    z = z.float().view(*z.shape[:2], split.n_heads, -1)
-    u = torch.einsum("bphe,dhe->bphd", z, weight.view(d, split.n_heads, -1))
+    z = z.float().view(*z.shape[:2], parts.n_heads, -1)
+    u = torch.einsum("bphe,dhe->bphd", z, weight.view(d, parts.n_heads, -1))
     bias = projection_bias(module)
     if bias is None:
         return u
     return torch.cat([u, bias.float().to(z.device).expand(*z.shape[:2], 1, d)], 2)
 
 
-def attention_factors(split: HeadSplit, outputs: Tensor, updates: Tensor) -> Tensor:
+def attention_factors(parts: BlockParts, outputs: Tensor, updates: Tensor) -> Tensor:
     r"""
     The factor, per position and dimension, that turns each block's attention
     output projection's output into the block's attention update: the update is
     linear in the heads' outputs with it fixed from the real forward.
 
-    ``split.scale`` for blocks that add the projection's output as it is. For a
+    ``parts.attn_scale`` for blocks that add the projection's output as it is. For a
     post-norm block, whose update is ``γ ⊙ o / rms(o)`` (an RMSNorm of the
     projection's output ``o``), the factor is ``γ̂ · r`` with ``γ̂`` the norm
     applied to a vector of ones (``γ`` up to a constant) and ``r`` the one
@@ -194,11 +194,11 @@ def attention_factors(split: HeadSplit, outputs: Tensor, updates: Tensor) -> Ten
         *Tensor* ``(B, P, k, d)`` float32 (broadcastable: ``(1, 1, 1, 1)`` without
         norms).
     """
-    return output_factors(split.norms, split.scale, outputs, updates)
+    return output_factors(parts.attn_norm, parts.attn_scale, outputs, updates)
 
 
 def head_components(
-    split: HeadSplit,
+    parts: BlockParts,
     extras: List[Tensor],
     stream: Tensor,
     mask: Tensor,
@@ -226,13 +226,13 @@ def head_components(
         ValueError: Where the components do not add up to the update, e.g. when
             the chosen blocks are not consecutive.
     """
-    k = len(split.projections)
+    k = len(parts.attn_out)
     heads = torch.stack(
-        [projected_heads(split, j, z) for j, z in enumerate(extras[:k])], dim=2
+        [projected_heads(parts, j, z) for j, z in enumerate(extras[:k])], dim=2
     )
-    updates = attention_updates(split, stream)
-    heads = heads * attention_factors(split, heads.sum(3), updates).unsqueeze(3)
-    if split.parallel:
+    updates = attention_updates(parts, stream)
+    heads = heads * attention_factors(parts, heads.sum(3), updates).unsqueeze(3)
+    if parts.parallel:
         mlps = torch.stack([m.float() for m in extras[k:]], dim=2)
         heads = torch.cat([heads, mlps.to(heads.device).unsqueeze(3)], dim=3)
     _check_sum(heads, updates, mask, tolerance)
@@ -363,10 +363,10 @@ class Heads(ComponentSplit):
     summary = "the attention also split across its heads"
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
-        if self.heads is None:
+        if self.block_parts is None:
             raise ValueError(
                 "granularity: 'head' needs each block's attention output "
-                "projection (heads=); from_model sets it from the architecture "
+                "projection (block_parts=); from_model sets it from the architecture "
                 "table's attn_out, which is None for this model: its blocks have "
                 "no attention heads to split (hybrid recurrent blocks: Mamba or "
                 "Gated DeltaNet in some blocks), or the block normalises the "
@@ -376,23 +376,23 @@ class Heads(ComponentSplit):
                 "attention), so no sum of head outputs reaches the stream. Use "
                 'granularity="sublayer" or "block"'
             )
-        mids = None if self.heads.parallel else self._mids()
+        mids = None if self.block_parts.parallel else self._mids()
         check_consecutive(self.forward_func, self.layers)
-        return head_path_points(self.layers, mids, self.heads, self.layer_names)
+        return head_path_points(self.layers, mids, self.block_parts, self.layer_names)
 
     def split(self, states: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
         return split_states(states, self._parallel)
 
     @property
     def _parallel(self) -> bool:
-        return self.heads is not None and self.heads.parallel
+        return self.block_parts is not None and self.block_parts.parallel
 
     def components(
         self, points: Tensor, extras: List[Tensor], mask: Tensor
     ) -> Optional[Tensor]:
         tolerance = split_tolerance(points.dtype)
-        assert self.heads is not None  # path_points refused None
-        return head_components(self.heads, extras, points, mask, tolerance)
+        assert self.block_parts is not None  # path_points refused None
+        return head_components(self.block_parts, extras, points, mask, tolerance)
 
     def segment_blocks(self) -> Optional[List[int]]:
         """``"input"`` in the first block, then each block's attention and

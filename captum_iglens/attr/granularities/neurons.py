@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.block_parts import (
-    HeadSplit,
+    BlockParts,
     output_factors,
     projection_bias,
     projection_weight,
@@ -86,7 +86,7 @@ class NeuronComponents:
 def neuron_path_points(
     mids: Sequence[Module],
     layers: Sequence[Module],
-    split: HeadSplit,
+    parts: BlockParts,
     layer_names: Sequence[str],
 ) -> Tuple[List[PathPoint], List[str]]:
     r"""
@@ -95,7 +95,7 @@ def neuron_path_points(
     the block's output; columns ``"<b>.attn"``, ``"<b>.mlp.n<i>"`` per neuron
     (and ``"<b>.mlp.bias"``).
     """
-    if split.mlp_outputs is None:
+    if parts.mlp_out is None:
         raise ValueError(
             "granularity: 'neuron' needs each block's MLP output projection; the "
             "architecture table's mlp_out is None for this model (a mixture of "
@@ -105,7 +105,7 @@ def neuron_path_points(
     points: List[PathPoint] = []
     names: List[str] = []
     for j, (name, mid, block) in enumerate(zip(layer_names, mids, layers)):
-        down = split.mlp_outputs[j]
+        down = parts.mlp_out[j]
         points += [(mid, True), (down, True), (block, False)]
         n_neurons = projection_weight(down).shape[1]
         names += [f"{name}.attn", *(f"{name}.mlp.n{i}" for i in range(n_neurons))]
@@ -123,7 +123,7 @@ def split_neuron_states(states: List[Tensor]) -> Tuple[List[Tensor], List[Tensor
 
 
 def neuron_components(
-    split: HeadSplit,
+    parts: BlockParts,
     activations: List[Tensor],
     points: Tensor,
     mask: Tensor,
@@ -146,7 +146,7 @@ def neuron_components(
         ValueError: If the components do not add up to the MLP update.
     """
     device = points.device
-    modules = split.mlp_outputs or []
+    modules = parts.mlp_out or []
     weights = torch.stack(
         [projection_weight(m).detach().float().to(device).t() for m in modules]
     )
@@ -162,7 +162,7 @@ def neuron_components(
         outputs = outputs + bias
     stream = points.float()
     updates = stream[:, :, 2::2] - stream[:, :, 1::2]
-    factors = output_factors(split.mlp_norms, split.scale, outputs, updates)
+    factors = output_factors(parts.mlp_norm, parts.attn_scale, outputs, updates)
     error = (outputs * factors - updates)[mask].abs()
     size = 1.0 + updates[mask].abs().max().item() if mask.any() else 1.0
     if error.numel() and error.max().item() > tolerance * size:
@@ -267,13 +267,13 @@ class Neurons(ComponentSplit):
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         mids = self._mids()
-        if self.heads is None:
+        if self.block_parts is None:
             raise ValueError(
                 "granularity: 'neuron' needs the architecture table's entry for "
                 "this model (LayerIGLens.from_model) with mlp_out; this model has "
                 'none. Use granularity="sublayer"'
             )
-        return neuron_path_points(mids, self.layers, self.heads, self.layer_names)
+        return neuron_path_points(mids, self.layers, self.block_parts, self.layer_names)
 
     def split(self, states: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
         return split_neuron_states(states)
@@ -282,7 +282,7 @@ class Neurons(ComponentSplit):
         self, points: Tensor, extras: List[Tensor], mask: Tensor
     ) -> Optional[Tensor]:
         tolerance = split_tolerance(points.dtype)
-        heads = cast(HeadSplit, self.heads)  # checked by path_points
+        heads = cast(BlockParts, self.block_parts)  # checked by path_points
         found = neuron_components(heads, extras, points, mask, tolerance)
         # NeuronComponents builds its rows on demand, read as the components
         return found  # type: ignore[return-value]

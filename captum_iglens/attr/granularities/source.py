@@ -36,7 +36,7 @@ from torch import Tensor
 
 from captum_iglens.attr._utils.attention import AttentionCapture, attention_of
 from captum_iglens.attr._utils.block_parts import (
-    HeadSplit,
+    BlockParts,
     projection_bias,
     projection_weight,
     split_tolerance,
@@ -206,7 +206,7 @@ def check_reproduced(
 
 
 def source_components(
-    split: HeadSplit,
+    parts: BlockParts,
     weights: Sequence[Tensor],
     values: Sequence[Tensor],
     extras: List[Tensor],
@@ -234,24 +234,24 @@ def source_components(
     Returns:
         :class:`SourceComponents` of shape ``(B, P, k, C, d)``.
     """
-    head_components(split, extras, stream, mask, tolerance)  # the update check
+    head_components(parts, extras, stream, mask, tolerance)  # the update check
     k = len(weights)
     heads_in = extras[:k]
     outputs = torch.stack(
-        [projected_heads(split, j, z).sum(2) for j, z in enumerate(heads_in)], 2
+        [projected_heads(parts, j, z).sum(2) for j, z in enumerate(heads_in)], 2
     )
-    factor = attention_factors(split, outputs, attention_updates(split, stream))
+    factor = attention_factors(parts, outputs, attention_updates(parts, stream))
     scale = float(factor.flatten()[0]) if factor.numel() == 1 else 1.0
     projected, rows, biases = [], [], []
     for j, (a, v) in enumerate(zip(weights, values)):
         a = a.to(stream.device).float()
-        v, found = _head_outputs(a, v.to(stream.device), split.n_heads)
+        v, found = _head_outputs(a, v.to(stream.device), parts.n_heads)
         check_reproduced(j, found, heads_in[j], mask, tolerance)
-        weight = projection_weight(split.projections[j]).float().to(stream.device)
-        per_head = weight.view(weight.shape[0], split.n_heads, -1)
+        weight = projection_weight(parts.attn_out[j]).float().to(stream.device)
+        per_head = weight.view(weight.shape[0], parts.n_heads, -1)
         projected.append(torch.einsum("bhte,dhe->bhtd", v, per_head) * scale)
         rows.append(a.permute(0, 2, 1, 3))  # (B, P, H, T)
-        bias = projection_bias(split.projections[j])
+        bias = projection_bias(parts.attn_out[j])
         if bias is not None:
             biases.append(bias.detach().float().to(stream.device) * scale)
     b, p = mask.shape
@@ -268,7 +268,7 @@ def source_components(
             torch.stack([m.float() for m in extras[k:]], 2)
             .flatten(0, 2)
             .to(stream.device)
-            if split.parallel
+            if parts.parallel
             else None
         ),
     )
@@ -292,7 +292,7 @@ class Sources(Heads):
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         points, names = super().path_points()  # refuses a lens without heads
-        projections = cast(HeadSplit, self.heads).projections
+        projections = cast(BlockParts, self.block_parts).attn_out
         self._attention = AttentionCapture(
             [attention_of(b, p) for b, p in zip(self.layers, projections)],
             [m for m in [forward_module(self.forward_func)] if m is not None],
@@ -312,7 +312,7 @@ class Sources(Heads):
         p = points.shape[1]  # the last position only, for last-position logits
         weights = [w[:, :, -p:] for w in weights]
         tolerance = split_tolerance(points.dtype)
-        heads = cast(HeadSplit, self.heads)  # checked by path_points
+        heads = cast(BlockParts, self.block_parts)  # checked by path_points
         found = source_components(
             heads, weights, values, extras, points, mask, tolerance
         )
@@ -327,7 +327,9 @@ class Sources(Heads):
                 out.append(name)
                 continue
             block = name[: -len(f".{SOURCES}")]
-            n_heads = cast(HeadSplit, self.heads).n_heads  # checked by path_points
+            n_heads = cast(
+                BlockParts, self.block_parts
+            ).n_heads  # checked by path_points
             heads = range(n_heads) if self.by_head else [None]
             for h in heads:
                 prefix = block if h is None else f"{block}.h{h}"
