@@ -31,7 +31,7 @@ from captum_iglens.attr._utils.checks import (
     check_settings,
     hf_model_of,
 )
-from captum_iglens.attr._utils.heads import HeadSplit
+from captum_iglens.attr._utils.block_parts import BlockParts
 from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import Estimator, estimator
 from captum_iglens.attr._utils.path_math import work_dtype
@@ -108,7 +108,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         input_layer: Optional[Module] = None,
         layer_names: Optional[Sequence[str]] = None,
         sublayers: Optional[Sequence[Module]] = None,
-        heads: Optional[HeadSplit] = None,
+        block_parts: Optional[BlockParts] = None,
     ) -> None:
         r"""
         Args:
@@ -176,10 +176,12 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         attention, before the MLP), e.g. Llama's
                         ``post_attention_layernorm``. Needed for
                         ``granularity="sublayer"``. Default: None
-            heads (HeadSplit, optional): Each block's attention output
-                        projection and the number of heads, for
-                        ``granularity="head"`` (which also needs ``sublayers``).
-                        Default: None
+            block_parts (BlockParts, optional): The modules inside each block
+                        that the component granularities split: its attention
+                        output projection and the number of heads (for
+                        ``"head"`` and ``"source"``, which also need
+                        ``sublayers``), MLP output projection (``"neuron"``) or
+                        experts (``"expert"``). Default: None
         """
         if isinstance(multiply_by_inputs, bool) is False:
             raise TypeError(
@@ -203,14 +205,15 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         self.readout = readout
         self.layer_names: List[str] = names
         self.sublayers: Optional[List[Module]] = sublayers
-        if heads is not None and (
-            not isinstance(heads, HeadSplit) or len(heads.projections) != len(layers)
+        if block_parts is not None and (
+            not isinstance(block_parts, BlockParts)
+            or len(block_parts.attn_out) != len(layers)
         ):
             raise ValueError(
-                f"heads: expected a HeadSplit with one projection per block "
-                f"({len(layers)}), got {heads!r}"
+                f"block_parts: expected a BlockParts with one attention output "
+                f"projection per block ({len(layers)}), got {block_parts!r}"
             )
-        self.heads = heads
+        self.block_parts = block_parts
         self._multiply_by_inputs = multiply_by_inputs
         self._as_tuple = isinstance(layer, tuple)
 
@@ -259,19 +262,6 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         """
         parts = model_parts(model)
         chosen = parts.choose(layers)
-        layer, sublayers, projections, norms, mlps, downs, down_norms, experts = (
-            None if modules is None else [modules[i] for i in chosen]
-            for modules in (
-                parts.blocks,
-                parts.mid_modules,
-                parts.attention_outputs,
-                parts.attention_norms,
-                parts.parallel_mlps,
-                parts.mlp_outputs,
-                parts.mlp_norms,
-                parts.experts,
-            )
-        )
         readout: Union[Readout, LayerReadout]
         readout = parts.readout(max_chunk_bytes=max_chunk_bytes)
         if lens == "linear":
@@ -289,26 +279,12 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             readout = LayerReadout(readout, translators, parts.blocks)
         return cls(
             CausalLMForward(parts.model),
-            cast(List[Module], layer),  # from parts.blocks, never None
+            [parts.blocks[i] for i in chosen],
             readout=readout,
             input_layer=parts.blocks[0],
             layer_names=[str(i) for i in chosen],
-            sublayers=sublayers,
-            heads=(
-                None
-                if projections is None
-                else HeadSplit(
-                    projections,
-                    cast(int, parts.n_heads),  # set where projections are
-                    parts.attention_scale,
-                    norms,
-                    mlps,
-                    downs,
-                    down_norms,
-                    experts,
-                    parts.shared_experts,
-                )
-            ),
+            sublayers=None if parts.mid is None else [parts.mid[i] for i in chosen],
+            block_parts=BlockParts.of_model(parts, chosen),
         )
 
     def segment_names(self, granularity: Granularity = "block") -> List[str]:
@@ -529,7 +505,14 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         ``"<name>.attn.h<i>"`` per head (and
                         ``"<name>.attn.bias"``), the attention update split as
                         ``Σ_h W_O[:, head h] z_h (+ b)``, and ``"<name>.mlp"``;
-                        needs ``sublayers``, ``heads`` and consecutive blocks.
+                        needs ``sublayers``, ``block_parts`` and consecutive blocks.
+                        ``"source"`` and ``"source_head"``: the attention update
+                        split over the source positions it reads (per head).
+                        ``"neuron"``: ``"<name>.attn"``, then the MLP update
+                        split per neuron, ``"<name>.mlp.n<i>"``. ``"expert"``:
+                        the MLP update of a mixture of experts split per
+                        routed expert, ``"<name>.mlp.e<i>"``. Every name in
+                        :data:`~captum_iglens.attr.granularities.GRANULARITIES`.
                         Default: ``"block"``.
             foil (int, list[int], Tensor or set[int], optional): Keyword only.
                         Contrastive target: attribute ``p(target) - p(foil)``.
@@ -956,7 +939,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             self.layers,
             self.layer_names,
             self.sublayers,
-            self.heads,
+            self.block_parts,
         )
 
     def _trace(self, shape: PathGranularity, *args: Any, **kwargs: Any) -> TracedPath:

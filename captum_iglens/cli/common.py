@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, Union
 import torch
 
 from captum_iglens.attr.estimators import ESTIMATORS
-from captum_iglens.attr.granularities import GRANULARITIES
+from captum_iglens.attr.granularities import GRANULARITIES, granularity_help
 from captum_iglens.hf.text import POSITIONS
 from captum_iglens.settings import Settings
 
@@ -145,9 +145,7 @@ def settings_parent(
         "--granularity",
         choices=GRANULARITIES,
         default="block",
-        help="'sublayer' credits attention and MLP of each block separately; "
-        "'head' also splits the attention across its heads; 'source' across the "
-        "source tokens it reads ('source_head': per head and source token)",
+        help=granularity_help(),
     )
     group.add_argument(
         "--internal-batch-size",

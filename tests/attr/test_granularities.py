@@ -60,7 +60,7 @@ def test_head_without_the_displacement_is_refused_before_the_forward(llama):
         readout=lens.readout,
         input_layer=lens.input_layer,
         sublayers=lens.sublayers,
-        heads=lens.heads,
+        block_parts=lens.block_parts,
     )
     calls = []
     handle = llama.register_forward_pre_hook(lambda *args: calls.append(1))

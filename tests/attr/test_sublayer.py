@@ -22,7 +22,7 @@ SEQUENTIAL = [(a, {}) for a in ARCHITECTURES if a not in PARALLEL] + [
 def test_table_marks_parallel_blocks():
     for arch in ARCHITECTURES:
         model = tiny_model(arch)
-        modules = model_parts(model).mid_modules
+        modules = model_parts(model).mid
         assert (modules is None) == (arch in PARALLEL), arch
 
 

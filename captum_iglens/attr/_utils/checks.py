@@ -9,7 +9,6 @@ from typing import (
     Any,
     Callable,
     List,
-    Literal,
     Optional,
     Sequence,
     Tuple,
@@ -31,9 +30,9 @@ from captum_iglens.readout.scores import per_position
 
 BaselineType = Union[None, int, float, Tensor, str, Tuple[Tensor, ...]]
 PositionsType = Union[None, int, Sequence[int], Tensor]
-Granularity = Literal[
-    "block", "sublayer", "head", "source", "source_head", "neuron", "expert"
-]
+#: A granularity's name: one of the keys of
+#: :data:`captum_iglens.attr.granularities.GRANULARITIES`, checked against it.
+Granularity = str
 
 
 def forward_module(forward_func: Callable[..., Any]) -> Optional[Module]:

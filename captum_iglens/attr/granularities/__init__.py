@@ -3,14 +3,15 @@ The granularities of IG-Lens: which residual-stream states a path runs through,
 what its credit columns are called, and how the estimator credits them.
 
 A new granularity is one module with one :class:`PathGranularity` subclass, and
-one line in :data:`GRANULARITIES`.
+one line in :data:`GRANULARITIES`; its ``name`` and ``summary`` are what
+help texts and checks list.
 """
 
 from typing import Any, Callable, Dict, Optional, Sequence, Type
 
 from torch.nn import Module
 
-from captum_iglens.attr._utils.heads import HeadSplit
+from captum_iglens.attr._utils.block_parts import BlockParts
 from captum_iglens.attr.granularities.base import PathGranularity
 from captum_iglens.attr.granularities.blocks import Blocks, Sublayers
 from captum_iglens.attr.granularities.components import ComponentSplit
@@ -32,6 +33,7 @@ __all__ = [
     "Sublayers",
     "check_granularity",
     "check_learned_readout",
+    "granularity_help",
     "granularity_of",
 ]
 
@@ -41,6 +43,15 @@ GRANULARITIES: Dict[str, Type[PathGranularity]] = {
     g.name: g
     for g in (Blocks, Sublayers, Heads, Sources, SourceHeads, Neurons, Experts)
 }
+
+
+def granularity_help() -> str:
+    r"""
+    Returns:
+        *str*: every granularity's name and summary, in registry order (the
+        help text of ``--granularity``).
+    """
+    return "; ".join(f"{name!r}: {g.summary}" for name, g in GRANULARITIES.items())
 
 
 def check_granularity(granularity: str) -> None:
@@ -81,7 +92,7 @@ def granularity_of(
     layers: Sequence[Module],
     layer_names: Sequence[str],
     sublayers: Optional[Sequence[Module]],
-    heads: Optional[HeadSplit],
+    block_parts: Optional[BlockParts],
 ) -> PathGranularity:
     r"""
     The granularity named ``name`` of the path through ``layers`` (the other
@@ -91,4 +102,6 @@ def granularity_of(
         ValueError: If no granularity has that name.
     """
     check_granularity(name)
-    return GRANULARITIES[name](forward_func, layers, layer_names, sublayers, heads)
+    return GRANULARITIES[name](
+        forward_func, layers, layer_names, sublayers, block_parts
+    )

@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import PathPoint
-from captum_iglens.attr._utils.heads import HeadSplit
+from captum_iglens.attr._utils.block_parts import BlockParts
 from captum_iglens.attr.estimators import Estimator
 from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.readout.interface import PathReadout
@@ -40,11 +40,13 @@ class PathGranularity(ABC):
         layer_names (list[str]): A name per block.
         sublayers (list[Module], optional): Per block, the module whose input is
                     the mid-block state.
-        heads (HeadSplit, optional): Each block's attention output projection.
+        block_parts (BlockParts, optional): The modules inside each block that
+                    the component granularities split.
 
     Attributes:
 
         name (str): The name ``granularity=`` takes.
+        summary (str): What its columns are, in a few words (for help texts).
         supports_unmultiplied (bool): Has attributions without the displacement
                     (``multiply_by_inputs=False``).
         learned_readout (bool): Its columns are whole segments of blocks
@@ -54,6 +56,7 @@ class PathGranularity(ABC):
     """
 
     name: ClassVar[str]
+    summary: ClassVar[str]
     supports_unmultiplied: ClassVar[bool] = True
     learned_readout: ClassVar[bool] = False
 
@@ -63,13 +66,13 @@ class PathGranularity(ABC):
         layers: Sequence[Module],
         layer_names: Sequence[str],
         sublayers: Optional[Sequence[Module]],
-        heads: Optional[HeadSplit],
+        block_parts: Optional[BlockParts],
     ) -> None:
         self.forward_func = forward_func
         self.layers = list(layers)
         self.layer_names = list(layer_names)
         self.sublayers = None if sublayers is None else list(sublayers)
-        self.heads = heads
+        self.block_parts = block_parts
 
     def check_multiply_by_inputs(self, multiply_by_inputs: bool) -> None:
         r"""

@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.nn import Module, Sequential
 
 from captum_iglens.attr._utils.checks import Granularity
-from captum_iglens.attr._utils.heads import interleave
+from captum_iglens.attr._utils.path_math import interleave
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.hf.forward import causal_lm_logits
