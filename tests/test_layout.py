@@ -2,6 +2,7 @@
 import the algorithms they serve, and every module imports on its own."""
 
 import ast
+import functools
 import importlib
 import subprocess
 import sys
@@ -22,6 +23,7 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.lru_cache(maxsize=None)  # read only: parsed once per session
 def _imports(type_checking: bool = False) -> Dict[str, Set[str]]:
     """Each module's imports of package modules, at any depth of the file
     (function-level imports included; those made only for type checkers only

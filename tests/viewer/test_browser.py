@@ -403,6 +403,7 @@ def test_batch_page_lists_prompts_and_opens_their_maps(browser, batch_dir):
     screenshot(browser, "batch.png")
 
 
+@pytest.mark.slow
 def test_large_batch_page_loads(browser, tmp_path):
     items = [
         {"id": i, "prompt": f"prompt {i}", "answer": "x", "result": r}
