@@ -130,7 +130,7 @@ class Column:
                 f"{' or '.join(map(repr, allowed))}, got {self.part!r}"
             )
         self._check_numbers()
-        if (self.block is None) != (self.kind == "input") or self.block == "":
+        if (self.block is None) != (self.kind == "input"):
             raise ValueError(
                 f"block: expected a block name for a {self.kind!r} column (None "
                 f"for 'input' only), got {self.block!r}"
@@ -177,10 +177,10 @@ class Column:
             *Column*, with ``Column.parse(name).name == name``.
 
         Raises:
-            ValueError: If ``name`` is not a non-empty string.
+            TypeError: If ``name`` is not a str.
         """
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"name: expected a non-empty column name, got {name!r}")
+        if not isinstance(name, str):
+            raise TypeError(f"name: expected a column name (a str), got {name!r}")
         kind, block, part, index, source = _fields(name)
         return cls(kind, block, part, index, source)
 

@@ -84,11 +84,48 @@ def test_what_is_no_column_is_refused(fields, message):
 
 
 def test_parse_refuses_what_is_no_name():
-    for bad in ("", None, 3):
-        with pytest.raises(ValueError, match="name: expected a non-empty"):
+    for bad in (None, 3, b"3.attn"):
+        with pytest.raises(TypeError, match="name: expected a column name"):
             Column.parse(bad)
+    # Any string is a column: a block's name need only be a str.
+    assert Column.parse("") == Column("block", "")
 
 
 def test_parse_columns_keeps_the_order():
     names = ["input", "0.attn.h0", "0.attn.bias", "0.mlp"]
     assert [c.name for c in parse_columns(names)] == names
+
+
+#: Per granularity, the kinds of its columns on a tiny model (Qwen2-MoE: routed
+#: experts and a shared one; the others on Llama, whose projections have no bias).
+GRANULARITY_KINDS = {
+    "block": ("llama", {"block"}),
+    "sublayer": ("llama", {"sublayer"}),
+    "head": ("llama", {"input", "head", "sublayer"}),
+    "neuron": ("llama", {"sublayer", "neuron"}),
+    "expert": ("qwen2_moe", {"sublayer", "expert", "shared"}),
+    "source": ("llama", {"input", "source", "sublayer"}),
+    "source_head": ("llama", {"input", "source", "sublayer"}),
+}
+
+
+@pytest.mark.parametrize("granularity", sorted(GRANULARITY_KINDS))
+def test_the_names_of_every_granularity_round_trip(granularity):
+    import torch
+
+    from captum_iglens import LayerIGLens
+    from captum_iglens.attr.granularities import GRANULARITIES
+    from tests.tiny_models import VOCAB, tiny_model
+
+    assert set(GRANULARITY_KINDS) == set(GRANULARITIES)
+    arch, kinds = GRANULARITY_KINDS[granularity]
+    torch.manual_seed(0)
+    lens = LayerIGLens.from_model(tiny_model(arch))
+    result = lens.attribute_map(
+        torch.randint(1, VOCAB, (1, 4)), granularity=granularity, n_steps=2
+    )
+    columns = parse_columns(result.layer_names)
+    assert [c.name for c in columns] == result.layer_names
+    assert {c.kind for c in columns} == kinds
+    blocks = {c.block for c in columns} - {None}
+    assert blocks == set(lens.layer_names)
