@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, List, Union
 
-from captum_iglens._result_tables import view
+from captum_iglens._result_tables import view_field
 from captum_iglens._utils.serialization import check_writable, write_atomic
 from captum_iglens.readout.scores import PAD
 
@@ -63,16 +63,16 @@ def _view_cells(result: Any, b: int, p: int, j: int) -> List[Any]:
     """The CSV cells of the views of one (sequence, position, layer)."""
     if not result.has_views:
         return []
-    top_probs = view(result, "top_probs")[b, p, j].tolist()
+    top_probs = view_field(result, "top_probs")[b, p, j].tolist()
     cells: List[Any] = [
-        json.dumps(view(result, "top_ids")[b, p, j].tolist()),
+        json.dumps(view_field(result, "top_ids")[b, p, j].tolist()),
         json.dumps([round(x, 6) for x in top_probs]),
     ]
     if result.top_tokens is not None:
         cells.append(json.dumps(result.top_tokens[b][p][j]))
     cells += [
-        float(view(result, "entropy")[b, p, j]),
-        float(view(result, "kl")[b, p, j]),
-        int(view(result, "rank")[b, p, j]),
+        float(view_field(result, "entropy")[b, p, j]),
+        float(view_field(result, "kl")[b, p, j]),
+        int(view_field(result, "rank")[b, p, j]),
     ]
     return cells

@@ -32,7 +32,7 @@ def token_labels(result: Any, batch_index: int) -> List[str]:
     return [f"#{int(t)}" for t in result.targets[batch_index]]
 
 
-def view(result: Any, name: str) -> Tensor:
+def view_field(result: Any, name: str) -> Tensor:
     """A view field (``top_ids``, ``rank``, ...), refused without views."""
     value = getattr(result, name)
     if value is None:
@@ -112,7 +112,7 @@ def format_views(result: Any, batch_index: int, width: int) -> str:
         raise ValueError("result: no views; attribute with top_k >= 1")
     _check_batch_index(result, batch_index)
     b, names = batch_index, result.layer_names
-    k, rank = len(names), view(result, "rank")
+    k, rank = len(names), view_field(result, "rank")
     rows = result.mask[b].nonzero()[:, 0].tolist()
     labels = token_labels(result, b)
     token_w = max([5] + [len(labels[r]) for r in rows])
@@ -140,10 +140,10 @@ def format_views(result: Any, batch_index: int, width: int) -> str:
         lines.append(" ".join(cells))
     if len(shown) < k:
         lines.append(f"(showing {len(shown)} of {k} layers, evenly spaced)")
-    top = view(result, "top_ids").shape[-1]
+    top = view_field(result, "top_ids").shape[-1]
     lines.append(f"the model's own top {top} (last layer), with probabilities")
     for r in rows:
-        probs = view(result, "top_probs")[b, r, -1].tolist()
+        probs = view_field(result, "top_probs")[b, r, -1].tolist()
         best = ", ".join(
             f"{_top_label(result, b, r, k - 1, i, 16)} {probs[i]:.3f}"
             for i in range(top)
@@ -156,7 +156,7 @@ def _top_label(result: Any, b: int, p: int, j: int, i: int, width: int) -> str:
     """The ``i``-th top token of layer ``j`` as a short quoted label (so that
     spaces show), cut to ``width`` characters."""
     if result.top_tokens is None:
-        return f"#{int(view(result, 'top_ids')[b, p, j, i])}"[:width]
+        return f"#{int(view_field(result, 'top_ids')[b, p, j, i])}"[:width]
     text = repr(result.top_tokens[b][p][j][i])
     return text if len(text) <= width else text[: width - 2] + "…" + text[-1]
 

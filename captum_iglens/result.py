@@ -1,6 +1,9 @@
-r"""The token-by-layer result of IG-Lens: checked on construction, sliced,
+r"""The token-by-layer result of IG-Lens: checked on construction (against
+:data:`IGLENS_SCHEMA`, the declaration its files are loaded with), sliced,
 concatenated, saved and loaded. Its tables and CSV are written by
-:mod:`captum_iglens._result_tables` and :mod:`captum_iglens._result_csv`."""
+:mod:`captum_iglens._result_tables` and :mod:`captum_iglens._result_csv`; the
+result keeps one-line methods that call them (``format_table``, ``to_csv``...),
+as Captum's result objects keep theirs, so that a user needs no other import."""
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
