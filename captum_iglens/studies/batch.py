@@ -55,7 +55,10 @@ from captum_iglens.hf.text import (
     pad_token_id,
     positions_span,
 )
-from captum_iglens.readout.layer_readout import LayerReadout
+from captum_iglens.readout.layer_readout import (
+    readout_record,
+    resolve_readout,
+)
 from captum_iglens.readout.translators import Translators
 from captum_iglens.result import IGLensResult
 from captum_iglens.settings import Settings, provenance
@@ -239,7 +242,7 @@ def run_batch(
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     run = {**provenance(model, settings), "weights_sha256": weights_checksum(model)}
-    run["readout"] = _readout_record(attributor.readout)
+    run["readout"] = readout_record(attributor.readout)
     lock = BatchLock(out)
 
     def claim() -> None:
@@ -356,15 +359,10 @@ def check_model(
     ours["weights_sha256"] = weights_checksum(parts.model)
     names = f"; model {recorded.get('model')!r} then, {ours['model']!r} now"
     _compare(out, recorded, ours, "weights_sha256", names)
-    ours["readout"] = _readout_record(LayerIGLens.from_model(parts, lens=lens).readout)
+    ours["readout"] = readout_record(
+        resolve_readout(parts.readout(), lens, parts.blocks)
+    )
     _compare(out, recorded, ours, "readout")
-
-
-def _readout_record(readout: Any) -> Dict[str, Any]:
-    """The kind and checksum of a map's readout, as ``run.json`` keeps them."""
-    if isinstance(readout, LayerReadout):
-        return {"kind": readout.kind, "checksum": readout.checksum()}
-    return dict(_LOGIT_READOUT)
 
 
 class BatchLock:
