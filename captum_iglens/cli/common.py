@@ -237,7 +237,7 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     """The model's parts, bound once (:class:`~captum_iglens.hf.ModelParts`, which
     every entry point takes in place of the model), and its tokenizer, with the
     settings checked against the model."""
-    from captum_iglens.attr import LayerIGLens
+    from captum_iglens.attr.granularities import model_columns
     from captum_iglens.hf import model_parts
     from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
 
@@ -253,8 +253,7 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
             args.model, trust_remote_code=args.trust_remote_code, **options
         )
     parts = model_parts(model)
-    lens = LayerIGLens.from_model(parts, settings.layers)
-    lens.segment_names(settings.granularity)
+    model_columns(parts, settings.layers, settings.granularity)
     return parts, tokenizer
 
 

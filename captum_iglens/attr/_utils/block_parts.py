@@ -141,6 +141,27 @@ class BlockParts:
         return names
 
 
+def check_block_parts(
+    block_parts: Optional[BlockParts], n_blocks: int
+) -> Optional[BlockParts]:
+    r"""
+    Returns:
+        ``block_parts``, checked.
+
+    Raises:
+        ValueError: If ``block_parts`` is not None nor a :class:`BlockParts`
+            with one attention output projection per block.
+    """
+    if block_parts is not None and (
+        not isinstance(block_parts, BlockParts) or len(block_parts.attn_out) != n_blocks
+    ):
+        raise ValueError(
+            f"block_parts: expected a BlockParts with one attention output "
+            f"projection per block ({n_blocks}), got {block_parts!r}"
+        )
+    return block_parts
+
+
 def _is_projection(module: Module) -> bool:
     return isinstance(module, Linear) or (
         type(module).__name__ == "Conv1D" and hasattr(module, "nf")

@@ -162,6 +162,29 @@ def _default_names(forward_func: Callable[..., Any], layers: List[Module]) -> Li
     return [str(i) if name is None else name for i, name in enumerate(names)]
 
 
+def summed_credits(
+    attributions: Union[Tensor, Sequence[Tensor]], shape: Sequence[int]
+) -> Tensor:
+    r"""
+    The credits ``(B, P)`` of attributions as ``attribute`` returns them: one
+    ``(B, P, d)`` tensor, or a list of them, summed.
+
+    Raises:
+        ValueError: If an attribution does not have the shape ``(*shape, d)``.
+    """
+    parts = [attributions] if isinstance(attributions, Tensor) else attributions
+    shape = tuple(shape)
+    if not parts or any(
+        not isinstance(a, Tensor) or a.dim() != 3 or tuple(a.shape[:2]) != shape
+        for a in parts
+    ):
+        raise ValueError(
+            f"attributions: expected a tensor (or a list of tensors) of shape "
+            f"{shape + ('d',)} as attribute returns for these arguments"
+        )
+    return torch.stack([a.sum(-1) for a in parts]).sum(0)
+
+
 def check_settings(
     n_steps: int,
     method: str,

@@ -7,7 +7,7 @@ one line in :data:`GRANULARITIES`; its ``name`` and ``summary`` are what
 help texts and checks list.
 """
 
-from typing import Any, Callable, Dict, Optional, Sequence, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type
 
 from torch.nn import Module
 
@@ -19,6 +19,8 @@ from captum_iglens.attr.granularities.experts import Experts
 from captum_iglens.attr.granularities.heads import Heads
 from captum_iglens.attr.granularities.neurons import Neurons
 from captum_iglens.attr.granularities.source import SourceHeads, Sources
+from captum_iglens.hf.forward import CausalLMForward
+from captum_iglens.hf.parts import ModelParts
 
 __all__ = [
     "GRANULARITIES",
@@ -35,6 +37,7 @@ __all__ = [
     "check_learned_readout",
     "granularity_help",
     "granularity_of",
+    "model_columns",
 ]
 
 
@@ -105,3 +108,36 @@ def granularity_of(
     return GRANULARITIES[name](
         forward_func, layers, layer_names, sublayers, block_parts
     )
+
+
+def model_columns(
+    parts: ModelParts, layers: Optional[Sequence[int]], granularity: str
+) -> List[str]:
+    r"""
+    The column names of ``granularity`` on a model's chosen blocks, as
+    :meth:`LayerIGLens.segment_names` gives them for
+    ``LayerIGLens.from_model(parts, layers)``, without building the lens: the
+    check, before any forward, that the model has what the granularity needs.
+
+    Args:
+
+        parts (ModelParts): The model's parts.
+        layers (list[int], optional): As :meth:`ModelParts.choose` takes them.
+        granularity (str): A name in :data:`GRANULARITIES`.
+
+    Returns:
+        *list[str]*: the names, in column order.
+
+    Raises:
+        ValueError: If the granularity is unknown or not available.
+    """
+    chosen = parts.choose(layers)
+    shape = granularity_of(
+        granularity,
+        CausalLMForward(parts.model),
+        [parts.blocks[i] for i in chosen],
+        [str(i) for i in chosen],
+        None if parts.mid is None else [parts.mid[i] for i in chosen],
+        BlockParts.of_model(parts, chosen),
+    )
+    return shape.path_points()[1]

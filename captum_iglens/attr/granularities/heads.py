@@ -27,7 +27,7 @@ are the components of that segment, and the path is ``h_base → h_in → h_out(
 The head granularity: each block's attention update split per head.
 """
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -42,12 +42,14 @@ from captum_iglens.attr._utils.block_parts import (
 )
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.checks import qualified_names
-from captum_iglens.attr._utils.path_math import interleave, segment_ends, segment_pairs
-from captum_iglens.attr.estimators import Estimator
+from captum_iglens.attr._utils.path_math import interleave
+from captum_iglens.attr.estimators import Integration
 from captum_iglens.attr.tracing import TracedPath
-from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import TokenScore
-from captum_iglens.attr.granularities.components import ComponentSplit
+from captum_iglens.attr.granularities.components import (
+    ComponentSplit,
+    split_segments,
+)
 
 
 #: Name of the first column of ``granularity="head"``.
@@ -260,27 +262,21 @@ def _check_sum(
 
 
 def head_attributions(
-    estimator: Estimator,
-    readout: PathReadout,
+    integration: Integration,
     stream: Tensor,
     components: Tensor,
     targets: TokenScore,
     values: Tensor,
-    n_steps: int,
-    chunk_rows: int,
-    per_dimension: bool,
-    grad_kwargs: Optional[Dict[str, Any]] = None,
     parents: Optional[Tensor] = None,
     parallel: bool = False,
 ) -> Tensor:
     r"""
     The credit columns of ``granularity="head"``, in the order of
     :func:`head_path_points`: the segments ``"input"`` and ``"<block>.mlp"`` get
-    the estimator's credits (or attributions), each attention segment the
-    estimator's split into its components ``u_c``
-    (:meth:`~captum_iglens.attr.estimators.base.Estimator.components`). With
-    ``parallel`` blocks, each block's one segment is split, its MLP the last
-    component.
+    the estimator's credits (or attributions, with
+    ``integration.per_dimension``), each attention segment the estimator's split
+    into its components ``u_c`` (:func:`split_segments`). With ``parallel``
+    blocks, each block's one segment is split, its MLP the last component.
 
     Args:
         stream (Tensor): ``(N, 2k + 2, d)`` path points (``parallel``:
@@ -290,15 +286,13 @@ def head_attributions(
         values (Tensor): ``(N, 2k + 2)``: ``f`` at the path points, the last the
                     model's own; or ``(N, 2k + 1, 2)`` at both ends of each
                     segment (:func:`segment_ends`).
-        per_dimension (bool): Per-dimension attributions (for ``attribute``) or
-                    scalar credits (for ``attribute_map``).
         parents (Tensor, optional): ``(C,)``: a group per component, as
                     :meth:`~captum_iglens.attr.estimators.base.Estimator.components`
                     takes it. Default: None
 
     Returns:
-        *Tensor* ``(N, n_columns)``, or ``(N, n_columns, d)`` with
-        ``per_dimension``, float32.
+        *Tensor* ``(N, n_columns)``, or ``(N, n_columns, d)`` per dimension,
+        float32.
     """
     n, k_points, d = stream.shape
     k, c = components.shape[1], components.shape[2]
@@ -307,49 +301,22 @@ def head_attributions(
     else:  # "input" and the MLPs; the attention segments, split
         plain = [0, *range(2, k_points - 1, 2)]
         attn = list(range(1, k_points - 1, 2))
-    common: Dict[str, Any] = dict(
-        n_steps=n_steps, chunk_rows=chunk_rows, grad_kwargs=grad_kwargs
-    )
-    pairs, layers = segment_pairs(stream, attn)
-    end_values = segment_ends(values, attn)
-    attn_out = estimator.components(
-        readout,
-        pairs,
+    attn_out, plain_out = split_segments(
+        integration,
+        stream,
         components.flatten(0, 1),  # (N·k, C, d)
-        targets.repeat_interleave(k),
-        end_values.flatten(0, 1),
-        per_dimension=per_dimension,
-        layers=layers,
-        parents=parents,
-        **common,
+        targets,
+        values,
+        attn,
+        plain,
+        parents,
     )
-    pairs, layers = segment_pairs(stream, plain)
-    plain_values = segment_ends(values, plain)
-    plain_targets = targets.repeat_interleave(len(plain))
-    if per_dimension:
-        plain_out = estimator.attributions(
-            readout,
-            pairs,
-            plain_targets,
-            plain_values[..., 1].flatten(),
-            layers=layers,
-            **common,
-        )[:, 0]
-    else:
-        plain_out = estimator.credits(
-            readout,
-            pairs,
-            plain_targets,
-            plain_values.flatten(0, 1),
-            layers=layers,
-            **common,
-        )[:, 0]
     attn_out = attn_out.view(n, k, c, -1)
     if parallel:
         out = torch.cat([plain_out.view(n, 1, -1), attn_out.flatten(1, 2)], dim=1)
     else:
         out = interleave(plain_out.view(n, k + 1, -1), attn_out)
-    return out if per_dimension else out.squeeze(-1)
+    return out if integration.per_dimension else out.squeeze(-1)
 
 
 class Heads(ComponentSplit):
@@ -420,27 +387,14 @@ class Heads(ComponentSplit):
         return torch.cat([values[..., :2], per_column], -1)
 
     def _split(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        per_dimension: bool,
-        grad_kwargs: Optional[Dict[str, Any]],
+        self, integration: Integration, path: TracedPath, values: Tensor
     ) -> Tensor:
         assert path.components is not None  # traced with this granularity
         return head_attributions(
-            rule,
-            readout,
+            integration,
             path.points.flatten(0, 1),
             path.components.flatten(0, 1),
             path.score.flatten(),
             values,
-            n_steps,
-            chunk_rows,
-            per_dimension,
-            grad_kwargs,
             parallel=self._parallel,
         )

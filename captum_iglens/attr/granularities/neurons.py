@@ -16,7 +16,7 @@ The neuron granularity: each block's MLP update split per neuron, and the
 top neurons of a result.
 """
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -30,12 +30,13 @@ from captum_iglens.attr._utils.block_parts import (
     split_tolerance,
 )
 from captum_iglens.attr._utils.capture import PathPoint
-from captum_iglens.attr._utils.path_math import segment_ends, segment_pairs
-from captum_iglens.attr.estimators import Estimator
+from captum_iglens.attr.estimators import Integration
 from captum_iglens.attr.tracing import TracedPath
-from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import TokenScore
-from captum_iglens.attr.granularities.components import ComponentSplit
+from captum_iglens.attr.granularities.components import (
+    ComponentSplit,
+    split_segments,
+)
 
 
 class NeuronComponents:
@@ -180,21 +181,16 @@ def neuron_components(
 
 
 def neuron_attributions(
-    estimator: Estimator,
-    readout: PathReadout,
+    integration: Integration,
     stream: Tensor,
     components: NeuronComponents,
     targets: TokenScore,
     values: Tensor,
-    n_steps: int,
-    chunk_rows: int,
-    per_dimension: bool,
-    grad_kwargs: Optional[Dict[str, Any]] = None,
 ) -> Tensor:
     r"""
     The columns of ``granularity="neuron"``: per block its attention segment
     (the estimator's credit), then its MLP segment split into the neurons'
-    components (:meth:`Estimator.components`).
+    components (:func:`split_segments`).
 
     Args:
         stream (Tensor): ``(N, 2k + 1, d)`` path points.
@@ -208,50 +204,21 @@ def neuron_attributions(
     """
     n, k_points, _ = stream.shape
     k = (k_points - 1) // 2
-    common: Dict[str, Any] = dict(
-        n_steps=n_steps, chunk_rows=chunk_rows, grad_kwargs=grad_kwargs
-    )
-    mlp = list(range(1, k_points, 2))
-    pairs, layers = segment_pairs(stream, mlp)
-    end_values = segment_ends(values, mlp)
-    split = estimator.components(
-        readout,
-        pairs,
+    split, plain = split_segments(
+        integration,
+        stream,
         # NeuronComponents builds its (M, C, d) rows on demand: the estimators
         # only index it and read its shape, as documented for ``components``
         components,  # type: ignore[arg-type]
-        targets.repeat_interleave(k),
-        end_values.flatten(0, 1),
-        per_dimension=per_dimension,
-        layers=layers,
-        **common,
-    ).float()
-    attn = list(range(0, k_points - 1, 2))
-    pairs, layers = segment_pairs(stream, attn)
-    attn_values = segment_ends(values, attn)
-    attn_targets = targets.repeat_interleave(k)
-    if per_dimension:
-        plain = estimator.attributions(
-            readout,
-            pairs,
-            attn_targets,
-            attn_values[..., 1].flatten(),
-            layers=layers,
-            **common,
-        )[:, 0]
-    else:
-        plain = estimator.credits(
-            readout,
-            pairs,
-            attn_targets,
-            attn_values.flatten(0, 1),
-            layers=layers,
-            **common,
-        )[:, 0]
+        targets,
+        values,
+        list(range(1, k_points, 2)),
+        list(range(0, k_points - 1, 2)),
+    )
     c = components.shape[1]
     plain = plain.float().view(n, k, 1, -1)
-    out = torch.cat([plain, split.view(n, k, c, -1)], dim=2).flatten(1, 2)
-    return out if per_dimension else out.squeeze(-1)
+    out = torch.cat([plain, split.float().view(n, k, c, -1)], dim=2).flatten(1, 2)
+    return out if integration.per_dimension else out.squeeze(-1)
 
 
 class Neurons(ComponentSplit):
@@ -305,28 +272,15 @@ class Neurons(ComponentSplit):
         return [s for j in range(k) for s in [2 * j] + [2 * j + 1] * (m - 1)]
 
     def _split(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        per_dimension: bool,
-        grad_kwargs: Optional[Dict[str, Any]],
+        self, integration: Integration, path: TracedPath, values: Tensor
     ) -> Tensor:
         found: NeuronComponents = path.components  # type: ignore[assignment]
         return neuron_attributions(
-            rule,
-            readout,
+            integration,
             path.points.flatten(0, 1),
             found,
             path.score.flatten(),
             values,
-            n_steps,
-            chunk_rows,
-            per_dimension,
-            grad_kwargs,
         )
 
 

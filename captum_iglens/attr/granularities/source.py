@@ -22,7 +22,6 @@ positions it reads (``"source"``, heads summed), or over (head, source) pairs
 from typing import (
     Any,
     ContextManager,
-    Dict,
     List,
     Optional,
     Sequence,
@@ -43,9 +42,8 @@ from captum_iglens.attr._utils.block_parts import (
 )
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.checks import forward_module
-from captum_iglens.attr.estimators import Estimator
+from captum_iglens.attr.estimators import Integration
 from captum_iglens.attr.tracing import TracedPath
-from captum_iglens.readout.interface import PathReadout
 from captum_iglens.attr.granularities.heads import (
     Heads,
     head_attributions,
@@ -361,29 +359,16 @@ class Sources(Heads):
         return out
 
     def _split(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        per_dimension: bool,
-        grad_kwargs: Optional[Dict[str, Any]],
+        self, integration: Integration, path: TracedPath, values: Tensor
     ) -> Tensor:
         # this granularity's components are SourceComponents (see components)
         found: SourceComponents = path.components  # type: ignore[assignment]
         attrs = head_attributions(
-            rule,
-            readout,
+            integration,
             path.points.flatten(0, 1),
             found.flatten(0, 1),  # type: ignore[arg-type]  # indexed on demand
             path.score.flatten(),
             values,
-            n_steps,
-            chunk_rows,
-            per_dimension,
-            grad_kwargs,
             parents=found.parents,
             parallel=self._parallel,
         )
