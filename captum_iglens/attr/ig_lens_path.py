@@ -22,6 +22,7 @@ from captum_iglens.attr._utils.checks import (
 from captum_iglens.attr.column_readout import column_readout
 from captum_iglens.attr.estimators import Integration, estimator
 from captum_iglens.attr.granularities import PathGranularity, granularity_of
+from captum_iglens.attr.paths import integration_path
 from captum_iglens.attr.tracing import TracedPath, Tracer
 from captum_iglens.readout.layer_readout import LayerReadout
 from captum_iglens.readout.readout import Readout
@@ -123,6 +124,7 @@ class IGLensPath:
         foil: FoilType = None,
         target_tokens: TokenSetType = None,
         top_k: int = 0,
+        path: str = "telescoping",
     ) -> IGLensResult:
         r"""
         The token-by-layer map: each chosen block's scalar credit at every
@@ -154,6 +156,11 @@ class IGLensPath:
                         final distribution) and ``rank`` (of the target)
                         ``(B, P, k)``. At the last layer they are the model's own
                         output distribution's. Default: 0 (no views).
+            path (str, optional): How the path points are joined into the
+                        straight segments integrated along, a name in
+                        :data:`~captum_iglens.attr.paths.PATHS`:
+                        ``"telescoping"``, one segment per column, in depth
+                        order. Default: ``"telescoping"``.
 
         Returns:
             :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``lens``
@@ -165,8 +172,9 @@ class IGLensPath:
         check_settings(n_steps, method, internal_batch_size, False)
         check_top_k(top_k, self.readout.vocab_size)
         rule = estimator(method)
+        along = integration_path(path)
         shape = self._granularity(granularity)
-        columns = column_readout(self.readout, self.layers, shape)
+        columns = column_readout(self.readout, self.layers, shape, along)
         integration = Integration(
             rule,
             columns.readout,
@@ -174,10 +182,12 @@ class IGLensPath:
             internal_batch_size or self.readout.rows_per_chunk(),
         )
         grad_free = (
-            torch.no_grad if shape.map_needs_gradients(rule) else torch.inference_mode
+            torch.no_grad
+            if along.map_needs_gradients(shape, rule)
+            else torch.inference_mode
         )
         with grad_free():
-            path = self._trace(
+            traced = self._trace(
                 shape,
                 inputs,
                 baselines,
@@ -188,8 +198,8 @@ class IGLensPath:
                 target_tokens=target_tokens,
                 top_k=top_k,
             )
-            split = columns.map(integration, path, top_k)
-        return columns.result(path, split, method, n_steps)
+            split = columns.map(integration, traced, top_k)
+        return columns.result(traced, split, method, n_steps)
 
     def _granularity(self, granularity: str) -> PathGranularity:
         """The segments of this lens's path at ``granularity``."""
