@@ -395,7 +395,7 @@ def plot_trajectory(
 
     Drawn on one axis, in probability units:
 
-    - the logit-lens level ``f(h_L)`` of each layer (``result.lens``, a line);
+    - the logit-lens level ``f(h_L)`` of each layer (``result.levels``, a line);
     - the cumulative IG-Lens credit ``base_prob + cumsum(attributions)``
       (hollow circles). Both coincide for the exact ``"prediction_aware"``
       estimator; a gap shows an estimator's discretisation error;
@@ -439,7 +439,7 @@ def plot_trajectory(
     p = _check_position(result, position, b, batch_index)
     _check_onset_frac(onset_frac)
     credits = result.attributions[b, p].detach().double().cpu().numpy()
-    lens = result.lens[b, p].detach().double().cpu().numpy()
+    lens = result.levels[b, p].detach().double().cpu().numpy()
     base = float(result.base_prob[b, p])
     model_prob = float(result.model_prob[b, p])
     cumulative = base + np.cumsum(credits)

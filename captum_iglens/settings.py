@@ -45,10 +45,14 @@ class Settings:
         method (str): The estimator, from :data:`captum_iglens.ESTIMATORS`.
                     Default: ``"prediction_aware"``.
         n_steps (int): Steps per segment. Default: 50.
-        granularity (str): ``"block"``, ``"sublayer"``, ``"head"`` (each
-                    block's attention credit split across its heads),
-                    ``"source"`` (across the source tokens it reads) or
-                    ``"source_head"`` (per head and source token). Default:
+        granularity (str): A name in
+                    :data:`~captum_iglens.attr.granularities.GRANULARITIES`:
+                    ``"block"``, ``"sublayer"``, ``"head"`` (each block's
+                    attention credit split across its heads), ``"source"``
+                    (across the source tokens it reads), ``"source_head"`` (per
+                    head and source token), ``"neuron"`` (each block's MLP
+                    credit split across its neurons) or ``"expert"`` (across
+                    the experts of a mixture-of-experts MLP). Default:
                     ``"block"``.
         internal_batch_size (int, optional): Rows through the readout at once.
                     Default: None (``max_chunk_bytes`` decides).

@@ -46,7 +46,7 @@ def _synthetic(b=1, p=3, k=4, seed=0, tokens=None):
     lens = base[..., None] + attributions.cumsum(-1)
     return IGLensResult(
         attributions=attributions,
-        lens=lens,
+        levels=lens,
         base_prob=base,
         model_prob=lens[..., -1],
         delta=torch.zeros(b, p),
@@ -201,7 +201,7 @@ def test_trajectory_lines_bars_and_levels(result, position):
         base = float(result.base_prob[b, p])
         cumulative = base + np.cumsum(credits)
         lens_line = lines["logit lens"]
-        assert np.allclose(lens_line.get_ydata(), result.lens[b, p].numpy(), atol=0)
+        assert np.allclose(lens_line.get_ydata(), result.levels[b, p].numpy(), atol=0)
         assert np.array_equal(lens_line.get_xdata(), np.arange(len(credits)))
         cum_line = lines["cumulative credit"]
         assert np.allclose(cum_line.get_ydata(), cumulative, atol=1e-12)

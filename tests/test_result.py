@@ -24,7 +24,7 @@ def result(lens):
 
 
 def _same(a: IGLensResult, b: IGLensResult) -> None:
-    for name in ("attributions", "lens", "base_prob", "model_prob", "delta"):
+    for name in ("attributions", "levels", "base_prob", "model_prob", "delta"):
         torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
     for name in ("targets", "positions", "mask"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
@@ -126,8 +126,8 @@ def test_non_finite_and_foreign_files_are_refused(result, tmp_path):
 
 
 def test_construction_checks_shapes(result):
-    with pytest.raises(ValueError, match="lens"):
-        replace(result, lens=result.lens[..., :-1])
+    with pytest.raises(ValueError, match="levels: expected size along k"):
+        replace(result, levels=result.levels[..., :-1])
     with pytest.raises(TypeError, match="mask"):
         replace(result, mask=result.mask.long())
 
@@ -230,15 +230,15 @@ def test_csv_carries_views_and_foils(viewed, tmp_path):
 def test_views_are_checked(viewed):
     with pytest.raises(ValueError, match="expected all or none"):
         replace(viewed, kl=None)
-    with pytest.raises(ValueError, match="top_probs: expected shape"):
+    with pytest.raises(ValueError, match="top_probs: expected size along K"):
         replace(viewed, top_probs=viewed.top_probs[..., :2])
     with pytest.raises(TypeError, match="rank: expected dtype"):
         replace(viewed, rank=viewed.rank.float())
     with pytest.raises(ValueError, match="top_tokens: expected"):
         replace(viewed, top_tokens=[[["x"]]])
-    with pytest.raises(ValueError, match="entropy: expected non-negative"):
+    with pytest.raises(ValueError, match="entropy: expected values >= 0"):
         replace(viewed, entropy=-viewed.entropy - 1)
-    with pytest.raises(ValueError, match="foils: expected token ids"):
+    with pytest.raises(ValueError, match="foils: expected values >= -1"):
         replace(viewed, foils=viewed.foils - 10)
 
 
@@ -287,3 +287,47 @@ def test_loaded_file_has_the_declared_types(result, tmp_path):
         (tmp_path / "bad.json").write_text(json.dumps({**data, field: value}))
         with pytest.raises(ValueError, match=message):
             IGLensResult.load(tmp_path / "bad.json")
+
+
+def test_levels_are_saved_under_their_file_key(result, tmp_path):
+    data = result.to_dict()
+    assert "lens" in data and "levels" not in data
+    assert list(data)[:3] == ["attributions", "lens", "base_prob"]  # file order
+    assert data["lens"] == result.levels.tolist()
+    renamed = {"kind": "IGLensResult", **data, "levels": data.pop("lens")}
+    (tmp_path / "r.json").write_text(json.dumps(renamed))
+    with pytest.raises(ValueError, match=r"unknown fields \['levels'\]"):
+        IGLensResult.load(tmp_path / "r.json")
+
+
+def test_construction_runs_the_file_schema(result):
+    # One declaration: what a file is refused for, a call is refused for too.
+    with pytest.raises(TypeError, match="attributions: expected dtype torch.float32"):
+        replace(result, attributions=result.attributions.double())
+    with pytest.raises(TypeError, match="targets: expected a tensor, got list"):
+        replace(result, targets=result.targets.tolist())
+    with pytest.raises(ValueError, match="positions: expected values >= 0"):
+        replace(result, positions=result.positions - 100)
+    with pytest.raises(ValueError, match="tokens: expected size along B of 3"):
+        replace(result, tokens=result.tokens[:2])
+    with pytest.raises(ValueError, match="metadata.source_tokens"):
+        replace(result, metadata={"source_tokens": [["a"]]})
+    with pytest.raises(ValueError, match="levels: expected finite"):
+        replace(result, levels=result.levels * float("nan"))
+    with pytest.raises(ValueError, match=r"levels \(stored as 'lens'\): prob"):
+        replace(result, levels=result.levels + 2)
+
+
+def test_selected_and_joined_sources_keep_their_sequences(lens, tmp_path):
+    ids, mask = left_padded([5, 5], VOCAB)
+    result = lens.attribute_map(ids, granularity="source")
+    sources = [[f"w{i}" for i in row] for row in ids.tolist()]
+    result = replace(result, metadata={"source_tokens": sources})
+    second = result.select(batch=[1])
+    assert second.metadata["source_tokens"] == [sources[1]]
+    second.save(tmp_path / "s.json")
+    assert IGLensResult.load(tmp_path / "s.json").metadata == second.metadata
+    joined = IGLensResult.cat([second, result])
+    assert joined.metadata["source_tokens"] == [sources[1], *sources]
+    with pytest.raises(ValueError, match="results.1.: metadata.source_tokens"):
+        IGLensResult.cat([second, replace(result, metadata={})])

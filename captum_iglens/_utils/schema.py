@@ -12,7 +12,11 @@ A kind declares its fields as a :class:`Record` of specs, e.g.::
 
 and its ``from_dict`` starts with ``SCHEMA.load(data)``, which returns the
 fields converted (tensors, arrays, strings) or raises ``ValueError`` naming the
-field (``methods.dla.scores``, ``tokens[3].drops``) and what was expected.
+field (``methods.dla.scores``, ``tokens[3].drops``) and what was expected. The
+same declaration checks a value built in memory: ``SCHEMA.check(values)`` takes
+the fields as the class holds them (tensors, not nested lists), so that a
+dataclass's ``__post_init__`` checks what its file would (shapes, dtypes, sizes
+and bounds) without declaring any of it again.
 
 Sizes are named (``"B"``, ``"k"``, ``"k+1"``): the first field that shows a size
 sets it, every later field must agree, and a mismatch names both fields. Keys
@@ -21,13 +25,26 @@ not declared are refused, unless the record is ``open`` (free-form settings).
 
 import math
 import re
-from typing import Any, Dict, Iterable, List, NoReturn, Tuple, Union
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    List,
+    NoReturn,
+    Optional,
+    Set,
+    Tuple,
+    Type,
+    Union,
+)
 
 import numpy as np
 import torch
 
 #: The deepest nesting of lists and objects a result file may hold.
 MAX_DEPTH = 32
+#: How far a float may pass the bounds of its :class:`Array` (float rounding).
+ROUNDING = 1e-4
 
 SURROGATE = re.compile("[\ud800-\udfff]")
 _DIM = re.compile(r"^([A-Za-z_]\w*)(?:\+(\d+))?$")
@@ -41,14 +58,17 @@ class Context:
         self.sizes: Dict[str, int] = {}
         self.origin: Dict[str, str] = {}
         self.names: Dict[str, List[str]] = {}
+        self.positive: Set[str] = set()
 
     def size(self, dim: str, found: int, at: str, what: str) -> None:
         r"""Sets size ``dim`` (``"k"``, or ``"k+1"`` meaning k plus one) to
-        ``found``, or checks ``found`` against it."""
+        ``found``, or checks ``found`` against it. A size named in
+        :attr:`positive` is at least one."""
         name, extra = _parse_dim(dim)
         if name not in self.sizes:
-            if found - extra < 0:
-                fail(at, f"expected {what} of at least {extra}, got {found}")
+            least = extra + (name in self.positive)
+            if found < least:
+                fail(at, f"expected {what} of at least {least}, got {found}")
             self.sizes[name], self.origin[name] = found - extra, at
             return
         want = self.sizes[name] + extra
@@ -72,9 +92,9 @@ def _parse_dim(dim: str) -> Tuple[str, int]:
     return found.group(1), int(found.group(2) or 0)
 
 
-def fail(at: str, message: str) -> NoReturn:
-    r"""Raises the ``ValueError`` of a field."""
-    raise ValueError(f"{at or 'file'}: {message}")
+def fail(at: str, message: str, error: Type[Exception] = ValueError) -> NoReturn:
+    r"""Raises the ``ValueError`` (or ``error``) of a field."""
+    raise error(f"{at or 'file'}: {message}")
 
 
 def _kind(value: Any) -> str:
@@ -82,7 +102,7 @@ def _kind(value: Any) -> str:
 
 
 class Spec:
-    r"""How one field is checked and converted on load."""
+    r"""How one field is checked and converted on load, and checked in memory."""
 
     #: Whether the field may be missing (then the class default applies).
     optional = False
@@ -90,6 +110,11 @@ class Spec:
     def load(self, value: Any, at: str, ctx: Context) -> Any:
         r"""The field's value, converted; ``at`` names it in errors."""
         raise NotImplementedError
+
+    def check(self, value: Any, at: str, ctx: Context) -> Any:
+        r"""The field's value as a class holds it, checked and returned as it
+        is; by default as on load (the value is held as the file writes it)."""
+        return self.load(value, at, ctx)
 
 
 class Maybe(Spec):
@@ -103,6 +128,9 @@ class Maybe(Spec):
     def load(self, value: Any, at: str, ctx: Context) -> Any:
         return None if value is None else self.spec.load(value, at, ctx)
 
+    def check(self, value: Any, at: str, ctx: Context) -> Any:
+        return None if value is None else self.spec.check(value, at, ctx)
+
 
 class Default(Spec):
     r"""A field that may be missing (then the class default applies)."""
@@ -114,6 +142,9 @@ class Default(Spec):
 
     def load(self, value: Any, at: str, ctx: Context) -> Any:
         return self.spec.load(value, at, ctx)
+
+    def check(self, value: Any, at: str, ctx: Context) -> Any:
+        return self.spec.check(value, at, ctx)
 
 
 class Text(Spec):
@@ -193,16 +224,24 @@ class Array(Spec):
     A rectangular nested list of ``dtype`` leaves (``"float"``, ``"int"`` or
     ``"bool"``) whose sizes are ``dims``; a torch tensor (float32, long, bool),
     or with ``numpy`` a NumPy array (float64, int64, bool). With ``nullable``,
-    null leaves read as NaN (floats only).
+    null leaves read as NaN (floats only). Values lie in ``[low, high]`` where
+    those are given (floats up to :data:`ROUNDING`).
     """
 
     _TORCH = {"float": torch.float32, "int": torch.long, "bool": torch.bool}
     _NUMPY = {"float": np.float64, "int": np.int64, "bool": np.bool_}
 
     def __init__(
-        self, dtype: str, *dims: str, numpy: bool = False, nullable: bool = False
+        self,
+        dtype: str,
+        *dims: str,
+        numpy: bool = False,
+        nullable: bool = False,
+        low: Optional[float] = None,
+        high: Optional[float] = None,
     ) -> None:
         self.dtype, self.dims, self.numpy, self.nullable = dtype, dims, numpy, nullable
+        self.low, self.high = low, high
 
     def load(self, value: Any, at: str, ctx: Context) -> Any:
         sizes = _outer_sizes(value, len(self.dims), at)
@@ -224,13 +263,53 @@ class Array(Spec):
         if array.shape != shape:
             fail(at, f"expected a rectangular nested list of shape {shape}")
         if self.numpy:
-            if self.dtype == "float" and np.isinf(array).any():
+            return self._values(array, at)
+        return self._values(torch.from_numpy(array).to(self._TORCH[self.dtype]), at)
+
+    def check(self, value: Any, at: str, ctx: Context) -> Any:
+        r"""A tensor (a NumPy array with ``numpy``) of the declared dtype, whose
+        sizes agree with those set so far; raises ``TypeError`` for another
+        type or dtype."""
+        kind, name, dtype = (
+            (np.ndarray, "NumPy array", self._NUMPY[self.dtype])
+            if self.numpy
+            else (torch.Tensor, "tensor", self._TORCH[self.dtype])
+        )
+        if not isinstance(value, kind):
+            fail(at, f"expected a {name}, got {_kind(value)}", TypeError)
+        if value.dtype != dtype:
+            fail(at, f"expected dtype {dtype}, got {value.dtype}", TypeError)
+        if value.ndim != len(self.dims):
+            fail(
+                at,
+                f"expected shape ({', '.join(self.dims)}), got {tuple(value.shape)}",
+            )
+        for dim, found in zip(self.dims, value.shape):
+            ctx.size(dim, found, at, f"size along {dim}")
+        return self._values(value, at)
+
+    def _values(self, value: Any, at: str) -> Any:
+        """``value``, its numbers checked: finite (NaN allowed in NumPy arrays,
+        for null) and within the bounds."""
+        if self.dtype == "float":
+            if self.numpy and np.isinf(value).any():
                 fail(at, "expected finite numbers")
-            return array
-        tensor = torch.from_numpy(array).to(self._TORCH[self.dtype])
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            fail(at, "expected finite float32 numbers")
-        return tensor
+            if not self.numpy and not torch.isfinite(value).all():
+                fail(at, "expected finite float32 numbers, found NaN or inf")
+        slack = ROUNDING if self.dtype == "float" else 0
+        below = self.low is not None and bool((value < self.low - slack).any())
+        above = self.high is not None and bool((value > self.high + slack).any())
+        if below or above:
+            found = value.min() if below else value.max()
+            fail(at, f"expected values {self._range()}, found {float(found):g}")
+        return value
+
+    def _range(self) -> str:
+        if self.high is None:
+            return f">= {self.low:g}"
+        if self.low is None:
+            return f"<= {self.high:g}"
+        return f"in [{self.low:g}, {self.high:g}]"
 
     def _leaf_ok(self, leaf: Any) -> bool:
         if self.dtype == "bool":
@@ -348,38 +427,82 @@ class Record(Spec):
     An object with declared fields, one spec per key (checked in declaration
     order). Keys not declared are refused, unless ``open`` (they are then kept
     as they are). Sizes named in ``local`` belong to each object alone (e.g.
-    the columns of one method's map).
+    the columns of one method's map); those named in ``positive`` are at least
+    one. ``stored_as`` maps a field to the key its file uses when the two
+    names differ (a field renamed, its files unchanged).
     """
 
     def __init__(
-        self, open: bool = False, local: Tuple[str, ...] = (), **fields: Spec
+        self,
+        open: bool = False,
+        local: Tuple[str, ...] = (),
+        positive: Tuple[str, ...] = (),
+        stored_as: Optional[Dict[str, str]] = None,
+        **fields: Spec,
     ) -> None:
-        self.open, self.local, self.fields = open, local, fields
+        self.open, self.local, self.positive = open, local, positive
+        self.stored_as = dict(stored_as or {})
+        self.fields = fields
 
     def extended(self, **fields: Spec) -> "Record":
         r"""This record with more fields, declared after its own."""
-        out = Record(open=self.open, local=self.local)
+        out = Record(self.open, self.local, self.positive, self.stored_as)
         out.fields = {**self.fields, **fields}
         return out
 
+    def fields_of(self, kind: Type[Spec]) -> Tuple[str, ...]:
+        r"""The fields whose spec, optional or not, is a ``kind``."""
+        return tuple(
+            name
+            for name, spec in self.fields.items()
+            if isinstance(spec, kind)
+            or (isinstance(spec, (Maybe, Default)) and isinstance(spec.spec, kind))
+        )
+
+    def label(self, name: str) -> str:
+        r"""Field ``name`` as an error names it: with its stored key when the
+        two differ, so that the message fits a file and a call alike."""
+        key = self.stored_as.get(name, name)
+        return name if key == name else f"{name} (stored as {key!r})"
+
+    def dump(self, values: Dict[str, Any]) -> Dict[str, Any]:
+        r"""``values`` keyed as the file stores them (see ``stored_as``)."""
+        return {self.stored_as.get(key, key): value for key, value in values.items()}
+
     def load(self, value: Any, at: str = "", ctx: Any = None) -> Dict[str, Any]:
-        r"""The declared fields present in ``value``, converted (and, when open,
-        the others as they are)."""
+        r"""The declared fields present in the file's object ``value``,
+        converted and keyed by field (and, when open, the others as they
+        are)."""
+        return self._fields(value, at, ctx, stored=True)
+
+    def check(self, value: Any, at: str = "", ctx: Any = None) -> Dict[str, Any]:
+        r"""``value``, the fields as a class holds them, checked; errors name
+        the fields (not their stored keys)."""
+        return self._fields(value, at, ctx, stored=False)
+
+    def _fields(
+        self, value: Any, at: str, ctx: Optional[Context], stored: bool
+    ) -> Dict[str, Any]:
         ctx = Context() if ctx is None else ctx
         if not isinstance(value, dict):
-            fail(at, f"expected an object, got {_kind(value)}")
-        unknown = [key for key in value if key not in self.fields]
+            error = ValueError if stored else TypeError
+            fail(at, f"expected an object, got {_kind(value)}", error)
+        keys = {(self.stored_as.get(n, n) if stored else n): n for n in self.fields}
+        unknown = [key for key in value if key not in keys]
         if unknown and not self.open:
             fail(at, f"unknown fields {sorted(unknown)}")
         out = {key: value[key] for key in unknown}
+        ctx.positive.update(self.positive)
         outer = {name: ctx.sizes.pop(name) for name in self.local if name in ctx.sizes}
         try:
-            for key, spec in self.fields.items():
+            for key, name in keys.items():
+                spec = self.fields[name]
                 if key not in value:
                     if not spec.optional:
                         fail(_join(at, key), "missing")
                     continue
-                out[key] = spec.load(value[key], _join(at, key), ctx)
+                visit = spec.load if stored else spec.check
+                out[name] = visit(value[key], _join(at, key), ctx)
         finally:
             for name in self.local:
                 ctx.sizes.pop(name, None)

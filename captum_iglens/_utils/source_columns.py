@@ -1,18 +1,18 @@
 r"""
 The layout of the credit columns of ``granularity="source"`` and
-``"source_head"``, read from the column names alone: ``"input"``, then per block
+``"source_head"``, read from the column names alone (see
+:class:`~captum_iglens.columns.Column`): ``"input"``, then per block
 ``"<block>.attn.s<j>"`` (or ``"<block>.attn.h<i>.s<j>"``), optionally
 ``"<block>.attn.bias"``, and ``"<block>.mlp"``.
 """
 
-import re
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-_SOURCE = re.compile(r"^(?P<block>.+)\.attn\.(?:h(?P<head>\d+)\.)?s(?P<source>\d+)$")
+from captum_iglens.columns import parse_columns
 
 
 @dataclass(frozen=True)
@@ -57,19 +57,17 @@ def source_layout(names: Sequence[str]) -> Optional[SourceLayout]:
     cells: dict = {}
     bias: dict = {}
     mlp: dict = {}
-    for i, name in enumerate(names):
-        found = _SOURCE.match(name)
-        if found:
-            block = found["block"]
-            if block not in cells:
-                blocks.append(block)
-                cells[block] = {}
-            head = int(found["head"]) if found["head"] is not None else -1
-            cells[block][(head, int(found["source"]))] = i
-        elif name.endswith(".attn.bias"):
-            bias[name[: -len(".attn.bias")]] = i
-        elif name.endswith(".mlp"):
-            mlp[name[: -len(".mlp")]] = i
+    for i, column in enumerate(parse_columns(names)):
+        if column.kind == "source":
+            if column.block not in cells:
+                blocks.append(str(column.block))
+                cells[column.block] = {}
+            head = -1 if column.index is None else column.index
+            cells[column.block][(head, column.source)] = i
+        elif column.kind == "bias" and column.part == "attn":
+            bias[column.block] = i
+        elif column.kind == "sublayer" and column.part == "mlp":
+            mlp[column.block] = i
     if not blocks or any(b not in mlp for b in blocks):
         return None
     keys = sorted(cells[blocks[0]])

@@ -1,7 +1,6 @@
 r"""LayerIGLens: exact layer-wise attribution of a token's probability."""
 
 import typing
-from dataclasses import replace
 from pathlib import Path
 from typing import (
     Any,
@@ -13,7 +12,6 @@ from typing import (
     Sequence,
     Tuple,
     Union,
-    cast,
 )
 
 import torch
@@ -30,46 +28,29 @@ from captum_iglens.attr._utils.checks import (
     check_construction,
     check_settings,
     hf_model_of,
+    summed_credits,
 )
-from captum_iglens.attr._utils.heads import HeadSplit
-from captum_iglens.attr._utils.path_math import path_values
-from captum_iglens.attr.estimators import Estimator, estimator
-from captum_iglens.attr._utils.path_math import work_dtype
-from captum_iglens.attr.granularities import (
-    PathGranularity,
-    check_learned_readout,
-    granularity_of,
-)
-from captum_iglens.attr.lens_change import (
-    ReadoutPlan,
-    ReadoutSplit,
-    SegmentReadout,
-    plan,
-    split_attributions,
-    split_components,
-    split_map,
-)
-from captum_iglens.attr.tracing import TracedPath, Tracer, path_levels
+from captum_iglens.attr._utils.block_parts import BlockParts, check_block_parts
+from captum_iglens.attr.column_readout import column_readout
+from captum_iglens.attr.ig_lens_path import IGLensPath
+from captum_iglens.attr.estimators import Integration, estimator
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.forward import CausalLMForward
 from captum_iglens.hf.parts import ModelParts
-from captum_iglens.readout.layer_readout import LayerReadout
+from captum_iglens.readout.layer_readout import LayerReadout, resolve_readout
 from captum_iglens.readout.readout import Readout
 from captum_iglens.readout.translators import Translators
 from captum_iglens.readout.scores import (
     FoilType,
     TokenSetType,
-    Views,
-    check_top_k,
 )
-from captum_iglens.result import IGLensResult
 
 
 #: One tensor per layer: alone, in a list, or in a tuple (as ``layer`` was given).
 _Attributions = Union[Tensor, List[Tensor], Tuple[Tensor, ...]]
 
 
-class LayerIGLens(LayerAttribution, GradientAttribution):
+class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
     r"""
     IG-Lens attributes the probability of a predicted token across the blocks of a
     transformer. The residual stream is followed along one path,
@@ -108,7 +89,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         input_layer: Optional[Module] = None,
         layer_names: Optional[Sequence[str]] = None,
         sublayers: Optional[Sequence[Module]] = None,
-        heads: Optional[HeadSplit] = None,
+        block_parts: Optional[BlockParts] = None,
     ) -> None:
         r"""
         Args:
@@ -176,10 +157,12 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         attention, before the MLP), e.g. Llama's
                         ``post_attention_layernorm``. Needed for
                         ``granularity="sublayer"``. Default: None
-            heads (HeadSplit, optional): Each block's attention output
-                        projection and the number of heads, for
-                        ``granularity="head"`` (which also needs ``sublayers``).
-                        Default: None
+            block_parts (BlockParts, optional): The modules inside each block
+                        that the component granularities split: its attention
+                        output projection and the number of heads (for
+                        ``"head"`` and ``"source"``, which also need
+                        ``sublayers``), MLP output projection (``"neuron"``) or
+                        experts (``"expert"``). Default: None
         """
         if isinstance(multiply_by_inputs, bool) is False:
             raise TypeError(
@@ -203,14 +186,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         self.readout = readout
         self.layer_names: List[str] = names
         self.sublayers: Optional[List[Module]] = sublayers
-        if heads is not None and (
-            not isinstance(heads, HeadSplit) or len(heads.projections) != len(layers)
-        ):
-            raise ValueError(
-                f"heads: expected a HeadSplit with one projection per block "
-                f"({len(layers)}), got {heads!r}"
-            )
-        self.heads = heads
+        self.block_parts = check_block_parts(block_parts, len(layers))
         self._multiply_by_inputs = multiply_by_inputs
         self._as_tuple = isinstance(layer, tuple)
 
@@ -250,129 +226,24 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         Default: None (the logit readout)
 
         Returns:
-            *LayerIGLens* whose ``forward_func`` is
-            :class:`~captum_iglens.hf.forward.CausalLMForward` (called with
-            ``input_ids`` and, optionally, ``attention_mask``), whose ``layer`` is
-            a list of blocks, whose layer names are the block indices, and whose
-            ``sublayers`` come from the architecture table (None for blocks that
-            add attention and MLP in parallel).
+            *LayerIGLens* on :class:`~captum_iglens.hf.forward.CausalLMForward`
+            (called with ``input_ids`` and, optionally, ``attention_mask``), a
+            list of blocks named by their indices, and ``sublayers`` and
+            ``block_parts`` from the architecture table.
         """
         parts = model_parts(model)
         chosen = parts.choose(layers)
-        layer, sublayers, projections, norms, mlps, downs, down_norms, experts = (
-            None if modules is None else [modules[i] for i in chosen]
-            for modules in (
-                parts.blocks,
-                parts.mid_modules,
-                parts.attention_outputs,
-                parts.attention_norms,
-                parts.parallel_mlps,
-                parts.mlp_outputs,
-                parts.mlp_norms,
-                parts.experts,
-            )
+        readout = resolve_readout(
+            parts.readout(max_chunk_bytes=max_chunk_bytes), lens, parts.blocks
         )
-        readout: Union[Readout, LayerReadout]
-        readout = parts.readout(max_chunk_bytes=max_chunk_bytes)
-        if lens == "linear":
-            raise ValueError(
-                "lens: 'linear' names the cached fit on the command line; in Python "
-                "pass its folder, captum_iglens.lens_fit.cached_lens(model_parts("
-                "model), tokenizer), which fits and caches it when there is none"
-            )
-        if lens is not None and lens != "logit":
-            # The caller's translators stay where they are: the readout casts
-            # them to the states' device and dtype, once per parameter version.
-            translators = (
-                lens if isinstance(lens, Translators) else Translators.load(lens)
-            )
-            readout = LayerReadout(readout, translators, parts.blocks)
         return cls(
             CausalLMForward(parts.model),
-            cast(List[Module], layer),  # from parts.blocks, never None
+            [parts.blocks[i] for i in chosen],
             readout=readout,
             input_layer=parts.blocks[0],
             layer_names=[str(i) for i in chosen],
-            sublayers=sublayers,
-            heads=(
-                None
-                if projections is None
-                else HeadSplit(
-                    projections,
-                    cast(int, parts.n_heads),  # set where projections are
-                    parts.attention_scale,
-                    norms,
-                    mlps,
-                    downs,
-                    down_norms,
-                    experts,
-                    parts.shared_experts,
-                )
-            ),
-        )
-
-    def segment_names(self, granularity: Granularity = "block") -> List[str]:
-        r"""
-        The names of the credited segments at a granularity: the layer names, or
-        ``"<name>.attn"`` and ``"<name>.mlp"`` per block for ``"sublayer"``, or
-        the columns of ``"head"``, ``"neuron"`` and ``"expert"`` (see
-        :meth:`attribute`); for ``"source"`` and ``"source_head"``, one
-        ``"<name>.attn.sources"`` per block stands for the source columns,
-        whose number is the input's length.
-
-        Args:
-
-            granularity (str, optional): A name in
-                        :data:`~captum_iglens.attr.granularities.GRANULARITIES`.
-                        Default: ``"block"``
-
-        Returns:
-            *list[str]*: the names, in column order.
-
-        Raises:
-            ValueError: If the granularity is unknown or not available.
-        """
-        return self._granularity(granularity).path_points()[1]
-
-    def trace_path(
-        self,
-        inputs: Union[Tensor, Tuple[Tensor, ...]],
-        baselines: BaselineType = None,
-        target: TargetType = None,
-        additional_forward_args: Optional[object] = None,
-        *,
-        positions: PositionsType = None,
-        granularity: Granularity = "block",
-        foil: FoilType = None,
-        target_tokens: TokenSetType = None,
-    ) -> TracedPath:
-        r"""
-        The path that :meth:`attribute` integrates along, from one forward pass
-        of the model, without gradients.
-
-        Args:
-
-            inputs (Tensor or tuple[Tensor, ...]): As in :meth:`attribute`; so
-                        are ``baselines``, ``target``, ``additional_forward_args``,
-                        ``positions``, ``granularity``, ``foil`` and
-                        ``target_tokens``.
-
-        Returns:
-            :class:`~captum_iglens.attr.tracing.TracedPath`: the path points
-            ``(B, P, n + 1, d)`` (for ``"head"``, ``h_base, h_in, h_mid(1),
-            h_out(1), ...`` and the heads' components ``(B, P, k, C, d)``), the
-            targets, the model's own score of them, the mask and the column
-            names.
-        """
-        return self._trace(
-            self._granularity(granularity),
-            inputs,
-            baselines,
-            target,
-            additional_forward_args,
-            positions,
-            foil=foil,
-            target_tokens=target_tokens,
+            sublayers=None if parts.mid is None else [parts.mid[i] for i in chosen],
+            block_parts=BlockParts.of_model(parts, chosen),
         )
 
     @classmethod
@@ -529,7 +400,11 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                         ``"<name>.attn.h<i>"`` per head (and
                         ``"<name>.attn.bias"``), the attention update split as
                         ``Σ_h W_O[:, head h] z_h (+ b)``, and ``"<name>.mlp"``;
-                        needs ``sublayers``, ``heads`` and consecutive blocks.
+                        needs ``sublayers``, ``block_parts`` and consecutive blocks.
+                        ``"source"`` (``"source_head"``): the attention split
+                        per source position (and head); ``"neuron"``
+                        (``"expert"``): the MLP split per neuron (routed expert):
+                        :data:`~captum_iglens.attr.granularities.GRANULARITIES`.
                         Default: ``"block"``.
             foil (int, list[int], Tensor or set[int], optional): Keyword only.
                         Contrastive target: attribute ``p(target) - p(foil)``.
@@ -580,9 +455,18 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
         check_settings(n_steps, method, internal_batch_size, attribute_to_layer_input)
         rule = estimator(method)
         rule.check_multiply_by_inputs(self.multiplies_by_inputs)
-        chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
         shape = self._granularity(granularity)
         shape.check_multiply_by_inputs(self.multiplies_by_inputs)
+        columns = column_readout(self.readout, self.layers, shape)
+        integration = Integration(
+            rule,
+            columns.readout,
+            n_steps,
+            internal_batch_size or self.readout.rows_per_chunk(),
+            grad_kwargs,
+            per_dimension=True,
+            multiply_by_inputs=self.multiplies_by_inputs,
+        )
         path = self._trace(
             shape,
             inputs,
@@ -593,29 +477,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             foil=foil,
             target_tokens=target_tokens,
         )
-        route, split = self._route(shape), None
-        if route is None:
-            attrs = shape.attributions(
-                rule,
-                self._model_readout,
-                path,
-                n_steps,
-                chunk_rows,
-                grad_kwargs,
-                self.multiplies_by_inputs,
-            )
-        else:
-            split = self._learned_split(
-                shape,
-                rule,
-                path,
-                route,
-                n_steps,
-                chunk_rows,
-                grad_kwargs=grad_kwargs,
-                per_dimension=True,
-            )
-            attrs = split.block.to(work_dtype(path.points.dtype))
+        attrs, delta_of = columns.attributions(integration, path)
         per_layer = list(attrs.unbind(dim=2))
         out: _Attributions = (
             per_layer[0]
@@ -630,9 +492,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             points = path.points.to(attrs.dtype)
             attrs = attrs * points.diff(dim=2)
         with torch.no_grad():
-            if split is not None:
-                return out, _learned_delta(path, split, attrs.sum((-1, -2)))
-            return out, self._delta(path, attrs.sum((-1, -2)), chunk_rows)
+            return out, delta_of(attrs.sum((-1, -2)))
 
     @log_usage()
     def compute_convergence_delta(
@@ -675,7 +535,6 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
             output is attributed per example, else ``(B, P)`` (as
             :meth:`attribute` returns it).
         """
-        parts = [attributions] if isinstance(attributions, Tensor) else attributions
         blocks = self._granularity("block")
         with torch.no_grad():
             path = self._trace(
@@ -686,318 +545,7 @@ class LayerIGLens(LayerAttribution, GradientAttribution):
                 additional_forward_args,
                 positions,
             )
-            shape = tuple(path.targets.shape)
-            if not parts or any(
-                not isinstance(a, Tensor) or a.dim() != 3 or a.shape[:2] != shape
-                for a in parts
-            ):
-                raise ValueError(
-                    f"attributions: expected a tensor (or a list of tensors) of shape "
-                    f"{shape + ('d',)} as attribute returns for these arguments"
-                )
-            credits = torch.stack([a.sum(-1) for a in parts]).sum(0)
+            credits = summed_credits(attributions, path.targets.shape)
             credits = credits.to(path.model_prob.device)
-            chunk_rows = self.readout.rows_per_chunk()
-            route = self._route(blocks)
-            if route is not None:  # the attributions are block parts
-                split = split_map(
-                    estimator("prediction_aware"),
-                    self._layer_readout,
-                    path,
-                    route,
-                    1,
-                    chunk_rows,
-                )
-                return _learned_delta(path, split, credits)
-            return self._delta(path, credits, chunk_rows)
-
-    def attribute_map(
-        self,
-        inputs: Union[Tensor, Tuple[Tensor, ...]],
-        baselines: BaselineType = None,
-        target: TargetType = None,
-        additional_forward_args: Optional[object] = None,
-        *,
-        positions: PositionsType = None,
-        granularity: Granularity = "block",
-        method: str = "prediction_aware",
-        n_steps: int = 50,
-        internal_batch_size: Optional[int] = None,
-        foil: FoilType = None,
-        target_tokens: TokenSetType = None,
-        top_k: int = 0,
-    ) -> IGLensResult:
-        r"""
-        The token-by-layer map: each chosen block's scalar credit at every
-        attributed position, with the logit-lens levels that come with it.
-
-        With ``"prediction_aware"`` this is one forward pass of the model and
-        ``B·P·(k+1)`` readouts, with no backward pass, under
-        ``torch.inference_mode()``. With a Captum rule it sums the per-dimension
-        attributions of :meth:`attribute`.
-
-        Args:
-
-            inputs (Tensor or tuple[Tensor, ...]): As in :meth:`attribute`; so
-                        are ``baselines``, ``target``, ``additional_forward_args``,
-                        ``positions`` and ``granularity``.
-            method (str, optional): As in :meth:`attribute`.
-                        Default: ``"prediction_aware"``.
-            n_steps (int, optional): As in :meth:`attribute`; the map of
-                        ``"prediction_aware"`` does not depend on it. Default: 50.
-            internal_batch_size (int, optional): As in :meth:`attribute`.
-                        Default: None.
-            foil (int, list or Tensor, optional): As in :meth:`attribute`, and
-                        so is ``target_tokens``; both are recorded in the result's
-                        ``foils`` and ``target_sets``.
-            top_k (int, optional): With ``top_k >= 1``, the result also holds
-                        what each layer's readout predicts, from the same readout
-                        chunks as the credits: ``top_ids`` and ``top_probs``
-                        ``(B, P, k, top_k)``, ``entropy``, ``kl`` (from the model's
-                        final distribution) and ``rank`` (of the target)
-                        ``(B, P, k)``. At the last layer they are the model's own
-                        output distribution's. Default: 0 (no views).
-
-        Returns:
-            :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``lens``
-            of shape ``(B, P, k)`` and ``delta`` of shape ``(B, P)``, always
-            float32 and always credits (``multiply_by_inputs`` does not apply).
-            With ``(t, v)`` targets, ``P`` runs over the distinct positions named
-            and ``mask`` marks each example's own.
-        """
-        check_settings(n_steps, method, internal_batch_size, False)
-        check_top_k(top_k, self.readout.vocab_size)
-        rule = estimator(method)
-        chunk_rows = internal_batch_size or self.readout.rows_per_chunk()
-        shape = self._granularity(granularity)
-        route = self._route(shape)
-        grad_free = (
-            torch.no_grad if shape.map_needs_gradients(rule) else torch.inference_mode
-        )
-        with grad_free():
-            path = self._trace(
-                shape,
-                inputs,
-                baselines,
-                target,
-                additional_forward_args,
-                positions,
-                foil=foil,
-                target_tokens=target_tokens,
-                top_k=top_k,
-            )
-            if route is not None:
-                split = self._learned_split(
-                    shape, rule, path, route, n_steps, chunk_rows, top_k
-                )
-                return self._learned_result(path, split, method, n_steps)
-            readout = self._model_readout
-            values, views = path_levels(readout, path, chunk_rows, top_k)
-        credits = shape.credits(rule, readout, path, values, n_steps, chunk_rows)
-        values = shape.levels(path, values)
-        views = None if views is None else _column_views(shape, path, views)
-        mask = path.mask
-        credits = credits.float() * mask[..., None]
-        values, model_prob = values.float(), path.model_prob.float()
-        delta = (credits.sum(-1) - (model_prob - values[..., 0])) * mask
-        return self._with_readout(
-            IGLensResult(
-                attributions=credits,
-                lens=values[..., 1:],
-                base_prob=values[..., 0],
-                model_prob=model_prob,
-                delta=delta,
-                targets=path.targets,
-                positions=path.positions,
-                mask=mask,
-                layer_names=path.names,
-                method=method,
-                n_steps=n_steps,
-                target_sets=path.target_sets,
-                foils=path.foils,
-                **({} if views is None else _view_fields(views)),
-            )
-        )
-
-    # ------------------------------------------------------------------ internals
-
-    @property
-    def _model_readout(self) -> Readout:
-        """The model's own readout (that of a learned readout's last block)."""
-        readout = self.readout
-        return readout.base if isinstance(readout, LayerReadout) else readout
-
-    @property
-    def _layer_readout(self) -> LayerReadout:
-        """The learned readout, where a route (:meth:`_route`) says there is one."""
-        return cast(LayerReadout, self.readout)
-
-    def _route(self, shape: PathGranularity) -> Optional[ReadoutPlan]:
-        """The readouts of the columns under a learned readout; None under the
-        logit readout, or where every translator on the path is the identity
-        (the logit readout's numbers, exactly)."""
-        if not isinstance(self.readout, LayerReadout):
-            return None
-        check_learned_readout(shape.name, self.readout.kind)
-        blocks = shape.column_blocks()
-        if blocks is None:
-            blocks = shape.segment_blocks()
-        assert blocks is not None  # granularities with learned_readout have them
-        route = plan(self.readout, self.layers, blocks)
-        return None if route.uniform else route
-
-    def _learned_split(
-        self,
-        shape: PathGranularity,
-        rule: Estimator,
-        path: TracedPath,
-        route: ReadoutPlan,
-        n_steps: int,
-        chunk_rows: int,
-        top_k: int = 0,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        per_dimension: bool = False,
-    ) -> ReadoutSplit:
-        """The block and lens parts of the columns under a learned readout:
-        columns that are segments (:func:`split_map`, :func:`split_attributions`)
-        or components of segments (:func:`split_components`)."""
-        readout = self._layer_readout
-        if shape.column_blocks() is not None:
-            if per_dimension:
-                return split_attributions(
-                    rule,
-                    readout,
-                    path,
-                    route,
-                    n_steps,
-                    chunk_rows,
-                    grad_kwargs,
-                    self.multiplies_by_inputs,
-                )
-            return split_map(rule, readout, path, route, n_steps, chunk_rows, top_k)
-
-        def columns(segments: SegmentReadout, ends: Tensor) -> Tensor:
-            if per_dimension:
-                return shape.segment_attributions(
-                    rule, segments, path, ends, n_steps, chunk_rows, grad_kwargs
-                )
-            return shape.credits(rule, segments, path, ends, n_steps, chunk_rows)
-
-        split = split_components(
-            readout,
-            path,
-            route,
-            shape.column_segments(len(path.names)),
-            columns,
-            chunk_rows,
-            top_k,
-        )
-        views = None if split.views is None else _column_views(shape, path, split.views)
-        return replace(split, levels=shape.levels(path, split.levels), views=views)
-
-    def _with_readout(self, result: IGLensResult) -> IGLensResult:
-        """The result of a learned readout whose translators on the path are
-        all the identity: the logit readout's numbers, lens-change parts 0."""
-        if not isinstance(self.readout, LayerReadout):
-            return result
-        return replace(
-            result,
-            lens_change=torch.zeros_like(result.attributions),
-            readout_kind=self.readout.kind,
-            readout_checksum=self.readout.checksum(),
-        )
-
-    def _learned_result(
-        self, path: TracedPath, split: ReadoutSplit, method: str, n_steps: int
-    ) -> IGLensResult:
-        """The map under a learned readout: credits are block plus lens parts."""
-        mask = path.mask
-        credits = ((split.block + split.lens).float()) * mask[..., None]
-        levels, model_prob = split.levels.float(), path.model_prob.float()
-        delta = _learned_delta(path, split, split.block.sum(-1), one_output=False)
-        return IGLensResult(
-            attributions=credits,
-            lens=levels[..., 1:],
-            base_prob=levels[..., 0],
-            model_prob=model_prob,
-            delta=delta.float(),
-            targets=path.targets,
-            positions=path.positions,
-            mask=mask,
-            layer_names=path.names,
-            method=method,
-            n_steps=n_steps,
-            target_sets=path.target_sets,
-            foils=path.foils,
-            lens_change=split.lens.float() * mask[..., None],
-            readout_kind=self._layer_readout.kind,
-            readout_checksum=self._layer_readout.checksum(),
-            **({} if split.views is None else _view_fields(split.views)),
-        )
-
-    def _delta(self, path: TracedPath, credits: Tensor, chunk_rows: int) -> Tensor:
-        """``credits - (f_model - f(h_base))`` from the credits ``(B, P)``, zero at
-        padding; ``(B,)`` when one output is attributed per example."""
-        b, p = path.targets.shape
-        base_prob = path_values(
-            self._model_readout,
-            path.points[:, :, :1].flatten(0, 1),
-            path.score.flatten(),
-            chunk_rows,
-        )[0].view(b, p)
-        delta = (credits - (path.model_prob - base_prob)) * path.mask
-        return delta.sum(-1) if path.one_output else delta
-
-    def _granularity(self, granularity: str) -> PathGranularity:
-        """The segments of this lens's path at ``granularity``."""
-        return granularity_of(
-            granularity,
-            self.forward_func,
-            self.layers,
-            self.layer_names,
-            self.sublayers,
-            self.heads,
-        )
-
-    def _trace(self, shape: PathGranularity, *args: Any, **kwargs: Any) -> TracedPath:
-        """:meth:`Tracer.trace` of this lens, without gradients."""
-        tracer = Tracer(self.forward_func, self.input_layer, self.readout)
-        with torch.no_grad():
-            return tracer.trace(shape, *args, **kwargs)
-
-
-def _learned_delta(
-    path: TracedPath, split: ReadoutSplit, block: Tensor, one_output: bool = True
-) -> Tensor:
-    r"""``Σ block parts + Σ lens parts - (f_model - f_0(h_base))`` from the
-    block parts' sums ``(B, P)``, zero at padding; ``(B,)`` when one output is
-    attributed per example (and ``one_output``)."""
-    change = path.model_prob.double() - split.levels[..., 0].double()
-    delta = (block.double() + split.lens.sum(-1) - change) * path.mask
-    delta = delta.to(work_dtype(path.points.dtype))
-    return delta.sum(-1) if path.one_output and one_output else delta
-
-
-def _column_views(shape: PathGranularity, path: TracedPath, views: Views) -> Views:
-    r"""
-    The views of the path points ``(B, P, K)`` (points ``1 .. K``) as the views
-    of the credit columns ``(B, P, n)``: each column shows the distribution of
-    the path point whose level it reads. Which point that is comes from the
-    granularity's own :meth:`~PathGranularity.levels`, applied to the points'
-    indices, so every granularity's columns get their views the same way.
-    """
-    b, p, k_plus_1 = path.points.shape[:3]
-    index = torch.arange(k_plus_1, device=views.rank.device).expand(b, p, k_plus_1)
-    point = shape.levels(path, index)[0, 0, 1:].to(views.rank.device)
-    return views[:, :, point - 1]
-
-
-def _view_fields(views: Views) -> Dict[str, Any]:
-    """The view fields of :class:`IGLensResult` (float32, like the credits)."""
-    return dict(
-        top_ids=views.top_ids,
-        top_probs=views.top_probs.float(),
-        entropy=views.entropy.float(),
-        kl=views.kl.float(),
-        rank=views.rank,
-    )
+            columns = column_readout(self.readout, self.layers, blocks)
+            return columns.delta(path, credits, self.readout.rows_per_chunk())

@@ -28,15 +28,15 @@ segment's integral under each), and the lens part sits on the block's first
 column (``h_s``) and its last (``h_e``).
 """
 
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.path_math import path_values
-from captum_iglens.attr.estimators import Estimator
+from captum_iglens.attr.estimators import Integration
 from captum_iglens.attr.tracing import TracedPath, path_levels
 from captum_iglens.readout.layer_readout import LayerReadout
 from captum_iglens.readout.scores import TokenScore, Views
@@ -71,7 +71,7 @@ class ReadoutSplit:
 
     levels: Tensor  # (B, P, n + 1): f at the points, the last the model's own
     block: Tensor  # (B, P, n), or (B, P, n, d) per dimension
-    lens: Tensor  # (B, P, n)
+    lens: Optional[Tensor]  # (B, P, n); None where one readout reads every point
     views: Optional[Views] = None  # (B, P, n)
 
 
@@ -116,65 +116,57 @@ def _canonical(readout: LayerReadout, used: List[int]) -> Dict[int, int]:
 
 
 def split_map(
-    rule: Estimator,
-    readout: LayerReadout,
-    path: TracedPath,
-    route: ReadoutPlan,
-    n_steps: int,
-    chunk_rows: int,
-    top_k: int = 0,
+    integration: Integration, path: TracedPath, route: ReadoutPlan, top_k: int = 0
 ) -> ReadoutSplit:
     r"""
     The scalar block and lens parts of every column (``attribute_map``): with
     an exact estimator from the readout's values alone, else the mean of the
-    estimator's credits under both readouts.
+    estimator's credits under both readouts. ``integration.readout`` is the
+    learned readout.
     """
+    readout, chunk_rows = learned_readout(integration), integration.chunk_rows
     levels, views = path_levels(
         readout, path, chunk_rows, top_k, _tensor(route.level_readouts()[:-1], path)
     )
     values = _values(readout, path, route, levels, chunk_rows)
     lens = _lens_parts(values, route, path)
-    if rule.exact:
+    if integration.rule.exact:
         block = _exact_block_parts(values, route, path)
     else:
-        block = _integrated(rule, readout, path, route, values, n_steps, chunk_rows)
+        block = _integrated(integration, path, route, values)
     return ReadoutSplit(levels, block, lens, views)
 
 
 def split_attributions(
-    rule: Estimator,
-    readout: LayerReadout,
-    path: TracedPath,
-    route: ReadoutPlan,
-    n_steps: int,
-    chunk_rows: int,
-    grad_kwargs: Optional[Dict[str, Any]] = None,
-    multiply_by_inputs: bool = True,
+    integration: Integration, path: TracedPath, route: ReadoutPlan
 ) -> ReadoutSplit:
     r"""
     The per-dimension block parts ``(B, P, n, d)`` of every column
     (``attribute``): the mean of the estimator's attributions under both
     readouts, with the scalar lens parts beside them.
     """
+    readout, chunk_rows = learned_readout(integration), integration.chunk_rows
     with torch.no_grad():
         levels = path_levels(
             readout, path, chunk_rows, 0, _tensor(route.level_readouts()[:-1], path)
         )[0]
         values = _values(readout, path, route, levels, chunk_rows)
         lens = _lens_parts(values, route, path)
-    block = _integrated(
-        rule,
-        readout,
-        path,
-        route,
-        values,
-        n_steps,
-        chunk_rows,
-        per_dimension=True,
-        grad_kwargs=grad_kwargs,
-        multiply_by_inputs=multiply_by_inputs,
-    )
+    block = _integrated(replace(integration, per_dimension=True), path, route, values)
     return ReadoutSplit(levels, block, lens)
+
+
+def learned_readout(integration: Integration) -> LayerReadout:
+    r"""
+    Raises:
+        TypeError: If ``integration`` does not read through a learned readout.
+    """
+    if not isinstance(integration.readout, LayerReadout):
+        raise TypeError(
+            "integration: the lens-change split needs a LayerReadout, got "
+            f"{type(integration.readout).__name__}"
+        )
+    return integration.readout
 
 
 def _tensor(values: Sequence[int], path: TracedPath) -> Tensor:
@@ -250,20 +242,15 @@ def _exact_block_parts(
 
 
 def _integrated(
-    rule: Estimator,
-    readout: LayerReadout,
+    integration: Integration,
     path: TracedPath,
     route: ReadoutPlan,
     values: Dict[Key, Tensor],
-    n_steps: int,
-    chunk_rows: int,
-    per_dimension: bool = False,
-    grad_kwargs: Optional[Dict[str, Any]] = None,
-    multiply_by_inputs: bool = True,
 ) -> Tensor:
-    """The mean of the estimator's credits (or attributions) of each column
-    under its block's two readouts, each column one straight segment read by
-    one readout; ``(B, P, n)`` or ``(B, P, n, d)``."""
+    """The mean of the estimator's credits (or attributions, with
+    ``integration.per_dimension``) of each column under its block's two
+    readouts, each column one straight segment read by one readout;
+    ``(B, P, n)`` or ``(B, P, n, d)``."""
     b, p, k_plus_1, d = path.points.shape
     n = k_plus_1 - 1
     columns = torch.arange(n, device=path.points.device)
@@ -273,6 +260,7 @@ def _integrated(
     targets = path.score.flatten().repeat_interleave(n)
     orders = [route.start] if route.start == route.end else [route.start, route.end]
     parts: list[Tensor] = []
+    rule = integration.rule
     for order in orders:
         ends = torch.stack(
             [
@@ -282,29 +270,21 @@ def _integrated(
             2,
         ).flatten(0, 2)  # (B·P·n, 2)
         layers = _tensor(order, path).repeat(b * p)[:, None].expand(-1, 2)
-        if per_dimension:
+        if integration.per_dimension:
             found = rule.attributions(
-                readout,
-                pairs,
-                targets,
-                ends[:, 1],
-                n_steps,
-                chunk_rows,
-                grad_kwargs,
-                multiply_by_inputs,
-                layers=layers,
+                integration, pairs, targets, ends[:, 1], layers=layers
             )[:, 0].view(b, p, n, d)
         else:
-            found = rule.credits(
-                readout, pairs, targets, ends, n_steps, chunk_rows, layers=layers
-            )[:, 0].view(b, p, n)
+            found = rule.credits(integration, pairs, targets, ends, layers=layers)
+            found = found[:, 0].view(b, p, n)
         parts.append(found.double())
     return torch.stack(parts).mean(0)
 
 
 #: The granularity's component columns ``(B, P, n)`` (or ``(B, P, n, d)``)
-#: read by a readout, from ``f`` at both ends of every segment ``(B, P, S, 2)``.
-Columns = Callable[["SegmentReadout", Tensor], Tensor]
+#: under an integration, from ``f`` at both ends of every segment
+#: ``(B, P, S, 2)``.
+Columns = Callable[[Integration, Tensor], Tensor]
 
 
 class SegmentReadout:
@@ -351,12 +331,11 @@ class SegmentReadout:
 
 
 def split_components(
-    readout: LayerReadout,
+    integration: Integration,
     path: TracedPath,
     route: ReadoutPlan,
     column_segments: Sequence[int],
     columns: Columns,
-    chunk_rows: int,
     top_k: int = 0,
 ) -> ReadoutSplit:
     r"""
@@ -365,17 +344,16 @@ def split_components(
 
     Args:
 
-        readout (LayerReadout): The learned readout.
+        integration (Integration): Read through the learned readout.
         path (TracedPath): The traced stream (``K`` points, ``S = K - 1``
                     segments).
         route (ReadoutPlan): The readouts of the segments (:func:`plan` with
                     the path block of each segment).
         column_segments (list[int]): The segment each of the ``n`` columns
                     is a component of, in order.
-        columns (Callable): The granularity's component columns under a
-                    :class:`SegmentReadout`, from ``f`` at both ends of every
-                    segment ``(B, P, S, 2)``.
-        chunk_rows (int): Rows read at once.
+        columns (Callable): The granularity's component columns under an
+                    integration that reads through a :class:`SegmentReadout`,
+                    from ``f`` at both ends of every segment ``(B, P, S, 2)``.
         top_k (int): Views of the top tokens at the points. Default: 0
 
     Returns:
@@ -383,6 +361,7 @@ def split_components(
         ``(B, P, K)``, ``block`` ``(B, P, n)`` (or per dimension, as
         ``columns`` gives) and ``lens`` ``(B, P, n)``.
     """
+    readout, chunk_rows = learned_readout(integration), integration.chunk_rows
     with torch.no_grad():
         levels, views = path_levels(
             readout, path, chunk_rows, top_k, _tensor(route.level_readouts()[:-1], path)
@@ -400,8 +379,8 @@ def split_components(
             2,
         )  # (B, P, S, 2)
         table = _tensor([order[0], *order], path)
-        found = columns(SegmentReadout(readout, table), ends).double()
-        parts.append(found)
+        segments = integration.reading(SegmentReadout(readout, table))
+        parts.append(columns(segments, ends).double())
     return ReadoutSplit(levels, torch.stack(parts).mean(0), lens, views)
 
 

@@ -30,7 +30,8 @@ def attribute_text(
     *,
     answer: Optional[Union[str, Tensor]] = None,
     settings: Optional[Settings] = None,
-    lens: Union[None, LayerIGLens, str, Path, Translators] = None,
+    lens: Union[None, str, Path, Translators] = None,
+    attribution: Optional[LayerIGLens] = None,
     progress: bool = False,
     foil: Union[str, FoilType] = None,
     target_tokens: Union[List[str], TokenSetType] = None,
@@ -58,15 +59,18 @@ def attribute_text(
         settings (Settings, optional): Layers, positions, baselines, estimator,
                     granularity, chat template, generation length, ...
                     Default: ``Settings()``.
-        lens (LayerIGLens, str, Path or Translators, optional): A tuned-lens
-                    folder or :class:`~captum_iglens.readout.translators.Translators`
+        lens (str, Path or Translators, optional): The readout per layer: a
+                    tuned-lens folder or
+                    :class:`~captum_iglens.readout.translators.Translators`
                     reads every block through its learned translator (see
                     :meth:`LayerIGLens.from_model`; refused before any forward
-                    if made for another model). Or the lens to use, e.g. one
-                    built by hand for
-                    a model outside the registry; its ``forward_func`` must take
-                    ``(input_ids)``. Then ``settings.layers`` must be None.
-                    Default: ``LayerIGLens.from_model(model, settings.layers)``.
+                    if made for another model). Default: None (the logit
+                    readout)
+        attribution (LayerIGLens, optional): The attribution to use, e.g. one
+                    built by hand for a model outside the registry; its
+                    ``forward_func`` must take ``(input_ids)``. Then
+                    ``settings.layers`` and ``lens`` must be None. Default:
+                    ``LayerIGLens.from_model(model, settings.layers, lens=lens)``.
         progress (bool, optional): Progress bar for generation. Default: False.
         foil (str, int, set or Tensor, optional): Attribute ``p(token) -
                     p(foil)`` at every attributed position: a string that
@@ -87,10 +91,14 @@ def attribute_text(
         ``metadata`` (prompt, answer, settings, model, package versions).
     """
     settings = Settings.resolve(settings, options)
-    learned = lens if isinstance(lens, (str, Path, Translators)) else None
-    lens = None if learned is not None else lens
-    # Unwrapped once (a bridge, an nnsight model); looked up only without a lens.
-    parts = None if lens is not None else model_parts(model)
+    if attribution is not None and lens is not None:
+        raise ValueError(
+            "lens: pass the readout per layer to LayerIGLens.from_model when "
+            "building attribution=, not beside it"
+        )
+    # Unwrapped once (a bridge, an nnsight model); looked up only when the
+    # attribution is built here.
+    parts = None if attribution is not None else model_parts(model)
     model = unwrap_model(model) if parts is None else parts.model
     if isinstance(foil, str):
         foil = single_token_id(tokenizer, foil, "foil")
@@ -100,14 +108,14 @@ def attribute_text(
         target_tokens = {
             single_token_id(tokenizer, t, "target_tokens") for t in target_tokens
         }
-    if lens is not None and settings.layers is not None:
-        raise ValueError("layers: pass either layers or lens, not both")
+    if attribution is not None and settings.layers is not None:
+        raise ValueError("layers: pass either layers or attribution, not both")
     if parts is not None:  # checked (a learned readout too) before any forward
-        lens = LayerIGLens.from_model(
+        attribution = LayerIGLens.from_model(
             parts,
             settings.layers,
             max_chunk_bytes=settings.max_chunk_bytes,
-            lens=learned,
+            lens=lens,
         )
     ids, pos, targets, answer_ids = answered_prompt(
         model,
@@ -129,8 +137,8 @@ def attribute_text(
             )
         )
     device = next(model.parameters()).device
-    # built above, or given (neither a path nor Translators): a LayerIGLens
-    result = cast(LayerIGLens, lens).attribute_map(
+    # built above where not given
+    result = cast(LayerIGLens, attribution).attribute_map(
         ids.to(device),
         target=targets.to(device),
         positions=pos,

@@ -25,6 +25,7 @@ from captum_iglens.cli.common import (
     settings_from,
     settings_parent,
 )
+from captum_iglens.columns import Column, parse_columns
 
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
@@ -169,15 +170,17 @@ def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
     """Per attributed token, its ``k`` heads, neurons or experts with the largest
     ``|credit|`` (``granularity="head"``, ``"neuron"`` or ``"expert"``), or
     ``""``."""
+    from captum_iglens._result_tables import token_labels
     from captum_iglens.attr.granularities.neurons import top_neurons
 
     names = result.layer_names
-    heads = [i for i, n in enumerate(names) if ".attn.h" in n and ".s" not in n]
-    experts = [i for i, n in enumerate(names) if ".mlp.e" in n or ".mlp.shared" in n]
-    has_neurons = any(".mlp.n" in n for n in names)
+    kinds = [column.kind for column in parse_columns(names)]
+    heads = [i for i, kind in enumerate(kinds) if kind == "head"]
+    experts = [i for i, kind in enumerate(kinds) if kind in ("expert", "shared")]
+    has_neurons = "neuron" in kinds
     if not heads and not has_neurons and not experts:
         return ""
-    labels = result._token_labels(0)
+    labels = token_labels(result, 0)
     shown = [
         kind
         for kind, present in (
@@ -204,7 +207,7 @@ def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
             )
         if has_neurons:
             ranked = [
-                (f"{block}.mlp.n{neuron}", credit)
+                (Column("neuron", block, index=neuron).name, credit)
                 for block, kept in top_neurons(row, names, k).items()
                 for neuron, credit in kept
                 if neuron >= 0

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, Union
 import torch
 
 from captum_iglens.attr.estimators import ESTIMATORS
-from captum_iglens.attr.granularities import GRANULARITIES
+from captum_iglens.attr.granularities import GRANULARITIES, granularity_help
 from captum_iglens.hf.text import POSITIONS
 from captum_iglens.settings import Settings
 
@@ -145,9 +145,7 @@ def settings_parent(
         "--granularity",
         choices=GRANULARITIES,
         default="block",
-        help="'sublayer' credits attention and MLP of each block separately; "
-        "'head' also splits the attention across its heads; 'source' across the "
-        "source tokens it reads ('source_head': per head and source token)",
+        help=granularity_help(),
     )
     group.add_argument(
         "--internal-batch-size",
@@ -239,7 +237,7 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     """The model's parts, bound once (:class:`~captum_iglens.hf.ModelParts`, which
     every entry point takes in place of the model), and its tokenizer, with the
     settings checked against the model."""
-    from captum_iglens.attr import LayerIGLens
+    from captum_iglens.attr.granularities import model_columns
     from captum_iglens.hf import model_parts
     from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
 
@@ -255,8 +253,7 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
             args.model, trust_remote_code=args.trust_remote_code, **options
         )
     parts = model_parts(model)
-    lens = LayerIGLens.from_model(parts, settings.layers)
-    lens.segment_names(settings.granularity)
+    model_columns(parts, settings.layers, settings.granularity)
     return parts, tokenizer
 
 

@@ -38,7 +38,7 @@ def check_declared(parts: ModelParts, h_final: Tensor) -> None:
                 f"({type(parts.norm).__name__}) {what}: it is a {measured!r} norm; "
                 f"register with norm_kind={measured!r}"
             )
-    if parts.mid_modules is not None:
+    if parts.mid is not None:
         _check_blocks(parts)
 
 
@@ -85,13 +85,13 @@ def _check_attn_out(
     tol: float,
 ) -> None:
     """The ``attn_out`` module's output, times the scale, is ``h_mid − h_in``."""
-    if parts.attention_outputs is None:
+    if parts.attn_out is None:
         return
-    projected = outputs.get(parts.attention_outputs[i])
+    projected = outputs.get(parts.attn_out[i])
     exact = projected is not None and projected.shape == update.shape
     if exact:
         assert projected is not None  # narrowed by ``exact``
-        error = update - parts.attention_scale * projected.double()
+        error = update - parts.attn_scale * projected.double()
         exact = error.abs().max().item() <= tol * update.abs().max().item()
     if not exact:
         raise ValueError(
@@ -128,8 +128,8 @@ def _block_records(
     """Per block: its input, its mid module's input, and the tensor output of
     each of its submodules, from one forward (hooks removed, modes restored)."""
     n = len(parts.blocks)
-    mid_modules = parts.mid_modules
-    assert mid_modules is not None  # the caller checks only blocks with a mid
+    mid = parts.mid
+    assert mid is not None  # the caller checks only blocks with a mid
     inputs: List[Optional[Tensor]] = [None] * n
     mids: List[Optional[Tensor]] = [None] * n
     outputs: List[Dict[nn.Module, Tensor]] = [{} for _ in range(n)]
@@ -139,9 +139,7 @@ def _block_records(
             block.register_forward_pre_hook(_keep_input(inputs, i), with_kwargs=True)
         )
         handles.append(
-            mid_modules[i].register_forward_pre_hook(
-                _keep_input(mids, i), with_kwargs=True
-            )
+            mid[i].register_forward_pre_hook(_keep_input(mids, i), with_kwargs=True)
         )
         for module in block.modules():
             if module is not block:

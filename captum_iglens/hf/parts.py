@@ -35,28 +35,28 @@ class ModelParts:
         model (nn.Module): The (unwrapped) ``*ForCausalLM`` model.
         architecture (Architecture): Its verified entry of the table.
         blocks (list[nn.Module]): The decoder blocks, in execution order.
-        mid_modules (list[nn.Module] or None): For each block, the module whose
+        mid (list[nn.Module] or None): For each block, the module whose
                     input is the mid-block state ``h + attn(...)``; None where
                     the architecture (as configured) adds attention and MLP in
                     parallel, or the probe found the parts.
-        attention_outputs (list[nn.Module] or None): For each block, the
+        attn_out (list[nn.Module] or None): For each block, the
                     attention output projection whose input is the heads'
                     outputs side by side; None where there is no split of the
                     attention update into heads.
         n_heads (int or None): The number of attention heads, with
-                    ``attention_outputs``.
-        attention_scale (float): The factor each block applies to its attention
+                    ``attn_out``.
+        attn_scale (float): The factor each block applies to its attention
                     output before adding it to the stream.
-        attention_norms (list[nn.Module] or None): For each block, the RMSNorm
+        attn_norm (list[nn.Module] or None): For each block, the RMSNorm
                     it applies to the attention output projection's output
                     before adding it (post-norm families), or None.
-        parallel_mlps (list[nn.Module] or None): For each block, the MLP whose
+        parallel_mlp (list[nn.Module] or None): For each block, the MLP whose
                     output it adds beside the attention output (parallel
                     blocks), or None for sequential blocks.
-        mlp_outputs (list[nn.Module] or None): For each block, the MLP's
+        mlp_out (list[nn.Module] or None): For each block, the MLP's
                     output projection, whose input is the neurons' activations;
                     None where there is no neuron split.
-        mlp_norms (list[nn.Module] or None): For each block, the RMSNorm on the
+        mlp_norm (list[nn.Module] or None): For each block, the RMSNorm on the
                     MLP's output before it is added, or None.
         experts (list[nn.Module] or None): For each block, the routed experts
                     of its mixture-of-experts MLP; None unless every block has
@@ -67,19 +67,23 @@ class ModelParts:
         head (nn.Module): The unembedding, ``(..., d)`` to ``(..., V)``.
         post (nn.Module or None): The transform of the head's output
                     (:class:`~captum_iglens.readout.Softcap`, ...), or None.
+
+    The per-block fields carry the names of the architecture table's entries
+    (:class:`~captum_iglens.hf.table.Architecture`), and so do the chosen
+    blocks' :class:`~captum_iglens.attr._utils.block_parts.BlockParts`.
     """
 
     model: nn.Module
     architecture: Architecture
     blocks: List[nn.Module]
-    mid_modules: Optional[List[nn.Module]]
-    attention_outputs: Optional[List[nn.Module]]
+    mid: Optional[List[nn.Module]]
+    attn_out: Optional[List[nn.Module]]
     n_heads: Optional[int]
-    attention_scale: float
-    attention_norms: Optional[List[nn.Module]]
-    parallel_mlps: Optional[List[nn.Module]]
-    mlp_outputs: Optional[List[nn.Module]]
-    mlp_norms: Optional[List[nn.Module]]
+    attn_scale: float
+    attn_norm: Optional[List[nn.Module]]
+    parallel_mlp: Optional[List[nn.Module]]
+    mlp_out: Optional[List[nn.Module]]
+    mlp_norm: Optional[List[nn.Module]]
     experts: Optional[List[nn.Module]]
     shared_experts: bool
     norm: Optional[nn.Module]
@@ -110,22 +114,20 @@ class ModelParts:
             model=model,
             architecture=arch,
             blocks=blocks,
-            mid_modules=_in_blocks(
-                model, blocks, arch.mid(config), "the mid-block state"
-            ),
-            attention_outputs=projections,
+            mid=_in_blocks(model, blocks, arch.mid(config), "the mid-block state"),
+            attn_out=projections,
             n_heads=None if projections is None else config.num_attention_heads,
-            attention_scale=float(arch.attn_scale(config)),
-            attention_norms=_in_blocks(
+            attn_scale=float(arch.attn_scale(config)),
+            attn_norm=_in_blocks(
                 model, blocks, arch.attn_norm(config), "the attention output's norm"
             ),
-            parallel_mlps=_in_blocks(
+            parallel_mlp=_in_blocks(
                 model, blocks, arch.parallel_mlp(config), "the parallel MLP"
             ),
-            mlp_outputs=_in_blocks(
+            mlp_out=_in_blocks(
                 model, blocks, arch.mlp_out(config), "the MLP output projection"
             ),
-            mlp_norms=_in_blocks(
+            mlp_norm=_in_blocks(
                 model, blocks, arch.mlp_norm(config), "the MLP output's norm"
             ),
             experts=_experts(blocks, arch.experts(config)),

@@ -10,7 +10,7 @@ the plain :class:`~captum_iglens.readout.readout.Readout`.
 """
 
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import nn, Tensor
@@ -182,6 +182,69 @@ class LayerReadout(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, n_layers={self.n_layers}"
+
+
+#: What ``lens=`` takes: None or ``"logit"`` (the model's readout), a
+#: tuned-lens folder, or :class:`Translators`.
+LensType = Union[None, str, Path, Translators]
+
+
+def resolve_readout(
+    readout: Readout, lens: LensType, blocks: Sequence[nn.Module]
+) -> Union[Readout, LayerReadout]:
+    r"""
+    The readout of every layer that ``lens`` names, resolved once per entry
+    point.
+
+    Args:
+
+        readout (Readout): The model's own readout.
+        lens (str, Path or Translators, optional): None or ``"logit"`` for
+                    ``readout`` itself; a tuned-lens folder or
+                    :class:`Translators` for a learned readout per layer
+                    (refused, before any forward, if made for another model).
+        blocks (list[nn.Module]): The model's decoder blocks.
+
+    Returns:
+        ``readout``, or a :class:`LayerReadout` around it. The caller's
+        translators stay where they are: the readout casts them to the states'
+        device and dtype, once per parameter version.
+
+    Raises:
+        ValueError: For ``"linear"``, which names the cached fit on the command
+            line only.
+    """
+    if lens == "linear":
+        raise ValueError(
+            "lens: 'linear' names the cached fit on the command line; in Python "
+            "pass its folder, captum_iglens.lens_fit.cached_lens(model_parts("
+            "model), tokenizer), which fits and caches it when there is none"
+        )
+    if lens is None or lens == "logit":
+        return readout
+    translators = lens if isinstance(lens, Translators) else Translators.load(lens)
+    return LayerReadout(readout, translators, blocks)
+
+
+def readout_record(
+    readout: Union[None, Readout, LayerReadout],
+) -> Dict[str, Optional[str]]:
+    r"""
+    The one record of a readout that results, run files and studies keep.
+
+    Args:
+
+        readout (Readout or LayerReadout, optional): None or a
+                    :class:`Readout` for the logit readout.
+
+    Returns:
+        *dict*: ``{"kind": ..., "checksum": ...}``, the kind one of
+        :data:`READOUT_KINDS` and the checksum the translators' (None for the
+        logit readout).
+    """
+    if isinstance(readout, LayerReadout):
+        return {"kind": readout.kind, "checksum": readout.checksum()}
+    return {"kind": READOUT_KINDS[0], "checksum": None}
 
 
 def _head_dtype(readout: Readout) -> Optional[torch.dtype]:

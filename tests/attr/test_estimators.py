@@ -12,7 +12,7 @@ from torch import Tensor
 import captum_iglens
 from captum_iglens import ESTIMATORS
 from captum_iglens.attr._utils.path_math import path_values
-from captum_iglens.attr.estimators import Estimator, estimator
+from captum_iglens.attr.estimators import Estimator, Integration, estimator
 from captum_iglens.readout import Readout
 from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import TokenScore
@@ -142,8 +142,9 @@ def test_estimators_read_a_segment_with_the_layer_at_its_end(method):
     _, per_layer, points, score = _setup()
     values, _ = path_values(per_layer, points, score, 64)
     per_layer.seen.clear()
-    found = ESTIMATORS[method].attributions(
-        per_layer, points, score, values[:, -1], 4, 64
+    rule = ESTIMATORS[method]
+    found = rule.attributions(
+        Integration(rule, per_layer, 4, 64), points, score, values[:, -1]
     )
     seen = torch.cat(per_layer.seen).unique().tolist()
     assert seen == [1, 2, 3]  # never 0: h_base only starts segment 1

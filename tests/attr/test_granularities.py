@@ -47,7 +47,7 @@ def test_the_traced_path_is_the_one_the_map_reads(lens, granularity):
     shape = lens._granularity(granularity)
     levels = shape.levels(path, levels).float()
     torch.testing.assert_close(levels[..., 0], found.base_prob, rtol=0, atol=0)
-    torch.testing.assert_close(levels[..., 1:], found.lens, rtol=0, atol=0)
+    torch.testing.assert_close(levels[..., 1:], found.levels, rtol=0, atol=0)
     assert torch.equal(path.targets, found.targets)
 
 
@@ -60,7 +60,7 @@ def test_head_without_the_displacement_is_refused_before_the_forward(llama):
         readout=lens.readout,
         input_layer=lens.input_layer,
         sublayers=lens.sublayers,
-        heads=lens.heads,
+        block_parts=lens.block_parts,
     )
     calls = []
     handle = llama.register_forward_pre_hook(lambda *args: calls.append(1))
@@ -72,3 +72,31 @@ def test_head_without_the_displacement_is_refused_before_the_forward(llama):
     finally:
         handle.remove()
     assert calls == []
+
+
+def test_help_lists_every_granularity(capsys):
+    from captum_iglens.attr.granularities import granularity_help
+    from captum_iglens.cli import main
+
+    text = granularity_help()
+    for name, kind in GRANULARITIES.items():
+        assert f"{name!r}: {kind.summary}" in text
+    with pytest.raises(SystemExit):
+        main(["attribute", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for name in GRANULARITIES:
+        assert f"'{name}': " in shown
+
+
+@pytest.mark.parametrize("granularity", list(GRANULARITIES))
+def test_model_columns_are_the_lens_columns_without_the_lens(granularity):
+    from captum_iglens.attr.granularities import model_columns
+    from captum_iglens.hf import model_parts
+
+    parts = model_parts(tiny_model("llama"))
+    lens = LayerIGLens.from_model(parts, [0])
+    if granularity == "expert":  # a dense model: refused by both alike
+        with pytest.raises(ValueError, match="granularity: 'expert'"):
+            model_columns(parts, [0], granularity)
+        return
+    assert model_columns(parts, [0], granularity) == lens.segment_names(granularity)

@@ -544,7 +544,7 @@ def test_skipped_blocks_behind_a_plain_function_are_refused_when_captured():
         input_layer=lens.input_layer,
         layer_names=lens.layer_names,
         sublayers=lens.sublayers,
-        heads=lens.heads,
+        block_parts=lens.block_parts,
     )
     assert hand_built.segment_names("head")[0] == "input"
     hooks = hook_snapshot(model)

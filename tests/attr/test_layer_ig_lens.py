@@ -58,7 +58,7 @@ def test_exact_top_and_completeness_every_architecture(arch):
     top = read.gather(-1, result.targets[..., None])[..., 0]
     assert (top - expected).abs().max() <= FP32_TOL  # f(h_final) = p_model
     assert (result.model_prob - expected).abs().max() <= FP32_TOL
-    assert (result.lens[..., -1] - expected).abs().max() <= FP32_TOL
+    assert (result.levels[..., -1] - expected).abs().max() <= FP32_TOL
     assert result.delta.abs().max() <= FP32_TOL
     assert (result.targets == probs.argmax(-1)).all()
 
@@ -200,7 +200,7 @@ def test_baselines_keep_completeness(lens, batch, baselines):
     assert result.delta.abs().max() <= FP32_TOL
     default = lens.attribute_map(ids, additional_forward_args=(mask,))
     assert not torch.allclose(result.base_prob, default.base_prob)
-    assert torch.allclose(result.lens, default.lens)
+    assert torch.allclose(result.levels, default.levels)
 
 
 def test_batch_invariance_and_internal_batch_size(lens, batch):

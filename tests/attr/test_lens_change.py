@@ -47,7 +47,7 @@ def test_identity_translators_give_todays_map_exactly(llama, method, granularity
     found = lens.attribute_map(
         ids, method=method, granularity=granularity, n_steps=4, top_k=3
     )
-    for name in ("attributions", "lens", "base_prob", "delta", "kl", "top_probs"):
+    for name in ("attributions", "levels", "base_prob", "delta", "kl", "top_probs"):
         assert torch.equal(getattr(found, name), getattr(today, name)), name
     assert torch.equal(found.lens_change, torch.zeros_like(found.attributions))
     assert found.readout_kind == "tuned" and today.readout_kind == "logit"

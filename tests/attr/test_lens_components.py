@@ -76,7 +76,7 @@ def test_heads_add_up_to_the_block_parts_on_each_family(lenses, name, n_steps):
     blocks = lenses[name].attribute_map(_ids(), top_k=2)
     views = lenses[name].attribute_map(_ids(), granularity="head", top_k=2)
     ends = [views.layer_names.index(f"{b}.mlp") for b in blocks.layer_names]
-    for field in ("lens", "kl", "top_probs"):  # a block's end: f_b(h_e)
+    for field in ("levels", "kl", "top_probs"):  # a block's end: f_b(h_e)
         torch.testing.assert_close(
             getattr(views, field)[:, :, ends], getattr(blocks, field)
         )
@@ -147,6 +147,6 @@ def test_identity_translators_give_todays_components_exactly(granularity):
     today = LayerIGLens.from_model(model).attribute_map(ids, top_k=2, **kwargs)
     lens = LayerIGLens.from_model(model, lens=Translators.identity(3, HIDDEN))
     found = lens.attribute_map(ids, top_k=2, **kwargs)
-    for name in ("attributions", "lens", "base_prob", "delta", "top_probs"):
+    for name in ("attributions", "levels", "base_prob", "delta", "top_probs"):
         assert torch.equal(getattr(found, name), getattr(today, name)), name
     assert torch.equal(found.lens_change, torch.zeros_like(found.attributions))

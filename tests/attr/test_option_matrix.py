@@ -103,7 +103,7 @@ def _views_agree_with_levels(result):
     view ranks the target within the top-k, that entry is the target with the
     same probability, and it is never above the column's most probable token."""
     real = result.mask[..., None].expand_as(result.rank)
-    level = result.lens
+    level = result.levels
     assert (level[real] <= result.top_probs[..., 0][real] + 1e-5).all()
     within = real & (result.rank <= TOP)
     slot = (result.rank.clamp(max=TOP) - 1)[..., None]

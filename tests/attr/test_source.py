@@ -55,7 +55,7 @@ def test_sources_add_up_to_heads_and_blocks(arch, overrides):
     extra = (mask,)
     snapshot = hook_snapshot(model)
     implementation = model.config._attn_implementation
-    n_heads = lens.heads.n_heads
+    n_heads = lens.block_parts.n_heads
     for method, n_steps in (
         ("prediction_aware", 1),
         ("prediction_aware", 7),
@@ -257,7 +257,7 @@ def test_real_model_sources_add_up(embedded_model, n_steps):
     snapshot = hook_snapshot(model)
     implementation = model.config._attn_implementation
     kwargs = dict(positions=[-2, -1], n_steps=n_steps)
-    if lens.heads is None:  # no head split for this family yet: refused
+    if lens.block_parts is None:  # no head split for this family yet: refused
         with pytest.raises(ValueError, match="granularity: 'head'"):
             lens.attribute_map(ids, granularity="source", **kwargs)
         return
@@ -271,7 +271,7 @@ def test_real_model_sources_add_up(embedded_model, n_steps):
         model.config._attn_implementation = implementation
     resolved = lens.attribute_map(ids, granularity="source_head", **kwargs)
     sources = lens.attribute_map(ids, granularity="source", **kwargs)
-    k, n_heads = len(lens.layers), lens.heads.n_heads
+    k, n_heads = len(lens.layers), lens.block_parts.n_heads
     by_head = resolved.source_map(by_head=True)
     assert (by_head.sum(-2) - sources.source_map()).abs().max() <= FP32_TOL
     for block in range(k):

@@ -22,7 +22,7 @@ SEQUENTIAL = [(a, {}) for a in ARCHITECTURES if a not in PARALLEL] + [
 def test_table_marks_parallel_blocks():
     for arch in ARCHITECTURES:
         model = tiny_model(arch)
-        modules = model_parts(model).mid_modules
+        modules = model_parts(model).mid
         assert (modules is None) == (arch in PARALLEL), arch
 
 
@@ -42,7 +42,7 @@ def test_sublayer_credits_add_up_to_block_credits(arch, overrides):
     paired = subs.attributions.view(*subs.attributions.shape[:2], -1, 2).sum(-1)
     assert (paired - blocks.attributions).abs().max() <= FP32_TOL
     assert subs.delta.abs().max() <= FP32_TOL
-    assert torch.equal(subs.lens[..., 1::2], blocks.lens)
+    assert torch.equal(subs.levels[..., 1::2], blocks.levels)
     attrs, delta = lens.attribute(
         ids,
         additional_forward_args=(mask,),

@@ -33,9 +33,9 @@ def test_parts_are_the_models_own(llama):
     parts = model_parts(llama)
     assert parts.model is llama and model_parts(parts) is parts
     assert parts.blocks == list(llama.model.layers)
-    assert parts.mid_modules == [b.post_attention_layernorm for b in parts.blocks]
-    assert parts.attention_outputs == [b.self_attn.o_proj for b in parts.blocks]
-    assert (parts.n_heads, parts.attention_scale) == (4, 1.0)
+    assert parts.mid == [b.post_attention_layernorm for b in parts.blocks]
+    assert parts.attn_out == [b.self_attn.o_proj for b in parts.blocks]
+    assert (parts.n_heads, parts.attn_scale) == (4, 1.0)
     assert (parts.norm, parts.head, parts.post) == (
         llama.model.norm,
         llama.lm_head,
@@ -44,29 +44,29 @@ def test_parts_are_the_models_own(llama):
     assert parts.norm_kind == "rms"
     readout = parts.readout(max_chunk_bytes=1024)
     assert readout.head is llama.lm_head and readout.max_chunk_bytes == 1024
-    assert parts.attention_norms is None and parts.parallel_mlps is None
+    assert parts.attn_norm is None and parts.parallel_mlp is None
 
 
 def test_post_norm_and_parallel_parts():
     from tests.tiny_models import tiny_model
 
     gemma = model_parts(tiny_model("gemma3_text"))
-    assert gemma.attention_outputs == [b.self_attn.o_proj for b in gemma.blocks]
-    assert gemma.attention_norms == [b.post_attention_layernorm for b in gemma.blocks]
-    assert gemma.parallel_mlps is None
+    assert gemma.attn_out == [b.self_attn.o_proj for b in gemma.blocks]
+    assert gemma.attn_norm == [b.post_attention_layernorm for b in gemma.blocks]
+    assert gemma.parallel_mlp is None
     gptj = model_parts(tiny_model("gptj"))
-    assert gptj.attention_outputs == [b.attn.out_proj for b in gptj.blocks]
-    assert gptj.parallel_mlps == [b.mlp for b in gptj.blocks]
-    assert gptj.mid_modules is None and gptj.attention_norms is None
+    assert gptj.attn_out == [b.attn.out_proj for b in gptj.blocks]
+    assert gptj.parallel_mlp == [b.mlp for b in gptj.blocks]
+    assert gptj.mid is None and gptj.attn_norm is None
     # GPT-NeoX is parallel or sequential as configured.
     neox = model_parts(tiny_model("gpt_neox", use_parallel_residual=False))
-    assert neox.parallel_mlps is None and neox.mid_modules is not None
+    assert neox.parallel_mlp is None and neox.mid is not None
 
 
 def test_from_model_looks_the_model_up_once(llama, lookups):
     lens = LayerIGLens.from_model(llama, [0])
     assert lookups == {"architecture": 1, "bind": 1}
-    assert lens.layer_names == ["0", "1"] and lens.heads is not None
+    assert lens.layer_names == ["0", "1"] and lens.block_parts is not None
     LayerIGLens.from_model(model_parts(llama))  # bound parts: no new lookup
     assert lookups == {"architecture": 2, "bind": 2}
 

@@ -204,3 +204,20 @@ def test_lens_names_in_python():
     assert named.readout_kind == "logit"
     with pytest.raises(ValueError, match="lens: 'linear'.*cached_lens"):
         LayerIGLens.from_model(model, lens="linear")
+
+
+def test_the_readout_is_resolved_and_recorded_in_one_shape(tmp_path):
+    from captum_iglens.readout.layer_readout import readout_record, resolve_readout
+
+    readout, blocks = _readout(tiny_model("llama"))
+    assert resolve_readout(readout, None, blocks) is readout
+    assert resolve_readout(readout, "logit", blocks) is readout
+    logit = {"kind": "logit", "checksum": None}
+    assert readout_record(readout) == logit and readout_record(None) == logit
+    t = _random(2)
+    learned = resolve_readout(readout, t.save(tmp_path / "lens"), blocks)
+    assert isinstance(learned, LayerReadout) and learned.base is readout
+    assert readout_record(learned) == {"kind": learned.kind, "checksum": t.checksum()}
+    assert learned.kind in ("linear", "tuned")
+    with pytest.raises(ValueError, match="lens: 'linear'.*cached_lens"):
+        resolve_readout(readout, "linear", blocks)

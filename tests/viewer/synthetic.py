@@ -35,7 +35,7 @@ def synthetic_result(
     words = tokens or [f" w{i}" for i in range(p)]
     result = IGLensResult(
         attributions=attributions,
-        lens=lens,
+        levels=lens,
         base_prob=base,
         model_prob=model_prob,
         delta=delta,
@@ -99,7 +99,7 @@ def synthetic_source_result(
     words = [f" w{j}" if j % 4 else "\n" for j in range(sources)]
     return IGLensResult(
         attributions=credits,
-        lens=lens,
+        levels=lens,
         base_prob=base,
         model_prob=lens[..., -1].clone(),
         delta=torch.zeros(1, positions),

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from captum_iglens.studies.batch import write_html
-from captum_iglens.viewer import batch_payload, render_page
+from captum_iglens.viewer._html import render_page
+from captum_iglens.viewer._payload import batch_payload
 from tests.viewer.conftest import HOSTILE
 from tests.viewer.synthetic import synthetic_result
 
@@ -168,7 +169,7 @@ def test_click_draws_trajectory_and_completeness(browser, map_page):
     assert len(points) == 12 + 1
     ys = [float(p.split(",")[1]) for p in points]
     # Higher probability is drawn higher (smaller y): the order of the levels.
-    levels = [float(result.base_prob[0, 2])] + result.lens[0, 2].tolist()
+    levels = [float(result.base_prob[0, 2])] + result.levels[0, 2].tolist()
     for a, b in zip(range(13), range(1, 13)):
         if abs(levels[a] - levels[b]) > 1e-3:
             assert (ys[a] > ys[b]) == (levels[a] < levels[b])
@@ -259,7 +260,7 @@ def test_hostile_tokens_render_as_text(browser, tmp_path, hostile_result):
     screenshot(browser, "hostile.png")
 
 
-def test_heads_collapse_per_module_and_expand(browser, tmp_path):
+def test_heads_fold_per_block_and_unfold(browser, tmp_path):
     names = []
     for block in range(6):
         names += [f"L{block}.attn.h{h}" for h in range(12)] + [f"L{block}.attn.bias"]
@@ -271,15 +272,120 @@ def test_heads_collapse_per_module_and_expand(browser, tmp_path):
     hover(browser, cells(browser)[0])
     credit = sum(result.attributions[0, 0, :13].tolist())
     assert abs(float(field(browser, "credit")) - credit) <= 2e-3 * max(1, abs(credit))
-    assert close_to(field(browser, "lens_after"), float(result.lens[0, 0, 12]))
+    assert close_to(field(browser, "lens_after"), float(result.levels[0, 0, 12]))
     screenshot(browser, "heads-collapsed.png")
-    browser.find_element("xpath", "//button[text()='expand all heads']").click()
+    browser.find_element("xpath", "//button[text()='unfold all']").click()
     assert len(cells(browser)) == 5 * len(names)
     hover(browser, cells(browser)[len(names) + 3])
     assert field(browser, "layer") == "L0.attn.h3"
     assert close_to(field(browser, "credit"), float(result.attributions[0, 1, 3]))
     screenshot(browser, "heads-expanded.png")
     assert console_errors(browser) == []
+
+
+def count(browser, selector: str) -> int:
+    return browser.execute_script(
+        "return document.querySelectorAll(arguments[0]).length", selector
+    )
+
+
+def group_heads(browser):
+    return browser.find_elements("css selector", "#map .colhead.group")
+
+
+def parts_page(tmp_path, name, blocks, parts, last, positions=4):
+    """A synthetic map with, per block, ``<b>.attn``, then ``parts`` MLP
+    columns ``<b>.mlp.<part><i>`` and ``<b>.mlp.<last>`` (if any)."""
+    names = []
+    for b in range(blocks):
+        names += [f"{b}.attn", *(f"{b}.mlp.{parts[0]}{i}" for i in range(parts[1]))]
+        names += [f"{b}.mlp.{last}"] if last else []
+    result = synthetic_result(positions, len(names), layer_names=names, top_k=None)
+    result.to_html(tmp_path / f"{name}.html")
+    return result, tmp_path / f"{name}.html"
+
+
+def test_neuron_page_opens_folded_and_unfolds_per_block(browser, tmp_path):
+    result, page = parts_page(tmp_path, "neurons", 3, ("n", 100), "bias")
+    names = result.layer_names
+    open_page(browser, page)
+    assert len(cells(browser)) == 4 * 3 * 2  # each block: attention, MLP folded
+    assert [e.text for e in group_heads(browser)] == [f"{b}.mlp ▸101" for b in range(3)]
+    hover(browser, cells(browser)[1])
+    assert field(browser, "layer") == "0.mlp (100 neurons, bias, summed)"
+    credit = sum(result.attributions[0, 0, 1:102].tolist())
+    assert abs(float(field(browser, "credit")) - credit) <= 2e-3 * max(1, abs(credit))
+    assert close_to(field(browser, "lens_after"), float(result.lens[0, 0, 101]))
+    group_heads(browser)[1].click()  # block 1's neurons unfold, alone
+    width = 3 * 2 - 1 + 101
+    assert len(cells(browser)) == 4 * width and len(group_heads(browser)) == 2
+    row, column = 2, names.index("1.mlp.n5")
+    hover(browser, cells(browser)[row * width + 3 + 5])
+    assert field(browser, "layer") == "1.mlp.n5"
+    assert close_to(
+        field(browser, "credit"), float(result.attributions[0, row, column])
+    )
+    screenshot(browser, "neurons-unfolded.png")
+    browser.find_elements("css selector", "#map .colhead.member")[7].click()
+    assert len(cells(browser)) == 4 * 3 * 2  # a member's head folds its block
+    assert console_errors(browser) == []
+
+
+def test_expert_page_opens_folded_and_unfolds_per_block(browser, tmp_path):
+    result, page = parts_page(tmp_path, "experts", 4, ("e", 64), "shared")
+    names = result.layer_names
+    open_page(browser, page)
+    assert len(cells(browser)) == 4 * 4 * 2
+    hover(browser, cells(browser)[4 * 2 + 3])  # row 1, block 1's experts
+    assert field(browser, "layer") == "1.mlp (64 experts, shared experts, summed)"
+    screenshot(browser, "experts-folded.png")
+    group_heads(browser)[3].click()
+    width = 4 * 2 - 1 + 65
+    assert len(cells(browser)) == 4 * width
+    hover(browser, cells(browser)[width + 7 + 64])  # row 1, block 3's shared experts
+    assert field(browser, "layer") == "3.mlp.shared"
+    exact = float(result.attributions[0, 1, names.index("3.mlp.shared")])
+    assert close_to(field(browser, "credit"), exact)
+    browser.find_element("xpath", "//button[text()='unfold all']").click()
+    assert len(cells(browser)) == 4 * len(names)
+    browser.find_element("xpath", "//button[text()='fold per block']").click()
+    assert len(cells(browser)) == 4 * 4 * 2 and console_errors(browser) == []
+
+
+def test_a_smollm2_sized_neuron_page_stays_usable(browser, tmp_path):
+    # 30 blocks of 1,536 neurons (no MLP bias): 46,110 columns, 60 on open.
+    result, page = parts_page(tmp_path, "big", 30, ("n", 1536), None, positions=3)
+    open_page(browser, page)
+    assert count(browser, "#map .cell") == 3 * 60
+    assert browser.find_elements("xpath", "//button[text()='unfold all']") == []
+    # The first token's trajectory runs over the 60 columns on show.
+    lens = browser.find_element("css selector", "#trajectory polyline.lens")
+    assert len(lens.get_attribute("points").split()) == 1 + 60
+    group_heads(browser)[29].click()
+    assert count(browser, "#map .cell") == 3 * (59 + 1536)
+    assert count(browser, "#map .colhead.group") == 29
+    browser.find_elements("css selector", "#map .colhead.member")[0].click()
+    assert count(browser, "#map .cell") == 3 * 60 and console_errors(browser) == []
+
+
+def test_the_groups_are_the_page_datas(browser, tmp_path):
+    # Names that say nothing: the page folds what the groups say, nothing else.
+    result = synthetic_result(3, 4, layer_names=["a", "b", "c", "d"], top_k=None)
+    data = result.page_data()
+    assert len(data["groups"]) == 4
+    data["groups"] = [
+        dict(name="a", members=[0], foldable=False, folded=False, what=""),
+        dict(name="b+c", members=[1, 2], foldable=True, folded=True, what="2 parts"),
+        dict(name="d", members=[3], foldable=False, folded=False, what=""),
+    ]
+    page = tmp_path / "g.html"
+    page.write_text(render_page(data), encoding="utf-8")
+    open_page(browser, page)
+    assert len(cells(browser)) == 3 * 3
+    hover(browser, cells(browser)[1])
+    assert field(browser, "layer") == "b+c (2 parts, summed)"
+    group_heads(browser)[0].click()
+    assert len(cells(browser)) == 3 * 4 and console_errors(browser) == []
 
 
 def test_batch_page_lists_prompts_and_opens_their_maps(browser, batch_dir):
@@ -380,11 +486,11 @@ def test_restoration_page(browser, tmp_path, restoration_result):
 def escaped(text: str) -> str:
     """A token as the viewer labels it: the terminal table's escapes (Python's
     own for what is not printable), plain spaces as '␣', the empty token '∅'."""
-    from captum_iglens.result import _visible
+    from captum_iglens._result_tables import visible
 
     if text == "":
         return "∅"
-    return "␣" * len(text) if text.strip(" ") == "" else _visible(text)
+    return "␣" * len(text) if text.strip(" ") == "" else visible(text)
 
 
 def test_cells_show_their_layers_top_token_on_open(browser, tmp_path):
@@ -439,7 +545,7 @@ def test_first_token_trajectory_is_drawn_on_open(browser, map_page):
     open_page(browser, folder / "r.html")
     lens = browser.find_element("css selector", "#trajectory polyline.lens")
     ys = [float(p.split(",")[1]) for p in lens.get_attribute("points").split()]
-    levels = [float(result.base_prob[0, 0])] + result.lens[0, 0].tolist()
+    levels = [float(result.base_prob[0, 0])] + result.levels[0, 0].tolist()
     assert len(ys) == len(levels)
     low, high = int(np.argmin(levels)), int(np.argmax(levels))
     assert ys[high] < ys[low]

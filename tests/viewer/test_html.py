@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from captum_iglens.studies.batch import write_html
-from captum_iglens.viewer import embed_json, result_html
-from captum_iglens.viewer.html import DATA_ID
+from captum_iglens.viewer._html import DATA_ID, embed_json, result_html
 from tests.viewer.conftest import HOSTILE
 from tests.viewer.synthetic import synthetic_result
 
@@ -72,7 +71,7 @@ def test_page_carries_the_result_to_the_displayed_precision():
     for p, row in enumerate(rows):
         for j in range(7):
             assert close_to(row["credit"][j], float(result.attributions[0, p, j]))
-            assert close_to(row["lens"][j], float(result.lens[0, p, j]))
+            assert close_to(row["lens"][j], float(result.levels[0, p, j]))
             assert close_to(row["entropy"][j], float(result.entropy[0, p, j]))
             assert row["rank"][j] == int(result.rank[0, p, j])
             shown = [data["vocab"][i] for i in row["top"][j]]
@@ -220,7 +219,7 @@ def test_fresh_and_loaded_results_render_alike(fixture, request, tmp_path):
 
 
 def test_a_result_without_a_page_is_refused():
-    from captum_iglens.viewer import payload
+    from captum_iglens.viewer._payload import payload
 
     with pytest.raises(TypeError, match="result: expected a result with a viewer"):
         payload({"kind": "map"})
@@ -255,3 +254,58 @@ def test_learned_readout_rows_carry_the_lens_change_part(learned_result, tmp_pat
     assert data["about"]["readout"].startswith(learned_result.readout_kind)
     for row, change in zip(data["sequences"][0]["rows"], learned_result.lens_change[0]):
         assert all(close_to(a, float(b)) for a, b in zip(row["change"], change))
+
+
+def _neuron_names(blocks: int, neurons: int) -> list:
+    names = []
+    for b in range(blocks):
+        names += [f"{b}.attn", *(f"{b}.mlp.n{i}" for i in range(neurons))]
+        names.append(f"{b}.mlp.bias")
+    return names
+
+
+def test_page_groups_the_parts_of_each_segment():
+    from captum_iglens.viewer._columns import column_groups
+
+    groups = column_groups(_neuron_names(2, 40))
+    assert [g["name"] for g in groups] == ["0.attn", "0.mlp", "1.attn", "1.mlp"]
+    assert groups[1]["members"] == list(range(1, 42))
+    assert groups[3]["members"] == list(range(43, 84))
+    assert [g["foldable"] for g in groups] == [False, True, False, True]
+    # 84 columns: the neuron groups open folded.
+    assert [g["folded"] for g in groups] == [False, True, False, True]
+    assert groups[1]["what"] == "40 neurons, bias" and groups[0]["what"] == ""
+    experts = ["input", "0.attn", "0.mlp.e0", "0.mlp.e1", "0.mlp.shared"]
+    groups = column_groups(experts)
+    assert [g["members"] for g in groups] == [[0], [1], [2, 3, 4]]
+    assert groups[2]["what"] == "2 experts, shared experts"
+    assert not groups[2]["folded"]  # few columns: open unfolded
+    heads = ["input", "0.attn.h0", "0.attn.h1", "0.attn.bias", "0.mlp"]
+    assert [g["name"] for g in column_groups(heads)] == [
+        "input",
+        "0.attn",
+        "0.mlp",
+    ]
+    # Per-source parts always open folded (the source panel shows them).
+    sources = ["input", "0.attn.h0.s0", "0.attn.h0.s1", "0.attn.bias", "0.mlp"]
+    (_, attention, _) = column_groups(sources)
+    assert attention["folded"] and attention["what"] == "2 source parts, bias"
+
+
+def test_map_and_batch_pages_carry_the_groups(batch_dir):
+    result = synthetic_result(2, 84, layer_names=_neuron_names(2, 40), top_k=None)
+    data = page_data(result_html(result))
+    assert [g["name"] for g in data["groups"]] == ["0.attn", "0.mlp", "1.attn", "1.mlp"]
+    batch = page_data(write_html(batch_dir).read_text(encoding="utf-8"))
+    assert [g["members"] for g in batch["groups"]] == [
+        [j] for j in range(len(batch["layers"]))
+    ]
+
+
+def test_the_script_reads_no_column_names():
+    # The groups come made from Python: no name pattern in the script.
+    from captum_iglens.viewer._html import _static
+
+    script = _static("viewer.js")
+    for pattern in ("attn", "mlp.", "h\\d", "s\\d", "n\\d", "e\\d", "bias)"):
+        assert pattern not in script

@@ -9,7 +9,6 @@ from typing import (
     Any,
     Callable,
     List,
-    Literal,
     Optional,
     Sequence,
     Tuple,
@@ -31,9 +30,9 @@ from captum_iglens.readout.scores import per_position
 
 BaselineType = Union[None, int, float, Tensor, str, Tuple[Tensor, ...]]
 PositionsType = Union[None, int, Sequence[int], Tensor]
-Granularity = Literal[
-    "block", "sublayer", "head", "source", "source_head", "neuron", "expert"
-]
+#: A granularity's name: one of the keys of
+#: :data:`captum_iglens.attr.granularities.GRANULARITIES`, checked against it.
+Granularity = str
 
 
 def forward_module(forward_func: Callable[..., Any]) -> Optional[Module]:
@@ -161,6 +160,29 @@ def _default_names(forward_func: Callable[..., Any], layers: List[Module]) -> Li
     their indices."""
     names = qualified_names(forward_func, layers)
     return [str(i) if name is None else name for i, name in enumerate(names)]
+
+
+def summed_credits(
+    attributions: Union[Tensor, Sequence[Tensor]], shape: Sequence[int]
+) -> Tensor:
+    r"""
+    The credits ``(B, P)`` of attributions as ``attribute`` returns them: one
+    ``(B, P, d)`` tensor, or a list of them, summed.
+
+    Raises:
+        ValueError: If an attribution does not have the shape ``(*shape, d)``.
+    """
+    parts = [attributions] if isinstance(attributions, Tensor) else attributions
+    shape = tuple(shape)
+    if not parts or any(
+        not isinstance(a, Tensor) or a.dim() != 3 or tuple(a.shape[:2]) != shape
+        for a in parts
+    ):
+        raise ValueError(
+            f"attributions: expected a tensor (or a list of tensors) of shape "
+            f"{shape + ('d',)} as attribute returns for these arguments"
+        )
+    return torch.stack([a.sum(-1) for a in parts]).sum(0)
 
 
 def check_settings(

@@ -18,7 +18,7 @@ many rows go through the readout at once. Results are in :func:`work_dtype` of
 the points' dtype: float64 for a float64 model, float32 otherwise.
 """
 
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -200,3 +200,42 @@ def split_weights(grads: Tensor, direction: Tensor) -> Tensor:
     by_grad = grad_sq / grad_norm.clamp_min(torch.finfo(grads.dtype).tiny)
     by_dir = dir_sq / dir_norm.clamp_min(torch.finfo(grads.dtype).tiny)
     return torch.where(grad_norm > 0, by_grad, by_dir)
+
+
+def segment_pairs(stream: Tensor, which: Sequence[int]) -> Tuple[Tensor, Tensor]:
+    """Segments ``which`` of ``stream (N, K, d)`` as rows ``(N·len(which), 2, d)``,
+    and the path points of their ends, ``(N·len(which), 2)``."""
+    index = torch.tensor(list(which), device=stream.device)
+    pairs = torch.stack([stream[:, index], stream[:, index + 1]], 2).flatten(0, 1)
+    return pairs, torch.stack([index, index + 1], -1).repeat(stream.shape[0], 1)
+
+
+def segment_ends(values: Tensor, which: Sequence[int]) -> Tensor:
+    r"""
+    ``f`` at both ends of the segments ``which``: from ``values`` ``(N, K)``
+    at the path points, or ``(N, K - 1, 2)`` per segment (a learned readout
+    per layer reads each segment with its own readout).
+
+    Returns:
+        *Tensor* ``(N, len(which), 2)``.
+    """
+    ends = torch.tensor(list(which), device=values.device)
+    if values.dim() == 3:
+        return values[:, ends]
+    return torch.stack([values[:, ends], values[:, ends + 1]], -1)
+
+
+def interleave(plain: Tensor, attn: Tensor) -> Tensor:
+    r"""
+    Columns in path order: ``plain[:, 0]``, then per block ``attn[:, j]`` (its
+    ``C`` columns) and ``plain[:, j + 1]``.
+
+    Args:
+        plain (Tensor): ``(N, k + 1, ...)``: ``"input"`` and the MLPs.
+        attn (Tensor): ``(N, k, C, ...)``: the attention components.
+
+    Returns:
+        *Tensor* ``(N, 1 + k (C + 1), ...)``.
+    """
+    blocks = torch.cat([attn, plain[:, 1:].unsqueeze(2)], dim=2).flatten(1, 2)
+    return torch.cat([plain[:, :1], blocks], dim=1)

@@ -7,7 +7,7 @@ A new estimator is one module with an
 
 from typing import Dict
 
-from captum_iglens.attr.estimators.base import Estimator
+from captum_iglens.attr.estimators.base import Estimator, Integration
 from captum_iglens.attr.estimators.captum_rules import CaptumRule
 from captum_iglens.attr.estimators.prediction_aware import PredictionAware
 
@@ -45,4 +45,11 @@ def estimator(method: str) -> Estimator:
     return ESTIMATORS[method]
 
 
-__all__ = ["ESTIMATORS", "CaptumRule", "Estimator", "PredictionAware", "estimator"]
+__all__ = [
+    "ESTIMATORS",
+    "CaptumRule",
+    "Estimator",
+    "Integration",
+    "PredictionAware",
+    "estimator",
+]

@@ -2,6 +2,7 @@ r"""The interface of an IG-Lens estimator: how the credit of each straight
 segment of a path is computed."""
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional
 
 from torch import Tensor
@@ -14,13 +15,14 @@ class Estimator(ABC):
     r"""
     An estimator of the Integrated Gradients of every segment of a path.
 
-    The arguments shared by the methods: ``readout`` reads the points;
+    The arguments shared by the methods: ``integration`` (:class:`Integration`)
+    holds the readout that reads the points, the steps per segment, the most
+    rows read at once and the ``grad_kwargs`` of ``torch.autograd.grad``;
     ``points`` ``(N, K, d)`` are the path points of ``N`` rows in the model's
     dtype; ``targets`` is the score ``f`` of each row (``N`` rows); ``layers``
     (broadcastable to ``(N, K)``) is the path point each column is (see
     :func:`~captum_iglens.attr._utils.path_math.layer_grid`; None for a path
-    from its start); ``n_steps`` the steps per segment; ``chunk_rows`` the most
-    rows read at once; ``grad_kwargs`` goes to ``torch.autograd.grad``.
+    from its start).
 
     Attributes:
 
@@ -62,14 +64,10 @@ class Estimator(ABC):
     @abstractmethod
     def attributions(
         self,
-        readout: PathReadout,
+        integration: "Integration",
         points: Tensor,
         targets: TokenScore,
         end_values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        multiply_by_inputs: bool = True,
         layers: Optional[Tensor] = None,
     ) -> Tensor:
         r"""
@@ -77,12 +75,12 @@ class Estimator(ABC):
 
         Args:
 
+            integration (Integration): The readout, steps, chunking and
+                        ``multiply_by_inputs`` (False: the path-averaged
+                        gradient of each segment, where ``supports_unmultiplied``).
             end_values (Tensor): ``(N,)``: ``f`` at the last point as the model
                         computed it (estimators that use the values there take
                         it in place of the readout's).
-            multiply_by_inputs (bool, optional): False: the path-averaged
-                        gradient of each segment, where
-                        ``supports_unmultiplied``. Default: True
 
         Returns:
             *Tensor* ``(N, K - 1, d)``, in the work dtype of the points.
@@ -90,17 +88,15 @@ class Estimator(ABC):
 
     def credits(
         self,
-        readout: PathReadout,
+        integration: "Integration",
         points: Tensor,
         targets: TokenScore,
         values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
         layers: Optional[Tensor] = None,
     ) -> Tensor:
         r"""
-        The scalar credit of every segment: its attributions summed over ``d``.
+        The scalar credit of every segment: its attributions (multiplied by the
+        displacement) summed over ``d``.
 
         Args:
 
@@ -110,29 +106,19 @@ class Estimator(ABC):
         Returns:
             *Tensor* ``(N, K - 1)``, in the work dtype of the points.
         """
+        multiplied = replace(integration, multiply_by_inputs=True)
         return self.attributions(
-            readout,
-            points,
-            targets,
-            values[:, -1],
-            n_steps,
-            chunk_rows,
-            grad_kwargs,
-            layers=layers,
+            multiplied, points, targets, values[:, -1], layers=layers
         ).sum(-1)
 
     @abstractmethod
     def components(
         self,
-        readout: PathReadout,
+        integration: "Integration",
         ends: Tensor,
         components: Tensor,
         targets: TokenScore,
         end_values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        per_dimension: bool,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
         layers: Optional[Tensor] = None,
         parents: Optional[Tensor] = None,
     ) -> Tensor:
@@ -143,12 +129,14 @@ class Estimator(ABC):
 
         Args:
 
+            integration (Integration): As for :meth:`attributions`; its
+                        ``per_dimension`` asks for per-dimension attributions
+                        in place of scalar credits.
             ends (Tensor): ``(M, 2, d)``: each segment's start and end.
             components (Tensor): ``(M, C, d)`` float32: the components ``u_c``
                         (or an object whose ``[rows]`` builds those rows'
                         ``(g, C, d)`` components, and with a ``shape``).
             end_values (Tensor): ``(M, 2)``: ``f`` at the start and the end.
-            per_dimension (bool): Per-dimension attributions, or scalar credits.
             parents (Tensor, optional): ``(C,)`` long: a group per component
                         (the head of a (head, source) term). Where the
                         estimator is not linear in the components, each
@@ -160,3 +148,37 @@ class Estimator(ABC):
             *Tensor* ``(M, C)``, or ``(M, C, d)`` with ``per_dimension``,
             float32.
         """
+
+
+@dataclass(frozen=True)
+class Integration:
+    r"""
+    How a traced path is integrated: what the estimators, the granularities and
+    the lens-change split take in place of the same settings one by one.
+
+    Args:
+
+        rule (Estimator): The estimator (``method=``).
+        readout (PathReadout): What reads the path points.
+        n_steps (int): Steps per segment.
+        chunk_rows (int): The most rows read at once.
+        grad_kwargs (dict, optional): Passed to ``torch.autograd.grad``.
+                    Default: None
+        per_dimension (bool, optional): Per-dimension attributions (for
+                    ``attribute``) rather than scalar credits (for
+                    ``attribute_map``). Default: False
+        multiply_by_inputs (bool, optional): As :class:`LayerIGLens` was built:
+                    False asks for the path-averaged gradients. Default: True
+    """
+
+    rule: Estimator
+    readout: PathReadout
+    n_steps: int
+    chunk_rows: int
+    grad_kwargs: Optional[Dict[str, Any]] = None
+    per_dimension: bool = False
+    multiply_by_inputs: bool = True
+
+    def reading(self, readout: PathReadout) -> "Integration":
+        """The same integration through another readout."""
+        return replace(self, readout=readout)

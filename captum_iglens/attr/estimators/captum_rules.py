@@ -1,7 +1,7 @@
 r"""Captum's approximation rules (``riemann_*``, ``gausslegendre``) as IG-Lens
 estimators, with Captum's own step sizes and alphas."""
 
-from typing import Any, Dict, Optional
+from typing import Optional
 
 import torch
 from captum.attr._utils.approximation_methods import approximation_parameters
@@ -14,8 +14,7 @@ from captum_iglens.attr._utils.path_math import (
     values_and_gradients,
     work_dtype,
 )
-from captum_iglens.attr.estimators.base import Estimator
-from captum_iglens.readout.interface import PathReadout
+from captum_iglens.attr.estimators.base import Estimator, Integration
 from captum_iglens.readout.scores import TokenScore
 
 
@@ -44,14 +43,10 @@ class CaptumRule(Estimator):
 
     def attributions(
         self,
-        readout: PathReadout,
+        integration: Integration,
         points: Tensor,
         targets: TokenScore,
         end_values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        multiply_by_inputs: bool = True,
         layers: Optional[Tensor] = None,
     ) -> Tensor:
         r"""
@@ -59,34 +54,28 @@ class CaptumRule(Estimator):
         ``multiply_by_inputs=False``, the segment's path-averaged gradient
         ``Σ_s w_s ∂f/∂h_i(start + a_s Δ)`` alone. ``end_values`` is not used.
         """
-        averaged = self.integrated_gradients(
-            readout, points, targets, n_steps, chunk_rows, grad_kwargs, layers
-        )
-        if not multiply_by_inputs:
+        averaged = self.integrated_gradients(integration, points, targets, layers)
+        if not integration.multiply_by_inputs:
             return averaged
         work = averaged.dtype
         return (points[:, 1:].to(work) - points[:, :-1].to(work)) * averaged
 
     def components(
         self,
-        readout: PathReadout,
+        integration: Integration,
         ends: Tensor,
         components: Tensor,
         targets: TokenScore,
         end_values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        per_dimension: bool,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
         layers: Optional[Tensor] = None,
         parents: Optional[Tensor] = None,
     ) -> Tensor:
         r"""``u_c · Σ_s w_s ∇f(a_s)`` along the segment (per dimension:
         ``u_{c,i} Σ_s w_s ∂_i f``); linear in the components, so ``parents``
         changes nothing. The components are read a group of rows at a time."""
-        averaged = self.integrated_gradients(
-            readout, ends, targets, n_steps, chunk_rows, grad_kwargs, layers
-        )[:, 0].float()
+        averaged = self.integrated_gradients(integration, ends, targets, layers)
+        averaged = averaged[:, 0].float()
+        per_dimension, chunk_rows = integration.per_dimension, integration.chunk_rows
         m, c, d = components.shape
         out = torch.empty(m, c, *([d] if per_dimension else []), device=ends.device)
         for rows in row_groups(m, c, max(chunk_rows, c)):
@@ -96,12 +85,9 @@ class CaptumRule(Estimator):
 
     def integrated_gradients(
         self,
-        readout: PathReadout,
+        integration: Integration,
         points: Tensor,
         targets: TokenScore,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
         layers: Optional[Tensor] = None,
     ) -> Tensor:
         r"""
@@ -112,6 +98,7 @@ class CaptumRule(Estimator):
         Returns:
             *Tensor* of shape ``(N, k, d)``, in the work dtype of the points.
         """
+        n_steps, chunk_rows = integration.n_steps, integration.chunk_rows
         step_sizes_func, alphas_func = approximation_parameters(self.name)
         n, k_plus_1, d = points.shape
         k = k_plus_1 - 1
@@ -128,12 +115,12 @@ class CaptumRule(Estimator):
             start, delta = group[:, :-1], group[:, 1:] - group[:, :-1]
             grid = start.unsqueeze(2) + alphas * delta.unsqueeze(2)  # (g, k, m, d)
             _, grads = values_and_gradients(
-                readout,
+                integration.readout,
                 grid.flatten(0, 2).to(points.dtype),
                 targets[rows].repeat_interleave(k * n_steps),
                 segment_layers(path_layers[rows], n_steps, with_end=False),
                 chunk_rows,
-                grad_kwargs,
+                integration.grad_kwargs,
             )
             out[rows] = (weights * grads.view_as(grid)).sum(dim=2)
         return out

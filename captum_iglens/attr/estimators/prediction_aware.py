@@ -15,7 +15,7 @@ from captum_iglens.attr._utils.path_math import (
     values_and_gradients,
     work_dtype,
 )
-from captum_iglens.attr.estimators.base import Estimator
+from captum_iglens.attr.estimators.base import Estimator, Integration
 from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import TokenScore
 
@@ -34,39 +34,32 @@ class PredictionAware(Estimator):
 
     def attributions(
         self,
-        readout: PathReadout,
+        integration: Integration,
         points: Tensor,
         targets: TokenScore,
         end_values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        multiply_by_inputs: bool = True,
         layers: Optional[Tensor] = None,
     ) -> Tensor:
         r"""See :func:`prediction_aware_attributions` (``multiply_by_inputs``
         must be True)."""
-        self.check_multiply_by_inputs(multiply_by_inputs)
+        self.check_multiply_by_inputs(integration.multiply_by_inputs)
         return prediction_aware_attributions(
-            readout,
+            integration.readout,
             points,
             targets,
             end_values,
-            n_steps,
-            chunk_rows,
-            grad_kwargs,
+            integration.n_steps,
+            integration.chunk_rows,
+            integration.grad_kwargs,
             layers,
         )
 
     def credits(
         self,
-        readout: PathReadout,
+        integration: Integration,
         points: Tensor,
         targets: TokenScore,
         values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
         layers: Optional[Tensor] = None,
     ) -> Tensor:
         r"""The observed changes ``f(p_j) - f(p_{j-1})``: no readout, no
@@ -75,15 +68,11 @@ class PredictionAware(Estimator):
 
     def components(
         self,
-        readout: PathReadout,
+        integration: Integration,
         ends: Tensor,
         components: Tensor,
         targets: TokenScore,
         end_values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        per_dimension: bool,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
         layers: Optional[Tensor] = None,
         parents: Optional[Tensor] = None,
     ) -> Tensor:
@@ -93,18 +82,18 @@ class PredictionAware(Estimator):
         credit spread in proportion to ``|u_{c,i} Ĝ_i|``.
         """
         credits, mean_gradient = prediction_aware_components(
-            readout,
+            integration.readout,
             ends,
             components,
             targets,
             end_values,
-            n_steps,
-            chunk_rows,
-            grad_kwargs,
+            integration.n_steps,
+            integration.chunk_rows,
+            integration.grad_kwargs,
             layers,
             parents,
         )
-        if not per_dimension:
+        if not integration.per_dimension:
             return credits
         components = components[:]  # all rows (built here if built on demand)
         linear = components * mean_gradient.unsqueeze(1)

@@ -3,14 +3,15 @@ The granularities of IG-Lens: which residual-stream states a path runs through,
 what its credit columns are called, and how the estimator credits them.
 
 A new granularity is one module with one :class:`PathGranularity` subclass, and
-one line in :data:`GRANULARITIES`.
+one line in :data:`GRANULARITIES`; its ``name`` and ``summary`` are what
+help texts and checks list.
 """
 
-from typing import Any, Callable, Dict, Optional, Sequence, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type
 
 from torch.nn import Module
 
-from captum_iglens.attr._utils.heads import HeadSplit
+from captum_iglens.attr._utils.block_parts import BlockParts
 from captum_iglens.attr.granularities.base import PathGranularity
 from captum_iglens.attr.granularities.blocks import Blocks, Sublayers
 from captum_iglens.attr.granularities.components import ComponentSplit
@@ -18,6 +19,8 @@ from captum_iglens.attr.granularities.experts import Experts
 from captum_iglens.attr.granularities.heads import Heads
 from captum_iglens.attr.granularities.neurons import Neurons
 from captum_iglens.attr.granularities.source import SourceHeads, Sources
+from captum_iglens.hf.forward import CausalLMForward
+from captum_iglens.hf.parts import ModelParts
 
 __all__ = [
     "GRANULARITIES",
@@ -32,7 +35,9 @@ __all__ = [
     "Sublayers",
     "check_granularity",
     "check_learned_readout",
+    "granularity_help",
     "granularity_of",
+    "model_columns",
 ]
 
 
@@ -41,6 +46,15 @@ GRANULARITIES: Dict[str, Type[PathGranularity]] = {
     g.name: g
     for g in (Blocks, Sublayers, Heads, Sources, SourceHeads, Neurons, Experts)
 }
+
+
+def granularity_help() -> str:
+    r"""
+    Returns:
+        *str*: every granularity's name and summary, in registry order (the
+        help text of ``--granularity``).
+    """
+    return "; ".join(f"{name!r}: {g.summary}" for name, g in GRANULARITIES.items())
 
 
 def check_granularity(granularity: str) -> None:
@@ -81,7 +95,7 @@ def granularity_of(
     layers: Sequence[Module],
     layer_names: Sequence[str],
     sublayers: Optional[Sequence[Module]],
-    heads: Optional[HeadSplit],
+    block_parts: Optional[BlockParts],
 ) -> PathGranularity:
     r"""
     The granularity named ``name`` of the path through ``layers`` (the other
@@ -91,4 +105,39 @@ def granularity_of(
         ValueError: If no granularity has that name.
     """
     check_granularity(name)
-    return GRANULARITIES[name](forward_func, layers, layer_names, sublayers, heads)
+    return GRANULARITIES[name](
+        forward_func, layers, layer_names, sublayers, block_parts
+    )
+
+
+def model_columns(
+    parts: ModelParts, layers: Optional[Sequence[int]], granularity: str
+) -> List[str]:
+    r"""
+    The column names of ``granularity`` on a model's chosen blocks, as
+    :meth:`LayerIGLens.segment_names` gives them for
+    ``LayerIGLens.from_model(parts, layers)``, without building the lens: the
+    check, before any forward, that the model has what the granularity needs.
+
+    Args:
+
+        parts (ModelParts): The model's parts.
+        layers (list[int], optional): As :meth:`ModelParts.choose` takes them.
+        granularity (str): A name in :data:`GRANULARITIES`.
+
+    Returns:
+        *list[str]*: the names, in column order.
+
+    Raises:
+        ValueError: If the granularity is unknown or not available.
+    """
+    chosen = parts.choose(layers)
+    shape = granularity_of(
+        granularity,
+        CausalLMForward(parts.model),
+        [parts.blocks[i] for i in chosen],
+        [str(i) for i in chosen],
+        None if parts.mid is None else [parts.mid[i] for i in chosen],
+        BlockParts.of_model(parts, chosen),
+    )
+    return shape.path_points()[1]

@@ -11,7 +11,6 @@ from typing import (
     Callable,
     ClassVar,
     ContextManager,
-    Dict,
     List,
     Optional,
     Sequence,
@@ -23,10 +22,9 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import PathPoint
-from captum_iglens.attr._utils.heads import HeadSplit
-from captum_iglens.attr.estimators import Estimator
+from captum_iglens.attr._utils.block_parts import BlockParts
+from captum_iglens.attr.estimators import Estimator, Integration
 from captum_iglens.attr.tracing import TracedPath
-from captum_iglens.readout.interface import PathReadout
 
 
 class PathGranularity(ABC):
@@ -40,11 +38,13 @@ class PathGranularity(ABC):
         layer_names (list[str]): A name per block.
         sublayers (list[Module], optional): Per block, the module whose input is
                     the mid-block state.
-        heads (HeadSplit, optional): Each block's attention output projection.
+        block_parts (BlockParts, optional): The modules inside each block that
+                    the component granularities split.
 
     Attributes:
 
         name (str): The name ``granularity=`` takes.
+        summary (str): What its columns are, in a few words (for help texts).
         supports_unmultiplied (bool): Has attributions without the displacement
                     (``multiply_by_inputs=False``).
         learned_readout (bool): Its columns are whole segments of blocks
@@ -54,6 +54,7 @@ class PathGranularity(ABC):
     """
 
     name: ClassVar[str]
+    summary: ClassVar[str]
     supports_unmultiplied: ClassVar[bool] = True
     learned_readout: ClassVar[bool] = False
 
@@ -63,13 +64,13 @@ class PathGranularity(ABC):
         layers: Sequence[Module],
         layer_names: Sequence[str],
         sublayers: Optional[Sequence[Module]],
-        heads: Optional[HeadSplit],
+        block_parts: Optional[BlockParts],
     ) -> None:
         self.forward_func = forward_func
         self.layers = list(layers)
         self.layer_names = list(layer_names)
         self.sublayers = None if sublayers is None else list(sublayers)
-        self.heads = heads
+        self.block_parts = block_parts
 
     def check_multiply_by_inputs(self, multiply_by_inputs: bool) -> None:
         r"""
@@ -140,20 +141,15 @@ class PathGranularity(ABC):
         credit columns is a component of, in order."""
         raise NotImplementedError(f"granularity {self.name!r} has no segments")
 
-    def segment_attributions(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
+    def component_columns(
+        self, integration: Integration, path: TracedPath, values: Tensor
     ) -> Tensor:
         r"""
-        With :meth:`segment_blocks`: the per-dimension attributions
-        ``(B, P, n, d)`` of the columns from ``f`` at both ends of every
-        segment, ``values`` ``(B, P, K - 1, 2)``.
+        With :meth:`segment_blocks`: the columns of the components, from ``f``
+        at the path points ``(B, P, K)`` or at both ends of every segment
+        ``(B, P, K - 1, 2)`` (a learned readout per layer), zero at padding:
+        credits ``(B, P, n)``, or attributions ``(B, P, n, d)`` where
+        ``integration.per_dimension``.
         """
         raise NotImplementedError(f"granularity {self.name!r} has no segments")
 
@@ -161,16 +157,7 @@ class PathGranularity(ABC):
         """Whether :meth:`credits` with ``rule`` takes a backward pass."""
         return not rule.gradient_free_map
 
-    def attributions(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        multiply_by_inputs: bool = True,
-    ) -> Tensor:
+    def attributions(self, integration: Integration, path: TracedPath) -> Tensor:
         r"""
         Per-dimension attributions of every column, zero at padding (the
         path-averaged gradients with ``multiply_by_inputs=False``).
@@ -179,26 +166,16 @@ class PathGranularity(ABC):
             *Tensor* ``(B, P, n, d)``.
         """
         b, p, k_plus_1, d = path.points.shape
-        attrs = rule.attributions(
-            readout,
+        attrs = integration.rule.attributions(
+            integration,
             path.points.flatten(0, 1),
             path.score.flatten(),
             path.model_prob.flatten(),
-            n_steps,
-            chunk_rows,
-            grad_kwargs,
-            multiply_by_inputs,
         )
         return attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
 
     def credits(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
+        self, integration: Integration, path: TracedPath, values: Tensor
     ) -> Tensor:
         r"""
         The scalar credit of every column from the levels ``values``
@@ -208,13 +185,11 @@ class PathGranularity(ABC):
             *Tensor* ``(B, P, n)``.
         """
         b, p, k_plus_1 = values.shape
-        credits = rule.credits(
-            readout,
+        credits = integration.rule.credits(
+            integration,
             path.points.flatten(0, 1),
             path.score.flatten(),
             values.flatten(0, 1),
-            n_steps,
-            chunk_rows,
         )
         return credits.view(b, p, k_plus_1 - 1)
 

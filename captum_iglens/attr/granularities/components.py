@@ -1,20 +1,23 @@
 r"""
 The granularities whose columns are components of the stream's straight segments
 (heads, source tokens, neurons, experts): what they share. Each segment's update
-is a sum of components traced with the path; every column's attributions, credits
-and segment attributions come from one gradient split of the segments,
-``ComponentSplit._split``, which each granularity implements.
+is a sum of components traced with the path; every column's attributions and
+credits come from one gradient split of the segments,
+``ComponentSplit._split``, which each granularity implements (most with
+:func:`split_segments`).
 """
 
-from typing import Any, Dict, List, Optional
+from dataclasses import replace
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-from captum_iglens.attr.estimators import Estimator
+from captum_iglens.attr._utils.path_math import segment_ends, segment_pairs
+from captum_iglens.attr.estimators import Estimator, Integration
 from captum_iglens.attr.granularities.blocks import Sublayers
 from captum_iglens.attr.tracing import TracedPath, path_levels
-from captum_iglens.readout.interface import PathReadout
+from captum_iglens.readout.scores import TokenScore
 
 
 class ComponentSplit(Sublayers):
@@ -29,92 +32,98 @@ class ComponentSplit(Sublayers):
     def map_needs_gradients(self, rule: Estimator) -> bool:
         return True  # the segments are split by gradients
 
-    def attributions(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        multiply_by_inputs: bool = True,
-    ) -> Tensor:
-        self.check_multiply_by_inputs(multiply_by_inputs)
+    def attributions(self, integration: Integration, path: TracedPath) -> Tensor:
+        self.check_multiply_by_inputs(integration.multiply_by_inputs)
         with torch.no_grad():
-            values = path_levels(readout, path, chunk_rows)[0]
-        return self._columns(
-            rule, readout, path, values, n_steps, chunk_rows, grad_kwargs, True
-        )
+            values = path_levels(integration.readout, path, integration.chunk_rows)[0]
+        per_dimension = replace(integration, per_dimension=True)
+        return self.component_columns(per_dimension, path, values)
 
     def credits(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
+        self, integration: Integration, path: TracedPath, values: Tensor
     ) -> Tensor:
         with torch.no_grad():  # the split takes its own gradients
-            return self._columns(rule, readout, path, values, n_steps, chunk_rows)
+            scalar = replace(integration, per_dimension=False)
+            return self.component_columns(scalar, path, values)
 
-    def segment_attributions(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
+    def component_columns(
+        self, integration: Integration, path: TracedPath, values: Tensor
     ) -> Tensor:
-        return self._columns(
-            rule, readout, path, values, n_steps, chunk_rows, grad_kwargs, True
-        )
-
-    def _columns(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        grad_kwargs: Optional[Dict[str, Any]] = None,
-        per_dimension: bool = False,
-    ) -> Tensor:
-        """The columns ``(B, P, n)``, or ``(B, P, n, d)`` per dimension, zero at
-        padding."""
         b, p = path.targets.shape
-        attrs = self._split(
-            rule,
-            readout,
-            path,
-            values.flatten(0, 1),
-            n_steps,
-            chunk_rows,
-            per_dimension,
-            grad_kwargs,
-        )
+        attrs = self._split(integration, path, values.flatten(0, 1))
         mask = path.mask.view(b, p, *[1] * (attrs.dim() - 1))
         return attrs.view(b, p, *attrs.shape[1:]) * mask
 
     def _split(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        per_dimension: bool,
-        grad_kwargs: Optional[Dict[str, Any]],
+        self, integration: Integration, path: TracedPath, values: Tensor
     ) -> Tensor:
         r"""
         The columns of the ``N = B·P`` flattened paths of ``path``, from its
-        traced components and the levels ``values`` ``(N, K)``.
+        traced components and the levels ``values`` ``(N, K)`` (or ``f`` at both
+        ends of every segment, ``(N, K - 1, 2)``).
 
         Returns:
             *Tensor* ``(N, n)``, or ``(N, n, d)`` with ``per_dimension``.
         """
         raise NotImplementedError
+
+
+def split_segments(
+    integration: Integration,
+    stream: Tensor,
+    components: Tensor,
+    targets: TokenScore,
+    values: Tensor,
+    split: Sequence[int],
+    whole: Sequence[int],
+    parents: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    r"""
+    The estimator's split of the segments ``split`` of every row into their
+    components, and its credits (or attributions) of the segments ``whole``.
+
+    Args:
+
+        integration (Integration): Its ``per_dimension`` asks for
+                    per-dimension attributions.
+        stream (Tensor): ``(N, K, d)`` path points.
+        components (Tensor): ``(N·len(split), C, d)`` float32 (or an object
+                    that builds its rows on demand).
+        targets (TokenScore): ``N`` rows.
+        values (Tensor): ``(N, K)``: ``f`` at the points, the last the
+                    model's own; or ``(N, K - 1, 2)`` at both ends of every
+                    segment (:func:`~captum_iglens.attr._utils.path_math.segment_ends`).
+        split (list[int]): The segments split into components.
+        whole (list[int]): The segments credited whole.
+        parents (Tensor, optional): ``(C,)``: a group per component, as
+                    :meth:`~captum_iglens.attr.estimators.base.Estimator.components`
+                    takes it. Default: None
+
+    Returns:
+        2-element tuple: the components' columns ``(N·len(split), C)`` and the
+        whole segments' ``(N·len(whole),)``, each with a trailing ``d`` per
+        dimension.
+    """
+    rule = integration.rule
+    pairs, layers = segment_pairs(stream, split)
+    parts = rule.components(
+        integration,
+        pairs,
+        components,
+        targets.repeat_interleave(len(split)),
+        segment_ends(values, split).flatten(0, 1),
+        layers=layers,
+        parents=parents,
+    )
+    pairs, layers = segment_pairs(stream, whole)
+    ends = segment_ends(values, whole)
+    whole_targets = targets.repeat_interleave(len(whole))
+    if integration.per_dimension:
+        found = rule.attributions(
+            integration, pairs, whole_targets, ends[..., 1].flatten(), layers=layers
+        )
+    else:
+        found = rule.credits(
+            integration, pairs, whole_targets, ends.flatten(0, 1), layers=layers
+        )
+    return parts, found[:, 0]

@@ -1,24 +1,224 @@
-r"""The neuron granularity: each block's MLP update split per neuron, and the
-top neurons of a result."""
+r"""
+The split of each block's MLP update into its neurons, for
+``granularity="neuron"``.
 
-from typing import Any, Dict, List, Optional, Tuple, cast
+The MLP's output projection computes ``W_out a + b`` from the neurons'
+activations ``a`` (its input: ``act(W_gate x) ⊙ W_up x`` in a gated MLP). With
+``a`` fixed from the real forward, the MLP update at a position is
+``factor ⊙ (Σ_n a_n W_out[:, n] + b)`` (``factor`` the block's residual
+multiplier, or a post-MLP RMSNorm's per-position factor,
+:func:`~captum_iglens.attr._utils.block_parts.output_factors`): one component
+``u_n = factor ⊙ a_n W_out[:, n]`` per neuron (and the bias), adding up to the
+segment ``h_mid → h_out``. The components are built a group of rows at a time
+(:class:`NeuronComponents`), never ``(rows, neurons, d)`` for all rows at once.
+
+The neuron granularity: each block's MLP update split per neuron, and the
+top neurons of a result.
+"""
+
+from typing import Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
+from torch.nn import Module
 
-from captum_iglens.attr._utils.capture import PathPoint
-from captum_iglens.attr._utils.heads import HeadSplit, split_tolerance
-from captum_iglens.attr._utils.neurons import (
-    NeuronComponents,
-    neuron_attributions,
-    neuron_components,
-    neuron_path_points,
-    split_neuron_states,
+from captum_iglens.attr._utils.block_parts import (
+    BlockParts,
+    output_factors,
+    projection_bias,
+    projection_weight,
+    split_tolerance,
 )
-from captum_iglens.attr.estimators import Estimator
-from captum_iglens.attr.granularities.components import ComponentSplit
+from captum_iglens.attr._utils.capture import PathPoint
+from captum_iglens.attr.estimators import Integration
 from captum_iglens.attr.tracing import TracedPath
-from captum_iglens.readout.interface import PathReadout
+from captum_iglens.readout.scores import TokenScore
+from captum_iglens.attr.granularities.components import (
+    ComponentSplit,
+    split_segments,
+)
+
+
+class NeuronComponents:
+    r"""
+    The components ``u_n`` (and the bias) of every row's MLP segment, built on
+    demand: a ``(R, C, d)`` float32 array, ``C = I (+ 1)``, rows ordered
+    ``(b, p, block)``.
+
+    Args:
+        activations (Tensor): ``(R, I)`` float32: the neurons' activations.
+        weights (Tensor): ``(k, I, d)`` float32: ``W_out[:, n]`` per block.
+        factors (Tensor): ``(R, d)`` float32, or ``(1, 1)``: the factor of each row.
+        bias (Tensor, optional): ``(k, d)`` float32: the bias per block.
+    """
+
+    def __init__(
+        self,
+        activations: Tensor,
+        weights: Tensor,
+        factors: Tensor,
+        bias: Optional[Tensor],
+    ) -> None:
+        self.activations = activations
+        self.weights = weights
+        self.factors = factors
+        self.bias = bias
+
+    @property
+    def shape(self) -> torch.Size:
+        c = self.weights.shape[1] + (self.bias is not None)
+        return torch.Size([self.activations.shape[0], c, self.weights.shape[2]])
+
+    def __getitem__(self, index: Union[slice, Tensor]) -> Tensor:
+        """The components of the rows ``index``, ``(g, C, d)``."""
+        flat = torch.arange(self.activations.shape[0], device=self.weights.device)
+        flat = flat[index]
+        block = flat % self.weights.shape[0]
+        factor = self.factors.expand(self.activations.shape[0], -1)[flat]
+        terms = self.activations[flat].unsqueeze(-1) * self.weights[block]
+        if self.bias is not None:
+            terms = torch.cat([terms, self.bias[block].unsqueeze(1)], dim=1)
+        return terms * factor.unsqueeze(1)
+
+    def __len__(self) -> int:
+        return self.activations.shape[0]
+
+
+def neuron_path_points(
+    mids: Sequence[Module],
+    layers: Sequence[Module],
+    parts: BlockParts,
+    layer_names: Sequence[str],
+) -> Tuple[List[PathPoint], List[str]]:
+    r"""
+    The hooked modules of the neuron path, in execution order, and the column
+    names: per block the mid-block state, the MLP output projection's input and
+    the block's output; columns ``"<b>.attn"``, ``"<b>.mlp.n<i>"`` per neuron
+    (and ``"<b>.mlp.bias"``).
+    """
+    if parts.mlp_out is None:
+        raise ValueError(
+            "granularity: 'neuron' needs each block's MLP output projection; the "
+            "architecture table's mlp_out is None for this model (a mixture of "
+            "experts, a parallel block, or a block that rescales the whole "
+            'stream after its MLP). Use granularity="sublayer" or "head"'
+        )
+    points: List[PathPoint] = []
+    names: List[str] = []
+    for j, (name, mid, block) in enumerate(zip(layer_names, mids, layers)):
+        down = parts.mlp_out[j]
+        points += [(mid, True), (down, True), (block, False)]
+        n_neurons = projection_weight(down).shape[1]
+        names += [f"{name}.attn", *(f"{name}.mlp.n{i}" for i in range(n_neurons))]
+        if projection_bias(down) is not None:
+            names.append(f"{name}.mlp.bias")
+    return points, names
+
+
+def split_neuron_states(states: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
+    """The captured states as the stream ``h_mid(1), h_out(1), ...`` and the
+    activations per block."""
+    k = len(states) // 3
+    stream = [s for j in range(k) for s in (states[3 * j], states[3 * j + 2])]
+    return stream, [states[3 * j + 1] for j in range(k)]
+
+
+def neuron_components(
+    parts: BlockParts,
+    activations: List[Tensor],
+    points: Tensor,
+    mask: Tensor,
+    tolerance: float,
+) -> NeuronComponents:
+    r"""
+    The neurons' components of every block's MLP segment, checked: they add up
+    to ``h_out - h_mid`` at the attributed rows.
+
+    Args:
+        activations (list[Tensor]): Per block, ``(B, P, I)``.
+        points (Tensor): ``(B, P, 2k + 1, d)``: ``h_base, h_mid(1), h_out(1), ...``.
+        mask (Tensor): ``(B, P)``, False at padding.
+        tolerance (float): Allowed error relative to ``1 + max |update|``.
+
+    Returns:
+        :class:`NeuronComponents` of ``B·P·k`` rows.
+
+    Raises:
+        ValueError: If the components do not add up to the MLP update.
+    """
+    device = points.device
+    modules = parts.mlp_out or []
+    weights = torch.stack(
+        [projection_weight(m).detach().float().to(device).t() for m in modules]
+    )
+    biases = [projection_bias(m) for m in modules]
+    bias = (
+        None
+        if biases[0] is None
+        else torch.stack([cast(Tensor, b).detach().float().to(device) for b in biases])
+    )
+    a = torch.stack([x.float().to(device) for x in activations], dim=2)  # (B,P,k,I)
+    outputs = torch.einsum("bpki,kid->bpkd", a, weights)
+    if bias is not None:
+        outputs = outputs + bias
+    stream = points.float()
+    updates = stream[:, :, 2::2] - stream[:, :, 1::2]
+    factors = output_factors(parts.mlp_norm, parts.attn_scale, outputs, updates)
+    error = (outputs * factors - updates)[mask].abs()
+    size = 1.0 + updates[mask].abs().max().item() if mask.any() else 1.0
+    if error.numel() and error.max().item() > tolerance * size:
+        raise ValueError(
+            "granularity: 'neuron' needs each chosen block's MLP update h_out - "
+            "h_mid to be its output projection's output (through the post-MLP "
+            f"norm's factor where the block has one), but they differ by "
+            f"{error.max().item():.3g}; check the architecture table's mlp_out "
+            "and mlp_norm for this model"
+        )
+    flat_factors = factors.expand_as(outputs).flatten(0, 2)
+    if factors.numel() == 1:
+        flat_factors = factors.view(1, 1)
+    return NeuronComponents(a.flatten(0, 2), weights, flat_factors, bias)
+
+
+def neuron_attributions(
+    integration: Integration,
+    stream: Tensor,
+    components: NeuronComponents,
+    targets: TokenScore,
+    values: Tensor,
+) -> Tensor:
+    r"""
+    The columns of ``granularity="neuron"``: per block its attention segment
+    (the estimator's credit), then its MLP segment split into the neurons'
+    components (:func:`split_segments`).
+
+    Args:
+        stream (Tensor): ``(N, 2k + 1, d)`` path points.
+        components (NeuronComponents): ``N·k`` rows.
+        values (Tensor): ``(N, 2k + 1)``: ``f`` at the points, the last the
+                    model's own; or ``(N, 2k, 2)`` per segment
+                    (:func:`~captum_iglens.attr._utils.path_math.segment_ends`).
+
+    Returns:
+        *Tensor* ``(N, k (1 + C))``, or ``(N, k (1 + C), d)`` per dimension.
+    """
+    n, k_points, _ = stream.shape
+    k = (k_points - 1) // 2
+    split, plain = split_segments(
+        integration,
+        stream,
+        # NeuronComponents builds its (M, C, d) rows on demand: the estimators
+        # only index it and read its shape, as documented for ``components``
+        components,  # type: ignore[arg-type]
+        targets,
+        values,
+        list(range(1, k_points, 2)),
+        list(range(0, k_points - 1, 2)),
+    )
+    c = components.shape[1]
+    plain = plain.float().view(n, k, 1, -1)
+    out = torch.cat([plain, split.float().view(n, k, c, -1)], dim=2).flatten(1, 2)
+    return out if integration.per_dimension else out.squeeze(-1)
 
 
 class Neurons(ComponentSplit):
@@ -30,16 +230,17 @@ class Neurons(ComponentSplit):
     exactly; :func:`top_neurons` picks the strongest per answer token."""
 
     name = "neuron"
+    summary = "the MLP split across its neurons"
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         mids = self._mids()
-        if self.heads is None:
+        if self.block_parts is None:
             raise ValueError(
                 "granularity: 'neuron' needs the architecture table's entry for "
                 "this model (LayerIGLens.from_model) with mlp_out; this model has "
                 'none. Use granularity="sublayer"'
             )
-        return neuron_path_points(mids, self.layers, self.heads, self.layer_names)
+        return neuron_path_points(mids, self.layers, self.block_parts, self.layer_names)
 
     def split(self, states: List[Tensor]) -> Tuple[List[Tensor], List[Tensor]]:
         return split_neuron_states(states)
@@ -48,7 +249,7 @@ class Neurons(ComponentSplit):
         self, points: Tensor, extras: List[Tensor], mask: Tensor
     ) -> Optional[Tensor]:
         tolerance = split_tolerance(points.dtype)
-        heads = cast(HeadSplit, self.heads)  # checked by path_points
+        heads = cast(BlockParts, self.block_parts)  # checked by path_points
         found = neuron_components(heads, extras, points, mask, tolerance)
         # NeuronComponents builds its rows on demand, read as the components
         return found  # type: ignore[return-value]
@@ -71,28 +272,15 @@ class Neurons(ComponentSplit):
         return [s for j in range(k) for s in [2 * j] + [2 * j + 1] * (m - 1)]
 
     def _split(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        per_dimension: bool,
-        grad_kwargs: Optional[Dict[str, Any]],
+        self, integration: Integration, path: TracedPath, values: Tensor
     ) -> Tensor:
         found: NeuronComponents = path.components  # type: ignore[assignment]
         return neuron_attributions(
-            rule,
-            readout,
+            integration,
             path.points.flatten(0, 1),
             found,
             path.score.flatten(),
             values,
-            n_steps,
-            chunk_rows,
-            per_dimension,
-            grad_kwargs,
         )
 
 

@@ -1,28 +1,276 @@
 r"""
+The split of each block's attention update into per-(head, source) terms, for
+``granularity="source"``.
+
+With the attention weights ``A`` of the real forward held fixed, the attention
+update of a sequential block at position ``t`` is ``s · (Σ_h Σ_j A^h_{tj} v^h_j
+W_O^h + b)``: one term ``u_{h,j} = s · A^h_{tj} (v^h_j W_O^h)`` per head ``h`` and
+source position ``j`` (and the bias). The terms add up to the heads' outputs of
+:mod:`~captum_iglens.attr.granularities.heads` (and those to the update), and IG-Lens
+credits each ``∫ ∇f · u_{h,j}``.
+
+The terms are never stored for all rows at once: :class:`SourceComponents`
+keeps the weights of the attributed rows and ``v^h_j W_O^h`` per block, and
+builds the terms of a group of rows when an estimator reads them.
+
 The source granularities: each block's attention update split over the source
 positions it reads (``"source"``, heads summed), or over (head, source) pairs
 (``"source_head"``), with the attention weights of the real forward held fixed
-(:mod:`~captum_iglens.attr._utils.sources`).
+(:class:`SourceComponents`).
 """
 
-from typing import Any, ContextManager, Dict, List, Optional, Tuple, cast
+from typing import (
+    Any,
+    ContextManager,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 import torch
 from torch import Tensor
 
 from captum_iglens.attr._utils.attention import AttentionCapture, attention_of
-from captum_iglens.attr._utils.capture import PathPoint
-from captum_iglens.attr._utils.checks import forward_module
-from captum_iglens.attr._utils.heads import (
-    HeadSplit,
-    head_attributions,
+from captum_iglens.attr._utils.block_parts import (
+    BlockParts,
+    projection_bias,
+    projection_weight,
     split_tolerance,
 )
-from captum_iglens.attr._utils.sources import SourceComponents, source_components
-from captum_iglens.attr.estimators import Estimator
-from captum_iglens.attr.granularities.heads import Heads
+from captum_iglens.attr._utils.capture import PathPoint
+from captum_iglens.attr._utils.checks import forward_module
+from captum_iglens.attr.estimators import Integration
 from captum_iglens.attr.tracing import TracedPath
-from captum_iglens.readout.interface import PathReadout
+from captum_iglens.attr.granularities.heads import (
+    Heads,
+    head_attributions,
+    attention_factors,
+    attention_updates,
+    head_components,
+    projected_heads,
+)
+
+
+class SourceComponents:
+    r"""
+    The terms ``u_{h,j}`` (and the bias) of every row and chosen block, built
+    on demand: a ``(*rows, C, d)`` float32 array with ``C = H·T (+ 1)``, the
+    terms ordered head-major (``c = h·T + j``), the bias last.
+
+    Args:
+
+        weights (Tensor): ``(R, H, T)`` float32: the attention weights of each
+                    row, ``R = B·P·k`` rows ordered ``(b, p, l)``.
+        projected (Tensor): ``(B·k, H, T, d)`` float32: ``s · v^h_j W_O^h`` per
+                    example and block, ordered ``(b, l)``.
+        bias (Tensor, optional): ``(k, d)`` float32: ``s · b`` per block.
+        rows (tuple[int, ...]): The leading shape, ``(B, P, k)`` or a flattening
+                    of it.
+        blocks (int): ``k``.
+        per_example (int): ``P · k``, the rows of one example.
+        factor (Tensor, optional): ``(R, d)`` float32: a post-norm block's
+                    factor per row (the terms and the bias are multiplied by
+                    it; ``projected`` and ``bias`` then carry no ``s``).
+                    Default: None
+        extra (Tensor, optional): ``(R, d)`` float32: a parallel block's MLP
+                    output per row, the last component. Default: None
+    """
+
+    def __init__(
+        self,
+        weights: Tensor,
+        projected: Tensor,
+        bias: Optional[Tensor],
+        rows: Tuple[int, ...],
+        blocks: int,
+        per_example: int,
+        factor: Optional[Tensor] = None,
+        extra: Optional[Tensor] = None,
+    ) -> None:
+        self.weights = weights
+        self.projected = projected
+        self.bias = bias
+        self.rows = tuple(rows)
+        self.blocks = blocks
+        self.per_example = per_example
+        self.factor = factor
+        self.extra = extra
+
+    @property
+    def n_heads(self) -> int:
+        return self.weights.shape[1]
+
+    @property
+    def n_sources(self) -> int:
+        return self.weights.shape[2]
+
+    @property
+    def shape(self) -> torch.Size:
+        c = self.n_heads * self.n_sources + (self.bias is not None)
+        c += self.extra is not None
+        return torch.Size([*self.rows, c, self.projected.shape[-1]])
+
+    @property
+    def parents(self) -> Tensor:
+        """``(C,)`` long: each term's head; the bias and a parallel block's MLP
+        are groups of their own."""
+        heads = torch.arange(self.n_heads).repeat_interleave(self.n_sources)
+        others = (self.bias is not None) + (self.extra is not None)
+        heads = torch.cat([heads, self.n_heads + torch.arange(others)])
+        return heads.to(self.weights.device)
+
+    def flatten(self, start: int, end: int) -> "SourceComponents":
+        """The same terms with leading dimensions ``start..end`` merged."""
+        if start < 0 or end >= len(self.rows):
+            raise ValueError("only leading (row) dimensions can be flattened")
+        size = 1
+        for n in self.rows[start : end + 1]:
+            size *= n
+        rows = (*self.rows[:start], size, *self.rows[end + 1 :])
+        return SourceComponents(
+            self.weights,
+            self.projected,
+            self.bias,
+            rows,
+            self.blocks,
+            self.per_example,
+            self.factor,
+            self.extra,
+        )
+
+    def __getitem__(self, index: Union[slice, Tensor]) -> Tensor:
+        """The terms of the rows ``index`` of the flat row axis, ``(g, C, d)``."""
+        if len(self.rows) != 1:
+            raise ValueError("flatten the rows to one axis before indexing")
+        flat = torch.arange(self.weights.shape[0], device=self.weights.device)[index]
+        block = flat % self.blocks
+        example = torch.div(flat, self.per_example, rounding_mode="floor")
+        pv = self.projected[example * self.blocks + block]  # (g, H, T, d)
+        terms = self.weights[flat].unsqueeze(-1) * pv
+        factor = None if self.factor is None else self.factor[flat]
+        if factor is not None:
+            terms = terms * factor[:, None, None]
+        parts = [terms.flatten(1, 2)]
+        if self.bias is not None:
+            bias = self.bias[block]
+            parts.append((bias if factor is None else bias * factor).unsqueeze(1))
+        if self.extra is not None:
+            parts.append(self.extra[flat].unsqueeze(1))
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+    def __len__(self) -> int:
+        return self.rows[0]
+
+
+def _head_outputs(
+    weights: Tensor, values: Tensor, n_heads: int
+) -> Tuple[Tensor, Tensor]:
+    """Values repeated over the grouped query heads, ``(B, H, T, e)``, and the
+    heads' outputs they give at the rows, ``(B, P, H·e)``."""
+    values = values.float()
+    if values.shape[1] != n_heads:
+        if n_heads % values.shape[1]:
+            raise ValueError(
+                f"granularity: 'source' found {values.shape[1]} key-value heads "
+                f"for {n_heads} attention heads"
+            )
+        values = values.repeat_interleave(n_heads // values.shape[1], dim=1)
+    outputs = torch.einsum("bhpt,bhte->bphe", weights.float(), values)
+    return values, outputs.flatten(2)
+
+
+def check_reproduced(
+    index: int, outputs: Tensor, heads_in: Tensor, mask: Tensor, tolerance: float
+) -> None:
+    r"""
+    Raises:
+        ValueError: If the captured weights times values do not give the heads'
+            outputs the model fed its attention output projection.
+    """
+    error = (outputs - heads_in.float())[mask].abs()
+    size = 1.0 + heads_in.float()[mask].abs().max().item() if mask.any() else 1.0
+    if error.numel() and error.max().item() > tolerance * size:
+        raise ValueError(
+            "granularity: 'source' captured attention weights and values that do "
+            "not reproduce the heads' outputs of the real forward at chosen block "
+            f"{index} (max difference {error.max().item():.3g}); this attention "
+            "changes its values after the value projection or weights them in a "
+            "way the eager attention does not return, so its sources cannot be "
+            "split: use granularity='head'"
+        )
+
+
+def source_components(
+    parts: BlockParts,
+    weights: Sequence[Tensor],
+    values: Sequence[Tensor],
+    extras: List[Tensor],
+    stream: Tensor,
+    mask: Tensor,
+    tolerance: float,
+) -> SourceComponents:
+    r"""
+    The per-(head, source) terms of every chosen block's attention update,
+    checked twice: the captured weights times values reproduce the heads'
+    outputs ``z`` at the attributed rows, and (through
+    :func:`~captum_iglens.attr.granularities.heads.head_components`) the heads' outputs
+    projected (through a post-norm block's factor; with a parallel block's MLP)
+    reproduce the update.
+
+    Args:
+        weights (list[Tensor]): Per block, ``(B, H, P, T)``.
+        values (list[Tensor]): Per block, ``(B, H_kv, T, e)``.
+        extras (list[Tensor]): Per block, the projection's input ``(B, P, H·e)``;
+                    then for parallel blocks, per block, the MLP's output.
+        stream (Tensor): ``(B, P, K, d)`` as ``head_components`` takes it.
+        mask (Tensor): ``(B, P)``, False at padding.
+        tolerance (float): Relative tolerance of both checks.
+
+    Returns:
+        :class:`SourceComponents` of shape ``(B, P, k, C, d)``.
+    """
+    head_components(parts, extras, stream, mask, tolerance)  # the update check
+    k = len(weights)
+    heads_in = extras[:k]
+    outputs = torch.stack(
+        [projected_heads(parts, j, z).sum(2) for j, z in enumerate(heads_in)], 2
+    )
+    factor = attention_factors(parts, outputs, attention_updates(parts, stream))
+    scale = float(factor.flatten()[0]) if factor.numel() == 1 else 1.0
+    projected, rows, biases = [], [], []
+    for j, (a, v) in enumerate(zip(weights, values)):
+        a = a.to(stream.device).float()
+        v, found = _head_outputs(a, v.to(stream.device), parts.n_heads)
+        check_reproduced(j, found, heads_in[j], mask, tolerance)
+        weight = projection_weight(parts.attn_out[j]).float().to(stream.device)
+        per_head = weight.view(weight.shape[0], parts.n_heads, -1)
+        projected.append(torch.einsum("bhte,dhe->bhtd", v, per_head) * scale)
+        rows.append(a.permute(0, 2, 1, 3))  # (B, P, H, T)
+        bias = projection_bias(parts.attn_out[j])
+        if bias is not None:
+            biases.append(bias.detach().float().to(stream.device) * scale)
+    b, p = mask.shape
+    real = mask.repeat_interleave(k).view(-1, 1, 1).to(stream.device)
+    return SourceComponents(
+        torch.stack(rows, dim=2).flatten(0, 2) * real,
+        torch.stack(projected, dim=1).flatten(0, 1),
+        torch.stack(biases) if len(biases) == k else None,
+        (b, p, k),
+        k,
+        p * k,
+        factor=None if factor.numel() == 1 else factor.flatten(0, 2),
+        extra=(
+            torch.stack([m.float() for m in extras[k:]], 2)
+            .flatten(0, 2)
+            .to(stream.device)
+            if parts.parallel
+            else None
+        ),
+    )
+
 
 #: The placeholder of a block's source columns before the forward has run.
 SOURCES = "sources"
@@ -37,11 +285,12 @@ class Sources(Heads):
     in their place)."""
 
     name = "source"
+    summary = "the attention split across the source tokens it reads"
     by_head = False
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         points, names = super().path_points()  # refuses a lens without heads
-        projections = cast(HeadSplit, self.heads).projections
+        projections = cast(BlockParts, self.block_parts).attn_out
         self._attention = AttentionCapture(
             [attention_of(b, p) for b, p in zip(self.layers, projections)],
             [m for m in [forward_module(self.forward_func)] if m is not None],
@@ -61,7 +310,7 @@ class Sources(Heads):
         p = points.shape[1]  # the last position only, for last-position logits
         weights = [w[:, :, -p:] for w in weights]
         tolerance = split_tolerance(points.dtype)
-        heads = cast(HeadSplit, self.heads)  # checked by path_points
+        heads = cast(BlockParts, self.block_parts)  # checked by path_points
         found = source_components(
             heads, weights, values, extras, points, mask, tolerance
         )
@@ -76,7 +325,9 @@ class Sources(Heads):
                 out.append(name)
                 continue
             block = name[: -len(f".{SOURCES}")]
-            n_heads = cast(HeadSplit, self.heads).n_heads  # checked by path_points
+            n_heads = cast(
+                BlockParts, self.block_parts
+            ).n_heads  # checked by path_points
             heads = range(n_heads) if self.by_head else [None]
             for h in heads:
                 prefix = block if h is None else f"{block}.h{h}"
@@ -108,29 +359,16 @@ class Sources(Heads):
         return out
 
     def _split(
-        self,
-        rule: Estimator,
-        readout: PathReadout,
-        path: TracedPath,
-        values: Tensor,
-        n_steps: int,
-        chunk_rows: int,
-        per_dimension: bool,
-        grad_kwargs: Optional[Dict[str, Any]],
+        self, integration: Integration, path: TracedPath, values: Tensor
     ) -> Tensor:
         # this granularity's components are SourceComponents (see components)
         found: SourceComponents = path.components  # type: ignore[assignment]
         attrs = head_attributions(
-            rule,
-            readout,
+            integration,
             path.points.flatten(0, 1),
             found.flatten(0, 1),  # type: ignore[arg-type]  # indexed on demand
             path.score.flatten(),
             values,
-            n_steps,
-            chunk_rows,
-            per_dimension,
-            grad_kwargs,
             parents=found.parents,
             parallel=self._parallel,
         )
@@ -142,6 +380,7 @@ class SourceHeads(Sources):
     ``"<name>.attn.h<i>.s<j>"``."""
 
     name = "source_head"
+    summary = "the attention split per head and source token"
     by_head = True
 
 

@@ -27,7 +27,8 @@ def write_html(
     Returns:
         *Path*: the page written.
     """
-    from captum_iglens.viewer import batch_payload, render_page
+    from captum_iglens.viewer._html import render_page
+    from captum_iglens.viewer._payload import batch_payload
 
     out = Path(out_dir)
     if not (out / RESULTS).is_file():

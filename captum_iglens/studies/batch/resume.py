@@ -15,11 +15,13 @@ import torch
 from torch.nn import Module
 
 from captum_iglens._utils.serialization import plain, write_atomic
-from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.checksum import weights_checksum
-from captum_iglens.readout.layer_readout import LayerReadout
-from captum_iglens.readout.translators import Translators
+from captum_iglens.readout.layer_readout import (
+    LensType,
+    readout_record,
+    resolve_readout,
+)
 from captum_iglens.settings import Settings, provenance
 from captum_iglens.studies.batch.records import check_texts, done_records, result_files
 
@@ -31,7 +33,7 @@ WEIGHTS = "weights_checksum"
 #: checksum of the weights (:func:`_weights_sha256_0_1`), still read.
 WEIGHTS_0_1 = "weights_sha256"
 #: The readout a ``run.json`` without one was written under.
-_LOGIT_READOUT = {"kind": "logit", "checksum": None}
+_LOGIT_READOUT = readout_record(None)
 
 
 def check_resume(
@@ -67,7 +69,7 @@ def check_resume(
 def check_model(
     out_dir: Union[str, Path],
     model: Any,
-    lens: Union[None, str, Path, Translators] = None,
+    lens: LensType = None,
 ) -> None:
     r"""
     Checks the model against the one recorded in ``out_dir/run.json`` (if any)
@@ -86,15 +88,9 @@ def check_model(
     _check_weights(
         out, recorded, parts.model, provenance(parts.model, Settings())["model"]
     )
-    ours = {"readout": readout_record(LayerIGLens.from_model(parts, lens=lens).readout)}
+    readout = resolve_readout(parts.readout(), lens, parts.blocks)
+    ours = {"readout": readout_record(readout)}
     _compare(out, recorded, ours, "readout")
-
-
-def readout_record(readout: Any) -> Dict[str, Any]:
-    """The kind and checksum of a map's readout, as ``run.json`` keeps them."""
-    if isinstance(readout, LayerReadout):
-        return {"kind": readout.kind, "checksum": readout.checksum()}
-    return dict(_LOGIT_READOUT)
 
 
 def claim_run(out: Path, run: Dict[str, Any], model: Module) -> None:

@@ -27,7 +27,8 @@ from captum_iglens.studies.batch.records import (
     drop_incomplete_line,
     merge_results,
 )
-from captum_iglens.studies.batch.resume import claim_run, readout_record
+from captum_iglens.readout.layer_readout import readout_record
+from captum_iglens.studies.batch.resume import claim_run
 from captum_iglens.studies.prompts import check_prompts, prompt_key
 
 

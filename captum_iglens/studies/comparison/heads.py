@@ -5,6 +5,7 @@ from typing import List
 
 from torch import Tensor
 
+from captum_iglens.columns import parse_columns
 from captum_iglens.studies.comparison.ranking import ranks, spearman
 from captum_iglens.studies.comparison.result import ComparisonResult
 
@@ -13,7 +14,7 @@ _FIRST, _SECOND = "ig_lens", "dla"
 
 def head_columns(names: List[str]) -> List[int]:
     r"""The indices of the head columns (``"<block>.attn.h<i>"``) among ``names``."""
-    return [i for i, name in enumerate(names) if ".attn.h" in name]
+    return [i for i, column in enumerate(parse_columns(names)) if column.kind == "head"]
 
 
 def _head_scores(result: ComparisonResult) -> List[Tensor]:

@@ -8,7 +8,7 @@ from captum_iglens.studies.comparison.sources import (
     has_source_agreement,
     source_rank_agreement,
 )
-from captum_iglens.viewer.payload import RESIDUAL_DIGITS, about, sig
+from captum_iglens.viewer._payload import RESIDUAL_DIGITS, about, sig
 
 
 def comparison_page(result: Any) -> Dict[str, Any]:

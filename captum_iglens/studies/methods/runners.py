@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.nn import Module, Sequential
 
 from captum_iglens.attr._utils.checks import Granularity
-from captum_iglens.attr._utils.heads import interleave
+from captum_iglens.attr._utils.path_math import interleave
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.hf.forward import causal_lm_logits
@@ -103,7 +103,7 @@ class Work:
             positions=self.positions,
             granularity=self.settings.granularity,
         )
-        levels = torch.cat([result.base_prob[..., None], result.lens], -1).clone()
+        levels = torch.cat([result.base_prob[..., None], result.levels], -1).clone()
         return levels, result.layer_names
 
     def stream(self) -> Tensor:
@@ -277,7 +277,7 @@ def ig_lens_fitted_block(work: Work) -> Outcome:
 def fitted_lens(work: Work) -> Outcome:
     """The learned readout's levels ``f_j(h_j)`` (the tuned lens's trajectory)."""
     found = _learned_map(work)
-    levels = torch.cat([found.base_prob[..., None], found.lens], -1)
+    levels = torch.cat([found.base_prob[..., None], found.levels], -1)
     outcome = logit_lens_outcome(levels, found.layer_names)
     return replace(outcome, note="fitted-lens " + outcome.note)
 

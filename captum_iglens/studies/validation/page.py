@@ -6,7 +6,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from captum_iglens.viewer.payload import sig
+from captum_iglens.viewer._payload import sig
 
 
 def validation_page(result: Any) -> Dict[str, Any]:

@@ -8,7 +8,7 @@ scores, on the common loop of :mod:`~captum_iglens.studies.validation.study`.
 
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import encode_prompt, left_pad, pad_token_id
-from captum_iglens.readout.layer_readout import LayerReadout
+from captum_iglens.readout.layer_readout import readout_record
 from captum_iglens.readout.translators import Translators
 from captum_iglens.settings import Settings
 from captum_iglens.studies.methods.registry import LEARNED_METHODS, SCORED_METHODS
@@ -317,15 +317,7 @@ def _learned_lens(
 
 def _readout_record(learned: Optional[LayerIGLens]) -> Dict[str, Any]:
     """The learned readout of the run's settings: kind and checksum."""
-    if learned is None:
-        return {"kind": "logit", "checksum": None}
-    readout = cast(LayerReadout, learned.readout)  # a learned lens's readout
-    translators = readout.translators
-    return {
-        "kind": readout.kind,
-        "checksum": translators.checksum(),
-        "base_model": translators.base_model,
-    }
+    return readout_record(None if learned is None else learned.readout)
 
 
 def traced_facts(

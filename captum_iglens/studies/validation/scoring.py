@@ -64,7 +64,7 @@ def study_work(
         if settings.baselines is None
         else lens.attribute_map(ids, None, found.targets, extra, positions=position)
     )
-    levels = torch.cat([from_h0.base_prob[..., None], from_h0.lens], -1)
+    levels = torch.cat([from_h0.base_prob[..., None], from_h0.levels], -1)
     work = Work.from_map(
         parts,
         lens,

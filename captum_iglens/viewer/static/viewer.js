@@ -169,7 +169,8 @@
     (opts.series || []).forEach(function (s) { all = all.concat(s.values); });
     if (opts.bars) all = all.concat(opts.bars);
     all = all.filter(function (v) { return v !== null && v !== undefined; });
-    var lo = Math.min.apply(null, all), hi = Math.max.apply(null, all);
+    var lo = all.reduce(function (a, v) { return Math.min(a, v); });
+    var hi = all.reduce(function (a, v) { return Math.max(a, v); });
     if (hi - lo < 1e-9) hi = lo + 1;
     var pad = (hi - lo) * 0.05; lo -= lo < 0 ? pad : 0; hi += pad;
     var x = function (i) { return L + (n <= 1 ? 0 : i * (W - L - R) / (n - 1)); };
@@ -213,26 +214,20 @@
   }
 
   // ------------------------------------------------------------------ columns
-  /* Heads (L3.attn.h2) and biases (L3.attn.bias) of one module form a group
-     that can be collapsed into one column (credit summed, lens after the last). */
-  function groupColumns(names) {
-    var groups = [];
-    names.forEach(function (name, i) {
-      var key = name.replace(/\.(h\d+|h\d+\.s\d+|s\d+|bias)$/, '');
-      var last = groups[groups.length - 1];
-      if (key !== name && last && last.key === key && last.grouped) last.members.push(i);
-      else groups.push({ key: key, members: [i], grouped: key !== name });
-    });
-    return groups;
-  }
-  function displayColumns(groups, collapsed) {
+  /* The page's column groups (made in Python, see viewer/_columns.py): the
+     parts of one segment (heads and bias, neurons and bias, experts, a
+     block's per-source parts) fold into one column: credit summed, lens after
+     the last member. */
+  // Above this many columns, 'unfold all' is not offered (unfold a block).
+  var MAX_UNFOLD_ALL = 2000;
+  function displayColumns(groups, folded) {
     var cols = [];
     groups.forEach(function (g, gi) {
-      if (g.grouped && collapsed[gi]) {
-        cols.push({ members: g.members, label: g.key + ' ▸' + g.members.length, group: gi, head: 'group' });
+      if (g.foldable && folded[gi]) {
+        cols.push({ members: g.members, label: g.name + ' ▸' + g.members.length, group: gi, head: 'group' });
       } else {
         g.members.forEach(function (m, k) {
-          cols.push({ members: [m], label: null, group: g.grouped ? gi : -1, head: g.grouped ? 'member' : '', first: k === 0 });
+          cols.push({ members: [m], label: null, group: g.foldable ? gi : -1, head: g.foldable ? 'member' : '', at: k });
         });
       }
     });
@@ -242,12 +237,9 @@
   // ------------------------------------------------------------------ map view
   /* The answer tokens x layers map of one sequence, with its hover panel and
      the trajectory of a clicked token. */
-  function renderMap(root, layers, rows, vocab, sources) {
-    var groups = groupColumns(layers);
-    // Per-source columns fold into their block's attention (the source panel
-    // shows them), as do many heads.
-    var many = layers.length > 60 || !!sources;
-    var collapsed = groups.map(function (g) { return g.grouped && many; });
+  function renderMap(root, layers, groups, rows, vocab, sources) {
+    var folded = groups.map(function (g) { return g.folded; });
+    var foldable = groups.some(function (g) { return g.foldable; });
     var state = { view: 'credit', absolute: false, row: -1 };
     var controls = add(root, h('div', 'controls'));
     // Under a learned readout per layer, each credit is a block part plus a
@@ -263,15 +255,18 @@
     abs.type = 'checkbox'; abs.id = 'absolute';
     abs.addEventListener('change', function () { state.absolute = abs.checked; draw(); });
     add(absLabel, document.createTextNode(' absolute |credit|'));
-    if (groups.some(function (g) { return g.grouped; })) {
-      var expand = add(controls, h('button', null, 'expand all heads'));
-      expand.addEventListener('click', function () { collapsed = collapsed.map(function () { return false; }); draw(); });
-      var collapse = add(controls, h('button', null, 'collapse heads per module'));
-      collapse.addEventListener('click', function () { collapsed = groups.map(function (g) { return g.grouped; }); draw(); });
+    if (foldable) {
+      if (layers.length <= MAX_UNFOLD_ALL) {
+        var unfold = add(controls, h('button', null, 'unfold all'));
+        unfold.addEventListener('click', function () { folded = folded.map(function () { return false; }); draw(); });
+      }
+      var fold = add(controls, h('button', null, 'fold per block'));
+      fold.addEventListener('click', function () { folded = groups.map(function (g) { return g.foldable; }); draw(); });
     }
     var legendSlot = add(controls, h('span'));
     add(root, h('div', 'hint', rows.length + ' tokens × ' + layers.length +
-      ' layers' + (rows.length && rows[0].top ? '; each cell shows the layer\'s top-1 token, bold over a ' +
+      (foldable ? ' columns in ' + groups.length + ' groups; click a folded group\'s head (▸) to unfold it, ' +
+        'a member\'s head to fold it back' : ' layers') + (rows.length && rows[0].top ? '; each cell shows the layer\'s top-1 token, bold over a ' +
       'blue bar where it is the target' : '') + '. Hover a cell for its numbers; click a token for its trajectory. ' +
       'A black frame marks the onset (the layer by which half of the token\'s |credit| is given).'));
     var parts = cellLayout(root, 'Cell', 'Hover a cell of the map.');
@@ -310,7 +305,7 @@
       return state.absolute ? Math.abs(s) : s;
     }
     function draw() {
-      cols = displayColumns(groups, collapsed);
+      cols = displayColumns(groups, folded);
       var scale = 0;
       rows.forEach(function (row) { cols.forEach(function (c) { scale = Math.max(scale, Math.abs(value(row, c))); }); });
       if (state.view === 'lens') scale = 1;
@@ -331,16 +326,24 @@
       grid = add(main, h('div', 'grid' + (text ? ' text' : '')));
       grid.id = 'map';
       main.classList.toggle('scroll', text);
-      grid.style.gridTemplateColumns = labelW + 'px repeat(' + cols.length + ', ' + cw + 'px)';
+      // Under 12px wide, the members of an unfolded group are named one in
+      // every few, each name drawn over its unnamed neighbours; the other
+      // columns keep a width their names fit.
+      var thin = cw < 12, every = Math.ceil(14 / (cw + 1));
+      var widths = cols.map(function (c) { return thin && c.head !== 'member' ? 16 : cw; });
+      grid.style.gridTemplateColumns = labelW + 'px ' + widths.join('px ') + 'px';
       add(grid, h('div', 'corner'));
+      var names = cols.map(function (c) { return c.label || layers[c.members[0]]; });
+      var longest = names.reduce(function (n, name) { return Math.max(n, name.length); }, 0);
+      var headH = text ? 18 : Math.max(72, Math.min(140, Math.ceil(6.5 * longest) + 6));
       cols.forEach(function (c, ci) {
-        var name = c.label || layers[c.members[0]];
-        var showText = cw >= 10 || c.head === 'group' || (c.head === 'member' && c.first) || ci % Math.ceil(10 / cw) === 0;
-        var head = add(grid, h('div', 'colhead' + (c.head ? ' ' + c.head : ''), showText ? name : ''));
-        head.setAttribute('title', name + (c.head ? ' (click to ' + (c.head === 'group' ? 'expand' : 'collapse') + ')' : ''));
-        head.style.height = text ? '18px' : '72px';
+        var name = names[ci], narrow = widths[ci] < 12;
+        var showText = !narrow || c.at % every === 0;
+        var head = add(grid, h('div', 'colhead' + (c.head ? ' ' + c.head : '') + (narrow ? ' thin' : ''), showText ? name : ''));
+        head.setAttribute('title', name + (c.head ? ' (click to ' + (c.head === 'group' ? 'unfold' : 'fold') + ')' : ''));
+        head.style.height = headH + 'px';
         if (c.head) {
-          head.addEventListener('click', function () { collapsed[c.group] = c.head !== 'group'; draw(); });
+          head.addEventListener('click', function () { folded[c.group] = c.head !== 'group'; draw(); });
         }
       });
       rows.forEach(function (row, ri) {
@@ -362,6 +365,7 @@
           grid.appendChild(cell);
         });
       });
+      if (state.row >= 0) showRow(state.row);  // its trajectory over these columns
     }
     // The top-1 token of layer j (after a folded group: its last member), bold
     // over a blue bar where it is the target; ink that reads on the colour.
@@ -380,8 +384,8 @@
       infoHint.textContent = '';
       kvt.style.display = '';
       f.token.textContent = visible(row.token);
-      f.layer.textContent = c.members.length > 1
-        ? groups[c.group].key + ' (' + c.members.length + ' parts, summed)' : layers[first];
+      f.layer.textContent = c.head === 'group'
+        ? groups[c.group].name + ' (' + groups[c.group].what + ', summed)' : layers[first];
       f.credit.textContent = fmt(credit, true);
       if (learned) f.change.textContent = fmt(total(c.members, function (m) { return row.change[m]; }), true);
       f.before.textContent = fmt(first > 0 ? row.lens[first - 1] : row.base);
@@ -406,8 +410,10 @@
       Array.prototype.forEach.call(grid.querySelectorAll('.rowhead'), function (e) {
         e.classList.toggle('selected', Number(e.getAttribute('data-row')) === ri);
       });
+      // Drawn over the columns on show: a folded group is one bar.
       var row = rows[ri], cum = [0], s = 0;
-      row.credit.forEach(function (v) { s += v; cum.push(s); });
+      var credits = cols.map(function (c) { return total(c.members, function (m) { return row.credit[m]; }); });
+      credits.forEach(function (v) { s += v; cum.push(s); });
       trajBody.textContent = '';
       trajBody.className = '';
       var title = add(trajBody, h('div'));
@@ -415,9 +421,11 @@
       add(title, tok('b', 'tok', row.token));
       add(title, document.createTextNode(' at position ' + row.pos + ', p_model = ' + fmt(row.prob)));
       add(trajBody, chart({
-        labels: ['h_base'].concat(layers), bars: [null].concat(row.credit), signed: true,
+        labels: ['h_base'].concat(cols.map(function (c) { return c.label || layers[c.members[0]]; })),
+        bars: [null].concat(credits), signed: true,
         series: [
-          { cls: 'lens', values: [row.base].concat(row.lens), name: 'lens level' },
+          { cls: 'lens', values: [row.base].concat(cols.map(function (c) { return row.lens[c.members[c.members.length - 1]]; })),
+            name: 'lens level' },
           { cls: 'cumulative', values: cum, name: 'cumulative credit' }
         ]
       }));
@@ -617,7 +625,7 @@
     add(root, slot);
     function show(i) {
       slot.textContent = '';
-      renderMap(slot, d.layers, d.sequences[i].rows, d.vocab, d.sources ? d.sources[i] : null);
+      renderMap(slot, d.layers, d.groups, d.sequences[i].rows, d.vocab, d.sources ? d.sources[i] : null);
     }
     show(0);
   }
@@ -656,7 +664,7 @@
       add(slot, h('h2', null, 'Prompt ' + p.id));
       var about = add(slot, h('div', 'about'));
       about.textContent = p.prompt + '\n→ ' + p.answer;
-      if (p.rows.length) renderMap(slot, d.layers, p.rows, d.vocab);
+      if (p.rows.length) renderMap(slot, d.layers, d.groups, p.rows, d.vocab);
       else add(slot, h('div', 'hint', 'No attributed tokens (an empty answer).'));
     }
     if (d.prompts.length) open(0);

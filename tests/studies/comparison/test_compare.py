@@ -125,7 +125,7 @@ def test_logit_lens_levels_and_differences(calm_llama, batch, run):
     lens = LayerIGLens.from_model(calm_llama).attribute_map(
         ids, additional_forward_args=(mask,), positions=POSITIONS
     )
-    assert (levels.scores - lens.lens).abs().max() <= FP32_TOL
+    assert (levels.scores - lens.levels).abs().max() <= FP32_TOL
     model_prob = _probability(calm_llama, ids, mask, POSITIONS, result.targets)
     assert (levels.scores[..., -1] - model_prob).abs().max() <= FP32_TOL
     # Block 0's level, by hand: the model's own norm and head on its output.

@@ -79,7 +79,7 @@ def test_onset_rule_matches_the_result_onset():
     attributions[0, 1] = 0
     result = IGLensResult(
         attributions=attributions,
-        lens=torch.full((3, 4, 7), 0.5),
+        levels=torch.full((3, 4, 7), 0.5),
         base_prob=torch.zeros(3, 4),
         model_prob=torch.zeros(3, 4),
         delta=attributions.sum(-1),

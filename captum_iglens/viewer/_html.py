@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, Union
 
 from captum_iglens._utils.serialization import check_writable, write_atomic
-from captum_iglens.viewer.payload import payload
+from captum_iglens.viewer._payload import payload
 
 #: The id of the element that holds a page's data.
 DATA_ID = "iglens-data"
@@ -66,7 +66,7 @@ def _static(name: str) -> str:
 
 def render_page(data: Dict[str, Any]) -> str:
     r"""
-    The page of a payload (see :mod:`captum_iglens.viewer.payload`).
+    The page of a payload (see :mod:`captum_iglens.viewer._payload`).
 
     Args:
 
@@ -125,7 +125,7 @@ class Viewable:
     r"""Gives a result type the viewer: :meth:`to_html` and Jupyter's
     ``_repr_html_`` (the page in a sandboxed frame). A subclass builds its page
     data in :meth:`page_data`, with the helpers of
-    :mod:`captum_iglens.viewer.payload`."""
+    :mod:`captum_iglens.viewer._payload`."""
 
     def page_data(self) -> Dict[str, Any]:
         r"""The JSON-ready data of this result's page: ``kind`` (the page the

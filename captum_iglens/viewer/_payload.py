@@ -7,8 +7,10 @@ stays well under 2 MB.
 Each result kind builds its own page data (its ``page_data`` method, see
 :class:`~captum_iglens.viewer.Viewable`) from the helpers here: :func:`sig` for
 numbers, :func:`about` for a result's metadata, and the map page's rows
-(:func:`map_sequences`), which the map and the prompt-set pages share. The
-helpers read results by their fields and import no result class.
+(:func:`map_sequences`) and column groups
+(:func:`~captum_iglens.viewer._columns.column_groups`), which the map and the
+prompt-set pages share. The helpers read results by their fields and import no
+result class.
 """
 
 import math
@@ -16,6 +18,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
+
+from captum_iglens.viewer._columns import column_groups
 
 #: Significant digits of every number in a page (and shown by it).
 DIGITS = 4
@@ -42,7 +46,7 @@ def sig(value: Any, digits: int = DIGITS) -> Any:
     return float(f"{value:.{digits}g}")
 
 
-class _Vocab:
+class Vocab:
     """The strings of the top-token views, stored once per page."""
 
     def __init__(self) -> None:
@@ -64,7 +68,7 @@ def _views(result: Any) -> Dict[str, Any]:
     }
 
 
-def _top_rows(views: Dict[str, Any], b: int, p: int, vocab: _Vocab) -> Dict[str, Any]:
+def _top_rows(views: Dict[str, Any], b: int, p: int, vocab: Vocab) -> Dict[str, Any]:
     """The optional views of one token: per layer, the top tokens (indices into
     the page's vocabulary), their probabilities, entropy, KL and target rank."""
     row: Dict[str, Any] = {}
@@ -92,7 +96,7 @@ def _top_rows(views: Dict[str, Any], b: int, p: int, vocab: _Vocab) -> Dict[str,
     return row
 
 
-def map_sequences(result: Any, vocab: Optional[_Vocab] = None) -> List[Dict[str, Any]]:
+def map_sequences(result: Any, vocab: Optional[Vocab] = None) -> List[Dict[str, Any]]:
     r"""
     The rows of an IG-Lens map, one list per sequence.
 
@@ -109,7 +113,7 @@ def map_sequences(result: Any, vocab: Optional[_Vocab] = None) -> List[Dict[str,
         index or -1), under a learned readout ``change`` (the lens-change part of
         each credit, ``k``) and, when the result has them, the top-token views.
     """
-    vocab = vocab if vocab is not None else _Vocab()
+    vocab = vocab if vocab is not None else Vocab()
     views = _views(result)
     onset = result.onset()
     total = result.attributions.double().sum(-1)
@@ -125,7 +129,7 @@ def map_sequences(result: Any, vocab: Optional[_Vocab] = None) -> List[Dict[str,
                 "pos": int(result.positions[p]),
                 "id": target,
                 "credit": sig(result.attributions[b, p]),
-                "lens": sig(result.lens[b, p]),
+                "lens": sig(result.levels[b, p]),
                 "base": sig(result.base_prob[b, p]),
                 "prob": sig(result.model_prob[b, p]),
                 "sum": sig(total[b, p]),
@@ -155,22 +159,6 @@ def about(result: Any) -> Dict[str, str]:
     return {key: value for key, value in about.items() if isinstance(value, str)}
 
 
-def map_payload(result: Any) -> Dict[str, Any]:
-    r"""The page data of an :class:`~captum_iglens.IGLensResult`."""
-    vocab = _Vocab()
-    sequences = map_sequences(result, vocab)
-    return {
-        "kind": "map",
-        "title": "IG-Lens map",
-        "layers": list(result.layer_names),
-        "method": result.method,
-        "n_steps": result.n_steps,
-        "about": about(result),
-        "sequences": sequences,
-        "vocab": vocab.strings,
-    }
-
-
 def batch_payload(
     items: Sequence[Dict[str, Any]], run: Dict[str, Any]
 ) -> Dict[str, Any]:
@@ -189,7 +177,7 @@ def batch_payload(
         to), and the count of onsets per layer.
     """
     layers: List[str] = []
-    vocab = _Vocab()
+    vocab = Vocab()
     credit_sum: Optional[torch.Tensor] = None
     change_sum, n_tokens = 0.0, 0
     prompts = []
@@ -227,6 +215,7 @@ def batch_payload(
         "kind": "batch",
         "title": "IG-Lens prompt set",
         "layers": layers,
+        "groups": column_groups(layers),
         "about": {k: str(run[k]) for k in keep if k in run and run[k] is not None},
         "mean_credit": sig(mean),
         "mean_credit_sum": sig(float(sum(mean)) if n_tokens else 0.0),

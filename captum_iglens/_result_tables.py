@@ -1,0 +1,184 @@
+r"""
+The plain-text tables of an :class:`~captum_iglens.result.IGLensResult`, one
+sequence at a time: the credits (:func:`format_table`), what each layer predicts
+(:func:`format_views`) and the source routes (:func:`format_sources`). The
+result's methods of the same names call these.
+
+The result is taken as it is (``Any``): the result module imports this one, and
+no module imports back up (see ``tests/test_layout.py``).
+"""
+
+from typing import Any, List
+
+from torch import Tensor
+
+from captum_iglens._utils.source_columns import format_sources as _source_lines
+
+#: How many characters of a token's text a table shows.
+LABEL_WIDTH = 16
+
+
+def visible(text: str) -> str:
+    """Text with its non-printable characters (newlines, tabs) escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def token_labels(result: Any, batch_index: int) -> List[str]:
+    r"""The ``P`` target tokens of one sequence as short labels: their text
+    (escaped, cut to 16 characters) when the result has ``tokens``, else
+    ``#<id>``."""
+    if result.tokens is not None:
+        return [visible(t)[:LABEL_WIDTH] for t in result.tokens[batch_index]]
+    return [f"#{int(t)}" for t in result.targets[batch_index]]
+
+
+def view_field(result: Any, name: str) -> Tensor:
+    """A view field (``top_ids``, ``rank``, ...), refused without views."""
+    value = getattr(result, name)
+    if value is None:
+        raise ValueError("result: no views; attribute with top_k >= 1")
+    return value
+
+
+def _check_batch_index(result: Any, batch_index: int) -> None:
+    size = result.attributions.shape[0]
+    if not 0 <= batch_index < size:
+        raise ValueError(
+            f"batch_index: expected 0 <= batch_index < {size}, got {batch_index}"
+        )
+
+
+def format_table(result: Any, batch_index: int, width: int, onset_frac: float) -> str:
+    r"""See :meth:`IGLensResult.format_table
+    <captum_iglens.result.IGLensResult.format_table>`."""
+    _check_batch_index(result, batch_index)
+    names = result.layer_names
+    rows = result.mask[batch_index].nonzero()[:, 0].tolist()
+    credits = result.attributions[batch_index]
+    labels = token_labels(result, batch_index)
+    token_w = max([5] + [len(labels[r]) for r in rows])
+    col_w = max(7, 1 + max(len(n) for n in names))
+    fixed = token_w + 4 * 9 + col_w + 6
+    k = len(names)
+    fits = max(1, (width - fixed) // (col_w + 1))
+    if fits >= k:
+        shown = list(range(k))
+    else:
+        score = credits[rows].abs().amax(0) if rows else credits.abs().amax(0)
+        shown = sorted(score.topk(fits).indices.tolist())
+    onset = result.onset(onset_frac)[batch_index]
+    change = result.model_prob[batch_index] - result.base_prob[batch_index]
+    head = [f"{'token':<{token_w}}"]
+    head += [f"{'L' + names[j]:>{col_w}}" for j in shown]
+    head += [f"{c:>8}" for c in ("lens@top", "Σ", "Δp", "p_model")]
+    head.append(f"{'onset':>{col_w}}")
+    lines = [" ".join(head)]
+    for r in rows:
+        cells = [f"{labels[r]:<{token_w}}"]
+        cells += [f"{credits[r, j]:>+{col_w}.3f}" for j in shown]
+        cells += [
+            f"{result.levels[batch_index, r, -1]:>8.4f}",
+            f"{credits[r].sum():>+8.4f}",
+            f"{change[r]:>+8.4f}",
+            f"{result.model_prob[batch_index, r]:>8.4f}",
+            f"{names[onset[r]] if onset[r] >= 0 else '-':>{col_w}}",
+        ]
+        lines.append(" ".join(cells))
+    if len(shown) < k:
+        lines.append(
+            f"(showing {len(shown)} of {k} layers, those with the largest "
+            "|credit|; Σ includes all layers)"
+        )
+    residual = (credits.sum(-1) - change)[rows].abs().max().item() if rows else 0.0
+    if result.lens_change is not None:
+        parts = result.lens_change[batch_index]
+        lines.append(
+            f"lens-change part ({result.readout_kind} readout; in the credits "
+            "above, block part = credit - lens change):"
+        )
+        for r in rows:
+            cells = [f"{labels[r]:<{token_w}}"]
+            cells += [f"{parts[r, j]:>+{col_w}.3f}" for j in shown]
+            cells.append(f"{'':>8} {parts[r].sum():>+8.4f}")
+            lines.append(" ".join(cells))
+    lines.append(f"completeness: max |Σ - Δp| = {residual:.2e} over {len(rows)} tokens")
+    return "\n".join(lines)
+
+
+def format_views(result: Any, batch_index: int, width: int) -> str:
+    r"""See :meth:`IGLensResult.format_views
+    <captum_iglens.result.IGLensResult.format_views>`."""
+    if not result.has_views:
+        raise ValueError("result: no views; attribute with top_k >= 1")
+    _check_batch_index(result, batch_index)
+    b, names = batch_index, result.layer_names
+    k, rank = len(names), view_field(result, "rank")
+    rows = result.mask[b].nonzero()[:, 0].tolist()
+    labels = token_labels(result, b)
+    token_w = max([5] + [len(labels[r]) for r in rows])
+    col_w = max(10, 1 + max(len(n) for n in names))
+    fits = max(2, (width - token_w - 1) // (col_w + 1))
+    shown = list(range(k))
+    if fits < k:
+        shown = sorted({round(i * (k - 1) / (fits - 1)) for i in range(fits)})
+    head = [f"{'token':<{token_w}}"]
+    head += [f"{'L' + names[j]:>{col_w}}" for j in shown]
+    lines = ["what each layer predicts (top-1 token; * = the target)"]
+    lines.append(" ".join(head))
+    for r in rows:
+        cells = [f"{labels[r]:<{token_w}}"]
+        for j in shown:
+            text = _top_label(result, b, r, j, 0, col_w - 1)
+            mark = "*" if int(rank[b, r, j]) == 1 else ""
+            cells.append(f"{text + mark:>{col_w}}")
+        lines.append(" ".join(cells))
+    lines.append("rank of the target (1 = top)")
+    lines.append(" ".join(head))
+    for r in rows:
+        cells = [f"{labels[r]:<{token_w}}"]
+        cells += [f"{int(rank[b, r, j]):>{col_w}}" for j in shown]
+        lines.append(" ".join(cells))
+    if len(shown) < k:
+        lines.append(f"(showing {len(shown)} of {k} layers, evenly spaced)")
+    top = view_field(result, "top_ids").shape[-1]
+    lines.append(f"the model's own top {top} (last layer), with probabilities")
+    for r in rows:
+        probs = view_field(result, "top_probs")[b, r, -1].tolist()
+        best = ", ".join(
+            f"{_top_label(result, b, r, k - 1, i, 16)} {probs[i]:.3f}"
+            for i in range(top)
+        )
+        lines.append(f"{labels[r]:<{token_w}} {best}")
+    return "\n".join(lines)
+
+
+def _top_label(result: Any, b: int, p: int, j: int, i: int, width: int) -> str:
+    """The ``i``-th top token of layer ``j`` as a short quoted label (so that
+    spaces show), cut to ``width`` characters."""
+    if result.top_tokens is None:
+        return f"#{int(view_field(result, 'top_ids')[b, p, j, i])}"[:width]
+    text = repr(result.top_tokens[b][p][j][i])
+    return text if len(text) <= width else text[: width - 2] + "…" + text[-1]
+
+
+def format_sources(result: Any, batch_index: int, top: int) -> str:
+    r"""See :meth:`IGLensResult.format_sources
+    <captum_iglens.result.IGLensResult.format_sources>`."""
+    layout = result.source_layout()
+    if layout is None:
+        raise ValueError(
+            "format_sources: this result has no per-source columns; attribute "
+            'with granularity="source" (or "source_head")'
+        )
+    _check_batch_index(result, batch_index)
+    rows = result.mask[batch_index].nonzero()[:, 0].tolist()
+    labels = token_labels(result, batch_index)
+    width = max([5] + [len(labels[r]) for r in rows])
+    sources = result.metadata.get("source_tokens")
+    return _source_lines(
+        layout,
+        result.attributions[batch_index, rows],
+        [labels[r].ljust(width) for r in rows],
+        None if sources is None else sources[batch_index],
+        top,
+    )

@@ -1,0 +1,306 @@
+r"""
+How the credit columns of a path are read, one object per call of
+:class:`~captum_iglens.attr.layer_ig_lens.LayerIGLens`: by one readout at every
+point (:class:`OneReadout`: the logit readout, or a learned readout per layer
+whose translators on the path are all the identity), or by a learned readout
+per layer whose columns then split into a block part and a lens-change part
+(:class:`LensChange`, :mod:`captum_iglens.attr.lens_change`). The logit readout
+is the identity case of the readout per layer: both give the map, the
+attributions and the convergence delta through the same three methods, and
+record the readout in the same shape (:func:`readout_record`).
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import replace
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from captum_iglens.attr._utils.path_math import path_values, work_dtype
+from captum_iglens.attr.estimators import Integration, estimator
+from captum_iglens.attr.granularities import PathGranularity, check_learned_readout
+from captum_iglens.attr.lens_change import (
+    ReadoutPlan,
+    ReadoutSplit,
+    plan,
+    split_attributions,
+    split_components,
+    split_map,
+)
+from captum_iglens.attr.tracing import TracedPath, path_levels
+from captum_iglens.readout.layer_readout import LayerReadout, readout_record
+from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.scores import Views
+from captum_iglens.result import IGLensResult
+
+#: The convergence delta of per-dimension attributions, from their sums
+#: ``(B, P)``.
+DeltaOf = Callable[[Tensor], Tensor]
+
+
+class ColumnReadout(ABC):
+    r"""
+    The readout of one granularity's columns.
+
+    Args:
+
+        shape (PathGranularity): The granularity.
+        readout (Readout or LayerReadout): What the integrations read through.
+        record (dict): :func:`readout_record` of the lens's readout.
+    """
+
+    def __init__(
+        self,
+        shape: PathGranularity,
+        readout: Union[Readout, LayerReadout],
+        record: Dict[str, Optional[str]],
+    ) -> None:
+        self.shape = shape
+        self.readout = readout
+        self.record = record
+
+    @abstractmethod
+    def map(
+        self, integration: Integration, path: TracedPath, top_k: int
+    ) -> ReadoutSplit:
+        r"""The scalar columns (and their levels and views) of the map."""
+
+    @abstractmethod
+    def attributions(
+        self, integration: Integration, path: TracedPath
+    ) -> Tuple[Tensor, DeltaOf]:
+        r"""The per-dimension attributions ``(B, P, n, d)`` in the work dtype
+        of the points, and the convergence delta of their sums."""
+
+    @abstractmethod
+    def delta(self, path: TracedPath, credits: Tensor, chunk_rows: int) -> Tensor:
+        r"""The convergence delta of block credits ``(B, P)`` given by a caller
+        (:meth:`LayerIGLens.compute_convergence_delta`)."""
+
+    @abstractmethod
+    def credits_and_delta(
+        self, path: TracedPath, split: ReadoutSplit
+    ) -> Tuple[Tensor, Tensor]:
+        r"""The map's credits ``(B, P, n)`` and delta ``(B, P)``, float32, zero
+        at padding."""
+
+    def result(
+        self, path: TracedPath, split: ReadoutSplit, method: str, n_steps: int
+    ) -> IGLensResult:
+        r"""The map of :meth:`map` as a result."""
+        mask = path.mask
+        credits, delta = self.credits_and_delta(path, split)
+        levels = split.levels.float()
+        # a learned readout records its lens-change parts, 0 where it is one
+        # readout along the path
+        zeros = torch.zeros_like(credits)
+        lens_change = None if self.record["kind"] == "logit" else zeros
+        if split.lens is not None:
+            lens_change = split.lens.float() * mask[..., None]
+        return IGLensResult(
+            attributions=credits,
+            levels=levels[..., 1:],
+            base_prob=levels[..., 0],
+            model_prob=path.model_prob.float(),
+            delta=delta,
+            targets=path.targets,
+            positions=path.positions,
+            mask=mask,
+            layer_names=path.names,
+            method=method,
+            n_steps=n_steps,
+            target_sets=path.target_sets,
+            foils=path.foils,
+            lens_change=lens_change,
+            readout_kind=str(self.record["kind"]),
+            readout_checksum=self.record["checksum"],
+            **({} if split.views is None else _view_fields(split.views)),
+        )
+
+
+class OneReadout(ColumnReadout):
+    r"""Every point read by one readout: the credits are the granularity's
+    own, and there is no lens-change part."""
+
+    def map(
+        self, integration: Integration, path: TracedPath, top_k: int
+    ) -> ReadoutSplit:
+        values, views = path_levels(self.readout, path, integration.chunk_rows, top_k)
+        credits = self.shape.credits(integration, path, values)
+        levels = self.shape.levels(path, values)
+        views = None if views is None else column_views(self.shape, path, views)
+        return ReadoutSplit(levels, credits, None, views)
+
+    def attributions(
+        self, integration: Integration, path: TracedPath
+    ) -> Tuple[Tensor, DeltaOf]:
+        attrs = self.shape.attributions(integration, path)
+        return attrs, lambda credits: self.delta(path, credits, integration.chunk_rows)
+
+    def delta(self, path: TracedPath, credits: Tensor, chunk_rows: int) -> Tensor:
+        """``credits - (f_model - f(h_base))``, zero at padding; ``(B,)`` when
+        one output is attributed per example."""
+        b, p = path.targets.shape
+        base_prob = path_values(
+            self.readout,
+            path.points[:, :, :1].flatten(0, 1),
+            path.score.flatten(),
+            chunk_rows,
+        )[0].view(b, p)
+        delta = (credits - (path.model_prob - base_prob)) * path.mask
+        return delta.sum(-1) if path.one_output else delta
+
+    def credits_and_delta(
+        self, path: TracedPath, split: ReadoutSplit
+    ) -> Tuple[Tensor, Tensor]:
+        mask = path.mask
+        credits = split.block.float() * mask[..., None]
+        levels, model_prob = split.levels.float(), path.model_prob.float()
+        return credits, (credits.sum(-1) - (model_prob - levels[..., 0])) * mask
+
+
+class LensChange(ColumnReadout):
+    r"""A learned readout per layer whose translators differ along the path:
+    every column is a block part plus a lens-change part.
+
+    Args:
+
+        route (ReadoutPlan): The readouts of the columns (or segments).
+    """
+
+    def __init__(
+        self,
+        shape: PathGranularity,
+        readout: LayerReadout,
+        record: Dict[str, Optional[str]],
+        route: ReadoutPlan,
+    ) -> None:
+        super().__init__(shape, readout, record)
+        self.route = route
+
+    def map(
+        self, integration: Integration, path: TracedPath, top_k: int
+    ) -> ReadoutSplit:
+        return self._split(integration, path, top_k)
+
+    def attributions(
+        self, integration: Integration, path: TracedPath
+    ) -> Tuple[Tensor, DeltaOf]:
+        split = self._split(integration, path)
+        attrs = split.block.to(work_dtype(path.points.dtype))
+        return attrs, lambda block: learned_delta(path, split, block)
+
+    def delta(self, path: TracedPath, credits: Tensor, chunk_rows: int) -> Tensor:
+        """The attributions are block parts: the delta adds the lens parts."""
+        exact = Integration(estimator("prediction_aware"), self.readout, 1, chunk_rows)
+        return learned_delta(path, split_map(exact, path, self.route), credits)
+
+    def credits_and_delta(
+        self, path: TracedPath, split: ReadoutSplit
+    ) -> Tuple[Tensor, Tensor]:
+        lens = _lens(split)
+        credits = (split.block + lens).float() * path.mask[..., None]
+        delta = learned_delta(path, split, split.block.sum(-1), one_output=False)
+        return credits, delta.float()
+
+    def _split(
+        self, integration: Integration, path: TracedPath, top_k: int = 0
+    ) -> ReadoutSplit:
+        """The block and lens parts of the columns: columns that are segments
+        (:func:`split_map`, :func:`split_attributions`) or components of
+        segments (:func:`split_components`)."""
+        shape, route = self.shape, self.route
+        if shape.column_blocks() is not None:
+            if integration.per_dimension:
+                return split_attributions(integration, path, route)
+            return split_map(integration, path, route, top_k)
+        split = split_components(
+            integration,
+            path,
+            route,
+            shape.column_segments(len(path.names)),
+            lambda segments, ends: shape.component_columns(segments, path, ends),
+            top_k,
+        )
+        views = None if split.views is None else column_views(shape, path, split.views)
+        return replace(split, levels=shape.levels(path, split.levels), views=views)
+
+
+def column_readout(
+    readout: Union[Readout, LayerReadout],
+    layers: Sequence[Module],
+    shape: PathGranularity,
+) -> ColumnReadout:
+    r"""
+    How ``shape``'s columns on the path through ``layers`` are read.
+
+    Args:
+
+        readout (Readout or LayerReadout): The lens's readout.
+        layers (list[Module]): The chosen blocks.
+        shape (PathGranularity): The granularity.
+
+    Returns:
+        :class:`LensChange` for a learned readout per layer whose translators
+        on the path differ, else :class:`OneReadout` (the logit readout's
+        numbers, exactly, where every translator on the path is the identity).
+
+    Raises:
+        ValueError: If a learned readout cannot split ``shape``'s columns.
+    """
+    record = readout_record(readout)
+    if not isinstance(readout, LayerReadout):
+        return OneReadout(shape, readout, record)
+    check_learned_readout(shape.name, readout.kind)
+    blocks = shape.column_blocks()
+    if blocks is None:
+        blocks = shape.segment_blocks()
+    assert blocks is not None  # granularities with learned_readout have them
+    route = plan(readout, layers, blocks)
+    if route.uniform:
+        return OneReadout(shape, readout.base, record)
+    return LensChange(shape, readout, record, route)
+
+
+def learned_delta(
+    path: TracedPath, split: ReadoutSplit, block: Tensor, one_output: bool = True
+) -> Tensor:
+    r"""``Σ block parts + Σ lens parts - (f_model - f_0(h_base))`` from the
+    block parts' sums ``(B, P)``, zero at padding; ``(B,)`` when one output is
+    attributed per example (and ``one_output``)."""
+    change = path.model_prob.double() - split.levels[..., 0].double()
+    delta = (block.double() + _lens(split).sum(-1) - change) * path.mask
+    delta = delta.to(work_dtype(path.points.dtype))
+    return delta.sum(-1) if path.one_output and one_output else delta
+
+
+def _lens(split: ReadoutSplit) -> Tensor:
+    assert split.lens is not None  # a lens-change split has lens parts
+    return split.lens
+
+
+def column_views(shape: PathGranularity, path: TracedPath, views: Views) -> Views:
+    r"""
+    The views of the path points ``(B, P, K)`` (points ``1 .. K``) as the views
+    of the credit columns ``(B, P, n)``: each column shows the distribution of
+    the path point whose level it reads. Which point that is comes from the
+    granularity's own :meth:`~PathGranularity.levels`, applied to the points'
+    indices, so every granularity's columns get their views the same way.
+    """
+    b, p, k_plus_1 = path.points.shape[:3]
+    index = torch.arange(k_plus_1, device=views.rank.device).expand(b, p, k_plus_1)
+    point = shape.levels(path, index)[0, 0, 1:].to(views.rank.device)
+    return views[:, :, point - 1]
+
+
+def _view_fields(views: Views) -> Dict[str, Any]:
+    """The view fields of :class:`IGLensResult` (float32, like the credits)."""
+    return dict(
+        top_ids=views.top_ids,
+        top_probs=views.top_probs.float(),
+        entropy=views.entropy.float(),
+        kl=views.kl.float(),
+        rank=views.rank,
+    )

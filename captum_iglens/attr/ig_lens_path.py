@@ -1,0 +1,209 @@
+r"""
+The path side of :class:`~captum_iglens.attr.layer_ig_lens.LayerIGLens`: its
+granularities, the traced path, the names of its columns and the token-by-layer
+map (everything beside Captum's ``attribute`` and
+``compute_convergence_delta``).
+"""
+
+from typing import Any, Callable, List, Optional, Tuple, Union
+
+import torch
+from captum._utils.typing import TargetType
+from torch import Tensor
+from torch.nn import Module
+
+from captum_iglens.attr._utils.block_parts import BlockParts
+from captum_iglens.attr._utils.checks import (
+    BaselineType,
+    Granularity,
+    PositionsType,
+    check_settings,
+)
+from captum_iglens.attr.column_readout import column_readout
+from captum_iglens.attr.estimators import Integration, estimator
+from captum_iglens.attr.granularities import PathGranularity, granularity_of
+from captum_iglens.attr.tracing import TracedPath, Tracer
+from captum_iglens.readout.layer_readout import LayerReadout
+from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.scores import FoilType, TokenSetType, check_top_k
+from captum_iglens.result import IGLensResult
+
+
+class IGLensPath:
+    r"""
+    The path of an IG-Lens attribution through its chosen blocks, and the map
+    of its credits. :class:`~captum_iglens.attr.layer_ig_lens.LayerIGLens` sets
+    the attributes.
+    """
+
+    forward_func: Callable[..., Any]
+    layers: List[Module]
+    input_layer: Module
+    readout: Union[Readout, LayerReadout]
+    layer_names: List[str]
+    sublayers: Optional[List[Module]]
+    block_parts: Optional[BlockParts]
+
+    def segment_names(self, granularity: Granularity = "block") -> List[str]:
+        r"""
+        The names of the credited segments at a granularity: the layer names, or
+        ``"<name>.attn"`` and ``"<name>.mlp"`` per block for ``"sublayer"``, or
+        the columns of ``"head"``, ``"neuron"`` and ``"expert"`` (see
+        :meth:`attribute`); for ``"source"`` and ``"source_head"``, one
+        ``"<name>.attn.sources"`` per block stands for the source columns,
+        whose number is the input's length.
+
+        Args:
+
+            granularity (str, optional): A name in
+                        :data:`~captum_iglens.attr.granularities.GRANULARITIES`.
+                        Default: ``"block"``
+
+        Returns:
+            *list[str]*: the names, in column order.
+
+        Raises:
+            ValueError: If the granularity is unknown or not available.
+        """
+        return self._granularity(granularity).path_points()[1]
+
+    def trace_path(
+        self,
+        inputs: Union[Tensor, Tuple[Tensor, ...]],
+        baselines: BaselineType = None,
+        target: TargetType = None,
+        additional_forward_args: Optional[object] = None,
+        *,
+        positions: PositionsType = None,
+        granularity: Granularity = "block",
+        foil: FoilType = None,
+        target_tokens: TokenSetType = None,
+    ) -> TracedPath:
+        r"""
+        The path that :meth:`attribute` integrates along, from one forward pass
+        of the model, without gradients.
+
+        Args:
+
+            inputs (Tensor or tuple[Tensor, ...]): As in :meth:`attribute`; so
+                        are ``baselines``, ``target``, ``additional_forward_args``,
+                        ``positions``, ``granularity``, ``foil`` and
+                        ``target_tokens``.
+
+        Returns:
+            :class:`~captum_iglens.attr.tracing.TracedPath`: the path points
+            ``(B, P, n + 1, d)`` (for ``"head"``, ``h_base, h_in, h_mid(1),
+            h_out(1), ...`` and the heads' components ``(B, P, k, C, d)``), the
+            targets, the model's own score of them, the mask and the column
+            names.
+        """
+        return self._trace(
+            self._granularity(granularity),
+            inputs,
+            baselines,
+            target,
+            additional_forward_args,
+            positions,
+            foil=foil,
+            target_tokens=target_tokens,
+        )
+
+    def attribute_map(
+        self,
+        inputs: Union[Tensor, Tuple[Tensor, ...]],
+        baselines: BaselineType = None,
+        target: TargetType = None,
+        additional_forward_args: Optional[object] = None,
+        *,
+        positions: PositionsType = None,
+        granularity: Granularity = "block",
+        method: str = "prediction_aware",
+        n_steps: int = 50,
+        internal_batch_size: Optional[int] = None,
+        foil: FoilType = None,
+        target_tokens: TokenSetType = None,
+        top_k: int = 0,
+    ) -> IGLensResult:
+        r"""
+        The token-by-layer map: each chosen block's scalar credit at every
+        attributed position, with the logit-lens levels that come with it.
+
+        With ``"prediction_aware"`` this is one forward pass of the model and
+        ``B·P·(k+1)`` readouts, with no backward pass, under
+        ``torch.inference_mode()``. With a Captum rule it sums the per-dimension
+        attributions of :meth:`attribute`.
+
+        Args:
+
+            inputs (Tensor or tuple[Tensor, ...]): As in :meth:`attribute`; so
+                        are ``baselines``, ``target``, ``additional_forward_args``,
+                        ``positions`` and ``granularity``.
+            method (str, optional): As in :meth:`attribute`.
+                        Default: ``"prediction_aware"``.
+            n_steps (int, optional): As in :meth:`attribute`; the map of
+                        ``"prediction_aware"`` does not depend on it. Default: 50.
+            internal_batch_size (int, optional): As in :meth:`attribute`.
+                        Default: None.
+            foil (int, list or Tensor, optional): As in :meth:`attribute`, and
+                        so is ``target_tokens``; both are recorded in the result's
+                        ``foils`` and ``target_sets``.
+            top_k (int, optional): With ``top_k >= 1``, the result also holds
+                        what each layer's readout predicts, from the same readout
+                        chunks as the credits: ``top_ids`` and ``top_probs``
+                        ``(B, P, k, top_k)``, ``entropy``, ``kl`` (from the model's
+                        final distribution) and ``rank`` (of the target)
+                        ``(B, P, k)``. At the last layer they are the model's own
+                        output distribution's. Default: 0 (no views).
+
+        Returns:
+            :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``lens``
+            of shape ``(B, P, k)`` and ``delta`` of shape ``(B, P)``, always
+            float32 and always credits (``multiply_by_inputs`` does not apply).
+            With ``(t, v)`` targets, ``P`` runs over the distinct positions named
+            and ``mask`` marks each example's own.
+        """
+        check_settings(n_steps, method, internal_batch_size, False)
+        check_top_k(top_k, self.readout.vocab_size)
+        rule = estimator(method)
+        shape = self._granularity(granularity)
+        columns = column_readout(self.readout, self.layers, shape)
+        integration = Integration(
+            rule,
+            columns.readout,
+            n_steps,
+            internal_batch_size or self.readout.rows_per_chunk(),
+        )
+        grad_free = (
+            torch.no_grad if shape.map_needs_gradients(rule) else torch.inference_mode
+        )
+        with grad_free():
+            path = self._trace(
+                shape,
+                inputs,
+                baselines,
+                target,
+                additional_forward_args,
+                positions,
+                foil=foil,
+                target_tokens=target_tokens,
+                top_k=top_k,
+            )
+            split = columns.map(integration, path, top_k)
+        return columns.result(path, split, method, n_steps)
+
+    def _granularity(self, granularity: str) -> PathGranularity:
+        """The segments of this lens's path at ``granularity``."""
+        return granularity_of(
+            granularity,
+            self.forward_func,
+            self.layers,
+            self.layer_names,
+            self.sublayers,
+            self.block_parts,
+        )
+
+    def _trace(self, shape: PathGranularity, *args: Any, **kwargs: Any) -> TracedPath:
+        """:meth:`Tracer.trace` of this lens, without gradients."""
+        tracer = Tracer(self.forward_func, self.input_layer, self.readout)
+        with torch.no_grad():
+            return tracer.trace(shape, *args, **kwargs)
