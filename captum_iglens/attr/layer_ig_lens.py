@@ -452,9 +452,9 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
 
         Examples::
 
-            >>> lens = LayerIGLens.from_model(model)
+            >>> ig_lens = LayerIGLens.from_model(model)
             >>> ids = tokenizer("The capital of France is", return_tensors="pt")
-            >>> attr, delta = lens.attribute(
+            >>> attr, delta = ig_lens.attribute(
             ...     ids.input_ids, return_convergence_delta=True)
             >>> len(attr), attr[0].shape  # one (B, T, d) tensor per block
         """
