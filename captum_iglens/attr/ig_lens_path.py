@@ -50,9 +50,9 @@ class IGLensPath:
         The names of the credited segments at a granularity: the layer names, or
         ``"<name>.attn"`` and ``"<name>.mlp"`` per block for ``"sublayer"``, or
         the columns of ``"head"``, ``"neuron"`` and ``"expert"`` (see
-        :meth:`attribute`); for ``"source"`` and ``"source_head"``, one
-        ``"<name>.attn.sources"`` per block stands for the source columns,
-        whose number is the input's length.
+        :meth:`~captum_iglens.LayerIGLens.attribute`); for ``"source"`` and
+        ``"source_head"``, one ``"<name>.attn.sources"`` per block stands for
+        the source columns, whose number is the input's length.
 
         Args:
 
@@ -81,12 +81,14 @@ class IGLensPath:
         target_tokens: TokenSetType = None,
     ) -> TracedPath:
         r"""
-        The path that :meth:`attribute` integrates along, from one forward pass
+        The path that :meth:`~captum_iglens.LayerIGLens.attribute` integrates along,
+        from one forward pass
         of the model, without gradients.
 
         Args:
 
-            inputs (Tensor or tuple[Tensor, ...]): As in :meth:`attribute`; so
+            inputs (Tensor or tuple[Tensor, ...]): As in
+                        :meth:`~captum_iglens.LayerIGLens.attribute`; so
                         are ``baselines``, ``target``, ``additional_forward_args``,
                         ``positions``, ``granularity``, ``foil`` and
                         ``target_tokens``.
@@ -133,20 +135,24 @@ class IGLensPath:
         With ``"prediction_aware"`` this is one forward pass of the model and
         ``B·P·(k+1)`` readouts, with no backward pass, under
         ``torch.inference_mode()``. With a Captum rule it sums the per-dimension
-        attributions of :meth:`attribute`.
+        attributions of :meth:`~captum_iglens.LayerIGLens.attribute`.
 
         Args:
 
-            inputs (Tensor or tuple[Tensor, ...]): As in :meth:`attribute`; so
+            inputs (Tensor or tuple[Tensor, ...]): As in
+                        :meth:`~captum_iglens.LayerIGLens.attribute`; so
                         are ``baselines``, ``target``, ``additional_forward_args``,
                         ``positions`` and ``granularity``.
-            method (str, optional): As in :meth:`attribute`.
+            method (str, optional): As in :meth:`~captum_iglens.LayerIGLens.attribute`.
                         Default: ``"prediction_aware"``.
-            n_steps (int, optional): As in :meth:`attribute`; the map of
+            n_steps (int, optional): As in
+                        :meth:`~captum_iglens.LayerIGLens.attribute`; the map of
                         ``"prediction_aware"`` does not depend on it. Default: 50.
-            internal_batch_size (int, optional): As in :meth:`attribute`.
+            internal_batch_size (int, optional): As in
+                        :meth:`~captum_iglens.LayerIGLens.attribute`.
                         Default: None.
-            foil (int, list or Tensor, optional): As in :meth:`attribute`, and
+            foil (int, list or Tensor, optional): As in
+                        :meth:`~captum_iglens.LayerIGLens.attribute`, and
                         so is ``target_tokens``; both are recorded in the result's
                         ``foils`` and ``target_sets``.
             top_k (int, optional): With ``top_k >= 1``, the result also holds
