@@ -8,6 +8,8 @@ line in :data:`PATHS`.
 
 from typing import Dict, Type
 
+from captum_iglens._utils.registry import registered
+
 from captum_iglens.attr.paths.base import IntegrationPath
 from captum_iglens.attr.paths.telescoping import Telescoping
 
@@ -31,6 +33,4 @@ def integration_path(name: str) -> IntegrationPath:
     Raises:
         ValueError: If no path has that name.
     """
-    if not isinstance(name, str) or name not in PATHS:
-        raise ValueError(f"path: expected one of {list(PATHS)}, got {name!r}")
-    return PATHS[name]()
+    return registered(PATHS, name, "path")()
