@@ -21,6 +21,7 @@ from torch.nn import Module
 from captum_iglens.attr._utils.path_math import path_values, work_dtype
 from captum_iglens.attr.estimators import Integration, estimator
 from captum_iglens.attr.granularities import PathGranularity, check_learned_readout
+from captum_iglens.attr.paths import IntegrationPath
 from captum_iglens.attr.lens_change import (
     ReadoutPlan,
     ReadoutSplit,
@@ -122,13 +123,28 @@ class ColumnReadout(ABC):
 
 class OneReadout(ColumnReadout):
     r"""Every point read by one readout: the credits are the granularity's
-    own, and there is no lens-change part."""
+    own, integrated along ``along``, and there is no lens-change part.
+
+    Args:
+
+        along (IntegrationPath): How the path points are joined.
+    """
+
+    def __init__(
+        self,
+        shape: PathGranularity,
+        readout: Union[Readout, LayerReadout],
+        record: Dict[str, Optional[str]],
+        along: IntegrationPath,
+    ) -> None:
+        super().__init__(shape, readout, record)
+        self.along = along
 
     def map(
         self, integration: Integration, path: TracedPath, top_k: int
     ) -> ReadoutSplit:
         values, views = path_levels(self.readout, path, integration.chunk_rows, top_k)
-        credits = self.shape.credits(integration, path, values)
+        credits = self.along.credits(self.shape, integration, path, values)
         levels = self.shape.levels(path, values)
         views = None if views is None else column_views(self.shape, path, views)
         return ReadoutSplit(levels, credits, None, views)
@@ -136,7 +152,7 @@ class OneReadout(ColumnReadout):
     def attributions(
         self, integration: Integration, path: TracedPath
     ) -> Tuple[Tensor, DeltaOf]:
-        attrs = self.shape.attributions(integration, path)
+        attrs = self.along.attributions(self.shape, integration, path)
         return attrs, lambda credits: self.delta(path, credits, integration.chunk_rows)
 
     def delta(self, path: TracedPath, credits: Tensor, chunk_rows: int) -> Tensor:
@@ -232,6 +248,7 @@ def column_readout(
     readout: Union[Readout, LayerReadout],
     layers: Sequence[Module],
     shape: PathGranularity,
+    along: IntegrationPath,
 ) -> ColumnReadout:
     r"""
     How ``shape``'s columns on the path through ``layers`` are read.
@@ -241,6 +258,7 @@ def column_readout(
         readout (Readout or LayerReadout): The lens's readout.
         layers (list[Module]): The chosen blocks.
         shape (PathGranularity): The granularity.
+        along (IntegrationPath): How the path points are joined.
 
     Returns:
         :class:`LensChange` for a learned readout per layer whose translators
@@ -248,11 +266,12 @@ def column_readout(
         numbers, exactly, where every translator on the path is the identity).
 
     Raises:
-        ValueError: If a learned readout cannot split ``shape``'s columns.
+        ValueError: If a learned readout cannot split ``shape``'s columns, or
+            the columns ``along`` integrates.
     """
     record = readout_record(readout)
     if not isinstance(readout, LayerReadout):
-        return OneReadout(shape, readout, record)
+        return OneReadout(shape, readout, record, along)
     check_learned_readout(shape.name, readout.kind)
     blocks = shape.column_blocks()
     if blocks is None:
@@ -260,7 +279,13 @@ def column_readout(
     assert blocks is not None  # granularities with learned_readout have them
     route = plan(readout, layers, blocks)
     if route.uniform:
-        return OneReadout(shape, readout.base, record)
+        return OneReadout(shape, readout.base, record, along)
+    if not along.learned_readout:
+        raise ValueError(
+            f"path: {along.name!r} is not available with a learned readout per "
+            "layer that differs along the path; use path='telescoping', or the "
+            "logit readout"
+        )
     return LensChange(shape, readout, record, route)
 
 
