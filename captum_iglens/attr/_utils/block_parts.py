@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, cast
 import torch
 from torch import Tensor
 from torch.nn import Linear, Module
+from captum_iglens.columns import Column
 
 if TYPE_CHECKING:
     from captum_iglens.hf.parts import ModelParts
@@ -135,9 +136,9 @@ class BlockParts:
 
     def column_names(self, block: str, index: int) -> List[str]:
         """The credit columns of one block's attention."""
-        names = [f"{block}.attn.h{h}" for h in range(self.n_heads)]
+        names = [Column("head", block, index=h).name for h in range(self.n_heads)]
         if projection_bias(self.attn_out[index]) is not None:
-            names.append(f"{block}.attn.bias")
+            names.append(Column("bias", block, "attn").name)
         return names
 
 

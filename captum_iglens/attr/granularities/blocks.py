@@ -4,6 +4,7 @@ from typing import List, Optional, Tuple
 
 from torch.nn import Module
 
+from captum_iglens.columns import PARTS, Column
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr.granularities.base import PathGranularity
 
@@ -36,7 +37,7 @@ class Sublayers(PathGranularity):
         names: List[str] = []
         for name, mid, block in zip(self.layer_names, mids, self.layers):
             points += [(mid, True), (block, False)]
-            names += [f"{name}.attn", f"{name}.mlp"]
+            names += [Column("sublayer", name, part).name for part in PARTS]
         return points, names
 
     def column_blocks(self) -> Optional[List[int]]:

@@ -27,6 +27,7 @@ from captum_iglens.attr._utils.block_parts import (
 )
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr.granularities.neurons import Neurons
+from captum_iglens.columns import Column
 
 
 class RouterCapture:
@@ -179,9 +180,10 @@ class Experts(Neurons):
                 raise ValueError(
                     "granularity: 'expert' needs the experts module's num_experts"
                 )
-            names += [f"{name}.attn", *(f"{name}.mlp.e{i}" for i in range(count))]
+            names.append(Column("sublayer", name, "attn").name)
+            names += [Column("expert", name, index=i).name for i in range(count)]
             if self.block_parts.shared_experts:
-                names.append(f"{name}.mlp.shared")
+                names.append(Column("shared", name).name)
         return points, names
 
     def recording(self, positions: Tensor, device: torch.device) -> ContextManager[Any]:

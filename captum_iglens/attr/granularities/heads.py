@@ -50,10 +50,7 @@ from captum_iglens.attr.granularities.components import (
     ComponentSplit,
     split_segments,
 )
-
-
-#: Name of the first column of ``granularity="head"``.
-INPUT_COLUMN = "input"
+from captum_iglens.columns import INPUT, Column
 
 
 def check_consecutive(forward_func: Any, layers: Sequence[Module]) -> None:
@@ -103,7 +100,7 @@ def head_path_points(
         MLP's output) and the block's output), and the column names.
     """
     points: List[PathPoint] = [(layers[0], True)]
-    names = [INPUT_COLUMN]
+    names = [INPUT]
     for j, (name, block) in enumerate(zip(layer_names, layers)):
         middle: PathPoint = (
             (parts.parallel_mlp[j], False)
@@ -111,7 +108,7 @@ def head_path_points(
             else (cast(Sequence[Module], mids)[j], True)  # given where not parallel
         )
         points += [(parts.attn_out[j], True), middle, (block, False)]
-        names += [*parts.column_names(name, j), f"{name}.mlp"]
+        names += [*parts.column_names(name, j), Column("sublayer", name, "mlp").name]
     return points, names
 
 

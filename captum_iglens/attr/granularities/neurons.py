@@ -37,6 +37,7 @@ from captum_iglens.attr.granularities.components import (
     ComponentSplit,
     split_segments,
 )
+from captum_iglens.columns import Column, parse_columns
 
 
 class NeuronComponents:
@@ -109,9 +110,10 @@ def neuron_path_points(
         down = parts.mlp_out[j]
         points += [(mid, True), (down, True), (block, False)]
         n_neurons = projection_weight(down).shape[1]
-        names += [f"{name}.attn", *(f"{name}.mlp.n{i}" for i in range(n_neurons))]
+        names.append(Column("sublayer", name, "attn").name)
+        names += [Column("neuron", name, index=i).name for i in range(n_neurons)]
         if projection_bias(down) is not None:
-            names.append(f"{name}.mlp.bias")
+            names.append(Column("bias", name, "mlp").name)
     return points, names
 
 
@@ -304,12 +306,10 @@ def top_neurons(
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k: expected a positive int, got {k!r}")
     blocks: Dict[str, List[Tuple[int, int]]] = {}
-    for column, name in enumerate(names):
-        block, dot, rest = name.rpartition(".mlp.")
-        if dot and rest[:1] == "n" and rest[1:].isdigit():
-            blocks.setdefault(block, []).append((int(rest[1:]), column))
-        elif dot and rest == "bias":
-            blocks.setdefault(block, []).append((-1, column))
+    for column, found in enumerate(parse_columns(names)):
+        if found.kind == "neuron" or (found.kind, found.part) == ("bias", "mlp"):
+            index = -1 if found.index is None else found.index
+            blocks.setdefault(str(found.block), []).append((index, column))
     out: Dict[str, List[Tuple[int, float]]] = {}
     for block, members in blocks.items():
         ids = [i for i, _ in members if i >= 0]

@@ -52,6 +52,7 @@ from captum_iglens.attr.granularities.heads import (
     head_components,
     projected_heads,
 )
+from captum_iglens.columns import Column, parse_columns
 
 
 class SourceComponents:
@@ -272,10 +273,6 @@ def source_components(
     )
 
 
-#: The placeholder of a block's source columns before the forward has run.
-SOURCES = "sources"
-
-
 class Sources(Heads):
     r"""A first column ``"input"``, then per block ``"<name>.attn.s<j>"`` per
     source position ``j`` (heads summed; and ``"<name>.attn.bias"``), the
@@ -320,18 +317,17 @@ class Sources(Heads):
 
     def column_names(self, names: List[str]) -> List[str]:
         out: List[str] = []
-        for name in names:
-            if not name.endswith(f".attn.{SOURCES}"):
+        n_heads = cast(BlockParts, self.block_parts).n_heads  # path_points checked
+        heads = range(n_heads) if self.by_head else [None]
+        for name, found in zip(names, parse_columns(names)):
+            if found.kind != "sources":
                 out.append(name)
                 continue
-            block = name[: -len(f".{SOURCES}")]
-            n_heads = cast(
-                BlockParts, self.block_parts
-            ).n_heads  # checked by path_points
-            heads = range(n_heads) if self.by_head else [None]
-            for h in heads:
-                prefix = block if h is None else f"{block}.h{h}"
-                out += [f"{prefix}.s{j}" for j in range(self._sources)]
+            out += [
+                Column("source", found.block, index=h, source=j).name
+                for h in heads
+                for j in range(self._sources)
+            ]
         return out
 
     def levels(self, path: TracedPath, values: Tensor) -> Tensor:
@@ -349,13 +345,11 @@ class Sources(Heads):
     def _placeholders(self, names: List[str]) -> List[str]:
         """Per block, the head columns replaced by one placeholder."""
         out: List[str] = []
-        for name in names:
-            block, dot, rest = name.rpartition(".attn.")
-            if dot and rest.startswith("h") and rest[1:].isdigit():
-                if rest == "h0":
-                    out.append(f"{block}.attn.{SOURCES}")
-                continue
-            out.append(name)
+        for name, found in zip(names, parse_columns(names)):
+            if found.kind != "head":
+                out.append(name)
+            elif found.index == 0:
+                out.append(Column("sources", found.block).name)
         return out
 
     def _split(
