@@ -5,6 +5,6 @@ network), opened from disk in any current browser. See :func:`write_html`, and
 Jupyter's ``_repr_html_``).
 """
 
-from captum_iglens.viewer._html import Viewable, write_html
+from captum_iglens.viewer.page import Viewable, write_html
 
 __all__ = ["Viewable", "write_html"]

@@ -16,6 +16,8 @@ from typing import Any, Dict, Union
 from captum_iglens._utils.serialization import check_writable, write_atomic
 from captum_iglens.viewer._payload import payload
 
+__all__ = ["Viewable", "write_html"]
+
 #: The id of the element that holds a page's data.
 DATA_ID = "iglens-data"
 
@@ -94,7 +96,7 @@ def render_page(data: Dict[str, Any]) -> str:
 
 
 def result_html(result: Any) -> str:
-    r"""The page of a result with a viewer page (see :func:`payload`)."""
+    r"""The page of a result with a viewer page (see ``payload``)."""
     return render_page(payload(result))
 
 
@@ -104,7 +106,7 @@ def write_html(result: Any, path: Union[str, Path]) -> None:
 
     Args:
 
-        result (Viewable): A result with a viewer page (see :func:`payload`).
+        result (Viewable): A result with a viewer page (see ``payload``).
         path (str or Path): The file; its folder must exist.
     """
     check_writable(path, "path")
