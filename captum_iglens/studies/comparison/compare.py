@@ -183,7 +183,7 @@ def compare(
         settings,
         baseline_token,
     )
-    device = next(lens.readout.parameters()).device
+    device = lens.readout.device
     mask = setup.mask.cpu().clone()
     results: Dict[str, MethodResult] = {}
     for name in names:
