@@ -127,14 +127,11 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
                         attributions. Default: True
             readout (LayerwiseReadout, optional): What the model does
                         between its last block and its logits (final norm,
-                        head, final transforms): the logit readout
-                        (:class:`~captum_iglens.readout.Readout`), the same
-                        at every layer. A readout per layer
-                        (:class:`~captum_iglens.readout.layer_readout.LayerReadout`
-                        and its learned translators, or any
-                        :class:`~captum_iglens.readout.interface.LayerwiseReadout`)
-                        reads each block's output its own way (and the model's
-                        way at the last block); then every credit is a block
+                        head, final transforms): the logit readout, the same
+                        at every layer. Any other
+                        :class:`~captum_iglens.readout.interface.LayerwiseReadout`
+                        (e.g. learned translators, ``LayerReadout``) reads each
+                        block's output its own way; then every credit is a block
                         part plus a lens-change part (see
                         :meth:`attribute_map`). Default: None, only
                         when ``forward_func``
@@ -223,9 +220,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
                         ``captum_iglens.lens_fit.cached_lens(parts, tokenizer)``)
                         or :class:`~captum_iglens.readout.translators.Translators`,
                         refused, before any forward, if made for another model;
-                        or a readout of any kind
-                        (:class:`~captum_iglens.readout.interface.LayerwiseReadout`),
-                        taken as it is (see :func:`resolve_readout`).
+                        or a ``LayerwiseReadout`` of any kind, taken as it is.
                         ``"logit"`` is the model's own readout, as None.
                         Default: None (the logit readout)
 
