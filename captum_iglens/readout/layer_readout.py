@@ -1,6 +1,6 @@
 r"""A learned readout per layer: ``f_i(h) = softmax(R(T_i(h)))``.
 
-:class:`LayerReadout` is a :class:`~captum_iglens.readout.interface.PathReadout`
+:class:`LayerReadout` is a :class:`~captum_iglens.readout.interface.LayerwiseReadout`
 whose ``layer`` is the hidden-state index of each row (``0`` the first block's
 input, ``i`` the output of block ``i``, 1-based, ``L`` the last block's output,
 read by the model's own readout ``R``). Its two kinds, ``"linear"`` and
