@@ -22,6 +22,7 @@ from torch.nn import Module
 from captum_iglens.attr._utils.path_math import path_values, work_dtype
 from captum_iglens.attr.estimators import Integration, estimator
 from captum_iglens.attr.granularities import PathGranularity, check_learned_readout
+from captum_iglens.attr.paths import IntegrationPath
 from captum_iglens.attr.lens_change import (
     ReadoutPlan,
     ReadoutSplit,
@@ -124,13 +125,28 @@ class ColumnReadout(ABC):
 
 class OneReadout(ColumnReadout):
     r"""Every point read by one readout: the credits are the granularity's
-    own, and there is no lens-change part."""
+    own, integrated along ``along``, and there is no lens-change part.
+
+    Args:
+
+        along (IntegrationPath): How the path points are joined.
+    """
+
+    def __init__(
+        self,
+        shape: PathGranularity,
+        readout: PathReadout,
+        record: Dict[str, Optional[str]],
+        along: IntegrationPath,
+    ) -> None:
+        super().__init__(shape, readout, record)
+        self.along = along
 
     def map(
         self, integration: Integration, path: TracedPath, top_k: int
     ) -> ReadoutSplit:
         values, views = path_levels(self.readout, path, integration.chunk_rows, top_k)
-        credits = self.shape.credits(integration, path, values)
+        credits = self.along.credits(self.shape, integration, path, values)
         levels = self.shape.levels(path, values)
         views = None if views is None else column_views(self.shape, path, views)
         return ReadoutSplit(levels, credits, None, views)
@@ -138,7 +154,7 @@ class OneReadout(ColumnReadout):
     def attributions(
         self, integration: Integration, path: TracedPath
     ) -> Tuple[Tensor, DeltaOf]:
-        attrs = self.shape.attributions(integration, path)
+        attrs = self.along.attributions(self.shape, integration, path)
         return attrs, lambda credits: self.delta(path, credits, integration.chunk_rows)
 
     def delta(self, path: TracedPath, credits: Tensor, chunk_rows: int) -> Tensor:
@@ -234,6 +250,7 @@ def column_readout(
     readout: LayerwiseReadout,
     layers: Sequence[Module],
     shape: PathGranularity,
+    along: IntegrationPath,
 ) -> ColumnReadout:
     r"""
     How ``shape``'s columns on the path through ``layers`` are read.
@@ -243,6 +260,7 @@ def column_readout(
         readout (LayerwiseReadout): The lens's readout.
         layers (list[Module]): The chosen blocks.
         shape (PathGranularity): The granularity.
+        along (IntegrationPath): How the path points are joined.
 
     Returns:
         :class:`OneReadout` through the model's own readout where ``readout``
@@ -252,12 +270,19 @@ def column_readout(
 
     Raises:
         ValueError: If the readouts along the path differ and ``shape``'s
-            columns cannot be split by block.
+            columns cannot be split by block, or ``along`` cannot integrate
+            them.
     """
     record = readout_record(readout)
     if one_readout(readout, layers):
-        return OneReadout(shape, readout.base, record)
+        return OneReadout(shape, readout.base, record, along)
     check_learned_readout(shape.name, readout.kind)
+    if not along.learned_readout:
+        raise ValueError(
+            f"path: {along.name!r} is not available with a learned readout per "
+            "layer that differs along the path; use path='telescoping', or the "
+            "logit readout"
+        )
     blocks = shape.column_blocks()
     if blocks is None:
         blocks = shape.segment_blocks()

@@ -22,6 +22,7 @@ from captum_iglens.attr._utils.checks import (
 from captum_iglens.attr.column_readout import column_readout
 from captum_iglens.attr.estimators import Integration, estimator
 from captum_iglens.attr.granularities import PathGranularity, granularity_of
+from captum_iglens.attr.paths import integration_path
 from captum_iglens.attr.tracing import TracedPath, Tracer
 from captum_iglens.readout.interface import LayerwiseReadout
 from captum_iglens.readout.scores import FoilType, TokenSetType, check_top_k
@@ -48,9 +49,9 @@ class IGLensPath:
         The names of the credited segments at a granularity: the layer names, or
         ``"<name>.attn"`` and ``"<name>.mlp"`` per block for ``"sublayer"``, or
         the columns of ``"head"``, ``"neuron"`` and ``"expert"`` (see
-        :meth:`attribute`); for ``"source"`` and ``"source_head"``, one
-        ``"<name>.attn.sources"`` per block stands for the source columns,
-        whose number is the input's length.
+        :meth:`~captum_iglens.LayerIGLens.attribute`); for ``"source"`` and
+        ``"source_head"``, one ``"<name>.attn.sources"`` per block stands for
+        the source columns, whose number is the input's length.
 
         Args:
 
@@ -79,12 +80,14 @@ class IGLensPath:
         target_tokens: TokenSetType = None,
     ) -> TracedPath:
         r"""
-        The path that :meth:`attribute` integrates along, from one forward pass
+        The path that :meth:`~captum_iglens.LayerIGLens.attribute` integrates along,
+        from one forward pass
         of the model, without gradients.
 
         Args:
 
-            inputs (Tensor or tuple[Tensor, ...]): As in :meth:`attribute`; so
+            inputs (Tensor or tuple[Tensor, ...]): As in
+                        :meth:`~captum_iglens.LayerIGLens.attribute`; so
                         are ``baselines``, ``target``, ``additional_forward_args``,
                         ``positions``, ``granularity``, ``foil`` and
                         ``target_tokens``.
@@ -122,6 +125,7 @@ class IGLensPath:
         foil: FoilType = None,
         target_tokens: TokenSetType = None,
         top_k: int = 0,
+        path: str = "telescoping",
     ) -> IGLensResult:
         r"""
         The token-by-layer map: each chosen block's scalar credit at every
@@ -130,20 +134,24 @@ class IGLensPath:
         With ``"prediction_aware"`` this is one forward pass of the model and
         ``B·P·(k+1)`` readouts, with no backward pass, under
         ``torch.inference_mode()``. With a Captum rule it sums the per-dimension
-        attributions of :meth:`attribute`.
+        attributions of :meth:`~captum_iglens.LayerIGLens.attribute`.
 
         Args:
 
-            inputs (Tensor or tuple[Tensor, ...]): As in :meth:`attribute`; so
+            inputs (Tensor or tuple[Tensor, ...]): As in
+                        :meth:`~captum_iglens.LayerIGLens.attribute`; so
                         are ``baselines``, ``target``, ``additional_forward_args``,
                         ``positions`` and ``granularity``.
-            method (str, optional): As in :meth:`attribute`.
+            method (str, optional): As in :meth:`~captum_iglens.LayerIGLens.attribute`.
                         Default: ``"prediction_aware"``.
-            n_steps (int, optional): As in :meth:`attribute`; the map of
+            n_steps (int, optional): As in
+                        :meth:`~captum_iglens.LayerIGLens.attribute`; the map of
                         ``"prediction_aware"`` does not depend on it. Default: 50.
-            internal_batch_size (int, optional): As in :meth:`attribute`.
+            internal_batch_size (int, optional): As in
+                        :meth:`~captum_iglens.LayerIGLens.attribute`.
                         Default: None.
-            foil (int, list or Tensor, optional): As in :meth:`attribute`, and
+            foil (int, list or Tensor, optional): As in
+                        :meth:`~captum_iglens.LayerIGLens.attribute`, and
                         so is ``target_tokens``; both are recorded in the result's
                         ``foils`` and ``target_sets``.
             top_k (int, optional): With ``top_k >= 1``, the result also holds
@@ -153,6 +161,11 @@ class IGLensPath:
                         final distribution) and ``rank`` (of the target)
                         ``(B, P, k)``. At the last layer they are the model's own
                         output distribution's. Default: 0 (no views).
+            path (str, optional): How the path points are joined into the
+                        straight segments integrated along, a name in
+                        :data:`~captum_iglens.attr.paths.PATHS`:
+                        ``"telescoping"``, one segment per column, in depth
+                        order. Default: ``"telescoping"``.
 
         Returns:
             :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``lens``
@@ -164,8 +177,9 @@ class IGLensPath:
         check_settings(n_steps, method, internal_batch_size, False)
         check_top_k(top_k, self.readout.vocab_size)
         rule = estimator(method)
+        along = integration_path(path)
         shape = self._granularity(granularity)
-        columns = column_readout(self.readout, self.layers, shape)
+        columns = column_readout(self.readout, self.layers, shape, along)
         integration = Integration(
             rule,
             columns.readout,
@@ -173,10 +187,12 @@ class IGLensPath:
             internal_batch_size or self.readout.rows_per_chunk(),
         )
         grad_free = (
-            torch.no_grad if shape.map_needs_gradients(rule) else torch.inference_mode
+            torch.no_grad
+            if along.map_needs_gradients(shape, rule)
+            else torch.inference_mode
         )
         with grad_free():
-            path = self._trace(
+            traced = self._trace(
                 shape,
                 inputs,
                 baselines,
@@ -187,8 +203,8 @@ class IGLensPath:
                 target_tokens=target_tokens,
                 top_k=top_k,
             )
-            split = columns.map(integration, path, top_k)
-        return columns.result(path, split, method, n_steps)
+            split = columns.map(integration, traced, top_k)
+        return columns.result(traced, split, method, n_steps)
 
     def _granularity(self, granularity: str) -> PathGranularity:
         """The segments of this lens's path at ``granularity``."""

@@ -31,6 +31,7 @@ from captum_iglens.attr._utils.checks import (
 )
 from captum_iglens.attr._utils.block_parts import BlockParts, check_block_parts
 from captum_iglens.attr.column_readout import column_readout
+from captum_iglens.attr.paths import Telescoping, integration_path
 from captum_iglens.attr.ig_lens_path import IGLensPath
 from captum_iglens.attr.estimators import Integration, estimator
 from captum_iglens.hf.architectures import model_parts
@@ -277,6 +278,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         granularity: Granularity = "block",
         foil: FoilType = None,
         target_tokens: TokenSetType = None,
+        path: str = "telescoping",
     ) -> Tuple[_Attributions, Tensor]: ...
 
     @typing.overload
@@ -297,6 +299,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         granularity: Granularity = "block",
         foil: FoilType = None,
         target_tokens: TokenSetType = None,
+        path: str = "telescoping",
     ) -> _Attributions: ...
 
     @log_usage(part_of_slo=True)
@@ -317,6 +320,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         granularity: Granularity = "block",
         foil: FoilType = None,
         target_tokens: TokenSetType = None,
+        path: str = "telescoping",
     ) -> Union[_Attributions, Tuple[_Attributions, Tensor]]:
         r"""
         Per-dimension IG-Lens attributions of every chosen block.
@@ -420,6 +424,8 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
                         only labels the position (and is the model's greedy
                         token if None). With ``foil`` too, the score is
                         ``Σ_{y∈S} p(y) - Σ_{y∈F} p(y)``. Default: None
+            path (str, optional): Keyword only. As in :meth:`attribute_map`.
+                        Default: ``"telescoping"``.
 
         Returns:
             **attributions** or 2-element tuple of **attributions**, **delta**:
@@ -445,9 +451,9 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
 
         Examples::
 
-            >>> lens = LayerIGLens.from_model(model)
+            >>> ig_lens = LayerIGLens.from_model(model)
             >>> ids = tokenizer("The capital of France is", return_tensors="pt")
-            >>> attr, delta = lens.attribute(
+            >>> attr, delta = ig_lens.attribute(
             ...     ids.input_ids, return_convergence_delta=True)
             >>> len(attr), attr[0].shape  # one (B, T, d) tensor per block
         """
@@ -456,7 +462,8 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         rule.check_multiply_by_inputs(self.multiplies_by_inputs)
         shape = self._granularity(granularity)
         shape.check_multiply_by_inputs(self.multiplies_by_inputs)
-        columns = column_readout(self.readout, self.layers, shape)
+        along = integration_path(path)
+        columns = column_readout(self.readout, self.layers, shape, along)
         integration = Integration(
             rule,
             columns.readout,
@@ -466,7 +473,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             per_dimension=True,
             multiply_by_inputs=self.multiplies_by_inputs,
         )
-        path = self._trace(
+        traced = self._trace(
             shape,
             inputs,
             baselines,
@@ -476,19 +483,12 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             foil=foil,
             target_tokens=target_tokens,
         )
-        attrs, delta_of = columns.attributions(integration, path)
-        per_layer = list(attrs.unbind(dim=2))
-        out: _Attributions = (
-            per_layer[0]
-            if len(per_layer) == 1 and not isinstance(self.layer, list)
-            else tuple(per_layer)
-            if self._as_tuple
-            else per_layer
-        )
+        attrs, delta_of = columns.attributions(integration, traced)
+        out = _per_layer(attrs, isinstance(self.layer, list), self._as_tuple)
         if not return_convergence_delta:
             return out
         if not self.multiplies_by_inputs:  # the delta of the multiplied attributions
-            points = path.points.to(attrs.dtype)
+            points = traced.points.to(attrs.dtype)
             attrs = attrs * points.diff(dim=2)
         with torch.no_grad():
             return out, delta_of(attrs.sum((-1, -2)))
@@ -546,5 +546,15 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             )
             credits = summed_credits(attributions, path.targets.shape)
             credits = credits.to(path.model_prob.device)
-            columns = column_readout(self.readout, self.layers, blocks)
+            columns = column_readout(self.readout, self.layers, blocks, Telescoping())
             return columns.delta(path, credits, self.readout.rows_per_chunk())
+
+
+def _per_layer(attrs: Tensor, is_list: bool, as_tuple: bool) -> _Attributions:
+    """The columns of ``attrs`` ``(B, P, n, d)`` as Captum returns layers: one
+    tensor alone (one column and ``layer`` not a list), else a list or a
+    tuple, as ``layer`` was given."""
+    per_layer = list(attrs.unbind(dim=2))
+    if len(per_layer) == 1 and not is_list:
+        return per_layer[0]
+    return tuple(per_layer) if as_tuple else per_layer

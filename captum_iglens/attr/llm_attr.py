@@ -74,8 +74,8 @@ class LLMLayerAttribution(Attribution):
 
     Examples::
 
-        >>> lens = LayerIGLens.from_model(model)
-        >>> llm_attr = LLMLayerAttribution(lens, tokenizer)
+        >>> ig_lens = LayerIGLens.from_model(model)
+        >>> llm_attr = LLMLayerAttribution(ig_lens, tokenizer)
         >>> inp = TextTokenInput("The capital of France is", tokenizer)
         >>> res = llm_attr.attribute(inp, target=" Paris")
         >>> res.token_attr  # (n_output_tokens, n_layers)

@@ -21,7 +21,7 @@ from captum_iglens.cli.common import (
     write_outputs,
 )
 from captum_iglens.settings import Settings
-from captum_iglens.studies.methods.registry import LEARNED_METHODS
+from captum_iglens.studies.methods import LEARNED_METHODS
 from captum_iglens.studies.validation import (
     CORRUPTIONS,
     MODES,

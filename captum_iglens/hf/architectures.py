@@ -128,7 +128,7 @@ def register_architecture(
         >>> register_architecture(
         ...     "my_llama", layers="model.layers", norm=("model.norm",),
         ...     post=Softcap(30.0), mid="post_attention_layernorm")
-        >>> lens = LayerIGLens.from_model(my_model)  # verified here
+        >>> ig_lens = LayerIGLens.from_model(my_model)  # verified here
     """
     if not isinstance(model_type, str) or not model_type:
         raise ValueError(f"model_type: expected a non-empty string, got {model_type!r}")

@@ -55,7 +55,7 @@ class LayerReadout(nn.Module):
         >>> parts = model_parts(model)
         >>> readout = LayerReadout.from_folder(
         ...     "lens/", parts.readout(), parts.blocks)
-        >>> lens = LayerIGLens.from_model(model, readout=readout)
+        >>> ig_lens = LayerIGLens.from_model(model, readout=readout)
     """
 
     def __init__(

@@ -1,7 +1,8 @@
 r"""
 What is not the attribution itself: IG-Lens compared with other methods
 (:mod:`~captum_iglens.studies.comparison`), checked against causal ablation
-(:mod:`~captum_iglens.studies.validation`), and run over prompt sets
+(:mod:`~captum_iglens.studies.validation`), both over the methods of one
+registry (:mod:`~captum_iglens.studies.methods`), and run over prompt sets
 (:mod:`~captum_iglens.studies.batch`).
 """
 
@@ -11,15 +12,10 @@ from captum_iglens.studies.batch import (
     run_batch,
     to_result,
 )
-from captum_iglens.studies.comparison import (
-    COMPARED_METHODS,
-    ComparisonResult,
-    compare,
-    compare_text,
-)
+from captum_iglens.studies.comparison import ComparisonResult, compare, compare_text
+from captum_iglens.studies.methods import COMPARED_METHODS, SCORED_METHODS
 from captum_iglens.studies.prompts import read_prompts
 from captum_iglens.studies.validation import (
-    SCORED_METHODS,
     StudyOptions,
     ValidationResult,
     load_facts,

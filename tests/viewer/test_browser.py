@@ -315,7 +315,7 @@ def test_neuron_page_opens_folded_and_unfolds_per_block(browser, tmp_path):
     assert field(browser, "layer") == "0.mlp (100 neurons, bias, summed)"
     credit = sum(result.attributions[0, 0, 1:102].tolist())
     assert abs(float(field(browser, "credit")) - credit) <= 2e-3 * max(1, abs(credit))
-    assert close_to(field(browser, "lens_after"), float(result.lens[0, 0, 101]))
+    assert close_to(field(browser, "lens_after"), float(result.levels[0, 0, 101]))
     group_heads(browser)[1].click()  # block 1's neurons unfold, alone
     width = 3 * 2 - 1 + 101
     assert len(cells(browser)) == 4 * width and len(group_heads(browser)) == 2

@@ -7,6 +7,8 @@ A new estimator is one module with an
 
 from typing import Dict
 
+from captum_iglens._utils.registry import registered
+
 from captum_iglens.attr.estimators.base import Estimator, Integration
 from captum_iglens.attr.estimators.captum_rules import CaptumRule
 from captum_iglens.attr.estimators.prediction_aware import PredictionAware
@@ -40,9 +42,7 @@ def estimator(method: str) -> Estimator:
     Raises:
         ValueError: If no estimator has that name.
     """
-    if not isinstance(method, str) or method not in ESTIMATORS:
-        raise ValueError(f"method: expected one of {list(ESTIMATORS)}, got {method!r}")
-    return ESTIMATORS[method]
+    return registered(ESTIMATORS, method, "method")
 
 
 __all__ = [

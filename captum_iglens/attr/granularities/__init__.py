@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Type
 
 from torch.nn import Module
 
+from captum_iglens._utils.registry import registered
 from captum_iglens.attr._utils.block_parts import BlockParts
 from captum_iglens.attr.granularities.base import PathGranularity
 from captum_iglens.attr.granularities.blocks import Blocks, Sublayers
@@ -62,10 +63,7 @@ def check_granularity(granularity: str) -> None:
     Raises:
         ValueError: If no granularity has the name ``granularity``.
     """
-    if not isinstance(granularity, str) or granularity not in GRANULARITIES:
-        raise ValueError(
-            f"granularity: expected one of {list(GRANULARITIES)}, got {granularity!r}"
-        )
+    registered(GRANULARITIES, granularity, "granularity")
 
 
 def check_learned_readout(granularity: str, kind: str = "") -> None:

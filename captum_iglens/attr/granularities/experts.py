@@ -86,7 +86,7 @@ def expert_components(
     shared experts' output), checked against the update the model made.
 
     Args:
-        records (dict): :attr:`RouterCapture.records`.
+        records (dict): ``RouterCapture.records``.
         positions (Tensor): ``(P,)``: the attributed positions.
         points (Tensor): ``(B, P, 2k + 1, d)``: ``h_base, h_mid(1), h_out(1), ...``.
         mask (Tensor): ``(B, P)``, False at padding.

@@ -285,7 +285,7 @@ def head_attributions(
         targets (TokenScore): ``N`` rows (the score of each).
         values (Tensor): ``(N, 2k + 2)``: ``f`` at the path points, the last the
                     model's own; or ``(N, 2k + 1, 2)`` at both ends of each
-                    segment (:func:`segment_ends`).
+                    segment (``segment_ends`` of the path maths).
         parents (Tensor, optional): ``(C,)``: a group per component, as
                     :meth:`~captum_iglens.attr.estimators.base.Estimator.components`
                     takes it. Default: None

@@ -30,7 +30,7 @@ RUN = "run.json"
 #: The key of ``run.json`` that holds the weights' checksum.
 WEIGHTS = "weights_checksum"
 #: The key under which a ``run.json`` written by version 0.1.0 holds the older
-#: checksum of the weights (:func:`_weights_sha256_0_1`), still read.
+#: checksum of the weights (``_weights_sha256_0_1``), still read.
 WEIGHTS_0_1 = "weights_sha256"
 #: The readout a ``run.json`` without one was written under.
 _LOGIT_READOUT = readout_record(None)

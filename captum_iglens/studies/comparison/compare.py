@@ -164,18 +164,18 @@ def compare(
     model = parts.model
     names = method_names(methods)
     baseline_token = _baseline_token(model, baseline_token)
-    lens = LayerIGLens.from_model(
+    ig_lens = LayerIGLens.from_model(
         parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
-    lens.segment_names(settings.granularity)  # fails now, before any method runs
+    ig_lens.segment_names(settings.granularity)  # fails now, before any method runs
     for name in names:
         if METHODS[name].granularity is not None:
-            lens.segment_names(cast(Granularity, METHODS[name].granularity))  # same
+            ig_lens.segment_names(cast(Granularity, METHODS[name].granularity))  # same
     extra = None if attention_mask is None else (attention_mask,)
-    setup = lens.attribute_map(input_ids, None, target, extra, positions=positions)
+    setup = ig_lens.attribute_map(input_ids, None, target, extra, positions=positions)
     work = Work.from_map(
         parts,
-        lens,
+        ig_lens,
         input_ids,
         attention_mask,
         setup,
@@ -183,11 +183,11 @@ def compare(
         settings,
         baseline_token,
     )
-    device = lens.readout.device
+    device = ig_lens.readout.device
     mask = setup.mask.cpu().clone()
     results: Dict[str, MethodResult] = {}
     for name in names:
-        head = cast(Readout, lens.readout).head  # a plain (logit) readout
+        head = cast(Readout, ig_lens.readout).head  # a plain (logit) readout
         with measure(model, head, device) as cost:
             # Each method runs from scratch (no outcome shared): its cost is its own.
             # The compared and source methods all have a ``run`` (misc: None).
@@ -195,7 +195,7 @@ def compare(
         if METHODS[name].axis == "sources":
             labels = _source_labels(tokenizer, input_ids, out.layer_names)
             out = replace(out, layer_names=labels)
-        results[name] = _method_result(out, mask, lens.layer_names, cost)
+        results[name] = _method_result(out, mask, ig_lens.layer_names, cost)
     tokens, input_tokens = _token_labels(tokenizer, input_ids, work)
     metadata = dict(
         provenance(model, settings),
@@ -211,7 +211,7 @@ def compare(
         work.targets.cpu(),
         work.positions.cpu(),
         mask,
-        list(lens.layer_names),
+        list(ig_lens.layer_names),
         tokens,
         input_tokens,
         metadata,

@@ -39,7 +39,7 @@ class Work:
     """What every method receives: the same inputs, targets, positions and blocks."""
 
     parts: ModelParts  # the model's, bound once
-    lens: LayerIGLens
+    ig_lens: LayerIGLens
     input_ids: Tensor  # (B, T)
     attention_mask: Optional[Tensor]  # (B, T)
     targets: Tensor  # (B, P)
@@ -59,7 +59,7 @@ class Work:
     def from_map(
         cls,
         parts: ModelParts,
-        lens: LayerIGLens,
+        ig_lens: LayerIGLens,
         input_ids: Tensor,
         attention_mask: Optional[Tensor],
         found: IGLensResult,
@@ -71,7 +71,7 @@ class Work:
         """The work of the targets and positions of an IG-Lens map ``found``."""
         return cls(
             parts,
-            lens,
+            ig_lens,
             input_ids,
             attention_mask,
             targets=found.targets.clone(),
@@ -95,7 +95,7 @@ class Work:
     def levels(self) -> Tuple[Tensor, List[str]]:
         """``(B, P, k + 1)``: ``f(h_0), f(h_{L_1}), ...``, from IG-Lens's own pass
         at the settings' granularity, and the names of the ``k`` columns."""
-        result = self.lens.attribute_map(
+        result = self.ig_lens.attribute_map(
             self.input_ids,
             None,
             self.targets,
@@ -126,7 +126,7 @@ class Work:
 
     def _path(self, granularity: Granularity) -> TracedPath:
         """IG-Lens's path of the work's rows at ``granularity``."""
-        return self.lens.trace_path(
+        return self.ig_lens.trace_path(
             self.input_ids,
             None,
             self.targets,
@@ -210,7 +210,7 @@ class TargetProbability(Module):
 
 
 def ig_lens(work: Work) -> Outcome:
-    result = work.lens.attribute_map(
+    result = work.ig_lens.attribute_map(
         work.input_ids,
         target=work.targets,
         additional_forward_args=work.extra,
@@ -354,9 +354,9 @@ def _frozen_logit(
 
 
 def dla(work: Work) -> Outcome:
-    readout = cast(Readout, work.lens.readout)  # the work's lens reads logits
+    readout = cast(Readout, work.ig_lens.readout)  # the work's IG-Lens reads logits
     logit, skip_post = _frozen_logit(readout, work.parts.norm_kind)
-    chunk = work.lens.readout.rows_per_chunk()
+    chunk = work.ig_lens.readout.rows_per_chunk()
     names: Optional[List[str]] = None
     with torch.no_grad():
         if work.settings.granularity == "head":  # each head's output u_h apart
@@ -502,7 +502,7 @@ def _captum_per_block(work: Work, conductance: bool) -> Outcome:
         with torch.no_grad():
             rows, baseline = embed(rows), embed(baseline)
     totals, deltas = [], []
-    for block in work.lens.layers:
+    for block in work.ig_lens.layers:
         method = (
             LayerConductance(forward, block)
             if conductance
@@ -540,7 +540,7 @@ def layer_integrated_gradients_multilayer(work: Work) -> Outcome:
     forward = TargetProbability(work.model, embeddings=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "Multiple layers provided..."
-        lig = LayerIntegratedGradients(forward, work.lens.layers)
+        lig = LayerIntegratedGradients(forward, work.ig_lens.layers)
     try:
         attributions, delta = _attribute_in_chunks(lig, *call)
         happened = "the call on the list of blocks ran as it is"
@@ -558,7 +558,7 @@ def layer_integrated_gradients_multilayer(work: Work) -> Outcome:
     totals = [a.detach().float().flatten(1).sum(1) for a in attributions]
     scores = torch.stack(totals, -1).view(*shape, -1)
     delta = delta.detach().float().view(shape)
-    names = work.lens.layer_names
+    names = work.ig_lens.layer_names
     zeros = [name for name, s in zip(names, scores.unbind(-1)) if not s.any()]
     note = (
         f"LayerIntegratedGradients on all {len(names)} blocks at once (captum "

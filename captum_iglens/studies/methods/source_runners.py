@@ -155,7 +155,7 @@ def ig_lens_sources(work: Work) -> Outcome:
     if missing is not None:
         raise ValueError(missing)
     kwargs = dict(work.settings.map_kwargs(), granularity=SOURCE_GRANULARITY)
-    result = work.lens.attribute_map(
+    result = work.ig_lens.attribute_map(
         work.input_ids,
         target=work.targets,
         additional_forward_args=work.extra,

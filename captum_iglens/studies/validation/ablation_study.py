@@ -174,7 +174,7 @@ def run_validation(
     started = time.perf_counter()
     parts = model_parts(model)  # unwrapped and looked up once
     model = parts.model
-    lens = LayerIGLens.from_model(
+    ig_lens = LayerIGLens.from_model(
         parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
     encoded = [encode_prompt(tokenizer, f.prompt, chat=settings.chat)[0] for f in facts]
@@ -185,10 +185,10 @@ def run_validation(
         else None
     )
     test = Ablations(
-        parts, tokenizer, encoded, mode, means, settings, len(lens.layer_names)
+        parts, tokenizer, encoded, mode, means, settings, len(ig_lens.layer_names)
     )
     scored = score_prompts(
-        parts, lens, encoded, pad_id, methods, settings, study, test, progress
+        parts, ig_lens, encoded, pad_id, methods, settings, study, test, progress
     )
     run = scored.run_settings(
         model,

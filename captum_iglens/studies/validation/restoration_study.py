@@ -193,7 +193,7 @@ def run_restoration(
     parts = model_parts(model)  # unwrapped and looked up once
     model = parts.model
     learned = _learned_lens(parts, lens, settings)
-    lens = LayerIGLens.from_model(
+    ig_lens = LayerIGLens.from_model(
         parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
     encoded, subjects = zip(*(_subject_tokens(tokenizer, f) for f in facts))
@@ -206,11 +206,11 @@ def run_restoration(
         noise_std,
         settings,
         study,
-        len(lens.layer_names),
+        len(ig_lens.layer_names),
     )
     scored = score_prompts(
         parts,
-        lens,
+        ig_lens,
         encoded,
         pad_token_id(tokenizer),
         methods,
@@ -299,7 +299,7 @@ def _learned_lens(
     lens: Union[None, str, Path, Translators],
     settings: Settings,
 ) -> Optional[LayerIGLens]:
-    """The lens under the learned readout ``lens``; None without one. Its
+    """IG-Lens under the learned readout ``lens``; None without one. Its
     LayerReadout checks the translators against the model before any forward."""
     if lens is None:
         return None

@@ -26,7 +26,7 @@ from captum_iglens.studies.methods.runners import (
 
 def study_work(
     parts: ModelParts,
-    lens: LayerIGLens,
+    ig_lens: LayerIGLens,
     ids: Tensor,
     mask: Tensor,
     settings: Settings,
@@ -42,7 +42,7 @@ def study_work(
     Args:
 
         parts (ModelParts): The causal LM's parts.
-        lens (LayerIGLens): Its lens on the study's blocks.
+        ig_lens (LayerIGLens): IG-Lens on the study's blocks.
         ids (Tensor): ``(B, T)`` token ids, left-padded.
         mask (Tensor): ``(B, T)``, zeros at padding.
         settings (Settings): IG-Lens's settings.
@@ -56,18 +56,18 @@ def study_work(
     """
     extra = (mask,)
     position = [ids.shape[1] - 1]
-    found = lens.attribute_map(
+    found = ig_lens.attribute_map(
         ids, additional_forward_args=extra, positions=position, **settings.map_kwargs()
     )
     from_h0 = (
         found
         if settings.baselines is None
-        else lens.attribute_map(ids, None, found.targets, extra, positions=position)
+        else ig_lens.attribute_map(ids, None, found.targets, extra, positions=position)
     )
     levels = torch.cat([from_h0.base_prob[..., None], from_h0.levels], -1)
     work = Work.from_map(
         parts,
-        lens,
+        ig_lens,
         ids,
         mask,
         found,
@@ -119,7 +119,7 @@ def subset_scores(
     """
     picked = Work(
         work.parts,
-        work.lens,
+        work.ig_lens,
         work.input_ids[rows],
         None if work.attention_mask is None else work.attention_mask[rows],
         targets=work.targets[rows.to(work.targets.device)],

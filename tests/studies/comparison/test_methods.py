@@ -72,13 +72,13 @@ def _work(model, batch, settings):
 def test_an_outcome_runs_once_per_work(model, batch, monkeypatch):
     work = _work(model, batch, Settings())
     counted = []
-    original = work.lens.attribute_map
+    original = work.ig_lens.attribute_map
 
     def counting(*args, **kwargs):
         counted.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(work.lens, "attribute_map", counting)
+    monkeypatch.setattr(work.ig_lens, "attribute_map", counting)
     signed = outcome(work, "ig_lens")
     magnitudes = outcome(work, "ig_lens_abs")  # from the same outcome
     assert outcome(work, "ig_lens") is signed
