@@ -27,22 +27,9 @@ from captum_iglens._utils.schema import (
 from captum_iglens._utils.serialization import JsonDocument, plain
 from captum_iglens._utils.source_columns import SourceLayout, source_layout
 from captum_iglens._utils.tokens import decode_tokens
-from captum_iglens.readout.layer_readout import READOUT_KINDS
 from captum_iglens.readout.scores import PAD
 from captum_iglens.viewer import Viewable
 from captum_iglens.viewer._map import map_page
-
-#: The estimators a result may name in ``method``, as data (the names of
-#: :data:`captum_iglens.ESTIMATORS`, kept equal by a test), so that a result
-#: loads without importing an algorithm.
-ESTIMATOR_NAMES = (
-    "prediction_aware",
-    "riemann_left",
-    "riemann_right",
-    "riemann_middle",
-    "riemann_trapezoid",
-    "gausslegendre",
-)
 
 #: The views of each layer's distribution (``top_k >= 1``): all set or none.
 _VIEW_FIELDS = ("top_ids", "top_probs", "entropy", "kl", "rank")
@@ -73,7 +60,7 @@ IGLENS_SCHEMA = Record(
     base_prob=Array("float", "B", "P"),
     model_prob=Array("float", "B", "P"),
     delta=Array("float", "B", "P"),
-    method=Text(ESTIMATOR_NAMES),
+    method=Text(nonempty=True),
     n_steps=Integer(low=1),
     tokens=Maybe(Texts("B", "P")),
     metadata=Default(Record(open=True, source_tokens=Maybe(Texts("B", "T")))),
@@ -86,7 +73,7 @@ IGLENS_SCHEMA = Record(
     target_sets=Maybe(Array("int", "B", "P", "S", low=PAD)),
     foils=Maybe(Array("int", "B", "P", "F", low=PAD)),
     lens_change=Maybe(Array("float", "B", "P", "k")),
-    readout_kind=Default(Text(READOUT_KINDS)),
+    readout_kind=Default(Text(nonempty=True)),
     readout_checksum=Maybe(Text()),
 )
 #: The tensor fields, each ``(B, P, ...)`` but ``positions`` ``(P,)``.
@@ -120,7 +107,9 @@ class IGLensResult(JsonDocument, Viewable):
                     predicts the token at the next position).
         mask (Tensor): ``(B, P)`` bool. False where the position is padding.
         layer_names (list[str]): ``k`` names of the chosen layers.
-        method (str): The estimator used.
+        method (str): The estimator used (its name in
+                    :data:`~captum_iglens.attr.estimators.ESTIMATORS`; any
+                    non-empty name loads).
         n_steps (int): The number of steps used by the estimator.
         tokens (list[list[str]], optional): ``B`` lists of ``P`` strings, the
                     target tokens as text, when a tokenizer was available.
@@ -157,9 +146,10 @@ class IGLensResult(JsonDocument, Viewable):
                     and ``levels`` each point's level under its own readout.
                     None under the logit readout.
         readout_kind (str): ``"logit"`` (the model's readout at every layer),
-                    ``"linear"`` or ``"tuned"``.
-        readout_checksum (str, optional): The learned readout's checksum
-                    (``Translators.checksum()``); None for ``"logit"``.
+                    ``"linear"``, ``"tuned"``, or the ``kind`` of any other
+                    :class:`~captum_iglens.readout.interface.LayerwiseReadout`.
+        readout_checksum (str, optional): The readout's checksum (e.g.
+                    ``Translators.checksum()``); None for ``"logit"``.
 
     The view fields (``top_ids`` ... ``rank``) are all set or all None.
     """

@@ -66,6 +66,26 @@ def test_select_and_cat(result):
         IGLensResult.cat([result, replace(result, method="riemann_left")])
 
 
+def test_a_new_method_and_readout_kind_round_trip(result, tmp_path):
+    # a new estimator or readout is one file: results take any name for it
+    new = replace(
+        result,
+        method="my_estimator",
+        readout_kind="scaled",
+        readout_checksum="c0ffee",
+        lens_change=torch.full_like(result.attributions, 0.25) * result.mask[..., None],
+    )
+    new.save(tmp_path / "new.json")
+    loaded = IGLensResult.load(tmp_path / "new.json")
+    _same(loaded, new)
+    assert (loaded.method, loaded.readout_kind, loaded.readout_checksum) == (
+        "my_estimator",
+        "scaled",
+        "c0ffee",
+    )
+    assert torch.equal(loaded.lens_change, new.lens_change)
+
+
 def test_empty_answer_result_round_trips(tmp_path):
     empty = IGLensResult.empty(["0", "1"], "prediction_aware", 50)
     empty.save(tmp_path / "e.json")
@@ -95,7 +115,8 @@ def _corrupt(data, field, value):
         ("targets", lambda d: d["targets"][0].__setitem__(0, -3)),
         ("targets", lambda d: d["targets"][0].__setitem__(0, 2.5)),
         ("mask", lambda d: d["mask"][0].__setitem__(0, 1)),
-        ("method", "simpson"),
+        ("method", ""),
+        ("readout_kind", ""),
         ("n_steps", 2.5),
         ("delta", lambda d: d["delta"][0].__setitem__(-1, 0.5)),
         ("lens", lambda d: d["lens"][0][0].__setitem__(0, None)),

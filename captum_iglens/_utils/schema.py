@@ -148,14 +148,17 @@ class Default(Spec):
 
 
 class Text(Spec):
-    r"""A string, optionally one of ``choices``."""
+    r"""A string, optionally one of ``choices``; with ``nonempty``, not ``""``."""
 
-    def __init__(self, choices: Iterable[str] = ()) -> None:
+    def __init__(self, choices: Iterable[str] = (), nonempty: bool = False) -> None:
         self.choices = tuple(choices)
+        self.nonempty = nonempty
 
     def load(self, value: Any, at: str, ctx: Context) -> Any:
         if not isinstance(value, str):
             fail(at, f"expected a string, got {_kind(value)}")
+        if self.nonempty and not value:
+            fail(at, "expected a non-empty string")
         if self.choices and value not in self.choices:
             fail(at, f"expected one of {list(self.choices)}, got {value!r}")
         return value

@@ -1,18 +1,19 @@
 r"""
 How the credit columns of a path are read, one object per call of
 :class:`~captum_iglens.attr.layer_ig_lens.LayerIGLens`: by one readout at every
-point (:class:`OneReadout`: the logit readout, or a learned readout per layer
-whose translators on the path are all the identity), or by a learned readout
-per layer whose columns then split into a block part and a lens-change part
-(:class:`LensChange`, :mod:`captum_iglens.attr.lens_change`). The logit readout
-is the identity case of the readout per layer: both give the map, the
-attributions and the convergence delta through the same three methods, and
-record the readout in the same shape (:func:`readout_record`).
+point (:class:`OneReadout`: the logit readout, or a readout per layer that
+reads every state of the path alike, e.g. identity translators), or by a
+readout per layer whose columns then split into a block part and a
+lens-change part (:class:`LensChange`, :mod:`captum_iglens.attr.lens_change`).
+The logit readout is the identity case of the readout per layer
+(:class:`~captum_iglens.readout.interface.LayerwiseReadout`): both give the
+map, the attributions and the convergence delta through the same three
+methods, and record the readout in the same shape (:func:`readout_record`).
 """
 
 from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -25,14 +26,15 @@ from captum_iglens.attr.paths import IntegrationPath
 from captum_iglens.attr.lens_change import (
     ReadoutPlan,
     ReadoutSplit,
+    one_readout,
     plan,
     split_attributions,
     split_components,
     split_map,
 )
 from captum_iglens.attr.tracing import TracedPath, path_levels
-from captum_iglens.readout.layer_readout import LayerReadout, readout_record
-from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.interface import LayerwiseReadout, PathReadout
+from captum_iglens.readout.layer_readout import readout_record
 from captum_iglens.readout.scores import Views
 from captum_iglens.result import IGLensResult
 
@@ -48,14 +50,14 @@ class ColumnReadout(ABC):
     Args:
 
         shape (PathGranularity): The granularity.
-        readout (Readout or LayerReadout): What the integrations read through.
+        readout (PathReadout): What the integrations read through.
         record (dict): :func:`readout_record` of the lens's readout.
     """
 
     def __init__(
         self,
         shape: PathGranularity,
-        readout: Union[Readout, LayerReadout],
+        readout: PathReadout,
         record: Dict[str, Optional[str]],
     ) -> None:
         self.shape = shape
@@ -133,7 +135,7 @@ class OneReadout(ColumnReadout):
     def __init__(
         self,
         shape: PathGranularity,
-        readout: Union[Readout, LayerReadout],
+        readout: PathReadout,
         record: Dict[str, Optional[str]],
         along: IntegrationPath,
     ) -> None:
@@ -189,7 +191,7 @@ class LensChange(ColumnReadout):
     def __init__(
         self,
         shape: PathGranularity,
-        readout: LayerReadout,
+        readout: LayerwiseReadout,
         record: Dict[str, Optional[str]],
         route: ReadoutPlan,
     ) -> None:
@@ -245,7 +247,7 @@ class LensChange(ColumnReadout):
 
 
 def column_readout(
-    readout: Union[Readout, LayerReadout],
+    readout: LayerwiseReadout,
     layers: Sequence[Module],
     shape: PathGranularity,
     along: IntegrationPath,
@@ -255,38 +257,37 @@ def column_readout(
 
     Args:
 
-        readout (Readout or LayerReadout): The lens's readout.
+        readout (LayerwiseReadout): The lens's readout.
         layers (list[Module]): The chosen blocks.
         shape (PathGranularity): The granularity.
         along (IntegrationPath): How the path points are joined.
 
     Returns:
-        :class:`LensChange` for a learned readout per layer whose translators
-        on the path differ, else :class:`OneReadout` (the logit readout's
-        numbers, exactly, where every translator on the path is the identity).
+        :class:`OneReadout` through the model's own readout where ``readout``
+        reads every state of the path alike (the logit readout; the logit
+        readout's numbers, exactly, where every translator on the path is the
+        identity), else :class:`LensChange`.
 
     Raises:
-        ValueError: If a learned readout cannot split ``shape``'s columns, or
-            the columns ``along`` integrates.
+        ValueError: If the readouts along the path differ and ``shape``'s
+            columns cannot be split by block, or ``along`` cannot integrate
+            them.
     """
     record = readout_record(readout)
-    if not isinstance(readout, LayerReadout):
-        return OneReadout(shape, readout, record, along)
-    check_learned_readout(shape.name, readout.kind)
-    blocks = shape.column_blocks()
-    if blocks is None:
-        blocks = shape.segment_blocks()
-    assert blocks is not None  # granularities with learned_readout have them
-    route = plan(readout, layers, blocks)
-    if route.uniform:
+    if one_readout(readout, layers):
         return OneReadout(shape, readout.base, record, along)
+    check_learned_readout(shape.name, readout.kind)
     if not along.learned_readout:
         raise ValueError(
             f"path: {along.name!r} is not available with a learned readout per "
             "layer that differs along the path; use path='telescoping', or the "
             "logit readout"
         )
-    return LensChange(shape, readout, record, route)
+    blocks = shape.column_blocks()
+    if blocks is None:
+        blocks = shape.segment_blocks()
+    assert blocks is not None  # granularities with learned_readout have them
+    return LensChange(shape, readout, record, plan(readout, layers, blocks))
 
 
 def learned_delta(

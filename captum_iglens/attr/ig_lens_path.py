@@ -24,8 +24,7 @@ from captum_iglens.attr.estimators import Integration, estimator
 from captum_iglens.attr.granularities import PathGranularity, granularity_of
 from captum_iglens.attr.paths import integration_path
 from captum_iglens.attr.tracing import TracedPath, Tracer
-from captum_iglens.readout.layer_readout import LayerReadout
-from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.interface import LayerwiseReadout
 from captum_iglens.readout.scores import FoilType, TokenSetType, check_top_k
 from captum_iglens.result import IGLensResult
 
@@ -40,7 +39,7 @@ class IGLensPath:
     forward_func: Callable[..., Any]
     layers: List[Module]
     input_layer: Module
-    readout: Union[Readout, LayerReadout]
+    readout: LayerwiseReadout
     layer_names: List[str]
     sublayers: Optional[List[Module]]
     block_parts: Optional[BlockParts]

@@ -1,7 +1,6 @@
 r"""LayerIGLens: exact layer-wise attribution of a token's probability."""
 
 import typing
-from pathlib import Path
 from typing import (
     Any,
     Callable,
@@ -38,9 +37,8 @@ from captum_iglens.attr.estimators import Integration, estimator
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.forward import CausalLMForward
 from captum_iglens.hf.parts import ModelParts
-from captum_iglens.readout.layer_readout import LayerReadout, resolve_readout
-from captum_iglens.readout.readout import Readout
-from captum_iglens.readout.translators import Translators
+from captum_iglens.readout.interface import LayerwiseReadout
+from captum_iglens.readout.layer_readout import LensType, resolve_readout
 from captum_iglens.readout.scores import (
     FoilType,
     TokenSetType,
@@ -86,7 +84,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         device_ids: Optional[List[int]] = None,
         multiply_by_inputs: bool = True,
         *,
-        readout: Optional[Union[Readout, LayerReadout]] = None,
+        readout: Optional[LayerwiseReadout] = None,
         input_layer: Optional[Module] = None,
         layer_names: Optional[Sequence[str]] = None,
         sublayers: Optional[Sequence[Module]] = None,
@@ -128,15 +126,15 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
                         it with False. The returned ``delta`` and
                         :meth:`attribute_map` always use the multiplied
                         attributions. Default: True
-            readout (Readout or LayerReadout, optional): What the model does
+            readout (LayerwiseReadout, optional): What the model does
                         between its last block and its logits (final norm,
                         head, final transforms): the logit readout, the same
-                        at every layer. A
-                        :class:`~captum_iglens.readout.layer_readout.LayerReadout`
-                        reads each block's output through its own learned
-                        translator (and the model's readout at the last block);
-                        then every credit is a block part plus a lens-change
-                        part (see :meth:`attribute_map`). Default: None, only
+                        at every layer. Any other
+                        :class:`~captum_iglens.readout.interface.LayerwiseReadout`
+                        (e.g. learned translators, ``LayerReadout``) reads each
+                        block's output its own way; then every credit is a block
+                        part plus a lens-change part (see
+                        :meth:`attribute_map`). Default: None, only
                         when ``forward_func``
                         is a supported Hugging Face causal LM, a bound method of
                         one, or a wrapper holding one in ``.module``
@@ -198,7 +196,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         layers: Optional[Sequence[int]] = None,
         *,
         max_chunk_bytes: int = 256 * 2**20,
-        lens: Union[None, str, Path, Translators] = None,
+        lens: LensType = None,
     ) -> "LayerIGLens":
         r"""
         IG-Lens for a Hugging Face causal language model, from the architecture
@@ -217,12 +215,13 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
                         block is always appended. Default: all blocks.
             max_chunk_bytes (int, optional): Memory budget of one readout chunk.
                         Default: 256 MiB.
-            lens (str, Path or Translators, optional): A learned readout per
-                        layer: a tuned-lens folder (``params.pt`` and
-                        ``config.json``; this model's cached fit is
+            lens (str, Path, Translators or LayerwiseReadout, optional): A
+                        readout per layer: a tuned-lens folder (``params.pt``
+                        and ``config.json``; this model's cached fit is
                         ``captum_iglens.lens_fit.cached_lens(parts, tokenizer)``)
-                        or :class:`~captum_iglens.readout.translators.Translators`;
-                        refused, before any forward, if made for another model.
+                        or :class:`~captum_iglens.readout.translators.Translators`,
+                        refused, before any forward, if made for another model;
+                        or a ``LayerwiseReadout`` of any kind, taken as it is.
                         ``"logit"`` is the model's own readout, as None.
                         Default: None (the logit readout)
 
@@ -440,8 +439,8 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             - **delta** (*Tensor*, returned if return_convergence_delta=True):
               ``Σ_layers Σ_d attributions - (f_model - f(h_base))``, measured
               against the model's real output distribution (``f`` is ``p(y)``,
-              or the token-set / contrastive score); under a learned readout
-              (:class:`~captum_iglens.readout.layer_readout.LayerReadout`) the
+              or the token-set / contrastive score); under a readout per layer
+              (:class:`~captum_iglens.readout.interface.LayerwiseReadout`) the
               attributions are the block parts only, and ``delta`` adds the
               lens-change parts (``Σ block + Σ lens - (f_model - f_0(h_base))``),
               so ``Σ attributions`` alone does not reach ``Δp``; zero at

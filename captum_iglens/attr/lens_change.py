@@ -2,7 +2,7 @@ r"""
 Exact credits under a learned readout per layer: each block's term split into
 a *block part* and a *lens-change part*.
 
-With readouts ``f_i`` (:class:`~captum_iglens.readout.layer_readout.LayerReadout`)
+With readouts ``f_i`` (a :class:`~captum_iglens.readout.interface.LayerwiseReadout`)
 and block ``j`` of the path going from ``h_s`` (read by ``f_a``) to ``h_e``
 (read by ``f_b``), its term ``f_b(h_e) - f_a(h_s)`` is split as the average of
 the two orders (state first, or readout first):
@@ -38,7 +38,7 @@ from torch.nn import Module
 from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import Integration
 from captum_iglens.attr.tracing import TracedPath, path_levels
-from captum_iglens.readout.layer_readout import LayerReadout
+from captum_iglens.readout.interface import LayerwiseReadout
 from captum_iglens.readout.scores import TokenScore, Views
 
 Key = Tuple[int, int]  # (path point, hidden-state index of its readout)
@@ -47,17 +47,14 @@ Key = Tuple[int, int]  # (path point, hidden-state index of its readout)
 @dataclass
 class ReadoutPlan:
     """Which readout each column's block starts and ends with, canonical
-    (equal translators share one index; the model's own is ``L``)."""
+    (states read alike share one index; the model's own is ``L``), and the
+    readout they index."""
 
+    readout: LayerwiseReadout
     start: List[int]  # (n,): f_a of each column's block
     end: List[int]  # (n,): f_b
     first: List[bool]  # (n,): the column opens its block
     last: List[bool]  # (n,): the column closes its block
-
-    @property
-    def uniform(self) -> bool:
-        """Every point is read by one readout: no lens change anywhere."""
-        return len(set(self.start) | set(self.end)) == 1
 
     def level_readouts(self) -> List[int]:
         """The readout of each point ``0 .. n``: ``f_a`` of the first block at
@@ -75,15 +72,25 @@ class ReadoutSplit:
     views: Optional[Views] = None  # (B, P, n)
 
 
+def one_readout(readout: LayerwiseReadout, layers: Sequence[Module]) -> bool:
+    r"""
+    Whether ``readout`` reads every state of the path through ``layers`` (its
+    ``h_base`` and the blocks' outputs) alike, as the model's own readout reads
+    the last: then no column has a lens-change part.
+    """
+    states = _states(readout, layers)
+    return all(readout.same(states[-1], i) for i in states)
+
+
 def plan(
-    readout: LayerReadout, layers: Sequence[Module], column_blocks: Sequence[int]
+    readout: LayerwiseReadout, layers: Sequence[Module], column_blocks: Sequence[int]
 ) -> ReadoutPlan:
     r"""
     The readouts of the columns of a path through ``layers``.
 
     Args:
 
-        readout (LayerReadout): The learned readout.
+        readout (LayerwiseReadout): The readout per layer.
         layers (list[Module]): The chosen blocks; block ``j`` of the path goes
                     from the output of ``layers[j - 1]`` (``h_base`` for
                     ``j = 0``, read as state 0) to the output of ``layers[j]``.
@@ -95,17 +102,23 @@ def plan(
     Returns:
         *ReadoutPlan*.
     """
-    states = [0] + [readout.state_index(m) for m in layers]
+    states = _states(readout, layers)
     canonical = _canonical(readout, sorted(set(states)))
     start = [canonical[states[j]] for j in column_blocks]
     end = [canonical[states[j + 1]] for j in column_blocks]
     blocks = list(column_blocks)
     first = [i == 0 or blocks[i - 1] != j for i, j in enumerate(blocks)]
     last = [i == len(blocks) - 1 or blocks[i + 1] != j for i, j in enumerate(blocks)]
-    return ReadoutPlan(start, end, first, last)
+    return ReadoutPlan(readout, start, end, first, last)
 
 
-def _canonical(readout: LayerReadout, used: List[int]) -> Dict[int, int]:
+def _states(readout: LayerwiseReadout, layers: Sequence[Module]) -> List[int]:
+    """The hidden-state index of each point of the path: 0 for ``h_base``,
+    then each block's output."""
+    return [0] + [readout.state_index(m) for m in layers]
+
+
+def _canonical(readout: LayerwiseReadout, used: List[int]) -> Dict[int, int]:
     """Each used state's readout, as the first equal one (the model's own,
     ``L``, first of all)."""
     order = sorted(used, key=lambda i: (i != readout.n_layers, i))
@@ -121,10 +134,10 @@ def split_map(
     r"""
     The scalar block and lens parts of every column (``attribute_map``): with
     an exact estimator from the readout's values alone, else the mean of the
-    estimator's credits under both readouts. ``integration.readout`` is the
-    learned readout.
+    estimator's credits under both readouts. ``integration`` reads through
+    ``route.readout``.
     """
-    readout, chunk_rows = learned_readout(integration), integration.chunk_rows
+    readout, chunk_rows = route.readout, integration.chunk_rows
     levels, views = path_levels(
         readout, path, chunk_rows, top_k, _tensor(route.level_readouts()[:-1], path)
     )
@@ -145,7 +158,7 @@ def split_attributions(
     (``attribute``): the mean of the estimator's attributions under both
     readouts, with the scalar lens parts beside them.
     """
-    readout, chunk_rows = learned_readout(integration), integration.chunk_rows
+    readout, chunk_rows = route.readout, integration.chunk_rows
     with torch.no_grad():
         levels = path_levels(
             readout, path, chunk_rows, 0, _tensor(route.level_readouts()[:-1], path)
@@ -156,25 +169,12 @@ def split_attributions(
     return ReadoutSplit(levels, block, lens)
 
 
-def learned_readout(integration: Integration) -> LayerReadout:
-    r"""
-    Raises:
-        TypeError: If ``integration`` does not read through a learned readout.
-    """
-    if not isinstance(integration.readout, LayerReadout):
-        raise TypeError(
-            "integration: the lens-change split needs a LayerReadout, got "
-            f"{type(integration.readout).__name__}"
-        )
-    return integration.readout
-
-
 def _tensor(values: Sequence[int], path: TracedPath) -> Tensor:
     return torch.tensor(list(values), dtype=torch.long, device=path.points.device)
 
 
 def _values(
-    readout: LayerReadout,
+    readout: LayerwiseReadout,
     path: TracedPath,
     route: ReadoutPlan,
     levels: Tensor,
@@ -295,12 +295,12 @@ class SegmentReadout:
 
     Args:
 
-        readout (LayerReadout): The learned readout.
+        readout (LayerwiseReadout): The readout per layer.
         table (Tensor): ``(S + 1,)`` long: the readout of the segment ending
                     at each path point (entry 0 unused).
     """
 
-    def __init__(self, readout: LayerReadout, table: Tensor) -> None:
+    def __init__(self, readout: LayerwiseReadout, table: Tensor) -> None:
         self.readout = readout
         self.table = table
         self.max_chunk_bytes = readout.max_chunk_bytes
@@ -344,7 +344,7 @@ def split_components(
 
     Args:
 
-        integration (Integration): Read through the learned readout.
+        integration (Integration): Reads through ``route.readout``.
         path (TracedPath): The traced stream (``K`` points, ``S = K - 1``
                     segments).
         route (ReadoutPlan): The readouts of the segments (:func:`plan` with
@@ -361,7 +361,7 @@ def split_components(
         ``(B, P, K)``, ``block`` ``(B, P, n)`` (or per dimension, as
         ``columns`` gives) and ``lens`` ``(B, P, n)``.
     """
-    readout, chunk_rows = learned_readout(integration), integration.chunk_rows
+    readout, chunk_rows = route.readout, integration.chunk_rows
     with torch.no_grad():
         levels, views = path_levels(
             readout, path, chunk_rows, top_k, _tensor(route.level_readouts()[:-1], path)

@@ -103,7 +103,7 @@ class LLMLayerAttribution(Attribution):
         self.tokenizer: TokenizerLike = tokenizer
         #: The Hugging Face model used for generation, or None if none was found.
         self.model: Optional[Module] = _generator(attr_method.forward_func)
-        self.device: torch.device = next(attr_method.readout.parameters()).device
+        self.device: torch.device = attr_method.readout.device
 
     def attribute(
         self,

@@ -17,7 +17,6 @@ from typing import (
     Sequence,
     Tuple,
     Union,
-    cast,
 )
 
 import torch
@@ -264,8 +263,7 @@ class Tracer:
     ) -> Tuple[Any, Tensor, List[Tensor]]:
         """One forward of ``inputs``: its output, ``h_0`` and the hooked states."""
         owner = forward_module(self.forward_func)
-        readout = cast(Module, self.readout)  # Readout and LayerReadout are modules
-        in_eval = [readout] if owner is None else [readout, owner]
+        in_eval = [m for m in (self.readout, owner) if isinstance(m, Module)]
         capture = ResidualCapture(
             self.input_layer, hooked, request.positions, self.device, in_eval
         )

@@ -1,12 +1,13 @@
 r"""A learned readout per layer: ``f_i(h) = softmax(R(T_i(h)))``.
 
-:class:`LayerReadout` is a :class:`~captum_iglens.readout.interface.PathReadout`
+:class:`LayerReadout` is a :class:`~captum_iglens.readout.interface.LayerwiseReadout`
 whose ``layer`` is the hidden-state index of each row (``0`` the first block's
 input, ``i`` the output of block ``i``, 1-based, ``L`` the last block's output,
-read by the model's own readout ``R``). Its three kinds: ``"linear"`` and
-``"tuned"`` hold :class:`~captum_iglens.readout.translators.Translators` (the
+read by the model's own readout ``R``). Its two kinds, ``"linear"`` and
+``"tuned"``, hold :class:`~captum_iglens.readout.translators.Translators` (the
 maths is the same; the kind records where they came from); the logit lens is
-the plain :class:`~captum_iglens.readout.readout.Readout`.
+the plain :class:`~captum_iglens.readout.readout.Readout`, and any other
+:class:`~captum_iglens.readout.interface.LayerwiseReadout` is taken as it is.
 """
 
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 from torch import nn, Tensor
 
+from captum_iglens.readout.interface import LayerwiseReadout
 from captum_iglens.readout.readout import Readout
 from captum_iglens.readout.scores import TokenScore
 from captum_iglens.readout.translators import (
@@ -23,8 +25,8 @@ from captum_iglens.readout.translators import (
     unembedding_hash,
 )
 
-#: The kinds of readout, by name; ``"logit"`` is the model's own at every layer.
-READOUT_KINDS = ("logit", "linear", "tuned")
+#: The kinds of :class:`LayerReadout`, by where its translators came from.
+TRANSLATOR_KINDS = ("linear", "tuned")
 
 
 class LayerReadout(nn.Module):
@@ -75,7 +77,7 @@ class LayerReadout(nn.Module):
             )
         if kind is None:
             kind = "tuned" if translators.lens_type == TUNED_LENS_TYPE else "linear"
-        if kind not in READOUT_KINDS[1:]:
+        if kind not in TRANSLATOR_KINDS:
             raise ValueError(f"kind: expected 'linear' or 'tuned', got {kind!r}")
         blocks = list(blocks)
         if not blocks or not all(isinstance(b, nn.Module) for b in blocks):
@@ -185,13 +187,13 @@ class LayerReadout(nn.Module):
 
 
 #: What ``lens=`` takes: None or ``"logit"`` (the model's readout), a
-#: tuned-lens folder, or :class:`Translators`.
-LensType = Union[None, str, Path, Translators]
+#: tuned-lens folder, :class:`Translators`, or a readout of any kind.
+LensType = Union[None, str, Path, Translators, LayerwiseReadout]
 
 
 def resolve_readout(
     readout: Readout, lens: LensType, blocks: Sequence[nn.Module]
-) -> Union[Readout, LayerReadout]:
+) -> LayerwiseReadout:
     r"""
     The readout of every layer that ``lens`` names, resolved once per entry
     point.
@@ -199,16 +201,18 @@ def resolve_readout(
     Args:
 
         readout (Readout): The model's own readout.
-        lens (str, Path or Translators, optional): None or ``"logit"`` for
-                    ``readout`` itself; a tuned-lens folder or
+        lens (str, Path, Translators or LayerwiseReadout, optional): None or
+                    ``"logit"`` for ``readout`` itself; a tuned-lens folder or
                     :class:`Translators` for a learned readout per layer
-                    (refused, before any forward, if made for another model).
+                    (refused, before any forward, if made for another model);
+                    a :class:`~captum_iglens.readout.interface.LayerwiseReadout`
+                    is the readout itself, of its own kind.
         blocks (list[nn.Module]): The model's decoder blocks.
 
     Returns:
-        ``readout``, or a :class:`LayerReadout` around it. The caller's
-        translators stay where they are: the readout casts them to the states'
-        device and dtype, once per parameter version.
+        ``readout``, a :class:`LayerReadout` around it, or ``lens``. The
+        caller's translators stay where they are: the readout casts them to
+        the states' device and dtype, once per parameter version.
 
     Raises:
         ValueError: For ``"linear"``, which names the cached fit on the command
@@ -222,29 +226,29 @@ def resolve_readout(
         )
     if lens is None or lens == "logit":
         return readout
+    if isinstance(lens, LayerwiseReadout):
+        return lens
     translators = lens if isinstance(lens, Translators) else Translators.load(lens)
     return LayerReadout(readout, translators, blocks)
 
 
-def readout_record(
-    readout: Union[None, Readout, LayerReadout],
-) -> Dict[str, Optional[str]]:
+def readout_record(readout: Optional[LayerwiseReadout]) -> Dict[str, Optional[str]]:
     r"""
     The one record of a readout that results, run files and studies keep.
 
     Args:
 
-        readout (Readout or LayerReadout, optional): None or a
-                    :class:`Readout` for the logit readout.
+        readout (LayerwiseReadout, optional): The readout; None for the logit
+                    readout.
 
     Returns:
-        *dict*: ``{"kind": ..., "checksum": ...}``, the kind one of
-        :data:`READOUT_KINDS` and the checksum the translators' (None for the
-        logit readout).
+        *dict*: ``{"kind": ..., "checksum": ...}``, the readout's kind and
+        :meth:`~captum_iglens.readout.interface.LayerwiseReadout.checksum`
+        (``"logit"`` and None for the logit readout).
     """
-    if isinstance(readout, LayerReadout):
-        return {"kind": readout.kind, "checksum": readout.checksum()}
-    return {"kind": READOUT_KINDS[0], "checksum": None}
+    if readout is None:
+        return {"kind": Readout.kind, "checksum": None}
+    return {"kind": readout.kind, "checksum": readout.checksum()}
 
 
 def _head_dtype(readout: Readout) -> Optional[torch.dtype]:

@@ -21,9 +21,9 @@ class Readout(nn.Module):
     ``Readout(h) = post(head(norm(h)))``: exactly what a causal LM does between
     the output of its last decoder block and its logits, and nothing else, so
     it acts on each token independently. This is the ``R`` of IG-Lens, and of
-    the logit lens. It is a
-    :class:`~captum_iglens.readout.interface.PathReadout` that reads every
-    layer alike (it ignores ``layer``).
+    the logit lens. It is the identity case of a readout per layer
+    (:class:`~captum_iglens.readout.interface.LayerwiseReadout`, of kind
+    ``"logit"``): it reads every state alike (it ignores ``layer``).
 
     The readout references the model's own modules: it copies no weights, stays
     on the model's devices, shares its dtype, and leaves its train/eval mode,
@@ -86,6 +86,31 @@ class Readout(nn.Module):
         self.post = post
         self.max_chunk_bytes = max_chunk_bytes
         self._vocab_size = _vocab_size(head)
+
+    #: The readout's name in results: the logit lens.
+    kind = "logit"
+
+    @property
+    def base(self) -> "Readout":
+        r"""The model's own readout: this one."""
+        return self
+
+    @property
+    def n_layers(self) -> int:
+        r"""0: every state is read alike, as state 0 (see :meth:`state_index`)."""
+        return 0
+
+    def checksum(self) -> None:
+        r"""None: the readout is the model's, which results identify otherwise."""
+        return None
+
+    def state_index(self, block: nn.Module) -> int:
+        r"""0 for every block: the readout reads every state alike."""
+        return 0
+
+    def same(self, i: int, j: int) -> bool:
+        r"""True: every state is read alike."""
+        return True
 
     @property
     def vocab_size(self) -> int:

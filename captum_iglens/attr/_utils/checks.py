@@ -24,8 +24,7 @@ from torch.nn import Module, ModuleList
 
 from captum_iglens.attr._utils.capture import NEEDS
 from captum_iglens.attr.estimators import estimator
-from captum_iglens.readout.layer_readout import LayerReadout
-from captum_iglens.readout.readout import Readout
+from captum_iglens.readout.interface import LayerwiseReadout
 from captum_iglens.readout.scores import per_position
 
 BaselineType = Union[None, int, float, Tensor, str, Tuple[Tensor, ...]]
@@ -46,7 +45,7 @@ def forward_module(forward_func: Callable[..., Any]) -> Optional[Module]:
 def check_construction(
     forward_func: Callable[..., Any],
     layer: Union[Module, Sequence[Module]],
-    readout: Union[Readout, LayerReadout],
+    readout: LayerwiseReadout,
     input_layer: Optional[Module],
     layer_names: Optional[Sequence[str]],
     sublayers: Optional[Sequence[Module]],
@@ -74,16 +73,16 @@ def check_construction(
                 "model: its weights are on the meta device (not loaded); load "
                 "them first, e.g. with from_pretrained(...) without device='meta'"
             )
-    if not isinstance(readout, (Readout, LayerReadout)):
+    if not isinstance(readout, LayerwiseReadout):
         raise TypeError(
-            "readout: expected a captum_iglens.Readout (or a LayerReadout), got "
+            "readout: expected a captum_iglens.Readout (or another "
+            "captum_iglens.readout.interface.LayerwiseReadout), got "
             f"{type(readout).__name__}; build one with "
             "captum_iglens.hf.model_parts(model).readout() or "
             "Readout(head=..., norm=..., post=...)"
         )
-    if isinstance(readout, LayerReadout):
-        for module in layers:
-            readout.state_index(module)  # each block is one of the model's
+    for module in layers:
+        readout.state_index(module)  # each block is one the readout reads
     first: Module = layers[0] if input_layer is None else input_layer
     names = (
         _default_names(forward_func, layers)

@@ -114,7 +114,7 @@ def _attribute_padded(
         return [empty] * len(sequences)
     first, last = min(a for a, _ in filled), max(b for _, b in filled)
     positions = torch.arange(first, last)
-    device = next(lens.readout.parameters()).device
+    device = lens.readout.device
     found = lens.attribute_map(
         ids.to(device),
         target=ids[:, positions + 1].to(device),

@@ -183,7 +183,7 @@ def compare(
         settings,
         baseline_token,
     )
-    device = next(ig_lens.readout.parameters()).device
+    device = ig_lens.readout.device
     mask = setup.mask.cpu().clone()
     results: Dict[str, MethodResult] = {}
     for name in names:
