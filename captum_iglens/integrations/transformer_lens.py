@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from torch import nn
 
+from captum_iglens.columns import Column
 from captum_iglens.integrations._verify import check_same_logits
 
 #: A result record with ``layer_names`` (:class:`~captum_iglens.IGLensResult`).
@@ -56,13 +57,18 @@ def hook_name(segment: str) -> str:
         *str*: ``"blocks.{l}.hook_resid_post"``, or ``"blocks.{l}.hook_resid_mid"``
         for ``"l.attn"``.
     """
-    block, _, part = segment.partition(".")
-    if not block.isdigit() or part not in ("", "attn", "mlp"):
+    column = Column.parse(segment) if isinstance(segment, str) else None
+    if (
+        column is None
+        or column.kind not in ("block", "sublayer")
+        or not str(column.block).isdigit()
+    ):
         raise ValueError(
             f"segment: expected 'l', 'l.attn' or 'l.mlp' with a block index l, got "
             f"{segment!r}"
         )
-    return f"blocks.{block}.hook_resid_{'mid' if part == 'attn' else 'post'}"
+    point = "mid" if column.part == "attn" else "post"
+    return f"blocks.{column.block}.hook_resid_{point}"
 
 
 def with_hook_names(result: Result) -> Result:
