@@ -3,7 +3,6 @@ IG-Lens on text with a Hugging Face causal LM: the map of a model's answer to a
 prompt, with the tokens attached.
 """
 
-from pathlib import Path
 from typing import Any, List, Optional, Union, cast
 
 from torch import Tensor
@@ -17,8 +16,8 @@ from captum_iglens.hf.text import (
 )
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.integrations import unwrap_model
+from captum_iglens.readout.layer_readout import LensType
 from captum_iglens.readout.scores import FoilType, TokenSetType
-from captum_iglens.readout.translators import Translators
 from captum_iglens.result import IGLensResult
 from captum_iglens.settings import Settings, provenance
 
@@ -30,7 +29,7 @@ def attribute_text(
     *,
     answer: Optional[Union[str, Tensor]] = None,
     settings: Optional[Settings] = None,
-    lens: Union[None, str, Path, Translators] = None,
+    lens: LensType = None,
     attribution: Optional[LayerIGLens] = None,
     progress: bool = False,
     foil: Union[str, FoilType] = None,
@@ -59,12 +58,13 @@ def attribute_text(
         settings (Settings, optional): Layers, positions, baselines, estimator,
                     granularity, chat template, generation length, ...
                     Default: ``Settings()``.
-        lens (str, Path or Translators, optional): The readout per layer: a
-                    tuned-lens folder or
+        lens (str, Path, Translators or LayerwiseReadout, optional): The
+                    readout per layer, as :meth:`LayerIGLens.from_model` takes
+                    it: a tuned-lens folder or
                     :class:`~captum_iglens.readout.translators.Translators`
-                    reads every block through its learned translator (see
-                    :meth:`LayerIGLens.from_model`; refused before any forward
-                    if made for another model). Default: None (the logit
+                    reads every block through its learned translator (refused
+                    before any forward if made for another model), or a
+                    readout already resolved. Default: None (the logit
                     readout)
         attribution (LayerIGLens, optional): The attribution to use, e.g. one
                     built by hand for a model outside the registry; its

@@ -12,9 +12,8 @@ from captum_iglens.cli.common import (
     Job,
     Stages,
     check_outputs,
-    learned_lens,
+    lens_readout,
     lens_folder,
-    lens_of_model,
     load,
     model_parent,
     names,
@@ -90,7 +89,7 @@ def prepare(args: argparse.Namespace) -> Job:
             raise CommandError(f"--{err}") from None
     stages = Stages()
     parts, tokenizer = stages.run("load", lambda: load(args, settings))
-    translators = learned_lens(lens_of_model(folder, parts, tokenizer, args), parts)
+    readout = lens_readout(folder, parts, tokenizer, args)
     scored = _scored_tokens(args, tokenizer)
 
     def job() -> int:
@@ -117,7 +116,7 @@ def prepare(args: argparse.Namespace) -> Job:
                 prompt,
                 answer=answer_ids,
                 settings=settings,
-                lens=translators,
+                lens=readout,
                 **scored,
             ),
         )

@@ -6,9 +6,8 @@ import argparse
 from captum_iglens.cli.common import (
     CommandError,
     Job,
-    learned_lens,
+    lens_readout,
     lens_folder,
-    lens_of_model,
     load,
     model_parent,
     progress,
@@ -80,8 +79,8 @@ def prepare(args: argparse.Namespace) -> Job:
     try:
         check_resume(out, prompts, settings)
         parts, tokenizer = load(args, settings)
-        translators = learned_lens(lens_of_model(lens, parts, tokenizer, args), parts)
-        check_model(out, parts, translators)
+        readout = lens_readout(lens, parts, tokenizer, args)
+        check_model(out, parts, readout)
     except BaseException:
         lock.release()
         raise
@@ -96,7 +95,7 @@ def prepare(args: argparse.Namespace) -> Job:
                 settings=settings,
                 batch_size=args.batch_size,
                 progress=progress(args),
-                lens=translators,
+                lens=readout,
             )
         finally:
             lock.release()

@@ -287,15 +287,19 @@ def lens_of_model(
     return cached_lens(parts, tokenizer, progress=progress(args))
 
 
-def learned_lens(folder: Optional[Path], parts: Any) -> Any:
-    r"""The translators of ``folder`` (None for the logit readout), checked
-    against the loaded model before any forward (a ``ValueError`` in one
-    sentence for another model's lens)."""
-    from captum_iglens.readout.layer_readout import LayerReadout
+def lens_readout(
+    lens: Union[None, str, Path], parts: Any, tokenizer: Any, args: argparse.Namespace
+) -> Any:
+    r"""The readout of every layer that ``--lens`` (:func:`lens_folder`) names,
+    resolved once for the whole command: the model's own readout for None, else
+    the learned readout of its folder (:func:`lens_of_model`), checked against
+    the loaded model before any forward (a ``ValueError`` in one sentence for
+    another model's lens)."""
+    from captum_iglens.readout.layer_readout import resolve_readout
 
-    if folder is None:
-        return None
-    return LayerReadout.from_folder(folder, parts.readout(), parts.blocks).translators
+    folder = lens_of_model(lens, parts, tokenizer, args)
+    readout = parts.readout(max_chunk_bytes=settings_from(args).max_chunk_bytes)
+    return resolve_readout(readout, folder, parts.blocks)
 
 
 def _device(text: str) -> torch.device:

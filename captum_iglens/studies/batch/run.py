@@ -16,7 +16,6 @@ from tqdm import tqdm
 from captum_iglens._utils.serialization import check_folder
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
-from captum_iglens.readout.translators import Translators
 from captum_iglens.settings import Settings, provenance
 from captum_iglens.studies.batch.lock import BatchLock
 from captum_iglens.studies.batch.padded import attribute_batch
@@ -27,7 +26,7 @@ from captum_iglens.studies.batch.records import (
     drop_incomplete_line,
     merge_results,
 )
-from captum_iglens.readout.layer_readout import readout_record
+from captum_iglens.readout.layer_readout import LensType, readout_record
 from captum_iglens.studies.batch.resume import claim_run
 from captum_iglens.studies.prompts import check_prompts, prompt_key
 
@@ -63,7 +62,7 @@ def run_batch(
     settings: Optional[Settings] = None,
     batch_size: int = 8,
     progress: bool = True,
-    lens: Union[None, str, Path, Translators] = None,
+    lens: LensType = None,
     **options: Any,
 ) -> Path:
     r"""
@@ -103,10 +102,11 @@ def run_batch(
                     Default: 8.
         progress (bool, optional): A progress bar on stderr (rank 0 only).
                     Default: True.
-        lens (str, Path or Translators, optional): A learned readout per layer,
-                    as in :meth:`LayerIGLens.from_model`; its kind and checksum
-                    are recorded in ``run.json`` and a rerun under another
-                    readout is refused. Default: None (the logit readout)
+        lens (str, Path, Translators or LayerwiseReadout, optional): The
+                    readout per layer, as :meth:`LayerIGLens.from_model` takes
+                    it; its kind and checksum are recorded in ``run.json`` and a
+                    rerun under another readout is refused. Default: None (the
+                    logit readout)
         **options (Any): Fields of :class:`Settings` that override ``settings``.
 
     Returns:
