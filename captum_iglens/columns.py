@@ -212,5 +212,14 @@ class Column:
 
 
 def parse_columns(names: Sequence[str]) -> List[Column]:
-    r"""The :class:`Column` of each name (see :meth:`Column.parse`)."""
+    r"""
+    The :class:`Column` of each name (see :meth:`Column.parse`).
+
+    Args:
+
+        names (list[str]): Column names, as in ``IGLensResult.layer_names``.
+
+    Returns:
+        *list[Column]*, one per name.
+    """
     return [Column.parse(name) for name in names]

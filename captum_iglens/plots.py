@@ -17,6 +17,7 @@ import matplotlib.colors as mcolors
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
+from captum_iglens.columns import parse_columns
 from captum_iglens.result import IGLensResult
 
 if TYPE_CHECKING:
@@ -119,11 +120,12 @@ _MAX_LABELLED_COLUMNS = 40
 
 
 def _column_groups(names: List[str]) -> List[Tuple[int, int, str]]:
-    """Runs of consecutive columns that share the part of their name before the
-    first dot (``"12.attn.h3"``, ``"12.mlp"`` → block ``"12"``): start, end, name."""
+    """Runs of consecutive columns of one block (``"12.attn.h3"``, ``"12.mlp"``
+    → block ``"12"``; see :class:`~captum_iglens.columns.Column`): start, end,
+    name."""
     groups: List[Tuple[int, int, str]] = []
-    for j, name in enumerate(names):
-        key = str(name).split(".")[0]
+    for j, column in enumerate(parse_columns([str(name) for name in names])):
+        key = column.name if column.block is None else column.block
         if groups and groups[-1][2] == key:
             groups[-1] = (groups[-1][0], j + 1, key)
         else:
@@ -439,14 +441,14 @@ def plot_trajectory(
     p = _check_position(result, position, b, batch_index)
     _check_onset_frac(onset_frac)
     credits = result.attributions[b, p].detach().double().cpu().numpy()
-    lens = result.levels[b, p].detach().double().cpu().numpy()
+    levels = result.levels[b, p].detach().double().cpu().numpy()
     base = float(result.base_prob[b, p])
     model_prob = float(result.model_prob[b, p])
     cumulative = base + np.cumsum(credits)
     n_layers = len(credits)
     fig, ax = _new_axes(ax, (max(8.0, 5.0 + 0.32 * n_layers), 4.6))
     _draw_waterfall(ax, credits, base, model_prob)
-    _draw_levels(ax, lens, cumulative)
+    _draw_levels(ax, levels, cumulative)
     onset = int(result.onset(onset_frac)[b, p])
     if onset >= 0:
         name = result.layer_names[onset]
@@ -470,7 +472,7 @@ def plot_trajectory(
         f"p {base:.4f} → {model_prob:.4f} (Δp = {model_prob - base:+.4f})",
         fontsize=10,
     )
-    values = np.concatenate([[base, model_prob], lens, cumulative])
+    values = np.concatenate([[base, model_prob], levels, cumulative])
     low, high = min(0.0, float(values.min())), float(values.max())
     span = high - low if high > low else 1.0
     ax.set_ylim(low - (0.03 * span if low < 0 else 0.0), high + 0.08 * span)
@@ -543,13 +545,13 @@ def _draw_waterfall(
     )
 
 
-def _draw_levels(ax: "Axes", lens: np.ndarray, cumulative: np.ndarray) -> None:
+def _draw_levels(ax: "Axes", levels: np.ndarray, cumulative: np.ndarray) -> None:
     """The logit-lens level of each layer (a line) and the cumulative credit
     (hollow circles)."""
-    x = np.arange(len(lens))
+    x = np.arange(len(levels))
     ax.plot(
         x,
-        lens,
+        levels,
         color="#1f4e9c",
         linewidth=1.8,
         marker=".",

@@ -98,15 +98,11 @@ class BlockPairs(PathGranularity):
         return [(self.layers[j], False) for j in ends], names
 
 
-class JointBlocks(IntegrationPath):
-    """Every column's update scaled together along one straight line from
-    ``h_base`` to ``h_final``, each credited by the estimator's split of it."""
+class EqualShares(IntegrationPath):
+    """A toy path: every column gets the same share of ``f(h_final) -
+    f(h_base)`` (exact, and blind to what the blocks did)."""
 
-    name = "toy_joint"
-    summary = "all updates at once"
-
-    def map_needs_gradients(self, shape: PathGranularity, rule: Estimator) -> bool:
-        return True
+    name = "toy_equal_shares"
 
     def credits(
         self,
@@ -115,26 +111,14 @@ class JointBlocks(IntegrationPath):
         path: TracedPath,
         values: Tensor,
     ) -> Tensor:
-        return self._split(integration, path, values)
+        n = values.shape[-1] - 1
+        share = (values[..., -1] - values[..., 0]) / n
+        return share[..., None].expand(-1, -1, n) * path.mask[..., None]
 
     def attributions(
         self, shape: PathGranularity, integration: Integration, path: TracedPath
     ) -> Tensor:
-        raise NotImplementedError("the toy joint path has a map only")
-
-    def _split(
-        self, integration: Integration, path: TracedPath, values: Tensor
-    ) -> Tensor:
-        b, p, k_plus_1, d = path.points.shape
-        points = path.points.flatten(0, 1)
-        credits = integration.rule.components(
-            integration,
-            points[:, [0, -1]],
-            points.diff(dim=1).float(),
-            path.score.flatten(),
-            values.flatten(0, 1)[:, [0, -1]],
-        )
-        return credits.view(b, p, k_plus_1 - 1) * path.mask[..., None]
+        raise NotImplementedError("the toy path has a map only")
 
 
 @pytest.fixture
@@ -142,7 +126,7 @@ def toys(monkeypatch):
     """The toys, each added to its registry for the test only."""
     monkeypatch.setitem(ESTIMATORS, SquaredShares.name, SquaredShares())
     monkeypatch.setitem(GRANULARITIES, BlockPairs.name, BlockPairs)
-    monkeypatch.setitem(PATHS, JointBlocks.name, JointBlocks)
+    monkeypatch.setitem(PATHS, EqualShares.name, EqualShares)
 
 
 def _completeness(result) -> float:
@@ -152,7 +136,7 @@ def _completeness(result) -> float:
 
 @pytest.mark.parametrize("method", ["toy_squared_shares", "prediction_aware"])
 @pytest.mark.parametrize("granularity", ["toy_block_pairs", "block"])
-@pytest.mark.parametrize("path", ["toy_joint", "telescoping"])
+@pytest.mark.parametrize("path", ["toy_equal_shares", "telescoping"])
 def test_toys_run_through_attribute_map(toys, llama, method, granularity, path):
     ig_lens = LayerIGLens.from_model(llama)
     ids, mask = left_padded([6, 4], llama.config.vocab_size)
@@ -180,17 +164,17 @@ def test_toys_run_through_attribute_map(toys, llama, method, granularity, path):
 def test_a_new_path_changes_the_split_not_the_total(toys, llama):
     ig_lens = LayerIGLens.from_model(llama)
     ids = torch.tensor([[5, 6, 7, 8]])
-    joint = ig_lens.attribute_map(ids, path="toy_joint")
+    equal = ig_lens.attribute_map(ids, path="toy_equal_shares")
     telescoping = ig_lens.attribute_map(ids)
-    assert not torch.allclose(joint.attributions, telescoping.attributions)
-    torch.testing.assert_close(joint.total, telescoping.total, atol=1e-6, rtol=0)
+    assert not torch.allclose(equal.attributions, telescoping.attributions)
+    torch.testing.assert_close(equal.total, telescoping.total, atol=1e-6, rtol=0)
 
 
 def test_unknown_names_are_refused_naming_the_registry(llama):
     ig_lens = LayerIGLens.from_model(llama)
     ids = torch.tensor([[5, 6, 7]])
     for kwargs, arg in (
-        ({"path": "toy_joint"}, "path"),
+        ({"path": "toy_equal_shares"}, "path"),
         ({"method": "toy_squared_shares"}, "method"),
         ({"granularity": "toy_block_pairs"}, "granularity"),
     ):

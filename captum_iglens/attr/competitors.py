@@ -12,7 +12,7 @@ from captum_iglens.result import IGLensResult
 
 
 def competitor_maps(
-    lens: LayerIGLens,
+    ig_lens: LayerIGLens,
     inputs: Union[Tensor, tuple],
     n: int = 3,
     **map_kwargs: Any,
@@ -29,7 +29,7 @@ def competitor_maps(
 
     Args:
 
-        lens (LayerIGLens): The lens.
+        ig_lens (LayerIGLens): IG-Lens on the model.
         inputs (Tensor or tuple[Tensor, ...]): As in
                     :meth:`LayerIGLens.attribute_map`.
         n (int, optional): How many competitors, at least 1. Default: 3.
@@ -46,7 +46,7 @@ def competitor_maps(
 
     Examples::
 
-        >>> maps = competitor_maps(lens, input_ids, n=3, positions=[-1])
+        >>> maps = competitor_maps(ig_lens, input_ids, n=3, positions=[-1])
         >>> [m.attributions[0, 0] for m in maps]  # per-layer credits of each
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -56,15 +56,15 @@ def competitor_maps(
         raise ValueError(
             f"{', '.join(sorted(taken))}: competitor_maps chooses the targets itself"
         )
-    if n > lens.readout.vocab_size:
+    if n > ig_lens.readout.vocab_size:
         raise ValueError(f"n: expected at most the vocabulary size, got {n}")
     top_k = map_kwargs.pop("top_k", 0)
-    finder = lens.attribute_map(inputs, top_k=n, **map_kwargs)
+    finder = ig_lens.attribute_map(inputs, top_k=n, **map_kwargs)
     assert finder.top_ids is not None  # attributed with top_k=n
     competitors = finder.top_ids[:, :, -1]  # the model's own distribution
     maps = []
     for i in range(n):
-        found = lens.attribute_map(
+        found = ig_lens.attribute_map(
             inputs,
             target=competitors[..., i].to(finder.targets.device),
             top_k=top_k,

@@ -168,7 +168,7 @@ class IGLensPath:
                         order. Default: ``"telescoping"``.
 
         Returns:
-            :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``lens``
+            :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``levels``
             of shape ``(B, P, k)`` and ``delta`` of shape ``(B, P)``, always
             float32 and always credits (``multiply_by_inputs`` does not apply).
             With ``(t, v)`` targets, ``P`` runs over the distinct positions named

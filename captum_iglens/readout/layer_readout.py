@@ -55,7 +55,7 @@ class LayerReadout(nn.Module):
         >>> parts = model_parts(model)
         >>> readout = LayerReadout.from_folder(
         ...     "lens/", parts.readout(), parts.blocks)
-        >>> ig_lens = LayerIGLens.from_model(model, readout=readout)
+        >>> ig_lens = LayerIGLens.from_model(model, lens=readout)
     """
 
     def __init__(
@@ -217,7 +217,15 @@ def resolve_readout(
     Raises:
         ValueError: For ``"linear"``, which names the cached fit on the command
             line only.
+        TypeError: If ``lens`` is none of these (a ``LayerIGLens`` goes to
+            ``attribute_text(attribution=...)``, not ``lens=``).
     """
+    if not isinstance(lens, (type(None), str, Path, Translators, LayerwiseReadout)):
+        raise TypeError(
+            "lens: expected None, 'logit', a tuned-lens folder, Translators or a "
+            f"LayerwiseReadout, got {type(lens).__name__}; a ready LayerIGLens is "
+            "passed as attribution="
+        )
     if lens == "linear":
         raise ValueError(
             "lens: 'linear' names the cached fit on the command line; in Python "

@@ -60,6 +60,12 @@ def granularity_help() -> str:
 
 def check_granularity(granularity: str) -> None:
     r"""
+    Checks a ``granularity=`` before any work.
+
+    Args:
+
+        granularity (str): What the caller passed.
+
     Raises:
         ValueError: If no granularity has the name ``granularity``.
     """
@@ -96,8 +102,17 @@ def granularity_of(
     block_parts: Optional[BlockParts],
 ) -> PathGranularity:
     r"""
-    The granularity named ``name`` of the path through ``layers`` (the other
-    arguments as :class:`PathGranularity` takes them).
+    The granularity named ``name`` of the path through ``layers``.
+
+    Args:
+
+        name (str): A name in :data:`GRANULARITIES`.
+        forward_func (Callable): As :class:`PathGranularity` takes it; so are
+                    ``layers``, ``layer_names``, ``sublayers`` and
+                    ``block_parts``.
+
+    Returns:
+        *PathGranularity*: a new instance.
 
     Raises:
         ValueError: If no granularity has that name.

@@ -23,14 +23,12 @@ class IntegrationPath(ABC):
     Attributes:
 
         name (str): The name ``path=`` takes.
-        summary (str): One line for help texts.
         learned_readout (bool): A learned readout per layer can split its
                     columns into block and lens-change parts (the columns are
                     the changes between consecutive path points).
     """
 
     name: ClassVar[str]
-    summary: ClassVar[str]
     learned_readout: ClassVar[bool] = False
 
     def map_needs_gradients(self, shape: PathGranularity, rule: Estimator) -> bool:

@@ -18,7 +18,6 @@ class Telescoping(IntegrationPath):
     """
 
     name = "telescoping"
-    summary = "one straight segment per block (or sub-layer), in depth order"
     learned_readout = True
 
     def credits(

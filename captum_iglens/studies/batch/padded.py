@@ -35,7 +35,7 @@ from captum_iglens.studies.batch.records import GIVEN
 def attribute_batch(
     model: Any,
     tokenizer: Any,
-    lens: LayerIGLens,
+    ig_lens: LayerIGLens,
     batch: Sequence[Dict[str, Any]],
     settings: Settings,
 ) -> List[Dict[str, Any]]:
@@ -66,7 +66,7 @@ def attribute_batch(
         for p, s in zip(prompt_ids, sequences)
     ]
     results = _attribute_padded(
-        lens, sequences, spans, pad_token_id(tokenizer), settings
+        ig_lens, sequences, spans, pad_token_id(tokenizer), settings
     )
     records = []
     for item, answer, result in zip(batch, given, results):
@@ -90,7 +90,7 @@ def attribute_batch(
 
 
 def _attribute_padded(
-    lens: LayerIGLens,
+    ig_lens: LayerIGLens,
     sequences: List[Tensor],
     spans: List[Tuple[int, int]],
     pad_id: int,
@@ -109,13 +109,13 @@ def _attribute_padded(
     columns = [(o + a, o + b) for o, (a, b) in zip(offsets, spans)]
     filled = [(a, b) for a, b in columns if b > a]
     if not filled:
-        names = lens.segment_names(settings.granularity)
+        names = ig_lens.segment_names(settings.granularity)
         empty = IGLensResult.empty(names, settings.method, settings.n_steps)
         return [empty] * len(sequences)
     first, last = min(a for a, _ in filled), max(b for _, b in filled)
     positions = torch.arange(first, last)
-    device = lens.readout.device
-    found = lens.attribute_map(
+    device = ig_lens.readout.device
+    found = ig_lens.attribute_map(
         ids.to(device),
         target=ids[:, positions + 1].to(device),
         additional_forward_args=(mask.to(device),),

@@ -163,7 +163,7 @@ def run_batch(
 def _run_prompts(
     model: Any,
     tokenizer: Any,
-    lens: LayerIGLens,
+    ig_lens: LayerIGLens,
     prompts: Sequence[Dict[str, Any]],
     out: Path,
     settings: Settings,
@@ -190,7 +190,7 @@ def _run_prompts(
     with open(own, "a", encoding="utf-8") as handle:
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
-            for record in attribute_batch(model, tokenizer, lens, batch, settings):
+            for record in attribute_batch(model, tokenizer, ig_lens, batch, settings):
                 handle.write(json.dumps(record) + "\n")
                 handle.flush()
             bar.update(len(batch))

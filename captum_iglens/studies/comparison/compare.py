@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens._utils.tokens import decode_tokens
-from captum_iglens.attr._utils.checks import Granularity, PositionsType
+from captum_iglens.attr._utils.checks import PositionsType
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.parts import ModelParts
@@ -169,8 +169,9 @@ def compare(
     )
     ig_lens.segment_names(settings.granularity)  # fails now, before any method runs
     for name in names:
-        if METHODS[name].granularity is not None:
-            ig_lens.segment_names(cast(Granularity, METHODS[name].granularity))  # same
+        granularity = METHODS[name].granularity
+        if granularity is not None:
+            ig_lens.segment_names(granularity)  # same
     extra = None if attention_mask is None else (attention_mask,)
     setup = ig_lens.attribute_map(input_ids, None, target, extra, positions=positions)
     work = Work.from_map(

@@ -7,8 +7,7 @@ scores, on the common loop of :mod:`~captum_iglens.studies.validation.study`.
 """
 
 import time
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -20,8 +19,7 @@ from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import encode_prompt, left_pad, pad_token_id
-from captum_iglens.readout.layer_readout import readout_record
-from captum_iglens.readout.translators import Translators
+from captum_iglens.readout.layer_readout import LensType, readout_record
 from captum_iglens.settings import Settings
 from captum_iglens.studies.methods.registry import LEARNED_METHODS, SCORED_METHODS
 from captum_iglens.studies.methods.runners import Work
@@ -132,7 +130,7 @@ def run_restoration(
     settings: Optional[Settings] = None,
     study: StudyOptions = StudyOptions(),
     progress: bool = True,
-    lens: Union[None, str, Path, Translators] = None,
+    lens: LensType = None,
     **options: Any,
 ) -> RestorationResult:
     r"""
@@ -167,8 +165,9 @@ def run_restoration(
                     ``settings``, ``study``, ``progress`` and ``**options``
                     (``settings.chat`` must be False: the subject is found in the
                     raw prompt).
-        lens (str, Path or Translators, optional): A learned readout per layer
-                    (a fitted lens: a tuned-lens folder or translators), checked
+        lens (str, Path, Translators or LayerwiseReadout, optional): A
+                    learned readout per layer (a fitted lens: a tuned-lens
+                    folder, translators or a readout object), checked
                     against the model before any forward. Its methods
                     (:data:`LEARNED_METHODS`: IG-Lens under it, whole terms and
                     block parts, and its own levels) are scored beside the
@@ -295,18 +294,12 @@ def _run_record(
 
 
 def _learned_lens(
-    parts: ModelParts,
-    lens: Union[None, str, Path, Translators],
-    settings: Settings,
+    parts: ModelParts, lens: LensType, settings: Settings
 ) -> Optional[LayerIGLens]:
     """IG-Lens under the learned readout ``lens``; None without one. Its
-    LayerReadout checks the translators against the model before any forward."""
+    readout is checked against the model before any forward."""
     if lens is None:
         return None
-    if not isinstance(lens, (str, Path, Translators)):
-        raise TypeError(
-            f"lens: expected a lens folder or Translators, got {type(lens).__name__}"
-        )
     return LayerIGLens.from_model(
         parts,
         settings.layers,

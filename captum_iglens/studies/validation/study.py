@@ -228,7 +228,7 @@ class Scores:
 
 def score_prompts(
     parts: ModelParts,
-    lens: LayerIGLens,
+    ig_lens: LayerIGLens,
     encoded: Sequence[Tensor],
     pad_id: int,
     methods: List[str],
@@ -246,7 +246,7 @@ def score_prompts(
     Args:
 
         parts (ModelParts): The causal LM's parts.
-        lens (LayerIGLens): Its lens on the study's blocks.
+        ig_lens (LayerIGLens): IG-Lens on the study's blocks.
         encoded (list[Tensor]): Each prompt's ``(T_i,)`` token ids.
         pad_id (int): The padding token.
         methods (list[str]): Names from :data:`SCORED_METHODS`.
@@ -260,12 +260,12 @@ def score_prompts(
     Returns:
         :class:`Scores`.
     """
-    n, k = len(encoded), len(lens.layer_names)
+    n, k = len(encoded), len(ig_lens.layer_names)
     device = next(parts.model.parameters()).device
     rng = np.random.default_rng(study.seed)
     costly = [m for m in methods if METHODS[m].costly]
     scored = Scores(
-        layer_names=list(lens.layer_names),
+        layer_names=list(ig_lens.layer_names),
         trajectory=np.zeros((n, k + 1)),
         scores={m: np.full((n, k), np.nan) for m in methods},
         target_ids=[],
@@ -289,7 +289,7 @@ def score_prompts(
         ids, mask = ids.to(device), mask.to(device)
         tick = time.perf_counter()
         work, trajectory = study_work(
-            parts, lens, ids, mask, settings, baseline_token, learned
+            parts, ig_lens, ids, mask, settings, baseline_token, learned
         )
         scored.trajectory[rows] = trajectory.cpu().numpy()
         for m in methods:
