@@ -18,6 +18,7 @@ from captum_iglens.attr._utils.checks import (
     check_baselines,
     check_settings,
 )
+from captum_iglens.attr.estimators import estimator
 from captum_iglens.attr.granularities import check_granularity
 from captum_iglens.hf.text import POSITIONS, Positions
 from captum_iglens.version import __version__
@@ -113,7 +114,8 @@ class Settings:
                 f"{type(self.baselines).__name__}"
             )
         check_baselines(self.baselines)
-        check_settings(self.n_steps, self.method, self.internal_batch_size, False)
+        estimator(self.method).check_steps(self.n_steps)
+        check_settings(self.internal_batch_size, False)
         check_granularity(self.granularity)
         for name in ("max_chunk_bytes", "max_new_tokens"):
             value = getattr(self, name)

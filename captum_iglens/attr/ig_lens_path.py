@@ -174,9 +174,10 @@ class IGLensPath:
             With ``(t, v)`` targets, ``P`` runs over the distinct positions named
             and ``mask`` marks each example's own.
         """
-        check_settings(n_steps, method, internal_batch_size, False)
-        check_top_k(top_k, self.readout.vocab_size)
         rule = estimator(method)
+        rule.check_steps(n_steps)
+        check_settings(internal_batch_size, False)
+        check_top_k(top_k, self.readout.vocab_size)
         along = integration_path(path)
         shape = self._granularity(granularity)
         columns = column_readout(self.readout, self.layers, shape, along)

@@ -457,8 +457,9 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             ...     ids.input_ids, return_convergence_delta=True)
             >>> len(attr), attr[0].shape  # one (B, T, d) tensor per block
         """
-        check_settings(n_steps, method, internal_batch_size, attribute_to_layer_input)
         rule = estimator(method)
+        rule.check_steps(n_steps)
+        check_settings(internal_batch_size, attribute_to_layer_input)
         rule.check_multiply_by_inputs(self.multiplies_by_inputs)
         shape = self._granularity(granularity)
         shape.check_multiply_by_inputs(self.multiplies_by_inputs)

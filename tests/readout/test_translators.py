@@ -221,3 +221,18 @@ def test_the_readout_is_resolved_and_recorded_in_one_shape(tmp_path):
     assert learned.kind in ("linear", "tuned")
     with pytest.raises(ValueError, match="lens: 'linear'.*cached_lens"):
         resolve_readout(readout, "linear", blocks)
+
+
+def test_what_is_not_a_lens_is_refused_naming_the_argument(llama):
+    from captum_iglens import LayerIGLens, attribute_text
+    from captum_iglens.readout.layer_readout import resolve_readout
+    from tests.helpers import word_tokenizer
+
+    parts = model_parts(llama)
+    ig_lens = LayerIGLens.from_model(llama)
+    for bad in (ig_lens, 3, object()):
+        with pytest.raises(TypeError, match="lens: expected None, 'logit'"):
+            resolve_readout(parts.readout(), bad, parts.blocks)
+    tokenizer = word_tokenizer(llama.config.vocab_size)
+    with pytest.raises(TypeError, match="passed as attribution="):
+        attribute_text(llama, tokenizer, "w5 w6 w7", answer="w8", lens=ig_lens)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from captum_iglens.studies.batch import write_html
-from captum_iglens.viewer.page import render_page
+from captum_iglens.viewer._page import render_page
 from captum_iglens.viewer._payload import batch_payload
 from tests.viewer.conftest import HOSTILE
 from tests.viewer.synthetic import synthetic_result

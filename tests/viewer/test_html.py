@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from captum_iglens.studies.batch import write_html
-from captum_iglens.viewer.page import DATA_ID, embed_json, result_html
+from captum_iglens.viewer._page import DATA_ID, embed_json, result_html
 from tests.viewer.conftest import HOSTILE
 from tests.viewer.synthetic import synthetic_result
 
@@ -304,7 +304,7 @@ def test_map_and_batch_pages_carry_the_groups(batch_dir):
 
 def test_the_script_reads_no_column_names():
     # The groups come made from Python: no name pattern in the script.
-    from captum_iglens.viewer.page import _static
+    from captum_iglens.viewer._page import _static
 
     script = _static("viewer.js")
     for pattern in ("attn", "mlp.", "h\\d", "s\\d", "n\\d", "e\\d", "bias)"):

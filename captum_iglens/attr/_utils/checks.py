@@ -23,7 +23,6 @@ from torch import Tensor
 from torch.nn import Module, ModuleList
 
 from captum_iglens.attr._utils.capture import NEEDS
-from captum_iglens.attr.estimators import estimator
 from captum_iglens.readout.interface import LayerwiseReadout
 from captum_iglens.readout.scores import per_position
 
@@ -185,17 +184,8 @@ def summed_credits(
 
 
 def check_settings(
-    n_steps: int,
-    method: str,
-    internal_batch_size: Optional[int],
-    attribute_to_layer_input: bool,
+    internal_batch_size: Optional[int], attribute_to_layer_input: bool
 ) -> None:
-    min_steps = estimator(method).min_steps
-    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < min_steps:
-        raise ValueError(
-            f"n_steps: expected an int >= {min_steps} for method {method!r}, "
-            f"got {n_steps!r}"
-        )
     if internal_batch_size is not None and (
         isinstance(internal_batch_size, bool)
         or not isinstance(internal_batch_size, int)

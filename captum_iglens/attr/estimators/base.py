@@ -42,6 +42,25 @@ class Estimator(ABC):
     supports_unmultiplied: bool
     min_steps: int = 1
 
+    def check_steps(self, n_steps: int) -> None:
+        r"""
+        Checks ``n_steps`` before any work.
+
+        Args:
+
+            n_steps (int): The steps per segment the caller asked for.
+
+        Raises:
+            ValueError: If ``n_steps`` is not an int of at least
+                :attr:`min_steps`.
+        """
+        low = self.min_steps
+        if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < low:
+            raise ValueError(
+                f"n_steps: expected an int >= {low} for method {self.name!r}, "
+                f"got {n_steps!r}"
+            )
+
     def check_multiply_by_inputs(self, multiply_by_inputs: bool) -> None:
         r"""
         Checks that the estimator can return what ``multiply_by_inputs`` asks.

@@ -27,7 +27,7 @@ def write_html(
     Returns:
         *Path*: the page written.
     """
-    from captum_iglens.viewer.page import render_page
+    from captum_iglens.viewer._page import render_page
     from captum_iglens.viewer._payload import batch_payload
 
     out = Path(out_dir)
