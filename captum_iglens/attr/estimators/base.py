@@ -52,7 +52,7 @@ class Estimator(ABC):
 
         Raises:
             ValueError: If ``n_steps`` is not an int of at least
-                :attr:`min_steps`.
+                ``min_steps``.
         """
         low = self.min_steps
         if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < low:
