@@ -19,10 +19,10 @@ from captum_iglens.attr._utils.checks import (
     PositionsType,
     check_settings,
 )
-from captum_iglens.attr.column_readout import column_readout
+from captum_iglens.attr.column_readout import ColumnReadout, column_readout
 from captum_iglens.attr.estimators import Integration, estimator
 from captum_iglens.attr.granularities import PathGranularity, granularity_of
-from captum_iglens.attr.paths import integration_path
+from captum_iglens.attr.paths import IntegrationPath, integration_path
 from captum_iglens.attr.tracing import TracedPath, Tracer
 from captum_iglens.readout.interface import LayerwiseReadout
 from captum_iglens.readout.scores import FoilType, TokenSetType, check_top_k
@@ -174,22 +174,13 @@ class IGLensPath:
             With ``(t, v)`` targets, ``P`` runs over the distinct positions named
             and ``mask`` marks each example's own.
         """
-        rule = estimator(method)
-        rule.check_steps(n_steps)
-        check_settings(internal_batch_size, False)
-        check_top_k(top_k, self.readout.vocab_size)
-        along = integration_path(path)
-        shape = self._granularity(granularity)
-        columns = column_readout(self.readout, self.layers, shape, along)
-        integration = Integration(
-            rule,
-            columns.readout,
-            n_steps,
-            internal_batch_size or self.readout.rows_per_chunk(),
+        shape, along, columns, integration = self._plan(
+            method, n_steps, internal_batch_size, granularity, path, True
         )
+        check_top_k(top_k, self.readout.vocab_size)
         grad_free = (
             torch.no_grad
-            if along.map_needs_gradients(shape, rule)
+            if along.map_needs_gradients(shape, integration.rule)
             else torch.inference_mode
         )
         with grad_free():
@@ -206,6 +197,36 @@ class IGLensPath:
             )
             split = columns.map(integration, traced, top_k)
         return columns.result(traced, split, method, n_steps)
+
+    def _plan(
+        self,
+        method: str,
+        n_steps: int,
+        internal_batch_size: Optional[int],
+        granularity: str,
+        path: str,
+        multiply_by_inputs: bool,
+        attribute_to_layer_input: bool = False,
+    ) -> Tuple[PathGranularity, IntegrationPath, ColumnReadout, Integration]:
+        """A call's granularity, path, column readout and integration, from its
+        arguments, each checked before any forward (``multiply_by_inputs``
+        against the estimator and the granularity)."""
+        rule = estimator(method)
+        rule.check_steps(n_steps)
+        check_settings(internal_batch_size, attribute_to_layer_input)
+        rule.check_multiply_by_inputs(multiply_by_inputs)
+        shape = self._granularity(granularity)
+        shape.check_multiply_by_inputs(multiply_by_inputs)
+        along = integration_path(path)
+        columns = column_readout(self.readout, self.layers, shape, along)
+        integration = Integration(
+            rule,
+            columns.readout,
+            n_steps,
+            internal_batch_size or self.readout.rows_per_chunk(),
+            multiply_by_inputs=multiply_by_inputs,
+        )
+        return shape, along, columns, integration
 
     def _granularity(self, granularity: str) -> PathGranularity:
         """The segments of this lens's path at ``granularity``."""

@@ -1,6 +1,7 @@
 r"""LayerIGLens: exact layer-wise attribution of a token's probability."""
 
 import typing
+from dataclasses import replace
 from typing import (
     Any,
     Callable,
@@ -25,15 +26,13 @@ from captum_iglens.attr._utils.checks import (
     Granularity,
     PositionsType,
     check_construction,
-    check_settings,
     hf_model_of,
     summed_credits,
 )
 from captum_iglens.attr._utils.block_parts import BlockParts, check_block_parts
 from captum_iglens.attr.column_readout import column_readout
-from captum_iglens.attr.paths import Telescoping, integration_path
+from captum_iglens.attr.paths import Telescoping
 from captum_iglens.attr.ig_lens_path import IGLensPath
-from captum_iglens.attr.estimators import Integration, estimator
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.forward import CausalLMForward
 from captum_iglens.hf.parts import ModelParts
@@ -457,23 +456,16 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             ...     ids.input_ids, return_convergence_delta=True)
             >>> len(attr), attr[0].shape  # one (B, T, d) tensor per block
         """
-        rule = estimator(method)
-        rule.check_steps(n_steps)
-        check_settings(internal_batch_size, attribute_to_layer_input)
-        rule.check_multiply_by_inputs(self.multiplies_by_inputs)
-        shape = self._granularity(granularity)
-        shape.check_multiply_by_inputs(self.multiplies_by_inputs)
-        along = integration_path(path)
-        columns = column_readout(self.readout, self.layers, shape, along)
-        integration = Integration(
-            rule,
-            columns.readout,
+        shape, _, columns, integration = self._plan(
+            method,
             n_steps,
-            internal_batch_size or self.readout.rows_per_chunk(),
-            grad_kwargs,
-            per_dimension=True,
-            multiply_by_inputs=self.multiplies_by_inputs,
+            internal_batch_size,
+            granularity,
+            path,
+            self.multiplies_by_inputs,
+            attribute_to_layer_input,
         )
+        integration = replace(integration, grad_kwargs=grad_kwargs, per_dimension=True)
         traced = self._trace(
             shape,
             inputs,
