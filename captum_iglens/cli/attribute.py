@@ -89,7 +89,7 @@ def prepare(args: argparse.Namespace) -> Job:
             raise CommandError(f"--{err}") from None
     stages = Stages()
     parts, tokenizer = stages.run("load", lambda: load(args, settings))
-    readout = lens_readout(folder, parts, tokenizer, args)
+    readout = lens_readout(folder, parts, tokenizer, args, settings)
     scored = _scored_tokens(args, tokenizer)
 
     def job() -> int:

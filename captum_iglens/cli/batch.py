@@ -79,7 +79,7 @@ def prepare(args: argparse.Namespace) -> Job:
     try:
         check_resume(out, prompts, settings)
         parts, tokenizer = load(args, settings)
-        readout = lens_readout(lens, parts, tokenizer, args)
+        readout = lens_readout(lens, parts, tokenizer, args, settings)
         check_model(out, parts, readout)
     except BaseException:
         lock.release()

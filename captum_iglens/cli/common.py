@@ -288,7 +288,11 @@ def lens_of_model(
 
 
 def lens_readout(
-    lens: Union[None, str, Path], parts: Any, tokenizer: Any, args: argparse.Namespace
+    lens: Union[None, str, Path],
+    parts: Any,
+    tokenizer: Any,
+    args: argparse.Namespace,
+    settings: Settings,
 ) -> Any:
     r"""The readout of every layer that ``--lens`` (:func:`lens_folder`) names,
     resolved once for the whole command: the model's own readout for None, else
@@ -298,7 +302,7 @@ def lens_readout(
     from captum_iglens.readout.layer_readout import resolve_readout
 
     folder = lens_of_model(lens, parts, tokenizer, args)
-    readout = parts.readout(max_chunk_bytes=settings_from(args).max_chunk_bytes)
+    readout = parts.readout(max_chunk_bytes=settings.max_chunk_bytes)
     return resolve_readout(readout, folder, parts.blocks)
 
 
