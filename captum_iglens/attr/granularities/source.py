@@ -78,6 +78,14 @@ class SourceComponents:
                     Default: None
         extra (Tensor, optional): ``(R, d)`` float32: a parallel block's MLP
                     output per row, the last component. Default: None
+        correction (Tensor, optional): ``(R, H, e)`` float32 (``e`` the
+                    largest head size, zero-padded): per row and
+                    head, what the real forward's head output ``z_h`` adds to
+                    the captured ``Σ_j A^h_{tj} v^h_j``, over ``Σ_j A^h_{tj}``:
+                    added to every source's value, so that the head's terms
+                    sum to the real head output. Default: None
+        heads_out (Tensor, optional): ``(k, H, e, d)`` float32: ``s · W_O^h``
+                    per block, which projects the correction. Default: None
     """
 
     def __init__(
@@ -90,6 +98,8 @@ class SourceComponents:
         per_example: int,
         factor: Optional[Tensor] = None,
         extra: Optional[Tensor] = None,
+        correction: Optional[Tensor] = None,
+        heads_out: Optional[Tensor] = None,
     ) -> None:
         self.weights = weights
         self.projected = projected
@@ -99,6 +109,8 @@ class SourceComponents:
         self.per_example = per_example
         self.factor = factor
         self.extra = extra
+        self.correction = correction
+        self.heads_out = heads_out
 
     @property
     def n_heads(self) -> int:
@@ -140,6 +152,8 @@ class SourceComponents:
             self.per_example,
             self.factor,
             self.extra,
+            self.correction,
+            self.heads_out,
         )
 
     def __getitem__(self, index: Union[slice, Tensor]) -> Tensor:
@@ -149,7 +163,12 @@ class SourceComponents:
         flat = torch.arange(self.weights.shape[0], device=self.weights.device)[index]
         block = flat % self.blocks
         example = torch.div(flat, self.per_example, rounding_mode="floor")
-        pv = self.projected[example * self.blocks + block]  # (g, H, T, d)
+        pv = self.projected[example * self.blocks + block]  # (g, H, T, d), a copy
+        if self.correction is not None and self.heads_out is not None:
+            shift = torch.einsum(
+                "ghe,ghed->ghd", self.correction[flat], self.heads_out[block]
+            )
+            pv += shift.unsqueeze(2)
         terms = self.weights[flat].unsqueeze(-1) * pv
         factor = None if self.factor is None else self.factor[flat]
         if factor is not None:
@@ -241,14 +260,16 @@ def source_components(
     )
     factor = attention_factors(parts, outputs, attention_updates(parts, stream))
     scale = float(factor.flatten()[0]) if factor.numel() == 1 else 1.0
-    projected, rows, biases = [], [], []
+    projected, rows, biases, corrections, heads_out = [], [], [], [], []
     for j, (a, v) in enumerate(zip(weights, values)):
         a = a.to(stream.device).float()
         v, found = _head_outputs(a, v.to(stream.device), parts.n_heads)
         check_reproduced(j, found, heads_in[j], mask, tolerance)
+        corrections.append(_correction(a, found, heads_in[j], parts.n_heads))
         weight = projection_weight(parts.attn_out[j]).float().to(stream.device)
         per_head = weight.view(weight.shape[0], parts.n_heads, -1)
         projected.append(torch.einsum("bhte,dhe->bhtd", v, per_head) * scale)
+        heads_out.append(per_head.permute(1, 2, 0) * scale)  # (H, e, d)
         rows.append(a.permute(0, 2, 1, 3))  # (B, P, H, T)
         bias = projection_bias(parts.attn_out[j])
         if bias is not None:
@@ -270,7 +291,49 @@ def source_components(
             if parts.parallel
             else None
         ),
+        correction=_stack_padded(corrections, 2).flatten(0, 2),
+        heads_out=_stack_padded(heads_out, 0, dim=1),
     )
+
+
+def _stack_padded(tensors: List[Tensor], at: int, dim: int = -1) -> Tensor:
+    """``tensors`` stacked at ``at``, zero-padded along ``dim`` to the longest
+    (blocks whose heads differ in size, e.g. Gemma 4's global blocks)."""
+    size = max(t.shape[dim] for t in tensors)
+    padded = []
+    for t in tensors:
+        shape = list(t.shape)
+        shape[dim] = size - t.shape[dim]
+        padded.append(torch.cat([t, t.new_zeros(shape)], dim))
+    return torch.stack(padded, at)
+
+
+def _correction(
+    weights: Tensor, found: Tensor, heads_in: Tensor, n_heads: int
+) -> Tensor:
+    r"""
+    Per row and head, ``(z_h - Σ_j A_{tj} v_j) / Σ_j A_{tj}``: what the real
+    forward's head output ``z_h`` adds to the captured weights times values,
+    over the weights' sum (1 but for attention sinks). Added to every
+    source's value, it makes the head's source terms sum to the real head
+    output, so that a head's sources add up to its column of the head map; the
+    eager attention that returns the weights differs from the model's own
+    kernel by float rounding, and this difference is spread over the sources
+    in proportion to their weights.
+
+    Args:
+        weights (Tensor): ``(B, H, P, T)`` float32.
+        found (Tensor): ``(B, P, H·e)`` float32: the weights times the values.
+        heads_in (Tensor): ``(B, P, H·e)``: the real forward's head outputs.
+
+    Returns:
+        *Tensor* ``(B, P, H, e)`` float32 (zero where a row has no weight).
+    """
+    b, p = found.shape[:2]
+    gap = (heads_in.to(found).double() - found.double()).view(b, p, n_heads, -1)
+    total = weights.double().sum(-1).permute(0, 2, 1).unsqueeze(-1)  # (B, P, H, 1)
+    spread = torch.where(total > 0, gap / total.clamp_min(1e-30), 0.0)
+    return spread.float()
 
 
 class Sources(Heads):
@@ -296,7 +359,13 @@ class Sources(Heads):
         )
         return points, self._placeholders(names)
 
-    def recording(self, positions: Tensor, device: torch.device) -> ContextManager[Any]:
+    def second_pass(
+        self, positions: Tensor, device: torch.device
+    ) -> Optional[ContextManager[Any]]:
+        """The attention weights and values, from a forward of their own under
+        the eager attention (which returns its weights): the traced forward,
+        whose ``p_model`` and residual stream the split closes on, runs the
+        model's own attention implementation, untouched."""
         self._attention.positions, self._attention.device = positions, device
         return self._attention
 
@@ -384,6 +453,7 @@ def _sum_heads(attrs: Tensor, k: int, found: SourceComponents) -> Tensor:
     n, rest = attrs.shape[0], attrs.shape[2:]
     h, t = found.n_heads, found.n_sources
     blocks = attrs[:, 1:].reshape(n, k, -1, *rest)
-    sources = blocks[:, :, : h * t].reshape(n, k, h, t, *rest).sum(2)
+    heads = blocks[:, :, : h * t].reshape(n, k, h, t, *rest)
+    sources = heads.sum(2, dtype=torch.float64).to(attrs.dtype)  # rounded once
     per_block = torch.cat([sources, blocks[:, :, h * t :]], dim=2).flatten(1, 2)
     return torch.cat([attrs[:, :1], per_block], dim=1)
