@@ -175,7 +175,14 @@ class IGLensPath:
             and ``mask`` marks each example's own.
         """
         shape, along, columns, integration = self._plan(
-            method, n_steps, internal_batch_size, granularity, path, True
+            method,
+            n_steps,
+            internal_batch_size,
+            granularity,
+            path,
+            True,
+            False,
+            baselines is not None,
         )
         check_top_k(top_k, self.readout.vocab_size)
         grad_free = (
@@ -206,11 +213,12 @@ class IGLensPath:
         granularity: str,
         path: str,
         multiply_by_inputs: bool,
-        attribute_to_layer_input: bool = False,
+        attribute_to_layer_input: bool,
+        baselines_given: bool,
     ) -> Tuple[PathGranularity, IntegrationPath, ColumnReadout, Integration]:
         """A call's granularity, path, column readout and integration, from its
         arguments, each checked before any forward (``multiply_by_inputs``
-        against the estimator and the granularity)."""
+        against the estimator, the granularity and the path)."""
         rule = estimator(method)
         rule.check_steps(n_steps)
         check_settings(internal_batch_size, attribute_to_layer_input)
@@ -218,12 +226,14 @@ class IGLensPath:
         shape = self._granularity(granularity)
         shape.check_multiply_by_inputs(multiply_by_inputs)
         along = integration_path(path)
+        along.check(type(shape), multiply_by_inputs, baselines_given)
         columns = column_readout(self.readout, self.layers, shape, along)
         integration = Integration(
             rule,
             columns.readout,
             n_steps,
             internal_batch_size or self.readout.rows_per_chunk(),
+            along,
             multiply_by_inputs=multiply_by_inputs,
         )
         return shape, along, columns, integration

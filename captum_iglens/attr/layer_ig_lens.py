@@ -464,6 +464,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             path,
             self.multiplies_by_inputs,
             attribute_to_layer_input,
+            baselines is not None,
         )
         integration = replace(integration, grad_kwargs=grad_kwargs, per_dimension=True)
         traced = self._trace(
