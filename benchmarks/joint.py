@@ -54,10 +54,9 @@ def convergence(lens: LayerIGLens, kwargs: Dict[str, Any]) -> None:
         print(f"{n_steps:7d} | {error.max():.2e} | {error.mean():.2e} | {residual:.1e}")
 
 
-def cost(lens: LayerIGLens, kwargs: Dict[str, Any], n_steps: int, repeats: int):
-    print(
-        f"granularity | telescoping s | joint s | joint / telescoping (n_steps={n_steps})"
-    )
+def cost(lens: LayerIGLens, kwargs: Dict[str, Any], n_steps: int, repeats: int) -> None:
+    print(f"n_steps={n_steps}")
+    print("granularity | telescoping s | joint s | joint / telescoping")
     for granularity in ("block", "head", "source", "neuron"):
         seconds = {
             path: _median_seconds(
