@@ -9,6 +9,12 @@ source position ``j`` (and the bias). The terms add up to the heads' outputs of
 :mod:`~captum_iglens.attr.granularities.heads` (and those to the update), and IG-Lens
 credits each ``∫ ∇f · u_{h,j}``.
 
+The path, ``p_model`` and the heads' outputs ``z_h`` are the model's own forward
+(its attention kernel); ``A`` and ``v`` come from a second forward under the
+eager attention, which returns the weights. That forward's rounding difference
+from ``z_h`` is added to every source's value of the head in proportion to its
+weight (:func:`_correction`), so each head's terms sum to the real ``z_h``.
+
 The terms are never stored for all rows at once: :class:`SourceComponents`
 keeps the weights of the attributed rows and ``v^h_j W_O^h`` per block, and
 builds the terms of a group of rows when an estimator reads them.
