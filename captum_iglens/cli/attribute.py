@@ -124,7 +124,7 @@ def prepare(args: argparse.Namespace) -> Job:
             )
 
         result = stages.run("attribute", lambda: attribute(settings))
-        companion = None if folder else _companion(settings)
+        companion = None if folder else _companion(settings, args.n_steps)
         other = None
         if companion is not None:
             other = stages.run("other path", lambda: attribute(companion))
@@ -135,16 +135,18 @@ def prepare(args: argparse.Namespace) -> Job:
     return job
 
 
-def _companion(settings: Settings) -> Optional[Settings]:
+def _companion(settings: Settings, n_steps: Optional[int]) -> Optional[Settings]:
     """The block map on the other path, whose onset the table shows beside the
     map's own: the telescoping onset says when the final head can read the
-    answer, the joint one which blocks wrote it. None where the other path
-    cannot take these settings (a baseline the joint block map has no column
-    for)."""
+    answer, the joint one which blocks wrote it (``n_steps`` as given, else the
+    other path's default). None where the other path cannot take these
+    settings (a baseline the joint block map has no column for)."""
     for name in PATHS:
         if name != settings.path:
             try:
-                return settings.replace(path=name, granularity="block", top_k=0)
+                return settings.replace(
+                    path=name, granularity="block", top_k=0, n_steps=n_steps
+                )
             except ValueError:
                 return None
     return None
