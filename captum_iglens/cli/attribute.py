@@ -4,7 +4,7 @@ HTML."""
 
 import argparse
 import shutil
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from captum_iglens.cli.common import (
     HTML_HELP,
@@ -26,15 +26,26 @@ from captum_iglens.cli.common import (
 )
 from captum_iglens.columns import Column, parse_columns
 
+if TYPE_CHECKING:
+    from captum_iglens.settings import Settings
+
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     r"""Adds the subcommand ``name`` to ``commands``."""
     attribute = commands.add_parser(
         name,
-        parents=[prompt_parent(), settings_parent(), model_parent()],
+        parents=[prompt_parent(), settings_parent(), model_parent(), options_parent()],
         help="the IG-Lens map of the model's answer to a prompt (the default)",
         description="The IG-Lens map of the model's answer to a prompt.",
     )
+    attribute.set_defaults(prepare=prepare)
+
+
+def options_parent() -> argparse.ArgumentParser:
+    r"""The main job's options beyond the model and the settings: the onset,
+    the scored tokens, the readout and the output files (``shell`` takes them
+    too)."""
+    attribute = argparse.ArgumentParser(add_help=False)
     attribute.add_argument("--onset-frac", type=float, default=0.5)
     attribute.add_argument(
         "--foil",
@@ -66,71 +77,114 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         "the first answer token's block x source-token map)",
     )
     attribute.add_argument("--html", metavar="PATH", help=HTML_HELP)
-    attribute.set_defaults(prepare=prepare)
+    return attribute
 
 
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the options and loads the model; the job generates the answer,
     attributes it and writes the outputs."""
-    from captum_iglens.attr import attribute_text
-    from captum_iglens.attr.granularities import check_learned_readout
-    from captum_iglens.hf.text import encode_prompt, generate
-
-    settings = settings_from(args)
-    if not 0.0 < args.onset_frac <= 1.0:
-        raise CommandError(f"--onset-frac: expected (0, 1], got {args.onset_frac}")
-    check_outputs(args, "json", "csv", "png", "html")
+    settings, folder = check_options(args)
     prompt = read_prompt(args)
-    folder = lens_folder(args.lens)
-    if folder is not None:
-        try:
-            check_learned_readout(settings.granularity)
-        except ValueError as err:  # the option's name as the user typed it
-            raise CommandError(f"--{err}") from None
     stages = Stages()
     parts, tokenizer = stages.run("load", lambda: load(args, settings))
     readout = lens_readout(folder, parts, tokenizer, args, settings)
-    scored = _scored_tokens(args, tokenizer)
+    scored = scored_tokens(args, tokenizer)
 
     def job() -> int:
-        (answer_ids,) = stages.run(
-            "generate",
-            lambda: generate(
-                parts.model,
-                tokenizer,
-                [encode_prompt(tokenizer, prompt, chat=settings.chat)],
-                max_new_tokens=settings.max_new_tokens,
-                progress=progress(args),
-            ),
+        result = answer_and_attribute(
+            parts, tokenizer, prompt, settings, readout, scored, stages, args
         )
-        print(f"prompt: {prompt}")
-        print(f"answer: {tokenizer.decode(answer_ids)}")
-        if len(answer_ids) == 0 and settings.positions == "answer":
-            print("captum-iglens: the answer is empty; nothing to attribute")
+        if result is None:
             return 1
-        result = stages.run(
-            "attribute",
-            lambda: attribute_text(
-                parts,
-                tokenizer,
-                prompt,
-                answer=answer_ids,
-                settings=settings,
-                lens=readout,
-                **scored,
-            ),
-        )
-        _report(result, args)
+        report(result, args)
         print(stages.summary())
         return 0
 
     return job
 
 
-def _report(result: Any, args: argparse.Namespace) -> None:
-    """Prints the map (and its views) and writes the files asked for."""
+def check_options(args: argparse.Namespace) -> Tuple["Settings", Any]:
+    r"""The :class:`~captum_iglens.Settings` and the ``--lens`` folder
+    (:func:`~captum_iglens.cli.common.lens_folder`) of the main job's options,
+    checked before the model loads; a bad option raises :class:`CommandError`."""
+    from captum_iglens.attr.granularities import check_learned_readout
+
+    settings = settings_from(args)
+    if not 0.0 < args.onset_frac <= 1.0:
+        raise CommandError(f"--onset-frac: expected (0, 1], got {args.onset_frac}")
+    check_outputs(args, "json", "csv", "png", "html")
+    folder = lens_folder(args.lens)
+    if folder is not None:
+        try:
+            check_learned_readout(settings.granularity)
+        except ValueError as err:  # the option's name as the user typed it
+            raise CommandError(f"--{err}") from None
+    return settings, folder
+
+
+def answer_and_attribute(
+    parts: Any,
+    tokenizer: Any,
+    prompt: str,
+    settings: "Settings",
+    readout: Any,
+    scored: Dict[str, Any],
+    stages: Stages,
+    args: argparse.Namespace,
+) -> Optional[Any]:
+    r"""Generates the model's answer to ``prompt``, prints both and returns the
+    answer's :class:`~captum_iglens.IGLensResult`; None, with a line saying so,
+    when the answer is empty and only the answer is attributed."""
+    from captum_iglens.attr import attribute_text
+    from captum_iglens.hf.text import encode_prompt, generate
+
+    (answer_ids,) = stages.run(
+        "generate",
+        lambda: generate(
+            parts.model,
+            tokenizer,
+            [encode_prompt(tokenizer, prompt, chat=settings.chat)],
+            max_new_tokens=settings.max_new_tokens,
+            progress=progress(args),
+        ),
+    )
+    print(f"prompt: {prompt}")
+    print(f"answer: {tokenizer.decode(answer_ids)}")
+    if len(answer_ids) == 0 and settings.positions == "answer":
+        print("captum-iglens: the answer is empty; nothing to attribute")
+        return None
+    return stages.run(
+        "attribute",
+        lambda: attribute_text(
+            parts,
+            tokenizer,
+            prompt,
+            answer=answer_ids,
+            settings=settings,
+            lens=readout,
+            **scored,
+        ),
+    )
+
+
+def legend(result: Any, onset_frac: float) -> str:
+    r"""The two lines under the table that say what its columns mean."""
+    scored = result.foils is not None or result.target_sets is not None
+    what = "score (targets' minus foils' probability)" if scored else "probability"
+    return (
+        f"L<i>: credit, the {what} of the token gained (+) or lost (-) at layer "
+        "i; Σ: their sum over all layers\n"
+        "Δp: p_model - p at the path's start, = Σ; lens@top: the readout at the "
+        f"last layer; onset: first layer with {onset_frac:.0%} of |credit|"
+    )
+
+
+def report(result: Any, args: argparse.Namespace) -> None:
+    """Prints the map with its legend (and its views) and writes the files
+    asked for."""
     width = shutil.get_terminal_size((120, 24)).columns
     print(result.format_table(width=width, onset_frac=args.onset_frac))
+    print(legend(result, args.onset_frac))
     parts = _top_parts(result)
     if parts:
         print()
@@ -141,6 +195,11 @@ def _report(result: Any, args: argparse.Namespace) -> None:
     if result.source_layout() is not None:
         print()
         print(result.format_sources())
+    write_files(result, args)
+
+
+def write_files(result: Any, args: argparse.Namespace) -> None:
+    """Writes the files of ``--json``, ``--csv``, ``--html`` and ``--png``."""
     if args.json:
         result.save(args.json)
     if args.csv:
@@ -217,7 +276,7 @@ def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
     return "\n".join(lines)
 
 
-def _scored_tokens(args: argparse.Namespace, tokenizer: Any) -> Dict[str, Any]:
+def scored_tokens(args: argparse.Namespace, tokenizer: Any) -> Dict[str, Any]:
     """``--foil`` and ``--target-tokens`` as token ids (each a single token)."""
     from captum_iglens.hf.text import single_token_id
 
