@@ -21,7 +21,14 @@ import shlex
 from pathlib import Path
 from typing import Any, Dict, List, NoReturn, Optional, Tuple
 
-from captum_iglens.cli import attribute
+from captum_iglens.cli.attribute import (
+    answer_and_attribute,
+    check_options,
+    options_parent,
+    report,
+    scored_tokens,
+    write_files,
+)
 from captum_iglens.cli.common import (
     INPUT_ERRORS,
     CommandError,
@@ -55,7 +62,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     r"""Adds the subcommand ``name`` to ``commands``."""
     shell = commands.add_parser(
         name,
-        parents=[settings_parent(), model_parent(), attribute.options_parent()],
+        parents=[settings_parent(), model_parent(), options_parent()],
         help="an interactive session: load the model once, then type prompts",
         description="An interactive session: the model is loaded once, then "
         "each line typed is a prompt, answered and attributed as the main job "
@@ -95,14 +102,14 @@ class Session:
         self.options = _OptionParser(
             prog=":set",
             add_help=False,
-            parents=[settings_parent(), attribute.options_parent()],
+            parents=[settings_parent(), options_parent()],
         )
         self.fixed = {
             option.lstrip("-")
             for action in model_parent()._actions
             for option in action.option_strings
         }
-        settings, _ = attribute.check_options(args)
+        settings, _ = check_options(args)
         self.args = args
         self.parts, self.tokenizer = load(args, settings)
         self.last: Optional[Any] = None
@@ -161,15 +168,15 @@ class Session:
 
     def attribute(self, prompt: str) -> None:
         r"""Answers, attributes and prints ``prompt`` under the current options."""
-        settings, folder = attribute.check_options(self.args)
+        settings, folder = check_options(self.args)
         key = (str(folder), settings.max_chunk_bytes)
         if key not in self._readouts:
             self._readouts[key] = lens_readout(
                 folder, self.parts, self.tokenizer, self.args, settings
             )
-        scored = attribute.scored_tokens(self.args, self.tokenizer)
+        scored = scored_tokens(self.args, self.tokenizer)
         stages = Stages()
-        result = attribute.answer_and_attribute(
+        result = answer_and_attribute(
             self.parts,
             self.tokenizer,
             prompt,
@@ -180,7 +187,7 @@ class Session:
             self.args,
         )
         if result is not None:
-            attribute.report(result, self.args)
+            report(result, self.args)
             print(stages.summary())
             self.last = result
 
@@ -229,7 +236,7 @@ class Session:
         for name in OUTPUTS:
             setattr(target, name, words[0] if name == kind else None)
         check_outputs(target, kind)
-        attribute.write_files(self.last, target)
+        write_files(self.last, target)
         print(f"wrote {words[0]}")
 
     def _apply(self, changed: argparse.Namespace) -> None:
@@ -237,7 +244,7 @@ class Session:
         job's checks and fit the model."""
         from captum_iglens.attr.granularities import model_columns
 
-        settings, _ = attribute.check_options(changed)
+        settings, _ = check_options(changed)
         model_columns(self.parts, settings.layers, settings.granularity)
         self.args = changed
 
