@@ -12,7 +12,7 @@ from captum_iglens import IGLensResult
 from tests.helpers import word_tokenizer
 
 PROMPT = "iglens> "
-LEGEND = "lens@top: the readout at the last layer"
+LEGEND = "lens@top: last layer's readout"
 
 
 @pytest.fixture(scope="module")

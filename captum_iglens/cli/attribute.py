@@ -170,12 +170,12 @@ def answer_and_attribute(
 def legend(result: Any, onset_frac: float) -> str:
     r"""The two lines under the table that say what its columns mean."""
     scored = result.foils is not None or result.target_sets is not None
-    what = "score (targets' minus foils' probability)" if scored else "probability"
+    what = "score (--foil, --target-tokens)" if scored else "probability"
     return (
-        f"L<i>: credit, the {what} of the token gained (+) or lost (-) at layer "
-        "i; Σ: their sum over all layers\n"
-        "Δp: p_model - p at the path's start, = Σ; lens@top: the readout at the "
-        f"last layer; onset: first layer with {onset_frac:.0%} of |credit|"
+        f"L<i>: layer i's credit, the {what} it adds to the token (- takes away); "
+        "Σ: all layers' credits\n"
+        "Δp = p_model - p(start) = Σ; lens@top: last layer's readout; onset: first "
+        f"layer with {onset_frac:.0%} of |credit|"
     )
 
 
