@@ -113,7 +113,7 @@ def check_options(args: argparse.Namespace) -> Tuple["Settings", Any]:
     if not 0.0 < args.onset_frac <= 1.0:
         raise CommandError(f"--onset-frac: expected (0, 1], got {args.onset_frac}")
     check_outputs(args, "json", "csv", "png", "html")
-    folder = lens_folder(args.lens)
+    folder = lens_folder(args.lens, args.path)
     if folder is not None:
         try:
             check_learned_readout(settings.granularity)
