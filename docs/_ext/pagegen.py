@@ -12,9 +12,10 @@ Docs pages generated from the code at build time, so that they cannot drift:
 import argparse
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from sphinx.application import Sphinx
+if TYPE_CHECKING:  # the tests import this module without Sphinx
+    from sphinx.application import Sphinx
 
 #: The block-relative modules of an entry, one column each.
 FIELDS = ("mid", "attn_out", "attn_norm", "parallel_mlp", "mlp_out", "experts")
@@ -178,13 +179,13 @@ def _write(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def generate(app: Sphinx) -> None:
+def generate(app: "Sphinx") -> None:
     r"""Write the generated pages under ``_generated/``."""
     out = Path(app.srcdir) / "_generated"
     _write(out / "cli.md", cli_page())
     _write(out / "architecture_table.md", architecture_table())
 
 
-def setup(app: Sphinx) -> Dict[str, Any]:
+def setup(app: "Sphinx") -> Dict[str, Any]:
     app.connect("builder-inited", generate)
     return {"parallel_read_safe": True}
