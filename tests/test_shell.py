@@ -12,7 +12,7 @@ from captum_iglens import IGLensResult
 from tests.helpers import word_tokenizer
 
 PROMPT = "iglens> "
-LEGEND = "lens@top: last layer's readout"
+LEGEND = "lens@top: last readout; onset"
 
 
 @pytest.fixture(scope="module")

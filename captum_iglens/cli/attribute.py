@@ -4,7 +4,9 @@ HTML."""
 
 import argparse
 import shutil
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
+
+from captum_iglens.attr.paths import PATHS
 
 from captum_iglens.cli.common import (
     HTML_HELP,
@@ -25,9 +27,7 @@ from captum_iglens.cli.common import (
     settings_parent,
 )
 from captum_iglens.columns import Column, parse_columns
-
-if TYPE_CHECKING:
-    from captum_iglens.settings import Settings
+from captum_iglens.settings import Settings
 
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
@@ -91,19 +91,27 @@ def prepare(args: argparse.Namespace) -> Job:
     scored = scored_tokens(args, tokenizer)
 
     def job() -> int:
-        result = answer_and_attribute(
-            parts, tokenizer, prompt, settings, readout, scored, stages, args
+        maps = answer_and_attribute(
+            parts,
+            tokenizer,
+            prompt,
+            settings,
+            readout,
+            scored,
+            stages,
+            args,
+            companion=None if folder else companion_settings(settings),
         )
-        if result is None:
+        if maps is None:
             return 1
-        report(result, args)
+        report(*maps, args)
         print(stages.summary())
         return 0
 
     return job
 
 
-def check_options(args: argparse.Namespace) -> Tuple["Settings", Any]:
+def check_options(args: argparse.Namespace) -> Tuple[Settings, Any]:
     r"""The :class:`~captum_iglens.Settings` and the ``--lens`` folder
     (:func:`~captum_iglens.cli.common.lens_folder`) of the main job's options,
     checked before the model loads; a bad option raises :class:`CommandError`."""
@@ -126,15 +134,18 @@ def answer_and_attribute(
     parts: Any,
     tokenizer: Any,
     prompt: str,
-    settings: "Settings",
+    settings: Settings,
     readout: Any,
     scored: Dict[str, Any],
     stages: Stages,
     args: argparse.Namespace,
-) -> Optional[Any]:
+    companion: Optional[Settings] = None,
+) -> Optional[Tuple[Any, Any]]:
     r"""Generates the model's answer to ``prompt``, prints both and returns the
-    answer's :class:`~captum_iglens.IGLensResult`; None, with a line saying so,
-    when the answer is empty and only the answer is attributed."""
+    answer's :class:`~captum_iglens.IGLensResult` with, for ``companion``
+    settings (:func:`companion_settings`), the block map on the other path whose
+    onset the table shows (else None); None, with a line saying so, when the
+    answer is empty and only the answer is attributed."""
     from captum_iglens.attr import attribute_text
     from captum_iglens.hf.text import encode_prompt, generate
 
@@ -153,38 +164,76 @@ def answer_and_attribute(
     if len(answer_ids) == 0 and settings.positions == "answer":
         print("captum-iglens: the answer is empty; nothing to attribute")
         return None
-    return stages.run(
-        "attribute",
-        lambda: attribute_text(
+
+    def attribute(chosen: Settings) -> Any:
+        return attribute_text(
             parts,
             tokenizer,
             prompt,
             answer=answer_ids,
-            settings=settings,
+            settings=chosen,
             lens=readout,
             **scored,
-        ),
-    )
+        )
+
+    result = stages.run("attribute", lambda: attribute(settings))
+    other = None
+    if companion is not None:
+        other = stages.run("other path", lambda: attribute(companion))
+    return result, other
 
 
-def legend(result: Any, onset_frac: float) -> str:
-    r"""The two lines under the table that say what its columns mean."""
+def companion_settings(settings: Settings) -> Optional[Settings]:
+    """The block map on the other path, whose onset the table shows beside the
+    map's own: the telescoping onset says when the final head can read the
+    answer, the joint one which blocks wrote it. None where the other path
+    cannot take these settings (a baseline the joint block map has no column
+    for)."""
+    for name in PATHS:
+        if name != settings.path:
+            try:
+                return settings.replace(path=name, granularity="block", top_k=0)
+            except ValueError:
+                return None
+    return None
+
+
+#: What each path's onset says, for the legend under the table.
+ONSET_MEANING = {
+    "telescoping": "head can read it",
+    "joint": "blocks wrote it",
+}
+
+
+def legend(result: Any, onset_frac: float, companion: Any = None) -> str:
+    r"""The two lines under the table that say what its columns mean; with
+    ``companion`` (the block map on the other path), what each path's onset
+    means."""
     scored = result.foils is not None or result.target_sets is not None
     what = "score (--foil, --target-tokens)" if scored else "probability"
+    onset = f"onset: first layer with {onset_frac:.0%} of |credit|"
+    if companion is not None:
+        paths = (result.path, companion.path)
+        onset = f"onsets at {onset_frac:.0%} of |credit|: " + ", ".join(
+            f"{path} = {ONSET_MEANING.get(path, 'its path')}" for path in paths
+        )
     return (
-        f"L<i>: layer i's credit, the {what} it adds to the token (- takes away); "
-        "Σ: all layers' credits\n"
-        "Δp = p_model - p(start) = Σ; lens@top: last layer's readout; onset: first "
-        f"layer with {onset_frac:.0%} of |credit|"
+        f"L<i>: {what} layer i adds to the token (its credit); Σ: all credits "
+        "= Δp = p_model - p(start)\n"
+        f"lens@top: last readout; {onset}"
     )
 
 
-def report(result: Any, args: argparse.Namespace) -> None:
-    """Prints the map with its legend (and its views) and writes the files
+def report(result: Any, other: Any, args: argparse.Namespace) -> None:
+    """Prints the map with its legend (and its views, and the onset of
+    ``other``, the block map on the other path, or None) and writes the files
     asked for."""
     width = shutil.get_terminal_size((120, 24)).columns
-    print(result.format_table(width=width, onset_frac=args.onset_frac))
-    print(legend(result, args.onset_frac))
+    table = result.format_table(
+        width=width, onset_frac=args.onset_frac, companion=other
+    )
+    print(table)
+    print(legend(result, args.onset_frac, other))
     parts = _top_parts(result)
     if parts:
         print()

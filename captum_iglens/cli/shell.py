@@ -24,6 +24,7 @@ from typing import Any, Dict, List, NoReturn, Optional, Tuple
 from captum_iglens.cli.attribute import (
     answer_and_attribute,
     check_options,
+    companion_settings,
     options_parent,
     report,
     scored_tokens,
@@ -176,7 +177,7 @@ class Session:
             )
         scored = scored_tokens(self.args, self.tokenizer)
         stages = Stages()
-        result = answer_and_attribute(
+        maps = answer_and_attribute(
             self.parts,
             self.tokenizer,
             prompt,
@@ -185,11 +186,12 @@ class Session:
             scored,
             stages,
             self.args,
+            companion=None if folder else companion_settings(settings),
         )
-        if result is not None:
-            report(result, self.args)
+        if maps is not None:
+            report(*maps, self.args)
             print(stages.summary())
-            self.last = result
+            self.last = maps[0]
 
     def set(self, words: List[str]) -> None:
         r"""``:set OPTION VALUE...`` (or ``:set --option VALUE ...``)."""
