@@ -86,7 +86,7 @@ class Settings:
     positions: Positions = "answer"
     baselines: SettingsBaseline = None
     method: str = "prediction_aware"
-    n_steps: int = None  # type: ignore[assignment]  # the path's, once built
+    n_steps: Optional[int] = None
     granularity: Granularity = "block"
     path: str = "telescoping"
     internal_batch_size: Optional[int] = None
@@ -124,9 +124,7 @@ class Settings:
             )
         check_baselines(self.baselines)
         along = integration_path(self.path)
-        if self.n_steps is None:
-            object.__setattr__(self, "n_steps", along.default_steps)
-        estimator(self.method).check_steps(self.n_steps)
+        estimator(self.method).check_steps(self.steps)
         check_settings(self.internal_batch_size, False)
         check_granularity(self.granularity)
         along.check(GRANULARITIES[self.granularity], True, self.baselines is not None)
@@ -156,6 +154,13 @@ class Settings:
             )
         return settings.replace(**options) if options else settings
 
+    @property
+    def steps(self) -> int:
+        r"""``n_steps``, or where it is None the path's ``default_steps``."""
+        if self.n_steps is None:
+            return integration_path(self.path).default_steps
+        return self.n_steps
+
     def replace(self, **changes: Any) -> "Settings":
         r"""A copy with some fields changed (checked like a new one)."""
         unknown = set(changes) - {f.name for f in fields(self)}
@@ -183,6 +188,7 @@ class Settings:
         not the default, so that records written before it existed match)."""
         data = asdict(self)
         data["layers"] = None if self.layers is None else list(self.layers)
+        data["n_steps"] = self.steps
         if self.path == type(self).path:
             del data["path"]
         return data
