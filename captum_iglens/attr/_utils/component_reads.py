@@ -1,7 +1,8 @@
 r"""
 How the estimators read the components ``u_c`` of a segment: their products
-with gradients and their norms. A ``(M, C, d)`` tensor is read directly; an
-object that keeps its components factored (the per-(head, source) terms of
+with gradients and their norms. A ``(M, C, d)`` tensor (or an object whose
+``[rows]`` builds those rows' components) is read through its rows; an object
+that keeps its components factored (the per-(head, source) terms of
 ``granularity="source"``) answers through its own ``dots`` and ``norms``,
 without building a ``(rows, C, d)`` array.
 """
@@ -22,7 +23,7 @@ def component_dots(components: Any, rows: Rows, grads: Tensor) -> Tensor:
     Returns:
         *Tensor* ``(g, S, C)`` float32.
     """
-    if isinstance(components, Tensor):
+    if not hasattr(components, "dots"):
         return torch.einsum("gsd,gcd->gsc", grads, components[rows])
     return components.dots(rows, grads)
 
@@ -35,7 +36,7 @@ def component_credits(components: Any, rows: Rows, vectors: Tensor) -> Tensor:
     Returns:
         *Tensor* ``(g, C)`` float32.
     """
-    if isinstance(components, Tensor):
+    if not hasattr(components, "dots"):
         return (components[rows] * vectors.unsqueeze(1)).sum(-1)
     return components.dots(rows, vectors.unsqueeze(1))[:, 0]
 
@@ -54,7 +55,7 @@ def component_norms(
         ``parents`` the norm of each group's summed component ``(g, G)``
         (else None).
     """
-    if isinstance(components, Tensor):
+    if not hasattr(components, "norms"):
         u = components[rows]
         group = None
         if parents is not None:
