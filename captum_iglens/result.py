@@ -75,7 +75,12 @@ IGLENS_SCHEMA = Record(
     lens_change=Maybe(Array("float", "B", "P", "k")),
     readout_kind=Default(Text(nonempty=True)),
     readout_checksum=Maybe(Text()),
+    path=Default(Text(nonempty=True)),
 )
+#: Fields added after files were first written: written only where they differ
+#: from their default, so that a file of a run that does not use them is the
+#: same as before they existed.
+_WRITTEN_IF_SET = ("path",)
 #: The tensor fields, each ``(B, P, ...)`` but ``positions`` ``(P,)``.
 _TENSOR_FIELDS = IGLENS_SCHEMA.fields_of(Array)
 
@@ -150,6 +155,12 @@ class IGLensResult(JsonDocument, Viewable):
                     :class:`~captum_iglens.readout.interface.LayerwiseReadout`.
         readout_checksum (str, optional): The readout's checksum (e.g.
                     ``Translators.checksum()``); None for ``"logit"``.
+        path (str): The integration path (its name in
+                    :data:`~captum_iglens.attr.paths.PATHS`):
+                    ``"telescoping"`` (each column between consecutive path
+                    points; the default) or ``"joint"`` (every column's update
+                    scaled together). Only the default path has a learned
+                    readout per layer.
 
     The view fields (``top_ids`` ... ``rank``) are all set or all None.
     """
@@ -178,6 +189,7 @@ class IGLensResult(JsonDocument, Viewable):
     lens_change: Optional[Tensor] = None
     readout_kind: str = "logit"
     readout_checksum: Optional[str] = None
+    path: str = "telescoping"
 
     KIND = "IGLensResult"
 
@@ -292,6 +304,18 @@ class IGLensResult(JsonDocument, Viewable):
                 "lens_change/readout_checksum: expected both under a learned "
                 f"readout and neither under the logit readout (readout_kind "
                 f"{self.readout_kind!r})"
+            )
+        default_path = type(self).path
+        if learned and self.path != default_path:
+            raise ValueError(
+                f"path: {self.path!r} has no learned readout per layer (readout_kind "
+                f"{self.readout_kind!r}); only {default_path!r} has"
+            )
+        settings = self.metadata.get("settings")
+        recorded = settings.get("path") if isinstance(settings, dict) else None
+        if recorded is not None and recorded != self.path:
+            raise ValueError(
+                f"path: {self.path!r} differs from metadata.settings.path {recorded!r}"
             )
 
     @property
@@ -510,7 +534,11 @@ class IGLensResult(JsonDocument, Viewable):
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dictionary of every field (tensors as nested
         lists), keyed as the file stores them (``levels`` as ``"lens"``)."""
-        values = {f.name: plain(getattr(self, f.name)) for f in fields(self)}
+        values = {
+            f.name: plain(getattr(self, f.name))
+            for f in fields(self)
+            if f.name not in _WRITTEN_IF_SET or getattr(self, f.name) != f.default
+        }
         return IGLENS_SCHEMA.dump(values)
 
     @classmethod
@@ -523,7 +551,14 @@ class IGLensResult(JsonDocument, Viewable):
 def _check_joinable(first: IGLensResult, other: IGLensResult, at: str) -> None:
     """Refuses to stack ``other`` under ``first``: other layers or settings,
     other positions, fields given for one only, another ``top_k``."""
-    settings = ("layer_names", "method", "n_steps", "readout_kind", "readout_checksum")
+    settings = (
+        "layer_names",
+        "method",
+        "n_steps",
+        "readout_kind",
+        "readout_checksum",
+        "path",
+    )
     for name in settings:
         if getattr(other, name) != getattr(first, name):
             raise ValueError(

@@ -81,7 +81,7 @@ def prepare(args: argparse.Namespace) -> Job:
         raise CommandError(f"--onset-frac: expected (0, 1], got {args.onset_frac}")
     check_outputs(args, "json", "csv", "png", "html")
     prompt = read_prompt(args)
-    folder = lens_folder(args.lens)
+    folder = lens_folder(args.lens, args.path)
     if folder is not None:
         try:
             check_learned_readout(settings.granularity)

@@ -16,6 +16,7 @@ import torch
 
 from captum_iglens.attr.estimators import ESTIMATORS
 from captum_iglens.attr.granularities import GRANULARITIES, granularity_help
+from captum_iglens.attr.paths import PATHS, integration_path
 from captum_iglens.hf.text import POSITIONS
 from captum_iglens.settings import Settings
 
@@ -157,6 +158,14 @@ def settings_parent(
         help=granularity_help(),
     )
     group.add_argument(
+        "--path",
+        choices=PATHS,
+        default="telescoping",
+        help="telescoping: each block between consecutive states (when the final "
+        "head can read the answer; default); joint: every block's update scaled "
+        "together (what each block writes, in no order)",
+    )
+    group.add_argument(
         "--internal-batch-size",
         type=int,
         help="rows through the readout at once (default: set by --max-chunk-mib)",
@@ -207,6 +216,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         method=args.method,
         n_steps=args.n_steps,
         granularity=args.granularity,
+        path=args.path,
         internal_batch_size=args.internal_batch_size,
         max_chunk_bytes=args.max_chunk_mib * 2**20,
         chat=args.chat,
@@ -268,15 +278,20 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     return parts, tokenizer
 
 
-def lens_folder(text: Optional[str]) -> Union[None, str, Path]:
-    r"""``--lens``, checked before the model loads: None for ``logit`` (the
-    default), ``"linear"`` (this model's cached fitted lens, found once the
-    model is loaded), else a tuned-lens folder whose ``config.json`` is
-    readable."""
+def lens_folder(text: Optional[str], path: str) -> Union[None, str, Path]:
+    r"""``--lens``, checked before the model loads against ``--path``: None
+    for ``logit`` (the default), ``"linear"`` (this model's cached fitted lens,
+    found once the model is loaded), else a tuned-lens folder whose
+    ``config.json`` is readable."""
     from captum_iglens.readout.translators import read_config
 
     if text is None or text == "logit":
         return None
+    if not integration_path(path).learned_readout:
+        raise CommandError(
+            f"--lens: a learned readout per layer defines no {path} path; use "
+            "--path telescoping, or leave out --lens"
+        )
     if text == "linear":
         return text
     try:
