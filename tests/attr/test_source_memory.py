@@ -82,3 +82,26 @@ def test_factored_reads_refuse_other_groups():
     found = _factored(False, False, False)
     with pytest.raises(ValueError, match="parents"):
         component_norms(found, slice(0, 2), torch.zeros_like(found.parents))
+
+
+@pytest.mark.parametrize("factors", ["scalar", "per_row"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_neuron_reads_match_the_components(factors, bias):
+    from captum_iglens.attr.granularities.neurons import NeuronComponents
+
+    torch.manual_seed(0)
+    rows, k, n, d = 6, 2, 5, 4
+    found = NeuronComponents(
+        torch.randn(rows, n),
+        torch.randn(k, n, d),
+        torch.full((1, 1), 0.5) if factors == "scalar" else torch.rand(rows, d),
+        torch.randn(k, d) if bias else None,
+    )
+    index = torch.tensor([1, 2, 5])
+    terms = found[index]
+    grads = torch.randn(len(index), 3, d)
+    expected = torch.einsum("gsd,gcd->gsc", grads, terms)
+    torch.testing.assert_close(component_dots(found, index, grads), expected)
+    norm, square, _ = component_norms(found, index, None)
+    torch.testing.assert_close(square, terms.square().sum(-1))
+    torch.testing.assert_close(norm, terms.norm(dim=-1))

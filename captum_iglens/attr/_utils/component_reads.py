@@ -63,7 +63,8 @@ def component_norms(
             summed = u.new_zeros(u.shape[0], n_groups, u.shape[2])
             group = summed.index_add_(1, parents, u).norm(dim=-1)
         return u.norm(dim=-1), u.square().sum(-1), group
-    if parents is not None and not torch.equal(parents, components.parents):
+    own = getattr(components, "parents", None)
+    if parents is not None and (own is None or not torch.equal(parents, own)):
         raise ValueError("parents: factored components group only by their own")
     square, groups = components.norms(rows)
     return square.sqrt(), square, None if parents is None else groups.sqrt()

@@ -80,6 +80,45 @@ class NeuronComponents:
             terms = torch.cat([terms, self.bias[block].unsqueeze(1)], dim=1)
         return terms * factor.unsqueeze(1)
 
+    def dots(self, index: Union[slice, Tensor], grads: Tensor) -> Tensor:
+        r"""``g_s · u_n`` for the rows ``index`` and their vectors ``grads``
+        ``(g, S, d)``: ``(g, S, C)``, through ``W_out^T (f ⊙ g_s)``, never the
+        components themselves."""
+        flat, block, factor = self._rows(index)
+        grads = grads * factor.unsqueeze(1)
+        out = grads.new_empty(*grads.shape[:2], self.weights.shape[1])
+        for b in block.unique().tolist():
+            sel = (block == b).nonzero()[:, 0]
+            along = torch.einsum("gsd,id->gsi", grads[sel], self.weights[b])
+            out[sel] = along * self.activations[flat[sel]].unsqueeze(1)
+        if self.bias is None:
+            return out
+        return torch.cat([out, grads @ self.bias[block].unsqueeze(-1)], dim=2)
+
+    def norms(self, index: Union[slice, Tensor]) -> Tuple[Tensor, Tensor]:
+        r"""``‖u_n‖²`` ``(g, C)`` for the rows ``index``, twice (each component
+        its own group)."""
+        flat, block, factor = self._rows(index)
+        square = factor.new_empty(len(flat), self.weights.shape[1])
+        for b in block.unique().tolist():
+            sel = (block == b).nonzero()[:, 0]
+            columns = torch.einsum(
+                "gd,id->gi", factor[sel].square(), self.weights[b].square()
+            )
+            square[sel] = self.activations[flat[sel]].square() * columns
+        if self.bias is not None:
+            bias = (self.bias[block] * factor).square().sum(-1, keepdim=True)
+            square = torch.cat([square, bias], dim=1)
+        return square, square
+
+    def _rows(self, index: Union[slice, Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        """The rows ``index``, their blocks and their factors ``(g, d)``."""
+        flat = torch.arange(self.activations.shape[0], device=self.weights.device)
+        flat = flat[index]
+        rows, d = self.activations.shape[0], self.weights.shape[2]
+        factor = self.factors.expand(rows, d)[flat]
+        return flat, flat % self.weights.shape[0], factor
+
     def __len__(self) -> int:
         return self.activations.shape[0]
 
