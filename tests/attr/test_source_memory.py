@@ -93,7 +93,7 @@ def test_neuron_reads_match_the_components(factors, bias):
     rows, k, n, d = 6, 2, 5, 4
     found = NeuronComponents(
         torch.randn(rows, n),
-        torch.randn(k, n, d),
+        list(torch.randn(k, n, d)),
         torch.full((1, 1), 0.5) if factors == "scalar" else torch.rand(rows, d),
         torch.randn(k, d) if bias else None,
     )
