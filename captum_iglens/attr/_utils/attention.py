@@ -147,8 +147,8 @@ class _Recorder:
         self.index = index
 
     def rows(self, weights: Optional[Tensor], rows: slice) -> Tuple[Tensor, Tensor]:
-        """The weights ``(B, H, n, T)`` of the positions among the query rows
-        ``rows`` of a chunk, and where those positions are in the capture's."""
+        """Where the capture's positions among the query rows ``rows`` of a
+        chunk are in its list ``(n,)``, and their weights ``(B, H, n, T)``."""
         if weights is None or weights.dim() != 4:
             raise ValueError(
                 "granularity: 'source' needs the attention weights (B, H, T, T) "
