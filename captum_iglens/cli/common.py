@@ -122,7 +122,7 @@ def model_parent() -> argparse.ArgumentParser:
 
 
 def settings_parent(
-    n_steps: int = 50, chat: bool = True, max_new_tokens: int = 32
+    n_steps: Optional[int] = None, chat: bool = True, max_new_tokens: int = 32
 ) -> argparse.ArgumentParser:
     """One option per field of :class:`Settings`, with a subcommand's defaults
     (a new parent per subcommand: argparse shares a parent's actions, so
@@ -150,7 +150,14 @@ def settings_parent(
         help="'h0' (the first block's input, default), 'mean', or a number",
     )
     group.add_argument("--method", choices=ESTIMATORS, default="prediction_aware")
-    group.add_argument("--n-steps", type=int, default=n_steps)
+    group.add_argument(
+        "--n-steps",
+        type=int,
+        default=n_steps,
+        help="steps per segment (default: "
+        + (str(n_steps) if n_steps else "the path's, 50 telescoping, 128 joint")
+        + ")",
+    )
     group.add_argument(
         "--granularity",
         choices=GRANULARITIES,
