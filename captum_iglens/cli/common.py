@@ -6,6 +6,7 @@ outputs. It imports no study: each subcommand's module imports what it runs.
 """
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -102,6 +103,14 @@ def model_parent() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--device", default="cpu", help="torch device, e.g. cuda:0 (default: cpu)"
+    )
+    group.add_argument(
+        "--device-map",
+        metavar="auto|balanced|FILE.json",
+        help="spread the model over devices with accelerate, in place of --device: "
+        "a strategy (auto, balanced, balanced_low_0, sequential) or a JSON file "
+        'mapping module names to devices, e.g. {"model.layers.0": 0, '
+        '"lm_head": "cpu"}',
     )
     group.add_argument("--dtype", choices=sorted(MODEL_DTYPES), default="float32")
     group.add_argument(
@@ -258,9 +267,11 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     from captum_iglens.hf import model_parts
     from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
 
+    device_map = _device_map(args)
     options: Dict[str, Any] = dict(
         dtype=MODEL_DTYPES[args.dtype],
-        device=_device(args.device),
+        device=None if device_map is not None else _device(args.device),
+        device_map=device_map,
         progress=progress(args),
     )
     if args.model is None or args.model in EMBEDDED_MODELS:
@@ -326,6 +337,35 @@ def lens_readout(
     folder = lens_of_model(lens, parts, tokenizer, args)
     readout = parts.readout(max_chunk_bytes=settings.max_chunk_bytes)
     return resolve_readout(readout, folder, parts.blocks)
+
+
+def _device_map(args: argparse.Namespace) -> Union[None, str, Dict[str, Any]]:
+    """``--device-map``: a strategy name, or the dict its JSON file holds."""
+    from captum_iglens.hf.models import DEVICE_MAP_STRATEGIES
+
+    text = getattr(args, "device_map", None)
+    if text is None:
+        return None
+    if args.device != "cpu":
+        raise CommandError(
+            "--device-map: give either --device or --device-map (it places the "
+            "model's modules itself)"
+        )
+    if text in DEVICE_MAP_STRATEGIES:
+        return text
+    try:
+        found = json.loads(Path(text).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CommandError(
+            f"--device-map: expected one of {', '.join(DEVICE_MAP_STRATEGIES)} or a "
+            f"readable JSON file, got {text!r} ({err})"
+        ) from None
+    if not isinstance(found, dict):
+        raise CommandError(
+            f"--device-map: {text} must hold a JSON object mapping module names to "
+            "devices"
+        )
+    return found
 
 
 def _device(text: str) -> torch.device:

@@ -22,6 +22,7 @@ from captum._utils.typing import TargetType
 from torch import Tensor
 from torch.nn import Module, ModuleList
 
+from captum_iglens._utils.offload import unloaded
 from captum_iglens.attr._utils.capture import NEEDS
 from captum_iglens.readout.interface import LayerwiseReadout
 from captum_iglens.readout.scores import per_position
@@ -67,7 +68,7 @@ def check_construction(
         raise ValueError("layer: each block may appear only once")
     owner = forward_module(forward_func)
     for module in (*layers, readout, *([] if owner is None else [owner])):
-        if isinstance(module, Module) and any(p.is_meta for p in module.parameters()):
+        if isinstance(module, Module) and unloaded(module):
             raise ValueError(
                 "model: its weights are on the meta device (not loaded); load "
                 "them first, e.g. with from_pretrained(...) without device='meta'"
