@@ -7,21 +7,17 @@ is added in one place.
 """
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 import captum
 import torch
 import transformers
 
-from captum_iglens.attr._utils.checks import (
-    Granularity,
-    check_baselines,
-    check_settings,
-)
-from captum_iglens.attr.estimators import estimator
-from captum_iglens.attr.granularities import check_granularity
 from captum_iglens.hf.text import POSITIONS, Positions
 from captum_iglens.version import __version__
+
+if TYPE_CHECKING:
+    from captum_iglens.attr._utils.checks import Granularity
 
 #: A baseline that can be written down; None (``h_0``), ``"mean"`` or a number.
 SettingsBaseline = Union[None, float, str]
@@ -79,7 +75,7 @@ class Settings:
     baselines: SettingsBaseline = None
     method: str = "prediction_aware"
     n_steps: int = 50
-    granularity: Granularity = "block"
+    granularity: "Granularity" = "block"
     internal_batch_size: Optional[int] = None
     max_chunk_bytes: int = 256 * 2**20
     chat: bool = True
@@ -113,6 +109,11 @@ class Settings:
                 "tensor baseline to LayerIGLens.attribute directly); got "
                 f"{type(self.baselines).__name__}"
             )
+        # Imported here: importing attr imports attribute_text, which takes Settings.
+        from captum_iglens.attr._utils.checks import check_baselines, check_settings
+        from captum_iglens.attr.estimators import estimator
+        from captum_iglens.attr.granularities import check_granularity
+
         check_baselines(self.baselines)
         estimator(self.method).check_steps(self.n_steps)
         check_settings(self.internal_batch_size, False)

@@ -564,3 +564,25 @@ def test_every_option_combination_works_or_is_refused_in_one_line(
         assert torch.isfinite(result.attributions).all()
         if "riemann_middle" not in options:  # prediction_aware is exact
             assert (result.delta.abs() <= 1e-5).all()
+
+
+@pytest.mark.parametrize(
+    "args", [["--version"], ["--help"], ["--n-steps", "x", "p"], ["validate", "-x"]]
+)
+def test_version_help_and_usage_errors_import_no_torch(args):
+    # What makes them answer at once: neither torch nor transformers is imported
+    # (a usage error of a name the registries check may import them).
+    code = (
+        "import sys\n"
+        "from captum_iglens.cli import main\n"
+        "try:\n"
+        f"    main({args!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = [m for m in ('torch', 'transformers', 'captum') if m in sys.modules]\n"
+        "print('heavy:', heavy, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert done.stderr.strip().splitlines()[-1] == "heavy: []", done.stderr

@@ -3,26 +3,42 @@ What the subcommands of ``captum-iglens`` share: the usage-error parser, the
 parent parsers of the model, settings and prompt options, and the steps of a
 subcommand's preparation (settings, output paths, prompt, model) and of its
 outputs. It imports no study: each subcommand's module imports what it runs.
+
+Building the parser imports neither torch nor transformers, so that
+``--version``, ``--help`` and usage errors answer at once: the names and help
+texts that live beside the code that uses them (the estimators, granularities,
+positions) are read on first use, through :class:`Names` and :func:`deferred`.
 """
 
 import argparse
+import copy
+import importlib
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    NoReturn,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+    overload,
+)
 
-import torch
+if TYPE_CHECKING:  # imported when a command runs, after its options are checked
+    import torch
 
-from captum_iglens.attr.estimators import ESTIMATORS
-from captum_iglens.attr.granularities import GRANULARITIES, granularity_help
-from captum_iglens.hf.text import POSITIONS
-from captum_iglens.settings import Settings
+    from captum_iglens.settings import Settings
 
-MODEL_DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+#: The ``--dtype`` names, each a ``torch`` dtype.
+MODEL_DTYPES = ("bfloat16", "float16", "float32")
 #: Errors of the preparation phase that are the user's input, not a bug.
 INPUT_ERRORS = (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError)
 HTML_HELP = "write the interactive viewer, one self-contained HTML file"
@@ -35,8 +51,67 @@ class CommandError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+class _Deferred:
+    def __init__(self, make: Callable[[], str]) -> None:
+        self.make = make
+
+    def __str__(self) -> str:
+        return self.make()
+
+
+def deferred(make: Callable[[], str]) -> str:
+    r"""A help text made by ``make`` when the help is shown (``make`` may
+    import what building the parser must not); typed as the ``str`` argparse
+    takes, and turned into one by :class:`Parser`'s help formatter."""
+    return cast(str, _Deferred(make))
+
+
+class Names(Sequence[str]):
+    r"""The names of ``module.attribute`` (a registry or a tuple), as argparse
+    ``choices`` imported on first use: when a value is checked or the help is
+    shown, not when the parser is built. Give the option a ``metavar``, or
+    argparse lists the names when the option is added."""
+
+    def __init__(self, module: str, attribute: str) -> None:
+        self.module, self.attribute = module, attribute
+
+    def _names(self) -> Tuple[str, ...]:
+        return tuple(getattr(importlib.import_module(self.module), self.attribute))
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[str, Sequence[str]]:
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    def _format_action(self, action: argparse.Action) -> str:
+        if isinstance(action.help, _Deferred):
+            action = copy.copy(action)
+            action.help = str(action.help)
+        return super()._format_action(action)
+
+
 class Parser(argparse.ArgumentParser):
-    """Usage errors in one line, like every other input error."""
+    """Usage errors in one line, like every other input error; help texts may
+    be :func:`deferred`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"captum-iglens: error: {message} (see {self.prog} --help)\n")
@@ -102,13 +177,19 @@ def model_parent() -> argparse.ArgumentParser:
     group.add_argument(
         "--device", default="cpu", help="torch device, e.g. cuda:0 (default: cpu)"
     )
-    group.add_argument("--dtype", choices=sorted(MODEL_DTYPES), default="float32")
+    group.add_argument("--dtype", choices=MODEL_DTYPES, default="float32")
     group.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="allow a local model folder to run its own Python code (off by default)",
     )
     return parent
+
+
+def _granularity_help() -> str:
+    from captum_iglens.attr.granularities import granularity_help
+
+    return granularity_help()
 
 
 def settings_parent(
@@ -128,9 +209,10 @@ def settings_parent(
     )
     group.add_argument(
         "--positions",
-        choices=POSITIONS,
+        choices=Names("captum_iglens.hf.text", "POSITIONS"),
         default="answer",
-        help="which tokens to attribute (default: answer)",
+        metavar="WHICH",
+        help="which tokens to attribute: %(choices)s (default: answer)",
     )
     group.add_argument(
         "--baseline",
@@ -139,13 +221,20 @@ def settings_parent(
         default=None,
         help="'h0' (the first block's input, default), 'mean', or a number",
     )
-    group.add_argument("--method", choices=ESTIMATORS, default="prediction_aware")
+    group.add_argument(
+        "--method",
+        choices=Names("captum_iglens.attr.estimators", "ESTIMATORS"),
+        default="prediction_aware",
+        metavar="NAME",
+        help="the estimator: %(choices)s (default: %(default)s)",
+    )
     group.add_argument("--n-steps", type=int, default=n_steps)
     group.add_argument(
         "--granularity",
-        choices=GRANULARITIES,
+        choices=Names("captum_iglens.attr.granularities", "GRANULARITIES"),
         default="block",
-        help=granularity_help(),
+        metavar="NAME",
+        help=deferred(_granularity_help),
     )
     group.add_argument(
         "--internal-batch-size",
@@ -189,8 +278,10 @@ def prompt_parent() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------- preparation
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def settings_from(args: argparse.Namespace) -> "Settings":
     r"""The :class:`Settings` of a subcommand's parsed options."""
+    from captum_iglens.settings import Settings
+
     return Settings(
         layers=args.layers,
         positions=args.positions,
@@ -233,7 +324,7 @@ def progress(args: argparse.Namespace) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
 
-def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
+def load(args: argparse.Namespace, settings: "Settings") -> Tuple[Any, Any]:
     """The model's parts, bound once (:class:`~captum_iglens.hf.ModelParts`, which
     every entry point takes in place of the model), and its tokenizer, with the
     settings checked against the model."""
@@ -241,8 +332,10 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     from captum_iglens.hf import model_parts
     from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
 
+    import torch
+
     options: Dict[str, Any] = dict(
-        dtype=MODEL_DTYPES[args.dtype],
+        dtype=getattr(torch, args.dtype),
         device=_device(args.device),
         progress=progress(args),
     )
@@ -292,7 +385,7 @@ def lens_readout(
     parts: Any,
     tokenizer: Any,
     args: argparse.Namespace,
-    settings: Settings,
+    settings: "Settings",
 ) -> Any:
     r"""The readout of every layer that ``--lens`` (:func:`lens_folder`) names,
     resolved once for the whole command: the model's own readout for None, else
@@ -306,8 +399,10 @@ def lens_readout(
     return resolve_readout(readout, folder, parts.blocks)
 
 
-def _device(text: str) -> torch.device:
+def _device(text: str) -> "torch.device":
     """The ``--device``, checked against this machine and torch build."""
+    import torch
+
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError):

@@ -6,27 +6,40 @@ checkpoint folder (see :mod:`captum_iglens.lens_fit`)."""
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Dict, Tuple
 
 from captum_iglens.cli.common import (
     CommandError,
+    deferred,
     Job,
     load,
     model_parent,
     progress,
     save_figure,
 )
-from captum_iglens.settings import Settings
 
 if TYPE_CHECKING:  # imported when the command runs, after the checks
     from captum_iglens.lens_fit import FitOptions
 
 
+#: The fields of ``FitOptions`` set by an option each (``--eval-tokens`` sets
+#: ``eval_tokens``; left out, the field keeps its default): type and help.
+_FIELDS: Dict[str, Tuple[type, str]] = {
+    "tokens": (int, "fitting tokens"),
+    "eval_tokens": (int, "held-out tokens"),
+    "length": (int, "tokens per sampled sequence / window"),
+    "batch": (int, "sequences sampled or run together"),
+    "seed": (int, "seed of the sampling and fine-tune"),
+    "ridge": (float, "relative ridge of the closed form"),
+    "kl_steps": (int, "Adam steps of a KL fine-tune"),
+    "kl_lr": (float, "its learning rate"),
+    "kl_batch": (int, "its tokens per step"),
+    "kl_tokens": (int, "fitting tokens kept for it"),
+}
+
+
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     r"""Adds the subcommand ``name`` to ``commands``."""
-    from captum_iglens.lens_fit import FitOptions
-
-    defaults = FitOptions()
     fit = commands.add_parser(
         name,
         parents=[model_parent()],
@@ -48,20 +61,9 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         help="plain text, or JSON Lines of "
         'strings or {"text": ...} (default: sampled from the model)',
     )
-    for option, kind, default, text in (
-        ("--tokens", int, defaults.tokens, "fitting tokens"),
-        ("--eval-tokens", int, defaults.eval_tokens, "held-out tokens"),
-        ("--length", int, defaults.length, "tokens per sampled sequence / window"),
-        ("--batch", int, defaults.batch, "sequences sampled or run together"),
-        ("--seed", int, defaults.seed, "seed of the sampling and fine-tune"),
-        ("--ridge", float, defaults.ridge, "relative ridge of the closed form"),
-        ("--kl-steps", int, defaults.kl_steps, "Adam steps of a KL fine-tune"),
-        ("--kl-lr", float, defaults.kl_lr, "its learning rate"),
-        ("--kl-batch", int, defaults.kl_batch, "its tokens per step"),
-        ("--kl-tokens", int, defaults.kl_tokens, "fitting tokens kept for it"),
-    ):
+    for field, (kind, text) in _FIELDS.items():
         fit.add_argument(
-            option, type=kind, default=default, help=f"{text} (default: {default})"
+            f"--{field.replace('_', '-')}", type=kind, help=deferred(_help(text, field))
         )
     fit.add_argument(
         "--curve",
@@ -75,6 +77,15 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     fit.set_defaults(prepare=prepare)
 
 
+def _help(text: str, field: str) -> Callable[[], str]:
+    def make() -> str:
+        from captum_iglens.lens_fit import FitOptions
+
+        return f"{text} (default: {getattr(FitOptions(), field)})"
+
+    return make
+
+
 def _options(args: argparse.Namespace) -> "FitOptions":
     from captum_iglens.lens_fit import FitOptions
     from captum_iglens.lens_fit.corpus import read_corpus
@@ -85,17 +96,9 @@ def _options(args: argparse.Namespace) -> "FitOptions":
         raise CommandError(
             f"--curve: expected comma-separated token counts, got {args.curve!r}"
         ) from None
+    given = {f: getattr(args, f) for f in _FIELDS if getattr(args, f) is not None}
     options = FitOptions(
-        tokens=args.tokens,
-        eval_tokens=args.eval_tokens,
-        length=args.length,
-        batch=args.batch,
-        seed=args.seed,
-        ridge=args.ridge,
-        kl_steps=args.kl_steps,
-        kl_lr=args.kl_lr,
-        kl_batch=args.kl_batch,
-        kl_tokens=args.kl_tokens,
+        **given,
         curve=curve,
         corpus=None if args.corpus is None else read_corpus(args.corpus),
     )
@@ -123,6 +126,8 @@ def prepare(args: argparse.Namespace) -> Job:
     for name in ("png", "json"):
         if getattr(args, name):
             check_writable(getattr(args, name), f"--{name}")
+    from captum_iglens.settings import Settings
+
     parts, tokenizer = load(args, Settings(chat=False))
 
     def job() -> int:
