@@ -91,6 +91,12 @@ def prepare(args: argparse.Namespace) -> Job:
     parts, tokenizer = stages.run("load", lambda: load(args, settings))
     readout = lens_readout(folder, parts, tokenizer, args, settings)
     scored = _scored_tokens(args, tokenizer)
+    prompt_ids = encode_prompt(tokenizer, prompt, chat=settings.chat)
+    if settings.positions == "prompt" and prompt_ids.shape[-1] < 2:
+        raise CommandError(
+            "--positions: prompt attributes each prompt token after the first, and "
+            "this prompt is one token; give a longer prompt or --positions answer"
+        )
 
     def job() -> int:
         (answer_ids,) = stages.run(
@@ -98,7 +104,7 @@ def prepare(args: argparse.Namespace) -> Job:
             lambda: generate(
                 parts.model,
                 tokenizer,
-                [encode_prompt(tokenizer, prompt, chat=settings.chat)],
+                [prompt_ids],
                 max_new_tokens=settings.max_new_tokens,
                 progress=progress(args),
             ),

@@ -13,6 +13,7 @@ positions) are read on first use, through :class:`Names` and :func:`deferred`.
 import argparse
 import copy
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import (
 if TYPE_CHECKING:  # imported when a command runs, after its options are checked
     import torch
 
+    from captum_iglens.readout.translators import Translators
     from captum_iglens.settings import Settings
 
 #: The ``--dtype`` names, each a ``torch`` dtype.
@@ -144,8 +146,14 @@ def int_list(text: str) -> List[int]:
 
 
 def names(text: str) -> Tuple[str, ...]:
-    r"""``"a,b"`` as ``("a", "b")`` (an argparse type)."""
-    return tuple(part for part in text.split(",") if part)
+    r"""``"a,b"`` as ``("a", "b")`` (an argparse type); an empty element
+    (``"a,"``, ``"a,,b"``) is refused, not dropped."""
+    parts = tuple(text.split(","))
+    if not all(parts):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated names, none of them empty, got {text!r}"
+        )
+    return parts
 
 
 def _baseline(text: str) -> Any:
@@ -282,6 +290,10 @@ def settings_from(args: argparse.Namespace) -> "Settings":
     r"""The :class:`Settings` of a subcommand's parsed options."""
     from captum_iglens.settings import Settings
 
+    if args.max_chunk_mib < 1:
+        raise CommandError(
+            f"--max-chunk-mib: expected an int >= 1 (MiB), got {args.max_chunk_mib}"
+        )
     return Settings(
         layers=args.layers,
         positions=args.positions,
@@ -299,24 +311,59 @@ def settings_from(args: argparse.Namespace) -> "Settings":
 
 def check_outputs(args: argparse.Namespace, *options: str) -> None:
     r"""Checks that the given output options (e.g. ``"json"``), where set, name
-    files that can be written."""
+    files that can be written, each a different one (:func:`distinct_outputs`)."""
     from captum_iglens._utils.serialization import check_writable
 
     for name in options:
         if getattr(args, name, None):
             check_writable(getattr(args, name), f"--{name}")
+    distinct_outputs(args, *options)
+
+
+def distinct_outputs(args: argparse.Namespace, *options: str) -> None:
+    r"""Refuses two of the given output options (e.g. ``"json"``, ``"out"``)
+    that name one path, compared as real paths (``./r.json`` and ``r.json``,
+    or a link and its target, are one file)."""
+    seen: Dict[str, str] = {}
+    for name in options:
+        if getattr(args, name, None):
+            path = os.path.realpath(getattr(args, name))
+            if path in seen:
+                raise CommandError(
+                    f"--{name}: the same path as --{seen[path]} ({path}); give each "
+                    "output its own path"
+                )
+            seen[path] = name
 
 
 def read_prompt(args: argparse.Namespace) -> str:
-    r"""The prompt, from the argument or stdin, stripped."""
+    r"""The prompt, from the argument or stdin, stripped; refused unless it is
+    valid UTF-8."""
     if args.stdin and args.prompt is not None:
         raise CommandError(
             "prompt: give the prompt either as an argument or with --stdin, not both"
         )
-    prompt = sys.stdin.read() if args.stdin else args.prompt
+    prompt = _stdin_text() if args.stdin else args.prompt
     if prompt is None or not prompt.strip():
         raise CommandError("prompt: expected a non-empty prompt (argument or --stdin)")
+    try:  # an argument's invalid bytes arrive as lone surrogates
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CommandError("prompt: not valid UTF-8") from None
     return prompt.strip()
+
+
+def _stdin_text() -> str:
+    data = getattr(sys.stdin, "buffer", None)
+    if data is None:  # a text stream put in place of stdin
+        return sys.stdin.read()
+    try:
+        return data.read().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CommandError(
+            f"prompt: not valid UTF-8 (byte 0x{err.object[err.start]:02x} at offset "
+            f"{err.start} of stdin)"
+        ) from None
 
 
 def progress(args: argparse.Namespace) -> bool:
@@ -334,6 +381,7 @@ def load(args: argparse.Namespace, settings: "Settings") -> Tuple[Any, Any]:
 
     import torch
 
+    _check_config(_config_file(args.model), settings)
     options: Dict[str, Any] = dict(
         dtype=getattr(torch, args.dtype),
         device=_device(args.device),
@@ -345,43 +393,87 @@ def load(args: argparse.Namespace, settings: "Settings") -> Tuple[Any, Any]:
         model, tokenizer = load_model(
             args.model, trust_remote_code=args.trust_remote_code, **options
         )
+    _check_config(model.config.to_dict(), settings)
     parts = model_parts(model)
     model_columns(parts, settings.layers, settings.granularity)
     return parts, tokenizer
 
 
-def lens_folder(text: Optional[str]) -> Union[None, str, Path]:
-    r"""``--lens``, checked before the model loads: None for ``logit`` (the
-    default), ``"linear"`` (this model's cached fitted lens, found once the
-    model is loaded), else a tuned-lens folder whose ``config.json`` is
-    readable."""
-    from captum_iglens.readout.translators import read_config
+def _config_file(model: Optional[str]) -> Optional[Dict[str, Any]]:
+    r"""The ``config.json`` of ``--model`` where one can be read before the
+    load: a local folder's, or an embedded model's converted cache; else None."""
+    import json
+
+    from captum_iglens.hf.models import EMBEDDED_MODELS, cache_root
+
+    if model is None or model in EMBEDDED_MODELS:
+        folder = cache_root() / EMBEDDED_MODELS[model or "smollm2"].name
+    else:
+        folder = Path(model)
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no readable config: the load reports it
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _check_config(config: Optional[Dict[str, Any]], settings: "Settings") -> None:
+    r"""``--layers`` and ``--top-k`` against a model's config (checked from its
+    file before the load, where there is one, and from the loaded model)."""
+    if config is None:
+        return
+    text = config.get("text_config") or config  # multimodal: the text model's
+    blocks, vocab = text.get("num_hidden_layers"), text.get("vocab_size")
+    if isinstance(blocks, int) and settings.layers is not None:
+        for layer in settings.layers:
+            if not -blocks <= layer < blocks:
+                raise CommandError(
+                    f"--layers: the model has {blocks} blocks (0 to {blocks - 1}, "
+                    f"or -{blocks} to -1 from the end), got {layer}"
+                )
+    if isinstance(vocab, int) and settings.top_k > vocab:
+        raise CommandError(
+            f"--top-k: expected at most the vocabulary's {vocab} tokens, got "
+            f"{settings.top_k}"
+        )
+
+
+def lens_folder(text: Optional[str]) -> Union[None, str, "Translators"]:
+    r"""``--lens``, read and checked before the model loads: None for ``logit``
+    (the default), ``"linear"`` (this model's cached fitted lens, found once the
+    model is loaded), else the translators of a tuned-lens folder (its
+    ``config.json`` and ``params.pt``: keys, shapes and finite values, an error
+    naming the file and the translator)."""
+    from captum_iglens.readout.translators import Translators
 
     if text is None or text == "logit":
         return None
     if text == "linear":
         return text
     try:
-        read_config(text)
+        return Translators.load(text)
     except ValueError as err:
         raise CommandError(f"--lens: {err}".replace("lens: ", "", 1)) from None
-    return Path(text)
 
 
 def lens_of_model(
-    lens: Union[None, str, Path], parts: Any, tokenizer: Any, args: argparse.Namespace
-) -> Optional[Path]:
-    r"""The folder of ``--lens`` for the loaded model: for ``linear`` its cached
+    lens: Union[None, str, "Translators"],
+    parts: Any,
+    tokenizer: Any,
+    args: argparse.Namespace,
+) -> Union[None, Path, "Translators"]:
+    r"""The learned readout of ``--lens`` (:func:`lens_folder`) for the loaded
+    model: for ``"linear"`` (the one string it leaves) the folder of its cached
     fitted lens (fitted first, with a progress bar, when there is none)."""
-    if lens != "linear":
-        return None if lens is None else Path(lens)
+    if lens is None or not isinstance(lens, str):
+        return lens
     from captum_iglens.lens_fit import cached_lens
 
     return cached_lens(parts, tokenizer, progress=progress(args))
 
 
 def lens_readout(
-    lens: Union[None, str, Path],
+    lens: Union[None, str, "Translators"],
     parts: Any,
     tokenizer: Any,
     args: argparse.Namespace,

@@ -5,11 +5,14 @@ checkpoint folder (see :mod:`captum_iglens.lens_fit`)."""
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Tuple
 
 from captum_iglens.cli.common import (
     CommandError,
+    check_outputs,
+    distinct_outputs,
     deferred,
     Job,
     load,
@@ -110,10 +113,27 @@ def _options(args: argparse.Namespace) -> "FitOptions":
     return options
 
 
+#: Fewer fitting tokens per hidden dimension than this leave each ``d x d``
+#: shortcut mostly ridge: ``fit-lens`` warns.
+_TOKENS_PER_DIMENSION = 2
+
+
+def _warn_few_tokens(tokens: int, config: Any) -> None:
+    d = getattr(config, "hidden_size", None)
+    if isinstance(d, int) and tokens < _TOKENS_PER_DIMENSION * d:
+        warnings.warn(
+            f"--tokens {tokens} is below {_TOKENS_PER_DIMENSION} fitting tokens per "
+            f"dimension of the hidden state ({_TOKENS_PER_DIMENSION} x {d} = "
+            f"{_TOKENS_PER_DIMENSION * d}): each shortcut is then fitted mostly by "
+            "its ridge; expect a weak lens",
+            stacklevel=1,
+        )
+
+
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the options, the corpus and the output paths, then loads the
     model; the job fits, prints the table and writes the lens folders."""
-    from captum_iglens._utils.serialization import check_folder, check_writable
+    from captum_iglens._utils.serialization import check_folder
 
     options = _options(args)
     if args.out:
@@ -123,12 +143,12 @@ def prepare(args: argparse.Namespace) -> Job:
                 f"--out: {out} is a folder that holds no lens; "
                 "expected a new folder or a lens folder"
             )
-    for name in ("png", "json"):
-        if getattr(args, name):
-            check_writable(getattr(args, name), f"--{name}")
+    check_outputs(args, "png", "json")
+    distinct_outputs(args, "out", "png", "json")
     from captum_iglens.settings import Settings
 
     parts, tokenizer = load(args, Settings(chat=False))
+    _warn_few_tokens(options.tokens, parts.model.config.get_text_config())
 
     def job() -> int:
         from captum_iglens.lens_fit import cache_fit, fit_lens, save_fit

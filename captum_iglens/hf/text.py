@@ -33,11 +33,23 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> Tensor:
                     tokenizer without one gets the raw prompt, with a warning
                     (shown once). Default: True.
 
+    A prompt that spells one of the tokenizer's control tokens (e.g.
+    ``<|im_end|>``) is encoded with that token, as a chat template's own
+    markers are; a warning (shown once) says so.
+
     Returns:
         *Tensor* of shape ``(1, T)``: the prompt's token ids.
     """
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("prompt: expected a non-empty string")
+    spelled = [t for t in getattr(tokenizer, "all_special_tokens", ()) if t in prompt]
+    if spelled:
+        # stacklevel 1: one location, so Python's default filter shows it once.
+        warnings.warn(
+            f"the prompt spells the control token(s) {', '.join(spelled)}; they "
+            "are read as control tokens, not as text",
+            stacklevel=1,
+        )
     if chat and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}],
@@ -48,7 +60,7 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> Tensor:
     if chat:
         warnings.warn(
             "the tokenizer has no chat template; the raw prompt is used",
-            stacklevel=2,
+            stacklevel=1,
         )
     return tokenizer(prompt, return_tensors="pt").input_ids
 
