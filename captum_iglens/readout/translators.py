@@ -363,7 +363,7 @@ def _stack(
     has_bias = "0.bias" in state
     if config.get("bias", has_bias) != has_bias:
         raise ValueError(
-            f"lens: {folder / CONFIG} says \"bias\": {json.dumps(config['bias'])} "
+            f'lens: {folder / CONFIG} says "bias": {json.dumps(config["bias"])} '
             f"but {folder / PARAMS} {'holds' if has_bias else 'has no'} biases"
         )
     expected = {f"{i}.weight" for i in range(n_layers)}
