@@ -692,3 +692,12 @@ def test_fit_lens_warns_below_two_tokens_per_dimension():
 
     with pytest.warns(UserWarning, match=r"--tokens 10 is below 2 .* = 1152\)"):
         _warn_few_tokens(10, Config())
+
+
+def test_prompt_and_answer_lines_are_escaped_as_the_rows_are(tiny_folder, capsys):
+    prompt = "w5 \x1b[31m\x00\u202e w6"
+    args = [prompt, "--model", tiny_folder, "--no-chat", "--max-new-tokens", "2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "prompt: w5 \\x1b[31m\\x00\\u202e w6\n" in out
+    assert not any(c in out for c in "\x1b\x00\u202e")

@@ -72,6 +72,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the options and loads the model; the job generates the answer,
     attributes it and writes the outputs."""
+    from captum_iglens._result_tables import visible
     from captum_iglens.attr import attribute_text
     from captum_iglens.attr.granularities import check_learned_readout
     from captum_iglens.hf.text import encode_prompt, generate
@@ -109,8 +110,8 @@ def prepare(args: argparse.Namespace) -> Job:
                 progress=progress(args),
             ),
         )
-        print(f"prompt: {prompt}")
-        print(f"answer: {tokenizer.decode(answer_ids)}")
+        print(f"prompt: {visible(prompt)}")
+        print(f"answer: {visible(tokenizer.decode(answer_ids))}")
         if len(answer_ids) == 0 and settings.positions == "answer":
             print("captum-iglens: the answer is empty; nothing to attribute")
             return 1

@@ -53,6 +53,7 @@ def _methods_help() -> str:
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the methods and outputs, loads the model and chooses four evenly
     spaced blocks where none are given; the job compares and writes."""
+    from captum_iglens._result_tables import visible
     from captum_iglens.studies.comparison import (
         COMPARED_METHODS,
         METHODS,
@@ -100,8 +101,8 @@ def prepare(args: argparse.Namespace) -> Job:
             settings=settings,
             progress=progress(args),
         )
-        print(f"prompt: {prompt}")
-        print(f"answer: {tokenizer.decode(answer)}")
+        print(f"prompt: {visible(prompt)}")
+        print(f"answer: {visible(tokenizer.decode(answer))}")
         print(result.format_table())
         if settings.granularity == "head" and {"ig_lens", "dla"} <= set(args.methods):
             print(format_head_agreement(result))

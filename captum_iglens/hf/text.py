@@ -377,8 +377,16 @@ def answered_prompt(
         )
     elif isinstance(answer, str):
         answer_ids = encode_answer(tokenizer, answer)
-    else:
+    elif (
+        isinstance(answer, Tensor) and not answer.is_floating_point()
+    ) and answer.dim() == 1:
         answer_ids = answer
+    else:
+        raise TypeError(
+            "answer: expected None, a string or token ids (n,) as an integer tensor, "
+            f"got {type(answer).__name__}"
+            + (f" of shape {tuple(answer.shape)}" if isinstance(answer, Tensor) else "")
+        )
     return (*teacher_forcing(prompt_ids, answer_ids, positions), answer_ids)
 
 
