@@ -12,6 +12,8 @@ from torch import Tensor
 from tqdm import tqdm
 from transformers.generation.streamers import BaseStreamer
 
+from captum_iglens._utils.tokens import decode_tokens
+
 #: Which tokens of ``prompt + answer`` are attributed.
 Positions = Literal["answer", "prompt", "all"]
 POSITIONS: Tuple[str, ...] = ("answer", "prompt", "all")
@@ -77,12 +79,13 @@ def encode_answer(tokenizer: Any, answer: str) -> Tensor:
 
 def decoded_top_tokens(tokenizer: Any, top_ids: Tensor) -> List[Any]:
     r"""``top_ids`` ``(B, P, k, K)`` as nested lists of token strings, each id
-    decoded once."""
+    decoded once as the targets are: a token holding part of a UTF-8 character
+    shows its bytes, not U+FFFD (see ``decode_tokens``)."""
     cache: Dict[int, str] = {}
 
     def text(i: int) -> str:
         if i not in cache:
-            cache[i] = tokenizer.decode([i])
+            (cache[i],) = decode_tokens(tokenizer, [i])
         return cache[i]
 
     return [

@@ -115,7 +115,7 @@
     Object.keys(about || {}).forEach(function (key) {
       var line = add(root, h('div', 'about'));
       add(line, h('b', null, key + ': '));
-      add(line, document.createTextNode(about[key]));
+      add(line, tok('span', null, about[key]));  // escaped as the rows are
     });
   }
   function radio(parent, name, options, value, onChange) {
@@ -163,6 +163,11 @@
 
   // ------------------------------------------------------------------ chart
   /* A small SVG chart: x = labels, optional bars from 0, optional lines. */
+  // An axis tick: two significant digits, in exponent form below 1e-3
+  // (0.00044 as 4.4e-4), so that a tick stays short.
+  function tick(v) {
+    return v !== 0 && Math.abs(v) < 1e-3 ? Number(v).toExponential(1) : fmt(v, false, 2);
+  }
   function chart(opts) {
     var W = opts.width || 330, H = opts.height || 200, L = 40, R = 8, T = 10, B = 34;
     var n = opts.labels.length, all = [0];
@@ -173,13 +178,16 @@
     var hi = all.reduce(function (a, v) { return Math.max(a, v); });
     if (hi - lo < 1e-9) hi = lo + 1;
     var pad = (hi - lo) * 0.05; lo -= lo < 0 ? pad : 0; hi += pad;
+    var ticks = [lo, 0, hi].map(tick);
+    // The left margin fits the longest tick (about 6.5px a character at 11px).
+    L = Math.max(L, 8 + Math.ceil(6.5 * Math.max.apply(null, ticks.map(function (t) { return t.length; }))));
     var x = function (i) { return L + (n <= 1 ? 0 : i * (W - L - R) / (n - 1)); };
     var y = function (v) { return T + (hi - v) * (H - T - B) / (hi - lo); };
     var root = sv('svg', { width: W, height: H, viewBox: '0 0 ' + W + ' ' + H });
     add(root, sv('line', { x1: L, x2: W - R, y1: y(0), y2: y(0), 'class': 'axis' }));
     add(root, sv('line', { x1: L, x2: L, y1: T, y2: H - B, 'class': 'axis' }));
-    [lo, 0, hi].forEach(function (v) {
-      add(root, sv('text', { x: L - 3, y: y(v) + 3, 'text-anchor': 'end' }, fmt(v, false, 2)));
+    [lo, 0, hi].forEach(function (v, i) {
+      add(root, sv('text', { x: L - 3, y: y(v) + 3, 'text-anchor': 'end' }, ticks[i]));
     });
     var bw = Math.max(1, Math.min(14, (W - L - R) / Math.max(n, 1) * 0.7));
     if (opts.bars) {
