@@ -170,6 +170,14 @@
   }
   function chart(opts) {
     var W = opts.width || 330, H = opts.height || 200, L = 40, R = 8, T = 10, B = 34;
+    // The x labels are drawn at -35 degrees, ending at their tick: the bottom
+    // margin fits the longest (about 6px a character at 10px), the left one the
+    // first, and the chart grows by what the bottom margin adds.
+    var chars = function (label) { return String(label).length; };
+    var longestLabel = Math.max.apply(null, [0].concat(opts.labels.map(chars)));
+    var grow = Math.max(0, Math.ceil(14 + 6 * 0.58 * longestLabel) - B);
+    B += grow; H += grow;
+    L = Math.max(L, Math.ceil(6 * 0.82 * chars(opts.labels[0] || '')) + 4);
     var n = opts.labels.length, all = [0];
     (opts.series || []).forEach(function (s) { all = all.concat(s.values); });
     if (opts.bars) all = all.concat(opts.bars);
@@ -180,13 +188,16 @@
     var pad = (hi - lo) * 0.05; lo -= lo < 0 ? pad : 0; hi += pad;
     var ticks = [lo, 0, hi].map(tick);
     // The left margin fits the longest tick (about 6.5px a character at 11px).
-    L = Math.max(L, 8 + Math.ceil(6.5 * Math.max.apply(null, ticks.map(function (t) { return t.length; }))));
+    L = Math.max(L, 8 + Math.ceil(6.5 * Math.max.apply(null, ticks.map(chars))));
     var x = function (i) { return L + (n <= 1 ? 0 : i * (W - L - R) / (n - 1)); };
     var y = function (v) { return T + (hi - v) * (H - T - B) / (hi - lo); };
     var root = sv('svg', { width: W, height: H, viewBox: '0 0 ' + W + ' ' + H });
     add(root, sv('line', { x1: L, x2: W - R, y1: y(0), y2: y(0), 'class': 'axis' }));
     add(root, sv('line', { x1: L, x2: L, y1: T, y2: H - B, 'class': 'axis' }));
-    [lo, 0, hi].forEach(function (v, i) {
+    // 0, then the ends where they do not overlap it.
+    [1, 0, 2].forEach(function (i) {
+      var v = [lo, 0, hi][i];
+      if (i !== 1 && Math.abs(y(v) - y(0)) < 11) return;
       add(root, sv('text', { x: L - 3, y: y(v) + 3, 'text-anchor': 'end' }, ticks[i]));
     });
     var bw = Math.max(1, Math.min(14, (W - L - R) / Math.max(n, 1) * 0.7));
@@ -660,9 +671,9 @@
       var li = add(list, h('li'));
       li.setAttribute('data-index', i);
       add(li, h('span', 'id', p.id));
-      add(li, h('span', 'prompt', p.prompt));
+      add(li, tok('span', 'prompt', p.prompt));
       add(li, document.createTextNode(' → '));
-      add(li, h('span', 'answer', p.answer));
+      add(li, tok('span', 'answer', p.answer));
       li.addEventListener('click', function () { open(i); });
     });
     function open(i) {
@@ -671,7 +682,7 @@
       var p = d.prompts[i];
       add(slot, h('h2', null, 'Prompt ' + p.id));
       var about = add(slot, h('div', 'about'));
-      about.textContent = p.prompt + '\n→ ' + p.answer;
+      about.textContent = visible(p.prompt) + '\n→ ' + visible(p.answer);
       if (p.rows.length) renderMap(slot, d.layers, d.groups, p.rows, d.vocab);
       else add(slot, h('div', 'hint', 'No attributed tokens (an empty answer).'));
     }
@@ -841,7 +852,7 @@
       var p = d.prompts[Number(t.getAttribute('data-row'))];
       trajBody.textContent = '';
       trajBody.className = '';
-      add(trajBody, h('div', null, p.prompt + ' → ' + p.generated));
+      add(trajBody, h('div', null, visible(p.prompt) + ' → ' + visible(p.generated)));
       add(trajBody, chart({
         labels: ['h_0'].concat(d.layers), signed: true,
         series: [{ cls: 'lens', values: p.trajectory.slice(0, d.layers.length + 1), name: 'lens level' },
