@@ -695,3 +695,27 @@ def test_trajectory_ticks_fit_their_axis_and_the_header_is_escaped(browser, tmp_
     assert prompt == "prompt: left \\u202eright\\u200b end"
     screenshot(browser, "small-ticks.png")
     assert console_errors(browser) == []
+
+
+def test_unfolded_head_names_do_not_overlap(browser, tmp_path):
+    # Issue 35: nine heads, the bias and the MLP (SmolLM2's blocks): the last
+    # named head's name ran into the MLP's ("11.attn.h2" read as "1.attn.h2").
+    names = []
+    for block in range(10, 30):
+        names += [f"{block}.attn.h{h}" for h in range(9)] + [f"{block}.attn.bias"]
+        names.append(f"{block}.mlp")
+    synthetic_result(3, len(names), layer_names=names).to_html(tmp_path / "h.html")
+    open_page(browser, tmp_path / "h.html")
+    browser.find_element("xpath", "//button[text()='unfold all']").click()
+    spans = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#map .colhead'))"
+        ".filter(function (e) { return e.textContent; }).map(function (e) {"
+        "  var range = document.createRange(); range.selectNodeContents(e);"
+        "  var r = range.getBoundingClientRect();"
+        "  return [e.textContent, r.left, r.right]; })"
+    )
+    assert len(spans) > 2 * 20
+    for (name, _, right), (after, left, _) in zip(spans, spans[1:]):
+        assert right <= left, f"{name!r} runs into {after!r}"
+    screenshot(browser, "heads-unfolded-names.png")
+    assert console_errors(browser) == []

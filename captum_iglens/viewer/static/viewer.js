@@ -256,6 +256,23 @@
   // ------------------------------------------------------------------ map view
   /* The answer tokens x layers map of one sequence, with its hover panel and
      the trajectory of a clicked token. */
+  // Which columns show their name: every one at least 12px wide, and a
+  // narrower one where its name (about 14px across, drawn over its unnamed
+  // neighbours) keeps clear of the last name shown and of the next wide
+  // column's, so that no two names overlap.
+  function namedColumns(widths) {
+    var room = 14, lefts = [], at = 0, nextWide = [], wide = Infinity, last = -Infinity;
+    widths.forEach(function (w) { lefts.push(at); at += w + 1; });  // 1px grid gap
+    for (var i = widths.length - 1; i >= 0; i--) {
+      nextWide[i] = wide;
+      if (widths[i] >= 12) wide = lefts[i];
+    }
+    return widths.map(function (w, i) {
+      var show = w >= 12 || (lefts[i] - last >= room && nextWide[i] - lefts[i] >= room);
+      if (show) last = lefts[i];
+      return show;
+    });
+  }
   function renderMap(root, layers, groups, rows, vocab, sources) {
     var folded = groups.map(function (g) { return g.folded; });
     var foldable = groups.some(function (g) { return g.foldable; });
@@ -348,16 +365,17 @@
       // Under 12px wide, the members of an unfolded group are named one in
       // every few, each name drawn over its unnamed neighbours; the other
       // columns keep a width their names fit.
-      var thin = cw < 12, every = Math.ceil(14 / (cw + 1));
+      var thin = cw < 12;
       var widths = cols.map(function (c) { return thin && c.head !== 'member' ? 16 : cw; });
       grid.style.gridTemplateColumns = labelW + 'px ' + widths.join('px ') + 'px';
       add(grid, h('div', 'corner'));
       var names = cols.map(function (c) { return c.label || layers[c.members[0]]; });
       var longest = names.reduce(function (n, name) { return Math.max(n, name.length); }, 0);
       var headH = text ? 18 : Math.max(72, Math.min(140, Math.ceil(6.5 * longest) + 6));
+      var named = namedColumns(widths);
       cols.forEach(function (c, ci) {
         var name = names[ci], narrow = widths[ci] < 12;
-        var showText = !narrow || c.at % every === 0;
+        var showText = named[ci];
         var head = add(grid, h('div', 'colhead' + (c.head ? ' ' + c.head : '') + (narrow ? ' thin' : ''), showText ? name : ''));
         head.setAttribute('title', name + (c.head ? ' (click to ' + (c.head === 'group' ? 'unfold' : 'fold') + ')' : ''));
         head.style.height = headH + 'px';
