@@ -10,7 +10,7 @@ from captum_iglens.studies.prompts import read_prompts
 from captum_iglens.studies.validation import load_facts
 
 
-@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085", "\x0b", "\x1c"])
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
 def test_a_raw_line_separator_inside_a_json_string_is_kept(tmp_path, separator):
     # json.dumps(ensure_ascii=False) writes these raw; str.splitlines breaks at them.
     text = f"first{separator}second"
