@@ -75,7 +75,12 @@ IGLENS_SCHEMA = Record(
     lens_change=Maybe(Array("float", "B", "P", "k")),
     readout_kind=Default(Text(nonempty=True)),
     readout_checksum=Maybe(Text()),
+    path=Default(Text(nonempty=True)),
 )
+#: Fields added after files were first written: written only where they differ
+#: from their default, so that a file of a run that does not use them is the
+#: same as before they existed.
+_WRITTEN_IF_SET = ("path",)
 #: The tensor fields, each ``(B, P, ...)`` but ``positions`` ``(P,)``.
 _TENSOR_FIELDS = IGLENS_SCHEMA.fields_of(Array)
 
@@ -150,6 +155,12 @@ class IGLensResult(JsonDocument, Viewable):
                     :class:`~captum_iglens.readout.interface.LayerwiseReadout`.
         readout_checksum (str, optional): The readout's checksum (e.g.
                     ``Translators.checksum()``); None for ``"logit"``.
+        path (str): The integration path (its name in
+                    :data:`~captum_iglens.attr.paths.PATHS`):
+                    ``"telescoping"`` (each column between consecutive path
+                    points; the default) or ``"joint"`` (every column's update
+                    scaled together). Only the default path has a learned
+                    readout per layer.
 
     The view fields (``top_ids`` ... ``rank``) are all set or all None.
     """
@@ -178,6 +189,7 @@ class IGLensResult(JsonDocument, Viewable):
     lens_change: Optional[Tensor] = None
     readout_kind: str = "logit"
     readout_checksum: Optional[str] = None
+    path: str = "telescoping"
 
     KIND = "IGLensResult"
 
@@ -293,6 +305,18 @@ class IGLensResult(JsonDocument, Viewable):
                 f"readout and neither under the logit readout (readout_kind "
                 f"{self.readout_kind!r})"
             )
+        default_path = type(self).path
+        if learned and self.path != default_path:
+            raise ValueError(
+                f"path: {self.path!r} has no learned readout per layer (readout_kind "
+                f"{self.readout_kind!r}); only {default_path!r} has"
+            )
+        settings = self.metadata.get("settings")
+        recorded = settings.get("path") if isinstance(settings, dict) else None
+        if recorded is not None and recorded != self.path:
+            raise ValueError(
+                f"path: {self.path!r} differs from metadata.settings.path {recorded!r}"
+            )
 
     @property
     def has_views(self) -> bool:
@@ -329,7 +353,12 @@ class IGLensResult(JsonDocument, Viewable):
     # ----------------------------------------------------------- tables and CSV
 
     def format_table(
-        self, batch_index: int = 0, *, width: int = 100, onset_frac: float = 0.5
+        self,
+        batch_index: int = 0,
+        *,
+        width: int = 100,
+        onset_frac: float = 0.5,
+        companion: Optional["IGLensResult"] = None,
     ) -> str:
         r"""
         A plain-text table of one sequence: a row per attributed token with the
@@ -345,12 +374,21 @@ class IGLensResult(JsonDocument, Viewable):
                         (in order) and a note says so; ``Σ`` always includes every
                         layer. Default: 100.
             onset_frac (float, optional): As in :meth:`onset`. Default: 0.5.
+            companion (IGLensResult, optional): A map of the same tokens on
+                        another path (e.g. the joint block map beside a
+                        telescoping one): the table then shows the onset of
+                        each, headed by its path. Default: None
 
         Returns:
             *str*: the table, with a final completeness line
             ``max |Σ - Δp|``.
+
+        Raises:
+            ValueError: If ``companion`` holds other tokens.
         """
-        return _result_tables.format_table(self, batch_index, width, onset_frac)
+        return _result_tables.format_table(
+            self, batch_index, width, onset_frac, companion
+        )
 
     def format_views(self, batch_index: int = 0, *, width: int = 100) -> str:
         r"""
@@ -510,7 +548,11 @@ class IGLensResult(JsonDocument, Viewable):
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dictionary of every field (tensors as nested
         lists), keyed as the file stores them (``levels`` as ``"lens"``)."""
-        values = {f.name: plain(getattr(self, f.name)) for f in fields(self)}
+        values = {
+            f.name: plain(getattr(self, f.name))
+            for f in fields(self)
+            if f.name not in _WRITTEN_IF_SET or getattr(self, f.name) != f.default
+        }
         return IGLENS_SCHEMA.dump(values)
 
     @classmethod
@@ -523,7 +565,14 @@ class IGLensResult(JsonDocument, Viewable):
 def _check_joinable(first: IGLensResult, other: IGLensResult, at: str) -> None:
     """Refuses to stack ``other`` under ``first``: other layers or settings,
     other positions, fields given for one only, another ``top_k``."""
-    settings = ("layer_names", "method", "n_steps", "readout_kind", "readout_checksum")
+    settings = (
+        "layer_names",
+        "method",
+        "n_steps",
+        "readout_kind",
+        "readout_checksum",
+        "path",
+    )
     for name in settings:
         if getattr(other, name) != getattr(first, name):
             raise ValueError(

@@ -51,6 +51,11 @@ class Settings:
                     credit split across its neurons) or ``"expert"`` (across
                     the experts of a mixture-of-experts MLP). Default:
                     ``"block"``.
+        path (str): A name in :data:`~captum_iglens.attr.paths.PATHS`:
+                    ``"telescoping"`` (each block between consecutive states:
+                    when the final head can *read* the answer) or ``"joint"``
+                    (every block's update scaled together: what each block
+                    *writes*, in no order). Default: ``"telescoping"``.
         internal_batch_size (int, optional): Rows through the readout at once.
                     Default: None (``max_chunk_bytes`` decides).
         max_chunk_bytes (int): Memory budget of one readout chunk.
@@ -76,6 +81,7 @@ class Settings:
     method: str = "prediction_aware"
     n_steps: int = 50
     granularity: "Granularity" = "block"
+    path: str = "telescoping"
     internal_batch_size: Optional[int] = None
     max_chunk_bytes: int = 256 * 2**20
     chat: bool = True
@@ -112,12 +118,16 @@ class Settings:
         # Imported here: importing attr imports attribute_text, which takes Settings.
         from captum_iglens.attr._utils.checks import check_baselines, check_settings
         from captum_iglens.attr.estimators import estimator
-        from captum_iglens.attr.granularities import check_granularity
+        from captum_iglens.attr.granularities import GRANULARITIES, check_granularity
+        from captum_iglens.attr.paths import integration_path
 
         check_baselines(self.baselines)
         estimator(self.method).check_steps(self.n_steps)
         check_settings(self.internal_batch_size, False)
         check_granularity(self.granularity)
+        integration_path(self.path).check(
+            GRANULARITIES[self.granularity], True, self.baselines is not None
+        )
         for name in ("max_chunk_bytes", "max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -161,14 +171,18 @@ class Settings:
             method=self.method,
             n_steps=self.n_steps,
             granularity=self.granularity,
+            path=self.path,
             internal_batch_size=self.internal_batch_size,
             top_k=self.top_k,
         )
 
     def to_dict(self) -> Dict[str, Any]:
-        r"""JSON-ready fields (``layers`` as a list)."""
+        r"""JSON-ready fields (``layers`` as a list; ``path`` only where it is
+        not the default, so that records written before it existed match)."""
         data = asdict(self)
         data["layers"] = None if self.layers is None else list(self.layers)
+        if self.path == type(self).path:
+            del data["path"]
         return data
 
     @classmethod

@@ -19,7 +19,6 @@ from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import ESTIMATORS, Estimator, Integration
 from captum_iglens.attr.granularities import GRANULARITIES, Blocks, PathGranularity
 from captum_iglens.attr.paths import PATHS, IntegrationPath
-from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.hf import model_parts, supported_model_types
 from captum_iglens.hf.architectures import unregister_architecture
 from captum_iglens.readout import Readout
@@ -104,21 +103,42 @@ class EqualShares(IntegrationPath):
 
     name = "toy_equal_shares"
 
-    def credits(
+    def segments(
         self,
-        shape: PathGranularity,
         integration: Integration,
-        path: TracedPath,
+        points: Tensor,
+        targets: TokenScore,
         values: Tensor,
+        blocks: Optional[Sequence[int]] = None,
     ) -> Tensor:
-        n = values.shape[-1] - 1
-        share = (values[..., -1] - values[..., 0]) / n
-        return share[..., None].expand(-1, -1, n) * path.mask[..., None]
+        if integration.per_dimension:
+            raise NotImplementedError("the toy path has a map only")
+        n = points.shape[1] - 1
+        return _equal(values, n).expand(-1, n)
 
-    def attributions(
-        self, shape: PathGranularity, integration: Integration, path: TracedPath
-    ) -> Tensor:
-        raise NotImplementedError("the toy path has a map only")
+    def split_segments(
+        self,
+        integration: Integration,
+        stream: Tensor,
+        components: Tensor,
+        targets: TokenScore,
+        values: Tensor,
+        split: Sequence[int],
+        whole: Sequence[int],
+        parents: Optional[Tensor] = None,
+        blocks: Optional[Sequence[int]] = None,
+    ) -> Tuple[Tensor, Tensor]:
+        if integration.per_dimension:
+            raise NotImplementedError("the toy path has a map only")
+        c = components.shape[1]
+        share = _equal(values, len(split) * c + len(whole))
+        parts = share.expand(-1, len(split) * c).reshape(-1, c)
+        return parts, share.expand(-1, len(whole)).flatten()
+
+
+def _equal(values: Tensor, n: int) -> Tensor:
+    """``(f(end) - f(start)) / n`` per row, ``(N, 1)``."""
+    return ((values[:, -1] - values[:, 0]) / n)[:, None]
 
 
 @pytest.fixture
@@ -135,8 +155,8 @@ def _completeness(result) -> float:
 
 
 @pytest.mark.parametrize("method", ["toy_squared_shares", "prediction_aware"])
-@pytest.mark.parametrize("granularity", ["toy_block_pairs", "block"])
-@pytest.mark.parametrize("path", ["toy_equal_shares", "telescoping"])
+@pytest.mark.parametrize("granularity", ["toy_block_pairs", "block", "head"])
+@pytest.mark.parametrize("path", ["toy_equal_shares", "telescoping", "joint"])
 def test_toys_run_through_attribute_map(toys, llama, method, granularity, path):
     ig_lens = LayerIGLens.from_model(llama)
     ids, mask = left_padded([6, 4], llama.config.vocab_size)
@@ -147,8 +167,8 @@ def test_toys_run_through_attribute_map(toys, llama, method, granularity, path):
         granularity=granularity,
         path=path,
     )
-    names = ["0+1"] if granularity == "toy_block_pairs" else ["0", "1"]
-    assert result.layer_names == names
+    names = {"toy_block_pairs": ["0+1"], "block": ["0", "1"]}.get(granularity)
+    assert names is None or result.layer_names == names
     assert result.method == method
     assert _completeness(result) <= 1e-6
     assert result.attributions[result.mask].abs().sum() > 0

@@ -52,6 +52,7 @@ class ColumnReadout(ABC):
         shape (PathGranularity): The granularity.
         readout (PathReadout): What the integrations read through.
         record (dict): :func:`readout_record` of the lens's readout.
+        along (IntegrationPath): How the path points are joined.
     """
 
     def __init__(
@@ -59,10 +60,12 @@ class ColumnReadout(ABC):
         shape: PathGranularity,
         readout: PathReadout,
         record: Dict[str, Optional[str]],
+        along: IntegrationPath,
     ) -> None:
         self.shape = shape
         self.readout = readout
         self.record = record
+        self.along = along
 
     @abstractmethod
     def map(
@@ -119,34 +122,20 @@ class ColumnReadout(ABC):
             lens_change=lens_change,
             readout_kind=str(self.record["kind"]),
             readout_checksum=self.record["checksum"],
+            path=self.along.name,
             **({} if split.views is None else _view_fields(split.views)),
         )
 
 
 class OneReadout(ColumnReadout):
     r"""Every point read by one readout: the credits are the granularity's
-    own, integrated along ``along``, and there is no lens-change part.
-
-    Args:
-
-        along (IntegrationPath): How the path points are joined.
-    """
-
-    def __init__(
-        self,
-        shape: PathGranularity,
-        readout: PathReadout,
-        record: Dict[str, Optional[str]],
-        along: IntegrationPath,
-    ) -> None:
-        super().__init__(shape, readout, record)
-        self.along = along
+    own, integrated along the path, and there is no lens-change part."""
 
     def map(
         self, integration: Integration, path: TracedPath, top_k: int
     ) -> ReadoutSplit:
         values, views = path_levels(self.readout, path, integration.chunk_rows, top_k)
-        credits = self.along.credits(self.shape, integration, path, values)
+        credits = self.shape.credits(integration, path, values)
         levels = self.shape.levels(path, values)
         views = None if views is None else column_views(self.shape, path, views)
         return ReadoutSplit(levels, credits, None, views)
@@ -154,7 +143,7 @@ class OneReadout(ColumnReadout):
     def attributions(
         self, integration: Integration, path: TracedPath
     ) -> Tuple[Tensor, DeltaOf]:
-        attrs = self.along.attributions(self.shape, integration, path)
+        attrs = self.shape.attributions(integration, path)
         return attrs, lambda credits: self.delta(path, credits, integration.chunk_rows)
 
     def delta(self, path: TracedPath, credits: Tensor, chunk_rows: int) -> Tensor:
@@ -193,9 +182,10 @@ class LensChange(ColumnReadout):
         shape: PathGranularity,
         readout: LayerwiseReadout,
         record: Dict[str, Optional[str]],
+        along: IntegrationPath,
         route: ReadoutPlan,
     ) -> None:
-        super().__init__(shape, readout, record)
+        super().__init__(shape, readout, record, along)
         self.route = route
 
     def map(
@@ -212,7 +202,8 @@ class LensChange(ColumnReadout):
 
     def delta(self, path: TracedPath, credits: Tensor, chunk_rows: int) -> Tensor:
         """The attributions are block parts: the delta adds the lens parts."""
-        exact = Integration(estimator("prediction_aware"), self.readout, 1, chunk_rows)
+        rule = estimator("prediction_aware")
+        exact = Integration(rule, self.readout, 1, chunk_rows, self.along)
         return learned_delta(path, split_map(exact, path, self.route), credits)
 
     def credits_and_delta(
@@ -287,7 +278,7 @@ def column_readout(
     if blocks is None:
         blocks = shape.segment_blocks()
     assert blocks is not None  # granularities with learned_readout have them
-    return LensChange(shape, readout, record, plan(readout, layers, blocks))
+    return LensChange(shape, readout, record, along, plan(readout, layers, blocks))
 
 
 def learned_delta(

@@ -161,11 +161,17 @@ class IGLensPath:
                         final distribution) and ``rank`` (of the target)
                         ``(B, P, k)``. At the last layer they are the model's own
                         output distribution's. Default: 0 (no views).
-            path (str, optional): How the path points are joined into the
-                        straight segments integrated along, a name in
+            path (str, optional): How the columns are integrated, a name in
                         :data:`~captum_iglens.attr.paths.PATHS`:
-                        ``"telescoping"``, one segment per column, in depth
-                        order. Default: ``"telescoping"``.
+                        ``"telescoping"``, one straight segment per column in
+                        depth order (a block's credit is ``f(h_l) -
+                        f(h_{l-1})``: when the final head can *read* the
+                        answer); ``"joint"``, every column's update scaled
+                        together along ``h_base → h_final`` (a column's credit
+                        is ``∫ ∇f(γ(α))·u dα``: what it *writes*, in no order;
+                        the model's own readout only, and a baseline other
+                        than ``h_0`` only with an ``"input"`` column).
+                        Default: ``"telescoping"``.
 
         Returns:
             :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``levels``
@@ -175,7 +181,14 @@ class IGLensPath:
             and ``mask`` marks each example's own.
         """
         shape, along, columns, integration = self._plan(
-            method, n_steps, internal_batch_size, granularity, path, True
+            method,
+            n_steps,
+            internal_batch_size,
+            granularity,
+            path,
+            True,
+            False,
+            baselines is not None,
         )
         check_top_k(top_k, self.readout.vocab_size)
         grad_free = (
@@ -206,11 +219,12 @@ class IGLensPath:
         granularity: str,
         path: str,
         multiply_by_inputs: bool,
-        attribute_to_layer_input: bool = False,
+        attribute_to_layer_input: bool,
+        baselines_given: bool,
     ) -> Tuple[PathGranularity, IntegrationPath, ColumnReadout, Integration]:
         """A call's granularity, path, column readout and integration, from its
         arguments, each checked before any forward (``multiply_by_inputs``
-        against the estimator and the granularity)."""
+        against the estimator, the granularity and the path)."""
         rule = estimator(method)
         rule.check_steps(n_steps)
         check_settings(internal_batch_size, attribute_to_layer_input)
@@ -218,12 +232,14 @@ class IGLensPath:
         shape = self._granularity(granularity)
         shape.check_multiply_by_inputs(multiply_by_inputs)
         along = integration_path(path)
+        along.check(type(shape), multiply_by_inputs, baselines_given)
         columns = column_readout(self.readout, self.layers, shape, along)
         integration = Integration(
             rule,
             columns.readout,
             n_steps,
             internal_batch_size or self.readout.rows_per_chunk(),
+            along,
             multiply_by_inputs=multiply_by_inputs,
         )
         return shape, along, columns, integration

@@ -67,7 +67,7 @@ def prepare(args: argparse.Namespace) -> Job:
     if args.batch_size < 1:
         raise CommandError(f"--batch-size: expected an int >= 1, got {args.batch_size}")
     prompts = read_prompts(args.prompts)
-    lens = lens_folder(args.lens)
+    lens = lens_folder(args.lens, args.path)
     out = check_folder(args.out, "--out")
     device = init_distributed()
     if device.type == "cuda":

@@ -245,6 +245,15 @@ def settings_parent(
         help=deferred(_granularity_help),
     )
     group.add_argument(
+        "--path",
+        choices=Names("captum_iglens.attr.paths", "PATHS"),
+        default="telescoping",
+        metavar="PATH",
+        help="telescoping: each block between consecutive states (when the final "
+        "head can read the answer; default); joint: every block's update scaled "
+        "together (what each block writes, in no order)",
+    )
+    group.add_argument(
         "--internal-batch-size",
         type=int,
         help="rows through the readout at once (default: set by --max-chunk-mib)",
@@ -301,6 +310,7 @@ def settings_from(args: argparse.Namespace) -> "Settings":
         method=args.method,
         n_steps=args.n_steps,
         granularity=args.granularity,
+        path=args.path,
         internal_batch_size=args.internal_batch_size,
         max_chunk_bytes=args.max_chunk_mib * 2**20,
         chat=args.chat,
@@ -438,16 +448,22 @@ def _check_config(config: Optional[Dict[str, Any]], settings: "Settings") -> Non
         )
 
 
-def lens_folder(text: Optional[str]) -> Union[None, str, "Translators"]:
-    r"""``--lens``, read and checked before the model loads: None for ``logit``
-    (the default), ``"linear"`` (this model's cached fitted lens, found once the
-    model is loaded), else the translators of a tuned-lens folder (its
-    ``config.json`` and ``params.pt``: keys, shapes and finite values, an error
-    naming the file and the translator)."""
+def lens_folder(text: Optional[str], path: str) -> Union[None, str, "Translators"]:
+    r"""``--lens``, read and checked before the model loads, also against
+    ``--path``: None for ``logit`` (the default), ``"linear"`` (this model's
+    cached fitted lens, found once the model is loaded), else the translators of
+    a tuned-lens folder (its ``config.json`` and ``params.pt``: keys, shapes and
+    finite values, an error naming the file and the translator)."""
+    from captum_iglens.attr.paths import integration_path
     from captum_iglens.readout.translators import Translators
 
     if text is None or text == "logit":
         return None
+    if not integration_path(path).learned_readout:
+        raise CommandError(
+            f"--lens: a learned readout per layer defines no {path} path; use "
+            "--path telescoping, or leave out --lens"
+        )
     if text == "linear":
         return text
     try:

@@ -189,7 +189,7 @@ def _check_lens(args: argparse.Namespace) -> None:
                 raise CommandError(
                     f"{option}: only validate --test restoration uses it; leave it out"
                 )
-    args.lens = lens_folder(args.lens)
+    args.lens = lens_folder(args.lens, args.path)
 
 
 def _check_test(

@@ -11,6 +11,7 @@ from torch import Tensor
 
 import captum_iglens
 from captum_iglens import ESTIMATORS
+from captum_iglens.attr.paths import Telescoping
 from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import Estimator, Integration, estimator
 from captum_iglens.readout import Readout
@@ -142,7 +143,7 @@ def test_estimators_read_a_segment_with_the_layer_at_its_end(method):
     per_layer.seen.clear()
     rule = ESTIMATORS[method]
     found = rule.attributions(
-        Integration(rule, per_layer, 4, 64), points, score, values[:, -1]
+        Integration(rule, per_layer, 4, 64, Telescoping()), points, score, values[:, -1]
     )
     seen = torch.cat(per_layer.seen).unique().tolist()
     assert seen == [1, 2, 3]  # never 0: h_base only starts segment 1

@@ -3,7 +3,7 @@ segment of a path is computed."""
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Protocol, Sequence, Tuple
 
 from torch import Tensor
 
@@ -169,6 +169,37 @@ class Estimator(ABC):
         """
 
 
+class SegmentJoin(Protocol):
+    r"""
+    What the granularities ask of the integration path
+    (:class:`~captum_iglens.attr.paths.IntegrationPath` implements it): the
+    credits of a chain's segments, whole or split into components, integrated
+    the path's way.
+    """
+
+    def segments(
+        self,
+        integration: "Integration",
+        points: Tensor,
+        targets: TokenScore,
+        values: Tensor,
+        blocks: Optional[Sequence[int]] = None,
+    ) -> Tensor: ...
+
+    def split_segments(
+        self,
+        integration: "Integration",
+        stream: Tensor,
+        components: Tensor,
+        targets: TokenScore,
+        values: Tensor,
+        split: Sequence[int],
+        whole: Sequence[int],
+        parents: Optional[Tensor] = None,
+        blocks: Optional[Sequence[int]] = None,
+    ) -> Tuple[Tensor, Tensor]: ...
+
+
 @dataclass(frozen=True)
 class Integration:
     r"""
@@ -181,6 +212,7 @@ class Integration:
         readout (PathReadout): What reads the path points.
         n_steps (int): Steps per segment.
         chunk_rows (int): The most rows read at once.
+        path (SegmentJoin): How the segments are integrated (``path=``).
         grad_kwargs (dict, optional): Passed to ``torch.autograd.grad``.
                     Default: None
         per_dimension (bool, optional): Per-dimension attributions (for
@@ -194,6 +226,7 @@ class Integration:
     readout: PathReadout
     n_steps: int
     chunk_rows: int
+    path: SegmentJoin
     grad_kwargs: Optional[Dict[str, Any]] = None
     per_dimension: bool = False
     multiply_by_inputs: bool = True

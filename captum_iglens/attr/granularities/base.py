@@ -6,6 +6,7 @@ credits them.
 
 from abc import ABC, abstractmethod
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import (
     Any,
     Callable,
@@ -23,6 +24,7 @@ from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.block_parts import BlockParts
+from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import Estimator, Integration
 from captum_iglens.attr.tracing import TracedPath
 
@@ -47,6 +49,9 @@ class PathGranularity(ABC):
         summary (str): What its columns are, in a few words (for help texts).
         supports_unmultiplied (bool): Has attributions without the displacement
                     (``multiply_by_inputs=False``).
+        input_column (bool): Its first column is ``"input"``, the segment from
+                    the baseline to the first chosen block's input (where a
+                    baseline other than ``h_0`` shows as its own column).
         learned_readout (bool): Its columns are whole segments of blocks
                     (:meth:`column_blocks` is not None) or components of them
                     (:meth:`segment_blocks` is not None), so a learned readout
@@ -56,6 +61,7 @@ class PathGranularity(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
     supports_unmultiplied: ClassVar[bool] = True
+    input_column: ClassVar[bool] = False
     learned_readout: ClassVar[bool] = False
 
     def __init__(
@@ -160,17 +166,30 @@ class PathGranularity(ABC):
     def attributions(self, integration: Integration, path: TracedPath) -> Tensor:
         r"""
         Per-dimension attributions of every column, zero at padding (the
-        path-averaged gradients with ``multiply_by_inputs=False``).
+        path-averaged gradients with ``multiply_by_inputs=False``): the
+        path's :meth:`~captum_iglens.attr.paths.IntegrationPath.segments`.
 
         Returns:
             *Tensor* ``(B, P, n, d)``.
         """
         b, p, k_plus_1, d = path.points.shape
-        attrs = integration.rule.attributions(
-            integration,
-            path.points.flatten(0, 1),
+        points = path.points.flatten(0, 1)
+        with torch.no_grad():  # f(h_base): the path's start
+            start = path_values(
+                integration.readout,
+                points[:, :1],
+                path.score.flatten(),
+                integration.chunk_rows,
+            )[0][:, 0]
+        ends = torch.stack(
+            [start.to(path.model_prob.dtype), path.model_prob.flatten()], -1
+        )
+        attrs = integration.path.segments(
+            replace(integration, per_dimension=True),
+            points,
             path.score.flatten(),
-            path.model_prob.flatten(),
+            ends,
+            self.column_blocks(),
         )
         return attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]
 
@@ -179,17 +198,19 @@ class PathGranularity(ABC):
     ) -> Tensor:
         r"""
         The scalar credit of every column from the levels ``values``
-        ``(B, P, k + 1)`` (:func:`~captum_iglens.attr.tracing.path_levels`).
+        ``(B, P, k + 1)`` (:func:`~captum_iglens.attr.tracing.path_levels`):
+        the path's :meth:`~captum_iglens.attr.paths.IntegrationPath.segments`.
 
         Returns:
             *Tensor* ``(B, P, n)``.
         """
         b, p, k_plus_1 = values.shape
-        credits = integration.rule.credits(
-            integration,
+        credits = integration.path.segments(
+            replace(integration, per_dimension=False),
             path.points.flatten(0, 1),
             path.score.flatten(),
             values.flatten(0, 1),
+            self.column_blocks(),
         )
         return credits.view(b, p, k_plus_1 - 1)
 

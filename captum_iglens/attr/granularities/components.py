@@ -3,21 +3,19 @@ The granularities whose columns are components of the stream's straight segments
 (heads, source tokens, neurons, experts): what they share. Each segment's update
 is a sum of components traced with the path; every column's attributions and
 credits come from one gradient split of the segments,
-``ComponentSplit._split``, which each granularity implements (most with
-:func:`split_segments`).
+``ComponentSplit._split``, which each granularity implements with the path's
+``split_segments`` (:class:`~captum_iglens.attr.paths.IntegrationPath`).
 """
 
 from dataclasses import replace
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional
 
 import torch
 from torch import Tensor
 
-from captum_iglens.attr._utils.path_math import segment_ends, segment_pairs
 from captum_iglens.attr.estimators import Estimator, Integration
 from captum_iglens.attr.granularities.blocks import Sublayers
 from captum_iglens.attr.tracing import TracedPath, path_levels
-from captum_iglens.readout.scores import TokenScore
 
 
 class ComponentSplit(Sublayers):
@@ -66,64 +64,3 @@ class ComponentSplit(Sublayers):
             *Tensor* ``(N, n)``, or ``(N, n, d)`` with ``per_dimension``.
         """
         raise NotImplementedError
-
-
-def split_segments(
-    integration: Integration,
-    stream: Tensor,
-    components: Tensor,
-    targets: TokenScore,
-    values: Tensor,
-    split: Sequence[int],
-    whole: Sequence[int],
-    parents: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
-    r"""
-    The estimator's split of the segments ``split`` of every row into their
-    components, and its credits (or attributions) of the segments ``whole``.
-
-    Args:
-
-        integration (Integration): Its ``per_dimension`` asks for
-                    per-dimension attributions.
-        stream (Tensor): ``(N, K, d)`` path points.
-        components (Tensor): ``(N·len(split), C, d)`` float32 (or an object
-                    that builds its rows on demand).
-        targets (TokenScore): ``N`` rows.
-        values (Tensor): ``(N, K)``: ``f`` at the points, the last the
-                    model's own; or ``(N, K - 1, 2)`` at both ends of every
-                    segment (:func:`~captum_iglens.attr._utils.path_math.segment_ends`).
-        split (list[int]): The segments split into components.
-        whole (list[int]): The segments credited whole.
-        parents (Tensor, optional): ``(C,)``: a group per component, as
-                    :meth:`~captum_iglens.attr.estimators.base.Estimator.components`
-                    takes it. Default: None
-
-    Returns:
-        2-element tuple: the components' columns ``(N·len(split), C)`` and the
-        whole segments' ``(N·len(whole),)``, each with a trailing ``d`` per
-        dimension.
-    """
-    rule = integration.rule
-    pairs, layers = segment_pairs(stream, split)
-    parts = rule.components(
-        integration,
-        pairs,
-        components,
-        targets.repeat_interleave(len(split)),
-        segment_ends(values, split).flatten(0, 1),
-        layers=layers,
-        parents=parents,
-    )
-    pairs, layers = segment_pairs(stream, whole)
-    ends = segment_ends(values, whole)
-    whole_targets = targets.repeat_interleave(len(whole))
-    if integration.per_dimension:
-        found = rule.attributions(
-            integration, pairs, whole_targets, ends[..., 1].flatten(), layers=layers
-        )
-    else:
-        found = rule.credits(
-            integration, pairs, whole_targets, ends.flatten(0, 1), layers=layers
-        )
-    return parts, found[:, 0]

@@ -48,7 +48,6 @@ from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.readout.scores import TokenScore
 from captum_iglens.attr.granularities.components import (
     ComponentSplit,
-    split_segments,
 )
 from captum_iglens.columns import INPUT, Column
 
@@ -266,13 +265,14 @@ def head_attributions(
     values: Tensor,
     parents: Optional[Tensor] = None,
     parallel: bool = False,
+    blocks: Optional[Sequence[int]] = None,
 ) -> Tensor:
     r"""
     The credit columns of ``granularity="head"``, in the order of
     :func:`head_path_points`: the segments ``"input"`` and ``"<block>.mlp"`` get
     the estimator's credits (or attributions, with
     ``integration.per_dimension``), each attention segment the estimator's split
-    into its components ``u_c`` (:func:`split_segments`). With ``parallel``
+    into its components ``u_c`` (the path's ``split_segments``). With ``parallel``
     blocks, each block's one segment is split, its MLP the last component.
 
     Args:
@@ -286,6 +286,10 @@ def head_attributions(
         parents (Tensor, optional): ``(C,)``: a group per component, as
                     :meth:`~captum_iglens.attr.estimators.base.Estimator.components`
                     takes it. Default: None
+        parallel (bool, optional): The blocks add attention and MLP in
+                    parallel. Default: False
+        blocks (list[int], optional): The path block of each segment, for the
+                    path (see :meth:`Heads.segment_blocks`). Default: None
 
     Returns:
         *Tensor* ``(N, n_columns)``, or ``(N, n_columns, d)`` per dimension,
@@ -298,7 +302,7 @@ def head_attributions(
     else:  # "input" and the MLPs; the attention segments, split
         plain = [0, *range(2, k_points - 1, 2)]
         attn = list(range(1, k_points - 1, 2))
-    attn_out, plain_out = split_segments(
+    attn_out, plain_out = integration.path.split_segments(
         integration,
         stream,
         components.flatten(0, 1),  # (N·k, C, d)
@@ -307,6 +311,7 @@ def head_attributions(
         attn,
         plain,
         parents,
+        blocks,
     )
     attn_out = attn_out.view(n, k, c, -1)
     if parallel:
@@ -325,6 +330,7 @@ class Heads(ComponentSplit):
 
     name = "head"
     summary = "the attention also split across its heads"
+    input_column = True
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         if self.block_parts is None:
@@ -394,4 +400,5 @@ class Heads(ComponentSplit):
             path.score.flatten(),
             values,
             parallel=self._parallel,
+            blocks=self.segment_blocks(),
         )

@@ -35,7 +35,6 @@ from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.readout.scores import TokenScore
 from captum_iglens.attr.granularities.components import (
     ComponentSplit,
-    split_segments,
 )
 from captum_iglens.columns import Column, parse_columns
 
@@ -188,11 +187,12 @@ def neuron_attributions(
     components: NeuronComponents,
     targets: TokenScore,
     values: Tensor,
+    blocks: Optional[Sequence[int]] = None,
 ) -> Tensor:
     r"""
     The columns of ``granularity="neuron"``: per block its attention segment
     (the estimator's credit), then its MLP segment split into the neurons'
-    components (:func:`split_segments`).
+    components (the path's ``split_segments``).
 
     Args:
         stream (Tensor): ``(N, 2k + 1, d)`` path points.
@@ -200,13 +200,15 @@ def neuron_attributions(
         values (Tensor): ``(N, 2k + 1)``: ``f`` at the points, the last the
                     model's own; or ``(N, 2k, 2)`` per segment
                     (:func:`~captum_iglens.attr._utils.path_math.segment_ends`).
+        blocks (list[int], optional): The path block of each segment, for the
+                    path. Default: None
 
     Returns:
         *Tensor* ``(N, k (1 + C))``, or ``(N, k (1 + C), d)`` per dimension.
     """
     n, k_points, _ = stream.shape
     k = (k_points - 1) // 2
-    split, plain = split_segments(
+    split, plain = integration.path.split_segments(
         integration,
         stream,
         # NeuronComponents builds its (M, C, d) rows on demand: the estimators
@@ -216,6 +218,7 @@ def neuron_attributions(
         values,
         list(range(1, k_points, 2)),
         list(range(0, k_points - 1, 2)),
+        blocks=blocks,
     )
     c = components.shape[1]
     plain = plain.float().view(n, k, 1, -1)
@@ -283,6 +286,7 @@ class Neurons(ComponentSplit):
             found,
             path.score.flatten(),
             values,
+            self.segment_blocks(),
         )
 
 

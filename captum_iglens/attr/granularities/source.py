@@ -365,6 +365,7 @@ class Sources(Heads):
             values,
             parents=found.parents,
             parallel=self._parallel,
+            blocks=self.segment_blocks(),
         )
         return attrs if self.by_head else _sum_heads(attrs, len(self.layers), found)
 

@@ -11,12 +11,13 @@ from typing import Dict, Type
 from captum_iglens._utils.registry import registered
 
 from captum_iglens.attr.paths.base import IntegrationPath
+from captum_iglens.attr.paths.joint import Joint
 from captum_iglens.attr.paths.telescoping import Telescoping
 
-__all__ = ["PATHS", "IntegrationPath", "Telescoping", "integration_path"]
+__all__ = ["PATHS", "IntegrationPath", "Joint", "Telescoping", "integration_path"]
 
 #: The paths ``path=`` takes, by name (iterating gives the names).
-PATHS: Dict[str, Type[IntegrationPath]] = {p.name: p for p in (Telescoping,)}
+PATHS: Dict[str, Type[IntegrationPath]] = {p.name: p for p in (Telescoping, Joint)}
 
 
 def integration_path(name: str) -> IntegrationPath:

@@ -1,17 +1,17 @@
 r"""
-The interface every integration path implements: how the traced states of a
-granularity's path are joined into the straight segments an estimator
-integrates along, and so how the credit columns are computed.
+The interface every integration path implements: how the straight segments of
+a granularity's traced path are integrated, whole or split into components,
+and so how the credit columns are computed.
 """
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Optional, Sequence, Tuple, Type
 
 from torch import Tensor
 
 from captum_iglens.attr.estimators import Estimator, Integration
 from captum_iglens.attr.granularities.base import PathGranularity
-from captum_iglens.attr.tracing import TracedPath
+from captum_iglens.readout.scores import TokenScore
 
 
 class IntegrationPath(ABC):
@@ -19,6 +19,11 @@ class IntegrationPath(ABC):
     How a granularity's columns are integrated between ``h_base`` and
     ``h_final``. Every path keeps the endpoints, so the credits of an exact
     estimator add up to ``f(h_final) - f(h_base)`` on any of them.
+
+    A granularity traces a chain of states ``p_0 = h_base, p_1, ..., p_K =
+    h_final`` and asks the path (``integration.path``) for the credits of its
+    segments ``p_{j-1} → p_j``: each whole (:meth:`segments`), or some split
+    into components that add up to them (:meth:`split_segments`).
 
     Attributes:
 
@@ -31,46 +36,103 @@ class IntegrationPath(ABC):
     name: ClassVar[str]
     learned_readout: ClassVar[bool] = False
 
+    def check(
+        self,
+        granularity: Type[PathGranularity],
+        multiply_by_inputs: bool,
+        baselines_given: bool,
+    ) -> None:
+        r"""
+        Checks, before any forward, that the path can integrate a call.
+
+        Args:
+
+            granularity (type): The granularity's class.
+            multiply_by_inputs (bool): As :class:`LayerIGLens` was built.
+            baselines_given (bool): The path starts at a baseline other than
+                        ``h_0``.
+
+        Raises:
+            ValueError: If the path cannot give what the call asks.
+        """
+
     def map_needs_gradients(self, shape: PathGranularity, rule: Estimator) -> bool:
-        r"""Whether :meth:`credits` of ``shape``'s columns with ``rule`` takes a
-        backward pass (else the map runs under ``torch.inference_mode``)."""
+        r"""Whether the map of ``shape``'s columns with ``rule`` takes a
+        backward pass (else it runs under ``torch.inference_mode``)."""
         return shape.map_needs_gradients(rule)
 
     @abstractmethod
-    def credits(
+    def segments(
         self,
-        shape: PathGranularity,
         integration: Integration,
-        path: TracedPath,
+        points: Tensor,
+        targets: TokenScore,
         values: Tensor,
+        blocks: Optional[Sequence[int]] = None,
     ) -> Tensor:
         r"""
-        The scalar credit of every column.
+        The credits of every segment of the chains ``points``, each a column.
 
         Args:
 
-            shape (PathGranularity): The granularity, which traced ``path``.
-            integration (Integration): The estimator, readout and steps.
-            path (TracedPath): The traced path points ``(B, P, K, d)``.
-            values (Tensor): ``(B, P, K)``: ``f`` at the path points, the last
-                        the model's own.
+            integration (Integration): The estimator, readout and steps; with
+                        ``per_dimension``, per-dimension attributions (the
+                        path-averaged gradients with ``multiply_by_inputs``
+                        False).
+            points (Tensor): ``(N, K + 1, d)``: ``N`` chains.
+            targets (TokenScore): ``N`` rows.
+            values (Tensor): ``f`` at the points, the last the model's own:
+                        ``(N, K + 1)``, or with ``per_dimension`` ``(N, 2)`` at
+                        the first and the last point.
+            blocks (list[int], optional): ``K``: the path block of each
+                        segment, where the granularity's columns belong to
+                        blocks (a path that integrates segments together keeps
+                        a block's columns together). Default: None
 
         Returns:
-            *Tensor* ``(B, P, n)``, one per column of ``shape``.
+            *Tensor* ``(N, K)``, or ``(N, K, d)`` per dimension.
         """
 
     @abstractmethod
-    def attributions(
-        self, shape: PathGranularity, integration: Integration, path: TracedPath
-    ) -> Tensor:
+    def split_segments(
+        self,
+        integration: Integration,
+        stream: Tensor,
+        components: Tensor,
+        targets: TokenScore,
+        values: Tensor,
+        split: Sequence[int],
+        whole: Sequence[int],
+        parents: Optional[Tensor] = None,
+        blocks: Optional[Sequence[int]] = None,
+    ) -> Tuple[Tensor, Tensor]:
         r"""
-        Per-dimension attributions of every column, zero at padding.
+        The credits of the segments ``split`` of every chain, split into their
+        components, and of the segments ``whole``.
 
         Args:
 
-            shape (PathGranularity): As for :meth:`credits`, and so are
-                        ``integration`` and ``path``.
+            integration (Integration): Its ``per_dimension`` asks for
+                        per-dimension attributions.
+            stream (Tensor): ``(N, K + 1, d)`` path points.
+            components (Tensor): ``(N·len(split), C, d)`` float32: each split
+                        segment's components, adding up to it (or an object
+                        whose ``[rows]`` builds those rows, with a ``shape``).
+            targets (TokenScore): ``N`` rows.
+            values (Tensor): ``(N, K + 1)``: ``f`` at the points, the last
+                        the model's own; or ``(N, K, 2)`` at both ends of every
+                        segment (a learned readout per layer, see
+                        :func:`~captum_iglens.attr._utils.path_math.segment_ends`).
+            split (list[int]): The segments split into components.
+            whole (list[int]): The segments credited whole.
+            parents (Tensor, optional): ``(C,)``: a group per component, as
+                        :meth:`~captum_iglens.attr.estimators.base.Estimator.components`
+                        takes it. Default: None
+            blocks (list[int], optional): ``K``: the path block of each
+                        segment, as for :meth:`segments`. Default: None
 
         Returns:
-            *Tensor* ``(B, P, n, d)``.
+            2-element tuple: the components' columns ``(N·len(split), C)`` and
+            the whole segments' ``(N·len(whole),)``, each with a trailing
+            ``d`` per dimension.
         """

@@ -1,35 +1,75 @@
 r"""The ``"telescoping"`` path: the straight segments between consecutive path
 points, ``h_base → h_{L_1} → ... → h_{L_k}``, one integral per segment."""
 
+from typing import Optional, Sequence, Tuple
+
 from torch import Tensor
 
+from captum_iglens.attr._utils.path_math import segment_ends, segment_pairs
 from captum_iglens.attr.estimators import Integration
-from captum_iglens.attr.granularities.base import PathGranularity
 from captum_iglens.attr.paths.base import IntegrationPath
-from captum_iglens.attr.tracing import TracedPath
+from captum_iglens.readout.scores import TokenScore
 
 
 class Telescoping(IntegrationPath):
     r"""
-    Each column is integrated along its own stretch of the path (or split out
-    of it, for granularities whose columns are components of a segment), so a
-    block's credit with an exact estimator is ``f(h_{L_j}) - f(h_{L_{j-1}})``:
-    the change in what the readout makes of the stream across the block.
+    Each segment is integrated on its own (and a segment split into components
+    along its own straight line), so a block's credit with an exact estimator
+    is ``f(h_{L_j}) - f(h_{L_{j-1}})``: the change in what the readout makes of
+    the stream across the block.
     """
 
     name = "telescoping"
     learned_readout = True
 
-    def credits(
+    def segments(
         self,
-        shape: PathGranularity,
         integration: Integration,
-        path: TracedPath,
+        points: Tensor,
+        targets: TokenScore,
         values: Tensor,
+        blocks: Optional[Sequence[int]] = None,
     ) -> Tensor:
-        return shape.credits(integration, path, values)
+        rule = integration.rule
+        if integration.per_dimension:
+            return rule.attributions(integration, points, targets, values[:, -1])
+        return rule.credits(integration, points, targets, values)
 
-    def attributions(
-        self, shape: PathGranularity, integration: Integration, path: TracedPath
-    ) -> Tensor:
-        return shape.attributions(integration, path)
+    def split_segments(
+        self,
+        integration: Integration,
+        stream: Tensor,
+        components: Tensor,
+        targets: TokenScore,
+        values: Tensor,
+        split: Sequence[int],
+        whole: Sequence[int],
+        parents: Optional[Tensor] = None,
+        blocks: Optional[Sequence[int]] = None,
+    ) -> Tuple[Tensor, Tensor]:
+        r"""The estimator's ``components`` of each split segment along its own
+        straight line, and its credits of each whole one (each segment on its
+        own: ``blocks`` changes nothing)."""
+        rule = integration.rule
+        pairs, layers = segment_pairs(stream, split)
+        parts = rule.components(
+            integration,
+            pairs,
+            components,
+            targets.repeat_interleave(len(split)),
+            segment_ends(values, split).flatten(0, 1),
+            layers=layers,
+            parents=parents,
+        )
+        pairs, layers = segment_pairs(stream, whole)
+        ends = segment_ends(values, whole)
+        whole_targets = targets.repeat_interleave(len(whole))
+        if integration.per_dimension:
+            found = rule.attributions(
+                integration, pairs, whole_targets, ends[..., 1].flatten(), layers=layers
+            )
+        else:
+            found = rule.credits(
+                integration, pairs, whole_targets, ends.flatten(0, 1), layers=layers
+            )
+        return parts, found[:, 0]

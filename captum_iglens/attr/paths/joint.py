@@ -1,0 +1,195 @@
+r"""
+The ``"joint"`` path: every column's update scaled together, ``γ(α) = h_base +
+α·(h_final - h_base)``, one integral for all of them.
+
+The columns of a granularity are displacements ``u_c`` that add up to
+``D = h_final - h_base`` (each block's update, or its sub-layers', heads',
+source tokens', neurons' or experts' terms). Integrated Gradients along the one
+straight segment ``h_base → h_final``, with the ``u_c`` as its inputs, gives
+column ``c`` the credit ``∫_0^1 ∇f(γ(α))·u_c dα``: the credits add up to
+``f(h_final) - f(h_base)`` (the gradient theorem), every column is treated
+alike (no depth order), and, being linear in ``u_c``, a column's credit is the
+sum of its components' credits. One gradient per step serves every column, so
+a granularity's columns all come from one integral per position.
+"""
+
+from typing import Callable, Optional, Sequence, Tuple, Type
+
+import torch
+from torch import Tensor
+
+from captum_iglens.attr._utils.path_math import chunks
+from captum_iglens.attr.estimators import Estimator, Integration
+from captum_iglens.attr.granularities.base import PathGranularity
+from captum_iglens.attr.paths.base import IntegrationPath
+from captum_iglens.readout.scores import TokenScore
+
+#: Bytes of one float32 column of one row per dimension that a call of the
+#: estimator holds at once: the component, its share of the gradient products
+#: and, per dimension, its output.
+_BYTES_PER_ENTRY = 3 * 4
+
+
+class Joint(IntegrationPath):
+    r"""
+    All columns integrated along ``h_base → h_final`` at once: the
+    estimator's :meth:`~captum_iglens.attr.estimators.base.Estimator.components`
+    of that one segment, with every column's update as a component. With
+    ``method="prediction_aware"`` each step's observed change ``f(γ_s) -
+    f(γ_{s-1})`` is split among the columns by their first-order terms ``u_c ·
+    ḡ_s`` (``ḡ_s`` the step's mean gradient), so the credits add up exactly at
+    any ``n_steps``; Captum's rules give plain Integrated Gradients along the
+    segment. The readout is the model's own at every point: a learned readout
+    per layer defines no such path.
+    """
+
+    name = "joint"
+
+    def check(
+        self,
+        granularity: Type[PathGranularity],
+        multiply_by_inputs: bool,
+        baselines_given: bool,
+    ) -> None:
+        if not multiply_by_inputs:
+            raise ValueError(
+                "multiply_by_inputs: path='joint' credits each column's update "
+                "(u_c times the path-averaged gradient) and has no form without "
+                "it; build LayerIGLens with multiply_by_inputs=True or use "
+                "path='telescoping'"
+            )
+        if baselines_given and not granularity.input_column:
+            raise ValueError(
+                "baselines: path='joint' credits what each block writes; a "
+                "baseline other than h_0 adds the update h_0 - h_base, which "
+                f"granularity={granularity.name!r} has no column for (it would "
+                "be merged into the first block's credit). Use baselines=None, "
+                "a granularity with an 'input' column (head, source, "
+                "source_head), or path='telescoping'"
+            )
+
+    def map_needs_gradients(self, shape: PathGranularity, rule: Estimator) -> bool:
+        return True  # every estimator splits the segment by its gradients
+
+    def segments(
+        self,
+        integration: Integration,
+        points: Tensor,
+        targets: TokenScore,
+        values: Tensor,
+        blocks: Optional[Sequence[int]] = None,
+    ) -> Tensor:
+        def updates(rows: slice) -> Tensor:
+            return points[rows].float().diff(dim=1)
+
+        n_columns = points.shape[1] - 1
+        groups = None if blocks is None else torch.tensor(list(blocks))
+        return self._integrate(
+            integration, points, updates, n_columns, targets, values, groups
+        )
+
+    def split_segments(
+        self,
+        integration: Integration,
+        stream: Tensor,
+        components: Tensor,
+        targets: TokenScore,
+        values: Tensor,
+        split: Sequence[int],
+        whole: Sequence[int],
+        parents: Optional[Tensor] = None,
+        blocks: Optional[Sequence[int]] = None,
+    ) -> Tuple[Tensor, Tensor]:
+        r"""Every split segment's components and every whole segment's update,
+        as the columns of one integral, grouped by ``blocks`` where given (else
+        a component group of ``parents`` stays a group within its segment)."""
+        n, d = stream.shape[0], stream.shape[-1]
+        n_split, c = len(split), components.shape[1]
+        plain = torch.tensor(list(whole), device=stream.device, dtype=torch.long)
+
+        def updates(rows: slice) -> Tensor:
+            start, stop, _ = rows.indices(n)
+            parts = components[slice(start * n_split, stop * n_split)]
+            parts = parts.reshape(stop - start, n_split * c, d)
+            rest = stream[rows, plain + 1].float() - stream[rows, plain].float()
+            return torch.cat([parts.to(rest.device), rest], dim=1)
+
+        groups = _groups(split, c, whole, parents, blocks)
+        out = self._integrate(
+            integration,
+            stream,
+            updates,
+            n_split * c + len(whole),
+            targets,
+            values,
+            groups,
+        )
+        rest = out.shape[2:]
+        parts, plain_out = out[:, : n_split * c], out[:, n_split * c :]
+        return parts.reshape(n * n_split, c, *rest), plain_out.reshape(-1, *rest)
+
+    def _integrate(
+        self,
+        integration: Integration,
+        stream: Tensor,
+        updates: Callable[[slice], Tensor],
+        n_columns: int,
+        targets: TokenScore,
+        values: Tensor,
+        parents: Optional[Tensor],
+    ) -> Tensor:
+        r"""
+        The estimator's credits of the columns ``updates(rows)`` ``(g, n, d)``
+        along ``stream[:, 0] → stream[:, -1]``, a group of rows at a time so
+        that the columns of a group fit the readout's memory budget.
+
+        Args:
+
+            stream (Tensor): ``(N, K + 1, d)``: the chains; their ends are the
+                        path's.
+            values (Tensor): ``(N, ≥ 2)``: ``f`` at the chains' points, the
+                        first and the last read.
+
+        Returns:
+            *Tensor* ``(N, n)``, or ``(N, n, d)`` per dimension.
+        """
+        n, d = stream.shape[0], stream.shape[-1]
+        ends = stream[:, [0, -1]]
+        end_values = values[:, [0, -1]]
+        groups = None if parents is None else parents.to(stream.device)
+        budget = integration.readout.max_chunk_bytes
+        rows_per_call = max(1, budget // (n_columns * d * _BYTES_PER_ENTRY))
+        found = [
+            integration.rule.components(
+                integration,
+                ends[rows],
+                updates(rows),
+                targets[rows],
+                end_values[rows],
+                parents=groups,
+            )
+            for rows in chunks(n, rows_per_call)
+        ]
+        return torch.cat(found) if found else ends.new_zeros(0, n_columns)
+
+
+def _groups(
+    split: Sequence[int],
+    c: int,
+    whole: Sequence[int],
+    parents: Optional[Tensor],
+    blocks: Optional[Sequence[int]],
+) -> Optional[Tensor]:
+    r"""The estimator's group of each column of :meth:`Joint.split_segments`
+    (the ``c`` components of every split segment, then every whole segment):
+    its segment's path block; without ``blocks``, each component group of
+    ``parents`` within its segment and each whole segment alone; else none."""
+    if blocks is not None:
+        segment = [s for s in split for _ in range(c)] + list(whole)
+        return torch.tensor([blocks[s] for s in segment])
+    if parents is None:
+        return None
+    size = int(parents.max()) + 1
+    offsets = torch.arange(len(split), device=parents.device) * size
+    alone = len(split) * size + torch.arange(len(whole), device=parents.device)
+    return torch.cat([(parents.view(1, -1) + offsets.view(-1, 1)).flatten(), alone])
