@@ -248,7 +248,7 @@ def settings_parent(
         "--path",
         choices=Names("captum_iglens.attr.paths", "PATHS"),
         default="telescoping",
-        metavar="PATH",
+        metavar="NAME",
         help="telescoping: each block between consecutive states (when the final "
         "head can read the answer; default); joint: every block's update scaled "
         "together (what each block writes, in no order)",
