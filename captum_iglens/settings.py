@@ -41,7 +41,9 @@ class Settings:
                     Default: None.
         method (str): The estimator, from :data:`captum_iglens.ESTIMATORS`.
                     Default: ``"prediction_aware"``.
-        n_steps (int): Steps per segment. Default: 50.
+        n_steps (int, optional): Steps per segment; None takes the path's
+                    ``default_steps`` (50 telescoping, 128 joint). Default:
+                    None.
         granularity (str): A name in
                     :data:`~captum_iglens.attr.granularities.GRANULARITIES`:
                     ``"block"``, ``"sublayer"``, ``"head"`` (each block's
@@ -79,7 +81,7 @@ class Settings:
     positions: Positions = "answer"
     baselines: SettingsBaseline = None
     method: str = "prediction_aware"
-    n_steps: int = 50
+    n_steps: int = None  # type: ignore[assignment]  # the path's, once built
     granularity: "Granularity" = "block"
     path: str = "telescoping"
     internal_batch_size: Optional[int] = None
@@ -122,12 +124,13 @@ class Settings:
         from captum_iglens.attr.paths import integration_path
 
         check_baselines(self.baselines)
+        along = integration_path(self.path)
+        if self.n_steps is None:
+            object.__setattr__(self, "n_steps", along.default_steps)
         estimator(self.method).check_steps(self.n_steps)
         check_settings(self.internal_batch_size, False)
         check_granularity(self.granularity)
-        integration_path(self.path).check(
-            GRANULARITIES[self.granularity], True, self.baselines is not None
-        )
+        along.check(GRANULARITIES[self.granularity], True, self.baselines is not None)
         for name in ("max_chunk_bytes", "max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -201,7 +201,7 @@ def _granularity_help() -> str:
 
 
 def settings_parent(
-    n_steps: int = 50, chat: bool = True, max_new_tokens: int = 32
+    n_steps: Optional[int] = None, chat: bool = True, max_new_tokens: int = 32
 ) -> argparse.ArgumentParser:
     """One option per field of :class:`Settings`, with a subcommand's defaults
     (a new parent per subcommand: argparse shares a parent's actions, so
@@ -236,7 +236,14 @@ def settings_parent(
         metavar="NAME",
         help="the estimator: %(choices)s (default: %(default)s)",
     )
-    group.add_argument("--n-steps", type=int, default=n_steps)
+    group.add_argument(
+        "--n-steps",
+        type=int,
+        default=n_steps,
+        help="steps per segment (default: "
+        + (str(n_steps) if n_steps else "the path's, 50 telescoping, 128 joint")
+        + ")",
+    )
     group.add_argument(
         "--granularity",
         choices=Names("captum_iglens.attr.granularities", "GRANULARITIES"),

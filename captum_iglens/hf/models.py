@@ -242,9 +242,11 @@ def load_default(
         device (str or torch.device, optional): Device of the returned model. If
                     None, CPU.
                     Default: None
-        progress (bool, optional): Show progress bars on stderr: the conversion
-                    stages and the ``transformers`` loading bars. None are shown
-                    when stderr is not a terminal.
+        progress (bool, optional): Report on stderr: a line naming the cache
+                    folder when the GGUF file is converted (the first call), and
+                    progress bars of the conversion stages and the
+                    ``transformers`` loading bars. The bars are not shown when
+                    stderr is not a terminal.
                     Default: True
 
     Returns:
@@ -413,6 +415,13 @@ def _load_gguf(
                 # Another process may have built the cache while this one waited.
                 loaded = _load_verified(target, source)
                 if loaded is None:
+                    if progress:
+                        print(
+                            f"captum-iglens: first use of {name}: converting its "
+                            f"GGUF file into a verified cache at {target} (once; "
+                            "later runs load it in seconds)",
+                            file=sys.stderr,
+                        )
                     _build_cache(gguf(), source, target, show)
                     loaded = _load_verified(target, source)
     if loaded is None:

@@ -69,10 +69,12 @@ class CaptumRule(Estimator):
         end_values: Tensor,
         layers: Optional[Tensor] = None,
         parents: Optional[Tensor] = None,
+        fractions: Optional[Tensor] = None,
     ) -> Tensor:
         r"""``u_c · Σ_s w_s ∇f(a_s)`` along the segment (per dimension:
         ``u_{c,i} Σ_s w_s ∂_i f``); linear in the components, so ``parents``
-        changes nothing. The components are read a group of rows at a time."""
+        changes nothing, and at Captum's own alphas, so ``fractions`` is not
+        read. The components are read a group of rows at a time."""
         averaged = self.integrated_gradients(integration, ends, targets, layers)
         averaged = averaged[:, 0].float()
         per_dimension, chunk_rows = integration.per_dimension, integration.chunk_rows
