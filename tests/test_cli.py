@@ -701,3 +701,17 @@ def test_prompt_and_answer_lines_are_escaped_as_the_rows_are(tiny_folder, capsys
     out = capsys.readouterr().out
     assert "prompt: w5 \\x1b[31m\\x00\\u202e w6\n" in out
     assert not any(c in out for c in "\x1b\x00\u202e")
+
+
+@pytest.mark.parametrize(
+    "name", ["attribute", "compare", "batch", "validate", "fit-lens", "shell"]
+)
+def test_every_subcommand_help_shows_its_deferred_texts(name, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main([name, "--help"])
+    out = capsys.readouterr().out
+    assert exit.value.code == 0 and out.startswith(f"usage: captum-iglens {name}")
+    if name != "fit-lens":  # the registries' names, read when the help is shown
+        assert "prediction_aware" in out and "'source_head'" in out
+    else:
+        assert "fitting tokens (default: 8192)" in out

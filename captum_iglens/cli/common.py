@@ -100,6 +100,9 @@ class Names(Sequence[str]):
 
 
 class _HelpFormatter(argparse.HelpFormatter):
+    def _get_help_string(self, action: argparse.Action) -> Optional[str]:
+        return None if action.help is None else str(action.help)
+
     def _format_action(self, action: argparse.Action) -> str:
         if isinstance(action.help, _Deferred):
             action = copy.copy(action)
@@ -112,7 +115,11 @@ class Parser(argparse.ArgumentParser):
     be :func:`deferred`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", _HelpFormatter)
+        given = kwargs.get("formatter_class", argparse.HelpFormatter)
+        if not issubclass(given, _HelpFormatter):  # e.g. a raw description's
+            kwargs["formatter_class"] = type(
+                given.__name__, (_HelpFormatter, given), {}
+            )
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
