@@ -237,14 +237,15 @@ def test_each_subcommand_keeps_its_own_defaults():
     compare = parser.parse_args(["compare", "x"])
     validate = parser.parse_args(["validate"])
     batch = parser.parse_args(["batch", "p.jsonl", "--out", "o"])
+    # no --n-steps: the path's own default
     assert (attribute.n_steps, attribute.chat, attribute.max_new_tokens) == (
-        50,
+        None,
         True,
         32,
     )
     assert (compare.n_steps, compare.chat) == (8, True)
     assert (validate.chat, validate.max_new_tokens) == (False, 8)
-    assert (batch.n_steps, batch.chat) == (50, True)
+    assert (batch.n_steps, batch.chat) == (None, True)
     for args in (compare, validate, batch):
         assert {"baselines", "method", "granularity", "positions", "layers"} <= set(
             vars(args)

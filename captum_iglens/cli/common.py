@@ -201,6 +201,35 @@ def model_parent() -> argparse.ArgumentParser:
     return parent
 
 
+#: The help of ``--path``.
+_PATH_HELP = (
+    "telescoping: each block between consecutive states (when the final head can "
+    "read the answer; default); joint: every block's update scaled together (what "
+    "each block writes, in no order)"
+)
+
+
+def _named(
+    group: Any,
+    option: str,
+    registry: str,
+    default: str,
+    metavar: str = "NAME",
+    help: Optional[str] = None,
+) -> None:
+    r"""Adds ``option``, a name from the registry ``"module:ATTRIBUTE"`` under
+    ``captum_iglens`` (read on first use, :class:`Names`); its help lists the
+    names unless given."""
+    module, attribute = registry.split(":")
+    group.add_argument(
+        option,
+        choices=Names(f"captum_iglens.{module}", attribute),
+        default=default,
+        metavar=metavar,
+        help=help or "one of %(choices)s (default: %(default)s)",
+    )
+
+
 def _granularity_help() -> str:
     from captum_iglens.attr.granularities import granularity_help
 
@@ -222,13 +251,8 @@ def settings_parent(
         "included; default: all, and for compare four evenly spaced blocks, all "
         "with --granularity head)",
     )
-    group.add_argument(
-        "--positions",
-        choices=Names("captum_iglens.hf.text", "POSITIONS"),
-        default="answer",
-        metavar="WHICH",
-        help="which tokens to attribute: %(choices)s (default: answer)",
-    )
+    positions = "which tokens to attribute: %(choices)s (default: answer)"
+    _named(group, "--positions", "hf.text:POSITIONS", "answer", "WHICH", positions)
     group.add_argument(
         "--baseline",
         dest="baselines",
@@ -236,13 +260,7 @@ def settings_parent(
         default=None,
         help="'h0' (the first block's input, default), 'mean', or a number",
     )
-    group.add_argument(
-        "--method",
-        choices=Names("captum_iglens.attr.estimators", "ESTIMATORS"),
-        default="prediction_aware",
-        metavar="NAME",
-        help="the estimator: %(choices)s (default: %(default)s)",
-    )
+    _named(group, "--method", "attr.estimators:ESTIMATORS", "prediction_aware")
     group.add_argument(
         "--n-steps",
         type=int,
@@ -251,22 +269,11 @@ def settings_parent(
         + (str(n_steps) if n_steps else "the path's, 50 telescoping, 128 joint")
         + ")",
     )
-    group.add_argument(
-        "--granularity",
-        choices=Names("captum_iglens.attr.granularities", "GRANULARITIES"),
-        default="block",
-        metavar="NAME",
-        help=deferred(_granularity_help),
+    about = deferred(_granularity_help)
+    _named(
+        group, "--granularity", "attr.granularities:GRANULARITIES", "block", help=about
     )
-    group.add_argument(
-        "--path",
-        choices=Names("captum_iglens.attr.paths", "PATHS"),
-        default="telescoping",
-        metavar="NAME",
-        help="telescoping: each block between consecutive states (when the final "
-        "head can read the answer; default); joint: every block's update scaled "
-        "together (what each block writes, in no order)",
-    )
+    _named(group, "--path", "attr.paths:PATHS", "telescoping", help=_PATH_HELP)
     group.add_argument(
         "--internal-batch-size",
         type=int,
