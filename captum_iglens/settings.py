@@ -7,22 +7,17 @@ is added in one place.
 """
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 import captum
 import torch
 import transformers
 
-from captum_iglens.attr._utils.checks import (
-    Granularity,
-    check_baselines,
-    check_settings,
-)
-from captum_iglens.attr.estimators import estimator
-from captum_iglens.attr.granularities import GRANULARITIES, check_granularity
-from captum_iglens.attr.paths import integration_path
 from captum_iglens.hf.text import POSITIONS, Positions
 from captum_iglens.version import __version__
+
+if TYPE_CHECKING:
+    from captum_iglens.attr._utils.checks import Granularity
 
 #: A baseline that can be written down; None (``h_0``), ``"mean"`` or a number.
 SettingsBaseline = Union[None, float, str]
@@ -87,7 +82,7 @@ class Settings:
     baselines: SettingsBaseline = None
     method: str = "prediction_aware"
     n_steps: Optional[int] = None
-    granularity: Granularity = "block"
+    granularity: "Granularity" = "block"
     path: str = "telescoping"
     internal_batch_size: Optional[int] = None
     max_chunk_bytes: int = 256 * 2**20
@@ -122,6 +117,12 @@ class Settings:
                 "tensor baseline to LayerIGLens.attribute directly); got "
                 f"{type(self.baselines).__name__}"
             )
+        # Imported here: importing attr imports attribute_text, which takes Settings.
+        from captum_iglens.attr._utils.checks import check_baselines, check_settings
+        from captum_iglens.attr.estimators import estimator
+        from captum_iglens.attr.granularities import GRANULARITIES, check_granularity
+        from captum_iglens.attr.paths import integration_path
+
         check_baselines(self.baselines)
         along = integration_path(self.path)
         estimator(self.method).check_steps(self.steps)
@@ -157,6 +158,8 @@ class Settings:
     @property
     def steps(self) -> int:
         r"""``n_steps``, or where it is None the path's ``default_steps``."""
+        from captum_iglens.attr.paths import integration_path
+
         if self.n_steps is None:
             return integration_path(self.path).default_steps
         return self.n_steps
