@@ -4,9 +4,7 @@ HTML."""
 
 import argparse
 import shutil
-from typing import Any, Dict, Optional, Tuple
-
-from captum_iglens.attr.paths import PATHS
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from captum_iglens.cli.common import (
     HTML_HELP,
@@ -27,7 +25,9 @@ from captum_iglens.cli.common import (
     settings_parent,
 )
 from captum_iglens.columns import Column, parse_columns
-from captum_iglens.settings import Settings
+
+if TYPE_CHECKING:  # imported when the command runs, after the checks
+    from captum_iglens.settings import Settings
 
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
@@ -83,12 +83,20 @@ def options_parent() -> argparse.ArgumentParser:
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the options and loads the model; the job generates the answer,
     attributes it and writes the outputs."""
+    from captum_iglens.hf.text import encode_prompt
+
     settings, folder = check_options(args)
     prompt = read_prompt(args)
     stages = Stages()
     parts, tokenizer = stages.run("load", lambda: load(args, settings))
     readout = lens_readout(folder, parts, tokenizer, args, settings)
     scored = scored_tokens(args, tokenizer)
+    prompt_ids = encode_prompt(tokenizer, prompt, chat=settings.chat)
+    if settings.positions == "prompt" and prompt_ids.shape[-1] < 2:
+        raise CommandError(
+            "--positions: prompt attributes each prompt token after the first, and "
+            "this prompt is one token; give a longer prompt or --positions answer"
+        )
 
     def job() -> int:
         maps = answer_and_attribute(
@@ -111,7 +119,7 @@ def prepare(args: argparse.Namespace) -> Job:
     return job
 
 
-def check_options(args: argparse.Namespace) -> Tuple[Settings, Any]:
+def check_options(args: argparse.Namespace) -> Tuple["Settings", Any]:
     r"""The :class:`~captum_iglens.Settings` and the ``--lens`` folder
     (:func:`~captum_iglens.cli.common.lens_folder`) of the main job's options,
     checked before the model loads; a bad option raises :class:`CommandError`."""
@@ -134,18 +142,19 @@ def answer_and_attribute(
     parts: Any,
     tokenizer: Any,
     prompt: str,
-    settings: Settings,
+    settings: "Settings",
     readout: Any,
     scored: Dict[str, Any],
     stages: Stages,
     args: argparse.Namespace,
-    companion: Optional[Settings] = None,
+    companion: Optional["Settings"] = None,
 ) -> Optional[Tuple[Any, Any]]:
     r"""Generates the model's answer to ``prompt``, prints both and returns the
     answer's :class:`~captum_iglens.IGLensResult` with, for ``companion``
     settings (:func:`companion_settings`), the block map on the other path whose
     onset the table shows (else None); None, with a line saying so, when the
     answer is empty and only the answer is attributed."""
+    from captum_iglens._result_tables import visible
     from captum_iglens.attr import attribute_text
     from captum_iglens.hf.text import encode_prompt, generate
 
@@ -159,13 +168,13 @@ def answer_and_attribute(
             progress=progress(args),
         ),
     )
-    print(f"prompt: {prompt}")
-    print(f"answer: {tokenizer.decode(answer_ids)}")
+    print(f"prompt: {visible(prompt)}")
+    print(f"answer: {visible(tokenizer.decode(answer_ids))}")
     if len(answer_ids) == 0 and settings.positions == "answer":
         print("captum-iglens: the answer is empty; nothing to attribute")
         return None
 
-    def attribute(chosen: Settings) -> Any:
+    def attribute(chosen: "Settings") -> Any:
         return attribute_text(
             parts,
             tokenizer,
@@ -184,13 +193,15 @@ def answer_and_attribute(
 
 
 def companion_settings(
-    settings: Settings, n_steps: Optional[int] = None
-) -> Optional[Settings]:
+    settings: "Settings", n_steps: Optional[int] = None
+) -> Optional["Settings"]:
     """The block map on the other path, whose onset the table shows beside the
     map's own: the telescoping onset says when the final head can read the
     answer, the joint one which blocks wrote it (``n_steps`` as given, else the
     other path's default). None where the other path cannot take these
     settings (a baseline the joint block map has no column for)."""
+    from captum_iglens.attr.paths import PATHS
+
     for name in PATHS:
         if name != settings.path:
             try:
@@ -206,6 +217,8 @@ def legend(result: Any, onset_frac: float, companion: Any = None) -> str:
     r"""The two lines under the table that say what its columns mean; with
     ``companion`` (the block map on the other path), what each path's onset
     means."""
+    from captum_iglens.attr.paths import PATHS
+
     scored = result.foils is not None or result.target_sets is not None
     what = "score (--foil, --target-tokens)" if scored else "probability"
     onset = f"onset: first layer with {onset_frac:.0%} of |credit|"

@@ -64,6 +64,12 @@ def _default(action: argparse.Action) -> str:
     return f"`{_cell(action.default)}`"
 
 
+def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The help as ``--help`` prints it: made when shown (the CLI's help texts
+    may be deferred), ``%(choices)s`` and ``%(default)s`` filled in."""
+    return parser._get_formatter()._expand_help(action) if action.help else ""
+
+
 def _options_table(parser: argparse.ArgumentParser) -> List[str]:
     lines: List[str] = []
     for group in parser._action_groups:
@@ -79,7 +85,7 @@ def _options_table(parser: argparse.ArgumentParser) -> List[str]:
         lines.append("|---|---|---|")
         for action in actions:
             lines.append(
-                f"| {_option(action)} | {_prose(action.help or '')} "
+                f"| {_option(action)} | {_prose(_help(parser, action))} "
                 f"| {_default(action)} |"
             )
         lines.append("")

@@ -80,8 +80,9 @@ def test_the_joint_path_takes_its_own_default_steps(llama):
     result = LayerIGLens.from_model(llama).attribute_map(
         torch.tensor([[3, 9]]), path="joint"
     )
-    assert result.n_steps == Settings(path="joint").n_steps == 128
-    assert Settings().n_steps == 50
+    assert result.n_steps == Settings(path="joint").steps == 128
+    assert Settings().steps == 50
+    assert Settings().replace(path="joint").steps == 128
 
 
 @pytest.mark.parametrize("n_steps", [1, 3])

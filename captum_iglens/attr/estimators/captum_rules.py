@@ -7,6 +7,7 @@ import torch
 from captum.attr._utils.approximation_methods import approximation_parameters
 from torch import Tensor
 
+from captum_iglens.attr._utils.component_reads import component_credits
 from captum_iglens.attr._utils.path_math import (
     layer_grid,
     row_groups,
@@ -81,8 +82,10 @@ class CaptumRule(Estimator):
         m, c, d = components.shape
         out = torch.empty(m, c, *([d] if per_dimension else []), device=ends.device)
         for rows in row_groups(m, c, max(chunk_rows, c)):
-            found = components[rows] * averaged[rows].unsqueeze(1)
-            out[rows] = found if per_dimension else found.sum(-1)
+            if per_dimension:
+                out[rows] = components[rows] * averaged[rows].unsqueeze(1)
+            else:
+                out[rows] = component_credits(components, rows, averaged[rows])
         return out
 
     def integrated_gradients(

@@ -7,6 +7,10 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
+from captum_iglens.attr._utils.component_reads import (
+    component_dots,
+    component_norms,
+)
 from captum_iglens.attr._utils.path_math import (
     layer_grid,
     row_groups,
@@ -240,11 +244,11 @@ def prediction_aware_components(
         values = values.view(-1, n_steps + 1)
         values[:, 0], values[:, -1] = end_values[rows, 0], end_values[rows, 1]
         grads = grads.view(-1, n_steps + 1, d).float()  # as the components
-        u = components[rows]
-        along = torch.einsum("gsd,gcd->gsc", grads, u)  # (g, n + 1, C)
+        along = component_dots(components, rows, grads)  # (g, n + 1, C)
         first_order = _trapezoid(along, widths, n_steps)
         residual = values.diff(dim=1) - first_order.sum(-1)  # (g, n)
-        shares = _shares(first_order, residual, u, parents)
+        norms = component_norms(components, rows, parents)
+        shares = _shares(first_order, residual, norms, parents)
         credits[rows] = shares.sum(1)
         mean_gradient[rows] = (
             (grads[:, :-1] + grads[:, 1:]).sum(1) / (2 * n_steps)
@@ -263,7 +267,10 @@ def _trapezoid(at_points: Tensor, widths: Optional[Tensor], n_steps: int) -> Ten
 
 
 def _shares(
-    first_order: Tensor, residual: Tensor, u: Tensor, parents: Optional[Tensor]
+    first_order: Tensor,
+    residual: Tensor,
+    norms: Tuple[Tensor, Tensor, Optional[Tensor]],
+    parents: Optional[Tensor],
 ) -> Tensor:
     r"""
     Each step's change split among the components: ``t_{s,c}`` plus a share of
@@ -274,21 +281,26 @@ def _shares(
     Args:
         first_order (Tensor): ``(g, n, C)``: ``t_{s,c}``.
         residual (Tensor): ``(g, n)``: ``r_s``.
-        u (Tensor): ``(g, C, d)``: the components.
+        norms (tuple): ``‖u_c‖`` and ``‖u_c‖²`` ``(g, C)``, and each group's
+                    summed component's norm ``(g, G)`` with ``parents``
+                    (:func:`~captum_iglens.attr._utils.component_reads.component_norms`).
         parents (Tensor, optional): ``(C,)`` long.
 
     Returns:
         *Tensor* ``(g, n, C)``, summing over ``C`` to ``Σ_c t_{s,c} + r_s``.
     """
-    if parents is None:
-        weights = split_weights(first_order.abs().sqrt(), u.norm(dim=-1).unsqueeze(1))
+    norm, square, group_norm = norms
+    if parents is None or group_norm is None:
+        weights = split_weights(first_order.abs().sqrt(), norm.unsqueeze(1))
         return first_order + residual.unsqueeze(-1) * weights
     n_groups = int(parents.max()) + 1
     group_first = first_order.new_zeros(*first_order.shape[:2], n_groups)
     group_first.index_add_(2, parents, first_order)
-    group_u = u.new_zeros(u.shape[0], n_groups, u.shape[2]).index_add_(1, parents, u)
-    group_rest = _shares(group_first, residual, group_u, None) - group_first
-    within = _within(first_order.abs(), u.square().sum(-1).unsqueeze(1), parents)
+    group_rest = (
+        _shares(group_first, residual, (group_norm, group_norm, None), None)
+        - group_first
+    )
+    within = _within(first_order.abs(), square.unsqueeze(1), parents)
     return first_order + group_rest[..., parents] * within
 
 
