@@ -89,7 +89,7 @@ def format_table(
         cells += [f"{credits[r, j]:>+{col_w}.3f}" for j in shown]
         cells += [
             f"{result.levels[batch_index, r, -1]:>8.4f}",
-            f"{credits[r].sum():>+8.4f}",
+            f"{result.total[batch_index, r]:>+8.4f}",
             f"{change[r]:>+8.4f}",
             f"{result.model_prob[batch_index, r]:>8.4f}",
         ]
@@ -103,7 +103,9 @@ def format_table(
             f"(showing {len(shown)} of {k} layers, those with the largest "
             "|credit|; Σ includes all layers)"
         )
-    residual = (credits.sum(-1) - change)[rows].abs().max().item() if rows else 0.0
+    residual = (
+        (result.total[batch_index] - change)[rows].abs().max().item() if rows else 0.0
+    )
     if result.lens_change is not None:
         parts = result.lens_change[batch_index]
         lines.append(

@@ -325,8 +325,9 @@ class IGLensResult(JsonDocument, Viewable):
 
     @property
     def total(self) -> Tensor:
-        """``(B, P)``: the sum of the layer credits, ``Σ_j attributions``."""
-        return self.attributions.sum(-1)
+        """``(B, P)``: the sum of the layer credits, ``Σ_j attributions``
+        (summed in float64: credits that cancel keep the sum exact)."""
+        return self.attributions.double().sum(-1).to(self.attributions.dtype)
 
     def onset(self, frac: float = 0.5) -> Tensor:
         r"""

@@ -165,7 +165,9 @@ class OneReadout(ColumnReadout):
         mask = path.mask
         credits = split.block.float() * mask[..., None]
         levels, model_prob = split.levels.float(), path.model_prob.float()
-        return credits, (credits.sum(-1) - (model_prob - levels[..., 0])) * mask
+        change = model_prob.double() - levels[..., 0].double()
+        delta = (credits.double().sum(-1) - change).float() * mask
+        return credits, delta
 
 
 class LensChange(ColumnReadout):

@@ -245,9 +245,16 @@ def prediction_aware_components(
         values[:, 0], values[:, -1] = end_values[rows, 0], end_values[rows, 1]
         grads = grads.view(-1, n_steps + 1, d).float()  # as the components
         along = component_dots(components, rows, grads)  # (g, n + 1, C)
-        first_order = _trapezoid(along, widths, n_steps)
-        residual = values.diff(dim=1) - first_order.sum(-1)  # (g, n)
-        norms = component_norms(components, rows, parents)
+        # the split in float64: each step's shares add up to its change, and the
+        # changes to f(b) - f(a), to float32 rounding of the credits alone
+        first_order = _trapezoid(along, widths, n_steps).double()
+        residual = values.double().diff(dim=1) - first_order.sum(-1)  # (g, n)
+        norm, square, group = component_norms(components, rows, parents)
+        norms = (
+            norm.double(),
+            square.double(),
+            None if group is None else group.double(),
+        )
         shares = _shares(first_order, residual, norms, parents)
         credits[rows] = shares.sum(1)
         mean_gradient[rows] = (
