@@ -25,6 +25,7 @@ from captum_iglens.studies.methods.runners import (
     ig_lens,
     ig_lens_fitted,
     ig_lens_fitted_block,
+    ig_lens_joint,
     layer_conductance,
     layer_integrated_gradients,
     layer_integrated_gradients_multilayer,
@@ -114,6 +115,7 @@ METHODS: Dict[str, StudyMethod] = {
     for m in (
         StudyMethod("ig_lens", ig_lens, compared=True, scored=True),
         StudyMethod("ig_lens_abs", _ig_lens_abs, compared=False, scored=True),
+        StudyMethod("ig_lens_joint", ig_lens_joint, compared=True, scored=True),
         StudyMethod("logit_lens", logit_lens, compared=True, scored=True),
         StudyMethod("logit_lens_diff", logit_lens_diff, compared=True, scored=True),
         StudyMethod("dla", dla, compared=True, scored=True),

@@ -220,13 +220,27 @@ def ig_lens(work: Work) -> Outcome:
     return ig_lens_outcome(result, work.settings)
 
 
+def ig_lens_joint(work: Work) -> Outcome:
+    r"""IG-Lens on the joint path, whatever the work's own path: every block's
+    update integrated along ``h_0 → h_final`` at once."""
+    settings = replace(work.settings, path="joint")
+    result = work.ig_lens.attribute_map(
+        work.input_ids,
+        target=work.targets,
+        additional_forward_args=work.extra,
+        positions=work.positions,
+        **settings.map_kwargs(),
+    )
+    return ig_lens_outcome(result, settings)
+
+
 def ig_lens_outcome(result: IGLensResult, settings: Settings) -> Outcome:
     """IG-Lens's outcome from its map ``result``, made with ``settings``."""
     change = result.model_prob - result.base_prob
     start = "h_0" if settings.baselines is None else f"baselines={settings.baselines!r}"
     note = (
-        f"{settings.method.replace('_', '-')} IG of f_y along {start} → h_L1 → … → "
-        "h_final."
+        f"{settings.method.replace('_', '-')} IG of f_y from {start} to h_final, "
+        f"{result.path} path."
     )
     return Outcome(
         result.attributions,
