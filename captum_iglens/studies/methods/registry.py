@@ -21,6 +21,7 @@ from captum_iglens.studies.methods.runners import (
     Outcome,
     Work,
     dla,
+    dla_prob,
     fitted_lens,
     ig_lens,
     ig_lens_fitted,
@@ -119,6 +120,7 @@ METHODS: Dict[str, StudyMethod] = {
         StudyMethod("logit_lens", logit_lens, compared=True, scored=True),
         StudyMethod("logit_lens_diff", logit_lens_diff, compared=True, scored=True),
         StudyMethod("dla", dla, compared=True, scored=True),
+        StudyMethod("dla_prob", dla_prob, compared=True, scored=False),
         StudyMethod(
             "layer_conductance",
             layer_conductance,
