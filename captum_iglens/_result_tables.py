@@ -8,7 +8,7 @@ The result is taken as it is (``Any``): the result module imports this one, and
 no module imports back up (see ``tests/test_layout.py``).
 """
 
-from typing import Any, List
+from typing import Any, List, Optional
 
 from torch import Tensor
 
@@ -48,17 +48,26 @@ def _check_batch_index(result: Any, batch_index: int) -> None:
         )
 
 
-def format_table(result: Any, batch_index: int, width: int, onset_frac: float) -> str:
+def format_table(
+    result: Any,
+    batch_index: int,
+    width: int,
+    onset_frac: float,
+    companion: Optional[Any] = None,
+) -> str:
     r"""See :meth:`IGLensResult.format_table
     <captum_iglens.result.IGLensResult.format_table>`."""
     _check_batch_index(result, batch_index)
+    maps = [result] if companion is None else [result, _companion(result, companion)]
+    onsets = [(m.path, m.layer_names, m.onset(onset_frac)[batch_index]) for m in maps]
     names = result.layer_names
     rows = result.mask[batch_index].nonzero()[:, 0].tolist()
     credits = result.attributions[batch_index]
     labels = token_labels(result, batch_index)
     token_w = max([5] + [len(labels[r]) for r in rows])
     col_w = max(7, 1 + max(len(n) for n in names))
-    fixed = token_w + 4 * 9 + col_w + 6
+    onset_w = [max(col_w, len(path) + 1) for path, _, _ in onsets]
+    fixed = token_w + 4 * 9 + sum(onset_w) + 6
     k = len(names)
     fits = max(1, (width - fixed) // (col_w + 1))
     if fits >= k:
@@ -66,12 +75,14 @@ def format_table(result: Any, batch_index: int, width: int, onset_frac: float) -
     else:
         score = credits[rows].abs().amax(0) if rows else credits.abs().amax(0)
         shown = sorted(score.topk(fits).indices.tolist())
-    onset = result.onset(onset_frac)[batch_index]
     change = result.model_prob[batch_index] - result.base_prob[batch_index]
     head = [f"{'token':<{token_w}}"]
     head += [f"{'L' + names[j]:>{col_w}}" for j in shown]
     head += [f"{c:>8}" for c in ("lens@top", "Σ", "Δp", "p_model")]
-    head.append(f"{'onset':>{col_w}}")
+    if companion is None:
+        head.append(f"{'onset':>{col_w}}")
+    else:  # the onset of each path, headed by the path's name
+        head += [f"{path:>{w}}" for (path, _, _), w in zip(onsets, onset_w)]
     lines = [" ".join(head)]
     for r in rows:
         cells = [f"{labels[r]:<{token_w}}"]
@@ -81,7 +92,10 @@ def format_table(result: Any, batch_index: int, width: int, onset_frac: float) -
             f"{credits[r].sum():>+8.4f}",
             f"{change[r]:>+8.4f}",
             f"{result.model_prob[batch_index, r]:>8.4f}",
-            f"{names[onset[r]] if onset[r] >= 0 else '-':>{col_w}}",
+        ]
+        cells += [
+            f"{at_names[at[r]] if at[r] >= 0 else '-':>{w}}"
+            for (_, at_names, at), w in zip(onsets, onset_w)
         ]
         lines.append(" ".join(cells))
     if len(shown) < k:
@@ -182,3 +196,18 @@ def format_sources(result: Any, batch_index: int, top: int) -> str:
         None if sources is None else sources[batch_index],
         top,
     )
+
+
+def _companion(result: Any, companion: Any) -> Any:
+    """``companion``, checked to hold the same tokens as ``result``."""
+    same = (
+        companion.targets.shape == result.targets.shape
+        and bool((companion.targets == result.targets).all())
+        and bool((companion.mask == result.mask).all())
+    )
+    if not same:
+        raise ValueError(
+            "companion: expected a result of the same tokens (targets and mask), "
+            "e.g. the block map of the same call on another path"
+        )
+    return companion

@@ -360,7 +360,12 @@ class IGLensResult(JsonDocument, Viewable):
     # ----------------------------------------------------------- tables and CSV
 
     def format_table(
-        self, batch_index: int = 0, *, width: int = 100, onset_frac: float = 0.5
+        self,
+        batch_index: int = 0,
+        *,
+        width: int = 100,
+        onset_frac: float = 0.5,
+        companion: Optional["IGLensResult"] = None,
     ) -> str:
         r"""
         A plain-text table of one sequence: a row per attributed token with the
@@ -376,12 +381,21 @@ class IGLensResult(JsonDocument, Viewable):
                         (in order) and a note says so; ``Σ`` always includes every
                         layer. Default: 100.
             onset_frac (float, optional): As in :meth:`onset`. Default: 0.5.
+            companion (IGLensResult, optional): A map of the same tokens on
+                        another path (e.g. the joint block map beside a
+                        telescoping one): the table then shows the onset of
+                        each, headed by its path. Default: None
 
         Returns:
             *str*: the table, with a final completeness line
             ``max |Σ - Δp|``.
+
+        Raises:
+            ValueError: If ``companion`` holds other tokens.
         """
-        return _result_tables.format_table(self, batch_index, width, onset_frac)
+        return _result_tables.format_table(
+            self, batch_index, width, onset_frac, companion
+        )
 
     def format_views(self, batch_index: int = 0, *, width: int = 100) -> str:
         r"""

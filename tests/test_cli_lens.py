@@ -175,3 +175,30 @@ def test_batch_takes_a_lens_folder_and_refuses_a_rerun_without_it(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "other readout" in err
+
+
+@pytest.mark.parametrize(
+    "command, extra",
+    [
+        ([], ["x"]),
+        (["batch"], ["prompts.jsonl", "--out", "out"]),
+        (["validate"], ["--test", "restoration"]),
+    ],
+)
+def test_a_lens_with_the_joint_path_is_refused_before_loading(
+    tmp_path, capsys, monkeypatch, command, extra
+):
+    import captum_iglens.hf.models as models
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before --path was checked")
+
+    monkeypatch.setattr(models, "load_embedded", no_model)
+    monkeypatch.setattr(models, "load_model", no_model)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prompts.jsonl").write_text('{"id": 1, "prompt": "x"}\n')
+    args = [*command, *extra, "--lens", "linear", "--path", "joint"]
+    status = main(args)
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("captum-iglens: error: --lens:") and "joint" in err

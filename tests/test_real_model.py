@@ -148,3 +148,33 @@ def test_readme_python_examples_run(default_model, capsys):
     contrastive = namespace["result"]
     assert contrastive.foils is not None and contrastive.top_ids.shape[-1] == 5
     assert contrastive.delta.abs().max() <= FP32_TOL
+
+
+def test_joint_path_adds_up_and_nests_on_real_weights(embedded_model, padded_batch):
+    """The joint path on real weights: block and head maps add up to Δp, and
+    each block's heads, MLP (and the first block's input column) add up to its
+    block credit."""
+    _, model, _ = embedded_model
+    ids, mask = padded_batch
+    n = len(model_parts(model).blocks)
+    lens = LayerIGLens.from_model(model, layers=list(range(n - 4, n)))
+    found = {
+        g: lens.attribute_map(
+            ids,
+            additional_forward_args=(mask,),
+            positions=[-1],
+            path="joint",
+            granularity=g,
+            n_steps=16,
+        )
+        for g in ("block", "head")
+    }
+    blocks, heads = found["block"], found["head"]
+    change = blocks.model_prob - blocks.base_prob
+    for result in found.values():
+        assert (result.total - change).abs().max() <= FP32_TOL
+    per_block = torch.zeros_like(blocks.attributions)
+    for j, name in enumerate(heads.layer_names):
+        block = 0 if name == "input" else blocks.layer_names.index(name.split(".")[0])
+        per_block[..., block] += heads.attributions[..., j]
+    assert (per_block - blocks.attributions).abs().max() <= FP32_TOL

@@ -161,11 +161,17 @@ class IGLensPath:
                         final distribution) and ``rank`` (of the target)
                         ``(B, P, k)``. At the last layer they are the model's own
                         output distribution's. Default: 0 (no views).
-            path (str, optional): How the path points are joined into the
-                        straight segments integrated along, a name in
+            path (str, optional): How the columns are integrated, a name in
                         :data:`~captum_iglens.attr.paths.PATHS`:
-                        ``"telescoping"``, one segment per column, in depth
-                        order. Default: ``"telescoping"``.
+                        ``"telescoping"``, one straight segment per column in
+                        depth order (a block's credit is ``f(h_l) -
+                        f(h_{l-1})``: when the final head can *read* the
+                        answer); ``"joint"``, every column's update scaled
+                        together along ``h_base → h_final`` (a column's credit
+                        is ``∫ ∇f(γ(α))·u dα``: what it *writes*, in no order;
+                        the model's own readout only, and a baseline other
+                        than ``h_0`` only with an ``"input"`` column).
+                        Default: ``"telescoping"``.
 
         Returns:
             :class:`~captum_iglens.IGLensResult` with ``attributions`` and ``levels``

@@ -31,7 +31,7 @@ from captum_iglens.attr._utils.checks import (
 )
 from captum_iglens.attr._utils.block_parts import BlockParts, check_block_parts
 from captum_iglens.attr.column_readout import column_readout
-from captum_iglens.attr.paths import Telescoping
+from captum_iglens.attr.paths import integration_path
 from captum_iglens.attr.ig_lens_path import IGLensPath
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.forward import CausalLMForward
@@ -497,6 +497,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         additional_forward_args: Optional[object] = None,
         *,
         positions: PositionsType = None,
+        path: str = "telescoping",
     ) -> Tensor:
         r"""
         The IG-Lens convergence delta of given attributions, in probability
@@ -522,15 +523,18 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
                         Default: None
             positions (int, list[int] or Tensor, optional): Keyword only. As in
                         :meth:`attribute`. Default: None
+            path (str, optional): Keyword only. As in :meth:`attribute` (the
+                        delta is the same on every path; the path is checked
+                        against the readout). Default: ``"telescoping"``
 
         Returns:
             *Tensor* of convergence deltas, zero at padding: ``(B,)`` when one
             output is attributed per example, else ``(B, P)`` (as
             :meth:`attribute` returns it).
         """
-        blocks = self._granularity("block")
+        blocks, along = self._granularity("block"), integration_path(path)
         with torch.no_grad():
-            path = self._trace(
+            traced = self._trace(
                 blocks,
                 end_point,
                 start_point,
@@ -538,10 +542,10 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
                 additional_forward_args,
                 positions,
             )
-            credits = summed_credits(attributions, path.targets.shape)
-            credits = credits.to(path.model_prob.device)
-            columns = column_readout(self.readout, self.layers, blocks, Telescoping())
-            return columns.delta(path, credits, self.readout.rows_per_chunk())
+            credits = summed_credits(attributions, traced.targets.shape)
+            credits = credits.to(traced.model_prob.device)
+            columns = column_readout(self.readout, self.layers, blocks, along)
+            return columns.delta(traced, credits, self.readout.rows_per_chunk())
 
 
 def _per_layer(attrs: Tensor, is_list: bool, as_tuple: bool) -> _Attributions:

@@ -4,7 +4,9 @@ HTML."""
 
 import argparse
 import shutil
-from typing import Any, Dict
+from typing import Any, Dict, Optional
+
+from captum_iglens.attr.paths import PATHS
 
 from captum_iglens.cli.common import (
     HTML_HELP,
@@ -25,6 +27,7 @@ from captum_iglens.cli.common import (
     settings_parent,
 )
 from captum_iglens.columns import Column, parse_columns
+from captum_iglens.settings import Settings
 
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
@@ -108,29 +111,54 @@ def prepare(args: argparse.Namespace) -> Job:
         if len(answer_ids) == 0 and settings.positions == "answer":
             print("captum-iglens: the answer is empty; nothing to attribute")
             return 1
-        result = stages.run(
-            "attribute",
-            lambda: attribute_text(
+
+        def attribute(chosen: Settings) -> Any:
+            return attribute_text(
                 parts,
                 tokenizer,
                 prompt,
                 answer=answer_ids,
-                settings=settings,
+                settings=chosen,
                 lens=readout,
                 **scored,
-            ),
-        )
-        _report(result, args)
+            )
+
+        result = stages.run("attribute", lambda: attribute(settings))
+        companion = None if folder else _companion(settings)
+        other = None
+        if companion is not None:
+            other = stages.run("other path", lambda: attribute(companion))
+        _report(result, args, other)
         print(stages.summary())
         return 0
 
     return job
 
 
-def _report(result: Any, args: argparse.Namespace) -> None:
-    """Prints the map (and its views) and writes the files asked for."""
+def _companion(settings: Settings) -> Optional[Settings]:
+    """The block map on the other path, whose onset the table shows beside the
+    map's own: the telescoping onset says when the final head can read the
+    answer, the joint one which blocks wrote it. None where the other path
+    cannot take these settings (a baseline the joint block map has no column
+    for)."""
+    for name in PATHS:
+        if name != settings.path:
+            try:
+                return settings.replace(path=name, granularity="block", top_k=0)
+            except ValueError:
+                return None
+    return None
+
+
+def _report(result: Any, args: argparse.Namespace, companion: Any) -> None:
+    """Prints the map (and its views, and the onset of ``companion``, the block
+    map on the other path) and writes the files asked for."""
     width = shutil.get_terminal_size((120, 24)).columns
-    print(result.format_table(width=width, onset_frac=args.onset_frac))
+    print(
+        result.format_table(
+            width=width, onset_frac=args.onset_frac, companion=companion
+        )
+    )
     parts = _top_parts(result)
     if parts:
         print()
