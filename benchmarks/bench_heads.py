@@ -54,7 +54,7 @@ def _child(mode: str, n_steps: int, repeats: int, threads: int) -> None:
         run()
         times.append(time.process_time() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    split = lens.heads
+    split = lens.block_parts
     heads_bytes = (
         len(positions)
         * len(lens.layers)

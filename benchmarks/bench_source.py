@@ -11,7 +11,7 @@ memory is its own:
 Prints the median CPU time of each, their ratio (the goal: at most 2), and the
 peak resident memory each added over the loaded model, beside the readout's
 memory budget and the size of what the source map captures (the attention
-weights of the attributed rows and ``v W_O`` per block, head and source).
+weights of the attributed rows and the values, per block).
 """
 
 import argparse
@@ -46,10 +46,12 @@ def _child(granularity: str, n_steps: int, repeats: int, threads: int) -> None:
         lens.attribute_map(ids, granularity=granularity, **kwargs)
         times.append(time.process_time() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    n_heads, blocks, length = lens.heads.n_heads, len(lens.layers), ids.shape[1]
-    captured = (
-        4 * blocks * n_heads * length * (len(positions) + model.config.hidden_size)
+    n_heads, blocks, length = lens.block_parts.n_heads, len(lens.layers), ids.shape[1]
+    config = model.config
+    values = config.num_key_value_heads * getattr(
+        config, "head_dim", config.hidden_size // n_heads
     )
+    captured = 4 * blocks * length * (n_heads * len(positions) + values)
     print(
         json.dumps(
             dict(
@@ -109,7 +111,7 @@ def main() -> None:
     print(
         f"peak RSS added: head map {heads['peak_added'] / MIB:.0f} MiB, source map "
         f"{sources['peak_added'] / MIB:.0f} MiB; readout budget "
-        f"{sources['budget'] / MIB:.0f} MiB + captured weights and v W_O "
+        f"{sources['budget'] / MIB:.0f} MiB + captured weights and values "
         f"{sources['captured'] / MIB:.1f} MiB"
     )
 

@@ -1,103 +1,152 @@
 r"""
-IG-Lens map against its floor on one CUDA GPU, for a random model of the shape of
-Llama-3.2-1B (16 blocks, d = 2048, V = 128256, tied embeddings), at T = 1024
-answer positions and k = 16 layers, in float32, TF32 and bfloat16:
+One command for a GPU machine: IG-Lens on the random models of
+``benchmarks/scale.py`` (Llama-3.2-1B, Qwen2.5-1.5B, Gemma 2 2B and Llama-3.1-8B
+cut to 2 blocks; nothing downloaded), on CUDA, in float32, TF32 and bfloat16,
+every granularity, every integration path (``captum_iglens.attr.paths.PATHS``),
+on one CUDA device and, where the machine has two, the first shape again with
+its blocks split across two by accelerate's ``device_map``:
 
-    python benchmarks/gpu_check.py      # about a minute on an H200, with the build
-    python benchmarks/gpu_check.py --smoke --device cpu   # a tiny dry run of the script
+    python benchmarks/gpu_check.py               # about 5-10 minutes on one H100
+    python benchmarks/gpu_check.py --shapes llama-1b --modes bfloat16
+    python benchmarks/gpu_check.py --dry-run     # a tiny model on the CPU (CI)
 
-The floor is one forward pass plus one :meth:`Readout.log_prob` of all
-``T·(k+1)`` path points, as in ``benchmarks/bench.py``. Times are medians of 5
-runs after a warm-up, with ``torch.cuda.synchronize()``; peaks are
-``torch.cuda.max_memory_allocated`` above the memory in use before the call.
-Nothing is downloaded.
+After the README's install, it needs nothing else. It prints one table: per
+device setup, shape, mode, path and granularity, the map's time (median of
+``--repeats`` runs after a warm-up, synchronised), its floor (one forward pass
+plus one readout of every path point the map reads, ``P·(k+1)`` rows), their
+ratio, the attributed tokens per second, the peak memory above a plain
+forward's peak (``torch.cuda.max_memory_allocated``; resident memory on the
+CPU), the readout's chunk budget, and ``|Σ − Δp|``. The main map (block
+granularity) attributes every position of a ``T``-token input; the other
+granularities the last 8 positions. A combination a model refuses (experts on
+a dense model; a learned readout on the joint path) is listed as refused.
+``--dry-run`` runs every code path on a tiny model on the CPU, the two-device
+setup as a CPU ``device_map`` behind accelerate's hooks.
 """
 
 import argparse
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from captum_iglens import LayerIGLens
+from captum_iglens.attr.granularities import GRANULARITIES
+from captum_iglens.attr.paths import PATHS
 
-N_POSITIONS, PROMPT_LENGTH, REPEATS = 1024, 16, 5
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale import SHAPES, build, inputs  # noqa: E402  (the benchmark beside)
+
 MIB = 2**20
+ANSWER = 8
+MODES = ("float32", "tf32", "bfloat16")
 
 
-def build(device: torch.device, smoke: bool) -> Any:
-    """The random Llama-3.2-1B-shaped model (tiny with ``smoke``) on ``device``."""
-    shape = dict(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-    )
-    if smoke:
-        shape = dict(
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    config = LlamaConfig(
-        vocab_size=128256,
-        head_dim=64,
-        max_position_embeddings=4096,
-        rope_theta=500000.0,
-        tie_word_embeddings=True,
-        **shape,
-    )
-    torch.manual_seed(0)
-    with device:
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return model.eval()
+class Clock:
+    """Times and peak memory of calls on one device type."""
+
+    def __init__(self, device: torch.device, repeats: int, warm_up: bool) -> None:
+        self.cuda = device.type == "cuda"
+        self.repeats = repeats
+        self.warm_up = warm_up
+
+    def sync(self) -> None:
+        if self.cuda:
+            for index in range(torch.cuda.device_count()):
+                torch.cuda.synchronize(index)
+
+    def peak(self) -> int:
+        if self.cuda:
+            return sum(
+                torch.cuda.max_memory_allocated(i)
+                for i in range(torch.cuda.device_count())
+            )
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def reset(self) -> int:
+        """Resets the peaks; the memory in use now."""
+        if not self.cuda:
+            return self.peak()
+        used = 0
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(index)
+            used += torch.cuda.memory_allocated(index)
+        return used
+
+    def run(self, function: Callable[[], Any]) -> Tuple[float, int, Any]:
+        """Median seconds (after a warm-up run), the peak bytes above the memory
+        in use before, and the last result."""
+        if self.warm_up:
+            function()
+            self.sync()
+        before = self.reset()
+        times = []
+        out = None
+        for _ in range(self.repeats):
+            start = time.perf_counter()
+            out = function()
+            self.sync()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times), self.peak() - before, out
 
 
-def measure(function: Callable[[], Any], device: torch.device) -> Dict[str, float]:
-    """Median seconds over REPEATS runs after one warm-up, and the peak memory (MiB)."""
-    cuda = device.type == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    function()
-    sync()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated() if cuda else 0
-    times: List[float] = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        function()
-        sync()
-        times.append(time.perf_counter() - start)
-    return {
-        "s": statistics.median(times),
-        "peak_mib": (
-            (torch.cuda.max_memory_allocated() - before) / MIB if cuda else float("nan")
-        ),
+def placements(dry_run: bool) -> List[Tuple[str, Any]]:
+    """The device setups: one device, and two where there are two (in a dry
+    run, the CPU, and the CPU behind accelerate's hooks)."""
+    if dry_run:
+        return [("cpu", "cpu"), ("cpu x2 (hooks)", "hooks")]
+    found: List[Tuple[str, Any]] = [("cuda x1", "cuda:0")]
+    if torch.cuda.device_count() >= 2:
+        found.append(("cuda x2", "split"))
+    return found
+
+
+def place(model: Any, where: Any) -> Any:
+    """The model on ``where``: a device, or its blocks split in two halves
+    (``"split"``: ``cuda:0`` and ``cuda:1``; ``"hooks"``: the CPU, behind
+    accelerate's alignment hooks) by accelerate's ``dispatch_model``."""
+    if where not in ("split", "hooks"):
+        return model.to(where)
+    from accelerate import dispatch_model
+
+    first, second = (0, 1) if where == "split" else ("cpu", "cpu")
+    k = model.config.num_hidden_layers
+    device_map: Dict[str, Any] = {
+        name: first for name, _ in model.model.named_children() if name != "layers"
     }
+    device_map = {f"model.{name}": d for name, d in device_map.items()}
+    for i in range(k):
+        device_map[f"model.layers.{i}"] = first if i < k // 2 else second
+    device_map.update({"model.norm": second, "lm_head": second})
+    return dispatch_model(model, device_map, force_hooks=True)
 
 
-def check(model: Any, chunk_mib: int, n_positions: int) -> Dict[str, float]:
-    lens = LayerIGLens.from_model(model, max_chunk_bytes=chunk_mib * MIB)
-    device = model.device
-    generator = torch.Generator().manual_seed(0)
-    length = PROMPT_LENGTH + n_positions
-    ids = torch.randint(100, model.config.vocab_size, (1, length), generator=generator)
-    positions = torch.arange(PROMPT_LENGTH - 1, length - 1)
-    ids, targets = ids.to(device), ids[:, positions + 1].to(device)
+def check_one(
+    model: Any,
+    lens: LayerIGLens,
+    clock: Clock,
+    ids: torch.Tensor,
+    following: torch.Tensor,
+    granularity: str,
+    path: str,
+    n_steps: int,
+) -> Dict[str, Any]:
+    """One map against its floor."""
+    length = ids.shape[1]
+    n = length - 1 if granularity == "block" else min(ANSWER, length - 1)
+    positions = torch.arange(length - 1 - n, length - 1)
+    target = following[:, positions]
+    k = len(lens.layers)
     with torch.inference_mode():
-        states = model(ids, output_hidden_states=True, use_cache=False).hidden_states
-        rows = (
-            torch.stack(states, dim=2)[0, positions.to(device)]
-            .flatten(0, 1)
-            .contiguous()
-        )
-        row_targets = targets[0].repeat_interleave(len(states))
+        states = model(ids, use_cache=False, output_hidden_states=True)
+        rows = torch.stack(states.hidden_states, 2)[0, positions.to(ids.device)]
+        rows = rows.flatten(0, 1).to(lens.readout.device)
+        flat = target[0].repeat_interleave(k + 1).to(lens.readout.device)
         del states
 
     def forward() -> None:
@@ -106,83 +155,117 @@ def check(model: Any, chunk_mib: int, n_positions: int) -> Dict[str, float]:
 
     def readout() -> None:
         with torch.inference_mode():
-            lens.readout.log_prob(rows, row_targets)
+            lens.readout.log_prob(rows, flat)
 
-    def attribute_map() -> Any:
-        return lens.attribute_map(ids, target=targets, positions=positions)
-
-    out = {
-        name: measure(f, device)
-        for name, f in (
-            ("forward", forward),
-            ("readout", readout),
-            ("map", attribute_map),
+    def attribution() -> Any:
+        return lens.attribute_map(
+            ids,
+            target=target,
+            positions=positions,
+            granularity=granularity,
+            path=path,
+            n_steps=n_steps,
         )
-    }
-    delta = attribute_map().delta.abs().max().item()
-    floor = out["forward"]["s"] + out["readout"]["s"]
-    return {
-        "forward_s": out["forward"]["s"],
-        "readout_s": out["readout"]["s"],
-        "map_s": out["map"]["s"],
-        "ratio": out["map"]["s"] / floor,
-        "fwd_peak": out["forward"]["peak_mib"],
-        "ro_peak": out["readout"]["peak_mib"],
-        "map_peak": out["map"]["peak_mib"],
-        "delta": delta,
-    }
+
+    fwd_s, fwd_peak, _ = clock.run(forward)
+    read_s = clock.run(readout)[0]
+    map_s, map_peak, result = clock.run(attribution)
+    return dict(
+        P=n,
+        map_s=map_s,
+        floor_s=fwd_s + read_s,
+        tokens=n / map_s,
+        extra_mib=(map_peak - fwd_peak) / MIB,
+        delta=float(result.delta.abs().max()),
+    )
 
 
-def main() -> int:
+def shape_rows(
+    args: argparse.Namespace, shape: str, setup: str, where: Any
+) -> List[str]:
+    """The table's rows of one shape on one device setup, every mode."""
+    lines = []
+    device = torch.device("cpu" if where in ("cpu", "hooks") else "cuda")
+    clock = Clock(device, args.repeats, warm_up=not args.dry_run)
+    for mode in args.modes:
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+            torch.backends.cudnn.allow_tf32 = mode == "tf32"
+        dtype = torch.bfloat16 if mode == "bfloat16" else torch.float32
+        model = place(build(shape, dtype, max_layers=args.max_layers), where)
+        lens = LayerIGLens.from_model(model, max_chunk_bytes=args.chunk_mib * MIB)
+        first = next(model.parameters()).device
+        ids, following = inputs(model, args.length)
+        ids, following = ids.to(first), following.to(first)
+        for path in args.paths:
+            for granularity in args.granularities:
+                head = f"{setup:<15}{shape:<13}{mode:<9}{path:<12}{granularity:<12}"
+                try:
+                    r = check_one(
+                        model,
+                        lens,
+                        clock,
+                        ids,
+                        following,
+                        granularity,
+                        path,
+                        args.n_steps,
+                    )
+                except ValueError as refused:
+                    lines.append(f"{head}refused: {str(refused)[:60]}")
+                    print(lines[-1], flush=True)
+                    continue
+                lines.append(
+                    f"{head}{r['P']:>5}{r['map_s']:>9.3f}{r['floor_s']:>9.3f}"
+                    f"{r['map_s'] / r['floor_s']:>8.2f}{r['tokens']:>9.1f}"
+                    f"{r['extra_mib']:>8.0f}{args.chunk_mib:>7}{r['delta']:>10.1e}"
+                )
+                print(lines[-1], flush=True)
+        del model, lens
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--positions", type=int, default=N_POSITIONS)
-    parser.add_argument("--smoke", action="store_true", help="a tiny model (dry run)")
-    args = parser.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device", file=sys.stderr)
+    parser.add_argument("--dry-run", action="store_true", help="tiny model, CPU")
+    parser.add_argument("--shapes", nargs="+", default=[s for s in SHAPES][1:])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--granularities", nargs="+", default=list(GRANULARITIES))
+    parser.add_argument("--paths", nargs="+", default=list(PATHS))
+    parser.add_argument("--length", type=int, default=1024, help="T, tokens")
+    parser.add_argument("--n-steps", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--chunk-mib", type=int, default=256)
+    parser.add_argument("--max-layers", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.shapes, args.length, args.n_steps, args.repeats = ["tiny"], 12, 2, 1
+        args.modes = ["float32", "bfloat16"]
+    elif not torch.cuda.is_available():
+        print("gpu_check: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
         return 1
     began = time.perf_counter()
-    model = build(device, args.smoke)
-    k = model.config.num_hidden_layers
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     print(
-        f"{name}, torch {torch.__version__}; random Llama-3.2-1B-shaped model "
-        f"{'(SMOKE: tiny) ' if args.smoke else ''}built in "
-        f"{time.perf_counter() - began:.0f}s; T={args.positions}, k={k}, rows "
-        f"T(k+1)={args.positions * (k + 1)}; chunk budget in MiB; peaks (pk) in MiB "
-        "above "
-        "the memory in use before the call; target: map/floor <= 1.15"
+        f"{name} x{torch.cuda.device_count()}, torch {torch.__version__}; "
+        f"T={args.length} "
+        f"(block: every position; others: the last {ANSWER}), n_steps={args.n_steps}, "
+        f"median of {args.repeats}; floor = forward + P(k+1) readouts; +MiB = peak "
+        "above a plain forward's; goal for block: ×floor <= 1.15"
     )
-    head = (
-        "mode",
-        "chunk",
-        "fwd s",
-        "readout s",
-        "map s",
-        "map/floor",
-        "fwd pk",
-        "ro pk",
-        "map pk",
-        "max|delta|",
+    print(
+        f"{'devices':<15}{'shape':<13}{'mode':<9}{'path':<12}{'granularity':<12}"
+        f"{'P':>5}{'map s':>9}{'floor s':>9}{'×floor':>8}{'tok/s':>9}{'+MiB':>8}"
+        f"{'budget':>7}{'|Σ−Δp|':>10}"
     )
-    print(" ".join(f"{h:>10}" for h in head))
-    for mode in ("float32", "tf32", "bfloat16"):
-        torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
-        torch.backends.cudnn.allow_tf32 = mode == "tf32"
-        if mode == "bfloat16":
-            model.to(torch.bfloat16)
-        for chunk_mib in (256, 2048):
-            r = check(model, chunk_mib, args.positions)
-            print(
-                f"{mode:>10} {chunk_mib:>10} {r['forward_s']:>10.4f} "
-                f"{r['readout_s']:>10.4f} "
-                f"{r['map_s']:>10.4f} {r['ratio']:>10.3f} {r['fwd_peak']:>10.0f} "
-                f"{r['ro_peak']:>10.0f} {r['map_peak']:>10.0f} {r['delta']:>10.1e}",
-                flush=True,
-            )
-    print(f"total {time.perf_counter() - began:.0f}s")
+    for index, (setup, where) in enumerate(placements(args.dry_run)):
+        for shape in args.shapes if index == 0 else args.shapes[:1]:
+            shape_rows(args, shape, setup, where)
+        if args.dry_run:  # the other setups: one mode is enough to run them
+            args.modes = args.modes[:1]
+    print(f"total {time.perf_counter() - began:.0f} s")
     return 0
 
 

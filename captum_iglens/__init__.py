@@ -1,19 +1,44 @@
-r"""IG-Lens: exact layer-wise attribution of a token's probability, Captum-style."""
+r"""IG-Lens: exact layer-wise attribution of a token's probability, Captum-style.
 
-from captum_iglens.attr import (
-    ESTIMATORS,
-    LayerIGLens,
-    LLMLayerAttribution,
-    attribute_text,
-    competitor_maps,
-)
-from captum_iglens.hf.architectures import register_architecture
-from captum_iglens.hf.models import load_default
-from captum_iglens.readout import Readout
-from captum_iglens.readout.translators import Translators
-from captum_iglens.result import IGLensResult
-from captum_iglens.settings import Settings
+The public names are imported on first use, so that ``import captum_iglens`` (and
+the command line's ``--version``, ``--help`` and usage errors) does not pay for
+torch and transformers.
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any, Dict, List
+
 from captum_iglens.version import __version__
+
+if TYPE_CHECKING:
+    from captum_iglens.attr import (
+        ESTIMATORS,
+        LayerIGLens,
+        LLMLayerAttribution,
+        attribute_text,
+        competitor_maps,
+    )
+    from captum_iglens.hf.architectures import register_architecture
+    from captum_iglens.hf.models import load_default
+    from captum_iglens.readout import Readout
+    from captum_iglens.readout.translators import Translators
+    from captum_iglens.result import IGLensResult
+    from captum_iglens.settings import Settings
+
+#: The module each public name is imported from, on first use.
+_HOMES: Dict[str, str] = {
+    "ESTIMATORS": "captum_iglens.attr",
+    "LayerIGLens": "captum_iglens.attr",
+    "LLMLayerAttribution": "captum_iglens.attr",
+    "attribute_text": "captum_iglens.attr",
+    "competitor_maps": "captum_iglens.attr",
+    "register_architecture": "captum_iglens.hf.architectures",
+    "load_default": "captum_iglens.hf.models",
+    "Readout": "captum_iglens.readout",
+    "Translators": "captum_iglens.readout.translators",
+    "IGLensResult": "captum_iglens.result",
+    "Settings": "captum_iglens.settings",
+}
 
 __all__ = [
     "ESTIMATORS",
@@ -29,3 +54,15 @@ __all__ = [
     "load_default",
     "register_architecture",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted([*globals(), *_HOMES])

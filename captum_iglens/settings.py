@@ -7,22 +7,17 @@ is added in one place.
 """
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 import captum
 import torch
 import transformers
 
-from captum_iglens.attr._utils.checks import (
-    Granularity,
-    check_baselines,
-    check_settings,
-)
-from captum_iglens.attr.estimators import estimator
-from captum_iglens.attr.granularities import GRANULARITIES, check_granularity
-from captum_iglens.attr.paths import integration_path
 from captum_iglens.hf.text import POSITIONS, Positions
 from captum_iglens.version import __version__
+
+if TYPE_CHECKING:
+    from captum_iglens.attr._utils.checks import Granularity
 
 #: A baseline that can be written down; None (``h_0``), ``"mean"`` or a number.
 SettingsBaseline = Union[None, float, str]
@@ -46,7 +41,9 @@ class Settings:
                     Default: None.
         method (str): The estimator, from :data:`captum_iglens.ESTIMATORS`.
                     Default: ``"prediction_aware"``.
-        n_steps (int): Steps per segment. Default: 50.
+        n_steps (int, optional): Steps per segment; None takes the path's
+                    ``default_steps`` (50 telescoping, 128 joint). Default:
+                    None.
         granularity (str): A name in
                     :data:`~captum_iglens.attr.granularities.GRANULARITIES`:
                     ``"block"``, ``"sublayer"``, ``"head"`` (each block's
@@ -84,8 +81,8 @@ class Settings:
     positions: Positions = "answer"
     baselines: SettingsBaseline = None
     method: str = "prediction_aware"
-    n_steps: int = 50
-    granularity: Granularity = "block"
+    n_steps: Optional[int] = None
+    granularity: "Granularity" = "block"
     path: str = "telescoping"
     internal_batch_size: Optional[int] = None
     max_chunk_bytes: int = 256 * 2**20
@@ -120,13 +117,18 @@ class Settings:
                 "tensor baseline to LayerIGLens.attribute directly); got "
                 f"{type(self.baselines).__name__}"
             )
+        # Imported here: importing attr imports attribute_text, which takes Settings.
+        from captum_iglens.attr._utils.checks import check_baselines, check_settings
+        from captum_iglens.attr.estimators import estimator
+        from captum_iglens.attr.granularities import GRANULARITIES, check_granularity
+        from captum_iglens.attr.paths import integration_path
+
         check_baselines(self.baselines)
-        estimator(self.method).check_steps(self.n_steps)
+        along = integration_path(self.path)
+        estimator(self.method).check_steps(self.steps)
         check_settings(self.internal_batch_size, False)
         check_granularity(self.granularity)
-        integration_path(self.path).check(
-            GRANULARITIES[self.granularity], True, self.baselines is not None
-        )
+        along.check(GRANULARITIES[self.granularity], True, self.baselines is not None)
         for name in ("max_chunk_bytes", "max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -152,6 +154,15 @@ class Settings:
                 f"{type(settings).__name__}"
             )
         return settings.replace(**options) if options else settings
+
+    @property
+    def steps(self) -> int:
+        r"""``n_steps``, or where it is None the path's ``default_steps``."""
+        from captum_iglens.attr.paths import integration_path
+
+        if self.n_steps is None:
+            return integration_path(self.path).default_steps
+        return self.n_steps
 
     def replace(self, **changes: Any) -> "Settings":
         r"""A copy with some fields changed (checked like a new one)."""
@@ -180,6 +191,7 @@ class Settings:
         not the default, so that records written before it existed match)."""
         data = asdict(self)
         data["layers"] = None if self.layers is None else list(self.layers)
+        data["n_steps"] = self.steps
         if self.path == type(self).path:
             del data["path"]
         return data

@@ -2,7 +2,7 @@
 
 Build (warnings are errors, broken cross-references included):
 
-    python -m sphinx -W --keep-going -n -b html docs docs/_build/html
+    python -m sphinx -E -W --keep-going -n -b html docs docs/_build/html
 """
 
 import shutil
@@ -27,14 +27,14 @@ extensions = [
     "sphinx.ext.mathjax",
     "myst_nb",
     "apigen",  # docs/_ext/apigen.py: the API pages and the check of public names
+    "pagegen",  # docs/_ext/pagegen.py: the CLI reference and the architecture table
 ]
 
 # The tutorials are rendered from their committed, executed notebooks, never
 # re-executed here (tests/test_tutorials.py executes them in the tests). They live
 # in tutorials/ at the top of the repository; the build copies them in.
 nb_execution_mode = "off"
-# (docs/tutorials/, so that the README's links to tutorials/*.ipynb resolve in the
-# pages that include it.)
+# (docs/tutorials/, so that the pages' links to tutorials/*.ipynb resolve.)
 _TUTORIALS = DOCS / "tutorials"
 shutil.rmtree(_TUTORIALS, ignore_errors=True)
 _TUTORIALS.mkdir(parents=True)
@@ -42,7 +42,14 @@ for notebook in sorted((ROOT / "tutorials").glob("*.ipynb")):
     shutil.copy2(notebook, _TUTORIALS / notebook.name)
 
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "README.md", "Thumbs.db", ".DS_Store"]
+# The generated architecture table is included whole by architectures.md.
+exclude_patterns = [
+    "_build",
+    "README.md",
+    "Thumbs.db",
+    ".DS_Store",
+    "_generated/architecture_table.md",
+]
 myst_enable_extensions = ["dollarmath", "colon_fence"]
 myst_heading_anchors = 3
 

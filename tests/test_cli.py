@@ -1,6 +1,7 @@
 """The command-line tool, run end to end as a user would."""
 
 import csv
+import io
 import json
 import os
 import re
@@ -278,14 +279,15 @@ def test_each_subcommand_keeps_its_own_defaults():
     compare = parser.parse_args(["compare", "x"])
     validate = parser.parse_args(["validate"])
     batch = parser.parse_args(["batch", "p.jsonl", "--out", "o"])
+    # no --n-steps: the path's own default
     assert (attribute.n_steps, attribute.chat, attribute.max_new_tokens) == (
-        50,
+        None,
         True,
         32,
     )
     assert (compare.n_steps, compare.chat) == (8, True)
     assert (validate.chat, validate.max_new_tokens) == (False, 8)
-    assert (batch.n_steps, batch.chat) == (50, True)
+    assert (batch.n_steps, batch.chat) == (None, True)
     for args in (compare, validate, batch):
         assert {"baselines", "method", "granularity", "positions", "layers"} <= set(
             vars(args)
@@ -343,16 +345,47 @@ def test_each_subcommand_keeps_its_own_defaults():
             ["validate", "--test", "restoration", "--max-new-tokens", "3"],
             "--max-new-tokens: not used",
         ),
+        # Issue 35: checked from the model's and the lens's files before the load.
+        (["x", "--model", "TINY", "--layers", "0,99"], "--layers: the model has 2"),
+        (["x", "--model", "TINY", "--top-k", "100000"], "--top-k: expected at most"),
+        (["x", "--lens", "LENS-shape"], "0.weight should have shape (32, 32)"),
+        (["x", "--lens", "LENS-nan"], "1.weight (translator 1) holds NaN or inf"),
+        (["x", "--lens", "LENS-inf"], "0.bias (translator 0) holds NaN or inf"),
+        (["x", "--lens", "LENS-missing"], "keys missing or extra: ['1.weight']"),
+        (["x", "--lens", "LENS-extra"], "keys missing or extra: ['2.weight']"),
+        (["x", "--lens", "LENS-garbage"], "params.pt is not a readable checkpoint"),
+        (["x", "--lens", "LENS-nobias"], '"bias": false but'),
+        (["--stdin"], "prompt: not valid UTF-8"),
+        (["x", "--max-chunk-mib", "-5"], "--max-chunk-mib: expected an int >= 1 (MiB)"),
+        (["x", "--target-tokens", " Paris,"], "--target-tokens: expected comma"),
+        (["compare", "x", "--methods", "ig_lens,"], "--methods: expected comma"),
+        (["batch", "PROMPTS-utf8", "--out", "o"], "prompts.jsonl:2: not valid UTF-8"),
+        (["validate", "--prompts", "PROMPTS-utf8"], "prompts.jsonl:2: not valid UTF"),
+        (["validate", "--prompts", "PROMPTS-answer"], "[1]: 'answer' is empty"),
+        # Two outputs on one path, for every subcommand that writes files.
+        (["x", "--json", "r.out", "--csv", "./r.out"], "--csv: the same path as"),
+        (["x", "--png", "r.out", "--html", "r.out"], "--html: the same path as --png"),
+        (["compare", "x", "--json", "c", "--png", "c"], "--png: the same path as"),
+        (["validate", "--html", "v", "--json", "v"], "--html: the same path as"),
+        (["fit-lens", "--out", "L", "--json", "L"], "--json: the same path as --out"),
+        (["fit-lens", "--png", "f", "--json", "f"], "--json: the same path as --png"),
     ],
 )
-def test_input_errors_before_the_model_loads(args, message, capsys, monkeypatch):
+def test_input_errors_before_the_model_loads(
+    args, message, capsys, monkeypatch, tmp_path, tiny_folder
+):
     import captum_iglens.hf.models as models
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the input was checked")
 
+    args = [_placeholder(a, tmp_path, tiny_folder) for a in args]
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(models, "load_default", no_model)
     monkeypatch.setattr(models, "load_embedded", no_model)
+    monkeypatch.setattr(models, "load_model", no_model)
+    stdin = io.TextIOWrapper(io.BytesIO(b"w5 \xff w6"), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
     try:
         status = main(args)
     except SystemExit as exit:  # argparse's own usage errors
@@ -360,6 +393,47 @@ def test_input_errors_before_the_model_loads(args, message, capsys, monkeypatch)
     err = capsys.readouterr().err
     assert status == 2 and message in err.strip().splitlines()[-1]
     assert "Traceback" not in err
+
+
+def _placeholder(arg, tmp_path, tiny_folder):
+    """``arg`` with a file the case needs written: TINY (a model folder), LENS-x
+    (a lens folder with the fault x) or PROMPTS-x (a prompt file with the fault
+    x)."""
+    if arg == "TINY":
+        return tiny_folder
+    if arg.startswith("PROMPTS-"):
+        path = tmp_path / "prompts.jsonl"
+        second = {
+            "utf8": b'{"id": 2, "prompt": "b\xff"}',
+            "answer": b'{"id": 2, "prompt": "b", "answer": ""}',
+        }[arg[8:]]
+        path.write_bytes(b'{"id": 1, "prompt": "a"}\n' + second + b"\n")
+        return str(path)
+    if not arg.startswith("LENS-"):
+        return arg
+    from captum_iglens.readout.translators import Translators
+
+    fault, folder = arg[5:], tmp_path / "lens"
+    Translators.identity(n_layers=2, d_model=32).save(folder)
+    state = torch.load(folder / "params.pt", weights_only=True)
+    config = json.loads((folder / "config.json").read_text())
+    if fault == "shape":
+        state["0.weight"] = torch.zeros(32, 31)
+    elif fault == "nan":
+        state["1.weight"][3, 4] = float("nan")
+    elif fault == "inf":
+        state["0.bias"][0] = float("inf")
+    elif fault == "missing":
+        del state["1.weight"]
+    elif fault == "extra":
+        state["2.weight"] = torch.zeros(32, 32)
+    elif fault == "nobias":
+        config["bias"] = False
+    torch.save(state, folder / "params.pt")
+    (folder / "config.json").write_text(json.dumps(config))
+    if fault == "garbage":
+        (folder / "params.pt").write_bytes(b"not a checkpoint")
+    return str(folder)
 
 
 def test_internal_errors_keep_their_traceback(tmp_path, monkeypatch):
@@ -606,3 +680,81 @@ def test_every_option_combination_works_or_is_refused_in_one_line(
         assert torch.isfinite(result.attributions).all()
         if "riemann_middle" not in options:  # prediction_aware is exact
             assert (result.delta.abs() <= 1e-5).all()
+
+
+@pytest.mark.parametrize(
+    "args", [["--version"], ["--help"], ["--n-steps", "x", "p"], ["validate", "-x"]]
+)
+def test_version_help_and_usage_errors_import_no_torch(args):
+    # What makes them answer at once: neither torch nor transformers is imported
+    # (a usage error of a name the registries check may import them).
+    code = (
+        "import sys\n"
+        "from captum_iglens.cli import main\n"
+        "try:\n"
+        f"    main({args!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = [m for m in ('torch', 'transformers', 'captum') if m in sys.modules]\n"
+        "print('heavy:', heavy, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert done.stderr.strip().splitlines()[-1] == "heavy: []", done.stderr
+
+
+def test_one_token_prompt_with_positions_prompt_is_refused_before_the_work(
+    tiny_folder, capsys
+):
+    args = ["w5", "--model", tiny_folder, "--no-chat", "--positions", "prompt"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "captum-iglens: error: --positions: prompt attributes each prompt token "
+        "after the first, and this prompt is one token; give a longer prompt or "
+        "--positions answer"
+    )
+
+
+def test_each_warning_once_and_control_tokens_spelled_in_the_prompt(tiny_folder):
+    # The tiny tokenizer has no chat template; "</s>" is its end-of-sequence token.
+    out = _run("w5 </s> w6", "--model", tiny_folder, "--max-new-tokens", "2")
+    assert out.returncode == 0, out.stderr
+    warned = [line for line in out.stderr.splitlines() if "warning:" in line]
+    assert len(warned) == 2, out.stderr
+    assert "no chat template" in warned[0] or "no chat template" in warned[1]
+    assert any("spells the control token(s) </s>" in line for line in warned)
+
+
+def test_fit_lens_warns_below_two_tokens_per_dimension():
+    from captum_iglens.cli.fit_lens import _warn_few_tokens
+
+    class Config:
+        hidden_size = 576
+
+    with pytest.warns(UserWarning, match=r"--tokens 10 is below 2 .* = 1152\)"):
+        _warn_few_tokens(10, Config())
+
+
+def test_prompt_and_answer_lines_are_escaped_as_the_rows_are(tiny_folder, capsys):
+    prompt = "w5 \x1b[31m\x00\u202e w6"
+    args = [prompt, "--model", tiny_folder, "--no-chat", "--max-new-tokens", "2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "prompt: w5 \\x1b[31m\\x00\\u202e w6\n" in out
+    assert not any(c in out for c in "\x1b\x00\u202e")
+
+
+@pytest.mark.parametrize(
+    "name", ["attribute", "compare", "batch", "validate", "fit-lens", "shell"]
+)
+def test_every_subcommand_help_shows_its_deferred_texts(name, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main([name, "--help"])
+    out = capsys.readouterr().out
+    assert exit.value.code == 0 and out.startswith(f"usage: captum-iglens {name}")
+    if name != "fit-lens":  # the registries' names, read when the help is shown
+        assert "prediction_aware" in out and "'source_head'" in out
+    else:
+        assert "fitting tokens (default: 8192)" in out

@@ -5,7 +5,7 @@ import pytest
 
 from captum_iglens.columns import Column, parse_columns
 
-# Each name the granularities make (docs/iglens.md), with what it holds.
+# Each name the granularities make (docs/granularities.md), with what it holds.
 NAMES = {
     "input": Column("input"),
     "3": Column("block", "3"),

@@ -74,6 +74,7 @@ class SquaredShares(Estimator):
         end_values: Tensor,
         layers: Optional[Tensor] = None,
         parents: Optional[Tensor] = None,
+        fractions: Optional[Tensor] = None,
     ) -> Tensor:
         shares = _shares(end_values[:, 1] - end_values[:, 0], components).float()
         return shares if integration.per_dimension else shares.sum(-1)

@@ -120,7 +120,7 @@ class IGLensPath:
         positions: PositionsType = None,
         granularity: Granularity = "block",
         method: str = "prediction_aware",
-        n_steps: int = 50,
+        n_steps: Optional[int] = None,
         internal_batch_size: Optional[int] = None,
         foil: FoilType = None,
         target_tokens: TokenSetType = None,
@@ -145,8 +145,9 @@ class IGLensPath:
             method (str, optional): As in :meth:`~captum_iglens.LayerIGLens.attribute`.
                         Default: ``"prediction_aware"``.
             n_steps (int, optional): As in
-                        :meth:`~captum_iglens.LayerIGLens.attribute`; the map of
-                        ``"prediction_aware"`` does not depend on it. Default: 50.
+                        :meth:`~captum_iglens.LayerIGLens.attribute`; the
+                        telescoping map of ``"prediction_aware"`` does not depend
+                        on it. Default: None, the path's ``default_steps``.
             internal_batch_size (int, optional): As in
                         :meth:`~captum_iglens.LayerIGLens.attribute`.
                         Default: None.
@@ -209,12 +210,12 @@ class IGLensPath:
                 top_k=top_k,
             )
             split = columns.map(integration, traced, top_k)
-        return columns.result(traced, split, method, n_steps)
+        return columns.result(traced, split, method, integration.n_steps)
 
     def _plan(
         self,
         method: str,
-        n_steps: int,
+        n_steps: Optional[int],
         internal_batch_size: Optional[int],
         granularity: str,
         path: str,
@@ -225,13 +226,13 @@ class IGLensPath:
         """A call's granularity, path, column readout and integration, from its
         arguments, each checked before any forward (``multiply_by_inputs``
         against the estimator, the granularity and the path)."""
-        rule = estimator(method)
+        rule, along = estimator(method), integration_path(path)
+        n_steps = along.default_steps if n_steps is None else n_steps
         rule.check_steps(n_steps)
         check_settings(internal_batch_size, attribute_to_layer_input)
         rule.check_multiply_by_inputs(multiply_by_inputs)
         shape = self._granularity(granularity)
         shape.check_multiply_by_inputs(multiply_by_inputs)
-        along = integration_path(path)
         along.check(type(shape), multiply_by_inputs, baselines_given)
         columns = column_readout(self.readout, self.layers, shape, along)
         integration = Integration(

@@ -266,7 +266,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         baselines: BaselineType = None,
         target: TargetType = None,
         additional_forward_args: Optional[object] = None,
-        n_steps: int = 50,
+        n_steps: Optional[int] = None,
         method: str = "prediction_aware",
         internal_batch_size: Optional[int] = None,
         *,
@@ -287,7 +287,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         baselines: BaselineType = None,
         target: TargetType = None,
         additional_forward_args: Optional[object] = None,
-        n_steps: int = 50,
+        n_steps: Optional[int] = None,
         method: str = "prediction_aware",
         internal_batch_size: Optional[int] = None,
         return_convergence_delta: Literal[False] = False,
@@ -308,7 +308,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         baselines: BaselineType = None,
         target: TargetType = None,
         additional_forward_args: Optional[object] = None,
-        n_steps: int = 50,
+        n_steps: Optional[int] = None,
         method: str = "prediction_aware",
         internal_batch_size: Optional[int] = None,
         return_convergence_delta: bool = False,
@@ -368,7 +368,8 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
                         ``attention_mask`` that receives a tensor, its zeros mark
                         padding. Default: None
             n_steps (int, optional): Steps per segment, at least 1 (2 for the
-                        Riemann rules). Default: 50.
+                        Riemann rules). Default: None, the path's
+                        (``default_steps``: 50 telescoping, 128 joint).
             method (str, optional): ``"prediction_aware"`` (exact at any
                         ``n_steps``), or one of Captum's rules ``"riemann_left"``,
                         ``"riemann_right"``, ``"riemann_middle"``,

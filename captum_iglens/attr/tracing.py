@@ -33,6 +33,7 @@ from captum_iglens.attr._utils.checks import (
     baseline_inputs,
     baseline_states,
     check_baselines,
+    check_last_position_real,
     check_token_ids,
     format_inputs,
     forward_module,
@@ -159,7 +160,9 @@ class Tracer:
             inputs, target, additional_forward_args, positions, foil, target_tokens
         )
         check_baselines(baselines)
-        reference_inputs = baseline_inputs(baselines, request.inputs)
+        reference_inputs = baseline_inputs(
+            baselines, request.inputs, self.readout.vocab_size
+        )
         hooked, names = shape.path_points()
         with shape.recording(request.positions, self.device):
             output, h_0, states = self._capture(request.inputs, request, hooked)
@@ -384,6 +387,7 @@ def _last_position(
     """The request and the captured states cut to the last position, for a
     forward that returns last-position logits ``(B, V)``."""
     length = request.length
+    check_last_position_real(request.attention_mask)
     if positions is not None and request.positions.tolist() != [length - 1]:
         raise ValueError(
             "positions: forward_func returns last-position logits (B, V), "

@@ -6,6 +6,7 @@ The ``captum-iglens`` command: attribute a model's answer to a prompt across lay
     captum-iglens batch PROMPTS.jsonl --out DIR
     captum-iglens validate
     captum-iglens fit-lens --model gemma3 --out DIR
+    captum-iglens shell
 
 Every subcommand is prepared before any expensive work: its arguments are turned
 into :class:`~captum_iglens.Settings`, its input and output paths are checked,
@@ -19,11 +20,12 @@ Each subcommand lives in its own module (:mod:`~captum_iglens.cli.attribute`,
 what they share is in :mod:`~captum_iglens.cli.common`.
 """
 
+import argparse
 import sys
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from captum_iglens.cli import attribute, batch, compare, fit_lens, validate
+from captum_iglens.cli import attribute, batch, compare, fit_lens, shell, validate
 from captum_iglens.cli.common import (
     INPUT_ERRORS,
     CommandError,
@@ -33,6 +35,20 @@ from captum_iglens.cli.common import (
 )
 from captum_iglens.version import __version__
 
+#: The worked examples at the end of ``captum-iglens --help``.
+EXAMPLES = """\
+examples:
+  captum-iglens "What is the capital of Vietnam?"
+      the embedded SmolLM2-135M-Instruct answers; a row per answer token, a
+      column per block, each cell the probability that block adds to the token
+  captum-iglens "What is the capital of France?" --granularity head --top-k 5 \\
+      --html out.html
+      each block's attention credit split across its heads, what each layer
+      predicts (top 5), and the interactive viewer in out.html
+  captum-iglens shell --model gemma3
+      load Gemma 3 270M once, then type prompts; ':set granularity sublayer'
+      changes an option, ':html out.html' writes the last map's viewer"""
+
 #: The subcommands, in the order of the help, and what adds each to the parser.
 _COMMANDS: Dict[str, Callable[[Any, str], None]] = {
     "attribute": attribute.add_parser,
@@ -40,6 +56,7 @@ _COMMANDS: Dict[str, Callable[[Any, str], None]] = {
     "batch": batch.add_parser,
     "validate": validate.add_parser,
     "fit-lens": fit_lens.add_parser,
+    "shell": shell.add_parser,
 }
 
 
@@ -50,8 +67,10 @@ def build_parser() -> Parser:
     parser = Parser(
         prog="captum-iglens",
         description="At which layer is the probability of each answer token "
-        "produced? IG-Lens credits, which add up exactly to the change in "
-        "probability. Without a subcommand, `attribute` is run.",
+        "produced?\nIG-Lens credits, which add up exactly to the change in "
+        "probability.\nWithout a subcommand, `attribute` is run.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--version", action="version", version=f"captum-iglens {__version__}"

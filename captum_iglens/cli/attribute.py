@@ -4,9 +4,7 @@ HTML."""
 
 import argparse
 import shutil
-from typing import Any, Dict, Optional
-
-from captum_iglens.attr.paths import PATHS
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from captum_iglens.cli.common import (
     HTML_HELP,
@@ -27,17 +25,27 @@ from captum_iglens.cli.common import (
     settings_parent,
 )
 from captum_iglens.columns import Column, parse_columns
-from captum_iglens.settings import Settings
+
+if TYPE_CHECKING:  # imported when the command runs, after the checks
+    from captum_iglens.settings import Settings
 
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     r"""Adds the subcommand ``name`` to ``commands``."""
     attribute = commands.add_parser(
         name,
-        parents=[prompt_parent(), settings_parent(), model_parent()],
+        parents=[prompt_parent(), settings_parent(), model_parent(), options_parent()],
         help="the IG-Lens map of the model's answer to a prompt (the default)",
         description="The IG-Lens map of the model's answer to a prompt.",
     )
+    attribute.set_defaults(prepare=prepare)
+
+
+def options_parent() -> argparse.ArgumentParser:
+    r"""The main job's options beyond the model and the settings: the onset,
+    the scored tokens, the readout and the output files (``shell`` takes them
+    too)."""
+    attribute = argparse.ArgumentParser(add_help=False)
     attribute.add_argument("--onset-frac", type=float, default=0.5)
     attribute.add_argument(
         "--foil",
@@ -69,96 +77,173 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         "the first answer token's block x source-token map)",
     )
     attribute.add_argument("--html", metavar="PATH", help=HTML_HELP)
-    attribute.set_defaults(prepare=prepare)
+    return attribute
 
 
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the options and loads the model; the job generates the answer,
     attributes it and writes the outputs."""
-    from captum_iglens.attr import attribute_text
-    from captum_iglens.attr.granularities import check_learned_readout
-    from captum_iglens.hf.text import encode_prompt, generate
+    from captum_iglens.hf.text import encode_prompt
 
-    settings = settings_from(args)
-    if not 0.0 < args.onset_frac <= 1.0:
-        raise CommandError(f"--onset-frac: expected (0, 1], got {args.onset_frac}")
-    check_outputs(args, "json", "csv", "png", "html")
+    settings, folder = check_options(args)
     prompt = read_prompt(args)
-    folder = lens_folder(args.lens, args.path)
-    if folder is not None:
-        try:
-            check_learned_readout(settings.granularity)
-        except ValueError as err:  # the option's name as the user typed it
-            raise CommandError(f"--{err}") from None
     stages = Stages()
     parts, tokenizer = stages.run("load", lambda: load(args, settings))
     readout = lens_readout(folder, parts, tokenizer, args, settings)
-    scored = _scored_tokens(args, tokenizer)
+    scored = scored_tokens(args, tokenizer)
+    prompt_ids = encode_prompt(tokenizer, prompt, chat=settings.chat)
+    if settings.positions == "prompt" and prompt_ids.shape[-1] < 2:
+        raise CommandError(
+            "--positions: prompt attributes each prompt token after the first, and "
+            "this prompt is one token; give a longer prompt or --positions answer"
+        )
 
     def job() -> int:
-        (answer_ids,) = stages.run(
-            "generate",
-            lambda: generate(
-                parts.model,
-                tokenizer,
-                [encode_prompt(tokenizer, prompt, chat=settings.chat)],
-                max_new_tokens=settings.max_new_tokens,
-                progress=progress(args),
-            ),
+        maps = answer_and_attribute(
+            parts,
+            tokenizer,
+            prompt,
+            settings,
+            readout,
+            scored,
+            stages,
+            args,
+            companion=None if folder else companion_settings(settings, args.n_steps),
         )
-        print(f"prompt: {prompt}")
-        print(f"answer: {tokenizer.decode(answer_ids)}")
-        if len(answer_ids) == 0 and settings.positions == "answer":
-            print("captum-iglens: the answer is empty; nothing to attribute")
+        if maps is None:
             return 1
-
-        def attribute(chosen: Settings) -> Any:
-            return attribute_text(
-                parts,
-                tokenizer,
-                prompt,
-                answer=answer_ids,
-                settings=chosen,
-                lens=readout,
-                **scored,
-            )
-
-        result = stages.run("attribute", lambda: attribute(settings))
-        companion = None if folder else _companion(settings)
-        other = None
-        if companion is not None:
-            other = stages.run("other path", lambda: attribute(companion))
-        _report(result, args, other)
+        report(*maps, args)
         print(stages.summary())
         return 0
 
     return job
 
 
-def _companion(settings: Settings) -> Optional[Settings]:
+def check_options(args: argparse.Namespace) -> Tuple["Settings", Any]:
+    r"""The :class:`~captum_iglens.Settings` and the ``--lens`` folder
+    (:func:`~captum_iglens.cli.common.lens_folder`) of the main job's options,
+    checked before the model loads; a bad option raises :class:`CommandError`."""
+    from captum_iglens.attr.granularities import check_learned_readout
+
+    settings = settings_from(args)
+    if not 0.0 < args.onset_frac <= 1.0:
+        raise CommandError(f"--onset-frac: expected (0, 1], got {args.onset_frac}")
+    check_outputs(args, "json", "csv", "png", "html")
+    folder = lens_folder(args.lens, args.path)
+    if folder is not None:
+        try:
+            check_learned_readout(settings.granularity)
+        except ValueError as err:  # the option's name as the user typed it
+            raise CommandError(f"--{err}") from None
+    return settings, folder
+
+
+def answer_and_attribute(
+    parts: Any,
+    tokenizer: Any,
+    prompt: str,
+    settings: "Settings",
+    readout: Any,
+    scored: Dict[str, Any],
+    stages: Stages,
+    args: argparse.Namespace,
+    companion: Optional["Settings"] = None,
+) -> Optional[Tuple[Any, Any]]:
+    r"""Generates the model's answer to ``prompt``, prints both and returns the
+    answer's :class:`~captum_iglens.IGLensResult` with, for ``companion``
+    settings (:func:`companion_settings`), the block map on the other path whose
+    onset the table shows (else None); None, with a line saying so, when the
+    answer is empty and only the answer is attributed."""
+    from captum_iglens._result_tables import visible
+    from captum_iglens.attr import attribute_text
+    from captum_iglens.hf.text import encode_prompt, generate
+
+    (answer_ids,) = stages.run(
+        "generate",
+        lambda: generate(
+            parts.model,
+            tokenizer,
+            [encode_prompt(tokenizer, prompt, chat=settings.chat)],
+            max_new_tokens=settings.max_new_tokens,
+            progress=progress(args),
+        ),
+    )
+    print(f"prompt: {visible(prompt)}")
+    print(f"answer: {visible(tokenizer.decode(answer_ids))}")
+    if len(answer_ids) == 0 and settings.positions == "answer":
+        print("captum-iglens: the answer is empty; nothing to attribute")
+        return None
+
+    def attribute(chosen: "Settings") -> Any:
+        return attribute_text(
+            parts,
+            tokenizer,
+            prompt,
+            answer=answer_ids,
+            settings=chosen,
+            lens=readout,
+            **scored,
+        )
+
+    result = stages.run("attribute", lambda: attribute(settings))
+    other = None
+    if companion is not None:
+        other = stages.run("other path", lambda: attribute(companion))
+    return result, other
+
+
+def companion_settings(
+    settings: "Settings", n_steps: Optional[int] = None
+) -> Optional["Settings"]:
     """The block map on the other path, whose onset the table shows beside the
     map's own: the telescoping onset says when the final head can read the
-    answer, the joint one which blocks wrote it. None where the other path
-    cannot take these settings (a baseline the joint block map has no column
-    for)."""
+    answer, the joint one which blocks wrote it (``n_steps`` as given, else the
+    other path's default). None where the other path cannot take these
+    settings (a baseline the joint block map has no column for)."""
+    from captum_iglens.attr.paths import PATHS
+
     for name in PATHS:
         if name != settings.path:
             try:
-                return settings.replace(path=name, granularity="block", top_k=0)
+                return settings.replace(
+                    path=name, granularity="block", top_k=0, n_steps=n_steps
+                )
             except ValueError:
                 return None
     return None
 
 
-def _report(result: Any, args: argparse.Namespace, companion: Any) -> None:
-    """Prints the map (and its views, and the onset of ``companion``, the block
-    map on the other path) and writes the files asked for."""
-    width = shutil.get_terminal_size((120, 24)).columns
-    print(
-        result.format_table(
-            width=width, onset_frac=args.onset_frac, companion=companion
+def legend(result: Any, onset_frac: float, companion: Any = None) -> str:
+    r"""The two lines under the table that say what its columns mean; with
+    ``companion`` (the block map on the other path), what each path's onset
+    means."""
+    from captum_iglens.attr.paths import PATHS
+
+    scored = result.foils is not None or result.target_sets is not None
+    what = "score (--foil, --target-tokens)" if scored else "probability"
+    onset = f"onset: first layer with {onset_frac:.0%} of |credit|"
+    if companion is not None:
+        paths = (result.path, companion.path)
+        onset = f"onsets at {onset_frac:.0%} of |credit|: " + ", ".join(
+            f"{path} = {PATHS[path].onset_meaning}" for path in paths
         )
+    return (
+        f"L<i>: {what} layer i adds to the token (its credit); Σ: all credits "
+        "= Δp = p_model - p(start)\n"
+        f"lens@top: last readout; {onset}"
     )
+
+
+def report(result: Any, other: Any, args: argparse.Namespace) -> None:
+    """Prints the map with its legend (and its views, and the onset of
+    ``other``, the block map on the other path, or None) and writes the files
+    asked for."""
+    width = shutil.get_terminal_size((120, 24)).columns
+    table = result.format_table(
+        width=width, onset_frac=args.onset_frac, companion=other
+    )
+    print(table)
+    print(legend(result, args.onset_frac, other))
     parts = _top_parts(result)
     if parts:
         print()
@@ -169,6 +254,11 @@ def _report(result: Any, args: argparse.Namespace, companion: Any) -> None:
     if result.source_layout() is not None:
         print()
         print(result.format_sources())
+    write_files(result, args)
+
+
+def write_files(result: Any, args: argparse.Namespace) -> None:
+    """Writes the files of ``--json``, ``--csv``, ``--html`` and ``--png``."""
     if args.json:
         result.save(args.json)
     if args.csv:
@@ -245,7 +335,7 @@ def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
     return "\n".join(lines)
 
 
-def _scored_tokens(args: argparse.Namespace, tokenizer: Any) -> Dict[str, Any]:
+def scored_tokens(args: argparse.Namespace, tokenizer: Any) -> Dict[str, Any]:
     """``--foil`` and ``--target-tokens`` as token ids (each a single token)."""
     from captum_iglens.hf.text import single_token_id
 

@@ -3,27 +3,45 @@ What the subcommands of ``captum-iglens`` share: the usage-error parser, the
 parent parsers of the model, settings and prompt options, and the steps of a
 subcommand's preparation (settings, output paths, prompt, model) and of its
 outputs. It imports no study: each subcommand's module imports what it runs.
+
+Building the parser imports neither torch nor transformers, so that
+``--version``, ``--help`` and usage errors answer at once: the names and help
+texts that live beside the code that uses them (the estimators, granularities,
+positions) are read on first use, through :class:`Names` and :func:`deferred`.
 """
 
 import argparse
+import json
+import copy
+import importlib
+import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    NoReturn,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+    overload,
+)
 
-import torch
+if TYPE_CHECKING:  # imported when a command runs, after its options are checked
+    import torch
 
-from captum_iglens.attr.estimators import ESTIMATORS
-from captum_iglens.attr.granularities import GRANULARITIES, granularity_help
-from captum_iglens.attr.paths import PATHS, integration_path
-from captum_iglens.hf.text import POSITIONS
-from captum_iglens.settings import Settings
+    from captum_iglens.readout.translators import Translators
+    from captum_iglens.settings import Settings
 
-MODEL_DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+#: The ``--dtype`` names, each a ``torch`` dtype.
+MODEL_DTYPES = ("bfloat16", "float16", "float32")
 #: Errors of the preparation phase that are the user's input, not a bug.
 INPUT_ERRORS = (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError)
 HTML_HELP = "write the interactive viewer, one self-contained HTML file"
@@ -36,8 +54,74 @@ class CommandError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+class _Deferred:
+    def __init__(self, make: Callable[[], str]) -> None:
+        self.make = make
+
+    def __str__(self) -> str:
+        return self.make()
+
+
+def deferred(make: Callable[[], str]) -> str:
+    r"""A help text made by ``make`` when the help is shown (``make`` may
+    import what building the parser must not); typed as the ``str`` argparse
+    takes, and turned into one by :class:`Parser`'s help formatter."""
+    return cast(str, _Deferred(make))
+
+
+class Names(Sequence[str]):
+    r"""The names of ``module.attribute`` (a registry or a tuple), as argparse
+    ``choices`` imported on first use: when a value is checked or the help is
+    shown, not when the parser is built. Give the option a ``metavar``, or
+    argparse lists the names when the option is added."""
+
+    def __init__(self, module: str, attribute: str) -> None:
+        self.module, self.attribute = module, attribute
+
+    def _names(self) -> Tuple[str, ...]:
+        return tuple(getattr(importlib.import_module(self.module), self.attribute))
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[str, Sequence[str]]:
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    def _get_help_string(self, action: argparse.Action) -> Optional[str]:
+        return None if action.help is None else str(action.help)
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if isinstance(action.help, _Deferred):
+            action = copy.copy(action)
+            action.help = str(action.help)
+        return super()._format_action(action)
+
+
 class Parser(argparse.ArgumentParser):
-    """Usage errors in one line, like every other input error."""
+    """Usage errors in one line, like every other input error; help texts may
+    be :func:`deferred`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        given = kwargs.get("formatter_class", argparse.HelpFormatter)
+        if not issubclass(given, _HelpFormatter):  # e.g. a raw description's
+            kwargs["formatter_class"] = type(
+                given.__name__, (_HelpFormatter, given), {}
+            )
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"captum-iglens: error: {message} (see {self.prog} --help)\n")
@@ -70,8 +154,14 @@ def int_list(text: str) -> List[int]:
 
 
 def names(text: str) -> Tuple[str, ...]:
-    r"""``"a,b"`` as ``("a", "b")`` (an argparse type)."""
-    return tuple(part for part in text.split(",") if part)
+    r"""``"a,b"`` as ``("a", "b")`` (an argparse type); an empty element
+    (``"a,"``, ``"a,,b"``) is refused, not dropped."""
+    parts = tuple(text.split(","))
+    if not all(parts):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated names, none of them empty, got {text!r}"
+        )
+    return parts
 
 
 def _baseline(text: str) -> Any:
@@ -103,7 +193,15 @@ def model_parent() -> argparse.ArgumentParser:
     group.add_argument(
         "--device", default="cpu", help="torch device, e.g. cuda:0 (default: cpu)"
     )
-    group.add_argument("--dtype", choices=sorted(MODEL_DTYPES), default="float32")
+    group.add_argument(
+        "--device-map",
+        metavar="auto|balanced|FILE.json",
+        help="spread the model over devices with accelerate, in place of --device: "
+        "a strategy (auto, balanced, balanced_low_0, sequential) or a JSON file "
+        'mapping module names to devices, e.g. {"model.layers.0": 0, '
+        '"lm_head": "cpu"}',
+    )
+    group.add_argument("--dtype", choices=MODEL_DTYPES, default="float32")
     group.add_argument(
         "--trust-remote-code",
         action="store_true",
@@ -112,8 +210,43 @@ def model_parent() -> argparse.ArgumentParser:
     return parent
 
 
+#: The help of ``--path``.
+_PATH_HELP = (
+    "telescoping: each block between consecutive states (when the final head can "
+    "read the answer; default); joint: every block's update scaled together (what "
+    "each block writes, in no order)"
+)
+
+
+def _named(
+    group: Any,
+    option: str,
+    registry: str,
+    default: str,
+    metavar: str = "NAME",
+    help: Optional[str] = None,
+) -> None:
+    r"""Adds ``option``, a name from the registry ``"module:ATTRIBUTE"`` under
+    ``captum_iglens`` (read on first use, :class:`Names`); its help lists the
+    names unless given."""
+    module, attribute = registry.split(":")
+    group.add_argument(
+        option,
+        choices=Names(f"captum_iglens.{module}", attribute),
+        default=default,
+        metavar=metavar,
+        help=help or "one of %(choices)s (default: %(default)s)",
+    )
+
+
+def _granularity_help() -> str:
+    from captum_iglens.attr.granularities import granularity_help
+
+    return granularity_help()
+
+
 def settings_parent(
-    n_steps: int = 50, chat: bool = True, max_new_tokens: int = 32
+    n_steps: Optional[int] = None, chat: bool = True, max_new_tokens: int = 32
 ) -> argparse.ArgumentParser:
     """One option per field of :class:`Settings`, with a subcommand's defaults
     (a new parent per subcommand: argparse shares a parent's actions, so
@@ -127,12 +260,8 @@ def settings_parent(
         "included; default: all, and for compare four evenly spaced blocks, all "
         "with --granularity head)",
     )
-    group.add_argument(
-        "--positions",
-        choices=POSITIONS,
-        default="answer",
-        help="which tokens to attribute (default: answer)",
-    )
+    positions = "which tokens to attribute: %(choices)s (default: answer)"
+    _named(group, "--positions", "hf.text:POSITIONS", "answer", "WHICH", positions)
     group.add_argument(
         "--baseline",
         dest="baselines",
@@ -140,22 +269,20 @@ def settings_parent(
         default=None,
         help="'h0' (the first block's input, default), 'mean', or a number",
     )
-    group.add_argument("--method", choices=ESTIMATORS, default="prediction_aware")
-    group.add_argument("--n-steps", type=int, default=n_steps)
+    _named(group, "--method", "attr.estimators:ESTIMATORS", "prediction_aware")
     group.add_argument(
-        "--granularity",
-        choices=GRANULARITIES,
-        default="block",
-        help=granularity_help(),
+        "--n-steps",
+        type=int,
+        default=n_steps,
+        help="steps per segment (default: "
+        + (str(n_steps) if n_steps else "the path's, 50 telescoping, 128 joint")
+        + ")",
     )
-    group.add_argument(
-        "--path",
-        choices=PATHS,
-        default="telescoping",
-        help="telescoping: each block between consecutive states (when the final "
-        "head can read the answer; default); joint: every block's update scaled "
-        "together (what each block writes, in no order)",
+    about = deferred(_granularity_help)
+    _named(
+        group, "--granularity", "attr.granularities:GRANULARITIES", "block", help=about
     )
+    _named(group, "--path", "attr.paths:PATHS", "telescoping", help=_PATH_HELP)
     group.add_argument(
         "--internal-batch-size",
         type=int,
@@ -198,8 +325,14 @@ def prompt_parent() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------- preparation
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def settings_from(args: argparse.Namespace) -> "Settings":
     r"""The :class:`Settings` of a subcommand's parsed options."""
+    from captum_iglens.settings import Settings
+
+    if args.max_chunk_mib < 1:
+        raise CommandError(
+            f"--max-chunk-mib: expected an int >= 1 (MiB), got {args.max_chunk_mib}"
+        )
     return Settings(
         layers=args.layers,
         positions=args.positions,
@@ -218,24 +351,59 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 def check_outputs(args: argparse.Namespace, *options: str) -> None:
     r"""Checks that the given output options (e.g. ``"json"``), where set, name
-    files that can be written."""
+    files that can be written, each a different one (:func:`distinct_outputs`)."""
     from captum_iglens._utils.serialization import check_writable
 
     for name in options:
         if getattr(args, name, None):
             check_writable(getattr(args, name), f"--{name}")
+    distinct_outputs(args, *options)
+
+
+def distinct_outputs(args: argparse.Namespace, *options: str) -> None:
+    r"""Refuses two of the given output options (e.g. ``"json"``, ``"out"``)
+    that name one path, compared as real paths (``./r.json`` and ``r.json``,
+    or a link and its target, are one file)."""
+    seen: Dict[str, str] = {}
+    for name in options:
+        if getattr(args, name, None):
+            path = os.path.realpath(getattr(args, name))
+            if path in seen:
+                raise CommandError(
+                    f"--{name}: the same path as --{seen[path]} ({path}); give each "
+                    "output its own path"
+                )
+            seen[path] = name
 
 
 def read_prompt(args: argparse.Namespace) -> str:
-    r"""The prompt, from the argument or stdin, stripped."""
+    r"""The prompt, from the argument or stdin, stripped; refused unless it is
+    valid UTF-8."""
     if args.stdin and args.prompt is not None:
         raise CommandError(
             "prompt: give the prompt either as an argument or with --stdin, not both"
         )
-    prompt = sys.stdin.read() if args.stdin else args.prompt
+    prompt = _stdin_text() if args.stdin else args.prompt
     if prompt is None or not prompt.strip():
         raise CommandError("prompt: expected a non-empty prompt (argument or --stdin)")
+    try:  # an argument's invalid bytes arrive as lone surrogates
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CommandError("prompt: not valid UTF-8") from None
     return prompt.strip()
+
+
+def _stdin_text() -> str:
+    data = getattr(sys.stdin, "buffer", None)
+    if data is None:  # a text stream put in place of stdin
+        return sys.stdin.read()
+    try:
+        return data.read().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CommandError(
+            f"prompt: not valid UTF-8 (byte 0x{err.object[err.start]:02x} at offset "
+            f"{err.start} of stdin)"
+        ) from None
 
 
 def progress(args: argparse.Namespace) -> bool:
@@ -243,7 +411,7 @@ def progress(args: argparse.Namespace) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
 
-def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
+def load(args: argparse.Namespace, settings: "Settings") -> Tuple[Any, Any]:
     """The model's parts, bound once (:class:`~captum_iglens.hf.ModelParts`, which
     every entry point takes in place of the model), and its tokenizer, with the
     settings checked against the model."""
@@ -251,9 +419,14 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
     from captum_iglens.hf import model_parts
     from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
 
+    import torch
+
+    _check_config(_config_file(args.model), settings)
+    device_map = _device_map(args)
     options: Dict[str, Any] = dict(
-        dtype=MODEL_DTYPES[args.dtype],
-        device=_device(args.device),
+        dtype=getattr(torch, args.dtype),
+        device=None if device_map is not None else _device(args.device),
+        device_map=device_map,
         progress=progress(args),
     )
     if args.model is None or args.model in EMBEDDED_MODELS:
@@ -262,17 +435,59 @@ def load(args: argparse.Namespace, settings: Settings) -> Tuple[Any, Any]:
         model, tokenizer = load_model(
             args.model, trust_remote_code=args.trust_remote_code, **options
         )
+    _check_config(model.config.to_dict(), settings)
     parts = model_parts(model)
     model_columns(parts, settings.layers, settings.granularity)
     return parts, tokenizer
 
 
-def lens_folder(text: Optional[str], path: str) -> Union[None, str, Path]:
-    r"""``--lens``, checked before the model loads against ``--path``: None
-    for ``logit`` (the default), ``"linear"`` (this model's cached fitted lens,
-    found once the model is loaded), else a tuned-lens folder whose
-    ``config.json`` is readable."""
-    from captum_iglens.readout.translators import read_config
+def _config_file(model: Optional[str]) -> Optional[Dict[str, Any]]:
+    r"""The ``config.json`` of ``--model`` where one can be read before the
+    load: a local folder's, or an embedded model's converted cache; else None."""
+    import json
+
+    from captum_iglens.hf.models import EMBEDDED_MODELS, cache_root
+
+    if model is None or model in EMBEDDED_MODELS:
+        folder = cache_root() / EMBEDDED_MODELS[model or "smollm2"].name
+    else:
+        folder = Path(model)
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no readable config: the load reports it
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _check_config(config: Optional[Dict[str, Any]], settings: "Settings") -> None:
+    r"""``--layers`` and ``--top-k`` against a model's config (checked from its
+    file before the load, where there is one, and from the loaded model)."""
+    if config is None:
+        return
+    text = config.get("text_config") or config  # multimodal: the text model's
+    blocks, vocab = text.get("num_hidden_layers"), text.get("vocab_size")
+    if isinstance(blocks, int) and settings.layers is not None:
+        for layer in settings.layers:
+            if not -blocks <= layer < blocks:
+                raise CommandError(
+                    f"--layers: the model has {blocks} blocks (0 to {blocks - 1}, "
+                    f"or -{blocks} to -1 from the end), got {layer}"
+                )
+    if isinstance(vocab, int) and settings.top_k > vocab:
+        raise CommandError(
+            f"--top-k: expected at most the vocabulary's {vocab} tokens, got "
+            f"{settings.top_k}"
+        )
+
+
+def lens_folder(text: Optional[str], path: str) -> Union[None, str, "Translators"]:
+    r"""``--lens``, read and checked before the model loads, also against
+    ``--path``: None for ``logit`` (the default), ``"linear"`` (this model's
+    cached fitted lens, found once the model is loaded), else the translators of
+    a tuned-lens folder (its ``config.json`` and ``params.pt``: keys, shapes and
+    finite values, an error naming the file and the translator)."""
+    from captum_iglens.attr.paths import integration_path
+    from captum_iglens.readout.translators import Translators
 
     if text is None or text == "logit":
         return None
@@ -284,30 +499,33 @@ def lens_folder(text: Optional[str], path: str) -> Union[None, str, Path]:
     if text == "linear":
         return text
     try:
-        read_config(text)
+        return Translators.load(text)
     except ValueError as err:
         raise CommandError(f"--lens: {err}".replace("lens: ", "", 1)) from None
-    return Path(text)
 
 
 def lens_of_model(
-    lens: Union[None, str, Path], parts: Any, tokenizer: Any, args: argparse.Namespace
-) -> Optional[Path]:
-    r"""The folder of ``--lens`` for the loaded model: for ``linear`` its cached
+    lens: Union[None, str, "Translators"],
+    parts: Any,
+    tokenizer: Any,
+    args: argparse.Namespace,
+) -> Union[None, Path, "Translators"]:
+    r"""The learned readout of ``--lens`` (:func:`lens_folder`) for the loaded
+    model: for ``"linear"`` (the one string it leaves) the folder of its cached
     fitted lens (fitted first, with a progress bar, when there is none)."""
-    if lens != "linear":
-        return None if lens is None else Path(lens)
+    if lens is None or not isinstance(lens, str):
+        return lens
     from captum_iglens.lens_fit import cached_lens
 
     return cached_lens(parts, tokenizer, progress=progress(args))
 
 
 def lens_readout(
-    lens: Union[None, str, Path],
+    lens: Union[None, str, "Translators"],
     parts: Any,
     tokenizer: Any,
     args: argparse.Namespace,
-    settings: Settings,
+    settings: "Settings",
 ) -> Any:
     r"""The readout of every layer that ``--lens`` (:func:`lens_folder`) names,
     resolved once for the whole command: the model's own readout for None, else
@@ -321,8 +539,39 @@ def lens_readout(
     return resolve_readout(readout, folder, parts.blocks)
 
 
-def _device(text: str) -> torch.device:
+def _device_map(args: argparse.Namespace) -> Union[None, str, Dict[str, Any]]:
+    """``--device-map``: a strategy name, or the dict its JSON file holds."""
+    from captum_iglens.hf.models import DEVICE_MAP_STRATEGIES
+
+    text = getattr(args, "device_map", None)
+    if text is None:
+        return None
+    if args.device != "cpu":
+        raise CommandError(
+            "--device-map: give either --device or --device-map (it places the "
+            "model's modules itself)"
+        )
+    if text in DEVICE_MAP_STRATEGIES:
+        return text
+    try:
+        found = json.loads(Path(text).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CommandError(
+            f"--device-map: expected one of {', '.join(DEVICE_MAP_STRATEGIES)} or a "
+            f"readable JSON file, got {text!r} ({err})"
+        ) from None
+    if not isinstance(found, dict):
+        raise CommandError(
+            f"--device-map: {text} must hold a JSON object mapping module names to "
+            "devices"
+        )
+    return found
+
+
+def _device(text: str) -> "torch.device":
     """The ``--device``, checked against this machine and torch build."""
+    import torch
+
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError):

@@ -6,6 +6,7 @@ import argparse
 from captum_iglens.cli.common import (
     HTML_HELP,
     CommandError,
+    deferred,
     Job,
     check_outputs,
     load,
@@ -18,20 +19,6 @@ from captum_iglens.cli.common import (
     settings_parent,
     write_outputs,
 )
-from captum_iglens.studies.comparison import (
-    COMPARED_METHODS,
-    METHODS,
-    SOURCE_METHODS,
-    compare_text,
-    format_head_agreement,
-    format_source_agreement,
-)
-from captum_iglens.studies.comparison.compare import method_names
-from captum_iglens.studies.comparison.joint import (
-    format_joint_agreement,
-    has_joint_agreement,
-)
-from captum_iglens.studies.comparison.sources import has_source_agreement
 
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
@@ -45,23 +32,41 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         "scores, additivity residuals, time and passes. --n-steps is also the "
         "steps of Captum's methods (their cost grows with blocks x steps x tokens).",
     )
-    compare.add_argument(
-        "--methods",
-        type=names,
-        help=f"comma-separated, from {','.join(COMPARED_METHODS)} (default: all; "
-        "ig_lens,dla with --granularity head), or the source-token methods "
-        f"{','.join(SOURCE_METHODS)} (their rank agreement with ig_lens_sources is "
-        "printed)",
-    )
+    compare.add_argument("--methods", type=names, help=deferred(_methods_help))
     compare.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     compare.add_argument("--png", metavar="PATH", help="write the comparison plot")
     compare.add_argument("--html", metavar="PATH", help=HTML_HELP)
     compare.set_defaults(prepare=prepare)
 
 
+def _methods_help() -> str:
+    from captum_iglens.studies.comparison import COMPARED_METHODS, SOURCE_METHODS
+
+    return (
+        f"comma-separated, from {','.join(COMPARED_METHODS)} (default: all; "
+        "ig_lens,dla with --granularity head), or the source-token methods "
+        f"{','.join(SOURCE_METHODS)} (their rank agreement with ig_lens_sources is "
+        "printed)"
+    )
+
+
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the methods and outputs, loads the model and chooses four evenly
     spaced blocks where none are given; the job compares and writes."""
+    from captum_iglens._result_tables import visible
+    from captum_iglens.studies.comparison import (
+        COMPARED_METHODS,
+        METHODS,
+        compare_text,
+        format_head_agreement,
+        format_source_agreement,
+    )
+    from captum_iglens.studies.comparison.compare import method_names
+    from captum_iglens.studies.comparison.joint import (
+        format_joint_agreement,
+        has_joint_agreement,
+    )
+    from captum_iglens.studies.comparison.sources import has_source_agreement
 
     settings = settings_from(args)
     if args.methods is None:
@@ -100,8 +105,8 @@ def prepare(args: argparse.Namespace) -> Job:
             settings=settings,
             progress=progress(args),
         )
-        print(f"prompt: {prompt}")
-        print(f"answer: {tokenizer.decode(answer)}")
+        print(f"prompt: {visible(prompt)}")
+        print(f"answer: {visible(tokenizer.decode(answer))}")
         print(result.format_table())
         if settings.granularity == "head" and {"ig_lens", "dla"} <= set(args.methods):
             print(format_head_agreement(result))

@@ -5,28 +5,44 @@ checkpoint folder (see :mod:`captum_iglens.lens_fit`)."""
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Dict, Tuple
 
 from captum_iglens.cli.common import (
     CommandError,
+    check_outputs,
+    distinct_outputs,
+    deferred,
     Job,
     load,
     model_parent,
     progress,
     save_figure,
 )
-from captum_iglens.settings import Settings
 
 if TYPE_CHECKING:  # imported when the command runs, after the checks
     from captum_iglens.lens_fit import FitOptions
 
 
+#: The fields of ``FitOptions`` set by an option each (``--eval-tokens`` sets
+#: ``eval_tokens``; left out, the field keeps its default): type and help.
+_FIELDS: Dict[str, Tuple[type, str]] = {
+    "tokens": (int, "fitting tokens"),
+    "eval_tokens": (int, "held-out tokens"),
+    "length": (int, "tokens per sampled sequence / window"),
+    "batch": (int, "sequences sampled or run together"),
+    "seed": (int, "seed of the sampling and fine-tune"),
+    "ridge": (float, "relative ridge of the closed form"),
+    "kl_steps": (int, "Adam steps of a KL fine-tune"),
+    "kl_lr": (float, "its learning rate"),
+    "kl_batch": (int, "its tokens per step"),
+    "kl_tokens": (int, "fitting tokens kept for it"),
+}
+
+
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     r"""Adds the subcommand ``name`` to ``commands``."""
-    from captum_iglens.lens_fit import FitOptions
-
-    defaults = FitOptions()
     fit = commands.add_parser(
         name,
         parents=[model_parent()],
@@ -48,20 +64,9 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         help="plain text, or JSON Lines of "
         'strings or {"text": ...} (default: sampled from the model)',
     )
-    for option, kind, default, text in (
-        ("--tokens", int, defaults.tokens, "fitting tokens"),
-        ("--eval-tokens", int, defaults.eval_tokens, "held-out tokens"),
-        ("--length", int, defaults.length, "tokens per sampled sequence / window"),
-        ("--batch", int, defaults.batch, "sequences sampled or run together"),
-        ("--seed", int, defaults.seed, "seed of the sampling and fine-tune"),
-        ("--ridge", float, defaults.ridge, "relative ridge of the closed form"),
-        ("--kl-steps", int, defaults.kl_steps, "Adam steps of a KL fine-tune"),
-        ("--kl-lr", float, defaults.kl_lr, "its learning rate"),
-        ("--kl-batch", int, defaults.kl_batch, "its tokens per step"),
-        ("--kl-tokens", int, defaults.kl_tokens, "fitting tokens kept for it"),
-    ):
+    for field, (kind, text) in _FIELDS.items():
         fit.add_argument(
-            option, type=kind, default=default, help=f"{text} (default: {default})"
+            f"--{field.replace('_', '-')}", type=kind, help=deferred(_help(text, field))
         )
     fit.add_argument(
         "--curve",
@@ -75,6 +80,15 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     fit.set_defaults(prepare=prepare)
 
 
+def _help(text: str, field: str) -> Callable[[], str]:
+    def make() -> str:
+        from captum_iglens.lens_fit import FitOptions
+
+        return f"{text} (default: {getattr(FitOptions(), field)})"
+
+    return make
+
+
 def _options(args: argparse.Namespace) -> "FitOptions":
     from captum_iglens.lens_fit import FitOptions
     from captum_iglens.lens_fit.corpus import read_corpus
@@ -85,17 +99,9 @@ def _options(args: argparse.Namespace) -> "FitOptions":
         raise CommandError(
             f"--curve: expected comma-separated token counts, got {args.curve!r}"
         ) from None
+    given = {f: getattr(args, f) for f in _FIELDS if getattr(args, f) is not None}
     options = FitOptions(
-        tokens=args.tokens,
-        eval_tokens=args.eval_tokens,
-        length=args.length,
-        batch=args.batch,
-        seed=args.seed,
-        ridge=args.ridge,
-        kl_steps=args.kl_steps,
-        kl_lr=args.kl_lr,
-        kl_batch=args.kl_batch,
-        kl_tokens=args.kl_tokens,
+        **given,
         curve=curve,
         corpus=None if args.corpus is None else read_corpus(args.corpus),
     )
@@ -107,10 +113,27 @@ def _options(args: argparse.Namespace) -> "FitOptions":
     return options
 
 
+#: Fewer fitting tokens per hidden dimension than this leave each ``d x d``
+#: shortcut mostly ridge: ``fit-lens`` warns.
+_TOKENS_PER_DIMENSION = 2
+
+
+def _warn_few_tokens(tokens: int, config: Any) -> None:
+    d = getattr(config, "hidden_size", None)
+    if isinstance(d, int) and tokens < _TOKENS_PER_DIMENSION * d:
+        warnings.warn(
+            f"--tokens {tokens} is below {_TOKENS_PER_DIMENSION} fitting tokens per "
+            f"dimension of the hidden state ({_TOKENS_PER_DIMENSION} x {d} = "
+            f"{_TOKENS_PER_DIMENSION * d}): each shortcut is then fitted mostly by "
+            "its ridge; expect a weak lens",
+            stacklevel=1,
+        )
+
+
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the options, the corpus and the output paths, then loads the
     model; the job fits, prints the table and writes the lens folders."""
-    from captum_iglens._utils.serialization import check_folder, check_writable
+    from captum_iglens._utils.serialization import check_folder
 
     options = _options(args)
     if args.out:
@@ -120,10 +143,12 @@ def prepare(args: argparse.Namespace) -> Job:
                 f"--out: {out} is a folder that holds no lens; "
                 "expected a new folder or a lens folder"
             )
-    for name in ("png", "json"):
-        if getattr(args, name):
-            check_writable(getattr(args, name), f"--{name}")
+    check_outputs(args, "png", "json")
+    distinct_outputs(args, "out", "png", "json")
+    from captum_iglens.settings import Settings
+
     parts, tokenizer = load(args, Settings(chat=False))
+    _warn_few_tokens(options.tokens, parts.model.config.get_text_config())
 
     def job() -> int:
         from captum_iglens.lens_fit import cache_fit, fit_lens, save_fit

@@ -3,12 +3,14 @@ a block (``--test ablation``) or restoring one (``--test restoration``) matters
 most? (see :mod:`captum_iglens.studies.validation`)."""
 
 import argparse
-from typing import List
+from typing import TYPE_CHECKING, List
 
 from captum_iglens.cli.common import (
     HTML_HELP,
     CommandError,
+    deferred,
     Job,
+    Names,
     check_outputs,
     lens_folder,
     lens_of_model,
@@ -20,20 +22,11 @@ from captum_iglens.cli.common import (
     settings_parent,
     write_outputs,
 )
-from captum_iglens.settings import Settings
-from captum_iglens.studies.methods import LEARNED_METHODS
-from captum_iglens.studies.validation import (
-    CORRUPTIONS,
-    MODES,
-    SCORED_METHODS,
-    StudyOptions,
-    load_facts,
-    run_restoration,
-    run_validation,
-)
-from captum_iglens.studies.validation.facts import Fact
-from captum_iglens.studies.validation.restoration_study import traced_facts
-from captum_iglens.studies.validation.study import check_arguments
+
+if TYPE_CHECKING:  # imported when the command runs, after the checks
+    from captum_iglens.settings import Settings
+    from captum_iglens.studies.validation import StudyOptions
+    from captum_iglens.studies.validation.facts import Fact
 
 #: What each test does, for the errors that refuse settings it cannot use.
 _WHAT = {
@@ -69,15 +62,15 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     )
     validate.add_argument(
         "--mode",
-        choices=MODES,
-        help="how --test ablation removes a block (default: skip; not used by "
-        "restoration)",
+        choices=Names("captum_iglens.studies.validation", "MODES"),
+        metavar="MODE",
+        help="how --test ablation removes a block: %(choices)s (default: skip; "
+        "not used by restoration)",
     )
     validate.add_argument(
         "--methods",
         type=names,
-        default=SCORED_METHODS,
-        help=f"comma-separated, from {','.join(SCORED_METHODS)}",
+        help=deferred(lambda: f"comma-separated, from {','.join(_scored())}"),
     )
     validate.add_argument(
         "--limit", type=int, help="use only the first N prompts (a quick look)"
@@ -91,17 +84,12 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     validate.add_argument(
         "--lens",
         metavar="logit|linear|DIR",
-        help="restoration: logit (default), linear (this model's cached fitted "
-        "lens, fitted first when there is none) or a fitted lens folder "
-        "(captum-iglens fit-lens --out DIR); "
-        f"also scores {','.join(LEARNED_METHODS)}",
+        help=deferred(_lens_help),
     )
     validate.add_argument(
         "--noise-seeds",
         type=int,
-        default=StudyOptions().noise_seeds,
-        help="restoration: noise draws per fact (default: "
-        f"{StudyOptions().noise_seeds})",
+        help=deferred(_seeds_help),
     )
     validate.add_argument("--json", metavar="PATH", help="write the study as JSON")
     validate.add_argument("--png", metavar="PATH", help="write the plots as PNG")
@@ -109,12 +97,45 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     validate.set_defaults(prepare=prepare)
 
 
+def _scored() -> "tuple[str, ...]":
+    from captum_iglens.studies.validation import SCORED_METHODS
+
+    return SCORED_METHODS
+
+
+def _seeds_help() -> str:
+    from captum_iglens.studies.validation import StudyOptions
+
+    return f"restoration: noise draws per fact (default: {StudyOptions().noise_seeds})"
+
+
+def _lens_help() -> str:
+    from captum_iglens.studies.methods import LEARNED_METHODS
+
+    return (
+        "restoration: logit (default), linear (this model's cached fitted "
+        "lens, fitted first when there is none) or a fitted lens folder "
+        "(captum-iglens fit-lens --out DIR); "
+        f"also scores {','.join(LEARNED_METHODS)}"
+    )
+
+
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the methods, limit and outputs, reads the facts and loads the
     model; the job runs the study and writes its outputs."""
+    from captum_iglens.studies.methods import LEARNED_METHODS
+    from captum_iglens.studies.validation import (
+        StudyOptions,
+        load_facts,
+        run_restoration,
+        run_validation,
+    )
+
     settings = settings_from(args)
     _check_lens(args)
-    known = SCORED_METHODS + (LEARNED_METHODS if args.lens else ())
+    if args.methods is None:
+        args.methods = _scored()
+    known = _scored() + (LEARNED_METHODS if args.lens else ())
     unknown = [m for m in args.methods if m not in known]
     if unknown or not args.methods:
         raise CommandError(
@@ -123,9 +144,8 @@ def prepare(args: argparse.Namespace) -> Job:
         )
     if args.limit is not None and args.limit < 1:
         raise CommandError(f"--limit: expected an int >= 1, got {args.limit}")
-    study = StudyOptions(
-        conductance_prompts=args.conductance_prompts, noise_seeds=args.noise_seeds
-    )
+    seeds = {} if args.noise_seeds is None else {"noise_seeds": args.noise_seeds}
+    study = StudyOptions(conductance_prompts=args.conductance_prompts, **seeds)
     check_outputs(args, "json", "png", "html")
     prompts = load_facts(args.prompts)[: args.limit]
     _check_test(args, settings, study, prompts)
@@ -163,7 +183,7 @@ def _check_lens(args: argparse.Namespace) -> None:
     if args.test != "restoration":
         for option, set_ in (
             ("--lens", args.lens is not None),
-            ("--noise-seeds", args.noise_seeds != StudyOptions().noise_seeds),
+            ("--noise-seeds", args.noise_seeds is not None),
         ):
             if set_:
                 raise CommandError(
@@ -174,12 +194,16 @@ def _check_lens(args: argparse.Namespace) -> None:
 
 def _check_test(
     args: argparse.Namespace,
-    settings: Settings,
-    study: StudyOptions,
-    prompts: List[Fact],
+    settings: "Settings",
+    study: "StudyOptions",
+    prompts: "List[Fact]",
 ) -> None:
     r"""Everything the chosen ``--test`` checks, before the model loads: the
     settings it can use, the facts it can trace, and no option it would ignore."""
+    from captum_iglens.studies.validation import CORRUPTIONS
+    from captum_iglens.studies.validation.restoration_study import traced_facts
+    from captum_iglens.studies.validation.study import check_arguments
+
     ignored = [("--top-k", args.top_k != 0)]
     if args.test == "restoration":
         ignored += [

@@ -27,7 +27,6 @@ from captum_iglens.hf.probe import (
     tolerance,
 )
 from captum_iglens.hf.table import BUILT_IN, REFUSED, Architecture, in_block, no_post
-from captum_iglens.integrations import unwrap_model
 
 # The registry: the built-in entries (verified by the test suite) and the user's.
 _REGISTRY: Dict[str, Architecture] = dict(BUILT_IN)
@@ -67,6 +66,9 @@ def model_parts(model: Any) -> ModelParts:
     """
     if isinstance(model, ModelParts):
         return model
+    # Imported here: the integrations verify a wrapper through this package.
+    from captum_iglens.integrations import unwrap_model
+
     model = unwrap_model(model)
     return ModelParts.bind(model, architecture(model))
 

@@ -64,6 +64,11 @@ _HASH_CHUNK = 1 << 22
 
 PathLike = Union[str, Path]
 Device = Union[str, torch.device]
+#: accelerate's placement of a model's modules: a strategy, or a dict from module
+#: names to devices (``"cpu"``, ``"disk"``, ``0``, ``"cuda:1"``).
+DeviceMap = Union[str, Dict[str, Any]]
+#: The strategies ``device_map`` may name.
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 def default_gguf_path() -> Path:
@@ -179,6 +184,7 @@ def load_embedded(
     cache_dir: Optional[PathLike] = None,
     dtype: Optional[torch.dtype] = None,
     device: Optional[Device] = None,
+    device_map: Optional[DeviceMap] = None,
     progress: bool = True,
 ) -> Tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     r"""
@@ -188,7 +194,8 @@ def load_embedded(
     Args:
 
         name (str): A short name, ``"smollm2"`` or ``"gemma3"``.
-        cache_dir, dtype, device, progress: As in :func:`load_default`.
+        cache_dir, dtype, device, device_map, progress: As in
+                    :func:`load_default`.
 
     Returns:
         2-element tuple of **model**, **tokenizer**, as in :func:`load_default`.
@@ -211,6 +218,7 @@ def load_embedded(
         cache_dir=cache_dir,
         dtype=dtype,
         device=device,
+        device_map=device_map,
         progress=progress,
     )
 
@@ -220,6 +228,7 @@ def load_default(
     cache_dir: Optional[PathLike] = None,
     dtype: Optional[torch.dtype] = None,
     device: Optional[Device] = None,
+    device_map: Optional[DeviceMap] = None,
     progress: bool = True,
 ) -> Tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     r"""
@@ -242,9 +251,18 @@ def load_default(
         device (str or torch.device, optional): Device of the returned model. If
                     None, CPU.
                     Default: None
-        progress (bool, optional): Show progress bars on stderr: the conversion
-                    stages and the ``transformers`` loading bars. None are shown
-                    when stderr is not a terminal.
+        device_map (str or dict, optional): Spread the model's blocks over
+                    devices with accelerate, in place of ``device``: a strategy
+                    (``"auto"``, ``"balanced"``, ``"balanced_low_0"``,
+                    ``"sequential"``) or a dict from module names to devices
+                    (``"cpu"``, ``"disk"``, ``0``, ``"cuda:1"``). If None, the
+                    model is on ``device``.
+                    Default: None
+        progress (bool, optional): Report on stderr: a line naming the cache
+                    folder when the GGUF file is converted (the first call), and
+                    progress bars of the conversion stages and the
+                    ``transformers`` loading bars. The bars are not shown when
+                    stderr is not a terminal.
                     Default: True
 
     Returns:
@@ -259,7 +277,12 @@ def load_default(
                     gives the install command.
     """
     return load_embedded(
-        "smollm2", cache_dir=cache_dir, dtype=dtype, device=device, progress=progress
+        "smollm2",
+        cache_dir=cache_dir,
+        dtype=dtype,
+        device=device,
+        device_map=device_map,
+        progress=progress,
     )
 
 
@@ -268,6 +291,7 @@ def load_model(
     *,
     dtype: Optional[torch.dtype] = None,
     device: Optional[Device] = None,
+    device_map: Optional[DeviceMap] = None,
     trust_remote_code: bool = False,
     cache_dir: Optional[PathLike] = None,
     progress: bool = True,
@@ -286,6 +310,13 @@ def load_model(
                     Default: None
         device (str or torch.device, optional): Device of the returned model. If
                     None, CPU.
+                    Default: None
+        device_map (str or dict, optional): Spread the model's blocks over
+                    devices with accelerate, in place of ``device``: a strategy
+                    (``"auto"``, ``"balanced"``, ``"balanced_low_0"``,
+                    ``"sequential"``) or a dict from module names to devices
+                    (``"cpu"``, ``"disk"``, ``0``, ``"cuda:1"``). If None, the
+                    model is on ``device``.
                     Default: None
         trust_remote_code (bool, optional): Allow a folder's own modelling code
                     to run. Not used for a GGUF file.
@@ -309,8 +340,11 @@ def load_model(
     Raises:
         FileNotFoundError: If ``path`` does not exist, or is a folder without
                     ``config.json``.
-        ValueError: If ``path`` is a file that is not a ``.gguf`` file.
+        ValueError: If ``path`` is a file that is not a ``.gguf`` file, or
+                    ``device_map`` is not a strategy or dict, or is given with
+                    ``device``.
     """
+    placement = _placement(dtype, device, device_map)
     path = Path(path).expanduser()
     expected = "a Hugging Face model folder with config.json, or a .gguf file"
     if not path.exists():
@@ -320,12 +354,15 @@ def load_model(
             raise FileNotFoundError(f"{path} has no config.json; expected {expected}")
         with _transformers_bars(_show(progress)):
             model = AutoModelForCausalLM.from_pretrained(
-                path, local_files_only=True, trust_remote_code=trust_remote_code
+                path,
+                local_files_only=True,
+                trust_remote_code=trust_remote_code,
+                **placement,
             )
         tokenizer = AutoTokenizer.from_pretrained(
             path, local_files_only=True, trust_remote_code=trust_remote_code
         )
-        return _finish(model, dtype, device), tokenizer
+        return _finish(model, dtype, device, device_map), tokenizer
     if path.suffix.lower() != ".gguf":
         raise ValueError(f"{path} is not a .gguf file; expected {expected}")
     resolved = path.resolve()
@@ -337,6 +374,7 @@ def load_model(
         cache_dir=cache_dir,
         dtype=dtype,
         device=device,
+        device_map=device_map,
         progress=progress,
     )
 
@@ -398,10 +436,12 @@ def _load_gguf(
     cache_dir: Optional[PathLike],
     dtype: Optional[torch.dtype],
     device: Optional[Device],
+    device_map: Optional[DeviceMap],
     progress: bool,
 ) -> Tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The cached model ``name`` made from ``source``; ``gguf()`` is called only
     when the cache has to be built."""
+    _placement(dtype, device, device_map)  # checked before the conversion
     root = _cache_root(cache_dir)
     target = root / name
     show = _show(progress)
@@ -413,6 +453,13 @@ def _load_gguf(
                 # Another process may have built the cache while this one waited.
                 loaded = _load_verified(target, source)
                 if loaded is None:
+                    if progress:
+                        print(
+                            f"captum-iglens: first use of {name}: converting its "
+                            f"GGUF file into a verified cache at {target} (once; "
+                            "later runs load it in seconds)",
+                            file=sys.stderr,
+                        )
                     _build_cache(gguf(), source, target, show)
                     loaded = _load_verified(target, source)
     if loaded is None:
@@ -420,13 +467,75 @@ def _load_gguf(
             f"The cache {target} converted from {source['file']} fails its checks"
         )
     model, tokenizer = loaded
+    if device_map is not None:  # verified on the CPU in float32, then placed
+        return _dispatch(cast(Any, model).to(dtype=dtype), device_map, root), tokenizer
     return _finish(model, dtype, device), tokenizer
 
 
-def _finish(
-    model: PreTrainedModel, dtype: Optional[torch.dtype], device: Optional[Device]
+def _placement(
+    dtype: Optional[torch.dtype],
+    device: Optional[Device],
+    device_map: Optional[DeviceMap],
+) -> Dict[str, Any]:
+    """``from_pretrained``'s arguments for ``device_map`` (its dtype with it,
+    so that weights are converted before they are placed); none without it."""
+    if device_map is None:
+        return {}
+    if device is not None:
+        raise ValueError(
+            "device_map: give either device or device_map (it places the model's "
+            "modules itself), not both"
+        )
+    if isinstance(device_map, str) and device_map not in DEVICE_MAP_STRATEGIES:
+        raise ValueError(
+            f"device_map: expected one of {list(DEVICE_MAP_STRATEGIES)} or a dict "
+            f"from module names to devices, got {device_map!r}"
+        )
+    if not isinstance(device_map, (str, dict)):
+        raise TypeError(
+            "device_map: expected a strategy name or a dict from module names to "
+            f"devices, got {type(device_map).__name__}"
+        )
+    offload = _cache_root(None) / "offload"
+    placement = {"device_map": device_map, "offload_folder": str(offload)}
+    return {**placement, **({"dtype": dtype} if dtype else {})}
+
+
+def _dispatch(
+    model: PreTrainedModel, device_map: DeviceMap, root: Path
 ) -> PreTrainedModel:
-    if dtype is not None or device is not None:
+    """The loaded model spread over devices by accelerate (what ``from_pretrained``
+    does with ``device_map``), modules mapped to ``"disk"`` offloaded under
+    ``root/offload``."""
+    from accelerate import dispatch_model, infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    if isinstance(device_map, str):
+        keep = cast(Any, model)._no_split_modules or []
+        memory = None
+        if device_map != "sequential":
+            memory = get_balanced_memory(
+                model,
+                no_split_module_classes=keep,
+                low_zero=device_map == "balanced_low_0",
+            )
+        device_map = infer_auto_device_map(
+            model, max_memory=memory, no_split_module_classes=keep
+        )
+    offload = root / "offload" / type(model).__name__
+    dispatched = dispatch_model(
+        model, device_map, main_device=None, offload_dir=str(offload)
+    )
+    return cast(PreTrainedModel, dispatched).eval()
+
+
+def _finish(
+    model: PreTrainedModel,
+    dtype: Optional[torch.dtype],
+    device: Optional[Device],
+    device_map: Optional[DeviceMap] = None,
+) -> PreTrainedModel:
+    if device_map is None and (dtype is not None or device is not None):
         # transformers types PreTrainedModel.to through a wrapper mypy misreads.
         model = cast(Any, model).to(device=device, dtype=dtype)
     return model.eval()

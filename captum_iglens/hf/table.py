@@ -164,20 +164,24 @@ def parallel_in_block(
 
 # The final transforms read attributes of a Hugging Face model (duck-typed: Any).
 def _softcap_from_config(model: Any) -> Optional[nn.Module]:
+    r"""``Softcap(config.final_logit_softcapping)``, where set."""
     cap = model.config.final_logit_softcapping
     return None if cap is None else Softcap(cap)
 
 
 def _cohere_logit_scale(model: Any) -> nn.Module:
+    r"""``LogitScale(model.logit_scale)``."""
     # CohereForCausalLM.forward multiplies by its own copy of config.logit_scale.
     return LogitScale(model.logit_scale)
 
 
 def _granite_logits_scaling(model: Any) -> nn.Module:
+    r"""``LogitDivide(config.logits_scaling)``."""
     return LogitDivide(model.config.logits_scaling)
 
 
 def _falcon_h1_multiplier(model: Any) -> nn.Module:
+    r"""``LogitScale(model.model.lm_head_multiplier)``."""
     # FalconH1ForCausalLM.forward: lm_head(h) * model.model.lm_head_multiplier.
     return LogitScale(model.model.lm_head_multiplier)
 

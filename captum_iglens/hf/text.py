@@ -12,6 +12,8 @@ from torch import Tensor
 from tqdm import tqdm
 from transformers.generation.streamers import BaseStreamer
 
+from captum_iglens._utils.tokens import decode_tokens
+
 #: Which tokens of ``prompt + answer`` are attributed.
 Positions = Literal["answer", "prompt", "all"]
 POSITIONS: Tuple[str, ...] = ("answer", "prompt", "all")
@@ -33,11 +35,23 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> Tensor:
                     tokenizer without one gets the raw prompt, with a warning
                     (shown once). Default: True.
 
+    A prompt that spells one of the tokenizer's control tokens (e.g.
+    ``<|im_end|>``) is encoded with that token, as a chat template's own
+    markers are; a warning (shown once) says so.
+
     Returns:
         *Tensor* of shape ``(1, T)``: the prompt's token ids.
     """
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("prompt: expected a non-empty string")
+    spelled = [t for t in getattr(tokenizer, "all_special_tokens", ()) if t in prompt]
+    if spelled:
+        # stacklevel 1: one location, so Python's default filter shows it once.
+        warnings.warn(
+            f"the prompt spells the control token(s) {', '.join(spelled)}; they "
+            "are read as control tokens, not as text",
+            stacklevel=1,
+        )
     if chat and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}],
@@ -48,7 +62,7 @@ def encode_prompt(tokenizer: Any, prompt: str, *, chat: bool = True) -> Tensor:
     if chat:
         warnings.warn(
             "the tokenizer has no chat template; the raw prompt is used",
-            stacklevel=2,
+            stacklevel=1,
         )
     return tokenizer(prompt, return_tensors="pt").input_ids
 
@@ -65,12 +79,13 @@ def encode_answer(tokenizer: Any, answer: str) -> Tensor:
 
 def decoded_top_tokens(tokenizer: Any, top_ids: Tensor) -> List[Any]:
     r"""``top_ids`` ``(B, P, k, K)`` as nested lists of token strings, each id
-    decoded once."""
+    decoded once as the targets are: a token holding part of a UTF-8 character
+    shows its bytes, not U+FFFD (see ``decode_tokens``)."""
     cache: Dict[int, str] = {}
 
     def text(i: int) -> str:
         if i not in cache:
-            cache[i] = tokenizer.decode([i])
+            (cache[i],) = decode_tokens(tokenizer, [i])
         return cache[i]
 
     return [
@@ -365,8 +380,16 @@ def answered_prompt(
         )
     elif isinstance(answer, str):
         answer_ids = encode_answer(tokenizer, answer)
-    else:
+    elif (
+        isinstance(answer, Tensor) and not answer.is_floating_point()
+    ) and answer.dim() == 1:
         answer_ids = answer
+    else:
+        raise TypeError(
+            "answer: expected None, a string or token ids (n,) as an integer tensor, "
+            f"got {type(answer).__name__}"
+            + (f" of shape {tuple(answer.shape)}" if isinstance(answer, Tensor) else "")
+        )
     return (*teacher_forcing(prompt_ids, answer_ids, positions), answer_ids)
 
 

@@ -52,7 +52,7 @@ def read_corpus(path: Any) -> List[str]:
     else:
         texts = [
             _jsonl_text(line, i + 1, path)
-            for i, line in enumerate(text.splitlines())
+            for i, line in enumerate(text.split("\n"))
             if line.strip()
         ]
     texts = [t for t in texts if t.strip()]

@@ -12,6 +12,7 @@ from typing import Callable, List, Optional
 import torch
 from torch import nn, Tensor
 
+from captum_iglens._utils.offload import execution_device
 from captum_iglens.readout.scores import TokenScore
 
 
@@ -120,8 +121,9 @@ class Readout(nn.Module):
     @property
     def device(self) -> torch.device:
         r"""The device of the readout's first weights (the norm's, else the
-        head's): where captured states go."""
-        return next(self.parameters()).device
+        head's; where accelerate offloads them, its hook's execution device):
+        where captured states go."""
+        return execution_device(self)
 
     def rows_per_chunk(self, backward: bool = False) -> int:
         r"""Returns how many rows :meth:`log_prob` and :meth:`score` evaluate at

@@ -295,14 +295,13 @@ class Translators(nn.Module):
         """
         folder = Path(folder)
         config = read_config(folder)
-        n_layers, d = config["num_hidden_layers"], config["d_model"]
         try:
             state = torch.load(folder / PARAMS, map_location="cpu", weights_only=True)
         except Exception as error:  # noqa: B902 - any unreadable file is refused
             raise ValueError(
                 f"lens: {folder / PARAMS} is not a readable checkpoint ({error})"
             ) from None
-        weight, bias = _stack(state, n_layers, d, folder)
+        weight, bias = _stack(state, config, folder)
         known = ("base_model_name_or_path", "d_model", "num_hidden_layers", "bias")
         return cls(
             weight,
@@ -352,13 +351,21 @@ def read_config(folder: PathLike) -> Dict[str, Any]:
 
 
 def _stack(
-    state: Any, n_layers: int, d: int, folder: Path
+    state: Any, config: Dict[str, Any], folder: Path
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """The weights ``(L, d, d)`` and biases ``(L, d)`` (None without) of a
-    ``params.pt`` state dict, checked against the config."""
+    ``params.pt`` state dict, checked against the config: its keys, shapes,
+    finite values, and biases only where the config's ``"bias"`` (when given)
+    says so."""
+    n_layers, d = config["num_hidden_layers"], config["d_model"]
     if not isinstance(state, dict):
         raise ValueError(f"lens: {folder / PARAMS} does not hold a state dict")
     has_bias = "0.bias" in state
+    if config.get("bias", has_bias) != has_bias:
+        raise ValueError(
+            f'lens: {folder / CONFIG} says "bias": {json.dumps(config["bias"])} '
+            f"but {folder / PARAMS} {'holds' if has_bias else 'has no'} biases"
+        )
     expected = {f"{i}.weight" for i in range(n_layers)}
     if has_bias:
         expected |= {f"{i}.bias" for i in range(n_layers)}
@@ -374,6 +381,11 @@ def _stack(
             raise ValueError(
                 f"lens: {folder / PARAMS}: {key} should have shape {shape}, got "
                 f"{tuple(getattr(value, 'shape', ()))}"
+            )
+        if not torch.isfinite(value).all():
+            raise ValueError(
+                f"lens: {folder / PARAMS}: {key} (translator {key.split('.')[0]}) "
+                "holds NaN or inf"
             )
     weight = torch.stack([state[f"{i}.weight"].float() for i in range(n_layers)])
     if not has_bias:

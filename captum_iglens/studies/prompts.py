@@ -3,6 +3,10 @@ The one reader of prompt files: JSON Lines, one object per line with a
 ``"prompt"`` string, an optional unique ``"id"`` (str or int; the line number
 otherwise), an optional ``"answer"`` string, and any further fields a study uses
 (e.g. ``"relation"``, ``"aliases"``). Blank lines are skipped.
+
+Lines end at ``\n`` only: U+2028, U+0085 and the other characters
+``str.splitlines`` also breaks at are valid inside a JSON string, and
+``json.dumps(ensure_ascii=False)`` writes them raw.
 """
 
 import json
@@ -33,7 +37,8 @@ def read_prompts(path: Union[str, Path]) -> List[Dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"prompts: no such file {path}")
     prompts, seen = [], set()  # type: List[Dict[str, Any]], Set[str]
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        line = utf8_line(raw, f"{path}:{number}")
         if not line.strip():
             continue
         try:
@@ -49,6 +54,30 @@ def read_prompts(path: Union[str, Path]) -> List[Dict[str, Any]]:
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts
+
+
+def utf8_line(raw: bytes, where: str) -> str:
+    r"""
+    One line of a text file, decoded.
+
+    Args:
+
+        raw (bytes): The line's bytes.
+        where (str): The file and line, for the message (``"path:3"``).
+
+    Returns:
+        *str*: the text.
+
+    Raises:
+        ValueError: If the line is not valid UTF-8, naming ``where`` and the byte.
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{where}: not valid UTF-8 (byte 0x{raw[err.start]:02x} at column "
+            f"{err.start + 1})"
+        ) from None
 
 
 def check_prompts(prompts: Sequence[Dict[str, Any]]) -> None:

@@ -69,7 +69,7 @@ def source_data(result: Any) -> Optional[List[Dict[str, Any]]]:
     (``k`` names), ``positions`` (``P``), ``credits`` (``P x k x T``, heads
     summed), ``bias`` and ``mlp`` (``P x k``; bias 0 without one), ``input``
     (``P``), and ``heads`` (``P x k x H x T``, or None when the heads are
-    summed). Zero at padding; see docs/iglens.md.
+    summed). Zero at padding; see docs/granularities.md.
     """
     layout = source_layout(result.layer_names)
     if layout is None:

@@ -5,7 +5,7 @@ Hugging Face ones built from their configs. Where LayerIntegratedGradients takes
 the same call, it runs too and must return the same structure (types, batch and
 hidden sizes, dtypes, delta shapes). Attributions run over the attributed
 positions ``P`` where LayerIntegratedGradients returns all ``T`` (documented in
-docs/iglens.md), so the structure compares every size except that one."""
+docs/python-api.md), so the structure compares every size except that one."""
 
 import copy
 import os

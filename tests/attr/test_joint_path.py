@@ -76,6 +76,15 @@ def test_every_architecture_every_granularity(arch):
     check_exact_and_nested(granularity_maps(lens, ids, mask, path="joint"))
 
 
+def test_the_joint_path_takes_its_own_default_steps(llama):
+    result = LayerIGLens.from_model(llama).attribute_map(
+        torch.tensor([[3, 9]]), path="joint"
+    )
+    assert result.n_steps == Settings(path="joint").steps == 128
+    assert Settings().steps == 50
+    assert Settings().replace(path="joint").steps == 128
+
+
 @pytest.mark.parametrize("n_steps", [1, 3])
 def test_exact_at_any_steps(llama, n_steps):
     ids = torch.tensor([[3, 9, 27, 81, 4]])
@@ -221,7 +230,7 @@ def test_what_has_no_joint_path_is_refused_before_any_forward(llama):
 def test_result_files_keep_the_path_and_refuse_an_inconsistent_one(llama, tmp_path):
     ids = torch.tensor([[5, 6, 7]])
     lens = LayerIGLens.from_model(llama)
-    joint = lens.attribute_map(ids, path="joint")
+    joint = lens.attribute_map(ids, path="joint", n_steps=50)
     joint.save(tmp_path / "joint.json")
     assert IGLensResult.load(tmp_path / "joint.json").path == "joint"
     telescoping = lens.attribute_map(ids)

@@ -347,3 +347,36 @@ def test_backward_rows_bounded_by_chunk(llama, batch, granularity):
     finally:
         handle.remove()
     assert seen and max(seen) == 4
+
+
+def test_api_type_errors_name_the_argument(llama):
+    # Issue 35: a ValueError or TypeError naming the argument, not torch's
+    # IndexError, an AttributeError or silent zeros.
+    from captum_iglens import attribute_text
+    from tests.helpers import word_tokenizer
+
+    parts = model_parts(llama)
+    lens = LayerIGLens.from_model(llama)
+    ids = torch.tensor([[5, 6, 7], [5, 6, 0]])
+    for bad in (VOCAB, -1):
+        baselines = torch.tensor([[5, 6, bad], [5, 6, 7]])
+        with pytest.raises(ValueError, match=f"baselines: token id {bad} is outside"):
+            lens.attribute(ids, target=8, baselines=baselines)
+    with pytest.raises(TypeError, match="answer: expected None, a string or token"):
+        attribute_text(llama, word_tokenizer(VOCAB), "w5 w6", answer=5)
+    with pytest.raises(TypeError, match="lens: expected None"):
+        LayerIGLens.from_model(llama, lens=123)
+    last = LayerIGLens(
+        lambda ids, attention_mask: llama(ids, attention_mask=attention_mask).logits[
+            :, -1
+        ],
+        parts.blocks[-1],
+        readout=parts.readout(),
+        input_layer=parts.blocks[0],
+    )
+    right_padded = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    with pytest.raises(ValueError, match="attention_mask: row 1 ends in padding"):
+        last.attribute(ids, target=8, additional_forward_args=(right_padded,))
+    left_padded = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    credits = last.attribute(ids, target=8, additional_forward_args=(left_padded,))
+    assert credits.abs().sum(-1).gt(0).all()

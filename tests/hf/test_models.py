@@ -573,3 +573,20 @@ def test_gemma3_cache_is_keyed_by_the_package_checksum(tmp_path: Path) -> None:
     source = models.EMBEDDED_MODELS["gemma3"].source()
     assert source == {"file": package.MODEL_NAME, "sha256": package.EXPECTED_SHA256}
     assert models.EMBEDDED_MODELS["gemma3"].gguf().name == package.MODEL_NAME
+
+
+@pytest.mark.real_model
+def test_a_conversion_says_so_and_names_the_cache(
+    converted: Converted,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    reads = _replay(monkeypatch, converted.from_gguf)
+    models.load_default(cache_dir=tmp_path / "cache", progress=True)
+    err = capsys.readouterr().err
+    target = tmp_path / "cache" / models.DEFAULT_MODEL
+    assert len(reads) == 1
+    assert f"converting its GGUF file into a verified cache at {target}" in err
+    models.load_default(cache_dir=tmp_path / "cache", progress=True)
+    assert len(reads) == 1 and "converting" not in capsys.readouterr().err

@@ -100,6 +100,11 @@ def test_partial_multibyte_tokens_show_their_bytes():
             return f"<0x{i:02X}>"
 
     assert decode_tokens(ByteFallback(), [0xE6, 0x41]) == ["\\xe6", "A"]
+    # What each layer predicts (the viewer's top-1 cells) reads the same way.
+    from captum_iglens.hf.text import decoded_top_tokens
+
+    top = torch.tensor(ids).reshape(1, 1, 1, -1)
+    assert decoded_top_tokens(tokenizer, top) == [[[expected]]]
 
 
 def test_generation_stops_at_the_context_length(llama, tokenizer):

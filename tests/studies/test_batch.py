@@ -524,3 +524,21 @@ def test_a_learned_readout_is_recorded_and_a_rerun_under_another_refused(tmp_pat
     ):
         run_batch(model, word_tokenizer(VOCAB), PROMPTS, tmp_path, **kwargs)
     assert path.read_text() == before
+
+
+def test_cli_resume_under_another_dtype_says_the_dtype_differs(tmp_path, capsys):
+    from captum_iglens.cli import main
+
+    tiny_model("llama").save_pretrained(tmp_path / "model")
+    word_tokenizer(VOCAB).save_pretrained(tmp_path / "model")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in PROMPTS[:2]))
+    args = ["batch", str(prompts), "--out", str(tmp_path / "out"), "--no-chat"]
+    args += ["--max-new-tokens", "2", "--quiet", "--model", str(tmp_path / "model")]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main([*args, "--dtype", "bfloat16"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert "the model in float32, this run has it in bfloat16" in err
+    assert "--dtype float32" in err

@@ -666,3 +666,56 @@ def test_routes_go_through_heads_when_the_result_has_them(browser, tmp_path):
     title = routes[0].find_element("tag name", "title").get_attribute("textContent")
     assert title.startswith(f"{source} ") and f"→ {block}.h{head} →" in title
     assert console_errors(browser) == []
+
+
+def test_trajectory_ticks_fit_their_axis_and_the_header_is_escaped(browser, tmp_path):
+    # Issue 35: "0.00044" showed as ".00044" and "-0.000047" as "000047"; the
+    # header's prompt applied U+202E and hid a zero-width space.
+    result = synthetic_result(3, 6)
+    result.levels = result.levels * 1e-3
+    result.base_prob = result.base_prob * 1e-3 + 5e-5
+    result.model_prob = result.levels[..., -1].clone()
+    result.attributions = torch.diff(
+        torch.cat([result.base_prob[..., None], result.levels], -1), dim=-1
+    )
+    result.attributions[0, 0, 2] -= 4.7e-5
+    result.metadata["prompt"] = "left \u202eright\u200b end"
+    result.to_html(tmp_path / "small.html")
+    open_page(browser, tmp_path / "small.html")
+    boxes = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#trajectory svg text'))"
+        ".map(function (t) { var b = t.getBBox(); return [t.textContent, b.x]; })"
+    )
+    assert boxes and all(x >= 0 for _, x in boxes), boxes
+    about = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.about'))"
+        ".map(function (e) { return e.textContent; })"
+    )
+    prompt = next(line for line in about if line.startswith("prompt"))
+    assert prompt == "prompt: left \\u202eright\\u200b end"
+    screenshot(browser, "small-ticks.png")
+    assert console_errors(browser) == []
+
+
+def test_unfolded_head_names_do_not_overlap(browser, tmp_path):
+    # Issue 35: nine heads, the bias and the MLP (SmolLM2's blocks): the last
+    # named head's name ran into the MLP's ("11.attn.h2" read as "1.attn.h2").
+    names = []
+    for block in range(10, 30):
+        names += [f"{block}.attn.h{h}" for h in range(9)] + [f"{block}.attn.bias"]
+        names.append(f"{block}.mlp")
+    synthetic_result(3, len(names), layer_names=names).to_html(tmp_path / "h.html")
+    open_page(browser, tmp_path / "h.html")
+    browser.find_element("xpath", "//button[text()='unfold all']").click()
+    spans = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#map .colhead'))"
+        ".filter(function (e) { return e.textContent; }).map(function (e) {"
+        "  var range = document.createRange(); range.selectNodeContents(e);"
+        "  var r = range.getBoundingClientRect();"
+        "  return [e.textContent, r.left, r.right]; })"
+    )
+    assert len(spans) > 2 * 20
+    for (name, _, right), (after, left, _) in zip(spans, spans[1:]):
+        assert right <= left, f"{name!r} runs into {after!r}"
+    screenshot(browser, "heads-unfolded-names.png")
+    assert console_errors(browser) == []

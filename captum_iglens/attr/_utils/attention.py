@@ -6,10 +6,14 @@ For the call, every attention module the path splits runs through an attention
 implementation of ours, registered with transformers under
 :data:`IMPLEMENTATION`: it calls the eager attention function of the module's
 own model family (with its masks, sliding windows, grouped key-value heads,
-attention sinks and softcapped logits, exactly as the family computes them), and
-records the attention weights of the attributed query positions, ``(B, H, P,
-T)``, and the values of every source position, ``(B, H_kv, T, e)``. Nothing else
-of the ``T × T`` weights is kept. The models' configs are switched to this
+attention sinks and softcapped logits, exactly as the family computes them) on
+chunks of query rows, so that no more than about :data:`CHUNK_BYTES` of
+attention weights exist at once (never the whole ``(B, H, T, T)``), and records
+the attention weights of the attributed query positions, ``(B, H, P, T)``, and
+the values of every source position, ``(B, H_kv, T, e)``. Each output row is
+the family's eager attention of that row, so the forward is the one the eager
+path computes. The additive mask, ``(B, 1, T, T)``, is built once per forward
+as the eager path builds it. The models' configs are switched to this
 implementation for the call and restored after, whatever happens.
 """
 
@@ -27,10 +31,12 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 #: The name our capturing attention is registered under.
 IMPLEMENTATION = "captum_iglens_capture"
 
+#: About the most bytes of attention weights (and their logits) one chunk of
+#: query rows holds at once.
+CHUNK_BYTES = 64 * 2**20
+
 #: Per attention module, what records its call (set only inside a capture).
-_RECORDERS: "weakref.WeakKeyDictionary[Module, Callable[[Tensor, Tensor], None]]" = (
-    weakref.WeakKeyDictionary()
-)
+_RECORDERS: "weakref.WeakKeyDictionary[Module, _Recorder]" = weakref.WeakKeyDictionary()
 _REGISTER = threading.Lock()
 #: Held while any configs are switched: captures run one at a time, so that one
 #: never saves another's switched value as the one to restore.
@@ -50,6 +56,13 @@ def _family_eager(module: Module) -> Callable[..., Tuple[Tensor, Tensor]]:
     return found
 
 
+def _query_chunks(query: Tensor, n_keys: int) -> int:
+    """Query rows per chunk: about :data:`CHUNK_BYTES` of weights, float32
+    logits and softmax included (three ``(B, H, rows, T)`` arrays)."""
+    per_row = 3 * 4 * query.shape[0] * query.shape[1] * n_keys
+    return max(1, CHUNK_BYTES // per_row)
+
+
 def _capturing_attention(
     module: Module,
     query: Tensor,
@@ -59,7 +72,8 @@ def _capturing_attention(
     *args: Any,
     **kwargs: Any,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """The family's eager attention, recording weights and values on the way.
+    """The family's eager attention over chunks of query rows, recording the
+    weights of the attributed rows and the values on the way.
 
     A float64 additive mask is clamped to float32's range first: eager attention
     takes its softmax in float32, where float64's minimum becomes ``-inf`` and a
@@ -67,13 +81,25 @@ def _capturing_attention(
     spread to every position (``0 · NaN``). Masked weights stay exactly zero."""
     if attention_mask is not None and attention_mask.dtype == torch.float64:
         attention_mask = attention_mask.clamp_min(torch.finfo(torch.float32).min)
-    output, weights = _family_eager(module)(
-        module, query, key, value, attention_mask, *args, **kwargs
-    )
+    eager = _family_eager(module)
     recorder = _RECORDERS.get(module)
+    n_queries = query.shape[2]
+    size = _query_chunks(query, key.shape[2])
+    outputs, kept = [], []
+    for start in range(0, n_queries, size):
+        rows = slice(start, min(start + size, n_queries))
+        mask = attention_mask
+        if mask is not None and mask.shape[2] == n_queries:
+            mask = mask[:, :, rows]
+        output, weights = eager(
+            module, query[:, :, rows], key, value, mask, *args, **kwargs
+        )
+        outputs.append(output)
+        if recorder is not None:
+            kept.append(recorder.rows(weights, rows))
     if recorder is not None:
-        recorder(weights, value)
-    return output, weights
+        recorder.record(kept, value)
+    return torch.cat(outputs, dim=1), None
 
 
 def _register() -> None:
@@ -112,6 +138,44 @@ def _configs(modules: Sequence[Module]) -> List[Any]:
     return list(found.values())
 
 
+class _Recorder:
+    """Keeps one attention module's weights at the capture's positions, chunk
+    by chunk of query rows, and its values."""
+
+    def __init__(self, capture: "AttentionCapture", index: int) -> None:
+        self.capture = capture
+        self.index = index
+
+    def rows(self, weights: Optional[Tensor], rows: slice) -> Tuple[Tensor, Tensor]:
+        """Where the capture's positions among the query rows ``rows`` of a
+        chunk are in its list ``(n,)``, and their weights ``(B, H, n, T)``."""
+        if weights is None or weights.dim() != 4:
+            raise ValueError(
+                "granularity: 'source' needs the attention weights (B, H, T, T) "
+                "of the real forward, and the eager attention of "
+                f"{type(self.capture.attentions[self.index]).__name__} returned none"
+            )
+        positions = self.capture.positions.to(weights.device)
+        inside = ((positions >= rows.start) & (positions < rows.stop)).nonzero()[:, 0]
+        kept = weights.detach().index_select(2, positions[inside] - rows.start)
+        return inside, kept.to(self.capture.device)
+
+    def record(self, kept: List[Tuple[Tensor, Tensor]], value: Tensor) -> None:
+        """Puts the kept rows in the order of the capture's positions."""
+        capture = self.capture
+        if self.index in capture.weights:
+            raise ValueError(
+                "forward_func: an attention module ran more than once in one "
+                "call; granularity 'source' needs a single forward pass"
+            )
+        b, h, _, t = kept[0][1].shape
+        rows = kept[0][1].new_zeros(b, h, len(capture.positions), t)
+        for inside, found in kept:
+            rows[:, :, inside.to(rows.device)] = found
+        capture.weights[self.index] = rows
+        capture.values[self.index] = value.detach().to(capture.device)
+
+
 class AttentionCapture:
     r"""
     Records, during one forward pass, each attention module's weights at
@@ -146,25 +210,6 @@ class AttentionCapture:
         self._configs = _configs([*owners, *self.attentions])
         self._saved: List[Tuple[Any, Any]] = []
 
-    def _recorder(self, index: int) -> Callable[[Tensor, Tensor], None]:
-        def record(weights: Optional[Tensor], value: Tensor) -> None:
-            if index in self.weights:
-                raise ValueError(
-                    "forward_func: an attention module ran more than once in one "
-                    "call; granularity 'source' needs a single forward pass"
-                )
-            if weights is None or weights.dim() != 4:
-                raise ValueError(
-                    "granularity: 'source' needs the attention weights (B, H, T, T) "
-                    "of the real forward, and the eager attention of "
-                    f"{type(self.attentions[index]).__name__} returned none"
-                )
-            rows = weights.detach().index_select(2, self.positions.to(weights.device))
-            self.weights[index] = rows.to(self.device)
-            self.values[index] = value.detach().to(self.device)
-
-        return record
-
     def __enter__(self) -> "AttentionCapture":
         _register()
         _SWITCH.acquire()
@@ -173,7 +218,7 @@ class AttentionCapture:
                 self._saved.append((config, config._attn_implementation_internal))
                 config._attn_implementation_internal = IMPLEMENTATION
             for index, module in enumerate(self.attentions):
-                _RECORDERS[module] = self._recorder(index)
+                _RECORDERS[module] = _Recorder(self, index)
         except BaseException:
             self.__exit__()
             raise

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 from torch.nn import Linear, Module
 from captum_iglens.columns import Column
+from captum_iglens._utils.offload import execution_device, onloaded, parameter
 
 if TYPE_CHECKING:
     from captum_iglens.hf.parts import ModelParts
@@ -187,15 +188,15 @@ def _projection(module: Module) -> Module:
 def projection_weight(module: Module) -> Tensor:
     """The projection's weight as ``(d, H · d_head)`` (``y = z W^T + b``)."""
     module = _projection(module)
-    if isinstance(module, Linear):
-        return module.weight
-    weight = module.weight
+    weight = parameter(module, "weight")  # offloaded: from accelerate's store
     assert isinstance(weight, Tensor)
+    if isinstance(module, Linear):
+        return weight
     return weight.t()  # GPT-2's Conv1D computes z @ W + b
 
 
 def projection_bias(module: Module) -> Optional[Tensor]:
-    return getattr(_projection(module), "bias", None)
+    return parameter(_projection(module), "bias")
 
 
 def output_factors(
@@ -222,8 +223,9 @@ def output_factors(
         probe = next(norm.parameters(), None)
         ones = torch.ones(1, d, device=outputs.device)
         if probe is not None:
-            ones = ones.to(device=probe.device, dtype=probe.dtype)
-        with torch.no_grad():  # forward, not __call__: no one's hooks run
+            ones = ones.to(device=execution_device(norm), dtype=probe.dtype)
+        # forward, not __call__: no one's hooks run (offloaded weights loaded)
+        with torch.no_grad(), onloaded(norm):
             gammas.append(norm.forward(ones).float().view(d).to(outputs.device))
     scaled = outputs * torch.stack(gammas)  # (B, P, k, d)
     power = scaled.square().sum(-1, keepdim=True)

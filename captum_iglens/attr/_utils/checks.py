@@ -22,6 +22,7 @@ from captum._utils.typing import TargetType
 from torch import Tensor
 from torch.nn import Module, ModuleList
 
+from captum_iglens._utils.offload import unloaded
 from captum_iglens.attr._utils.capture import NEEDS
 from captum_iglens.readout.interface import LayerwiseReadout
 from captum_iglens.readout.scores import per_position
@@ -67,7 +68,7 @@ def check_construction(
         raise ValueError("layer: each block may appear only once")
     owner = forward_module(forward_func)
     for module in (*layers, readout, *([] if owner is None else [owner])):
-        if isinstance(module, Module) and any(p.is_meta for p in module.parameters()):
+        if isinstance(module, Module) and unloaded(module):
             raise ValueError(
                 "model: its weights are on the meta device (not loaded); load "
                 "them first, e.g. with from_pretrained(...) without device='meta'"
@@ -445,14 +446,15 @@ def check_baselines(baselines: BaselineType) -> None:
 
 
 def baseline_inputs(
-    baselines: BaselineType, inputs: Tuple[Tensor, ...]
+    baselines: BaselineType, inputs: Tuple[Tensor, ...], vocab_size: int
 ) -> Optional[Tuple[Tensor, ...]]:
     r"""
     The inputs of the reference forward pass for token-id baselines, as Captum
     users pass them to LayerIntegratedGradients: an integer tensor shaped like the
     integer first input ``(B, T)`` (alone or in a 1-tuple; the other inputs are
     kept), or a tuple of tensors, one per input, led by such ids. None for every
-    other form of ``baselines`` (hidden states, numbers, ``"mean"``).
+    other form of ``baselines`` (hidden states, numbers, ``"mean"``). Token ids
+    outside ``[0, vocab_size)`` are refused.
     """
     ids = baselines[0] if isinstance(baselines, tuple) else baselines
     first = inputs[0]
@@ -462,6 +464,8 @@ def baseline_inputs(
         and not first.is_floating_point()
         and tuple(ids.shape) == tuple(first.shape)
     )
+    if is_ids:
+        _check_ids_in_vocabulary(cast(Tensor, ids), vocab_size)
     if not isinstance(baselines, tuple) or len(baselines) == 1:
         if is_ids:
             return (cast(Tensor, ids), *inputs[1:])
@@ -483,6 +487,39 @@ def baseline_inputs(
             f"{[tuple(b.shape) for b in baselines]}"
         )
     return baselines
+
+
+def _check_ids_in_vocabulary(ids: Tensor, vocab_size: int) -> None:
+    outside = ids[(ids < 0) | (ids >= vocab_size)]
+    if outside.numel():
+        raise ValueError(
+            f"baselines: token id {int(outside[0])} is outside the vocabulary "
+            f"[0, {vocab_size}); give ids of tokens the model has"
+        )
+
+
+def check_last_position_real(attention_mask: Optional[Tensor]) -> None:
+    r"""
+    For a forward that returns last-position logits ``(B, V)``: every row's last
+    position must be a real token.
+
+    Args:
+
+        attention_mask (Tensor, optional): ``(B, T)``, 0 at padding.
+
+    Raises:
+        ValueError: If a row ends in padding (a right-padded batch), whose
+            credits would all be zero.
+    """
+    if attention_mask is None:
+        return
+    padded = (attention_mask[:, -1] == 0).nonzero()
+    if padded.numel():
+        raise ValueError(
+            f"attention_mask: row {int(padded[0, 0])} ends in padding, but "
+            "forward_func returns last-position logits (B, V), which read the last "
+            "position; left-pad the batch"
+        )
 
 
 def baseline_states(

@@ -140,6 +140,7 @@ class Estimator(ABC):
         end_values: Tensor,
         layers: Optional[Tensor] = None,
         parents: Optional[Tensor] = None,
+        fractions: Optional[Tensor] = None,
     ) -> Tensor:
         r"""
         The credits of the components ``u_c`` of one straight segment per row,
@@ -162,6 +163,11 @@ class Estimator(ABC):
                         group's credit is the one the group's summed component
                         would get, split among its members by the same rule.
                         Default: None, no groups
+            fractions (Tensor, optional): ``(M, n_steps + 1)``, increasing
+                        from 0 to 1: where an estimator that steps along the
+                        segment ends its steps (a path may place them where
+                        ``f`` changes). Estimators with their own nodes
+                        (Captum's rules) keep them. Default: None, equal steps
 
         Returns:
             *Tensor* ``(M, C)``, or ``(M, C, d)`` with ``per_dimension``,

@@ -7,6 +7,7 @@ import torch
 from captum.attr._utils.approximation_methods import approximation_parameters
 from torch import Tensor
 
+from captum_iglens.attr._utils.component_reads import component_credits
 from captum_iglens.attr._utils.path_math import (
     layer_grid,
     row_groups,
@@ -69,18 +70,22 @@ class CaptumRule(Estimator):
         end_values: Tensor,
         layers: Optional[Tensor] = None,
         parents: Optional[Tensor] = None,
+        fractions: Optional[Tensor] = None,
     ) -> Tensor:
         r"""``u_c · Σ_s w_s ∇f(a_s)`` along the segment (per dimension:
         ``u_{c,i} Σ_s w_s ∂_i f``); linear in the components, so ``parents``
-        changes nothing. The components are read a group of rows at a time."""
+        changes nothing, and at Captum's own alphas, so ``fractions`` is not
+        read. The components are read a group of rows at a time."""
         averaged = self.integrated_gradients(integration, ends, targets, layers)
         averaged = averaged[:, 0].float()
         per_dimension, chunk_rows = integration.per_dimension, integration.chunk_rows
         m, c, d = components.shape
         out = torch.empty(m, c, *([d] if per_dimension else []), device=ends.device)
         for rows in row_groups(m, c, max(chunk_rows, c)):
-            found = components[rows] * averaged[rows].unsqueeze(1)
-            out[rows] = found if per_dimension else found.sum(-1)
+            if per_dimension:
+                out[rows] = components[rows] * averaged[rows].unsqueeze(1)
+            else:
+                out[rows] = component_credits(components, rows, averaged[rows])
         return out
 
     def integrated_gradients(

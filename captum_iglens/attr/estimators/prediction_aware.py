@@ -7,6 +7,10 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
+from captum_iglens.attr._utils.component_reads import (
+    component_dots,
+    component_norms,
+)
 from captum_iglens.attr._utils.path_math import (
     layer_grid,
     row_groups,
@@ -75,6 +79,7 @@ class PredictionAware(Estimator):
         end_values: Tensor,
         layers: Optional[Tensor] = None,
         parents: Optional[Tensor] = None,
+        fractions: Optional[Tensor] = None,
     ) -> Tensor:
         r"""
         :func:`prediction_aware_components`; per dimension, ``u_{c,i} Ĝ_i``
@@ -92,6 +97,7 @@ class PredictionAware(Estimator):
             integration.grad_kwargs,
             layers,
             parents,
+            fractions,
         )
         if not integration.per_dimension:
             return credits
@@ -170,15 +176,18 @@ def prediction_aware_components(
     grad_kwargs: Optional[Dict[str, Any]] = None,
     layers: Optional[Tensor] = None,
     parents: Optional[Tensor] = None,
+    fractions: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     r"""
     Prediction-aware credits of the components of one straight segment per row.
 
     The segment from ``a = ends[:, 0]`` to ``b = ends[:, 1]`` is cut into
-    ``n_steps`` equal steps, with ``b - a = Σ_c u_c`` split into components
-    ``u_c``. Step ``s`` is credited its observed change ``c_s = f(p_{s+1}) -
-    f(p_s)``; component ``c`` gets its first-order (trapezoid) contribution
-    ``t_{s,c} = (g_s + g_{s+1}) · u_c / (2 n)`` plus a share of the step's residual
+    ``n_steps`` steps (equal ones unless ``fractions`` places them), with
+    ``b - a = Σ_c u_c`` split into components ``u_c``. Step ``s`` is credited
+    its observed change ``c_s = f(p_{s+1}) - f(p_s)``; component ``c`` gets
+    its first-order (trapezoid) contribution
+    ``t_{s,c} = (g_s + g_{s+1}) · u_c · w_s / 2`` (``w_s`` the step's
+    width, ``1 / n`` for equal steps) plus a share of the step's residual
     ``r_s = c_s - Σ_c t_{s,c}`` in proportion to ``|t_{s,c}|`` (to ``‖u_c‖²``
     where every ``t_{s,c}`` is zero). Where the contributions agree in sign this
     is the split of ``c_s`` in proportion to ``t_{s,c}``; where they cancel, no
@@ -202,6 +211,10 @@ def prediction_aware_components(
                     members'), then each group's share among its members, so
                     that a group's credits are those of its summed component
                     and its members' credits add up to them. Default: None
+        fractions (Tensor, optional): ``(M, n_steps + 1)``, increasing from 0
+                    to 1: where along each segment the steps end (a path can
+                    put them where ``f`` changes; the credits add up whatever
+                    the steps). Default: None, equal steps
 
     Returns:
         2-element tuple of **credits** ``(M, C)`` and **mean_gradient** ``(M, d)``
@@ -209,13 +222,17 @@ def prediction_aware_components(
     """
     m, _, d = ends.shape
     path_layers = layer_grid(layers, ends)
-    fractions = torch.arange(n_steps + 1, device=ends.device, dtype=torch.float32)
-    fractions = (fractions / n_steps).view(1, -1, 1)
+    equal = torch.arange(n_steps + 1, device=ends.device, dtype=torch.float32)
+    equal = (equal / n_steps).view(1, -1)
     credits = torch.empty(m, components.shape[1], device=ends.device)
     mean_gradient = torch.empty(m, d, device=ends.device)
     for rows in row_groups(m, n_steps + 1, chunk_rows):
+        steps = equal if fractions is None else fractions[rows].float()
+        widths = None if fractions is None else steps.diff(dim=1).unsqueeze(-1)
         start = ends[rows, 0].float().unsqueeze(1)
-        grid = start + fractions * (ends[rows, 1].float().unsqueeze(1) - start)
+        grid = start + steps.unsqueeze(-1) * (
+            ends[rows, 1].float().unsqueeze(1) - start
+        )
         values, grads = values_and_gradients(
             readout,
             grid.flatten(0, 1).to(ends.dtype),
@@ -227,18 +244,33 @@ def prediction_aware_components(
         values = values.view(-1, n_steps + 1)
         values[:, 0], values[:, -1] = end_values[rows, 0], end_values[rows, 1]
         grads = grads.view(-1, n_steps + 1, d).float()  # as the components
-        u = components[rows]
-        along = torch.einsum("gsd,gcd->gsc", grads, u)  # (g, n + 1, C)
-        first_order = (along[:, :-1] + along[:, 1:]) / (2 * n_steps)
+        along = component_dots(components, rows, grads)  # (g, n + 1, C)
+        first_order = _trapezoid(along, widths, n_steps)
         residual = values.diff(dim=1) - first_order.sum(-1)  # (g, n)
-        shares = _shares(first_order, residual, u, parents)
+        norms = component_norms(components, rows, parents)
+        shares = _shares(first_order, residual, norms, parents)
         credits[rows] = shares.sum(1)
-        mean_gradient[rows] = (grads[:, :-1] + grads[:, 1:]).sum(1) / (2 * n_steps)
+        mean_gradient[rows] = (
+            (grads[:, :-1] + grads[:, 1:]).sum(1) / (2 * n_steps)
+            if widths is None
+            else _trapezoid(grads, widths, n_steps).sum(1)
+        )
     return credits, mean_gradient
 
 
+def _trapezoid(at_points: Tensor, widths: Optional[Tensor], n_steps: int) -> Tensor:
+    """Each step's trapezoid ``(x_s + x_{s+1}) w_s / 2`` of values at the step
+    ends ``(g, n + 1, ...)``: ``(g, n, ...)``; ``widths`` ``(g, n, 1)``, or None
+    for equal steps."""
+    pairs = at_points[:, :-1] + at_points[:, 1:]
+    return pairs / (2 * n_steps) if widths is None else pairs * (widths / 2)
+
+
 def _shares(
-    first_order: Tensor, residual: Tensor, u: Tensor, parents: Optional[Tensor]
+    first_order: Tensor,
+    residual: Tensor,
+    norms: Tuple[Tensor, Tensor, Optional[Tensor]],
+    parents: Optional[Tensor],
 ) -> Tensor:
     r"""
     Each step's change split among the components: ``t_{s,c}`` plus a share of
@@ -249,21 +281,26 @@ def _shares(
     Args:
         first_order (Tensor): ``(g, n, C)``: ``t_{s,c}``.
         residual (Tensor): ``(g, n)``: ``r_s``.
-        u (Tensor): ``(g, C, d)``: the components.
+        norms (tuple): ``‖u_c‖`` and ``‖u_c‖²`` ``(g, C)``, and each group's
+                    summed component's norm ``(g, G)`` with ``parents``
+                    (:func:`~captum_iglens.attr._utils.component_reads.component_norms`).
         parents (Tensor, optional): ``(C,)`` long.
 
     Returns:
         *Tensor* ``(g, n, C)``, summing over ``C`` to ``Σ_c t_{s,c} + r_s``.
     """
-    if parents is None:
-        weights = split_weights(first_order.abs().sqrt(), u.norm(dim=-1).unsqueeze(1))
+    norm, square, group_norm = norms
+    if parents is None or group_norm is None:
+        weights = split_weights(first_order.abs().sqrt(), norm.unsqueeze(1))
         return first_order + residual.unsqueeze(-1) * weights
     n_groups = int(parents.max()) + 1
     group_first = first_order.new_zeros(*first_order.shape[:2], n_groups)
     group_first.index_add_(2, parents, first_order)
-    group_u = u.new_zeros(u.shape[0], n_groups, u.shape[2]).index_add_(1, parents, u)
-    group_rest = _shares(group_first, residual, group_u, None) - group_first
-    within = _within(first_order.abs(), u.square().sum(-1).unsqueeze(1), parents)
+    group_rest = (
+        _shares(group_first, residual, (group_norm, group_norm, None), None)
+        - group_first
+    )
+    within = _within(first_order.abs(), square.unsqueeze(1), parents)
     return first_order + group_rest[..., parents] * within
 
 

@@ -16,7 +16,7 @@ The neuron granularity: each block's MLP update split per neuron, and the
 top neurons of a result.
 """
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -47,7 +47,9 @@ class NeuronComponents:
 
     Args:
         activations (Tensor): ``(R, I)`` float32: the neurons' activations.
-        weights (Tensor): ``(k, I, d)`` float32: ``W_out[:, n]`` per block.
+        weights (list[Tensor]): Per block, ``(I, d)``: ``W_out[:, n]`` (the
+                    model's own weights, any dtype: read in float32 a block at a
+                    time, never copied for all blocks at once).
         factors (Tensor): ``(R, d)`` float32, or ``(1, 1)``: the factor of each row.
         bias (Tensor, optional): ``(k, d)`` float32: the bias per block.
     """
@@ -55,33 +57,78 @@ class NeuronComponents:
     def __init__(
         self,
         activations: Tensor,
-        weights: Tensor,
+        weights: Sequence[Tensor],
         factors: Tensor,
         bias: Optional[Tensor],
     ) -> None:
         self.activations = activations
-        self.weights = weights
+        self.weights = list(weights)
         self.factors = factors
         self.bias = bias
 
     @property
     def shape(self) -> torch.Size:
-        c = self.weights.shape[1] + (self.bias is not None)
-        return torch.Size([self.activations.shape[0], c, self.weights.shape[2]])
+        n, d = self.weights[0].shape
+        return torch.Size([self.activations.shape[0], n + (self.bias is not None), d])
 
     def __getitem__(self, index: Union[slice, Tensor]) -> Tensor:
         """The components of the rows ``index``, ``(g, C, d)``."""
-        flat = torch.arange(self.activations.shape[0], device=self.weights.device)
-        flat = flat[index]
-        block = flat % self.weights.shape[0]
-        factor = self.factors.expand(self.activations.shape[0], -1)[flat]
-        terms = self.activations[flat].unsqueeze(-1) * self.weights[block]
+        flat, block, factor = self._rows(index)
+        terms = factor.new_empty(len(flat), *self.weights[0].shape)
+        for b, sel in _by_block(block):
+            terms[sel] = self.activations[flat[sel]].unsqueeze(-1) * self._weight(b)
         if self.bias is not None:
             terms = torch.cat([terms, self.bias[block].unsqueeze(1)], dim=1)
         return terms * factor.unsqueeze(1)
 
+    def dots(self, index: Union[slice, Tensor], grads: Tensor) -> Tensor:
+        r"""``g_s · u_n`` for the rows ``index`` and their vectors ``grads``
+        ``(g, S, d)``: ``(g, S, C)``, through ``W_out^T (f ⊙ g_s)``, never the
+        components themselves."""
+        flat, block, factor = self._rows(index)
+        grads = grads * factor.unsqueeze(1)
+        out = grads.new_empty(*grads.shape[:2], self.weights[0].shape[0])
+        for b, sel in _by_block(block):
+            along = torch.einsum("gsd,id->gsi", grads[sel], self._weight(b))
+            out[sel] = along * self.activations[flat[sel]].unsqueeze(1)
+        if self.bias is None:
+            return out
+        return torch.cat([out, grads @ self.bias[block].unsqueeze(-1)], dim=2)
+
+    def norms(self, index: Union[slice, Tensor]) -> Tuple[Tensor, Tensor]:
+        r"""``‖u_n‖²`` ``(g, C)`` for the rows ``index``, twice (each component
+        its own group)."""
+        flat, block, factor = self._rows(index)
+        square = factor.new_empty(len(flat), self.weights[0].shape[0])
+        for b, sel in _by_block(block):
+            columns = torch.einsum(
+                "gd,id->gi", factor[sel].square(), self._weight(b).square()
+            )
+            square[sel] = self.activations[flat[sel]].square() * columns
+        if self.bias is not None:
+            bias = (self.bias[block] * factor).square().sum(-1, keepdim=True)
+            square = torch.cat([square, bias], dim=1)
+        return square, square
+
+    def _rows(self, index: Union[slice, Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        """The rows ``index``, their blocks and their factors ``(g, d)``."""
+        flat = torch.arange(self.activations.shape[0], device=self.factors.device)
+        flat = flat[index]
+        rows, d = self.activations.shape[0], self.weights[0].shape[1]
+        factor = self.factors.expand(rows, d)[flat]
+        return flat, flat % len(self.weights), factor
+
+    def _weight(self, block: int) -> Tensor:
+        return self.weights[block].float().to(self.factors.device)
+
     def __len__(self) -> int:
         return self.activations.shape[0]
+
+
+def _by_block(block: Tensor) -> Iterator[Tuple[int, Tensor]]:
+    """Each block among the rows and where its rows are."""
+    for b in block.unique().tolist():
+        yield b, (block == b).nonzero()[:, 0]
 
 
 def neuron_path_points(
@@ -149,9 +196,7 @@ def neuron_components(
     """
     device = points.device
     modules = parts.mlp_out or []
-    weights = torch.stack(
-        [projection_weight(m).detach().float().to(device).t() for m in modules]
-    )
+    weights = [projection_weight(m).detach().t() for m in modules]  # (I, d) views
     biases = [projection_bias(m) for m in modules]
     bias = (
         None
@@ -159,7 +204,13 @@ def neuron_components(
         else torch.stack([cast(Tensor, b).detach().float().to(device) for b in biases])
     )
     a = torch.stack([x.float().to(device) for x in activations], dim=2)  # (B,P,k,I)
-    outputs = torch.einsum("bpki,kid->bpkd", a, weights)
+    outputs = torch.stack(
+        [
+            torch.einsum("bpi,id->bpd", a[:, :, j], w.float().to(device))
+            for j, w in enumerate(weights)
+        ],
+        dim=2,
+    )
     if bias is not None:
         outputs = outputs + bias
     stream = points.float()

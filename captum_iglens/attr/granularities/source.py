@@ -9,9 +9,10 @@ source position ``j`` (and the bias). The terms add up to the heads' outputs of
 :mod:`~captum_iglens.attr.granularities.heads` (and those to the update), and IG-Lens
 credits each ``∫ ∇f · u_{h,j}``.
 
-The terms are never stored for all rows at once: :class:`SourceComponents`
-keeps the weights of the attributed rows and ``v^h_j W_O^h`` per block, and
-builds the terms of a group of rows when an estimator reads them.
+The terms are never stored:
+:class:`~captum_iglens.attr.granularities.source_terms.SourceComponents` keeps
+the weights of the attributed rows and the values per block, and the estimators
+read the terms through their products with gradients and their norms.
 
 The source granularities: each block's attention update split over the source
 positions it reads (``"source"``, heads summed), or over (head, source) pairs
@@ -26,7 +27,6 @@ from typing import (
     Optional,
     Sequence,
     Tuple,
-    Union,
     cast,
 )
 
@@ -44,6 +44,7 @@ from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.checks import forward_module
 from captum_iglens.attr.estimators import Integration
 from captum_iglens.attr.tracing import TracedPath
+from captum_iglens.attr.granularities.source_terms import SourceComponents
 from captum_iglens.attr.granularities.heads import (
     Heads,
     head_attributions,
@@ -55,122 +56,9 @@ from captum_iglens.attr.granularities.heads import (
 from captum_iglens.columns import Column, parse_columns
 
 
-class SourceComponents:
-    r"""
-    The terms ``u_{h,j}`` (and the bias) of every row and chosen block, built
-    on demand: a ``(*rows, C, d)`` float32 array with ``C = H·T (+ 1)``, the
-    terms ordered head-major (``c = h·T + j``), the bias last.
-
-    Args:
-
-        weights (Tensor): ``(R, H, T)`` float32: the attention weights of each
-                    row, ``R = B·P·k`` rows ordered ``(b, p, l)``.
-        projected (Tensor): ``(B·k, H, T, d)`` float32: ``s · v^h_j W_O^h`` per
-                    example and block, ordered ``(b, l)``.
-        bias (Tensor, optional): ``(k, d)`` float32: ``s · b`` per block.
-        rows (tuple[int, ...]): The leading shape, ``(B, P, k)`` or a flattening
-                    of it.
-        blocks (int): ``k``.
-        per_example (int): ``P · k``, the rows of one example.
-        factor (Tensor, optional): ``(R, d)`` float32: a post-norm block's
-                    factor per row (the terms and the bias are multiplied by
-                    it; ``projected`` and ``bias`` then carry no ``s``).
-                    Default: None
-        extra (Tensor, optional): ``(R, d)`` float32: a parallel block's MLP
-                    output per row, the last component. Default: None
-    """
-
-    def __init__(
-        self,
-        weights: Tensor,
-        projected: Tensor,
-        bias: Optional[Tensor],
-        rows: Tuple[int, ...],
-        blocks: int,
-        per_example: int,
-        factor: Optional[Tensor] = None,
-        extra: Optional[Tensor] = None,
-    ) -> None:
-        self.weights = weights
-        self.projected = projected
-        self.bias = bias
-        self.rows = tuple(rows)
-        self.blocks = blocks
-        self.per_example = per_example
-        self.factor = factor
-        self.extra = extra
-
-    @property
-    def n_heads(self) -> int:
-        return self.weights.shape[1]
-
-    @property
-    def n_sources(self) -> int:
-        return self.weights.shape[2]
-
-    @property
-    def shape(self) -> torch.Size:
-        c = self.n_heads * self.n_sources + (self.bias is not None)
-        c += self.extra is not None
-        return torch.Size([*self.rows, c, self.projected.shape[-1]])
-
-    @property
-    def parents(self) -> Tensor:
-        """``(C,)`` long: each term's head; the bias and a parallel block's MLP
-        are groups of their own."""
-        heads = torch.arange(self.n_heads).repeat_interleave(self.n_sources)
-        others = (self.bias is not None) + (self.extra is not None)
-        heads = torch.cat([heads, self.n_heads + torch.arange(others)])
-        return heads.to(self.weights.device)
-
-    def flatten(self, start: int, end: int) -> "SourceComponents":
-        """The same terms with leading dimensions ``start..end`` merged."""
-        if start < 0 or end >= len(self.rows):
-            raise ValueError("only leading (row) dimensions can be flattened")
-        size = 1
-        for n in self.rows[start : end + 1]:
-            size *= n
-        rows = (*self.rows[:start], size, *self.rows[end + 1 :])
-        return SourceComponents(
-            self.weights,
-            self.projected,
-            self.bias,
-            rows,
-            self.blocks,
-            self.per_example,
-            self.factor,
-            self.extra,
-        )
-
-    def __getitem__(self, index: Union[slice, Tensor]) -> Tensor:
-        """The terms of the rows ``index`` of the flat row axis, ``(g, C, d)``."""
-        if len(self.rows) != 1:
-            raise ValueError("flatten the rows to one axis before indexing")
-        flat = torch.arange(self.weights.shape[0], device=self.weights.device)[index]
-        block = flat % self.blocks
-        example = torch.div(flat, self.per_example, rounding_mode="floor")
-        pv = self.projected[example * self.blocks + block]  # (g, H, T, d)
-        terms = self.weights[flat].unsqueeze(-1) * pv
-        factor = None if self.factor is None else self.factor[flat]
-        if factor is not None:
-            terms = terms * factor[:, None, None]
-        parts = [terms.flatten(1, 2)]
-        if self.bias is not None:
-            bias = self.bias[block]
-            parts.append((bias if factor is None else bias * factor).unsqueeze(1))
-        if self.extra is not None:
-            parts.append(self.extra[flat].unsqueeze(1))
-        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-
-    def __len__(self) -> int:
-        return self.rows[0]
-
-
-def _head_outputs(
-    weights: Tensor, values: Tensor, n_heads: int
-) -> Tuple[Tensor, Tensor]:
-    """Values repeated over the grouped query heads, ``(B, H, T, e)``, and the
-    heads' outputs they give at the rows, ``(B, P, H·e)``."""
+def _head_outputs(weights: Tensor, values: Tensor, n_heads: int) -> Tensor:
+    """The heads' outputs the weights and values give at the rows, ``(B, P,
+    H·e)``, the values repeated over grouped query heads."""
     values = values.float()
     if values.shape[1] != n_heads:
         if n_heads % values.shape[1]:
@@ -180,7 +68,7 @@ def _head_outputs(
             )
         values = values.repeat_interleave(n_heads // values.shape[1], dim=1)
     outputs = torch.einsum("bhpt,bhte->bphe", weights.float(), values)
-    return values, outputs.flatten(2)
+    return outputs.flatten(2)
 
 
 def check_reproduced(
@@ -241,14 +129,13 @@ def source_components(
     )
     factor = attention_factors(parts, outputs, attention_updates(parts, stream))
     scale = float(factor.flatten()[0]) if factor.numel() == 1 else 1.0
-    projected, rows, biases = [], [], []
+    rows, kept, biases = [], [], []
     for j, (a, v) in enumerate(zip(weights, values)):
         a = a.to(stream.device).float()
-        v, found = _head_outputs(a, v.to(stream.device), parts.n_heads)
+        v = v.to(stream.device).float()
+        found = _head_outputs(a, v, parts.n_heads)
         check_reproduced(j, found, heads_in[j], mask, tolerance)
-        weight = projection_weight(parts.attn_out[j]).float().to(stream.device)
-        per_head = weight.view(weight.shape[0], parts.n_heads, -1)
-        projected.append(torch.einsum("bhte,dhe->bhtd", v, per_head) * scale)
+        kept.append(v)
         rows.append(a.permute(0, 2, 1, 3))  # (B, P, H, T)
         bias = projection_bias(parts.attn_out[j])
         if bias is not None:
@@ -257,10 +144,11 @@ def source_components(
     real = mask.repeat_interleave(k).view(-1, 1, 1).to(stream.device)
     return SourceComponents(
         torch.stack(rows, dim=2).flatten(0, 2) * real,
-        torch.stack(projected, dim=1).flatten(0, 1),
+        kept,
+        [projection_weight(m).detach() for m in parts.attn_out],
+        scale,
         torch.stack(biases) if len(biases) == k else None,
         (b, p, k),
-        k,
         p * k,
         factor=None if factor.numel() == 1 else factor.flatten(0, 2),
         extra=(

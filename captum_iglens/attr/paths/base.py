@@ -28,12 +28,17 @@ class IntegrationPath(ABC):
     Attributes:
 
         name (str): The name ``path=`` takes.
+        default_steps (int): The ``n_steps`` taken when none is given.
+        onset_meaning (str): What the onset of a block map on this path says,
+                    in a few words (for legends).
         learned_readout (bool): A learned readout per layer can split its
                     columns into block and lens-change parts (the columns are
                     the changes between consecutive path points).
     """
 
     name: ClassVar[str]
+    default_steps: ClassVar[int] = 50
+    onset_meaning: ClassVar[str] = "its path's onset"
     learned_readout: ClassVar[bool] = False
 
     def check(

@@ -44,6 +44,8 @@ class Joint(IntegrationPath):
     """
 
     name = "joint"
+    default_steps = 128
+    onset_meaning = "the blocks wrote it"
 
     def check(
         self,
@@ -157,6 +159,7 @@ class Joint(IntegrationPath):
         ends = stream[:, [0, -1]]
         end_values = values[:, [0, -1]]
         groups = None if parents is None else parents.to(stream.device)
+        fractions = _steps(ends, integration.n_steps)
         budget = integration.readout.max_chunk_bytes
         rows_per_call = max(1, budget // (n_columns * d * _BYTES_PER_ENTRY))
         found = [
@@ -167,10 +170,47 @@ class Joint(IntegrationPath):
                 targets[rows],
                 end_values[rows],
                 parents=groups,
+                fractions=fractions[rows],
             )
             for rows in chunks(n, rows_per_call)
         ]
         return torch.cat(found) if found else ends.new_zeros(0, n_columns)
+
+
+def _steps(ends: Tensor, n_steps: int) -> Tensor:
+    r"""
+    Where the steps along each row's ``h_base → h_final`` end. The final norm
+    of the readout makes ``f`` depend on the direction of ``γ(α)`` alone (an
+    RMSNorm exactly, a LayerNorm up to its centring), and that direction turns
+    from ``h_base``'s to ``h_final``'s around ``α ≈ ‖h_base‖ / ‖h_final‖``, a
+    few thousandths on real models, where ``f`` then changes fastest. Half the
+    step ends are equal in ``α``; the others are equal in the mixing weight
+    ``β`` of the two directions, ``α = β a / (β a + (1 - β) b)`` with ``a =
+    ‖h_base‖`` (at least ``b / 1000``) and ``b = ‖h_final‖``. Where the steps
+    end changes no sum, only how fast the split among the columns converges
+    (on SmolLM2 the mean error of a block credit at 128 steps is 3× smaller
+    than with equal steps: ``benchmarks/joint.py``).
+
+    Args:
+
+        ends (Tensor): ``(N, 2, d)``: ``h_base`` and ``h_final`` per row.
+        n_steps (int): ``n``.
+
+    Returns:
+        *Tensor* ``(N, n + 1)`` float32, from 0 to 1, not decreasing.
+    """
+    n, device = ends.shape[0], ends.device
+    norms = ends.float().norm(dim=-1)  # (N, 2)
+    b = norms[:, 1:].clamp_min(torch.finfo(torch.float32).tiny)
+    a = torch.maximum(norms[:, :1], b / 1000)
+    equal = (n_steps - 1) // 2  # inner ends of each kind
+    turning = n_steps - 1 - equal
+    alpha = torch.arange(1, equal + 1, device=device) / (equal + 1)
+    beta = torch.arange(1, turning + 1, device=device) / (turning + 1)
+    turned = beta * a / (beta * a + (1 - beta) * b)
+    inner = torch.cat([alpha.expand(n, -1), turned], dim=1).sort(dim=1).values
+    zeros = inner.new_zeros(n, 1)
+    return torch.cat([zeros, inner, zeros + 1], dim=1)
 
 
 def _groups(

@@ -32,6 +32,8 @@ WEIGHTS = "weights_checksum"
 #: The key under which a ``run.json`` written by version 0.1.0 holds the older
 #: checksum of the weights (``_weights_sha256_0_1``), still read.
 WEIGHTS_0_1 = "weights_sha256"
+#: The key of ``run.json`` that records the dtype of the model's weights.
+DTYPE = "model_dtype"
 #: The readout a ``run.json`` without one was written under.
 _LOGIT_READOUT = readout_record(None)
 
@@ -104,7 +106,7 @@ def claim_run(out: Path, run: Dict[str, Any], model: Module) -> None:
                 f"out_dir: {out} holds results but no {RUN}, so their settings are "
                 "unknown; choose a new --out folder"
             )
-        record = {**run, WEIGHTS: weights_checksum(model)}
+        record = {**run, DTYPE: _dtype(model), WEIGHTS: weights_checksum(model)}
         write_atomic(path, json.dumps(plain(record), indent=1))
         return
     recorded = read_run(out)
@@ -133,11 +135,24 @@ def _check_weights(
     """Refuses to resume when ``model``'s weights are not the recorded ones, by
     the checksum ``run.json`` holds (the older form for a folder written by
     version 0.1.0); ``name`` is the model's name now, shown beside the one then."""
+    ours_dtype = _dtype(model)
+    if recorded.get(DTYPE, ours_dtype) != ours_dtype:
+        raise ValueError(
+            f"out_dir: {out} was written with the model in {recorded[DTYPE]}, this "
+            f"run has it in {ours_dtype} (the dtype differs, so do the weights' "
+            f"checksums); rerun with dtype {recorded[DTYPE]} (--dtype "
+            f"{recorded[DTYPE]}) or choose a new --out folder"
+        )
     old = WEIGHTS_0_1 in recorded and WEIGHTS not in recorded
     key = WEIGHTS_0_1 if old else WEIGHTS
     ours = {key: _weights_sha256_0_1(model) if old else weights_checksum(model)}
     names = f"; model {recorded.get('model')!r} then, {name!r} now"
     _compare(out, recorded, ours, key, names)
+
+
+def _dtype(model: Module) -> str:
+    """The dtype of ``model``'s first parameter, e.g. ``"float32"``."""
+    return str(next(model.parameters()).dtype).replace("torch.", "")
 
 
 @torch.no_grad()

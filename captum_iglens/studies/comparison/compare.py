@@ -207,7 +207,7 @@ def compare(
     tokens, input_tokens = _token_labels(tokenizer, input_ids, work)
     metadata = dict(
         provenance(model, settings),
-        n_steps=settings.n_steps,
+        n_steps=settings.steps,
         ig_lens_baseline=(
             "h_0" if settings.baselines is None else repr(settings.baselines)
         ),

@@ -537,7 +537,7 @@ def _attribute_in_chunks(
                 additional_forward_args=tuple(
                     None if a is None else a[cut] for a in extra
                 ),
-                n_steps=work.settings.n_steps,
+                n_steps=work.settings.steps,
                 internal_batch_size=size,
                 return_convergence_delta=True,
                 **kwargs,

@@ -148,6 +148,11 @@ def load_facts(path: Optional[Union[str, Path]] = None) -> List[Fact]:
             isinstance(a, str) for a in aliases
         ):
             raise ValueError(f"{path}[{index}]: 'aliases' must be a list of strings")
+        if record.get("answer") is not None and not record["answer"].strip():
+            raise ValueError(
+                f"{path}[{index}]: 'answer' is empty; a fact's answer is the word "
+                "that should follow (leave 'answer' out when it is not checked)"
+            )
         subject = record.get("subject")
         if subject is not None and not isinstance(subject, str):
             raise ValueError(f"{path}[{index}]: 'subject' must be a string")

@@ -115,7 +115,7 @@
     Object.keys(about || {}).forEach(function (key) {
       var line = add(root, h('div', 'about'));
       add(line, h('b', null, key + ': '));
-      add(line, document.createTextNode(about[key]));
+      add(line, tok('span', null, about[key]));  // escaped as the rows are
     });
   }
   function radio(parent, name, options, value, onChange) {
@@ -163,8 +163,21 @@
 
   // ------------------------------------------------------------------ chart
   /* A small SVG chart: x = labels, optional bars from 0, optional lines. */
+  // An axis tick: two significant digits, in exponent form below 1e-3
+  // (0.00044 as 4.4e-4), so that a tick stays short.
+  function tick(v) {
+    return v !== 0 && Math.abs(v) < 1e-3 ? Number(v).toExponential(1) : fmt(v, false, 2);
+  }
   function chart(opts) {
     var W = opts.width || 330, H = opts.height || 200, L = 40, R = 8, T = 10, B = 34;
+    // The x labels are drawn at -35 degrees, ending at their tick: the bottom
+    // margin fits the longest (about 6px a character at 10px), the left one the
+    // first, and the chart grows by what the bottom margin adds.
+    var chars = function (label) { return String(label).length; };
+    var longestLabel = Math.max.apply(null, [0].concat(opts.labels.map(chars)));
+    var grow = Math.max(0, Math.ceil(14 + 6 * 0.58 * longestLabel) - B);
+    B += grow; H += grow;
+    L = Math.max(L, Math.ceil(6 * 0.82 * chars(opts.labels[0] || '')) + 4);
     var n = opts.labels.length, all = [0];
     (opts.series || []).forEach(function (s) { all = all.concat(s.values); });
     if (opts.bars) all = all.concat(opts.bars);
@@ -173,13 +186,19 @@
     var hi = all.reduce(function (a, v) { return Math.max(a, v); });
     if (hi - lo < 1e-9) hi = lo + 1;
     var pad = (hi - lo) * 0.05; lo -= lo < 0 ? pad : 0; hi += pad;
+    var ticks = [lo, 0, hi].map(tick);
+    // The left margin fits the longest tick (about 6.5px a character at 11px).
+    L = Math.max(L, 8 + Math.ceil(6.5 * Math.max.apply(null, ticks.map(chars))));
     var x = function (i) { return L + (n <= 1 ? 0 : i * (W - L - R) / (n - 1)); };
     var y = function (v) { return T + (hi - v) * (H - T - B) / (hi - lo); };
     var root = sv('svg', { width: W, height: H, viewBox: '0 0 ' + W + ' ' + H });
     add(root, sv('line', { x1: L, x2: W - R, y1: y(0), y2: y(0), 'class': 'axis' }));
     add(root, sv('line', { x1: L, x2: L, y1: T, y2: H - B, 'class': 'axis' }));
-    [lo, 0, hi].forEach(function (v) {
-      add(root, sv('text', { x: L - 3, y: y(v) + 3, 'text-anchor': 'end' }, fmt(v, false, 2)));
+    // 0, then the ends where they do not overlap it.
+    [1, 0, 2].forEach(function (i) {
+      var v = [lo, 0, hi][i];
+      if (i !== 1 && Math.abs(y(v) - y(0)) < 11) return;
+      add(root, sv('text', { x: L - 3, y: y(v) + 3, 'text-anchor': 'end' }, ticks[i]));
     });
     var bw = Math.max(1, Math.min(14, (W - L - R) / Math.max(n, 1) * 0.7));
     if (opts.bars) {
@@ -237,6 +256,23 @@
   // ------------------------------------------------------------------ map view
   /* The answer tokens x layers map of one sequence, with its hover panel and
      the trajectory of a clicked token. */
+  // Which columns show their name: every one at least 12px wide, and a
+  // narrower one where its name (about 14px across, drawn over its unnamed
+  // neighbours) keeps clear of the last name shown and of the next wide
+  // column's, so that no two names overlap.
+  function namedColumns(widths) {
+    var room = 14, lefts = [], at = 0, nextWide = [], wide = Infinity, last = -Infinity;
+    widths.forEach(function (w) { lefts.push(at); at += w + 1; });  // 1px grid gap
+    for (var i = widths.length - 1; i >= 0; i--) {
+      nextWide[i] = wide;
+      if (widths[i] >= 12) wide = lefts[i];
+    }
+    return widths.map(function (w, i) {
+      var show = w >= 12 || (lefts[i] - last >= room && nextWide[i] - lefts[i] >= room);
+      if (show) last = lefts[i];
+      return show;
+    });
+  }
   function renderMap(root, layers, groups, rows, vocab, sources) {
     var folded = groups.map(function (g) { return g.folded; });
     var foldable = groups.some(function (g) { return g.foldable; });
@@ -329,16 +365,17 @@
       // Under 12px wide, the members of an unfolded group are named one in
       // every few, each name drawn over its unnamed neighbours; the other
       // columns keep a width their names fit.
-      var thin = cw < 12, every = Math.ceil(14 / (cw + 1));
+      var thin = cw < 12;
       var widths = cols.map(function (c) { return thin && c.head !== 'member' ? 16 : cw; });
       grid.style.gridTemplateColumns = labelW + 'px ' + widths.join('px ') + 'px';
       add(grid, h('div', 'corner'));
       var names = cols.map(function (c) { return c.label || layers[c.members[0]]; });
       var longest = names.reduce(function (n, name) { return Math.max(n, name.length); }, 0);
       var headH = text ? 18 : Math.max(72, Math.min(140, Math.ceil(6.5 * longest) + 6));
+      var named = namedColumns(widths);
       cols.forEach(function (c, ci) {
         var name = names[ci], narrow = widths[ci] < 12;
-        var showText = !narrow || c.at % every === 0;
+        var showText = named[ci];
         var head = add(grid, h('div', 'colhead' + (c.head ? ' ' + c.head : '') + (narrow ? ' thin' : ''), showText ? name : ''));
         head.setAttribute('title', name + (c.head ? ' (click to ' + (c.head === 'group' ? 'unfold' : 'fold') + ')' : ''));
         head.style.height = headH + 'px';
@@ -652,9 +689,9 @@
       var li = add(list, h('li'));
       li.setAttribute('data-index', i);
       add(li, h('span', 'id', p.id));
-      add(li, h('span', 'prompt', p.prompt));
+      add(li, tok('span', 'prompt', p.prompt));
       add(li, document.createTextNode(' → '));
-      add(li, h('span', 'answer', p.answer));
+      add(li, tok('span', 'answer', p.answer));
       li.addEventListener('click', function () { open(i); });
     });
     function open(i) {
@@ -663,7 +700,7 @@
       var p = d.prompts[i];
       add(slot, h('h2', null, 'Prompt ' + p.id));
       var about = add(slot, h('div', 'about'));
-      about.textContent = p.prompt + '\n→ ' + p.answer;
+      about.textContent = visible(p.prompt) + '\n→ ' + visible(p.answer);
       if (p.rows.length) renderMap(slot, d.layers, d.groups, p.rows, d.vocab);
       else add(slot, h('div', 'hint', 'No attributed tokens (an empty answer).'));
     }
@@ -833,7 +870,7 @@
       var p = d.prompts[Number(t.getAttribute('data-row'))];
       trajBody.textContent = '';
       trajBody.className = '';
-      add(trajBody, h('div', null, p.prompt + ' → ' + p.generated));
+      add(trajBody, h('div', null, visible(p.prompt) + ' → ' + visible(p.generated)));
       add(trajBody, chart({
         labels: ['h_0'].concat(d.layers), signed: true,
         series: [{ cls: 'lens', values: p.trajectory.slice(0, d.layers.length + 1), name: 'lens level' },

@@ -1,0 +1,54 @@
+r"""
+How long the command line takes to answer when it loads no model, each in a
+fresh process, from one run:
+
+    python benchmarks/startup.py              # 5 runs of each, medians
+    python benchmarks/startup.py --repeats 11
+
+It prints the wall time of ``captum-iglens --version``, ``--help``, a usage
+error (``--n-steps x``), a subcommand's help and an unknown ``--granularity``
+(those two read the registries, which import torch), beside ``import torch``
+alone for scale. The goal for the first three is under 1 s: the parser is
+built without torch or transformers, which are imported only when a command
+runs.
+"""
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from typing import List, Sequence
+
+#: What is timed: a label and the arguments of ``python``.
+CASES = (
+    ("--version", ["-m", "captum_iglens", "--version"]),
+    ("--help", ["-m", "captum_iglens", "--help"]),
+    ("usage error (--n-steps x)", ["-m", "captum_iglens", "--n-steps", "x", "p"]),
+    ("attribute --help", ["-m", "captum_iglens", "attribute", "--help"]),
+    ("--granularity nope", ["-m", "captum_iglens", "--granularity", "nope", "p"]),
+    ("import torch (for scale)", ["-c", "import torch"]),
+)
+
+
+def _seconds(arguments: Sequence[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, *arguments], capture_output=True, check=False)
+    return time.perf_counter() - start
+
+
+def main(argv: List[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    print(f"wall time, median of {args.repeats} fresh processes:")
+    for label, arguments in CASES:
+        times = [_seconds(arguments) for _ in range(args.repeats)]
+        print(
+            f"  {label:28s} {statistics.median(times):6.2f} s "
+            f"(min {min(times):.2f}, max {max(times):.2f})"
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,107 @@
+"""The source split's memory side: the capture runs the eager attention over
+chunks of query rows (never the whole T × T weights), and the factored terms
+answer the estimators' reads exactly as the terms they stand for."""
+
+import pytest
+import torch
+
+from captum_iglens import LayerIGLens
+from captum_iglens.attr._utils import attention
+from captum_iglens.attr._utils.component_reads import component_dots, component_norms
+from captum_iglens.attr.granularities.source_terms import SourceComponents
+from tests.helpers import left_padded
+from tests.tiny_models import VOCAB, tiny_model
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_chunked_capture_gives_the_same_map(arch, monkeypatch):
+    model = tiny_model(arch)
+    lens = LayerIGLens.from_model(model)
+    ids, mask = left_padded([6, 4], VOCAB)
+    kwargs = dict(additional_forward_args=(mask,), granularity="source", n_steps=2)
+    whole = lens.attribute_map(ids, **kwargs)
+    seen = []
+    eager = attention._family_eager
+
+    def counting(module):
+        function = eager(module)
+
+        def run(module, query, *args, **kw):
+            seen.append(query.shape[2])
+            return function(module, query, *args, **kw)
+
+        return run
+
+    monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # one query row a chunk
+    monkeypatch.setattr(attention, "_family_eager", counting)
+    chunked = lens.attribute_map(ids, **kwargs)
+    assert set(seen) == {1}
+    torch.testing.assert_close(chunked.attributions, whole.attributions)
+    torch.testing.assert_close(chunked.delta, whole.delta)
+
+
+def _factored(factor: bool, bias: bool, extra: bool) -> SourceComponents:
+    torch.manual_seed(0)
+    b, p, k, h, h_kv, t, e, d = 2, 3, 2, 4, 2, 5, 3, 7
+    rows = b * p * k
+    weights = torch.rand(rows, h, t)
+    values = [torch.randn(b, h_kv, t, e) for _ in range(k)]
+    projections = [torch.randn(d, h * e) for _ in range(k)]
+    return SourceComponents(
+        weights,
+        values,
+        projections,
+        1.0 if factor else 0.5,
+        torch.randn(k, d) if bias else None,
+        (rows,),
+        p * k,
+        factor=torch.rand(rows, d) if factor else None,
+        extra=torch.randn(rows, d) if extra else None,
+    )
+
+
+@pytest.mark.parametrize("factor", [False, True])
+@pytest.mark.parametrize("bias, extra", [(False, False), (True, True)])
+def test_factored_reads_match_the_terms(factor, bias, extra):
+    found = _factored(factor, bias, extra)
+    rows = torch.tensor([0, 3, 4, 11])
+    terms = found[rows]  # (g, C, d), built
+    grads = torch.randn(len(rows), 6, terms.shape[-1])
+    expected = torch.einsum("gsd,gcd->gsc", grads, terms)
+    torch.testing.assert_close(found.dots(rows, grads), expected)
+    assert torch.equal(component_dots(terms, slice(None), grads), expected)
+    parents = found.parents
+    norm, square, group = component_norms(found, rows, parents)
+    exact = component_norms(terms, slice(None), parents)
+    torch.testing.assert_close(norm, exact[0])
+    torch.testing.assert_close(square, exact[1])
+    torch.testing.assert_close(group, exact[2])
+
+
+def test_factored_reads_refuse_other_groups():
+    found = _factored(False, False, False)
+    with pytest.raises(ValueError, match="parents"):
+        component_norms(found, slice(0, 2), torch.zeros_like(found.parents))
+
+
+@pytest.mark.parametrize("factors", ["scalar", "per_row"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_neuron_reads_match_the_components(factors, bias):
+    from captum_iglens.attr.granularities.neurons import NeuronComponents
+
+    torch.manual_seed(0)
+    rows, k, n, d = 6, 2, 5, 4
+    found = NeuronComponents(
+        torch.randn(rows, n),
+        list(torch.randn(k, n, d)),
+        torch.full((1, 1), 0.5) if factors == "scalar" else torch.rand(rows, d),
+        torch.randn(k, d) if bias else None,
+    )
+    index = torch.tensor([1, 2, 5])
+    terms = found[index]
+    grads = torch.randn(len(index), 3, d)
+    expected = torch.einsum("gsd,gcd->gsc", grads, terms)
+    torch.testing.assert_close(component_dots(found, index, grads), expected)
+    norm, square, _ = component_norms(found, index, None)
+    torch.testing.assert_close(square, terms.square().sum(-1))
+    torch.testing.assert_close(norm, terms.norm(dim=-1))

@@ -1,0 +1,36 @@
+"""The GPU script cannot rot: its dry run (a tiny model on the CPU, every mode it
+can run there, granularity and path, one device and a CPU device_map behind
+accelerate's hooks) runs in a subprocess, as a GPU machine would run it."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from captum_iglens.attr.granularities import GRANULARITIES
+from captum_iglens.attr.paths import PATHS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines()]
+    measured = [r for r in rows if r and r[0] == "cpu" and "refused:" not in r]
+    for path in PATHS:
+        for granularity in ("block", "head", "source", "neuron"):
+            found = [r for r in measured if r[3] == path and r[4] == granularity]
+            assert found, (path, granularity)
+            assert all(float(r[-1]) <= 1e-6 for r in found)  # |Σ − Δp|
+    hooked = [r for r in rows if r[:2] == ["cpu", "x2"]]
+    assert len(hooked) == len(PATHS) * len(GRANULARITIES)
+    assert "total" in done.stdout

@@ -1,0 +1,53 @@
+"""The docs pages generated from the code (docs/_ext/pagegen.py) and the rule that
+no page reads another file by heading text. The whole site is built, with
+warnings as errors, by the test command (.ci/test.sh)."""
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from captum_iglens.cli import build_parser
+from captum_iglens.hf.table import BUILT_IN
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+sys.path.insert(0, str(DOCS / "_ext"))
+import pagegen  # noqa: E402
+
+
+def _subcommands() -> dict:
+    (commands,) = [
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ]
+    return dict(commands.choices)
+
+
+def test_the_cli_page_has_every_subcommand_and_option():
+    page = pagegen.cli_page()
+    sections = re.split(r"^## `captum-iglens ([\w-]+)`$", page, flags=re.M)
+    by_name = dict(zip(sections[1::2], sections[2::2]))
+    parsers = _subcommands()
+    assert list(by_name) == list(parsers)
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            for option in action.option_strings:
+                assert f"`{option}" in by_name[name], (name, option)
+    assert "examples:" in page and "captum-iglens shell" in page
+
+
+def test_the_architecture_table_has_a_row_per_entry():
+    rows = [
+        line.split("|")[1].strip().strip("`")
+        for line in pagegen.architecture_table().splitlines()[2:]
+    ]
+    assert rows == sorted(BUILT_IN)
+    table = pagegen.architecture_table()
+    assert "| `gpt2` | `transformer.h` | `transformer.ln_f` (layer)" in table
+
+
+@pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)
+def test_no_page_includes_a_slice_of_another_file(page):
+    text = page.read_text(encoding="utf-8")
+    assert ":start-after:" not in text and ":end-before:" not in text

@@ -1,0 +1,154 @@
+"""``captum-iglens shell``, driven as a user would drive it: through a real
+pseudo-terminal (pexpect), so that readline, the prompt, Ctrl-D and Ctrl-C are
+the terminal's own."""
+
+import os
+import sys
+
+import pexpect
+import pytest
+
+from captum_iglens import IGLensResult
+from tests.helpers import word_tokenizer
+
+PROMPT = "iglens> "
+LEGEND = "lens@top: last readout; onset"
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    from tests.tiny_models import tiny_model
+
+    folder = tmp_path_factory.mktemp("model")
+    tiny_model("llama").save_pretrained(folder)
+    word_tokenizer(128).save_pretrained(folder)
+    return str(folder)
+
+
+def _spawn(tmp_path, *args: str, timeout: int = 180) -> pexpect.spawn:
+    env = {
+        **os.environ,
+        "CAPTUM_IGLENS_CACHE": str(tmp_path / "cache"),
+        "COLUMNS": "160",
+    }
+    shell = pexpect.spawn(
+        sys.executable,
+        ["-m", "captum_iglens", "shell", *args],
+        env=env,
+        encoding="utf-8",
+        timeout=timeout,
+        dimensions=(40, 160),
+    )
+    shell.expect_exact(PROMPT)
+    return shell
+
+
+def _finish(shell: pexpect.spawn) -> str:
+    """The rest of the output; the process must have ended with status 0."""
+    shell.expect(pexpect.EOF)
+    rest = shell.before
+    shell.close()
+    assert shell.exitstatus == 0, rest
+    assert "Traceback" not in rest
+    return rest
+
+
+def test_prompts_options_and_files_in_one_session(tiny_folder, tmp_path):
+    shell = _spawn(
+        tmp_path, "--model", tiny_folder, "--no-chat", "--max-new-tokens", "2"
+    )
+    shell.sendline("w5 w6")
+    shell.expect(r"token +L0 +L1 +lens@top")
+    shell.expect(r"completeness: max \|Σ - Δp\| = ([0-9.e+-]+)")
+    assert float(shell.match.group(1)) <= 1e-6
+    shell.expect_exact(LEGEND)
+    shell.expect_exact(PROMPT)
+
+    shell.sendline(":set granularity head")
+    shell.expect_exact(PROMPT)
+    shell.sendline("w5 w6")
+    shell.expect(r"token .*L\d\.attn\.h\d")
+    shell.expect_exact("top heads (by |credit|")
+    shell.expect_exact(PROMPT)
+
+    page, saved = tmp_path / "out.html", tmp_path / "out.json"
+    shell.sendline(f":html {page}")
+    shell.expect_exact(f"wrote {page}")
+    shell.sendline(f":json {saved}")
+    shell.expect_exact(f"wrote {saved}")
+    shell.sendline(":set model gemma3")
+    shell.expect_exact("error: --model: the model's options are fixed")
+    shell.sendline(":set layers 0,9")
+    shell.expect_exact("error: --layers: expected block indices")
+    shell.sendline(":set n-steps 0")
+    shell.expect_exact("error: --n-steps: expected an int >= 1")
+    shell.sendline(":unset granularity")
+    shell.expect_exact(PROMPT)
+    shell.sendline(":show")
+    shell.expect(r"--granularity 'block'")
+    shell.expect_exact(PROMPT)
+    shell.sendeof()
+    _finish(shell)
+
+    assert page.read_text().startswith("<!DOCTYPE html>")
+    result = IGLensResult.load(saved)
+    assert any(".attn.h" in name for name in result.layer_names)
+    assert (result.total - (result.model_prob - result.base_prob)).abs().max() <= 1e-6
+    history = (tmp_path / "cache" / "shell_history").read_text()
+    assert ":set granularity head" in history and "w5 w6" in history
+
+
+def test_ctrl_c_at_the_prompt_ends_the_session_cleanly(tiny_folder, tmp_path):
+    shell = _spawn(tmp_path, "--model", tiny_folder, "--no-chat")
+    shell.sendline(":bogus")
+    shell.expect_exact("error: :bogus: not a command; :help lists them")
+    shell.expect_exact(PROMPT)
+    shell.sendintr()
+    _finish(shell)
+
+
+def test_no_result_to_write_yet(tiny_folder, tmp_path):
+    shell = _spawn(tmp_path, "--model", tiny_folder, "--no-chat")
+    shell.sendline(f":html {tmp_path / 'x.html'}")
+    shell.expect_exact("error: :html: no result yet; type a prompt first")
+    shell.sendline(":quit")
+    _finish(shell)
+    assert not (tmp_path / "x.html").exists()
+
+
+@pytest.mark.real_model
+def test_shell_on_the_default_model(tmp_path):
+    # The default model's cache is the user's; only the history goes elsewhere.
+    shell = pexpect.spawn(
+        sys.executable,
+        ["-m", "captum_iglens", "shell", "--max-new-tokens", "4"],
+        env={**os.environ, "COLUMNS": "200"},
+        encoding="utf-8",
+        timeout=600,
+        dimensions=(40, 200),
+    )
+    shell.expect_exact(PROMPT)
+    shell.sendline("What is the capital of France?")
+    shell.expect(r"completeness: max \|Σ - Δp\| = ([0-9.e+-]+)")
+    assert float(shell.match.group(1)) <= 1e-6
+    shell.expect_exact(LEGEND)
+    shell.expect_exact(PROMPT)
+    shell.sendline(":set granularity sublayer")
+    shell.expect_exact(PROMPT)
+    shell.sendline("What is the capital of France?")
+    shell.expect(r"L\d+\.(attn|mlp) ")
+    shell.expect_exact(PROMPT)
+    shell.sendintr()
+    _finish(shell)
+
+
+def test_help_shows_three_worked_examples(capsys):
+    from captum_iglens.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["--help"])
+    out = capsys.readouterr().out
+    examples = out.split("examples:\n", 1)[1]
+    commands = [line for line in examples.splitlines() if line.startswith("  captum")]
+    assert exit.value.code == 0 and len(commands) == 3
+    assert any(" shell" in line for line in commands)
