@@ -44,6 +44,7 @@ def test_both_studies_list_methods_from_the_one_registry():
         "logit_lens",
         "logit_lens_diff",
         "dla",
+        "dla_prob",
         "layer_conductance",
         "layer_integrated_gradients",
         "layer_integrated_gradients_multilayer",
