@@ -225,7 +225,8 @@ def plot_heatmap(
     elif data.shape[1] <= 12 and len(rows) <= 40:
         _write_values(ax, data, norm)
     title = (
-        f"IG-Lens credit per layer ({result.method}); rows: token @position, "
+        f"IG-Lens credit per layer ({result.method}, {result.path} path); "
+        "rows: token @position, "
         "p = model's probability"
     )
     if show_top:

@@ -89,6 +89,10 @@ class PathShape(Protocol):
         self, positions: Tensor, device: torch.device
     ) -> ContextManager[Any]: ...
 
+    def second_pass(
+        self, positions: Tensor, device: torch.device
+    ) -> Optional[ContextManager[Any]]: ...
+
     def column_names(self, names: List[str]) -> List[str]: ...
 
 
@@ -166,6 +170,10 @@ class Tracer:
         hooked, names = shape.path_points()
         with shape.recording(request.positions, self.device):
             output, h_0, states = self._capture(request.inputs, request, hooked)
+        second = shape.second_pass(request.positions, self.device)
+        if second is not None:  # the traced forward stays the model's own
+            with second:
+                self._capture(request.inputs, request, [])
         states, extras = shape.split(states)
         if reference_inputs is not None:  # the first block's input for them
             h_0 = self._capture(reference_inputs, request, [])[1]

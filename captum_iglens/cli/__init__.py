@@ -25,6 +25,7 @@ import sys
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from captum_iglens._utils.allocator import return_freed_memory
 from captum_iglens.cli import attribute, batch, compare, fit_lens, shell, validate
 from captum_iglens.cli.common import (
     INPUT_ERRORS,
@@ -107,6 +108,7 @@ def _warning_line(message: Any, category: Any, *args: Any, **kwargs: Any) -> str
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``captum-iglens`` and ``python -m captum_iglens``."""
     warnings.formatwarning = _warning_line
+    return_freed_memory()  # the CLI owns its process: bounded memory every run
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(_with_subcommand(argv))
     try:

@@ -77,7 +77,7 @@ def prepare(args: argparse.Namespace) -> Job:
         out.mkdir(exist_ok=True)
         lock.acquire()  # the others wait for rank 0 in run_batch
     try:
-        check_resume(out, prompts, settings)
+        check_resume(out, prompts, settings, args.batch_size)
         parts, tokenizer = load(args, settings)
         readout = lens_readout(lens, parts, tokenizer, args, settings)
         check_model(out, parts, readout)

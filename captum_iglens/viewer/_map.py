@@ -27,7 +27,7 @@ def map_page(result: Any) -> Dict[str, Any]:
         *dict*: ``kind`` ``"map"``, ``title``, ``layers`` (the ``k`` column
         names), ``groups`` (see
         :func:`~captum_iglens.viewer._columns.column_groups`), ``method``,
-        ``n_steps``, ``about``, ``sequences`` (see
+        ``n_steps``, ``path``, ``about``, ``sequences`` (see
         :func:`~captum_iglens.viewer._payload.map_sequences`), ``vocab`` (the
         top-token strings), ``sources`` (see :func:`source_data`) and
         ``readout`` (see :func:`readout_data`).
@@ -41,6 +41,7 @@ def map_page(result: Any) -> Dict[str, Any]:
         "groups": column_groups(list(result.layer_names)),
         "method": result.method,
         "n_steps": result.n_steps,
+        "path": result.path,
         "about": about(result),
         "sequences": sequences,
         "vocab": vocab.strings,

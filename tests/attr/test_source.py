@@ -126,6 +126,69 @@ def test_page_data_has_the_source_map():
         blocks.source_map()
 
 
+def _own_kernel(module, *args, **kwargs):
+    """An attention kernel of the model's own, whose numerics the eager
+    attention does not share (sdpa, 1e-4 larger)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    output, weights = sdpa_attention_forward(module, *args, **kwargs)
+    return output * (1 + 1e-4), weights
+
+
+def _register_own_kernel():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register("iglens_test_kernel", _own_kernel)
+    sdpa_masks = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+    ALL_MASK_ATTENTION_FUNCTIONS.register("iglens_test_kernel", sdpa_masks)
+
+
+def _plain_prob(model, ids, mask, result):
+    """The model's probability of each target from a plain forward (position
+    ids counted from the first real token of each left-padded row)."""
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask, position_ids=positions).logits
+    logits = logits[:, result.positions]
+    log_probs = logits.float().flatten(0, 1).log_softmax(-1)
+    picked = log_probs.gather(-1, result.targets.reshape(-1, 1))
+    return picked.view_as(result.targets).exp()
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "iglens_test_kernel"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_p_model_is_the_real_forward_and_the_split_closes_on_it(arch, kernel):
+    # The source weights are read by the eager attention; p_model, delta and the
+    # path must come from the model's own forward all the same.
+    _register_own_kernel()
+    model = tiny_model(arch)
+    model.config._attn_implementation = kernel
+    lens = LayerIGLens.from_model(model)
+    ids, mask = left_padded([6, 4], VOCAB)
+    kwargs = dict(additional_forward_args=(mask,), n_steps=5)
+    blocks = lens.attribute_map(ids, **kwargs)
+    heads = lens.attribute_map(ids, granularity="head", **kwargs)
+    real = mask[:, blocks.positions].bool()
+    plain = _plain_prob(model, ids, mask, blocks)
+    assert (blocks.model_prob - plain)[real].abs().max() <= 1e-7
+    n_heads = lens.block_parts.n_heads
+    for granularity in ("source", "source_head"):
+        found = lens.attribute_map(ids, granularity=granularity, **kwargs)
+        assert torch.equal(found.model_prob, blocks.model_prob)
+        assert torch.equal(found.base_prob, blocks.base_prob)
+        attn, mlp = _by_block(found, 2)
+        assert (attn + mlp - blocks.attributions)[real].abs().max() <= FP32_TOL
+        assert found.delta.abs().max() <= FP32_TOL
+        if granularity == "source_head":
+            by_head = found.source_map(by_head=True)
+            for block in range(2):
+                expected = _head_columns(heads, block)[..., :n_heads]
+                gap = by_head[:, :, block].sum(-1) - expected
+                assert gap[real].abs().max() <= FP32_TOL
+    assert model.config._attn_implementation == kernel
+
+
 @pytest.mark.parametrize("arch", sorted(REFUSED))
 def test_refused_where_the_weights_cannot_be_read(arch):
     model = tiny_model(arch)
@@ -261,16 +324,19 @@ def test_real_model_sources_add_up(embedded_model, n_steps):
         with pytest.raises(ValueError, match="granularity: 'head'"):
             lens.attribute_map(ids, granularity="source", **kwargs)
         return
-    # the references with the eager attention the source maps run with (sdpa's
-    # kernels give states that differ by float rounding, ~1e-6 of a 0.4 credit)
-    model.config._attn_implementation = "eager"
-    try:
-        blocks = lens.attribute_map(ids, positions=[-2, -1])
-        heads = lens.attribute_map(ids, granularity="head", **kwargs)
-    finally:
-        model.config._attn_implementation = implementation
+    # the references run the model's own attention (sdpa), as the source maps'
+    # traced forward does: only their weights come from the eager attention
+    blocks = lens.attribute_map(ids, positions=[-2, -1])
+    heads = lens.attribute_map(ids, granularity="head", **kwargs)
     resolved = lens.attribute_map(ids, granularity="source_head", **kwargs)
     sources = lens.attribute_map(ids, granularity="source", **kwargs)
+    with torch.no_grad():
+        logits = model(ids).logits[:, -2:].float().flatten(0, 1)
+    plain = logits.log_softmax(-1).gather(-1, blocks.targets.reshape(-1, 1)).exp()
+    for result in (sources, resolved):
+        gap = result.model_prob - plain.view_as(result.model_prob)
+        assert gap.abs().max() <= 1e-7
+        assert torch.equal(result.model_prob, blocks.model_prob)
     k, n_heads = len(lens.layers), lens.block_parts.n_heads
     by_head = resolved.source_map(by_head=True)
     assert (by_head.sum(-2) - sources.source_map()).abs().max() <= FP32_TOL
@@ -293,8 +359,10 @@ def test_config_restored_when_the_forward_fails():
     implementation = model.config._attn_implementation
 
     def fail(module, args, output):
-        assert model.config._attn_implementation == attention.IMPLEMENTATION
-        raise RuntimeError("planted failure")
+        # the traced forward runs the model's own attention; the second
+        # forward, which reads the weights, the capture's
+        if model.config._attn_implementation == attention.IMPLEMENTATION:
+            raise RuntimeError("planted failure")
 
     handle = model.model.layers[1].register_forward_hook(fail)
     try:

@@ -116,6 +116,69 @@ def test_resume_after_interruption_redoes_nothing(single_run, tmp_path, monkeypa
     assert attributed == [] and path.read_text() == "".join(lines)
 
 
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param(lambda lines: "".join(lines[:3]), id="batch-boundary"),
+        pytest.param(lambda lines: "".join(lines[:4]), id="mid-batch"),
+        pytest.param(
+            lambda lines: "".join(lines[:4]) + lines[4][: len(lines[4]) // 3],
+            id="mid-line",
+        ),
+    ],
+)
+def test_a_resume_writes_byte_for_byte_the_uninterrupted_run(
+    single_run, tmp_path, monkeypatch, cut
+):
+    # The padding of a batch moves a map's last digits (on real models), so
+    # a resume must pad each prompt as the first run did: the same batches.
+    from captum_iglens.studies.batch import run as run_module
+
+    batches = []
+    original = run_module.attribute_batch
+
+    def spy(model, tokenizer, ig_lens, batch, settings):
+        batches.append([p["id"] for p in batch])
+        return original(model, tokenizer, ig_lens, batch, settings)
+
+    monkeypatch.setattr(run_module, "attribute_batch", spy)
+    path, _ = single_run
+    whole = path.read_bytes()
+    (tmp_path / "run.json").write_text((path.parent / "run.json").read_text())
+    (tmp_path / "results.jsonl").write_text(cut(whole.decode().splitlines(True)))
+    assert _run(tmp_path).read_bytes() == whole
+    first_run = [[p["id"] for p in PROMPTS[i : i + 3]] for i in range(0, 8, 3)]
+    assert batches and all(batch in first_run for batch in batches)
+
+
+def test_run_json_records_the_batch_size_and_a_resume_under_another_is_refused(
+    tmp_path,
+):
+    from captum_iglens.studies.batch import check_resume
+
+    model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
+    run_batch(model, tokenizer, PROMPTS[:2], tmp_path, progress=False, batch_size=2)
+    assert json.loads((tmp_path / "run.json").read_text())["batch_size"] == 2
+    before = (tmp_path / "results.jsonl").read_text()
+    with pytest.raises(ValueError, match="batch size 2 .3 now.*--batch-size 2"):
+        run_batch(model, tokenizer, PROMPTS, tmp_path, progress=False, batch_size=3)
+    with pytest.raises(ValueError, match="batch size 2 .3 now"):
+        check_resume(tmp_path, PROMPTS, Settings(), batch_size=3)
+    check_resume(tmp_path, PROMPTS, Settings(), batch_size=2)
+    assert (tmp_path / "results.jsonl").read_text() == before
+
+
+def test_a_run_json_without_a_batch_size_resumes_under_any(tmp_path):
+    model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
+    run_batch(model, tokenizer, PROMPTS[:2], tmp_path, progress=False, batch_size=2)
+    run = json.loads((tmp_path / "run.json").read_text())
+    del run["batch_size"]
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    run_batch(model, tokenizer, PROMPTS[:3], tmp_path, progress=False, batch_size=3)
+    records = read_results(tmp_path / "results.jsonl")
+    assert [r["id"] for r in records] == ["a", 7, "c"]
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -119,6 +119,16 @@ class PathGranularity(ABC):
         """What else is recorded during the traced forward (nothing here)."""
         return nullcontext()
 
+    def second_pass(
+        self, positions: Tensor, device: torch.device
+    ) -> Optional[ContextManager[Any]]:
+        """What is recorded during a second forward of the same inputs, run
+        after the traced one, under numerics of its own (the eager attention
+        that returns a source split's weights): the traced forward, whose
+        output and states are the model's own, is left as a plain forward
+        runs. None (here): no second forward."""
+        return None
+
     def column_names(self, names: List[str]) -> List[str]:
         """The credit columns' names once the traced forward has run."""
         return names

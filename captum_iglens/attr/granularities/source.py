@@ -9,6 +9,12 @@ source position ``j`` (and the bias). The terms add up to the heads' outputs of
 :mod:`~captum_iglens.attr.granularities.heads` (and those to the update), and IG-Lens
 credits each ``∫ ∇f · u_{h,j}``.
 
+The path, ``p_model`` and the heads' outputs ``z_h`` are the model's own forward
+(its attention kernel); ``A`` and ``v`` come from a second forward under the
+eager attention, which returns the weights. That forward's rounding difference
+from ``z_h`` is added to every source's value of the head in proportion to its
+weight (:func:`_correction`), so each head's terms sum to the real ``z_h``.
+
 The terms are never stored:
 :class:`~captum_iglens.attr.granularities.source_terms.SourceComponents` keeps
 the weights of the attributed rows and the values per block, and the estimators
@@ -129,12 +135,13 @@ def source_components(
     )
     factor = attention_factors(parts, outputs, attention_updates(parts, stream))
     scale = float(factor.flatten()[0]) if factor.numel() == 1 else 1.0
-    rows, kept, biases = [], [], []
+    rows, kept, biases, corrections = [], [], [], []
     for j, (a, v) in enumerate(zip(weights, values)):
         a = a.to(stream.device).float()
         v = v.to(stream.device).float()
         found = _head_outputs(a, v, parts.n_heads)
         check_reproduced(j, found, heads_in[j], mask, tolerance)
+        corrections.append(_correction(a, found, heads_in[j], parts.n_heads))
         kept.append(v)
         rows.append(a.permute(0, 2, 1, 3))  # (B, P, H, T)
         bias = projection_bias(parts.attn_out[j])
@@ -158,7 +165,47 @@ def source_components(
             if parts.parallel
             else None
         ),
+        correction=_stack_padded(corrections, 2).flatten(0, 2),
     )
+
+
+def _stack_padded(tensors: List[Tensor], at: int) -> Tensor:
+    """``tensors`` stacked at ``at``, zero-padded along the last dimension to
+    the longest (blocks whose heads differ in size, e.g. Gemma 4's)."""
+    size = max(t.shape[-1] for t in tensors)
+    padded = [
+        torch.cat([t, t.new_zeros(*t.shape[:-1], size - t.shape[-1])], -1)
+        for t in tensors
+    ]
+    return torch.stack(padded, at)
+
+
+def _correction(
+    weights: Tensor, found: Tensor, heads_in: Tensor, n_heads: int
+) -> Tensor:
+    r"""
+    Per row and head, ``(z_h - Σ_j A_{tj} v_j) / Σ_j A_{tj}``: what the real
+    forward's head output ``z_h`` adds to the captured weights times values,
+    over the weights' sum (1 but for attention sinks). Added to every
+    source's value, it makes the head's source terms sum to the real head
+    output, so that a head's sources add up to its column of the head map; the
+    eager attention that returns the weights differs from the model's own
+    kernel by float rounding, and this difference is spread over the sources
+    in proportion to their weights.
+
+    Args:
+        weights (Tensor): ``(B, H, P, T)`` float32.
+        found (Tensor): ``(B, P, H·e)`` float32: the weights times the values.
+        heads_in (Tensor): ``(B, P, H·e)``: the real forward's head outputs.
+
+    Returns:
+        *Tensor* ``(B, P, H, e)`` float32 (zero where a row has no weight).
+    """
+    b, p = found.shape[:2]
+    gap = (heads_in.to(found).double() - found.double()).view(b, p, n_heads, -1)
+    total = weights.double().sum(-1).permute(0, 2, 1).unsqueeze(-1)  # (B, P, H, 1)
+    spread = torch.where(total > 0, gap / total.clamp_min(1e-30), 0.0)
+    return spread.float()
 
 
 class Sources(Heads):
@@ -184,7 +231,13 @@ class Sources(Heads):
         )
         return points, self._placeholders(names)
 
-    def recording(self, positions: Tensor, device: torch.device) -> ContextManager[Any]:
+    def second_pass(
+        self, positions: Tensor, device: torch.device
+    ) -> Optional[ContextManager[Any]]:
+        """The attention weights and values, from a forward of their own under
+        the eager attention (which returns its weights): the traced forward,
+        whose ``p_model`` and residual stream the split closes on, runs the
+        model's own attention implementation, untouched."""
         self._attention.positions, self._attention.device = positions, device
         return self._attention
 
@@ -273,6 +326,7 @@ def _sum_heads(attrs: Tensor, k: int, found: SourceComponents) -> Tensor:
     n, rest = attrs.shape[0], attrs.shape[2:]
     h, t = found.n_heads, found.n_sources
     blocks = attrs[:, 1:].reshape(n, k, -1, *rest)
-    sources = blocks[:, :, : h * t].reshape(n, k, h, t, *rest).sum(2)
+    heads = blocks[:, :, : h * t].reshape(n, k, h, t, *rest)
+    sources = heads.sum(2, dtype=torch.float64).to(attrs.dtype)  # rounded once
     per_block = torch.cat([sources, blocks[:, :, h * t :]], dim=2).flatten(1, 2)
     return torch.cat([attrs[:, :1], per_block], dim=1)

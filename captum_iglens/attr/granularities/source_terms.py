@@ -45,6 +45,10 @@ class SourceComponents:
                     factor per row. Default: None
         extra (Tensor, optional): ``(R, d)`` float32: a parallel block's MLP
                     output per row, the last component. Default: None
+        correction (Tensor, optional): ``(R, H, e)`` float32 (``e`` the
+                    largest head size, zero-padded): per row and head, added
+                    to every value the row reads, so that the head's terms sum
+                    to the real forward's head output. Default: None
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class SourceComponents:
         per_example: int,
         factor: Optional[Tensor] = None,
         extra: Optional[Tensor] = None,
+        correction: Optional[Tensor] = None,
     ) -> None:
         self.weights = weights
         self.values = list(values)
@@ -68,6 +73,7 @@ class SourceComponents:
         self.per_example = per_example
         self.factor = factor
         self.extra = extra
+        self.correction = correction
         self._grams: List[Optional[Tensor]] = [None] * len(self.projections)
 
     @property
@@ -115,6 +121,7 @@ class SourceComponents:
             self.per_example,
             self.factor,
             self.extra,
+            self.correction,
         )
 
     def __getitem__(self, index: Union[slice, Tensor]) -> Tensor:
@@ -211,7 +218,11 @@ class SourceComponents:
         query heads."""
         example = torch.div(flat, self.per_example, rounding_mode="floor")
         values = self.values[block][example]
-        return values.repeat_interleave(self.n_heads // values.shape[1], dim=1)
+        values = values.repeat_interleave(self.n_heads // values.shape[1], dim=1)
+        if self.correction is None:
+            return values
+        shift = self.correction[flat][:, :, None, : values.shape[-1]]
+        return values + shift
 
     def _heads(self, block: int) -> Tensor:
         """``(d, H, e)`` float32: ``s W_O`` per head."""

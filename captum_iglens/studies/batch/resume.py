@@ -9,7 +9,7 @@ relatively is the same model.
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Dict, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
 from torch.nn import Module
@@ -32,6 +32,9 @@ WEIGHTS = "weights_checksum"
 #: The key under which a ``run.json`` written by version 0.1.0 holds the older
 #: checksum of the weights (``_weights_sha256_0_1``), still read.
 WEIGHTS_0_1 = "weights_sha256"
+#: The key of ``run.json`` that holds the prompts per padded batch (a
+#: ``run.json`` written before it was recorded has none, and is not checked).
+BATCH_SIZE = "batch_size"
 #: The key of ``run.json`` that records the dtype of the model's weights.
 DTYPE = "model_dtype"
 #: The readout a ``run.json`` without one was written under.
@@ -42,24 +45,36 @@ def check_resume(
     out_dir: Union[str, Path],
     prompts: Sequence[Dict[str, Any]],
     settings: Settings,
+    batch_size: Optional[int] = None,
 ) -> None:
     r"""
     The checks of a rerun in ``out_dir`` that need no model, for a caller that
-    loads the model afterwards (the CLI): the settings recorded in
-    ``run.json`` and the texts of the prompts already done.
+    loads the model afterwards (the CLI): the settings and the batch size
+    recorded in ``run.json`` and the texts of the prompts already done.
     :func:`~captum_iglens.studies.batch.run_batch` makes them again, with the
     weights' checksum.
 
+    Args:
+
+        out_dir (str or Path): The output folder.
+        prompts (list[dict]): The prompts of the rerun.
+        settings (Settings): Its settings.
+        batch_size (int, optional): Its prompts per padded batch. Default:
+                    None (not checked)
+
     Raises:
-        ValueError: If the folder was written with other settings, holds results
-            but no ``run.json``, or holds a prompt or given answer that differs
-            under the same id (naming the ids).
+        ValueError: If the folder was written with other settings or another
+            batch size, holds results but no ``run.json``, or holds a prompt or
+            given answer that differs under the same id (naming the ids).
     """
     out = Path(out_dir)
     if not out.is_dir():
         return
     if (out / RUN).exists():
-        _compare(out, read_run(out), {"settings": settings.to_dict()}, "settings")
+        recorded = read_run(out)
+        _compare(out, recorded, {"settings": settings.to_dict()}, "settings")
+        if batch_size is not None:
+            check_batch_size(out, recorded, batch_size)
     elif any(f.exists() for f in result_files(out)):
         raise ValueError(
             f"out_dir: {out} holds results but no {RUN}, so their settings are "
@@ -96,7 +111,8 @@ def check_model(
 
 
 def claim_run(out: Path, run: Dict[str, Any], model: Module) -> None:
-    """Records ``run`` (the settings, the model's name and the readout) with the
+    """Records ``run`` (the settings, the batch size, the model's name and the
+    readout) with the
     checksum of ``model``'s weights in ``out/run.json``, or checks them against
     the ones there."""
     path = out / RUN
@@ -112,8 +128,23 @@ def claim_run(out: Path, run: Dict[str, Any], model: Module) -> None:
     recorded = read_run(out)
     ours = json.loads(json.dumps(plain(run)))
     _compare(out, recorded, ours, "settings")
+    check_batch_size(out, recorded, ours[BATCH_SIZE])
     _compare(out, recorded, ours, "readout")
     _check_weights(out, recorded, model, ours["model"])
+
+
+def check_batch_size(out: Path, recorded: Dict[str, Any], batch_size: int) -> None:
+    """Refuses to resume under another batch size than the recorded one (the
+    batches would be padded otherwise, and the maps differ in their last
+    digits); a ``run.json`` that records none is not checked."""
+    old = recorded.get(BATCH_SIZE, batch_size)
+    if old != batch_size:
+        raise ValueError(
+            f"out_dir: {out} was written with batch size {old!r} ({batch_size!r} "
+            "now); a resume re-forms the same padded batches only under the same "
+            f"size. Rerun with --batch-size {old!r} (batch_size={old!r}) or choose "
+            "a new --out folder"
+        )
 
 
 def read_run(out: Path) -> Dict[str, Any]:

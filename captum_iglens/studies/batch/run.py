@@ -7,7 +7,7 @@ with ``torch.distributed`` (e.g. under ``torchrun``) and merged at the end.
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,7 @@ from captum_iglens.studies.batch.records import (
     merge_results,
 )
 from captum_iglens.readout.layer_readout import LensType, readout_record
-from captum_iglens.studies.batch.resume import claim_run
+from captum_iglens.studies.batch.resume import BATCH_SIZE, claim_run
 from captum_iglens.studies.prompts import check_prompts, prompt_key
 
 
@@ -71,13 +71,18 @@ def run_batch(
 
     Resumable: prompts whose ids already have a record in ``out_dir`` (in
     ``results.jsonl`` or a per-process file) are not redone, and an incomplete
-    last line left by an interruption is dropped. The settings and the model's
-    identity (its name and a checksum of its weights) are recorded in
-    ``out_dir/run.json``; resuming under other settings or another model raises
-    ``ValueError`` before any work, so one folder never mixes runs.
+    last line left by an interruption is dropped. The batches are formed by
+    index from the first prompt (prompts ``0..batch_size-1``, then the next
+    ``batch_size``, ...), so a resume pads every prompt as the first run did
+    and writes byte for byte the same ``results.jsonl``; a batch interrupted
+    part-way is attributed again whole. The settings, the batch size and the
+    model's identity (its name and a checksum of its weights) are recorded in
+    ``out_dir/run.json``; resuming under other settings, another batch size or
+    another model raises ``ValueError`` before any work, so one folder never
+    mixes runs.
 
     When ``torch.distributed`` is initialised (see :func:`init_distributed`), each
-    process takes every ``world_size``-th remaining prompt and writes
+    process takes every ``world_size``-th batch and writes
     ``results.rank<r>.jsonl``; after a barrier, rank 0 merges every file into
     ``results.jsonl``, in input order, and removes the per-process files. Every
     process returns after the merge.
@@ -138,7 +143,11 @@ def run_batch(
     out.mkdir(exist_ok=True)
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    run = {**provenance(model, settings), "readout": readout_record(attributor.readout)}
+    run = {
+        **provenance(model, settings),
+        BATCH_SIZE: batch_size,
+        "readout": readout_record(attributor.readout),
+    }
     lock = BatchLock(out)
 
     def claim() -> None:
@@ -179,21 +188,25 @@ def _run_prompts(
     check_texts(out, prompts, done)
     if distributed:
         dist.barrier()  # every process has read the same finished set before any writes
-    todo = [p for p in prompts if prompt_key(p["id"]) not in done][rank::world]
-
+    batches = [
+        batch
+        for batch in _batches(prompts, batch_size)[rank::world]
+        if any(prompt_key(p["id"]) not in done for p in batch)
+    ]
     bar = tqdm(
-        total=len(todo),
+        total=sum(prompt_key(p["id"]) not in done for b in batches for p in b),
         desc="attributing",
         unit="prompt",
         disable=not progress or rank != 0,
     )
     with open(own, "a", encoding="utf-8") as handle:
-        for start in range(0, len(todo), batch_size):
-            batch = todo[start : start + batch_size]
+        for batch in batches:
             for record in attribute_batch(model, tokenizer, ig_lens, batch, settings):
+                if prompt_key(record["id"]) in done:
+                    continue  # written before an interruption: kept as it is
                 handle.write(json.dumps(record) + "\n")
                 handle.flush()
-            bar.update(len(batch))
+                bar.update(1)
     bar.close()
 
     if distributed:
@@ -202,6 +215,17 @@ def _run_prompts(
         merge_results(out, prompts)
     if distributed:
         dist.barrier()
+
+
+def _batches(
+    prompts: Sequence[Dict[str, Any]], batch_size: int
+) -> List[Sequence[Dict[str, Any]]]:
+    """The padded batches of ``prompts``, formed by index from the first prompt
+    whatever is done already: a resume re-forms the batches of the first run,
+    so a batch cut short is attributed with the same padding again (its done
+    prompts' records are not rewritten) and every map comes out the same to the
+    last bit."""
+    return [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
 
 
 def _on_rank_zero(rank: int, step: Callable[[], None]) -> Optional[str]:

@@ -650,7 +650,7 @@
 
   // ------------------------------------------------------------------ pages
   function pageMap(root, d) {
-    header(root, 'IG-Lens map', Object.assign({}, d.about, { method: d.method + ', n_steps = ' + d.n_steps }));
+    header(root, 'IG-Lens map', Object.assign({}, d.about, { method: d.method + ', n_steps = ' + d.n_steps + ', path = ' + d.path }));
     var slot = h('div');
     if (d.sequences.length > 1) {
       var controls = add(root, h('div', 'controls'));

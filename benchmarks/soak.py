@@ -1,0 +1,104 @@
+r"""
+Memory soak: the same CLI job run ``--runs`` times, each in a fresh process,
+with each run's peak resident memory (``ru_maxrss`` of that child, from
+``os.wait4``). Prints every peak, the median, the worst and worst / median (the
+goal: at most 1.3).
+
+The prompt is built the same way every time from the repository's LICENSE
+text, repeated and cut to ``--tokens`` tokens of the default model's tokenizer
+(no chat template, so the model reads exactly those tokens):
+
+    python benchmarks/soak.py                     # block map, 1,494 tokens, 20 runs
+    python benchmarks/soak.py --granularity source --tokens 600
+    python benchmarks/soak.py --runs 3 --tokens 300          # a quick check
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 2**20
+
+
+def build_prompt(tokens: int) -> str:
+    """The LICENSE text, repeated, cut to ``tokens`` tokens and decoded."""
+    from captum_iglens.hf.models import load_default
+
+    _, tokenizer = load_default(progress=False)
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8") + "\n\n"
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    repeated = ids * (tokens // max(1, len(ids)) + 1)
+    return tokenizer.decode(repeated[:tokens])
+
+
+def run_once(prompt_file: str, args: argparse.Namespace) -> tuple:
+    """One CLI job in a fresh process: its peak RSS in bytes and wall seconds."""
+    command = [
+        sys.executable,
+        "-m",
+        "captum_iglens",
+        "attribute",
+        "--stdin",
+        "--no-chat",
+        "--quiet",
+        "--positions",
+        args.positions,
+        "--granularity",
+        args.granularity,
+        "--max-chunk-mib",
+        str(args.max_chunk_mib),
+        "--max-new-tokens",
+        "1",
+        "--json",
+        os.devnull,
+    ]
+    start = time.perf_counter()
+    with open(prompt_file, "rb") as stdin:
+        child = subprocess.Popen(
+            command, stdin=stdin, stdout=subprocess.DEVNULL, cwd=ROOT
+        )
+        _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise SystemExit(f"run failed with exit status {child.returncode}")
+    return usage.ru_maxrss * 1024, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--tokens", type=int, default=1494)
+    parser.add_argument("--granularity", default="block")
+    parser.add_argument("--positions", default="all")
+    parser.add_argument("--max-chunk-mib", type=int, default=32)
+    args = parser.parse_args()
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
+        handle.write(build_prompt(args.tokens))
+    try:
+        print(
+            f"captum-iglens attribute: {args.tokens} tokens, --positions "
+            f"{args.positions}, --granularity {args.granularity}, --max-chunk-mib "
+            f"{args.max_chunk_mib}; {args.runs} fresh processes"
+        )
+        peaks = []
+        for run in range(args.runs):
+            peak, seconds = run_once(handle.name, args)
+            peaks.append(peak)
+            print(f"run {run + 1:2d}: peak RSS {peak / MIB:8.0f} MiB ({seconds:.0f} s)")
+    finally:
+        os.unlink(handle.name)
+    median, worst = statistics.median(peaks), max(peaks)
+    print(
+        f"median {median / MIB:.0f} MiB, worst {worst / MIB:.0f} MiB, "
+        f"worst / median {worst / median:.2f} (goal <= 1.3)"
+    )
+
+
+if __name__ == "__main__":
+    main()
