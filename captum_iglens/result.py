@@ -27,6 +27,7 @@ from captum_iglens._utils.schema import (
 from captum_iglens._utils.serialization import JsonDocument, plain
 from captum_iglens._utils.source_columns import SourceLayout, source_layout
 from captum_iglens._utils.tokens import decode_tokens
+from captum_iglens.onset import DEFAULT_ONSET_RULE, onset_layers
 from captum_iglens.readout.scores import PAD
 from captum_iglens.viewer import Viewable
 from captum_iglens.viewer._map import map_page
@@ -329,27 +330,33 @@ class IGLensResult(JsonDocument, Viewable):
         (summed in float64: credits that cancel keep the sum exact)."""
         return self.attributions.double().sum(-1).to(self.attributions.dtype)
 
-    def onset(self, frac: float = 0.5) -> Tensor:
+    def onset(self, frac: float = 0.5, rule: str = DEFAULT_ONSET_RULE) -> Tensor:
         r"""
-        The onset layer ``L*`` of every token: the earliest chosen layer at which the
-        cumulative ``|credit|`` reaches ``frac`` of the token's total ``|credit|``.
+        The onset layer ``L*`` of every token under ``rule``
+        (:data:`~captum_iglens.onset.ONSET_RULES`): by default (``"abs"``) the
+        earliest chosen layer at which the cumulative ``|credit|`` reaches
+        ``frac`` of the token's total ``|credit|``; ``"positive"``, the same on
+        ``max(credit, 0)`` (where ``frac`` of the probability that is built has
+        been built); ``"argmax"``, the layer with the largest credit.
 
         Args:
 
-            frac (float, optional): Fraction of the absolute credit mass, in
-                        ``(0, 1]``. Default: 0.5.
+            frac (float, optional): Fraction of the mass of the cumulative
+                        rules, in ``(0, 1]``. Default: 0.5.
+            rule (str, optional): ``"abs"``, ``"positive"`` or ``"argmax"``.
+                        Default: :data:`~captum_iglens.onset.DEFAULT_ONSET_RULE`.
 
         Returns:
             *Tensor* of shape ``(B, P)``, long: an index into ``layer_names``, or
-            ``-1`` where the token has no credit at all (or is padding).
+            ``-1`` where the rule finds no onset (no credit at all, or none
+            positive under ``"positive"``) or the position is padding.
+
+        Raises:
+            ValueError: If ``rule`` is not a rule's name or ``frac`` is not in
+                ``(0, 1]``.
         """
-        if not 0.0 < frac <= 1.0:
-            raise ValueError(f"frac: expected a number in (0, 1], got {frac}")
-        mass = self.attributions.abs().cumsum(-1)
-        total = mass[..., -1:]
-        reached = mass >= frac * total * (1 - 1e-6)
-        index = reached.long().argmax(-1)
-        return torch.where((total[..., 0] > 0) & self.mask, index, -1)
+        index = onset_layers(self.attributions, frac, rule)
+        return torch.where(self.mask, index, -1)
 
     # ----------------------------------------------------------- tables and CSV
 

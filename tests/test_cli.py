@@ -229,6 +229,48 @@ def test_validate_restoration_on_gemma3(tmp_path):
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.real_model
+def test_validate_and_compare_on_the_joint_path(tmp_path):
+    """--path joint makes the main IG-Lens method itself the joint one, beside
+    ig_lens_joint (the same map), in both studies."""
+    out = _run(
+        "validate",
+        "--test",
+        "restoration",
+        "--path",
+        "joint",
+        "--limit",
+        "2",
+        "--noise-seeds",
+        "1",
+        "--methods",
+        "ig_lens,ig_lens_joint,dla",
+        "--json",
+        str(tmp_path / "r.json"),
+    )
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^ig_lens_joint\s+positive\s+", out.stdout, re.M)
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["settings"]["settings"]["path"] == "joint"
+    assert data["scores"]["ig_lens"] == data["scores"]["ig_lens_joint"]
+    out = _run(
+        "compare",
+        "The capital of France is",
+        "--no-chat",
+        "--path",
+        "joint",
+        "--methods",
+        "ig_lens,ig_lens_joint,dla,dla_prob",
+        "--json",
+        str(tmp_path / "c.json"),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "joint path beside DLA over 4 columns" in out.stdout
+    methods = json.loads((tmp_path / "c.json").read_text())["methods"]
+    assert methods["ig_lens"]["scores"] == methods["ig_lens_joint"]["scores"]
+    assert max(methods["ig_lens_joint"]["residual"][0]) <= 1e-6
+
+
 def test_each_subcommand_keeps_its_own_defaults():
     from captum_iglens.cli import build_parser
 

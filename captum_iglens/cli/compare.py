@@ -62,6 +62,10 @@ def prepare(args: argparse.Namespace) -> Job:
         format_source_agreement,
     )
     from captum_iglens.studies.comparison.compare import method_names
+    from captum_iglens.studies.comparison.joint import (
+        format_joint_agreement,
+        has_joint_agreement,
+    )
     from captum_iglens.studies.comparison.sources import has_source_agreement
 
     settings = settings_from(args)
@@ -106,6 +110,8 @@ def prepare(args: argparse.Namespace) -> Job:
         print(result.format_table())
         if settings.granularity == "head" and {"ig_lens", "dla"} <= set(args.methods):
             print(format_head_agreement(result))
+        if has_joint_agreement(result):
+            print(format_joint_agreement(result))
         if has_source_agreement(result):
             print(format_source_agreement(result))
         write_outputs(result, args)

@@ -5,6 +5,10 @@ from captum_iglens.studies.comparison.heads import (
     format_head_agreement,
     head_rank_agreement,
 )
+from captum_iglens.studies.comparison.joint import (
+    format_joint_agreement,
+    joint_agreement,
+)
 from captum_iglens.studies.methods.registry import (
     COMPARED_METHODS,
     METHODS,
@@ -30,8 +34,10 @@ __all__ = [
     "compare",
     "compare_text",
     "format_head_agreement",
+    "format_joint_agreement",
     "format_source_agreement",
     "head_rank_agreement",
+    "joint_agreement",
     "plot_comparison",
     "source_rank_agreement",
 ]

@@ -68,6 +68,9 @@ def compare(
 
     - ``"ig_lens"``: :meth:`LayerIGLens.attribute_map`. Its credits sum to
       ``Δp = p_model − f(h_base)``.
+    - ``"ig_lens_joint"``: :meth:`LayerIGLens.attribute_map` with
+      ``path="joint"`` (whatever the settings' path): every block's update
+      integrated along ``h_0 → h_final`` at once. Its credits sum to ``Δp``.
     - ``"logit_lens"``: the levels ``f(h_{L_j})``, read from IG-Lens's own pass
       (a logit lens costs what IG-Lens costs). Levels, not attributions: their
       sum is set against ``Δp = p_model − f(h_0)`` only to show it means nothing.
@@ -86,6 +89,10 @@ def compare(
       scores sum to the logit difference ``ℓ(h_final) − ℓ̃(h_0)``, the target's
       logit minus that of ``h_0`` read at the same frozen scale; the residual
       shows what comes of reading that sum as ``Δp = p_model − f(h_0)``.
+    - ``"dla_prob"``: DLA mapped to probability: each update alone on ``h_0``,
+      ``p̃(h_0 + Δ_j) − p̃(h_0)``, read through the same frozen-scale readout
+      with the softmax over the whole vocabulary (softcapping kept). The
+      residual is how far DLA is from additive in probability.
     - ``"layer_conductance"``: Captum's :class:`~captum.attr.LayerConductance`,
       one call per block (it takes one layer). It interpolates the model's inputs,
       so ``F`` runs the model on ``inputs_embeds``, the embedding module's output

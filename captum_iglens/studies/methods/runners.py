@@ -220,13 +220,27 @@ def ig_lens(work: Work) -> Outcome:
     return ig_lens_outcome(result, work.settings)
 
 
+def ig_lens_joint(work: Work) -> Outcome:
+    r"""IG-Lens on the joint path, whatever the work's own path: every block's
+    update integrated along ``h_0 → h_final`` at once."""
+    settings = replace(work.settings, path="joint")
+    result = work.ig_lens.attribute_map(
+        work.input_ids,
+        target=work.targets,
+        additional_forward_args=work.extra,
+        positions=work.positions,
+        **settings.map_kwargs(),
+    )
+    return ig_lens_outcome(result, settings)
+
+
 def ig_lens_outcome(result: IGLensResult, settings: Settings) -> Outcome:
     """IG-Lens's outcome from its map ``result``, made with ``settings``."""
     change = result.model_prob - result.base_prob
     start = "h_0" if settings.baselines is None else f"baselines={settings.baselines!r}"
     note = (
-        f"{settings.method.replace('_', '-')} IG of f_y along {start} → h_L1 → … → "
-        "h_final."
+        f"{settings.method.replace('_', '-')} IG of f_y from {start} to h_final, "
+        f"{result.path} path."
     )
     return Outcome(
         result.attributions,
@@ -313,13 +327,14 @@ def logit_lens_diff_outcome(levels: Tensor, names: List[str]) -> Outcome:
     )
 
 
-def _frozen_logit(
-    readout: Readout, norm_kind: str
-) -> Tuple[Callable[[Tensor, Tensor, Tensor], Tensor], bool]:
+def _frozen_logits(
+    readout: Readout, norm_kind: str, linear: bool
+) -> Tuple[Callable[[Tensor, Tensor], Tensor], bool]:
     r"""
-    ``ℓ̃(x; h_f)[y]``: the target's logit of ``x`` through the readout with the
-    final norm's scale taken from ``h_f``, which is affine in ``x``; and whether
-    softcapping (not affine) was left out.
+    ``ℓ̃(x; h_f)``: the logits of ``x`` through the readout with the final
+    norm's scale taken from ``h_f``, which is affine in ``x`` when ``linear``
+    (softcapping, not affine, is then left out); and whether softcapping was
+    left out.
     """
     norm = readout.norm
     parts: List[Any] = list(norm) if isinstance(norm, Sequential) else [norm]
@@ -330,14 +345,14 @@ def _frozen_logit(
     post = readout.post
     if post is not None and not isinstance(post, (LogitScale, LogitDivide, Softcap)):
         raise ValueError(f"dla: unsupported final transform {type(post).__name__}")
-    skip_post = isinstance(post, Softcap)
+    skip_post = linear and isinstance(post, Softcap)
 
     def scale(h: Tensor) -> Tensor:
         h = h.float()
         h = h - h.mean(-1, keepdim=True) if centered else h
         return (h.pow(2).mean(-1, keepdim=True) + eps).sqrt()
 
-    def logit(x: Tensor, h_f: Tensor, targets: Tensor) -> Tensor:
+    def logits(x: Tensor, h_f: Tensor) -> Tensor:
         z = x
         if norm is not None:
             # norm(x) − norm(0) = weight · centred(x) / scale(x): rescale to h_f's.
@@ -345,40 +360,56 @@ def _frozen_logit(
             z = (norm(x) - zero) * (scale(x) / scale(h_f)).to(x.dtype) + zero
         for module in after:
             z = module(z)
-        logits = readout.head(z)
+        out = readout.head(z)
         if post is not None and not skip_post:
-            logits = post(logits)
-        return logits.float().gather(-1, targets[:, None].to(logits.device))[:, 0]
+            out = post(out)
+        return out.float()
 
-    return logit, skip_post
+    return logits, skip_post
+
+
+def _dla_columns(work: Work) -> Tuple[Tensor, Tensor, Optional[List[str]]]:
+    """Rows ``(B·P, k + 1, d)`` of the path points, each column's update
+    ``(B·P, n, d)`` (each head's output apart at the head granularity) and the
+    column names when not the chosen blocks."""
+    if work.settings.granularity == "head":  # each head's output u_h apart
+        points, parts, names = work.head_stream()
+        return points, parts.to(points.dtype), names
+    points = work.stream()
+    return points, points.diff(dim=1), None
+
+
+def _frozen_rows(
+    work: Work,
+    rows: Tensor,
+    h_final: Tensor,
+    read: Callable[[Tensor, Tensor], Tensor],
+) -> Tensor:
+    """``(B, P, width)``: ``read`` (logits to the target's score) of the
+    ``(B·P, width, d)`` ``rows``, each at its token's ``h_final``, in chunks."""
+    chunk = work.ig_lens.readout.rows_per_chunk()
+    width = rows.shape[1]
+    flat = rows.flatten(0, 1)
+    h_f = h_final.repeat_interleave(width, 0)
+    targets = work.targets.flatten().repeat_interleave(width).to(flat.device)
+    values = torch.cat(
+        [
+            read(flat[c], h_f[c]).gather(-1, targets[c, None])[:, 0]
+            for c in (slice(s, s + chunk) for s in range(0, flat.shape[0], chunk))
+        ]
+    )
+    return values.view(*work.targets.shape, width)
 
 
 def dla(work: Work) -> Outcome:
     readout = cast(Readout, work.ig_lens.readout)  # the work's IG-Lens reads logits
-    logit, skip_post = _frozen_logit(readout, work.parts.norm_kind)
-    chunk = work.ig_lens.readout.rows_per_chunk()
-    names: Optional[List[str]] = None
+    logits, skip_post = _frozen_logits(readout, work.parts.norm_kind, linear=True)
     with torch.no_grad():
-        if work.settings.granularity == "head":  # each head's output u_h apart
-            points, parts, names = work.head_stream()
-            parts = parts.to(points.dtype)
-        else:
-            points = work.stream()
-            parts = points.diff(dim=1)
-        n, _, d = points.shape
-        width = parts.shape[1] + 3
+        points, parts, names = _dla_columns(work)
+        zeros = points.new_zeros(points.shape[0], 1, points.shape[2])
         # Per token: 0, h_0, Δ_1, ..., Δ_k, h_final; all at h_final's norm scale.
-        zeros = points.new_zeros(n, 1, d)
         rows = torch.cat([zeros, points[:, :1], parts, points[:, -1:]], 1)
-        rows = rows.flatten(0, 1)
-        h_final = points[:, -1].repeat_interleave(width, 0)
-        targets = work.targets.flatten().repeat_interleave(width)
-        values = torch.cat(
-            [
-                logit(rows[c], h_final[c], targets[c])
-                for c in (slice(s, s + chunk) for s in range(0, rows.shape[0], chunk))
-            ]
-        ).view(*work.targets.shape, width)
+        values = _frozen_rows(work, rows, points[:, -1], logits)
     scores = values[..., 2:-1] - values[..., :1]  # the linear part: no biases
     where = " before softcapping" if skip_post else ""
     note = (
@@ -392,6 +423,31 @@ def dla(work: Work) -> Outcome:
     return Outcome(
         scores, change, work.model_prob - work.h0_prob, "logit", note, None, names
     )
+
+
+def dla_prob(work: Work) -> Outcome:
+    r"""DLA mapped to probability: each column's update alone on ``h_0``,
+    ``p̃(h_0 + Δ_j) − p̃(h_0)``, through the readout with the final norm's
+    scale from ``h_final`` (DLA's), softmax over the whole vocabulary. Their
+    sum is read against ``Δp``: how far DLA is from additive in probability."""
+    readout = cast(Readout, work.ig_lens.readout)
+    logits, _ = _frozen_logits(readout, work.parts.norm_kind, linear=False)
+
+    def probs(x: Tensor, h_f: Tensor) -> Tensor:
+        return logits(x, h_f).softmax(-1)
+
+    with torch.no_grad():
+        points, parts, names = _dla_columns(work)
+        # Per token: h_0, h_0 + Δ_1, ..., h_0 + Δ_k; at h_final's norm scale.
+        rows = torch.cat([points[:, :1], points[:, :1] + parts], 1)
+        values = _frozen_rows(work, rows, points[:, -1], probs)
+    change = work.model_prob - work.h0_prob
+    note = (
+        "each update alone on h_0, p̃(h_0 + Δ_j) − p̃(h_0), final norm's scale "
+        "from h_final (DLA's, in probability); the sum is not Δp = p − f(h_0)."
+    )
+    scores = values[..., 1:] - values[..., :1]
+    return Outcome(scores, change, change, "probability", note, None, names)
 
 
 #: Memory that one of Captum's calls may hold at once (activations kept for the

@@ -19,6 +19,7 @@ from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import encode_prompt, left_pad, pad_token_id
+from captum_iglens.onset import DEFAULT_ONSET_RULE, ONSET_RULES
 from captum_iglens.readout.layer_readout import LensType, readout_record
 from captum_iglens.settings import Settings
 from captum_iglens.studies.methods.registry import LEARNED_METHODS, SCORED_METHODS
@@ -237,12 +238,18 @@ def _restoration_result(
 ) -> RestorationResult:
     """Every method's onsets beside the causal ones under each corruption, with
     the table's summary; ``run`` gets the ids of the facts left out."""
-    onsets = {
-        m: np.array([_onset(row, test.study.onset_frac) for row in scored.scores[m]])
-        for m in methods
+    by_rule = {
+        rule: {
+            m: np.array([_onset(row, test.study.onset_frac, rule) for row in rows])
+            for m, rows in scored.scores.items()
+        }
+        for rule in ONSET_RULES
     }
+    onsets = by_rule[DEFAULT_ONSET_RULE]
     depth = scored.nonmonotone_depth()
     summary, causal = _summary(test.probs, scored, onsets, depth, test.study)
+    rules = _rule_summary(test.probs, scored, by_rule, causal, test.study)
+    run["onset_rule"] = DEFAULT_ONSET_RULE
     run["subjects_not_found"] = [
         f.id for f in prompts if isinstance(f, Fact) and not f.subject_span()
     ]
@@ -261,6 +268,7 @@ def _restoration_result(
         conductance=scored.conductance,
         summary=summary,
         settings=run,
+        rules=rules,
     )
 
 
@@ -353,8 +361,7 @@ def _summary(
     monotone = depth <= study.nonmonotone_threshold
     summary, causal = {}, {}
     for c, columns in probs.items():
-        clean, corrupt, recovery = columns[:, 0], columns[:, 1], _recovery(columns)
-        effective = clean - corrupt >= study.min_effect * clean
+        recovery, effective = _recovery(columns), _effective(columns, study)
         causal[c] = np.array(
             [
                 causal_onset(r, study.recovery_threshold) if ok else np.nan
@@ -383,6 +390,39 @@ def _summary(
             for g, members in groups.items()
         }
     return summary, causal
+
+
+def _rule_summary(
+    probs: Dict[str, np.ndarray],
+    scored: Scores,
+    by_rule: Dict[str, Dict[str, np.ndarray]],
+    causal: Dict[str, np.ndarray],
+    study: StudyOptions,
+) -> Dict[str, Any]:
+    """Per corruption and onset rule, every method's onset agreement with the
+    causal onsets over the tokens the corruption affects (those with a causal
+    onset)."""
+    out: Dict[str, Any] = {}
+    for c, columns in probs.items():
+        recovery, members = _recovery(columns), _effective(columns, study)
+        gains = {
+            m: _gain_spearman(scored.scores[m], recovery, members)
+            for m in scored.scores
+        }
+        out[c] = {
+            rule: {
+                m: onset_agreement(
+                    np.where(members, onsets[m], np.nan),
+                    causal[c],
+                    gains[m],
+                    study.n_bootstrap,
+                    study.seed,
+                )
+                for m in onsets
+            }
+            for rule, onsets in by_rule.items()
+        }
+    return out
 
 
 def _subject_tokens(tokenizer: Any, fact: Fact) -> Tuple[Tensor, Tensor]:
@@ -433,16 +473,23 @@ def _columns(traced: Restoration) -> np.ndarray:
     ).numpy()
 
 
+def _effective(columns: np.ndarray, study: StudyOptions) -> np.ndarray:
+    """``(N,)``: the corruption lowered ``p`` by at least ``study.min_effect``
+    of ``p_clean``."""
+    clean, corrupt = columns[:, 0], columns[:, 1]
+    return clean - corrupt >= study.min_effect * clean
+
+
 def _recovery(columns: np.ndarray) -> np.ndarray:
     gap = columns[:, :1] - columns[:, 1:2]
     with np.errstate(divide="ignore", invalid="ignore"):
         return (columns[:, 2:] - columns[:, 1:2]) / gap
 
 
-def _onset(row: np.ndarray, frac: float) -> float:
+def _onset(row: np.ndarray, frac: float, rule: str) -> float:
     if np.isnan(row).any():
         return np.nan
-    onset = onset_index(row, frac)
+    onset = onset_index(row, frac, rule)
     return np.nan if onset < 0 else float(onset)
 
 

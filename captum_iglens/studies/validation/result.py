@@ -20,6 +20,7 @@ from captum_iglens._utils.schema import (
     Texts,
 )
 from captum_iglens._utils.serialization import JsonDocument, plain
+from captum_iglens.onset import ONSET_RULES
 from captum_iglens.studies.validation.facts import Fact
 from captum_iglens.studies.validation.page import restoration_page, validation_page
 from captum_iglens.studies.validation.plot import plot_restoration, plot_validation
@@ -372,11 +373,16 @@ _ONSET_TITLES = {
     "median_abs_diff": "median |Δonset|",
     "within_1": "within ±1",
     "within_2": "within ±2",
+    "mean_lateness": "mean lateness",
     "gain_spearman": "Spearman vs gains",
 }
 
 
 _CORRUPTIONS = ("noise", "counterfactual")
+#: One method's onset agreement (files written before ``mean_lateness`` lack it).
+_ONSET_ROW = MapOf(_STATS, keys=ONSET_METRICS, every=False)
+#: The metrics of the table of onset rules.
+_RULE_METRICS = ("within_2", "mean_abs_diff", "mean_lateness")
 #: What a saved :class:`RestorationResult` holds, one declaration per field
 #: (see :mod:`captum_iglens._utils.schema`): ``N`` facts, ``k`` blocks; null
 #: numbers read as NaN (not traced, not run, no onset).
@@ -399,11 +405,17 @@ RESTORATION_SCHEMA = Record(
     conductance=Array("bool", "N", numpy=True),
     summary=MapOf(
         MapOf(
-            MapOf(MapOf(_STATS, keys=ONSET_METRICS), keys="methods"),
+            MapOf(_ONSET_ROW, keys="methods"),
             keys=("all", "monotone", "non_monotone", "conductance_subset"),
             every=False,
         ),
         keys="corruptions",
+    ),
+    rules=Default(
+        MapOf(
+            MapOf(MapOf(_ONSET_ROW, keys="methods"), keys=tuple(ONSET_RULES)),
+            keys="corruptions",
+        )
     ),
     settings=Record(
         open=True,
@@ -445,8 +457,13 @@ class RestorationResult(JsonDocument, Viewable):
                     the corruption did not lower ``p`` enough.
         conductance (np.ndarray): ``(N,)`` bool: Layer Conductance's subset.
         summary (dict): ``summary[corruption][group][method][metric]``, as
-                    :func:`~captum_iglens.studies.validation.stats.onset_agreement`.
+                    :func:`~captum_iglens.studies.validation.stats.onset_agreement`,
+                    of the onsets under ``settings["onset_rule"]``.
         settings (dict): How the study was run, and timings.
+        rules (dict): ``rules[corruption][rule][method][metric]``: the same
+                    agreement over all the tokens counted, under each onset
+                    rule of :data:`~captum_iglens.onset.ONSET_RULES`; empty in
+                    files written before it. Default: empty.
     """
 
     corruptions: List[str]
@@ -463,6 +480,7 @@ class RestorationResult(JsonDocument, Viewable):
     conductance: np.ndarray
     summary: Dict[str, Any]
     settings: Dict[str, Any]
+    rules: Dict[str, Any] = field(default_factory=dict)
 
     KIND = "RestorationResult"
 
@@ -562,13 +580,12 @@ class RestorationResult(JsonDocument, Viewable):
                 )
                 for method in self.methods:
                     row = rows[method]
-                    cells = [
-                        _cell(row[m], m.endswith("spearman")) for m in ONSET_METRICS
-                    ]
+                    cells = [_onset_cell(row, m) for m in ONSET_METRICS]
                     lines.append(
                         f"{method:<20}{row['mean_abs_diff']['n']:>4}  "
                         + "".join(f"{cell:<26}" for cell in cells)
                     )
+        lines += _rules_table(self)
         lines += [
             "",
             "gains: r(L) − r(L−1), r before block 0 = 0; 'Spearman vs gains' is the "
@@ -620,6 +637,7 @@ class RestorationResult(JsonDocument, Viewable):
                 conductance=self.conductance.tolist(),
                 summary=_nulls(self.summary),
                 settings=self.settings,
+                rules=_nulls(self.rules),
             )
         )
 
@@ -630,6 +648,82 @@ class RestorationResult(JsonDocument, Viewable):
         found = RESTORATION_SCHEMA.load(data)
         found["facts"] = [Fact.from_dict(f) for f in found["facts"]]
         return cls(**found)
+
+
+def _onset_cell(row: Dict[str, Any], metric: str) -> str:
+    """One method's ``metric`` as a table cell; ``-`` where the file lacks it."""
+    if metric not in row:
+        return "-"
+    return _cell(row[metric], metric.endswith("spearman") or metric == "mean_lateness")
+
+
+def closest_rule(rules: Dict[str, Any], method: str) -> Optional[str]:
+    r"""
+    The onset rule under which ``method``'s onsets fall within two blocks of
+    the causal onset most often, under every corruption of ``rules`` (the
+    ``rules`` of a :class:`RestorationResult`); None when no rule is the best
+    under all of them (or ``method`` was not run).
+
+    Args:
+
+        rules (dict): ``rules[corruption][rule][method][metric]``.
+        method (str): The method's name.
+
+    Returns:
+        *str* or None.
+    """
+    best = set()
+    for by_rule in rules.values():
+        shares = {
+            rule: rows[method]["within_2"]["mean"]
+            for rule, rows in by_rule.items()
+            if method in rows and rows[method]["within_2"]["mean"] is not None
+        }
+        if not shares:
+            return None
+        top = max(shares.values())
+        best.add(tuple(r for r, v in shares.items() if v == top))
+    if len(best) != 1:
+        return None
+    (winners,) = best
+    return winners[0] if len(winners) == 1 else None
+
+
+def _rules_table(result: "RestorationResult") -> List[str]:
+    """The table of onset rules: per corruption, a row per method, the share
+    within two blocks, mean ``|Δonset|`` and mean lateness under each rule
+    (with their intervals);
+    then the rule closest to the causal onset for the joint path."""
+    if not result.rules:
+        return []
+    lines: List[str] = []
+    for c, by_rule in result.rules.items():
+        lines += [
+            "",
+            f"[{c} / all] onset rules: "
+            + ", ".join(_ONSET_TITLES[m] for m in _RULE_METRICS),
+        ]
+        lines.append(
+            f"{'method':<20}{'rule':<10}"
+            + "".join(f"{_ONSET_TITLES[m]:<26}" for m in _RULE_METRICS)
+        )
+        for method in result.methods:
+            for rule, rows in by_rule.items():
+                cells = [_onset_cell(rows[method], m) for m in _RULE_METRICS]
+                lines.append(
+                    f"{method:<20}{rule:<10}" + "".join(f"{c:<26}" for c in cells)
+                )
+    joint = "ig_lens_joint"
+    if joint in result.methods:
+        rule = closest_rule(result.rules, joint)
+        kept = result.settings["onset_rule"]
+        lines += [
+            "",
+            f"onset rule closest to the causal onset for {joint} (within ±2) on "
+            "every corruption: "
+            + (rule or f"none is on every corruption; the onsets above keep {kept}"),
+        ]
+    return lines
 
 
 def _nulls(value: Any) -> Any:

@@ -16,10 +16,10 @@ import warnings
 from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
+import torch
 from scipy import stats as scipy_stats
 
-#: Relative slack of the onset rule, as in :meth:`IGLensResult.onset`.
-_ONSET_SLACK = 1e-6
+from captum_iglens.onset import DEFAULT_ONSET_RULE, onset_layers
 
 
 def _vector(values: np.ndarray, name: str) -> np.ndarray:
@@ -115,40 +115,46 @@ def peak_distance(score: np.ndarray, drop: np.ndarray) -> float:
     return float(np.abs(_maxima(score)[:, None] - _maxima(drop)[None, :]).mean())
 
 
-def onset_index(score: np.ndarray, frac: float = 0.5) -> int:
+def onset_index(
+    score: np.ndarray, frac: float = 0.5, rule: str = DEFAULT_ONSET_RULE
+) -> int:
     r"""
-    The onset rule of :meth:`captum_iglens.IGLensResult.onset` on any per-layer
-    score: the earliest layer at which the cumulative ``|score|`` reaches ``frac``
-    of the total ``|score|``.
+    The onset rule ``rule`` of :meth:`captum_iglens.IGLensResult.onset` on any
+    per-layer score (:func:`captum_iglens.onset.onset_layers`): by default the
+    earliest layer at which the cumulative ``|score|`` reaches ``frac`` of the
+    total ``|score|``.
 
     Args:
 
         score (np.ndarray): ``k`` per-layer scores.
-        frac (float, optional): Fraction of the absolute mass, in ``(0, 1]``.
-                    Default: 0.5.
+        frac (float, optional): Fraction of the mass of the cumulative rules,
+                    in ``(0, 1]``. Default: 0.5.
+        rule (str, optional): ``"abs"``, ``"positive"`` or ``"argmax"``.
+                    Default: :data:`~captum_iglens.onset.DEFAULT_ONSET_RULE`.
 
     Returns:
-        *int*: a layer index, or ``-1`` when the score is zero everywhere.
+        *int*: a layer index, or ``-1`` when the rule finds none (the score is
+        zero everywhere; under ``"positive"``, nowhere positive).
     """
     score = _vector(score, "score")
-    if not 0.0 < frac <= 1.0:
-        raise ValueError(f"frac: expected a number in (0, 1], got {frac}")
-    mass = np.cumsum(np.abs(score))
-    if mass[-1] <= 0:
-        return -1
-    return int(np.argmax(mass >= frac * mass[-1] * (1 - _ONSET_SLACK)))
+    return int(onset_layers(torch.from_numpy(score), frac, rule))
 
 
-def onset_distance(score: np.ndarray, drop: np.ndarray, frac: float = 0.5) -> float:
+def onset_distance(
+    score: np.ndarray,
+    drop: np.ndarray,
+    frac: float = 0.5,
+    rule: str = DEFAULT_ONSET_RULE,
+) -> float:
     r"""
-    ``|onset(score) − argmax drop|`` in layers (see :func:`onset_index`), averaged
-    over tied maxima of ``drop``.
+    ``|onset(score) − argmax drop|`` in layers (see :func:`onset_index`, whose
+    ``frac`` and ``rule`` it takes), averaged over tied maxima of ``drop``.
 
     Returns:
-        *float*, ``>= 0``; NaN when the score is zero everywhere (no onset).
+        *float*, ``>= 0``; NaN when the score has no onset.
     """
     score, drop = _pair(score, drop)
-    onset = onset_index(score, frac)
+    onset = onset_index(score, frac, rule)
     if onset < 0:
         return float("nan")
     return float(np.abs(onset - _maxima(drop)).mean())
@@ -423,6 +429,7 @@ ONSET_METRICS: Tuple[str, ...] = (
     "median_abs_diff",
     "within_1",
     "within_2",
+    "mean_lateness",
     "gain_spearman",
 )
 
@@ -450,9 +457,12 @@ def onset_agreement(
         *dict* keyed by :data:`ONSET_METRICS`, each a :func:`bootstrap_statistic`
         dict: the Spearman correlation of the onsets over tokens, the mean and
         median ``|onset − causal onset|`` in layers, the share within 1 and 2
-        layers, and the mean per-token ``gain_spearman``.
+        layers, the mean signed lateness ``onset − causal onset`` (positive:
+        the method's onset comes later), and the mean per-token
+        ``gain_spearman``.
     """
-    diff = np.abs(np.asarray(onsets, float) - np.asarray(causal, float))
+    late = np.asarray(onsets, float) - np.asarray(causal, float)
+    diff = np.abs(late)
     pair = (np.asarray(onsets, float), np.asarray(causal, float))
 
     def boot(cols: Tuple[np.ndarray, ...], stat: Callable[..., Any]) -> Any:
@@ -464,5 +474,6 @@ def onset_agreement(
         "median_abs_diff": boot((diff,), np.median),
         "within_1": boot((diff,), _within(1)),
         "within_2": boot((diff,), _within(2)),
+        "mean_lateness": boot((late,), np.mean),
         "gain_spearman": boot((np.asarray(gain_spearman, float),), np.mean),
     }

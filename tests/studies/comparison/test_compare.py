@@ -13,7 +13,13 @@ from captum_iglens import LayerIGLens, Settings
 from captum_iglens.attr._utils.capture import hidden_of
 from captum_iglens.studies.methods.runners import TargetProbability
 from captum_iglens.hf import model_parts
-from captum_iglens.studies.comparison import COMPARED_METHODS, ComparisonResult, compare
+from captum_iglens.studies.comparison import (
+    COMPARED_METHODS,
+    ComparisonResult,
+    compare,
+    format_joint_agreement,
+    joint_agreement,
+)
 from tests.helpers import (
     block_states,
     assert_state_unchanged,
@@ -165,6 +171,54 @@ def test_dla_matches_a_reference_and_sums_to_the_logit_difference(
     assert (entry.prob_change - lens_change).abs().max() <= FP32_TOL
     assert torch.allclose(entry.residual, (entry.layer_sum - entry.prob_change).abs())
     assert entry.residual.max() > 0.1
+
+
+def test_dla_in_probability_matches_a_reference(calm_llama, batch, run):
+    result = run[0]
+    ids, mask = batch
+    entry = result.methods["dla_prob"]
+    assert entry.unit == "probability"
+    # By hand for Llama: each update alone on h_0, through norm weight /
+    # rms(h_final) and the whole unembedding, softmax, minus the same of h_0.
+    states = block_states(calm_llama, ids, mask)[0]
+    norm, head = calm_llama.model.norm, calm_llama.lm_head.weight
+    h = torch.stack(states, 2)[:, POSITIONS]  # (B, P, 3, d): h_0, h_1, h_2
+    rms = (h[:, :, -1].pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).sqrt()
+    alone = torch.cat([h[:, :, :1], h[:, :, :1] + h.diff(dim=2)], 2)
+    probs = ((alone * norm.weight / rms[:, :, None]) @ head.T).softmax(-1)
+    p_y = probs.gather(-1, result.targets[:, :, None, None].expand(-1, -1, 3, 1))
+    reference = p_y[..., 1:, 0] - p_y[..., :1, 0]
+    assert (entry.scores - reference).abs().max() <= 1e-6
+    change = result.methods["ig_lens"].prob_change
+    assert torch.equal(entry.prob_change, change)
+    assert torch.allclose(entry.residual, (reference.sum(-1) - change).abs())
+
+
+def test_the_joint_path_beside_dla(calm_llama, batch, run):
+    result = run[0]
+    ids, mask = batch
+    joint = result.methods["ig_lens_joint"]
+    assert joint.residual.max() <= FP32_TOL
+    direct = LayerIGLens.from_model(calm_llama).attribute_map(
+        ids,
+        additional_forward_args=(mask,),
+        positions=POSITIONS,
+        path="joint",
+        n_steps=N_STEPS,  # the joint map depends on its steps
+    )
+    assert (direct.attributions - joint.scores).abs().max() <= FP32_TOL
+    found = joint_agreement(result)
+    # Two columns: ρ is +1 when both rank the blocks alike, else −1.
+    alike = (joint.scores.argmax(-1) == result.methods["dla"].scores.argmax(-1)).float()
+    assert torch.equal(found["spearman"], 2 * alike - 1)
+    assert torch.equal(found["joint_residual"], joint.residual)
+    assert torch.equal(found["dla_prob_residual"], result.methods["dla_prob"].residual)
+    table = format_joint_agreement(result, 1)
+    assert len(table.splitlines()) == 2 + len(POSITIONS)
+    assert f"{found['spearman'][1, 0].item():+.3f}" in table.splitlines()[2]
+    alone = compare(calm_llama, ids, mask, positions=POSITIONS, methods=("dla",))
+    with pytest.raises(ValueError, match="ig_lens_joint"):
+        joint_agreement(alone)
 
 
 @pytest.mark.parametrize(

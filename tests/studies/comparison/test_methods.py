@@ -40,9 +40,11 @@ def test_both_studies_list_methods_from_the_one_registry():
     assert SCORED_METHODS == tuple(n for n, m in METHODS.items() if m.scored)
     assert COMPARED_METHODS == (
         "ig_lens",
+        "ig_lens_joint",
         "logit_lens",
         "logit_lens_diff",
         "dla",
+        "dla_prob",
         "layer_conductance",
         "layer_integrated_gradients",
         "layer_integrated_gradients_multilayer",
@@ -50,6 +52,7 @@ def test_both_studies_list_methods_from_the_one_registry():
     assert SCORED_METHODS == (
         "ig_lens",
         "ig_lens_abs",
+        "ig_lens_joint",
         "logit_lens",
         "logit_lens_diff",
         "dla",
@@ -88,11 +91,34 @@ def test_an_outcome_runs_once_per_work(model, batch, monkeypatch):
         outcome(work, "random")
 
 
+def test_ig_lens_joint_is_the_joint_map_whatever_the_work_path(model, batch):
+    ids, mask = batch
+    for path in ("telescoping", "joint"):
+        work = _work(model, batch, Settings(path=path))
+        joint = outcome(work, "ig_lens_joint")
+        found = work.ig_lens.attribute_map(
+            ids, None, work.targets, (mask,), positions=[-1], path="joint"
+        )
+        assert torch.equal(joint.scores, found.attributions)
+        # exact: the blocks' credits add up to Δp = p − f(h_0)
+        gap = (joint.scores.sum(-1) - (work.model_prob - work.h0_prob)).abs()
+        assert gap.max() <= 1e-6
+        assert torch.equal(joint.prob_change, found.model_prob - found.base_prob)
+        assert "joint path" in joint.note
+        own = outcome(work, "ig_lens")
+        assert f"{path} path" in own.note
+        assert torch.equal(own.scores, joint.scores) == (path == "joint")
+
+
 def test_study_work_gives_what_the_runners_give(model, batch):
     """The validation studies read IG-Lens and the logit lens from their own pass:
     the same outcomes as the comparison's runners, bit for bit."""
     ids, mask = batch
-    for settings in (Settings(), Settings(baselines=0.0, method="riemann_trapezoid")):
+    for settings in (
+        Settings(),
+        Settings(baselines=0.0, method="riemann_trapezoid"),
+        Settings(path="joint"),
+    ):
         lens = LayerIGLens.from_model(model)
         work, trajectory = study_work(model_parts(model), lens, ids, mask, settings, 0)
         fresh = Work.from_map(

@@ -14,6 +14,7 @@ from captum_iglens.studies.validation import (
     run_restoration,
 )
 from captum_iglens.studies.validation import facts as facts_module
+from captum_iglens.studies.validation.result import closest_rule
 from captum_iglens.studies.validation.stats import (
     bootstrap_statistic,
     causal_onset,
@@ -59,6 +60,8 @@ def test_onset_agreement_by_hand():
     assert out["median_abs_diff"]["mean"] == pytest.approx(1.0)
     assert out["within_1"]["mean"] == pytest.approx(2 / 3)
     assert out["within_2"]["mean"] == pytest.approx(2 / 3)
+    # onset − causal: 3 − 4, 5 − 5, 1 − 4
+    assert out["mean_lateness"]["mean"] == pytest.approx(-4 / 3)
     # ranks of (3, 5, 1) and (4, 5, 4): Pearson of (2, 3, 1) and (1.5, 3, 1.5)
     a, b = np.array([2, 3, 1]) - 2.0, np.array([1.5, 3, 1.5]) - 2.0
     expected = (a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum())
@@ -162,6 +165,19 @@ def test_run_restoration_by_hand(llama4, tiny_facts):
         assert summary["mean_abs_diff"]["n"] == counted.sum() > 0
         assert summary["mean_abs_diff"]["mean"] == pytest.approx(diff.mean())
         assert summary["within_1"]["mean"] == pytest.approx(np.mean(diff <= 1))
+        # Each rule's onsets, from the scores by hand: "positive" is the first
+        # block by which half the positive credit is built, "argmax" the largest.
+        scores = result.scores["ig_lens"]
+        built = np.cumsum(np.clip(scores, 0, None), 1)
+        half = [np.argmax(b >= 0.5 * b[-1] * (1 - 1e-6)) for b in built]
+        by_hand = {"positive": np.array(half), "argmax": scores.argmax(1)}
+        for rule, onsets in by_hand.items():
+            late = (onsets - causal)[counted]
+            row = result.rules[c][rule]["ig_lens"]
+            assert row["mean_lateness"]["mean"] == pytest.approx(late.mean())
+            assert row["within_2"]["mean"] == pytest.approx(np.mean(abs(late) <= 2))
+        for metric in ("mean_abs_diff", "within_2", "mean_lateness"):
+            assert result.rules[c]["abs"]["ig_lens"][metric] == summary[metric]
     assert "corruption: noise" in result.format_table()
     fig, axes = result.plot(examples=[0, 2])
     assert len(axes) == 2 and fig is not None
@@ -205,3 +221,26 @@ def test_run_restoration_refuses_bad_arguments(llama4, tiny_facts):
         run_restoration(llama4, tokenizer, tiny_facts, chat=True)
     with pytest.raises(ValueError, match="subject"):
         run_restoration(llama4, tokenizer, [Fact("u", "other", "w7 w8")])
+
+
+def _shares(**by_rule):
+    return {
+        rule: {"ig_lens_joint": {"within_2": {"mean": share}}}
+        for rule, share in by_rule.items()
+    }
+
+
+def test_closest_rule_must_win_on_every_corruption():
+    one = _shares(abs=0.4, positive=0.7, argmax=0.6)
+    assert closest_rule({"noise": one}, "ig_lens_joint") == "positive"
+    other = _shares(abs=0.5, positive=0.6, argmax=0.8)
+    assert closest_rule({"noise": one, "counterfactual": other}, "x") is None
+    assert (
+        closest_rule({"noise": one, "counterfactual": other}, "ig_lens_joint") is None
+    )
+    same = _shares(abs=0.1, positive=0.9, argmax=0.2)
+    assert closest_rule({"noise": one, "counterfactual": same}, "ig_lens_joint") == (
+        "positive"
+    )
+    tied = _shares(abs=0.7, positive=0.7, argmax=0.2)
+    assert closest_rule({"noise": tied}, "ig_lens_joint") is None
