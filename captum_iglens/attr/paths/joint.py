@@ -45,7 +45,7 @@ class Joint(IntegrationPath):
 
     name = "joint"
     default_steps = 128
-    onset_meaning = "the blocks wrote it"
+    onset_meaning = "blocks wrote it"
 
     def check(
         self,

@@ -20,7 +20,7 @@ class Telescoping(IntegrationPath):
     """
 
     name = "telescoping"
-    onset_meaning = "the final head can read it"
+    onset_meaning = "head can read it"
     learned_readout = True
 
     def segments(
