@@ -13,7 +13,7 @@ The path, ``p_model`` and the heads' outputs ``z_h`` are the model's own forward
 (its attention kernel); ``A`` and ``v`` come from a second forward under the
 eager attention, which returns the weights. That forward's rounding difference
 from ``z_h`` is added to every source's value of the head in proportion to its
-weight (:func:`_correction`), so each head's terms sum to the real ``z_h``.
+weight (``_correction``), so each head's terms sum to the real ``z_h``.
 
 The terms are never stored:
 :class:`~captum_iglens.attr.granularities.source_terms.SourceComponents` keeps
