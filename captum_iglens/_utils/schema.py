@@ -391,8 +391,8 @@ class MapOf(Spec):
     r"""
     An object of ``value`` per key. ``keys``: a fixed tuple of names, or the
     name of a list declared with ``ListOf(..., names=...)`` earlier in the file;
-    with ``every``, each of those keys must be present (else a subset is
-    allowed); with ``nonempty``, at least one key.
+    with ``every``, each of those keys but the ``optional`` ones must be
+    present (else a subset is allowed); with ``nonempty``, at least one key.
     """
 
     def __init__(
@@ -401,9 +401,11 @@ class MapOf(Spec):
         keys: Union[str, Tuple[str, ...]] = (),
         every: bool = True,
         nonempty: bool = False,
+        optional: Tuple[str, ...] = (),
     ) -> None:
         self.value, self.keys, self.every = value, keys, every
         self.nonempty = nonempty
+        self.optional_keys = optional
 
     def load(self, value: Any, at: str, ctx: Context) -> Any:
         if not isinstance(value, dict):
@@ -417,7 +419,11 @@ class MapOf(Spec):
         )
         if self.keys != ():
             unknown = [key for key in value if key not in allowed]
-            missing = [key for key in allowed if key not in value]
+            missing = [
+                key
+                for key in allowed
+                if key not in value and key not in self.optional_keys
+            ]
             if unknown or (missing and self.every):
                 source = ctx.origin.get(f"names of {self.keys}", "")
                 named = f" (those of {source})" if source else ""

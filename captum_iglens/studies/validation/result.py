@@ -380,7 +380,7 @@ _ONSET_TITLES = {
 
 _CORRUPTIONS = ("noise", "counterfactual")
 #: One method's onset agreement (files written before ``mean_lateness`` lack it).
-_ONSET_ROW = MapOf(_STATS, keys=ONSET_METRICS, every=False)
+_ONSET_ROW = MapOf(_STATS, keys=ONSET_METRICS, optional=("mean_lateness",))
 #: The metrics of the table of onset rules.
 _RULE_METRICS = ("within_2", "mean_abs_diff", "mean_lateness")
 #: What a saved :class:`RestorationResult` holds, one declaration per field
