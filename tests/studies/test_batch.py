@@ -306,7 +306,12 @@ def test_every_setting_reaches_the_attribution(tmp_path, monkeypatch, options):
 
 @pytest.mark.parametrize(
     "change",
-    [dict(layers=[0]), dict(chat=False), dict(method="riemann_left", n_steps=2)],
+    [
+        dict(layers=[0]),
+        dict(chat=False),
+        dict(method="riemann_left", n_steps=2),
+        dict(path="joint"),
+    ],
 )
 def test_resume_under_other_settings_is_refused(tmp_path, change):
     model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
