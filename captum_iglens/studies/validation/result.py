@@ -411,10 +411,12 @@ RESTORATION_SCHEMA = Record(
         ),
         keys="corruptions",
     ),
+    # files written before the onset rules hold none (then {}, written back as {})
     rules=Default(
         MapOf(
             MapOf(MapOf(_ONSET_ROW, keys="methods"), keys=tuple(ONSET_RULES)),
             keys="corruptions",
+            every=False,
         )
     ),
     settings=Record(
