@@ -11,9 +11,15 @@ text, repeated and cut to ``--tokens`` tokens of the default model's tokenizer
     python benchmarks/soak.py                     # block map, 1,494 tokens, 20 runs
     python benchmarks/soak.py --granularity source --tokens 600
     python benchmarks/soak.py --runs 3 --tokens 300          # a quick check
+
+With ``--record FILE`` each run is appended to ``FILE`` (JSON Lines) as soon as
+it ends, so an interrupted soak keeps its runs; started again with the same
+``--record`` and the same job, it runs only the missing ones and summarizes
+them all (``--runs`` is the total wanted).
 """
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -21,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -70,6 +77,32 @@ def run_once(prompt_file: str, args: argparse.Namespace) -> tuple:
     return usage.ru_maxrss * 1024, time.perf_counter() - start
 
 
+def _job(args: argparse.Namespace) -> Dict[str, object]:
+    """The settings a record must share to be summarized with this soak."""
+    return {
+        "tokens": args.tokens,
+        "granularity": args.granularity,
+        "positions": args.positions,
+        "max_chunk_mib": args.max_chunk_mib,
+    }
+
+
+def read_records(path: Optional[Path], job: Dict[str, object]) -> List[dict]:
+    """The runs already recorded in ``path`` for ``job``; other jobs are refused."""
+    if path is None or not path.exists():
+        return []
+    records = [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+    ]
+    for record in records:
+        if record["job"] != job:
+            raise SystemExit(
+                f"--record {path}: holds runs of another job ({record['job']}); "
+                "give another file"
+            )
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20)
@@ -77,7 +110,10 @@ def main() -> None:
     parser.add_argument("--granularity", default="block")
     parser.add_argument("--positions", default="all")
     parser.add_argument("--max-chunk-mib", type=int, default=32)
+    parser.add_argument("--record", type=Path, default=None)
     args = parser.parse_args()
+    job = _job(args)
+    records = read_records(args.record, job)
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write(build_prompt(args.tokens))
     try:
@@ -86,17 +122,32 @@ def main() -> None:
             f"{args.positions}, --granularity {args.granularity}, --max-chunk-mib "
             f"{args.max_chunk_mib}; {args.runs} fresh processes"
         )
-        peaks = []
-        for run in range(args.runs):
+        for record in records:
+            _print_run(record)
+        while len(records) < args.runs:
             peak, seconds = run_once(handle.name, args)
-            peaks.append(peak)
-            print(f"run {run + 1:2d}: peak RSS {peak / MIB:8.0f} MiB ({seconds:.0f} s)")
+            record = {"run": len(records) + 1, "job": job}
+            record.update(peak_bytes=peak, seconds=round(seconds, 1))
+            records.append(record)
+            _print_run(record)
+            if args.record is not None:
+                with args.record.open("a", encoding="utf-8") as out:
+                    out.write(json.dumps(record) + "\n")
     finally:
         os.unlink(handle.name)
+    peaks = [record["peak_bytes"] for record in records]
     median, worst = statistics.median(peaks), max(peaks)
     print(
         f"median {median / MIB:.0f} MiB, worst {worst / MIB:.0f} MiB, "
         f"worst / median {worst / median:.2f} (goal <= 1.3)"
+    )
+
+
+def _print_run(record: dict) -> None:
+    print(
+        f"run {record['run']:2d}: peak RSS {record['peak_bytes'] / MIB:8.0f} MiB "
+        f"({record['seconds']:.0f} s)",
+        flush=True,
     )
 
 
