@@ -5,9 +5,9 @@ the command line's ``--version``, ``--help`` and usage errors) does not pay for
 torch and transformers.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Dict
 
+from captum_iglens._utils.lazy import lazy_exports
 from captum_iglens.version import __version__
 
 if TYPE_CHECKING:
@@ -56,13 +56,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOMES[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> List[str]:
-    return sorted([*globals(), *_HOMES])
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)

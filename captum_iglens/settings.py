@@ -13,7 +13,7 @@ import captum
 import torch
 import transformers
 
-from captum_iglens.hf.text import POSITIONS, Positions
+from captum_iglens.hf.positions import POSITIONS, Positions
 from captum_iglens.version import __version__
 
 if TYPE_CHECKING:

@@ -683,11 +683,22 @@ def test_every_option_combination_works_or_is_refused_in_one_line(
 
 
 @pytest.mark.parametrize(
-    "args", [["--version"], ["--help"], ["--n-steps", "x", "p"], ["validate", "-x"]]
+    "args",
+    [
+        ["--version"],
+        ["--help"],
+        ["--n-steps", "x", "p"],
+        ["validate", "-x"],
+        *([name, "--help"] for name in ("attribute", "compare", "batch")),
+        *([name, "--help"] for name in ("validate", "fit-lens", "shell")),
+        *([option, "nope", "p"] for option in ("--method", "--granularity")),
+        *([option, "nope", "p"] for option in ("--path", "--positions")),
+        ["validate", "--mode", "nope"],
+    ],
 )
 def test_version_help_and_usage_errors_import_no_torch(args):
-    # What makes them answer at once: neither torch nor transformers is imported
-    # (a usage error of a name the registries check may import them).
+    # What makes them answer at once: neither torch nor transformers is imported,
+    # even where the help or the check reads a registry's names.
     code = (
         "import sys\n"
         "from captum_iglens.cli import main\n"

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, GPTBigCodeConfig
 
 from captum_iglens import IGLensResult, LayerIGLens, register_architecture
+from captum_iglens._utils.registry import Home, Registry
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import ESTIMATORS, Estimator, Integration
@@ -85,7 +86,6 @@ class BlockPairs(PathGranularity):
     their number is odd)."""
 
     name = "toy_block_pairs"
-    summary = "one credit per pair of blocks"
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         ends = list(range(1, len(self.layers), 2))
@@ -148,6 +148,17 @@ def toys(monkeypatch):
     monkeypatch.setitem(ESTIMATORS, SquaredShares.name, SquaredShares())
     monkeypatch.setitem(GRANULARITIES, BlockPairs.name, BlockPairs)
     monkeypatch.setitem(PATHS, EqualShares.name, EqualShares)
+
+
+@pytest.mark.parametrize("registry", [ESTIMATORS, GRANULARITIES, PATHS])
+def test_each_built_in_entry_is_imported_under_its_own_name(registry):
+    for name, entry in registry.items():
+        assert entry.name == name
+    home = Home("blocks:Blocks", "misnamed")
+    misnamed = Registry("captum_iglens.attr.granularities", {"whole": home})
+    assert list(misnamed) == ["whole"] and misnamed.summary("whole") == "misnamed"
+    with pytest.raises(ValueError, match="blocks:Blocks is named 'block', "):
+        misnamed["whole"]
 
 
 def _completeness(result) -> float:

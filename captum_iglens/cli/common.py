@@ -210,14 +210,6 @@ def model_parent() -> argparse.ArgumentParser:
     return parent
 
 
-#: The help of ``--path``.
-_PATH_HELP = (
-    "telescoping: each block between consecutive states (when the final head can "
-    "read the answer; default); joint: every block's update scaled together (what "
-    "each block writes, in no order)"
-)
-
-
 def _named(
     group: Any,
     option: str,
@@ -245,6 +237,13 @@ def _granularity_help() -> str:
     return granularity_help()
 
 
+def _path_help() -> str:
+    from captum_iglens.attr.paths import PATHS
+
+    about = "; ".join(f"{name}: {PATHS.summary(name)}" for name in PATHS)
+    return f"{about} (default: %(default)s)"
+
+
 def settings_parent(
     n_steps: Optional[int] = None, chat: bool = True, max_new_tokens: int = 32
 ) -> argparse.ArgumentParser:
@@ -261,7 +260,7 @@ def settings_parent(
         "with --granularity head)",
     )
     positions = "which tokens to attribute: %(choices)s (default: answer)"
-    _named(group, "--positions", "hf.text:POSITIONS", "answer", "WHICH", positions)
+    _named(group, "--positions", "hf.positions:POSITIONS", "answer", "WHICH", positions)
     group.add_argument(
         "--baseline",
         dest="baselines",
@@ -282,7 +281,9 @@ def settings_parent(
     _named(
         group, "--granularity", "attr.granularities:GRANULARITIES", "block", help=about
     )
-    _named(group, "--path", "attr.paths:PATHS", "telescoping", help=_PATH_HELP)
+    _named(
+        group, "--path", "attr.paths:PATHS", "telescoping", help=deferred(_path_help)
+    )
     group.add_argument(
         "--internal-batch-size",
         type=int,

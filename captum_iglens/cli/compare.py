@@ -40,7 +40,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
 
 
 def _methods_help() -> str:
-    from captum_iglens.studies.comparison import COMPARED_METHODS, SOURCE_METHODS
+    from captum_iglens.studies.methods.registry import COMPARED_METHODS, SOURCE_METHODS
 
     return (
         f"comma-separated, from {','.join(COMPARED_METHODS)} (default: all; "

@@ -82,7 +82,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
 
 def _help(text: str, field: str) -> Callable[[], str]:
     def make() -> str:
-        from captum_iglens.lens_fit import FitOptions
+        from captum_iglens.lens_fit.options import FitOptions
 
         return f"{text} (default: {getattr(FitOptions(), field)})"
 

@@ -62,7 +62,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     )
     validate.add_argument(
         "--mode",
-        choices=Names("captum_iglens.studies.validation", "MODES"),
+        choices=Names("captum_iglens.studies.validation.options", "MODES"),
         metavar="MODE",
         help="how --test ablation removes a block: %(choices)s (default: skip; "
         "not used by restoration)",
@@ -98,19 +98,19 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
 
 
 def _scored() -> "tuple[str, ...]":
-    from captum_iglens.studies.validation import SCORED_METHODS
+    from captum_iglens.studies.methods.registry import SCORED_METHODS
 
     return SCORED_METHODS
 
 
 def _seeds_help() -> str:
-    from captum_iglens.studies.validation import StudyOptions
+    from captum_iglens.studies.validation.options import StudyOptions
 
     return f"restoration: noise draws per fact (default: {StudyOptions().noise_seeds})"
 
 
 def _lens_help() -> str:
-    from captum_iglens.studies.methods import LEARNED_METHODS
+    from captum_iglens.studies.methods.registry import LEARNED_METHODS
 
     return (
         "restoration: logit (default), linear (this model's cached fitted "

@@ -5,7 +5,7 @@ padding, batched greedy generation and teacher forcing.
 """
 
 import warnings
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -13,10 +13,8 @@ from tqdm import tqdm
 from transformers.generation.streamers import BaseStreamer
 
 from captum_iglens._utils.tokens import decode_tokens
+from captum_iglens.hf.positions import POSITIONS, Positions
 
-#: Which tokens of ``prompt + answer`` are attributed.
-Positions = Literal["answer", "prompt", "all"]
-POSITIONS: Tuple[str, ...] = ("answer", "prompt", "all")
 
 # End-of-turn markers of common chat templates; generation stops at any that exist.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")

@@ -5,30 +5,32 @@ A new estimator is one module with an
 :data:`ESTIMATORS`.
 """
 
-from typing import Dict
+from typing import TYPE_CHECKING
 
-from captum_iglens._utils.registry import registered
+from captum_iglens._utils.lazy import lazy_exports
+from captum_iglens._utils.registry import Home, Registry, registered
 
-from captum_iglens.attr.estimators.base import Estimator, Integration
-from captum_iglens.attr.estimators.captum_rules import CaptumRule
-from captum_iglens.attr.estimators.prediction_aware import PredictionAware
+if TYPE_CHECKING:
+    from captum_iglens.attr.estimators.base import Estimator, Integration
+    from captum_iglens.attr.estimators.captum_rules import CaptumRule
+    from captum_iglens.attr.estimators.prediction_aware import PredictionAware
 
 #: Estimators accepted by ``method=``, by name: ours first, then Captum's rules
-#: (iterating gives the names).
-ESTIMATORS: Dict[str, Estimator] = {
-    estimator.name: estimator
-    for estimator in (
-        PredictionAware(),
-        CaptumRule("riemann_left"),
-        CaptumRule("riemann_right"),
-        CaptumRule("riemann_middle"),
-        CaptumRule("riemann_trapezoid"),
-        CaptumRule("gausslegendre"),
-    )
-}
+#: (iterating gives the names, importing nothing).
+ESTIMATORS: "Registry[Estimator]" = Registry(
+    __name__,
+    {
+        "prediction_aware": Home("prediction_aware:PREDICTION_AWARE"),
+        "riemann_left": Home("captum_rules:RIEMANN_LEFT"),
+        "riemann_right": Home("captum_rules:RIEMANN_RIGHT"),
+        "riemann_middle": Home("captum_rules:RIEMANN_MIDDLE"),
+        "riemann_trapezoid": Home("captum_rules:RIEMANN_TRAPEZOID"),
+        "gausslegendre": Home("captum_rules:GAUSSLEGENDRE"),
+    },
+)
 
 
-def estimator(method: str) -> Estimator:
+def estimator(method: str) -> "Estimator":
     r"""
     The estimator named ``method``.
 
@@ -44,6 +46,17 @@ def estimator(method: str) -> Estimator:
     """
     return registered(ESTIMATORS, method, "method")
 
+
+# Each class is imported from its module on first use.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "Estimator": "captum_iglens.attr.estimators.base",
+        "Integration": "captum_iglens.attr.estimators.base",
+        "CaptumRule": "captum_iglens.attr.estimators.captum_rules",
+        "PredictionAware": "captum_iglens.attr.estimators.prediction_aware",
+    },
+)
 
 __all__ = [
     "ESTIMATORS",

@@ -129,3 +129,12 @@ class CaptumRule(Estimator):
             )
             out[rows] = (weights * grads.view_as(grid)).sum(dim=2)
         return out
+
+
+#: Captum's rules, an estimator each (entries of
+#: :data:`~captum_iglens.attr.estimators.ESTIMATORS`).
+RIEMANN_LEFT = CaptumRule("riemann_left")
+RIEMANN_RIGHT = CaptumRule("riemann_right")
+RIEMANN_MIDDLE = CaptumRule("riemann_middle")
+RIEMANN_TRAPEZOID = CaptumRule("riemann_trapezoid")
+GAUSSLEGENDRE = CaptumRule("gausslegendre")

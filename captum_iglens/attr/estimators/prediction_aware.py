@@ -326,3 +326,7 @@ def _within(amount: Tensor, fallback: Tensor, parents: Tensor) -> Tensor:
     zeros = torch.zeros_like(amount)
     by_fallback = torch.where(has_fallback, by_fallback, zeros)
     return torch.where(has_amount, by_amount, by_fallback)
+
+
+#: The estimator (an entry of :data:`~captum_iglens.attr.estimators.ESTIMATORS`).
+PREDICTION_AWARE = PredictionAware()

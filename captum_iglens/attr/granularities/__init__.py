@@ -7,21 +7,23 @@ one line in :data:`GRANULARITIES`; its ``name`` and ``summary`` are what
 help texts and checks list.
 """
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Type
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Type
 
-from torch.nn import Module
+from captum_iglens._utils.lazy import lazy_exports
+from captum_iglens._utils.registry import Home, Registry, registered
 
-from captum_iglens._utils.registry import registered
-from captum_iglens.attr._utils.block_parts import BlockParts
-from captum_iglens.attr.granularities.base import PathGranularity
-from captum_iglens.attr.granularities.blocks import Blocks, Sublayers
-from captum_iglens.attr.granularities.components import ComponentSplit
-from captum_iglens.attr.granularities.experts import Experts
-from captum_iglens.attr.granularities.heads import Heads
-from captum_iglens.attr.granularities.neurons import Neurons
-from captum_iglens.attr.granularities.source import SourceHeads, Sources
-from captum_iglens.hf.forward import CausalLMForward
-from captum_iglens.hf.parts import ModelParts
+if TYPE_CHECKING:
+    from torch.nn import Module
+
+    from captum_iglens.attr._utils.block_parts import BlockParts
+    from captum_iglens.attr.granularities.base import PathGranularity
+    from captum_iglens.attr.granularities.blocks import Blocks, Sublayers
+    from captum_iglens.attr.granularities.components import ComponentSplit
+    from captum_iglens.attr.granularities.experts import Experts
+    from captum_iglens.attr.granularities.heads import Heads
+    from captum_iglens.attr.granularities.neurons import Neurons
+    from captum_iglens.attr.granularities.source import SourceHeads, Sources
+    from captum_iglens.hf.parts import ModelParts
 
 __all__ = [
     "GRANULARITIES",
@@ -42,11 +44,44 @@ __all__ = [
 ]
 
 
-#: The granularities ``granularity=`` takes, by name (iterating gives the names).
-GRANULARITIES: Dict[str, Type[PathGranularity]] = {
-    g.name: g
-    for g in (Blocks, Sublayers, Heads, Sources, SourceHeads, Neurons, Experts)
-}
+#: The granularities ``granularity=`` takes, by name, with what their columns
+#: are (iterating gives the names, importing nothing).
+GRANULARITIES: "Registry[Type[PathGranularity]]" = Registry(
+    __name__,
+    {
+        "block": Home("blocks:Blocks", "one credit per block"),
+        "sublayer": Home(
+            "blocks:Sublayers", "attention and MLP of each block credited separately"
+        ),
+        "head": Home("heads:Heads", "the attention also split across its heads"),
+        "source": Home(
+            "source:Sources", "the attention split across the source tokens it reads"
+        ),
+        "source_head": Home(
+            "source:SourceHeads", "the attention split per head and source token"
+        ),
+        "neuron": Home("neurons:Neurons", "the MLP split across its neurons"),
+        "expert": Home(
+            "experts:Experts", "a mixture-of-experts MLP split across its experts"
+        ),
+    },
+)
+
+# Each class is imported from its module on first use.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "PathGranularity": "captum_iglens.attr.granularities.base",
+        "Blocks": "captum_iglens.attr.granularities.blocks",
+        "Sublayers": "captum_iglens.attr.granularities.blocks",
+        "ComponentSplit": "captum_iglens.attr.granularities.components",
+        "Experts": "captum_iglens.attr.granularities.experts",
+        "Heads": "captum_iglens.attr.granularities.heads",
+        "Neurons": "captum_iglens.attr.granularities.neurons",
+        "SourceHeads": "captum_iglens.attr.granularities.source",
+        "Sources": "captum_iglens.attr.granularities.source",
+    },
+)
 
 
 def granularity_help() -> str:
@@ -55,7 +90,9 @@ def granularity_help() -> str:
         *str*: every granularity's name and summary, in registry order (the
         help text of ``--granularity``).
     """
-    return "; ".join(f"{name!r}: {g.summary}" for name, g in GRANULARITIES.items())
+    return "; ".join(
+        f"{name!r}: {GRANULARITIES.summary(name)}" for name in GRANULARITIES
+    )
 
 
 def check_granularity(granularity: str) -> None:
@@ -96,11 +133,11 @@ def check_learned_readout(granularity: str, kind: str = "") -> None:
 def granularity_of(
     name: str,
     forward_func: Callable[..., Any],
-    layers: Sequence[Module],
+    layers: Sequence["Module"],
     layer_names: Sequence[str],
-    sublayers: Optional[Sequence[Module]],
-    block_parts: Optional[BlockParts],
-) -> PathGranularity:
+    sublayers: Optional[Sequence["Module"]],
+    block_parts: Optional["BlockParts"],
+) -> "PathGranularity":
     r"""
     The granularity named ``name`` of the path through ``layers``.
 
@@ -124,7 +161,7 @@ def granularity_of(
 
 
 def model_columns(
-    parts: ModelParts, layers: Optional[Sequence[int]], granularity: str
+    parts: "ModelParts", layers: Optional[Sequence[int]], granularity: str
 ) -> List[str]:
     r"""
     The column names of ``granularity`` on a model's chosen blocks, as
@@ -144,6 +181,9 @@ def model_columns(
     Raises:
         ValueError: If the granularity is unknown or not available.
     """
+    from captum_iglens.attr._utils.block_parts import BlockParts
+    from captum_iglens.hf.forward import CausalLMForward
+
     chosen = parts.choose(layers)
     shape = granularity_of(
         granularity,

@@ -46,7 +46,6 @@ class PathGranularity(ABC):
     Attributes:
 
         name (str): The name ``granularity=`` takes.
-        summary (str): What its columns are, in a few words (for help texts).
         supports_unmultiplied (bool): Has attributions without the displacement
                     (``multiply_by_inputs=False``).
         input_column (bool): Its first column is ``"input"``, the segment from
@@ -59,7 +58,6 @@ class PathGranularity(ABC):
     """
 
     name: ClassVar[str]
-    summary: ClassVar[str]
     supports_unmultiplied: ClassVar[bool] = True
     input_column: ClassVar[bool] = False
     learned_readout: ClassVar[bool] = False

@@ -13,7 +13,6 @@ class Blocks(PathGranularity):
     """One column per block: the segment from the previous block's output."""
 
     name = "block"
-    summary = "one credit per block"
     learned_readout = True
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
@@ -28,7 +27,6 @@ class Sublayers(PathGranularity):
     ``"<name>.mlp"`` (the rest of the block)."""
 
     name = "sublayer"
-    summary = "attention and MLP of each block credited separately"
     learned_readout = True
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:

@@ -156,7 +156,6 @@ class Experts(Neurons):
     ``"<name>.mlp.shared"`` where the block adds shared experts."""
 
     name = "expert"
-    summary = "a mixture-of-experts MLP split across its experts"
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         mids = self._mids()

@@ -329,7 +329,6 @@ class Heads(ComponentSplit):
     output as a component of the block's one segment)."""
 
     name = "head"
-    summary = "the attention also split across its heads"
     input_column = True
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:

@@ -286,7 +286,6 @@ class Neurons(ComponentSplit):
     exactly; :func:`top_neurons` picks the strongest per answer token."""
 
     name = "neuron"
-    summary = "the MLP split across its neurons"
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
         mids = self._mids()

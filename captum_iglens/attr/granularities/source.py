@@ -217,7 +217,6 @@ class Sources(Heads):
     in their place)."""
 
     name = "source"
-    summary = "the attention split across the source tokens it reads"
     by_head = False
 
     def path_points(self) -> Tuple[List[PathPoint], List[str]]:
@@ -316,7 +315,6 @@ class SourceHeads(Sources):
     ``"<name>.attn.h<i>.s<j>"``."""
 
     name = "source_head"
-    summary = "the attention split per head and source token"
     by_head = True
 
 

@@ -8,16 +8,37 @@ studies (:mod:`~captum_iglens.studies.validation`): the registry
 here.
 """
 
-from captum_iglens.studies.methods.registry import (
-    COMPARED_METHODS,
-    LEARNED_METHODS,
-    METHODS,
-    SCORED_METHODS,
-    SOURCE_METHODS,
-    StudyMethod,
-    outcome,
+from typing import TYPE_CHECKING
+
+from captum_iglens._utils.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from captum_iglens.studies.methods.registry import (
+        COMPARED_METHODS,
+        LEARNED_METHODS,
+        METHODS,
+        SCORED_METHODS,
+        SOURCE_METHODS,
+        StudyMethod,
+        outcome,
+    )
+    from captum_iglens.studies.methods.runners import Outcome, Work
+
+# Each public name is imported from its module on first use.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "COMPARED_METHODS": "captum_iglens.studies.methods.registry",
+        "LEARNED_METHODS": "captum_iglens.studies.methods.registry",
+        "METHODS": "captum_iglens.studies.methods.registry",
+        "SCORED_METHODS": "captum_iglens.studies.methods.registry",
+        "SOURCE_METHODS": "captum_iglens.studies.methods.registry",
+        "StudyMethod": "captum_iglens.studies.methods.registry",
+        "outcome": "captum_iglens.studies.methods.registry",
+        "Outcome": "captum_iglens.studies.methods.runners",
+        "Work": "captum_iglens.studies.methods.runners",
+    },
 )
-from captum_iglens.studies.methods.runners import Outcome, Work
 
 __all__ = [
     "COMPARED_METHODS",

@@ -8,31 +8,20 @@ method is one :class:`StudyMethod` entry; a new one is a runner in
 """
 
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
 
-from captum_iglens.studies.methods.source_runners import (
-    SOURCE_GRANULARITY,
-    attention_rollout,
-    ig_lens_sources,
-    lig_embeddings,
-    source_granularity_missing,
-)
-from captum_iglens.studies.methods.runners import (
-    Outcome,
-    Work,
-    dla,
-    dla_prob,
-    fitted_lens,
-    ig_lens,
-    ig_lens_fitted,
-    ig_lens_fitted_block,
-    ig_lens_joint,
-    layer_conductance,
-    layer_integrated_gradients,
-    layer_integrated_gradients_multilayer,
-    logit_lens,
-    logit_lens_diff,
-)
+from captum_iglens._utils.registry import imported
+
+if TYPE_CHECKING:
+    from captum_iglens.studies.methods.runners import Outcome, Work
+
+#: A runner or a check: the function, or where it lives, ``"module:function"``
+#: under :mod:`captum_iglens.studies.methods`, imported when it is first called
+#: (so that the names and flags of :data:`METHODS` cost no import).
+Function = Union[str, Callable[..., object]]
+
+#: The IG-Lens granularity of ``ig_lens_sources``.
+SOURCE_GRANULARITY = "source"
 
 
 @dataclass(frozen=True)
@@ -43,10 +32,11 @@ class StudyMethod:
     Attributes:
 
         name (str): Its name in tables, results and ``--methods``.
-        run (Callable[[Work], Outcome], optional): Its token-by-layer score of a
-                    :class:`~captum_iglens.studies.methods.runners.Work`;
-                    None for ``"random"``, which the studies draw from their
-                    seed.
+        runner (str or Callable[[Work], Outcome], optional): Its token-by-layer
+                    score of a
+                    :class:`~captum_iglens.studies.methods.runners.Work`, or
+                    where that function lives (:data:`Function`); None for
+                    ``"random"``, which the studies draw from their seed.
         compared (bool): :func:`~captum_iglens.studies.compare` runs it.
         scored (bool): The validation and restoration studies score it.
         costly (bool): It costs a forward and backward pass per step and block,
@@ -59,30 +49,43 @@ class StudyMethod:
         axis (str): What its columns are: ``"layers"`` (the chosen blocks or
                     their parts) or ``"sources"`` (the ``T`` source positions
                     of each attributed token). Default: ``"layers"``.
-        missing (Callable[[], str or None], optional): Why it cannot run in
-                    this version (None when it can), asked before any work.
-                    Default: None (it always can).
+        missing (str or Callable[[], str or None], optional): Why it cannot
+                    run in this version (None when it can), asked before any
+                    work; or where that function lives. Default: None (it
+                    always can).
         granularity (str, optional): The IG-Lens granularity it runs at, whose
                     needs (consecutive blocks) are checked before any method
                     runs. Default: None (the settings' own).
     """
 
     name: str
-    run: Optional[Callable[[Work], Outcome]]
+    runner: Optional[Function]
     compared: bool
     scored: bool
     costly: bool = False
     learned: bool = False
     axis: str = "layers"
-    missing: Optional[Callable[[], Optional[str]]] = None
+    missing: Optional[Function] = None
     granularity: Optional[str] = None
+
+    @property
+    def run(self) -> Optional[Callable[["Work"], "Outcome"]]:
+        r"""Its runner (imported on first use), or None for ``"random"``."""
+        return _function(self.runner)
 
     def why_not(self) -> Optional[str]:
         r"""Why the method cannot run in this version, or None."""
-        return None if self.missing is None else self.missing()
+        missing = _function(self.missing)
+        return None if missing is None else missing()
 
 
-def outcome(work: Work, name: str) -> Outcome:
+def _function(function: Optional[Function]) -> Optional[Callable[..., Any]]:
+    if isinstance(function, str):
+        return imported(__package__ or "", function)
+    return function
+
+
+def outcome(work: "Work", name: str) -> "Outcome":
     r"""
     Method ``name``'s outcome on ``work``, run once: kept in ``work.outcomes``
     (where a study may already have put one read from its own pass).
@@ -103,7 +106,7 @@ def outcome(work: Work, name: str) -> Outcome:
     return work.outcomes[name]
 
 
-def _ig_lens_abs(work: Work) -> Outcome:
+def _ig_lens_abs(work: "Work") -> "Outcome":
     """IG-Lens's credits' magnitudes, from its (shared) outcome."""
     signed = outcome(work, "ig_lens")
     note = "|credits| of: " + signed.note
@@ -114,68 +117,80 @@ def _ig_lens_abs(work: Work) -> Outcome:
 METHODS: Dict[str, StudyMethod] = {
     m.name: m
     for m in (
-        StudyMethod("ig_lens", ig_lens, compared=True, scored=True),
+        StudyMethod("ig_lens", "runners:ig_lens", compared=True, scored=True),
         StudyMethod("ig_lens_abs", _ig_lens_abs, compared=False, scored=True),
-        StudyMethod("ig_lens_joint", ig_lens_joint, compared=True, scored=True),
-        StudyMethod("logit_lens", logit_lens, compared=True, scored=True),
-        StudyMethod("logit_lens_diff", logit_lens_diff, compared=True, scored=True),
-        StudyMethod("dla", dla, compared=True, scored=True),
-        StudyMethod("dla_prob", dla_prob, compared=True, scored=False),
+        StudyMethod(
+            "ig_lens_joint", "runners:ig_lens_joint", compared=True, scored=True
+        ),
+        StudyMethod("logit_lens", "runners:logit_lens", compared=True, scored=True),
+        StudyMethod(
+            "logit_lens_diff", "runners:logit_lens_diff", compared=True, scored=True
+        ),
+        StudyMethod("dla", "runners:dla", compared=True, scored=True),
+        StudyMethod("dla_prob", "runners:dla_prob", compared=True, scored=False),
         StudyMethod(
             "layer_conductance",
-            layer_conductance,
+            "runners:layer_conductance",
             compared=True,
             scored=True,
             costly=True,
         ),
         StudyMethod(
             "layer_integrated_gradients",
-            layer_integrated_gradients,
+            "runners:layer_integrated_gradients",
             compared=True,
             scored=False,
         ),
         StudyMethod(
             "layer_integrated_gradients_multilayer",
-            layer_integrated_gradients_multilayer,
+            "runners:layer_integrated_gradients_multilayer",
             compared=True,
             scored=False,
         ),
         StudyMethod("random", None, compared=False, scored=True),
         StudyMethod(
             "ig_lens_sources",
-            ig_lens_sources,
+            "source_runners:ig_lens_sources",
             compared=True,
             scored=False,
             axis="sources",
-            missing=source_granularity_missing,
+            missing="source_runners:source_granularity_missing",
             granularity=SOURCE_GRANULARITY,
         ),
         StudyMethod(
             "lig_embeddings",
-            lig_embeddings,
+            "source_runners:lig_embeddings",
             compared=True,
             scored=False,
             axis="sources",
         ),
         StudyMethod(
             "attention_rollout",
-            attention_rollout,
+            "source_runners:attention_rollout",
             compared=True,
             scored=False,
             axis="sources",
         ),
         StudyMethod(
-            "ig_lens_fitted", ig_lens_fitted, compared=False, scored=False, learned=True
-        ),
-        StudyMethod(
-            "ig_lens_fitted_block",
-            ig_lens_fitted_block,
+            "ig_lens_fitted",
+            "runners:ig_lens_fitted",
             compared=False,
             scored=False,
             learned=True,
         ),
         StudyMethod(
-            "fitted_lens", fitted_lens, compared=False, scored=False, learned=True
+            "ig_lens_fitted_block",
+            "runners:ig_lens_fitted_block",
+            compared=False,
+            scored=False,
+            learned=True,
+        ),
+        StudyMethod(
+            "fitted_lens",
+            "runners:fitted_lens",
+            compared=False,
+            scored=False,
+            learned=True,
         ),
     )
 }

@@ -27,15 +27,13 @@ from torch.nn import Module
 
 from captum_iglens.attr.granularities import GRANULARITIES
 from captum_iglens.hf.forward import position_ids_from_mask
+from captum_iglens.studies.methods.registry import SOURCE_GRANULARITY
 from captum_iglens.studies.methods.runners import (
     Outcome,
     TargetProbability,
     Work,
     _attribute_in_chunks,
 )
-
-#: The granularity of IG-Lens's source-token credits.
-SOURCE_GRANULARITY = "source"
 
 
 def source_names(length: int) -> List[str]:

@@ -18,14 +18,12 @@ from captum_iglens.attr._utils.capture import hidden_of
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.parts import ModelParts
 from captum_iglens.hf.text import left_pad
+from captum_iglens.studies.validation.options import MODES
 from captum_iglens.studies.validation.hooks import (
     hooked,
     replace_output,
     target_probabilities,
 )
-
-#: Ablation modes accepted by :func:`ablate`.
-MODES: Tuple[str, ...] = ("skip", "mean", "zero-at-position")
 
 
 @dataclass

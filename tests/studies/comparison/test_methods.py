@@ -62,6 +62,7 @@ def test_both_studies_list_methods_from_the_one_registry():
     assert all(m.run is not None for n, m in METHODS.items() if m.compared)
     assert [n for n, m in METHODS.items() if m.costly] == ["layer_conductance"]
     assert [n for n, m in METHODS.items() if m.run is None] == ["random"]
+    assert [n for n, m in METHODS.items() if m.why_not() is not None] == []
 
 
 def _work(model, batch, settings):
