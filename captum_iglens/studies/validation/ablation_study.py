@@ -28,8 +28,9 @@ from captum_iglens.hf.text import encode_prompt, generate, pad_token_id
 from captum_iglens.settings import Settings
 from captum_iglens.studies.methods.registry import SCORED_METHODS
 from captum_iglens.studies.methods.runners import Work
-from captum_iglens.studies.validation.ablation import MODES, ablate, mean_updates
+from captum_iglens.studies.validation.ablation import ablate, mean_updates
 from captum_iglens.studies.validation.facts import Fact
+from captum_iglens.studies.validation.options import MODES
 from captum_iglens.studies.validation.result import ValidationResult
 from captum_iglens.studies.validation.stats import METRICS, agreement, summarize
 from captum_iglens.studies.validation.study import (
