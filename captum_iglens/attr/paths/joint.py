@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence, Tuple, Type
 import torch
 from torch import Tensor
 
-from captum_iglens.attr._utils.path_math import chunks
+from captum_iglens.attr._utils.path_math import chunks, path_values
 from captum_iglens.attr.estimators import Estimator, Integration
 from captum_iglens.attr.granularities.base import PathGranularity
 from captum_iglens.attr.paths.base import IntegrationPath
@@ -86,6 +86,12 @@ class Joint(IntegrationPath):
 
         n_columns = points.shape[1] - 1
         groups = None if blocks is None else torch.tensor(list(blocks))
+        if integration.per_dimension:  # f(h_base) is read here
+            with torch.no_grad():
+                start = path_values(
+                    integration.readout, points[:, :1], targets, integration.chunk_rows
+                )[0]
+            values = torch.cat([start.to(values.dtype), values], dim=1)
         return self._integrate(
             integration, points, updates, n_columns, targets, values, groups
         )
