@@ -27,21 +27,24 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
 
 
-def build_prompt(tokens: int) -> str:
-    """The LICENSE text, repeated, cut to ``tokens`` tokens and decoded."""
+def build_prompt(tokens: int) -> Tuple[str, int]:
+    """The LICENSE text, repeated, cut to ``tokens`` tokens and decoded; and how
+    many tokens the model reads in it (encoded again, the joins of the repeats
+    may tokenize differently: 601 for 600, 1,497 for 1,494)."""
     from captum_iglens.hf.models import load_default
 
     _, tokenizer = load_default(progress=False)
     text = (ROOT / "LICENSE").read_text(encoding="utf-8") + "\n\n"
     ids = tokenizer(text, add_special_tokens=False).input_ids
     repeated = ids * (tokens // max(1, len(ids)) + 1)
-    return tokenizer.decode(repeated[:tokens])
+    prompt = str(tokenizer.decode(repeated[:tokens]))
+    return prompt, len(tokenizer(prompt, add_special_tokens=False).input_ids)
 
 
 def run_once(prompt_file: str, args: argparse.Namespace) -> tuple:
@@ -114,11 +117,13 @@ def main() -> None:
     args = parser.parse_args()
     job = _job(args)
     records = read_records(args.record, job)
+    prompt, read = build_prompt(args.tokens)
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
-        handle.write(build_prompt(args.tokens))
+        handle.write(prompt)
     try:
         print(
-            f"captum-iglens attribute: {args.tokens} tokens, --positions "
+            f"captum-iglens attribute: {args.tokens} tokens ({read} as the model "
+            f"reads them), --positions "
             f"{args.positions}, --granularity {args.granularity}, --max-chunk-mib "
             f"{args.max_chunk_mib}; {args.runs} fresh processes"
         )
