@@ -3,8 +3,8 @@ The granularities of IG-Lens: which residual-stream states a path runs through,
 what its credit columns are called, and how the estimator credits them.
 
 A new granularity is one module with one :class:`PathGranularity` subclass, and
-one line in :data:`GRANULARITIES`; its ``name`` and ``summary`` are what
-help texts and checks list.
+one line in :data:`GRANULARITIES`: its ``name``, where it lives and its summary,
+which help texts and checks list without importing it.
 """
 
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Type
