@@ -1,5 +1,5 @@
 """The source split's memory side: the capture runs the eager attention over
-chunks of query rows (never the whole T × T weights), and the factored terms
+chunks of query rows (never the whole T × T weights or mask), and the factored terms
 answer the estimators' reads exactly as the terms they stand for."""
 
 import pytest
@@ -32,10 +32,21 @@ def test_chunked_capture_gives_the_same_map(arch, monkeypatch):
 
         return run
 
+    masks = []
+    make_mask = attention.eager_mask
+
+    def mask_rows(**arguments):
+        mask = make_mask(**arguments)
+        masks.append(tuple(mask.shape))
+        return mask
+
     monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # one query row a chunk
     monkeypatch.setattr(attention, "_family_eager", counting)
+    monkeypatch.setattr(attention, "eager_mask", mask_rows)
     chunked = lens.attribute_map(ids, **kwargs)
     assert set(seen) == {1}
+    # the mask too is made a query row at a time: never (B, 1, T, T)
+    assert masks and {shape[2] for shape in masks} == {1}
     torch.testing.assert_close(chunked.attributions, whole.attributions)
     torch.testing.assert_close(chunked.delta, whole.delta)
 
