@@ -4,6 +4,7 @@ answer the estimators' reads exactly as the terms they stand for."""
 
 import pytest
 import torch
+from transformers import masking_utils
 
 from captum_iglens import LayerIGLens
 from captum_iglens.attr._utils import attention
@@ -36,6 +37,32 @@ def test_chunked_capture_gives_the_same_map(arch, monkeypatch):
     monkeypatch.setattr(attention, "_family_eager", counting)
     chunked = lens.attribute_map(ids, **kwargs)
     assert set(seen) == {1}
+    torch.testing.assert_close(chunked.attributions, whole.attributions)
+    torch.testing.assert_close(chunked.delta, whole.delta)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_the_mask_is_built_a_chunk_of_rows_at_a_time(arch, monkeypatch):
+    """The capture asks for the additive mask of each chunk of query rows
+    (padding and sliding windows included), never for all ``T`` rows (the
+    forwards outside the capture build theirs as the model does)."""
+    model = tiny_model(arch)
+    lens = LayerIGLens.from_model(model)
+    ids, mask = left_padded([6, 4], VOCAB)
+    kwargs = dict(additional_forward_args=(mask,), granularity="source", n_steps=2)
+    whole = lens.attribute_map(ids, **kwargs)
+    lengths = []
+    build = masking_utils.sdpa_mask
+
+    def spy(*args, **kw):
+        if kw["config"]._attn_implementation == attention.IMPLEMENTATION:
+            lengths.append(kw["q_length"])
+        return build(*args, **kw)
+
+    monkeypatch.setattr(masking_utils, "sdpa_mask", spy)
+    monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # one query row a chunk
+    chunked = lens.attribute_map(ids, **kwargs)
+    assert lengths and set(lengths) == {1}
     torch.testing.assert_close(chunked.attributions, whole.attributions)
     torch.testing.assert_close(chunked.delta, whole.delta)
 

@@ -12,15 +12,17 @@ attention weights exist at once (never the whole ``(B, H, T, T)``), and records
 the attention weights of the attributed query positions, ``(B, H, P, T)``, and
 the values of every source position, ``(B, H_kv, T, e)``. Each output row is
 the family's eager attention of that row, so the forward is the one the eager
-path computes. The additive mask, ``(B, 1, T, T)``, is built once per forward
-as the eager path builds it. The models' configs are switched to this
+path computes. The additive mask is built as the eager path builds it, but
+for one chunk of query rows at a time (:class:`RowMask`): never ``(B, 1, T, T)``
+at once. The models' configs are switched to this
 implementation for the call and restored after, whatever happens.
 """
 
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -41,6 +43,77 @@ _REGISTER = threading.Lock()
 #: Held while any configs are switched: captures run one at a time, so that one
 #: never saves another's switched value as the one to restore.
 _SWITCH = threading.RLock()
+
+
+_UNREAD = (
+    "granularity: 'source' could not read the attention weights: the model's "
+    "attention reads its mask itself, not through transformers' attention "
+    "interface; use granularity='head' for this model"
+)
+
+
+@dataclass(frozen=True)
+class RowMask:
+    r"""
+    What transformers' mask interface was asked for (its keyword arguments),
+    kept in place of the additive mask ``(B, 1, T_q, T_k)`` it would build: the
+    capturing attention builds the rows of each chunk of queries with the
+    eager mask function, the same rows the whole mask holds (each row depends
+    only on its query position).
+    """
+
+    arguments: Dict[str, Any]
+
+    @classmethod
+    def __torch_function__(cls, *args: Any, **kwargs: Any) -> Any:
+        """A family that reads the mask itself, outside the attention
+        interface, is refused (any torch operation on the recipe)."""
+        raise ValueError(_UNREAD)
+
+    def __getitem__(self, index: Any) -> Any:
+        raise ValueError(_UNREAD)
+
+    def rows(self, rows: slice) -> Optional[Tensor]:
+        """The eager additive mask of query rows ``rows``, ``(B, 1, n, T_k)``
+        (None where the eager path would have none), on the device the model
+        asked for (where its first block runs)."""
+        arguments = dict(self.arguments)
+        arguments["q_offset"] = arguments.get("q_offset", 0) + rows.start
+        arguments["q_length"] = rows.stop - rows.start
+        return ALL_MASK_ATTENTION_FUNCTIONS["eager"](**arguments)
+
+
+def _row_mask(**arguments: Any) -> RowMask:
+    """The mask interface of :data:`IMPLEMENTATION`: the recipe, no mask."""
+    return RowMask(arguments)
+
+
+def _chunk_mask(
+    attention_mask: Union[None, Tensor, RowMask], rows: slice, n_queries: int
+) -> Optional[Tensor]:
+    r"""
+    The additive mask of query rows ``rows``.
+
+    A float64 additive mask is clamped to float32's range: eager attention
+    takes its softmax in float32, where float64's minimum becomes ``-inf`` and a
+    fully masked row (a padding query) ``NaN``, which the next block's values
+    spread to every position (``0 · NaN``). Masked weights stay exactly zero.
+    """
+    if isinstance(attention_mask, RowMask):
+        if attention_mask.arguments.get("q_length") != n_queries:
+            raise ValueError(
+                "granularity: 'source' needs one forward over the whole input, "
+                f"one query per position; the attention got {n_queries} queries "
+                f"for a mask of {attention_mask.arguments.get('q_length')} rows"
+            )
+        mask = attention_mask.rows(rows)
+    else:
+        mask = attention_mask
+        if mask is not None and mask.shape[2] == n_queries:
+            mask = mask[:, :, rows]
+    if mask is not None and mask.dtype == torch.float64:
+        mask = mask.clamp_min(torch.finfo(torch.float32).min)
+    return mask
 
 
 def _family_eager(module: Module) -> Callable[..., Tuple[Tensor, Tensor]]:
@@ -68,19 +141,13 @@ def _capturing_attention(
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    attention_mask: Optional[Tensor],
+    attention_mask: Union[None, Tensor, RowMask],
     *args: Any,
     **kwargs: Any,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """The family's eager attention over chunks of query rows, recording the
-    weights of the attributed rows and the values on the way.
-
-    A float64 additive mask is clamped to float32's range first: eager attention
-    takes its softmax in float32, where float64's minimum becomes ``-inf`` and a
-    fully masked row (a padding query) ``NaN``, which the next block's values
-    spread to every position (``0 · NaN``). Masked weights stay exactly zero."""
-    if attention_mask is not None and attention_mask.dtype == torch.float64:
-        attention_mask = attention_mask.clamp_min(torch.finfo(torch.float32).min)
+    """The family's eager attention over chunks of query rows, each with its
+    rows of the additive mask (:func:`_chunk_mask`), recording the weights of
+    the attributed rows and the values on the way."""
     eager = _family_eager(module)
     recorder = _RECORDERS.get(module)
     n_queries = query.shape[2]
@@ -88,9 +155,9 @@ def _capturing_attention(
     outputs, kept = [], []
     for start in range(0, n_queries, size):
         rows = slice(start, min(start + size, n_queries))
-        mask = attention_mask
-        if mask is not None and mask.shape[2] == n_queries:
-            mask = mask[:, :, rows]
+        mask = _chunk_mask(attention_mask, rows, n_queries)
+        if mask is not None:  # a sharded model's block may run elsewhere
+            mask = mask.to(query.device)
         output, weights = eager(
             module, query[:, :, rows], key, value, mask, *args, **kwargs
         )
@@ -106,9 +173,7 @@ def _register() -> None:
     """Registers :data:`IMPLEMENTATION` (attention and masks), once."""
     with _REGISTER:
         ALL_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, _capturing_attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(
-            IMPLEMENTATION, ALL_MASK_ATTENTION_FUNCTIONS["eager"]
-        )
+        ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, _row_mask)
 
 
 def attention_of(block: Module, projection: Module) -> Module:
