@@ -5,6 +5,11 @@ maps cost beside the telescoping maps at the same ``n_steps``.
 
     python benchmarks/joint.py                        # smollm2, both parts
     python benchmarks/joint.py --model gemma3 --part convergence
+    python benchmarks/joint.py --part reads --n-steps 50
+
+Reads: the joint neuron and source maps with their components read through
+their own products (as the library does) against the same maps with the
+components built as ``(rows, columns, d)`` arrays, alternating, in this process.
 
 Convergence: per-block credits (prediction-aware) at 4, 8, 16, 32, 64 and 128
 steps against 512 steps: the largest and the mean ``|credit - credit_512|`` over
@@ -22,6 +27,8 @@ from typing import Any, Callable, Dict
 import torch
 
 from captum_iglens import LayerIGLens
+from captum_iglens.attr.granularities.neurons import NeuronComponents
+from captum_iglens.attr.granularities.source_terms import SourceComponents
 from captum_iglens.hf.models import load_embedded
 from captum_iglens.hf.text import answered_prompt
 
@@ -74,11 +81,47 @@ def cost(lens: LayerIGLens, kwargs: Dict[str, Any], n_steps: int, repeats: int) 
         )
 
 
+def reads(
+    lens: LayerIGLens, kwargs: Dict[str, Any], n_steps: int, repeats: int
+) -> None:
+    print(f"n_steps={n_steps}")
+    print("granularity | read s | built s | read / built | max |difference|")
+    for granularity, kind in (
+        ("neuron", NeuronComponents),
+        ("source", SourceComponents),
+    ):
+        own = {name: getattr(kind, name) for name in ("dots", "norms")}
+
+        def joint_map() -> Any:
+            return lens.attribute_map(
+                path="joint", granularity=granularity, n_steps=n_steps, **kwargs
+            )
+
+        for _ in range(repeats):
+            start = time.perf_counter()
+            read = joint_map()
+            read_s = time.perf_counter() - start
+            for name in own:  # the component reads fall back to building rows
+                delattr(kind, name)
+            try:
+                start = time.perf_counter()
+                built = joint_map()
+                built_s = time.perf_counter() - start
+            finally:
+                for name, method in own.items():
+                    setattr(kind, name, method)
+            gap = (read.attributions - built.attributions).abs().max()
+            print(
+                f"{granularity:11s} | {read_s:6.2f} | {built_s:7.2f} | "
+                f"{read_s / built_s:12.2f} | {gap:.1e}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("smollm2", "gemma3"), default="smollm2")
     parser.add_argument(
-        "--part", choices=("convergence", "cost", "both"), default="both"
+        "--part", choices=("convergence", "cost", "reads", "both"), default="both"
     )
     parser.add_argument("--n-steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
@@ -95,6 +138,8 @@ def main() -> None:
         convergence(lens, kwargs)
     if args.part in ("cost", "both"):
         cost(lens, kwargs, args.n_steps, args.repeats)
+    if args.part == "reads":
+        reads(lens, kwargs, args.n_steps, args.repeats)
 
 
 if __name__ == "__main__":

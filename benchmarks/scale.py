@@ -42,6 +42,7 @@ import torch
 from torch.nn import Module
 
 from captum_iglens import LayerIGLens
+from captum_iglens._utils.allocator import return_freed_memory
 
 MIB = 2**20
 ANSWER = 8
@@ -201,6 +202,7 @@ def captured_bytes(config: Any, k: int, granularity: str, n: int, length: int) -
 
 
 def child(args: argparse.Namespace, shape: str, dtype_name: str) -> List[Dict]:
+    return_freed_memory()  # as the CLI does: freed chunks leave the RSS
     torch.set_num_threads(args.threads)
     model = build(shape, DTYPES[dtype_name], max_layers=args.max_layers)
     lens = LayerIGLens.from_model(model, max_chunk_bytes=args.chunk_mib * MIB)

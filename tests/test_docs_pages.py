@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from captum_iglens.attr.granularities import GRANULARITIES
 from captum_iglens.cli import build_parser
 from captum_iglens.hf.table import BUILT_IN
 
@@ -45,6 +46,22 @@ def test_the_architecture_table_has_a_row_per_entry():
     assert rows == sorted(BUILT_IN)
     table = pagegen.architecture_table()
     assert "| `gpt2` | `transformer.h` | `transformer.ln_f` (layer)" in table
+
+
+def test_the_docs_name_every_granularity():
+    # Issue 33: help and docs list every granularity (they once left out
+    # neuron and expert). The CLI page takes the help text (granularity_help).
+    rows = [
+        line
+        for line in (DOCS / "granularities.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith('| `"')
+    ]
+    readme = (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    (choices,) = [line for line in readme.splitlines() if line.startswith("| granul")]
+    for name in GRANULARITIES:
+        assert any(f'`"{name}"`' in row for row in rows), name
+        assert f"`{name}`" in choices, name
+        assert f"'{name}': " in " ".join(pagegen.cli_page().split()), name
 
 
 @pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)

@@ -76,7 +76,8 @@ class SquaredShares(Estimator):
         parents: Optional[Tensor] = None,
         fractions: Optional[Tensor] = None,
     ) -> Tensor:
-        shares = _shares(end_values[:, 1] - end_values[:, 0], components).float()
+        parts = components[:]  # a tensor, or components built on demand
+        shares = _shares(end_values[:, 1] - end_values[:, 0], parts).float()
         return shares if integration.per_dimension else shares.sum(-1)
 
 

@@ -156,18 +156,18 @@ class OneReadout(ColumnReadout):
             path.score.flatten(),
             chunk_rows,
         )[0].view(b, p)
-        delta = (credits - (path.model_prob - base_prob)) * path.mask
-        return delta.sum(-1) if path.one_output else delta
+        gap = completeness_gap(credits, path.model_prob, base_prob, path.mask)
+        gap = gap.to(work_dtype(path.points.dtype))
+        return gap.sum(-1) if path.one_output else gap
 
     def credits_and_delta(
         self, path: TracedPath, split: ReadoutSplit
     ) -> Tuple[Tensor, Tensor]:
-        mask = path.mask
-        credits = split.block.float() * mask[..., None]
-        levels, model_prob = split.levels.float(), path.model_prob.float()
-        change = model_prob.double() - levels[..., 0].double()
-        delta = (credits.double().sum(-1) - change).float() * mask
-        return credits, delta
+        credits = split.block.float() * path.mask[..., None]
+        model_prob, base_prob = path.model_prob.float(), split.levels[..., 0].float()
+        sums = credits.double().sum(-1)
+        delta = completeness_gap(sums, model_prob, base_prob, path.mask)
+        return credits, delta.float()
 
 
 class LensChange(ColumnReadout):
@@ -289,10 +289,33 @@ def learned_delta(
     r"""``Σ block parts + Σ lens parts - (f_model - f_0(h_base))`` from the
     block parts' sums ``(B, P)``, zero at padding; ``(B,)`` when one output is
     attributed per example (and ``one_output``)."""
-    change = path.model_prob.double() - split.levels[..., 0].double()
-    delta = (block.double() + _lens(split).sum(-1) - change) * path.mask
-    delta = delta.to(work_dtype(path.points.dtype))
-    return delta.sum(-1) if path.one_output and one_output else delta
+    sums = block.double() + _lens(split).double().sum(-1)
+    gap = completeness_gap(sums, path.model_prob, split.levels[..., 0], path.mask)
+    gap = gap.to(work_dtype(path.points.dtype))
+    return gap.sum(-1) if path.one_output and one_output else gap
+
+
+def completeness_gap(
+    sums: Tensor, model_prob: Tensor, base_prob: Tensor, mask: Tensor
+) -> Tensor:
+    r"""
+    The convergence delta ``Σ credits - (f_model - f(h_base))``, in float64 so
+    that the map and :meth:`LayerIGLens.compute_convergence_delta` agree to
+    the last bit of the credits given.
+
+    Args:
+
+        sums (Tensor): The credits summed over their columns, in float64
+            ``(B, P)``.
+        model_prob (Tensor): ``f_model`` ``(B, P)``.
+        base_prob (Tensor): ``f(h_base)`` ``(B, P)``.
+        mask (Tensor): 1 at attributed positions, 0 at padding ``(B, P)``.
+
+    Returns:
+        *Tensor* ``(B, P)``, float64: the delta, zero at padding.
+    """
+    change = model_prob.double() - base_prob.double()
+    return (sums.double() - change) * mask
 
 
 def _lens(split: ReadoutSplit) -> Tensor:

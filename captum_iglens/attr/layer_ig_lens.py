@@ -486,7 +486,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             points = traced.points.to(attrs.dtype)
             attrs = attrs * points.diff(dim=2)
         with torch.no_grad():
-            return out, delta_of(attrs.sum((-1, -2)))
+            return out, delta_of(attrs.double().sum((-1, -2)))
 
     @log_usage()
     def compute_convergence_delta(

@@ -505,6 +505,25 @@ def test_compute_convergence_delta_is_in_probability_space(pure):
         lens.compute_convergence_delta(attrs[0][:, :, None], None, ids, target=(3, 7))
 
 
+def test_convergence_delta_is_the_maps_delta_to_the_bit(pure):
+    """The map's delta and ``compute_convergence_delta`` of the map's own
+    credits are one float64 subtraction: the same float32 bits (on the pure
+    model, whose readout of ``h_base`` does not depend on how rows are
+    batched; Hugging Face kernels move it by ~1e-8)."""
+    ids = pure.ids()
+    lens = pure.lens(pure.seq)
+    result = lens.attribute_map(
+        ids, positions=[1, 3, 4], method="riemann_trapezoid", n_steps=3
+    )
+    credits = result.attributions  # (B, P, n)
+    columns = [credits[:, :, i : i + 1] for i in range(credits.shape[-1])]
+    again = lens.compute_convergence_delta(
+        columns, None, ids, target=result.targets, positions=[1, 3, 4]
+    )
+    assert torch.equal(again.float(), result.delta)
+    assert result.delta.abs().max() > 1e-3  # a delta that is not zero
+
+
 # ----------------------------------------------------------------- constructor
 
 

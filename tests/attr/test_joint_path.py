@@ -11,6 +11,8 @@ from torch import nn
 
 from captum_iglens import IGLensResult, LayerIGLens, Readout, Settings
 from captum_iglens.attr.granularities import GRANULARITIES
+from captum_iglens.attr.granularities.neurons import NeuronComponents
+from captum_iglens.attr.granularities.source_terms import SourceComponents
 from captum_iglens.columns import parse_columns
 from captum_iglens.readout.translators import Translators
 from tests.helpers import block_states, left_padded
@@ -74,6 +76,33 @@ def test_every_architecture_every_granularity(arch):
     ids, mask = left_padded([6, 4], VOCAB)
     lens = LayerIGLens.from_model(tiny_model(arch))
     check_exact_and_nested(granularity_maps(lens, ids, mask, path="joint"))
+
+
+@pytest.mark.parametrize(
+    "arch, granularity, factored",
+    [
+        ("llama", "neuron", NeuronComponents),
+        ("qwen2_moe", "expert", NeuronComponents),
+        ("llama", "source", SourceComponents),
+    ],
+)
+def test_factored_components_give_the_dense_credits(
+    arch, granularity, factored, monkeypatch
+):
+    """The joint columns read neurons, experts and sources through their own
+    products and norms; built densely, they give the same credits."""
+    torch.manual_seed(0)
+    lens = LayerIGLens.from_model(tiny_model(arch))
+    ids, mask = left_padded([6, 4], VOCAB)
+    kwargs = dict(additional_forward_args=(mask,), granularity=granularity)
+    read = lens.attribute_map(ids, path="joint", n_steps=8, **kwargs)
+    monkeypatch.delattr(factored, "dots")
+    monkeypatch.delattr(factored, "norms")
+    built = lens.attribute_map(ids, path="joint", n_steps=8, **kwargs)
+    real = read.mask
+    torch.testing.assert_close(read.attributions, built.attributions, atol=1e-6, rtol=0)
+    change = read.model_prob - read.base_prob
+    assert (read.total - change)[real].abs().max() <= FP32_TOL
 
 
 def test_the_joint_path_takes_its_own_default_steps(llama):

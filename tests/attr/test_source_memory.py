@@ -1,13 +1,13 @@
 """The source split's memory side: the capture runs the eager attention over
-chunks of query rows (never the whole T × T weights), and the factored terms
+chunks of query rows (never the whole T × T weights or mask), and the factored terms
 answer the estimators' reads exactly as the terms they stand for."""
 
 import pytest
 import torch
-from transformers import masking_utils
 
 from captum_iglens import LayerIGLens
 from captum_iglens.attr._utils import attention
+from captum_iglens.attr.estimators import prediction_aware
 from captum_iglens.attr._utils.component_reads import component_dots, component_norms
 from captum_iglens.attr.granularities.source_terms import SourceComponents
 from tests.helpers import left_padded
@@ -33,38 +33,48 @@ def test_chunked_capture_gives_the_same_map(arch, monkeypatch):
 
         return run
 
+    masks = []
+    make_mask = attention.eager_mask
+
+    def mask_rows(**arguments):
+        mask = make_mask(**arguments)
+        masks.append(tuple(mask.shape))
+        return mask
+
     monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # one query row a chunk
     monkeypatch.setattr(attention, "_family_eager", counting)
+    monkeypatch.setattr(attention, "eager_mask", mask_rows)
     chunked = lens.attribute_map(ids, **kwargs)
     assert set(seen) == {1}
+    # the mask too is made a query row at a time: never (B, 1, T, T)
+    assert masks and {shape[2] for shape in masks} == {1}
     torch.testing.assert_close(chunked.attributions, whole.attributions)
     torch.testing.assert_close(chunked.delta, whole.delta)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2"])
-def test_the_mask_is_built_a_chunk_of_rows_at_a_time(arch, monkeypatch):
-    """The capture asks for the additive mask of each chunk of query rows
-    (padding and sliding windows included), never for all ``T`` rows (the
-    forwards outside the capture build theirs as the model does)."""
-    model = tiny_model(arch)
-    lens = LayerIGLens.from_model(model)
-    ids, mask = left_padded([6, 4], VOCAB)
-    kwargs = dict(additional_forward_args=(mask,), granularity="source", n_steps=2)
-    whole = lens.attribute_map(ids, **kwargs)
-    lengths = []
-    build = masking_utils.sdpa_mask
+def test_the_split_among_sources_keeps_to_the_budget(monkeypatch):
+    """The prediction-aware split holds (rows, n_steps + 1, C) arrays: with
+    C = heads × sources, rows are grouped so that they fit the readout's
+    budget (a row at a time at least), with the same credits."""
+    model = tiny_model("llama")
+    ids, mask = left_padded([24, 20], VOCAB)
+    kwargs = dict(additional_forward_args=(mask,), granularity="source", n_steps=4)
+    wide = LayerIGLens.from_model(model).attribute_map(ids, **kwargs)
+    budget = 64 * 2**10
+    seen = []
+    shares = prediction_aware._shares
 
-    def spy(*args, **kw):
-        if kw["config"]._attn_implementation == attention.IMPLEMENTATION:
-            lengths.append(kw["q_length"])
-        return build(*args, **kw)
+    def recording(first_order, *args):
+        seen.append(tuple(first_order.shape))
+        return shares(first_order, *args)
 
-    monkeypatch.setattr(masking_utils, "sdpa_mask", spy)
-    monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # one query row a chunk
-    chunked = lens.attribute_map(ids, **kwargs)
-    assert lengths and set(lengths) == {1}
-    torch.testing.assert_close(chunked.attributions, whole.attributions)
-    torch.testing.assert_close(chunked.delta, whole.delta)
+    monkeypatch.setattr(prediction_aware, "_shares", recording)
+    lens = LayerIGLens.from_model(model, max_chunk_bytes=budget)
+    narrow = lens.attribute_map(ids, **kwargs)
+    entry = prediction_aware._SPLIT_ENTRY_BYTES
+    assert seen and all(g == 1 or g * (n + 1) * c * entry <= budget for g, n, c in seen)
+    assert max(g for g, _, _ in seen) > 1  # rows are still grouped
+    torch.testing.assert_close(narrow.attributions, wide.attributions)
 
 
 def _factored(factor: bool, bias: bool, extra: bool) -> SourceComponents:

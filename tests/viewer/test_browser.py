@@ -719,3 +719,22 @@ def test_unfolded_head_names_do_not_overlap(browser, tmp_path):
         assert right <= left, f"{name!r} runs into {after!r}"
     screenshot(browser, "heads-unfolded-names.png")
     assert console_errors(browser) == []
+
+
+def test_the_trajectory_labels_do_not_run_into_the_last(browser, tmp_path):
+    # Issue 33's SmolLM2 neuron page: 60 columns on show, labels every 8 and the
+    # last, so the last two were 4 columns apart and their slanted names touched.
+    names = [f"{block}.{part}" for block in range(30) for part in ("attn", "mlp")]
+    synthetic_result(3, len(names), layer_names=names).to_html(tmp_path / "t.html")
+    open_page(browser, tmp_path / "t.html")
+    labels = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#trajectory svg text'))"
+        ".filter(function (t) { return t.getAttribute('transform'); })"
+        ".map(function (t) { return [t.textContent, Number(t.getAttribute('x')),"
+        "  t.getBBox().height]; })"
+    )
+    assert labels[0][0] == "h_base" and labels[-1][0] == "29.mlp"
+    slant = np.sin(np.radians(35))  # the labels are drawn at -35 degrees
+    for (name, x, height), (after, x_after, _) in zip(labels, labels[1:]):
+        assert (x_after - x) * slant >= height, f"{name!r} runs into {after!r}"
+    assert console_errors(browser) == []

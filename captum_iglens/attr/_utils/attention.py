@@ -12,22 +12,22 @@ attention weights exist at once (never the whole ``(B, H, T, T)``), and records
 the attention weights of the attributed query positions, ``(B, H, P, T)``, and
 the values of every source position, ``(B, H_kv, T, e)``. Each output row is
 the family's eager attention of that row, so the forward is the one the eager
-path computes. The additive mask is built as the eager path builds it, but
-for one chunk of query rows at a time (:class:`RowMask`): never ``(B, 1, T, T)``
-at once. The models' configs are switched to this
+path computes. The additive mask is the eager path's too, built a chunk of
+query rows at a time by transformers' own ``eager_mask`` (:class:`RowMask`), so
+no ``(B, 1, T, T)`` mask exists either. The models' configs are switched to this
 implementation for the call and restored after, whatever happens.
 """
 
+import inspect
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from torch.nn import Module
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 #: The name our capturing attention is registered under.
@@ -37,83 +37,14 @@ IMPLEMENTATION = "captum_iglens_capture"
 #: query rows holds at once.
 CHUNK_BYTES = 64 * 2**20
 
+#: The parameters of transformers' mask functions (``eager_mask``'s).
+_MASK_PARAMETERS = inspect.signature(eager_mask)
 #: Per attention module, what records its call (set only inside a capture).
 _RECORDERS: "weakref.WeakKeyDictionary[Module, _Recorder]" = weakref.WeakKeyDictionary()
 _REGISTER = threading.Lock()
 #: Held while any configs are switched: captures run one at a time, so that one
 #: never saves another's switched value as the one to restore.
 _SWITCH = threading.RLock()
-
-
-_UNREAD = (
-    "granularity: 'source' could not read the attention weights: the model's "
-    "attention reads its mask itself, not through transformers' attention "
-    "interface; use granularity='head' for this model"
-)
-
-
-@dataclass(frozen=True)
-class RowMask:
-    r"""
-    What transformers' mask interface was asked for (its keyword arguments),
-    kept in place of the additive mask ``(B, 1, T_q, T_k)`` it would build: the
-    capturing attention builds the rows of each chunk of queries with the
-    eager mask function, the same rows the whole mask holds (each row depends
-    only on its query position).
-    """
-
-    arguments: Dict[str, Any]
-
-    @classmethod
-    def __torch_function__(cls, *args: Any, **kwargs: Any) -> Any:
-        """A family that reads the mask itself, outside the attention
-        interface, is refused (any torch operation on the recipe)."""
-        raise ValueError(_UNREAD)
-
-    def __getitem__(self, index: Any) -> Any:
-        raise ValueError(_UNREAD)
-
-    def rows(self, rows: slice) -> Optional[Tensor]:
-        """The eager additive mask of query rows ``rows``, ``(B, 1, n, T_k)``
-        (None where the eager path would have none), on the device the model
-        asked for (where its first block runs)."""
-        arguments = dict(self.arguments)
-        arguments["q_offset"] = arguments.get("q_offset", 0) + rows.start
-        arguments["q_length"] = rows.stop - rows.start
-        return ALL_MASK_ATTENTION_FUNCTIONS["eager"](**arguments)
-
-
-def _row_mask(**arguments: Any) -> RowMask:
-    """The mask interface of :data:`IMPLEMENTATION`: the recipe, no mask."""
-    return RowMask(arguments)
-
-
-def _chunk_mask(
-    attention_mask: Union[None, Tensor, RowMask], rows: slice, n_queries: int
-) -> Optional[Tensor]:
-    r"""
-    The additive mask of query rows ``rows``.
-
-    A float64 additive mask is clamped to float32's range: eager attention
-    takes its softmax in float32, where float64's minimum becomes ``-inf`` and a
-    fully masked row (a padding query) ``NaN``, which the next block's values
-    spread to every position (``0 · NaN``). Masked weights stay exactly zero.
-    """
-    if isinstance(attention_mask, RowMask):
-        if attention_mask.arguments.get("q_length") != n_queries:
-            raise ValueError(
-                "granularity: 'source' needs one forward over the whole input, "
-                f"one query per position; the attention got {n_queries} queries "
-                f"for a mask of {attention_mask.arguments.get('q_length')} rows"
-            )
-        mask = attention_mask.rows(rows)
-    else:
-        mask = attention_mask
-        if mask is not None and mask.shape[2] == n_queries:
-            mask = mask[:, :, rows]
-    if mask is not None and mask.dtype == torch.float64:
-        mask = mask.clamp_min(torch.finfo(torch.float32).min)
-    return mask
 
 
 def _family_eager(module: Module) -> Callable[..., Tuple[Tensor, Tensor]]:
@@ -141,13 +72,13 @@ def _capturing_attention(
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    attention_mask: Union[None, Tensor, RowMask],
+    attention_mask: Optional[Tensor],
     *args: Any,
     **kwargs: Any,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """The family's eager attention over chunks of query rows, each with its
-    rows of the additive mask (:func:`_chunk_mask`), recording the weights of
-    the attributed rows and the values on the way."""
+    """The family's eager attention over chunks of query rows (and of the mask,
+    :func:`_mask_rows`), recording the weights of the attributed rows and the
+    values on the way."""
     eager = _family_eager(module)
     recorder = _RECORDERS.get(module)
     n_queries = query.shape[2]
@@ -155,8 +86,8 @@ def _capturing_attention(
     outputs, kept = [], []
     for start in range(0, n_queries, size):
         rows = slice(start, min(start + size, n_queries))
-        mask = _chunk_mask(attention_mask, rows, n_queries)
-        if mask is not None:  # a sharded model's block may run elsewhere
+        mask = _mask_rows(attention_mask, rows, n_queries)
+        if mask is not None:  # made where the model's first block runs
             mask = mask.to(query.device)
         output, weights = eager(
             module, query[:, :, rows], key, value, mask, *args, **kwargs
@@ -167,6 +98,82 @@ def _capturing_attention(
     if recorder is not None:
         recorder.record(kept, value)
     return torch.cat(outputs, dim=1), None
+
+
+class RowMask:
+    r"""
+    The eager path's additive mask ``(B, 1, T_q, T_k)``, made a chunk of query
+    rows at a time: transformers' ``eager_mask`` called with the arguments the
+    model gave its mask function, for the rows' query positions alone.
+
+    Args:
+
+        arguments (dict): The mask function's arguments (``batch_size``,
+                    ``q_length``, ``kv_length``, ``q_offset``, the family's
+                    ``mask_function``, the padding ``attention_mask``, …).
+    """
+
+    def __init__(self, arguments: Dict[str, Any]) -> None:
+        self.arguments = arguments
+        self.shape = torch.Size(
+            [arguments["batch_size"], 1, arguments["q_length"], arguments["kv_length"]]
+        )
+
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Callable[..., Any],
+        types: Any,
+        args: Sequence[Any] = (),
+        kwargs: Optional[Dict[str, Any]] = None,
+    ) -> Any:
+        """A family whose own code reads the mask (not through the attention
+        interface: BLOOM's ALiBi) gets the whole mask, as the eager path
+        would give it."""
+        whole = [a.whole() if isinstance(a, RowMask) else a for a in args]
+        return func(*whole, **(kwargs or {}))
+
+    def __getitem__(self, index: Any) -> Tensor:
+        whole = self.whole()
+        assert whole is not None  # a mask a family slices is not skipped
+        return whole[index]
+
+    def whole(self) -> Optional[Tensor]:
+        """The whole mask ``(B, 1, T_q, T_k)``."""
+        return self.rows(slice(0, self.shape[2]))
+
+    def rows(self, rows: slice) -> Optional[Tensor]:
+        """The mask of the query rows ``rows``, ``(B, 1, len(rows), T_k)``
+        (None where the eager path has none)."""
+        offset = self.arguments.get("q_offset", 0) + rows.start
+        return eager_mask(
+            **{**self.arguments, "q_offset": offset, "q_length": rows.stop - rows.start}
+        )
+
+
+def _row_mask(*args: Any, **kwargs: Any) -> RowMask:
+    """The mask function registered under :data:`IMPLEMENTATION`."""
+    bound = _MASK_PARAMETERS.bind(*args, **kwargs)
+    bound.apply_defaults()
+    arguments = {**bound.arguments, **bound.arguments.pop("kwargs", {})}
+    arguments.pop("allow_is_causal_skip", None)
+    return RowMask(arguments)
+
+
+def _mask_rows(mask: Any, rows: slice, n_queries: int) -> Optional[Tensor]:
+    """The additive mask of the query rows ``rows``: a :class:`RowMask`'s
+    rows, or the rows of a mask the model built itself. A float64 mask is
+    clamped to float32's range: eager attention takes its softmax in float32,
+    where float64's minimum becomes ``-inf`` and a fully masked row (a padding
+    query) ``NaN``, which the next block's values spread to every position
+    (``0 · NaN``). Masked weights stay exactly zero."""
+    if isinstance(mask, RowMask):
+        mask = mask.rows(rows)
+    elif mask is not None and mask.shape[2] == n_queries:
+        mask = mask[:, :, rows]
+    if mask is not None and mask.dtype == torch.float64:
+        mask = mask.clamp_min(torch.finfo(torch.float32).min)
+    return mask
 
 
 def _register() -> None:

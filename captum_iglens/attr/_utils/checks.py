@@ -166,7 +166,7 @@ def summed_credits(
 ) -> Tensor:
     r"""
     The credits ``(B, P)`` of attributions as ``attribute`` returns them: one
-    ``(B, P, d)`` tensor, or a list of them, summed.
+    ``(B, P, d)`` tensor, or a list of them, summed in float64.
 
     Raises:
         ValueError: If an attribution does not have the shape ``(*shape, d)``.
@@ -181,7 +181,7 @@ def summed_credits(
             f"attributions: expected a tensor (or a list of tensors) of shape "
             f"{shape + ('d',)} as attribute returns for these arguments"
         )
-    return torch.stack([a.sum(-1) for a in parts]).sum(0)
+    return torch.stack([a.double().sum(-1) for a in parts]).sum(0)
 
 
 def check_settings(

@@ -24,6 +24,12 @@ from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import TokenScore
 
 
+#: Bytes the split of one step among the components holds per (step,
+#: component) entry: the float32 products with the gradients, and the float64
+#: first-order terms, shares and their normalised weights.
+_SPLIT_ENTRY_BYTES = 4 + 6 * 8
+
+
 class PredictionAware(Estimator):
     r"""
     Prediction-aware Integrated Gradients (the split of Integrated Decision
@@ -224,9 +230,12 @@ def prediction_aware_components(
     path_layers = layer_grid(layers, ends)
     equal = torch.arange(n_steps + 1, device=ends.device, dtype=torch.float32)
     equal = (equal / n_steps).view(1, -1)
-    credits = torch.empty(m, components.shape[1], device=ends.device)
+    c = components.shape[1]
+    credits = torch.empty(m, c, device=ends.device)
     mean_gradient = torch.empty(m, d, device=ends.device)
-    for rows in row_groups(m, n_steps + 1, chunk_rows):
+    # a group's split holds a few (g, n + 1, C) arrays: within the budget too
+    split_rows = readout.max_chunk_bytes // ((n_steps + 1) * c * _SPLIT_ENTRY_BYTES)
+    for rows in row_groups(m, n_steps + 1, min(chunk_rows, split_rows * (n_steps + 1))):
         steps = equal if fractions is None else fractions[rows].float()
         widths = None if fractions is None else steps.diff(dim=1).unsqueeze(-1)
         start = ends[rows, 0].float().unsqueeze(1)

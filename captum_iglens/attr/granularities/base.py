@@ -24,7 +24,6 @@ from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.block_parts import BlockParts
-from captum_iglens.attr._utils.path_math import path_values
 from captum_iglens.attr.estimators import Estimator, Integration
 from captum_iglens.attr.tracing import TracedPath
 
@@ -183,22 +182,11 @@ class PathGranularity(ABC):
             *Tensor* ``(B, P, n, d)``.
         """
         b, p, k_plus_1, d = path.points.shape
-        points = path.points.flatten(0, 1)
-        with torch.no_grad():  # f(h_base): the path's start
-            start = path_values(
-                integration.readout,
-                points[:, :1],
-                path.score.flatten(),
-                integration.chunk_rows,
-            )[0][:, 0]
-        ends = torch.stack(
-            [start.to(path.model_prob.dtype), path.model_prob.flatten()], -1
-        )
         attrs = integration.path.segments(
             replace(integration, per_dimension=True),
-            points,
+            path.points.flatten(0, 1),
             path.score.flatten(),
-            ends,
+            path.model_prob.flatten()[:, None],
             self.column_blocks(),
         )
         return attrs.view(b, p, k_plus_1 - 1, d) * path.mask[..., None, None]

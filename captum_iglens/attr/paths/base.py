@@ -87,8 +87,9 @@ class IntegrationPath(ABC):
             points (Tensor): ``(N, K + 1, d)``: ``N`` chains.
             targets (TokenScore): ``N`` rows.
             values (Tensor): ``f`` at the points, the last the model's own:
-                        ``(N, K + 1)``, or with ``per_dimension`` ``(N, 2)`` at
-                        the first and the last point.
+                        ``(N, K + 1)``, or with ``per_dimension`` ``(N, 1)``
+                        at the last point only (a path that needs more reads
+                        it).
             blocks (list[int], optional): ``K``: the path block of each
                         segment, where the granularity's columns belong to
                         blocks (a path that integrates segments together keeps

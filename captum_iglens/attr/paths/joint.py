@@ -13,12 +13,13 @@ sum of its components' credits. One gradient per step serves every column, so
 a granularity's columns all come from one integral per position.
 """
 
-from typing import Callable, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from torch import Tensor
 
-from captum_iglens.attr._utils.path_math import chunks
+from captum_iglens.attr._utils.component_reads import component_dots, component_norms
+from captum_iglens.attr._utils.path_math import chunks, path_values
 from captum_iglens.attr.estimators import Estimator, Integration
 from captum_iglens.attr.granularities.base import PathGranularity
 from captum_iglens.attr.paths.base import IntegrationPath
@@ -86,6 +87,12 @@ class Joint(IntegrationPath):
 
         n_columns = points.shape[1] - 1
         groups = None if blocks is None else torch.tensor(list(blocks))
+        if integration.per_dimension:  # f(h_base) is read here
+            with torch.no_grad():
+                start = path_values(
+                    integration.readout, points[:, :1], targets, integration.chunk_rows
+                )[0]
+            values = torch.cat([start.to(values.dtype), values], dim=1)
         return self._integrate(
             integration, points, updates, n_columns, targets, values, groups
         )
@@ -103,28 +110,20 @@ class Joint(IntegrationPath):
         blocks: Optional[Sequence[int]] = None,
     ) -> Tuple[Tensor, Tensor]:
         r"""Every split segment's components and every whole segment's update,
-        as the columns of one integral, grouped by ``blocks`` where given (else
-        a component group of ``parents`` stays a group within its segment)."""
-        n, d = stream.shape[0], stream.shape[-1]
-        n_split, c = len(split), components.shape[1]
-        plain = torch.tensor(list(whole), device=stream.device, dtype=torch.long)
-
-        def updates(rows: slice) -> Tensor:
-            start, stop, _ = rows.indices(n)
-            parts = components[slice(start * n_split, stop * n_split)]
-            parts = parts.reshape(stop - start, n_split * c, d)
-            rest = stream[rows, plain + 1].float() - stream[rows, plain].float()
-            return torch.cat([parts.to(rest.device), rest], dim=1)
-
-        groups = _groups(split, c, whole, parents, blocks)
+        as the columns of one integral (:class:`JointColumns`), grouped by
+        ``blocks`` where given, else by segment."""
+        n, n_split, c = stream.shape[0], len(split), components.shape[1]
+        k = stream.shape[1] - 1
+        groups = torch.tensor(list(range(k) if blocks is None else blocks))
+        columns = JointColumns(stream, components, split, whole, groups)
         out = self._integrate(
             integration,
             stream,
-            updates,
-            n_split * c + len(whole),
+            columns.rows,
+            columns.n_columns,
             targets,
             values,
-            groups,
+            columns.parents,
         )
         rest = out.shape[2:]
         parts, plain_out = out[:, : n_split * c], out[:, n_split * c :]
@@ -134,16 +133,17 @@ class Joint(IntegrationPath):
         self,
         integration: Integration,
         stream: Tensor,
-        updates: Callable[[slice], Tensor],
+        columns: Callable[[slice], Any],
         n_columns: int,
         targets: TokenScore,
         values: Tensor,
         parents: Optional[Tensor],
     ) -> Tensor:
         r"""
-        The estimator's credits of the columns ``updates(rows)`` ``(g, n, d)``
-        along ``stream[:, 0] → stream[:, -1]``, a group of rows at a time so
-        that the columns of a group fit the readout's memory budget.
+        The estimator's credits of the columns ``columns(rows)`` ``(g, n, d)``
+        (a tensor, or an object the estimators read as components) along
+        ``stream[:, 0] → stream[:, -1]``, a group of rows at a time so that the
+        columns of a group fit the readout's memory budget.
 
         Args:
 
@@ -166,7 +166,7 @@ class Joint(IntegrationPath):
             integration.rule.components(
                 integration,
                 ends[rows],
-                updates(rows),
+                columns(rows),
                 targets[rows],
                 end_values[rows],
                 parents=groups,
@@ -213,23 +213,94 @@ def _steps(ends: Tensor, n_steps: int) -> Tensor:
     return torch.cat([zeros, inner, zeros + 1], dim=1)
 
 
-def _groups(
-    split: Sequence[int],
-    c: int,
-    whole: Sequence[int],
-    parents: Optional[Tensor],
-    blocks: Optional[Sequence[int]],
-) -> Optional[Tensor]:
-    r"""The estimator's group of each column of :meth:`Joint.split_segments`
-    (the ``c`` components of every split segment, then every whole segment):
-    its segment's path block; without ``blocks``, each component group of
-    ``parents`` within its segment and each whole segment alone; else none."""
-    if blocks is not None:
-        segment = [s for s in split for _ in range(c)] + list(whole)
-        return torch.tensor([blocks[s] for s in segment])
-    if parents is None:
-        return None
-    size = int(parents.max()) + 1
-    offsets = torch.arange(len(split), device=parents.device) * size
-    alone = len(split) * size + torch.arange(len(whole), device=parents.device)
-    return torch.cat([(parents.view(1, -1) + offsets.view(-1, 1)).flatten(), alone])
+class JointColumns:
+    r"""
+    The columns of :meth:`Joint.split_segments`: each split segment's
+    components, then each whole segment's update, every column in the group of
+    its segment. The estimators read a group of chains at a time
+    (:meth:`rows`) through ``dots`` and ``norms``
+    (:mod:`~captum_iglens.attr._utils.component_reads`), which read the split
+    segments' components through their own products where those are kept
+    factored (neurons, experts, sources), never as ``(chains, columns, d)``.
+
+    Args:
+
+        stream (Tensor): ``(N, K + 1, d)`` path points.
+        components (Tensor): ``(N·len(split), C, d)``, or an object read as
+                    components (:mod:`~captum_iglens.attr._utils.component_reads`).
+        split (list[int]): The segments split into components.
+        whole (list[int]): The segments that are one column each.
+        groups (Tensor): ``(K,)`` long: the group of each segment.
+    """
+
+    def __init__(
+        self,
+        stream: Tensor,
+        components: Any,
+        split: Sequence[int],
+        whole: Sequence[int],
+        groups: Tensor,
+    ) -> None:
+        self.stream, self.components = stream, components
+        self.split, self.whole = list(split), list(whole)
+        self.groups = groups.to(stream.device)
+        c = components.shape[1]
+        self.parents = torch.cat(
+            [self.groups[self.split].repeat_interleave(c), self.groups[self.whole]]
+        )
+        self.n_columns = len(self.parents)
+
+    def rows(self, chains: slice) -> "ChainColumns":
+        r"""The columns of the chains ``chains``."""
+        return ChainColumns(self, chains)
+
+
+class ChainColumns:
+    r"""
+    :class:`JointColumns` of a group of chains, as the estimators read
+    components: ``shape`` ``(g, C, d)``, ``[rows]`` (built), ``dots``,
+    ``norms`` and ``parents``.
+    """
+
+    def __init__(self, columns: JointColumns, chains: slice) -> None:
+        start, stop, _ = chains.indices(columns.stream.shape[0])
+        steps = columns.stream[chains].float().diff(dim=1)  # (g, K, d)
+        self.components, self.parents = columns.components, columns.parents
+        self.n_split = len(columns.split)
+        self.first = start * self.n_split
+        self.whole = steps[:, columns.whole]
+        n_groups = int(columns.groups.max()) + 1
+        self.group_sums = steps.new_zeros(stop - start, n_groups, steps.shape[-1])
+        self.group_sums.index_add_(1, columns.groups, steps)
+        self.shape = torch.Size([stop - start, columns.n_columns, steps.shape[-1]])
+
+    def __getitem__(self, rows: Union[slice, Tensor]) -> Tensor:
+        whole = self.whole[rows]
+        parts = self.components[self._split_rows(rows)].to(whole.device)
+        parts = parts.reshape(whole.shape[0], -1, whole.shape[-1])
+        return torch.cat([parts, whole], dim=1)
+
+    def dots(self, rows: Union[slice, Tensor], grads: Tensor) -> Tensor:
+        r"""``g_s · u_c`` ``(g, S, C)`` for the rows ``rows`` and ``grads``
+        ``(g, S, d)``."""
+        g, s, _ = grads.shape
+        per_segment = grads.repeat_interleave(self.n_split, dim=0)
+        parts = component_dots(self.components, self._split_rows(rows), per_segment)
+        parts = parts.to(grads.device).view(g, self.n_split, s, -1).transpose(1, 2)
+        whole = torch.einsum("gsd,gwd->gsw", grads, self.whole[rows])
+        return torch.cat([parts.reshape(g, s, -1), whole], dim=2)
+
+    def norms(self, rows: Union[slice, Tensor]) -> Tuple[Tensor, Tensor]:
+        r"""``‖u_c‖²`` ``(g, C)`` for the rows ``rows``, and each group's
+        summed columns' ``(g, G)`` (its segments' steps)."""
+        _, square, _ = component_norms(self.components, self._split_rows(rows), None)
+        whole = self.whole[rows]
+        square = square.to(whole.device).view(whole.shape[0], -1)
+        square = torch.cat([square, whole.square().sum(-1)], dim=1)
+        return square, self.group_sums[rows].square().sum(-1)
+
+    def _split_rows(self, rows: Union[slice, Tensor]) -> Tensor:
+        """The rows of ``components`` of the chains ``rows``."""
+        chains = torch.arange(self.shape[0])[rows]
+        offsets = torch.arange(self.n_split)
+        return (self.first + chains[:, None] * self.n_split + offsets).flatten()

@@ -215,9 +215,11 @@
       var pts = s.values.map(function (v, i) { return x(i).toFixed(1) + ',' + y(v).toFixed(1); });
       add(root, sv('polyline', { points: pts.join(' '), 'class': s.cls }));
     });
+    // Every label of a step of `every`, and the last; one closer to the last
+    // than a slanted line needs (11px at 35 degrees: 20px apart) gives way.
     var every = Math.max(1, Math.ceil(n / 8));
     opts.labels.forEach(function (label, i) {
-      if (i % every && i !== n - 1) return;
+      if (i !== n - 1 && (i % every || x(n - 1) - x(i) < 20)) return;
       add(root, sv('text', {
         x: x(i), y: H - B + 12, 'text-anchor': 'end',
         transform: 'rotate(-35 ' + x(i) + ' ' + (H - B + 12) + ')'
