@@ -20,22 +20,29 @@ prints:
    fp32), with the prediction-aware map and, for the Captum rule
    ``gausslegendre``, ``max |Σ − Δp − delta|``;
 4. with ``--identity``, also that identity translators give the logit map
-   exactly.
+   exactly;
+5. with ``--breakdown``, where each map's CPU time goes, from one more call
+   of each: the readouts' norm and head, the translators, the log-softmax and
+   score of the levels and of the cross values, and the rest (the model's
+   forward, the capture and the parts' arithmetic).
 
 Times are medians over ``--repeats`` interleaved rounds of process CPU time, with
 ``--threads`` threads.
 """
 
 import argparse
+import contextlib
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
 from captum_iglens import LayerIGLens
+from captum_iglens.attr import column_readout, lens_change
 from captum_iglens.hf import model_parts
 from captum_iglens.hf.models import load_embedded
+from captum_iglens.readout.readout import Readout
 from captum_iglens.readout.translators import Translators
 
 TEXT = (
@@ -67,6 +74,59 @@ def cpu_times(
     return {name: statistics.median(times) for name, times in found.items()}
 
 
+@contextlib.contextmanager
+def timed(spent: Dict[str, float], name: str, owner: Any, attr: str) -> Iterator[None]:
+    """``owner.attr`` adds its CPU seconds to ``spent[name]`` (outermost calls
+    only) while the context lasts."""
+    original = getattr(owner, attr)
+    depth = [0]
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        depth[0] += 1
+        start = time.process_time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+            if not depth[0]:
+                spent[name] = spent.get(name, 0.0) + time.process_time() - start
+
+    setattr(owner, attr, wrapper)
+    try:
+        yield
+    finally:
+        setattr(owner, attr, original)
+
+
+def breakdown(function: Callable[[], Any]) -> Dict[str, float]:
+    """CPU seconds of one call of ``function``: reading the levels and the
+    cross values (each with its log-softmax and score), of which the norm and
+    head of every readout and the translators, and the rest."""
+    spent = dict.fromkeys(["levels", "cross values", "norm + head", "translators"], 0.0)
+    with contextlib.ExitStack() as stack:
+        for name, owner, attr in (
+            ("levels", lens_change, "path_levels"),
+            ("levels", column_readout, "path_levels"),
+            ("cross values", lens_change, "_values"),
+            ("norm + head", Readout, "forward"),
+            ("translators", Translators, "forward"),
+        ):
+            stack.enter_context(timed(spent, name, owner, attr))
+        start = time.process_time()
+        function()
+        total = time.process_time() - start
+    return {
+        "levels (readout, log-softmax, score)": spent["levels"],
+        "cross values (the same)": spent["cross values"],
+        "  of which norm + head, every readout": spent["norm + head"],
+        "  of which translators": spent["translators"],
+        "rest (forward, capture, parts)": (
+            total - spent["levels"] - spent["cross values"]
+        ),
+        "total": total,
+    }
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2", choices=["smollm2", "gemma3"])
@@ -76,6 +136,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--noise", type=float, default=0.1)
     parser.add_argument("--identity", action="store_true")
     parser.add_argument("--granularity", default="block")
+    parser.add_argument("--breakdown", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     begin = time.perf_counter()
@@ -134,6 +195,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         found = same.attribute_map(ids, **kwargs)
         exact = torch.equal(found.attributions, logit_map().attributions)
         print(f"  identity translators give the logit map exactly: {exact}")
+    if args.breakdown:
+        for name, function in (("logit", logit_map), ("learned", learned_map)):
+            print(f"  where the {name} map's time goes (CPU s, one call):")
+            for stage, seconds in breakdown(function).items():
+                print(f"    {stage:<40} {seconds:7.3f}")
     print(f"  wall time {time.perf_counter() - begin:.0f} s")
     return 0
 

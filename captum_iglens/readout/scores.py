@@ -23,8 +23,11 @@ TokenSetType = Union[None, set, frozenset, list, tuple, Tensor]
 
 #: Padding of ragged token sets in ``target_sets`` and ``foils``.
 PAD = -1
-#: Elements compared at once when counting ranks (4 MiB of int32).
-_COUNT_ELEMENTS = 2**20
+#: Elements compared at once when counting ranks (256 KiB of booleans, which
+#: stay in the CPU's cache until they are counted).
+_COUNT_ELEMENTS = 2**18
+#: Vocabulary columns per block when selecting the top tokens.
+_TOP_BLOCK = 64
 #: Vocabulary columns per block of the dot products of entropy and KL.
 _DOT_BLOCK = 1024
 
@@ -154,10 +157,10 @@ class Views:
         :func:`log_softmax_in_place` (its ``exp`` in memory no longer needed), is
         used as it is; without it the entropy costs one ``exp`` in fresh memory
         and a row product. Besides, the top-k
-        costs one selection pass, the rank one comparison pass, and the KL one
-        matrix product.
+        costs one pass of block maxima (:func:`top_tokens`), the rank one
+        comparison pass, and the KL one matrix product.
         """
-        top_lp, top_ids = log_probs.topk(top_k, dim=-1)
+        top_lp, top_ids = top_tokens(log_probs, top_k)
         if entropy is None:
             entropy = -log_probs.exp().mul_(log_probs).sum(-1)
         kl = torch.zeros_like(entropy) if final is None else final.kl(log_probs)
@@ -220,6 +223,41 @@ class FinalDistribution:
         cross = cast(Tensor, sum(blocks))
         cross = cross.gather(1, self.index[:, None])[:, 0]
         return self.neg_entropy[self.index] - cross
+
+
+def top_tokens(log_probs: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+    r"""
+    The ``k`` largest entries of each row of ``log_probs`` ``(N, V)``, as
+    :meth:`torch.Tensor.topk` finds them (tied entries in no set order), from
+    one pass over the rows instead of a selection over all of ``V``.
+
+    Each row is cut into blocks of :data:`_TOP_BLOCK` columns; the ``k`` blocks
+    with the largest maxima hold ``k`` entries at least as large as any entry
+    outside them, so the ``k`` largest entries of those blocks (and of the
+    columns after the last whole block) are the row's. A vocabulary of fewer
+    than ``4 k`` blocks is searched whole.
+
+    Returns:
+        2-element tuple of *Tensor* ``(N, k)``, the entries in descending
+        order, and *Tensor* ``(N, k)`` long, their columns.
+    """
+    rows, vocab = log_probs.shape
+    n_blocks = vocab // _TOP_BLOCK
+    if 4 * k > n_blocks:
+        return log_probs.topk(k, dim=-1)
+    whole = n_blocks * _TOP_BLOCK
+    blocks = log_probs[:, :whole].unflatten(1, (n_blocks, _TOP_BLOCK))
+    chosen = blocks.amax(-1).topk(k, dim=-1).indices  # (N, k)
+    offsets = torch.arange(_TOP_BLOCK, device=log_probs.device)
+    columns = (chosen[..., None] * _TOP_BLOCK + offsets).flatten(1)
+    candidates = blocks.gather(1, chosen[..., None].expand(-1, -1, _TOP_BLOCK))
+    candidates = candidates.flatten(1)
+    if whole < vocab:  # the columns after the last whole block
+        tail = torch.arange(whole, vocab, device=log_probs.device)
+        columns = torch.cat([columns, tail.expand(rows, -1)], 1)
+        candidates = torch.cat([candidates, log_probs[:, whole:]], 1)
+    values, picked = candidates.topk(k, dim=-1)
+    return values, columns.gather(1, picked)
 
 
 def log_softmax_in_place(

@@ -142,3 +142,37 @@ def test_neuron_reads_match_the_components(factors, bias):
     norm, square, _ = component_norms(found, index, None)
     torch.testing.assert_close(square, terms.square().sum(-1))
     torch.testing.assert_close(norm, terms.norm(dim=-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_neuron_weights_are_read_in_float32_slices(dtype, monkeypatch):
+    """A bfloat16 ``W_out`` is read a few neurons at a time in float32 (never
+    the whole block's copy), with the same reads; a float32 one is read as it
+    is, not copied."""
+    from captum_iglens.attr.granularities import neurons
+
+    torch.manual_seed(0)
+    rows, k, n, d = 6, 2, 10, 4
+    weights = list(torch.randn(k, n, d).to(dtype))
+    found = neurons.NeuronComponents(
+        torch.randn(rows, n), weights, torch.rand(rows, d), torch.randn(k, d)
+    )
+    index, grads = torch.tensor([0, 1, 5]), torch.randn(3, 3, d)
+    whole = (found[index], found.dots(index, grads), found.norms(index)[0])
+    read = []
+    parts = neurons.float32_parts
+
+    def spy(weight, dim, device):
+        for part, copy in parts(weight, dim, device):
+            read.append((copy.numel(), copy.data_ptr() == weight.data_ptr()))
+            yield part, copy
+
+    monkeypatch.setattr(neurons, "WEIGHT_BYTES", 3 * 4 * d)  # three neurons
+    monkeypatch.setattr(neurons, "float32_parts", spy)
+    sliced = (found[index], found.dots(index, grads), found.norms(index)[0])
+    for a, b in zip(sliced, whole):
+        torch.testing.assert_close(a, b)
+    if dtype == torch.float32:
+        assert read and all(size == n * d and same for size, same in read)
+    else:
+        assert len(read) > 3 * k and all(size <= 3 * d for size, _ in read)

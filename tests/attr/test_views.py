@@ -9,6 +9,7 @@ import torch
 
 from captum_iglens import LayerIGLens, competitor_maps
 from captum_iglens.hf import model_parts
+from captum_iglens.readout.scores import top_tokens
 from tests.helpers import block_states, hook_snapshot, left_padded
 from tests.tiny_models import VOCAB, tiny_model
 
@@ -245,3 +246,24 @@ def test_real_model_views_and_contrastive_completeness(default_model):
                 **kwargs,
             )
             assert delta.abs().max() <= 1e-6, (kwargs, n_steps)
+
+
+@pytest.mark.parametrize("vocab", [49152, 49152 + 37, 1000])
+@pytest.mark.parametrize("k", [1, 10, 40])
+def test_top_tokens_are_torch_topk(vocab, k):
+    """The block-maxima search finds torch.topk's entries: the same values in
+    the same order, at columns that hold them (tied entries in any order), and
+    the same columns where no two entries tie; also with columns after the last
+    whole block and a vocabulary searched whole."""
+    generator = torch.Generator().manual_seed(vocab + k)
+    log_probs = torch.randn(6, vocab, generator=generator).mul(3).log_softmax(-1)
+    log_probs[0, -5:] = torch.arange(5.0) + 5  # the largest, past the last block
+    log_probs[1] = log_probs[1].round(decimals=1)  # many ties
+    log_probs[2, :300] = -float("inf")
+    values, ids = top_tokens(log_probs, k)
+    expected_values, expected_ids = log_probs.topk(k, dim=-1)
+    assert torch.equal(values, expected_values)
+    assert torch.equal(log_probs.gather(1, ids), values)
+    assert all(len(set(row.tolist())) == k for row in ids)
+    untied = [0, 2, 3, 4, 5]
+    assert torch.equal(ids[untied], expected_ids[untied])

@@ -87,6 +87,8 @@ def _capturing_attention(
     for start in range(0, n_queries, size):
         rows = slice(start, min(start + size, n_queries))
         mask = _mask_rows(attention_mask, rows, n_queries)
+        if mask is not None:  # made where the model's first block runs
+            mask = mask.to(query.device)
         output, weights = eager(
             module, query[:, :, rows], key, value, mask, *args, **kwargs
         )

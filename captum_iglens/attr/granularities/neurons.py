@@ -38,6 +38,11 @@ from captum_iglens.attr.granularities.components import (
 )
 from captum_iglens.columns import Column, parse_columns
 
+#: About the most bytes of a float32 copy of a block's ``W_out`` that exist at
+#: once (a model in another dtype is read a slice of neurons or of ``d`` at a
+#: time; a float32 model's weights are read as they are, with no copy).
+WEIGHT_BYTES = 32 * 2**20
+
 
 class NeuronComponents:
     r"""
@@ -48,8 +53,8 @@ class NeuronComponents:
     Args:
         activations (Tensor): ``(R, I)`` float32: the neurons' activations.
         weights (list[Tensor]): Per block, ``(I, d)``: ``W_out[:, n]`` (the
-                    model's own weights, any dtype: read in float32 a block at a
-                    time, never copied for all blocks at once).
+                    model's own weights, any dtype: read in float32 a slice of
+                    neurons at a time, :func:`float32_parts`).
         factors (Tensor): ``(R, d)`` float32, or ``(1, 1)``: the factor of each row.
         bias (Tensor, optional): ``(k, d)`` float32: the bias per block.
     """
@@ -76,7 +81,9 @@ class NeuronComponents:
         flat, block, factor = self._rows(index)
         terms = factor.new_empty(len(flat), *self.weights[0].shape)
         for b, sel in _by_block(block):
-            terms[sel] = self.activations[flat[sel]].unsqueeze(-1) * self._weight(b)
+            acts = self.activations[flat[sel]].unsqueeze(-1)
+            for neurons, weight in self._weight_parts(b):
+                terms[sel, neurons] = acts[:, neurons] * weight
         if self.bias is not None:
             terms = torch.cat([terms, self.bias[block].unsqueeze(1)], dim=1)
         return terms * factor.unsqueeze(1)
@@ -89,8 +96,10 @@ class NeuronComponents:
         grads = grads * factor.unsqueeze(1)
         out = grads.new_empty(*grads.shape[:2], self.weights[0].shape[0])
         for b, sel in _by_block(block):
-            along = torch.einsum("gsd,id->gsi", grads[sel], self._weight(b))
-            out[sel] = along * self.activations[flat[sel]].unsqueeze(1)
+            acts = self.activations[flat[sel]].unsqueeze(1)
+            for neurons, weight in self._weight_parts(b):
+                along = torch.einsum("gsd,id->gsi", grads[sel], weight)
+                out[sel, :, neurons] = along * acts[..., neurons]
         if self.bias is None:
             return out
         return torch.cat([out, grads @ self.bias[block].unsqueeze(-1)], dim=2)
@@ -101,10 +110,12 @@ class NeuronComponents:
         flat, block, factor = self._rows(index)
         square = factor.new_empty(len(flat), self.weights[0].shape[0])
         for b, sel in _by_block(block):
-            columns = torch.einsum(
-                "gd,id->gi", factor[sel].square(), self._weight(b).square()
-            )
-            square[sel] = self.activations[flat[sel]].square() * columns
+            acts = self.activations[flat[sel]].square()
+            for neurons, weight in self._weight_parts(b):
+                columns = torch.einsum(
+                    "gd,id->gi", factor[sel].square(), weight.square()
+                )
+                square[sel, neurons] = acts[:, neurons] * columns
         if self.bias is not None:
             bias = (self.bias[block] * factor).square().sum(-1, keepdim=True)
             square = torch.cat([square, bias], dim=1)
@@ -118,11 +129,38 @@ class NeuronComponents:
         factor = self.factors.expand(rows, d)[flat]
         return flat, flat % len(self.weights), factor
 
-    def _weight(self, block: int) -> Tensor:
-        return self.weights[block].float().to(self.factors.device)
+    def _weight_parts(self, block: int) -> Iterator[Tuple[slice, Tensor]]:
+        """The block's ``W_out`` rows in float32 on the factors' device, a
+        slice of neurons at a time (:func:`float32_parts`)."""
+        return float32_parts(self.weights[block], 0, self.factors.device)
 
     def __len__(self) -> int:
         return self.activations.shape[0]
+
+
+def float32_parts(
+    weight: Tensor, dim: int, device: torch.device
+) -> Iterator[Tuple[slice, Tensor]]:
+    r"""
+    ``weight`` in float32 on ``device``, as slices along ``dim``: the whole
+    weight, not copied, where it is float32 there already; else slices whose
+    float32 copy holds about :data:`WEIGHT_BYTES` (so a bfloat16 ``W_out`` of
+    ``I = 14336``, ``d = 4096`` is never a 224 MiB float32 copy).
+
+    Yields:
+        2-element tuples of *slice* along ``dim`` and the float32 *Tensor*.
+    """
+    size = weight.shape[dim]
+    step = size
+    if weight.dtype != torch.float32:
+        per_index = 4 * max(1, weight.numel() // max(1, size))
+        step = max(1, WEIGHT_BYTES // per_index)
+    for start in range(0, size, step):
+        part = slice(start, min(start + step, size))
+        yield (
+            part,
+            weight.narrow(dim, part.start, part.stop - part.start).float().to(device),
+        )
 
 
 def _by_block(block: Tensor) -> Iterator[Tuple[int, Tensor]]:
@@ -204,13 +242,10 @@ def neuron_components(
         else torch.stack([cast(Tensor, b).detach().float().to(device) for b in biases])
     )
     a = torch.stack([x.float().to(device) for x in activations], dim=2)  # (B,P,k,I)
-    outputs = torch.stack(
-        [
-            torch.einsum("bpi,id->bpd", a[:, :, j], w.float().to(device))
-            for j, w in enumerate(weights)
-        ],
-        dim=2,
-    )
+    outputs = a.new_empty(*a.shape[:3], weights[0].shape[1])
+    for j, w in enumerate(weights):  # slices of d: each sum over I is whole
+        for cols, part in float32_parts(w, 1, device):
+            outputs[:, :, j, cols] = torch.einsum("bpi,id->bpd", a[:, :, j], part)
     if bias is not None:
         outputs = outputs + bias
     stream = points.float()
