@@ -231,7 +231,7 @@ def top_tokens(log_probs: Tensor, k: int) -> Tuple[Tensor, Tensor]:
     :meth:`torch.Tensor.topk` finds them (tied entries in no set order), from
     one pass over the rows instead of a selection over all of ``V``.
 
-    Each row is cut into blocks of :data:`_TOP_BLOCK` columns; the ``k`` blocks
+    Each row is cut into blocks of ``_TOP_BLOCK`` (64) columns; the ``k`` blocks
     with the largest maxima hold ``k`` entries at least as large as any entry
     outside them, so the ``k`` largest entries of those blocks (and of the
     columns after the last whole block) are the row's. A vocabulary of fewer
