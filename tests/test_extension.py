@@ -162,6 +162,17 @@ def test_each_built_in_entry_is_imported_under_its_own_name(registry):
         misnamed["whole"]
 
 
+@pytest.mark.parametrize("registry", [GRANULARITIES, PATHS])
+def test_a_summary_outlives_the_lookup(registry):
+    """The help reads the summaries after entries were looked up (a shell
+    session, a test run): looking one up must not lose its summary."""
+    summaries = {name: registry.summary(name) for name in registry}
+    assert all(summaries.values())
+    for name in registry:
+        registry[name]
+    assert {name: registry.summary(name) for name in registry} == summaries
+
+
 def _completeness(result) -> float:
     change = result.model_prob - result.base_prob
     return float((result.total - change)[result.mask].abs().max())

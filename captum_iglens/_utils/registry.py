@@ -64,6 +64,7 @@ class Registry(MutableMapping[str, T]):
     def __init__(self, package: str, homes: Mapping[str, Home]) -> None:
         self.package = package
         self._entries: Dict[str, Union[Home, T]] = dict(homes)
+        self._summaries = {name: home.summary for name, home in homes.items()}
 
     def __getitem__(self, name: str) -> T:
         entry = self._entries[name]
@@ -99,11 +100,12 @@ class Registry(MutableMapping[str, T]):
             name (str): A name in the registry.
 
         Returns:
-            *str*: what its :class:`Home` says it is ("" for an entry
-            registered as an object).
+            *str*: what its :class:`Home` says it is, whether or not it was
+            looked up since ("" for an entry registered as an object).
         """
-        entry = self._entries[name]
-        return entry.summary if isinstance(entry, Home) else ""
+        if name not in self._entries:
+            raise KeyError(name)
+        return self._summaries.get(name, "")
 
 
 def registered(registry: Mapping[str, T], name: object, argument: str) -> T:
