@@ -130,8 +130,12 @@ class RowMask:
         """A family whose own code reads the mask (not through the attention
         interface: BLOOM's ALiBi) gets the whole mask, as the eager path
         would give it."""
-        whole = [a.whole() if isinstance(a, RowMask) else a for a in args]
-        return func(*whole, **(kwargs or {}))
+
+        def whole(value: Any) -> Any:
+            return value.whole() if isinstance(value, RowMask) else value
+
+        named = {name: whole(value) for name, value in (kwargs or {}).items()}
+        return func(*map(whole, args), **named)
 
     def __getitem__(self, index: Any) -> Tensor:
         whole = self.whole()
@@ -155,7 +159,8 @@ def _row_mask(*args: Any, **kwargs: Any) -> RowMask:
     """The mask function registered under :data:`IMPLEMENTATION`."""
     bound = _MASK_PARAMETERS.bind(*args, **kwargs)
     bound.apply_defaults()
-    arguments = {**bound.arguments, **bound.arguments.pop("kwargs", {})}
+    extra = bound.arguments.pop("kwargs", {})  # config, allow_is_causal_skip, …
+    arguments = {**bound.arguments, **extra}
     arguments.pop("allow_is_causal_skip", None)
     return RowMask(arguments)
 
