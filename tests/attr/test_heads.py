@@ -616,7 +616,7 @@ def test_a_half_precision_split_on_the_cpu_reads_float32(
     original = Readout.score
 
     def spy(self, hidden, score, layer=None):
-        read.append((hidden.dtype, self.head.weight.dtype))
+        read.append((hidden.dtype, self.head(hidden).dtype))
         return original(self, hidden, score, layer)
 
     monkeypatch.setattr(Readout, "score", spy)
@@ -645,3 +645,50 @@ def test_a_readout_that_cannot_be_copied_is_warned_of_in_one_line(monkeypatch):
         )
     (message,) = [str(w.message) for w in caught if "float32" in str(w.message)]
     assert "\n" not in message and "'head'" in message and "float16" in message
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_float32_readout_never_copies_the_half_unembedding_whole(
+    monkeypatch, dtype, bias
+):
+    # A float32 copy of a 128k x 4096 bfloat16 head is 2 GiB: the split's
+    # float32 readout reads the model's own head weight a slice at a time, in
+    # the forward and in the backward, and gives float32 values and gradients.
+    from captum_iglens.attr._utils import float32
+
+    torch.manual_seed(0)
+    d, vocab = 8, 50
+    head = torch.nn.Linear(d, vocab, bias=bias).to(dtype)
+    norm = torch.nn.LayerNorm(d).to(dtype)
+    readout = Readout(head, norm)
+    before = {k: v.clone() for k, v in readout.state_dict().items()}
+    monkeypatch.setattr(float32, "WEIGHT_BYTES", 7 * 4 * d)  # seven rows of W
+    sizes = []
+    parts = float32.float32_parts
+
+    def spy(weight, dim, device):
+        for part, copy in parts(weight, dim, device):
+            sizes.append(copy.numel())
+            yield part, copy
+
+    monkeypatch.setattr(float32, "float32_parts", spy)
+    wide = float32.float32_copy(readout)
+    assert wide.head.weight.data_ptr() == head.weight.data_ptr()
+    reference = Readout(
+        torch.nn.Linear(d, vocab, bias=bias).float(), torch.nn.LayerNorm(d)
+    )
+    reference.load_state_dict({k: v.float() for k, v in before.items()})
+    h = torch.randn(3, 2, d, dtype=torch.float32, requires_grad=True)
+    h_ref = h.detach().clone().requires_grad_(True)
+    logits, expected = wide(h), reference(h_ref)
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, expected)
+    weights = torch.randn(vocab)
+    (grad,) = torch.autograd.grad((logits * weights).sum(), h)
+    (grad_ref,) = torch.autograd.grad((expected * weights).sum(), h_ref)
+    torch.testing.assert_close(grad, grad_ref)
+    assert sizes and max(sizes) <= 7 * d and sum(sizes) == 2 * vocab * d
+    after = readout.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert readout.head is head and head.weight.dtype == dtype

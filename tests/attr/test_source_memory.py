@@ -149,6 +149,7 @@ def test_neuron_weights_are_read_in_float32_slices(dtype, monkeypatch):
     """A bfloat16 ``W_out`` is read a few neurons at a time in float32 (never
     the whole block's copy), with the same reads; a float32 one is read as it
     is, not copied."""
+    from captum_iglens.attr._utils import float32
     from captum_iglens.attr.granularities import neurons
 
     torch.manual_seed(0)
@@ -167,7 +168,7 @@ def test_neuron_weights_are_read_in_float32_slices(dtype, monkeypatch):
             read.append((copy.numel(), copy.data_ptr() == weight.data_ptr()))
             yield part, copy
 
-    monkeypatch.setattr(neurons, "WEIGHT_BYTES", 3 * 4 * d)  # three neurons
+    monkeypatch.setattr(float32, "WEIGHT_BYTES", 3 * 4 * d)  # three neurons
     monkeypatch.setattr(neurons, "float32_parts", spy)
     sliced = (found[index], found.dots(index, grads), found.norms(index)[0])
     for a, b in zip(sliced, whole):

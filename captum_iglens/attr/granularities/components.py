@@ -7,15 +7,14 @@ credits come from one gradient split of the segments,
 ``split_segments`` (:class:`~captum_iglens.attr.paths.IntegrationPath`).
 """
 
-import copy
 import warnings
 from dataclasses import replace
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
-from torch.nn import Module, Parameter
 
+from captum_iglens.attr._utils.float32 import float32_copy
 from captum_iglens.attr.estimators import Estimator, Integration
 from captum_iglens.attr.granularities.blocks import Sublayers
 from captum_iglens.attr.tracing import TracedPath, path_levels
@@ -60,7 +59,9 @@ class ComponentSplit(Sublayers):
         self, integration: Integration, path: TracedPath
     ) -> Tuple[Integration, TracedPath]:
         """The split of a half-precision model on the CPU reads through a
-        float32 copy of the readout, along float32 path points: its gradients
+        float32 copy of the readout (its unembedding upcast a slice at a time,
+        :func:`~captum_iglens.attr._utils.float32.float32_copy`), along float32
+        path points: its gradients
         through a float16 or bfloat16 head are tens of times slower there than
         in float32 (the levels and ``p_model`` are read as before). A readout
         that cannot be copied is warned of, in one line, and read as it is."""
@@ -92,43 +93,3 @@ class ComponentSplit(Sublayers):
             *Tensor* ``(N, n)``, or ``(N, n, d)`` with ``per_dimension``.
         """
         raise NotImplementedError
-
-
-def float32_copy(readout: Any) -> Any:
-    r"""
-    A copy of ``readout`` whose half-precision tensors (of its modules and its
-    own attributes) are float32 copies, sharing nothing it could write; the
-    readout itself is left as it is.
-
-    Args:
-        readout (PathReadout): A readout (a module, or an object holding them).
-
-    Returns:
-        *PathReadout*: the copy.
-    """
-    memo: Dict[int, Any] = {}
-    for tensor in _tensors(readout, set()):
-        if tensor.dtype in (torch.float16, torch.bfloat16):
-            wide = tensor.detach().float()
-            memo[id(tensor)] = (
-                Parameter(wide, requires_grad=False)
-                if isinstance(tensor, Parameter)
-                else wide
-            )
-    return copy.deepcopy(readout, memo)
-
-
-def _tensors(found: Any, seen: set) -> Iterator[Tensor]:
-    """The tensors of an object: a module's parameters and buffers, else those
-    of its attributes, each object visited once."""
-    if id(found) in seen:
-        return
-    seen.add(id(found))
-    if isinstance(found, Tensor):
-        yield found
-    elif isinstance(found, Module):
-        yield from found.parameters()
-        yield from found.buffers()
-    else:
-        for value in getattr(found, "__dict__", {}).values():
-            yield from _tensors(value, seen)

@@ -30,6 +30,7 @@ from captum_iglens.attr._utils.block_parts import (
     split_tolerance,
 )
 from captum_iglens.attr._utils.capture import PathPoint
+from captum_iglens.attr._utils.float32 import float32_parts
 from captum_iglens.attr.estimators import Integration
 from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.readout.scores import TokenScore
@@ -37,11 +38,6 @@ from captum_iglens.attr.granularities.components import (
     ComponentSplit,
 )
 from captum_iglens.columns import Column, parse_columns
-
-#: About the most bytes of a float32 copy of a block's ``W_out`` that exist at
-#: once (a model in another dtype is read a slice of neurons or of ``d`` at a
-#: time; a float32 model's weights are read as they are, with no copy).
-WEIGHT_BYTES = 32 * 2**20
 
 
 class NeuronComponents:
@@ -136,31 +132,6 @@ class NeuronComponents:
 
     def __len__(self) -> int:
         return self.activations.shape[0]
-
-
-def float32_parts(
-    weight: Tensor, dim: int, device: torch.device
-) -> Iterator[Tuple[slice, Tensor]]:
-    r"""
-    ``weight`` in float32 on ``device``, as slices along ``dim``: the whole
-    weight, not copied, where it is float32 there already; else slices whose
-    float32 copy holds about :data:`WEIGHT_BYTES` (so a bfloat16 ``W_out`` of
-    ``I = 14336``, ``d = 4096`` is never a 224 MiB float32 copy).
-
-    Yields:
-        2-element tuples of *slice* along ``dim`` and the float32 *Tensor*.
-    """
-    size = weight.shape[dim]
-    step = size
-    if weight.dtype != torch.float32:
-        per_index = 4 * max(1, weight.numel() // max(1, size))
-        step = max(1, WEIGHT_BYTES // per_index)
-    for start in range(0, size, step):
-        part = slice(start, min(start + step, size))
-        yield (
-            part,
-            weight.narrow(dim, part.start, part.stop - part.start).float().to(device),
-        )
 
 
 def _by_block(block: Tensor) -> Iterator[Tuple[int, Tensor]]:
