@@ -3,6 +3,12 @@ The cost of what each layer believes, and of contrastive and token-set targets:
 
     python benchmarks/views.py            # about 3 minutes of CPU time
     python benchmarks/views.py --quick    # fewer rounds, memory at 128k only
+    python benchmarks/views.py --quick --shape llama-1b --skip-memory
+
+``--shape`` runs part 1 on a random model of one of ``benchmarks/scale.py``'s
+shapes instead (``llama-1b``: ``d = 2048``, a 128k vocabulary): the views' work
+per row grows with the vocabulary alone, the readout's with the vocabulary times
+``d``, so their share of the map falls as ``1/d``.
 
 1. Side by side in one process, on the default model at ``T = 64`` attributed
    positions and every block: ``attribute_map`` with views (``top_k = 10``: top
@@ -54,9 +60,15 @@ def _cpu_seconds(function: Callable[[], Any]) -> float:
     return time.process_time() - start
 
 
-def bench_speed(rounds: int) -> Dict[str, float]:
-    """Median per-round ratios of the map's variants, at T = 64."""
+def bench_speed(rounds: int, shape: str = "") -> Dict[str, float]:
+    """Median per-round ratios of the map's variants, at T = 64, on the
+    default model or a random one of ``shape`` (prompted with the default
+    tokenizer's ids, which every shape's vocabulary holds)."""
     model, tokenizer = load_default(progress=False)
+    if shape:
+        from scale import build  # the sibling benchmarks/scale.py
+
+        model = build(shape, torch.float32)
     case = random_case(encode_prompt(tokenizer, PROMPT), 64, model.config.vocab_size)
     lens = LayerIGLens.from_model(model)
     common = dict(target=case.targets, positions=case.positions)
@@ -186,6 +198,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget-mib", type=int, default=256)
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--shape", default="", help="a benchmarks/scale.py shape")
     parser.add_argument("--memory-child", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -193,8 +206,9 @@ def main() -> None:
         vocab, budget = args.memory_child
         print(json.dumps(memory_child(vocab, 512, budget)))
         return
-    print("== speed: default model, T=64, every block (CPU seconds, 1 thread)")
-    for name, value in bench_speed(3 if args.quick else 7).items():
+    model = args.shape or "default model"
+    print(f"== speed: {model}, T=64, every block (CPU seconds, {args.threads} thread)")
+    for name, value in bench_speed(3 if args.quick else 7, args.shape).items():
         goal = "  (goal <= 1.10)" if "/" in name else ""
         print(f"  {name:<24} {value:8.3f}{goal}")
     print("== one readout chunk of the default model (CPU ms, 1 thread)")
