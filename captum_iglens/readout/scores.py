@@ -9,7 +9,7 @@ Both the map and the per-dimension estimators evaluate ``f`` through
 """
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -28,8 +28,6 @@ PAD = -1
 _COUNT_ELEMENTS = 2**18
 #: Vocabulary columns per block when selecting the top tokens.
 _TOP_BLOCK = 64
-#: Vocabulary columns per block of the dot products of entropy and KL.
-_DOT_BLOCK = 1024
 
 
 @dataclass(frozen=True)
@@ -158,7 +156,7 @@ class Views:
         used as it is; without it the entropy costs one ``exp`` in fresh memory
         and a row product. Besides, the top-k
         costs one pass of block maxima (:func:`top_tokens`), the rank one
-        comparison pass, and the KL one matrix product.
+        comparison pass, and the KL one product and sum.
         """
         top_lp, top_ids = top_tokens(log_probs, top_k)
         if entropy is None:
@@ -216,12 +214,18 @@ class FinalDistribution:
 
     def kl(self, log_probs: Tensor) -> Tensor:
         r"""``KL(q ‖ p) = Σ q log q − Σ q log p`` of each row ``(N, V)`` against
-        its position's ``q``: one ``(N, G)`` matrix product."""
-        vocab = log_probs.shape[-1]
+        its position's ``q``: each run of rows of one position times its ``q``,
+        a few rows at a time (the product stays in the CPU's cache), summed."""
         probs = self.probs.to(log_probs.dtype)  # float64 rows of a float64 model
-        blocks = (log_probs[:, cols] @ probs[:, cols].T for cols in _blocks(vocab))
-        cross = cast(Tensor, sum(blocks))
-        cross = cross.gather(1, self.index[:, None])[:, 0]
+        cross = log_probs.new_empty(log_probs.shape[0])
+        step = max(1, _COUNT_ELEMENTS // max(1, log_probs.shape[-1]))
+        positions, counts = torch.unique_consecutive(self.index, return_counts=True)
+        start = 0
+        for position, count in zip(positions.tolist(), counts.tolist()):
+            for rows in range(start, start + count, step):
+                part = slice(rows, min(rows + step, start + count))
+                cross[part] = (log_probs[part] * probs[position]).sum(-1)
+            start += count
         return self.neg_entropy[self.index] - cross
 
 
@@ -299,12 +303,6 @@ def log_softmax_in_place(
         -torch.exp(log_probs, out=logits).mul_(log_probs).sum(-1) if entropy else None
     )
     return log_probs, found
-
-
-def _blocks(vocab: int) -> List[slice]:
-    """Column blocks of the vocabulary: a matrix product accumulates each block
-    in turn, so summing blocks keeps float32 sums over ``V`` accurate (~1e-5)."""
-    return [slice(i, i + _DOT_BLOCK) for i in range(0, vocab, _DOT_BLOCK)]
 
 
 def check_top_k(top_k: int, vocab: int) -> None:
