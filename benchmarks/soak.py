@@ -12,12 +12,17 @@ text, repeated and cut to ``--tokens`` tokens of the default model's tokenizer
     python benchmarks/soak.py --granularity source --tokens 600
     python benchmarks/soak.py --runs 3 --tokens 300          # a quick check
     python benchmarks/soak.py --n-steps 8                    # the same job, fewer steps
+    python benchmarks/soak.py --granularity source --tokens 600 --layers 29 --n-steps 8
 
 The job prints the other path's block map too (the second onset column): the
 joint path's 128 gradient steps per position are most of a run (on 2 CPU cores
 about 700 s of a 1,494-token run, against about 80 s for the telescoping map).
 ``--n-steps`` is passed to the command line: it leaves the telescoping block map
 as it is (its prediction-aware credits read no steps) and shortens the joint one.
+``--layers`` is passed on too: a source map of all 600 positions splits each
+block's update over 600 source tokens at ``n_steps`` gradients per position (about
+50 min a run on 2 CPU cores at ``--n-steps 8`` for all 30 blocks); one block keeps
+every position and source and the same row groups, at a thirtieth of the work.
 
 With ``--record FILE`` each run is appended to ``FILE`` (JSON Lines) as soon as
 it ends, so an interrupted soak keeps its runs; started again with the same
@@ -75,8 +80,9 @@ def run_once(prompt_file: str, args: argparse.Namespace) -> tuple:
         "--json",
         os.devnull,
     ]
-    if args.n_steps is not None:
-        command += ["--n-steps", str(args.n_steps)]
+    for option in ("n_steps", "layers"):
+        if getattr(args, option) is not None:
+            command += ["--" + option.replace("_", "-"), str(getattr(args, option))]
     start = time.perf_counter()
     with open(prompt_file, "rb") as stdin:
         child = subprocess.Popen(
@@ -97,8 +103,9 @@ def _job(args: argparse.Namespace) -> Dict[str, object]:
         "positions": args.positions,
         "max_chunk_mib": args.max_chunk_mib,
     }
-    if args.n_steps is not None:
-        job["n_steps"] = args.n_steps
+    for option in ("n_steps", "layers"):
+        if getattr(args, option) is not None:
+            job[option] = getattr(args, option)
     return job
 
 
@@ -126,6 +133,7 @@ def main() -> None:
     parser.add_argument("--positions", default="all")
     parser.add_argument("--max-chunk-mib", type=int, default=32)
     parser.add_argument("--n-steps", type=int, default=None)
+    parser.add_argument("--layers", default=None, help="as the command line takes it")
     parser.add_argument("--record", type=Path, default=None)
     args = parser.parse_args()
     job = _job(args)
@@ -139,7 +147,11 @@ def main() -> None:
             f"reads them), --positions "
             f"{args.positions}, --granularity {args.granularity}, --max-chunk-mib "
             f"{args.max_chunk_mib}"
-            + ("" if args.n_steps is None else f", --n-steps {args.n_steps}")
+            + "".join(
+                f", --{option.replace('_', '-')} {getattr(args, option)}"
+                for option in ("n_steps", "layers")
+                if getattr(args, option) is not None
+            )
             + f"; {args.runs} fresh processes"
         )
         for record in records:
