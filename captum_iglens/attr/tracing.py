@@ -6,6 +6,7 @@ read and checked against the readout. Used by
 read the same path.
 """
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import (
     Any,
@@ -178,11 +179,14 @@ class Tracer:
         if reference_inputs is not None:  # the first block's input for them
             h_0 = self._capture(reference_inputs, request, [])[1]
             baselines = None
+        kept = len(request.positions) if hasattr(self.forward_func, "keeping") else 0
         logits = output_logits(
-            output, request.batch, request.length, self.readout.vocab_size
+            output, request.batch, request.length, self.readout.vocab_size, kept
         )
         one_output = _one_output(request, logits, positions)
         index = request.positions
+        if logits.dim() == 3 and logits.shape[1] != request.length:
+            index = torch.arange(logits.shape[1])  # kept at the positions only
         if logits.dim() == 2:  # last-position logits: only the last position
             states, extras = _last_position(request, positions, states, extras)
             logits, index = logits[:, None], torch.zeros(1, dtype=torch.long)
@@ -278,7 +282,9 @@ class Tracer:
         capture = ResidualCapture(
             self.input_layer, hooked, request.positions, self.device, in_eval
         )
-        with capture:
+        keeping = getattr(self.forward_func, "keeping", None)
+        kept = nullcontext() if keeping is None else keeping(request.positions)
+        with capture, kept:
             output = _run_forward(self.forward_func, inputs, None, request.extra)
         h_0, states = capture.path()
         return output, h_0, states

@@ -2,7 +2,9 @@ r"""The one way this package runs a Hugging Face causal LM: position ids counted
 from each sequence's first real token (as ``generate`` counts them), no cache, and
 logits kept only where they are needed."""
 
-from typing import Any, Dict, Optional, Union
+import inspect
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, Optional, Union
 
 from torch import Tensor, nn
 
@@ -68,7 +70,9 @@ class CausalLMForward(nn.Module):
     Calls a Hugging Face causal LM the way Captum calls a forward function:
     positionally, ``(input_ids, attention_mask=None)``, returning logits
     ``(B, T, V)`` (see :func:`causal_lm_logits`), so a left-padded sequence gets
-    the same logits as the same sequence alone.
+    the same logits as the same sequence alone. Inside :meth:`keeping` it
+    returns the logits of the attributed positions only, ``(B, P, V)``: at
+    ``T = 16,384`` and a 128k vocabulary all of them would be 8 GiB in float32.
 
     Args:
 
@@ -78,10 +82,32 @@ class CausalLMForward(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        self.kept: Optional[Tensor] = None
+
+    @contextmanager
+    def keeping(self, positions: Tensor) -> Iterator[None]:
+        r"""
+        Within this context the forward returns the logits at ``positions``
+        only, ``(B, P, V)``, through transformers' ``logits_to_keep``; a model
+        whose ``forward`` does not take it returns them all, as outside.
+
+        Args:
+
+            positions (Tensor): ``(P,)`` long, the positions to keep.
+        """
+        takes = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self.kept = positions if takes else None
+        try:
+            yield
+        finally:
+            self.kept = None
 
     def forward(
         self, input_ids: Tensor, attention_mask: Optional[Tensor] = None
     ) -> Tensor:
         return causal_lm_logits(
-            self.model, input_ids=input_ids, attention_mask=attention_mask
+            self.model,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            logits_to_keep=self.kept,
         )

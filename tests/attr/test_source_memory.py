@@ -10,6 +10,7 @@ from captum_iglens.attr._utils import attention
 from captum_iglens.attr.estimators import prediction_aware
 from captum_iglens.attr._utils.component_reads import component_dots, component_norms
 from captum_iglens.attr.granularities.source_terms import SourceComponents
+from captum_iglens.hf.forward import causal_lm_logits
 from tests.helpers import left_padded
 from tests.tiny_models import VOCAB, tiny_model
 
@@ -177,3 +178,67 @@ def test_neuron_weights_are_read_in_float32_slices(dtype, monkeypatch):
         assert read and all(size == n * d and same for size, same in read)
     else:
         assert len(read) > 3 * k and all(size <= 3 * d for size, _ in read)
+
+
+@pytest.mark.parametrize("granularity", ["block", "head", "source"])
+def test_the_traced_forward_keeps_only_the_attributed_positions_logits(granularity):
+    # At T = 16,384 and a 128k vocabulary all the logits are 8 GiB in float32:
+    # from_model's forward asks transformers for the attributed positions'
+    # logits only, and the map is the one a forward returning all of them gives.
+    model = tiny_model("llama")
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    rows = []  # the model's own forwards (the readout calls lm_head alone)
+    hook = model.register_forward_hook(
+        lambda module, args, out: rows.append(out.logits.shape[1])
+    )
+    try:
+        lens = LayerIGLens.from_model(model)
+        found = lens.attribute_map(ids, positions=[4, 9, 11], granularity=granularity)
+    finally:
+        hook.remove()
+    assert rows and set(rows) == {3}
+
+    def every_logit(input_ids, attention_mask=None):  # a plain Captum forward
+        return causal_lm_logits(
+            model, input_ids=input_ids, attention_mask=attention_mask
+        )
+
+    whole = LayerIGLens(
+        every_logit,
+        lens.layers,
+        readout=lens.readout,
+        input_layer=lens.input_layer,
+        sublayers=lens.sublayers,
+        block_parts=lens.block_parts,
+    )
+    expected = whole.attribute_map(ids, positions=[4, 9, 11], granularity=granularity)
+    torch.testing.assert_close(found.attributions, expected.attributions)
+    torch.testing.assert_close(found.delta, expected.delta)
+    assert found.delta.abs().max() < 1e-6
+
+
+def test_a_model_without_logits_to_keep_gets_every_logit():
+    class Plain(torch.nn.Module):  # a forward that does not take logits_to_keep
+        def __init__(self, model):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids, attention_mask=None, position_ids=None, **kw):
+            return self.inner(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+            )
+
+    from captum_iglens.hf.forward import CausalLMForward
+
+    model = tiny_model("llama")
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(2))
+    forward = CausalLMForward(Plain(model))
+    with forward.keeping(torch.tensor([2, 5])):
+        assert forward.kept is None
+        assert forward(ids).shape == (1, 8, VOCAB)
+    kept = CausalLMForward(model)
+    with kept.keeping(torch.tensor([2, 5])):
+        torch.testing.assert_close(kept(ids), forward(ids)[:, [2, 5]])
+    assert kept.kept is None  # outside the context: every logit again

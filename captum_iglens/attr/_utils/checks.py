@@ -547,7 +547,13 @@ def baseline_states(
         ) from None
 
 
-def output_logits(output: Any, batch: int, length: int, vocab: int) -> Tensor:
+def output_logits(
+    output: Any, batch: int, length: int, vocab: int, kept: int = 0
+) -> Tensor:
+    """The logits of a forward's output: ``(B, T, V)``, last-position ``(B, V)``,
+    or with ``kept`` (a forward that keeps the attributed positions' logits
+    only, :meth:`~captum_iglens.hf.forward.CausalLMForward.keeping`) ``(B, kept,
+    V)``; the log of a softmax output."""
     logits = getattr(output, "logits", output)
     if not isinstance(logits, Tensor):
         raise TypeError(
@@ -555,7 +561,8 @@ def output_logits(output: Any, batch: int, length: int, vocab: int) -> Tensor:
             f"with .logits, or last-position logits (B, V); got "
             f"{type(output).__name__}"
         )
-    if tuple(logits.shape) in ((batch, vocab), (batch, length, vocab)):
+    shapes = {(batch, vocab), (batch, length, vocab), (batch, kept or length, vocab)}
+    if tuple(logits.shape) in shapes:
         return _log_if_probabilities(logits)
     raise ValueError(
         f"forward_func: expected logits of shape ({batch}, {length}, {vocab}) or "
