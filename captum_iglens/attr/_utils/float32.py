@@ -51,7 +51,7 @@ class _SlicedProduct(torch.autograd.Function):
     features at a time, forward and backward (the gradient reaches ``x`` only)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, weight: Tensor) -> Tensor:
         ctx.save_for_backward(weight)
         out = x.new_empty(*x.shape[:-1], weight.shape[0])
         for rows, part in float32_parts(weight, 0, x.device):
@@ -59,7 +59,7 @@ class _SlicedProduct(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Tensor, None]:
         (weight,) = ctx.saved_tensors
         total = grad.new_zeros(*grad.shape[:-1], weight.shape[1])
         for rows, part in float32_parts(weight, 0, grad.device):
@@ -107,7 +107,7 @@ def float32_copy(readout: Any) -> Any:
     memo: Dict[int, Any] = {}
     shared: Set[int] = set()
     for module in _modules(readout, set()):
-        if _sliceable(module):
+        if isinstance(module, Linear) and _sliceable(module):
             memo[id(module)] = Float32Linear(module)
             shared.update(id(p) for p in module.parameters())
     for tensor in _tensors(readout, set()):
