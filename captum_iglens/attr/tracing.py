@@ -170,7 +170,7 @@ class Tracer:
         )
         hooked, names = shape.path_points()
         with shape.recording(request.positions, self.device):
-            output, h_0, states = self._capture(request.inputs, request, hooked)
+            output, h_0, states, kept = self._capture(request.inputs, request, hooked)
         second = shape.second_pass(request.positions, self.device)
         if second is not None:  # the traced forward stays the model's own
             with second:
@@ -179,14 +179,12 @@ class Tracer:
         if reference_inputs is not None:  # the first block's input for them
             h_0 = self._capture(reference_inputs, request, [])[1]
             baselines = None
-        kept = len(request.positions) if hasattr(self.forward_func, "keeping") else 0
+        n_kept = len(request.positions) if kept else 0
         logits = output_logits(
-            output, request.batch, request.length, self.readout.vocab_size, kept
+            output, request.batch, request.length, self.readout.vocab_size, n_kept
         )
         one_output = _one_output(request, logits, positions)
-        index = request.positions
-        if logits.dim() == 3 and logits.shape[1] != request.length:
-            index = torch.arange(logits.shape[1])  # kept at the positions only
+        index = torch.arange(n_kept) if kept else request.positions
         if logits.dim() == 2:  # last-position logits: only the last position
             states, extras = _last_position(request, positions, states, extras)
             logits, index = logits[:, None], torch.zeros(1, dtype=torch.long)
@@ -275,19 +273,27 @@ class Tracer:
         inputs: Tuple[Tensor, ...],
         request: _Request,
         hooked: Sequence[PathPoint],
-    ) -> Tuple[Any, Tensor, List[Tensor]]:
-        """One forward of ``inputs``: its output, ``h_0`` and the hooked states."""
+    ) -> Tuple[Any, Tensor, List[Tensor], bool]:
+        """One forward of ``inputs``: its output, ``h_0``, the hooked states and
+        whether the output holds the attributed positions' logits only. They
+        are kept alone where the forward can (a ``keeping`` context, as
+        :class:`~captum_iglens.hf.forward.CausalLMForward` has) and all of them
+        would not fit in one readout chunk (8 GiB at ``T = 16,384`` and a 128k
+        vocabulary); the head's product over fewer rows can differ from the full
+        forward's in its last bits, so shorter inputs read every logit."""
         owner = forward_module(self.forward_func)
         in_eval = [m for m in (self.readout, owner) if isinstance(m, Module)]
         capture = ResidualCapture(
             self.input_layer, hooked, request.positions, self.device, in_eval
         )
         keeping = getattr(self.forward_func, "keeping", None)
-        kept = nullcontext() if keeping is None else keeping(request.positions)
-        with capture, kept:
+        fits = request.batch * request.length <= self.readout.rows_per_chunk()
+        positions = request.positions
+        kept = nullcontext(False) if keeping is None or fits else keeping(positions)
+        with capture, kept as keeps:
             output = _run_forward(self.forward_func, inputs, None, request.extra)
         h_0, states = capture.path()
-        return output, h_0, states
+        return output, h_0, states, keeps
 
     def read_output(
         self,

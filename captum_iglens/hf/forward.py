@@ -71,8 +71,9 @@ class CausalLMForward(nn.Module):
     positionally, ``(input_ids, attention_mask=None)``, returning logits
     ``(B, T, V)`` (see :func:`causal_lm_logits`), so a left-padded sequence gets
     the same logits as the same sequence alone. Inside :meth:`keeping` it
-    returns the logits of the attributed positions only, ``(B, P, V)``: at
-    ``T = 16,384`` and a 128k vocabulary all of them would be 8 GiB in float32.
+    returns the logits of some positions only, ``(B, P, V)``: a map asks for the
+    attributed ones where all of them would not fit in one readout chunk (at
+    ``T = 16,384`` and a 128k vocabulary they are 8 GiB in float32).
 
     Args:
 
@@ -85,7 +86,7 @@ class CausalLMForward(nn.Module):
         self.kept: Optional[Tensor] = None
 
     @contextmanager
-    def keeping(self, positions: Tensor) -> Iterator[None]:
+    def keeping(self, positions: Tensor) -> Iterator[bool]:
         r"""
         Within this context the forward returns the logits at ``positions``
         only, ``(B, P, V)``, through transformers' ``logits_to_keep``; a model
@@ -94,11 +95,14 @@ class CausalLMForward(nn.Module):
         Args:
 
             positions (Tensor): ``(P,)`` long, the positions to keep.
+
+        Yields:
+            *bool*: whether the logits are kept at ``positions`` only.
         """
         takes = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.kept = positions if takes else None
         try:
-            yield
+            yield takes
         finally:
             self.kept = None
 

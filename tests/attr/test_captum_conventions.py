@@ -688,11 +688,8 @@ def test_data_parallel(case):
     wrapped = nn.DataParallel(case.seq)
     ours = case.lens(wrapped).attribute(ids, target=(2, 5))
     plain = case.lens().attribute(ids, target=(2, 5))
-    # The plain lens asks the model for the attributed position's logits only
-    # (logits_to_keep), DataParallel's replica for all of them: the head's
-    # product over one row or over every row differs in its last bits.
     for a, b in zip(ours, plain):
-        torch.testing.assert_close(a, b, atol=1e-8, rtol=0)
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert_like_lig(
         case.lens(wrapped, case.blocks[-1]).attribute(ids, target=(2, 5)),
         LayerIntegratedGradients(wrapped, case.blocks[-1]).attribute(

@@ -180,23 +180,35 @@ def test_neuron_weights_are_read_in_float32_slices(dtype, monkeypatch):
         assert len(read) > 3 * k and all(size <= 3 * d for size, _ in read)
 
 
-@pytest.mark.parametrize("granularity", ["block", "head", "source"])
-def test_the_traced_forward_keeps_only_the_attributed_positions_logits(granularity):
-    # At T = 16,384 and a 128k vocabulary all the logits are 8 GiB in float32:
-    # from_model's forward asks transformers for the attributed positions'
-    # logits only, and the map is the one a forward returning all of them gives.
-    model = tiny_model("llama")
-    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
-    rows = []  # the model's own forwards (the readout calls lm_head alone)
+def _logit_rows(model, lens, ids, granularity):
+    """The map, and how many positions' logits each of the model's own
+    forwards returned (the readout calls lm_head alone, not the model)."""
+    rows = []
     hook = model.register_forward_hook(
         lambda module, args, out: rows.append(out.logits.shape[1])
     )
     try:
-        lens = LayerIGLens.from_model(model)
         found = lens.attribute_map(ids, positions=[4, 9, 11], granularity=granularity)
     finally:
         hook.remove()
-    assert rows and set(rows) == {3}
+    return found, set(rows)
+
+
+@pytest.mark.parametrize("granularity", ["block", "head", "source"])
+def test_logits_beyond_one_readout_chunk_are_kept_at_the_attributed_positions(
+    granularity,
+):
+    # At T = 16,384 and a 128k vocabulary all the logits are 8 GiB in float32:
+    # where they would not fit in one readout chunk, from_model's forward asks
+    # transformers for the attributed positions' logits only, and the map is
+    # the one a forward returning all of them gives. Where they fit, every
+    # logit is read, as a plain forward reads them.
+    model = tiny_model("llama")
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    small = LayerIGLens.from_model(model, max_chunk_bytes=4 * 4 * VOCAB)
+    assert small.readout.rows_per_chunk() < ids.numel()
+    found, rows = _logit_rows(model, small, ids, granularity)
+    assert rows == {3}
 
     def every_logit(input_ids, attention_mask=None):  # a plain Captum forward
         return causal_lm_logits(
@@ -205,16 +217,19 @@ def test_the_traced_forward_keeps_only_the_attributed_positions_logits(granulari
 
     whole = LayerIGLens(
         every_logit,
-        lens.layers,
-        readout=lens.readout,
-        input_layer=lens.input_layer,
-        sublayers=lens.sublayers,
-        block_parts=lens.block_parts,
+        small.layers,
+        readout=small.readout,
+        input_layer=small.input_layer,
+        sublayers=small.sublayers,
+        block_parts=small.block_parts,
     )
     expected = whole.attribute_map(ids, positions=[4, 9, 11], granularity=granularity)
     torch.testing.assert_close(found.attributions, expected.attributions)
-    torch.testing.assert_close(found.delta, expected.delta)
+    torch.testing.assert_close(found.model_prob, expected.model_prob)
     assert found.delta.abs().max() < 1e-6
+    default, rows = _logit_rows(model, LayerIGLens.from_model(model), ids, granularity)
+    assert rows == {12}
+    assert torch.equal(default.model_prob, expected.model_prob)
 
 
 def test_a_model_without_logits_to_keep_gets_every_logit():
