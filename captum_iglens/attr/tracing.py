@@ -288,12 +288,15 @@ class Tracer:
         )
         keeping = getattr(self.forward_func, "keeping", None)
         fits = request.batch * request.length <= self.readout.rows_per_chunk()
-        positions = request.positions
-        kept = nullcontext(False) if keeping is None or fits else keeping(positions)
-        with capture, kept as keeps:
+        context = (
+            nullcontext(False)
+            if keeping is None or fits
+            else keeping(request.positions)
+        )
+        with capture, context as kept:
             output = _run_forward(self.forward_func, inputs, None, request.extra)
         h_0, states = capture.path()
-        return output, h_0, states, keeps
+        return output, h_0, states, kept
 
     def read_output(
         self,
