@@ -50,7 +50,7 @@ class NeuronComponents:
         activations (Tensor): ``(R, I)`` float32: the neurons' activations.
         weights (list[Tensor]): Per block, ``(I, d)``: ``W_out[:, n]`` (the
                     model's own weights, any dtype: read in float32 a slice of
-                    neurons at a time, :func:`float32_parts`).
+                    neurons at a time).
         factors (Tensor): ``(R, d)`` float32, or ``(1, 1)``: the factor of each row.
         bias (Tensor, optional): ``(k, d)`` float32: the bias per block.
     """
@@ -127,7 +127,7 @@ class NeuronComponents:
 
     def _weight_parts(self, block: int) -> Iterator[Tuple[slice, Tensor]]:
         """The block's ``W_out`` rows in float32 on the factors' device, a
-        slice of neurons at a time (:func:`float32_parts`)."""
+        slice of neurons at a time."""
         return float32_parts(self.weights[block], 0, self.factors.device)
 
     def __len__(self) -> int:
