@@ -80,9 +80,8 @@ def run_once(prompt_file: str, args: argparse.Namespace) -> tuple:
         "--json",
         os.devnull,
     ]
-    for option in ("n_steps", "layers"):
-        if getattr(args, option) is not None:
-            command += ["--" + option.replace("_", "-"), str(getattr(args, option))]
+    for option, value in _passed(args).items():
+        command += [option, str(value)]
     start = time.perf_counter()
     with open(prompt_file, "rb") as stdin:
         child = subprocess.Popen(
@@ -95,6 +94,16 @@ def run_once(prompt_file: str, args: argparse.Namespace) -> tuple:
     return usage.ru_maxrss * 1024, time.perf_counter() - start
 
 
+def _passed(args: argparse.Namespace) -> Dict[str, object]:
+    """The optional command-line options given to this soak, passed on as they
+    are: ``{"--n-steps": 8}``."""
+    return {
+        "--" + name.replace("_", "-"): getattr(args, name)
+        for name in ("n_steps", "layers")
+        if getattr(args, name) is not None
+    }
+
+
 def _job(args: argparse.Namespace) -> Dict[str, object]:
     """The settings a record must share to be summarized with this soak."""
     job: Dict[str, object] = {
@@ -103,9 +112,7 @@ def _job(args: argparse.Namespace) -> Dict[str, object]:
         "positions": args.positions,
         "max_chunk_mib": args.max_chunk_mib,
     }
-    for option in ("n_steps", "layers"):
-        if getattr(args, option) is not None:
-            job[option] = getattr(args, option)
+    job.update({o[2:].replace("-", "_"): v for o, v in _passed(args).items()})
     return job
 
 
@@ -147,11 +154,7 @@ def main() -> None:
             f"reads them), --positions "
             f"{args.positions}, --granularity {args.granularity}, --max-chunk-mib "
             f"{args.max_chunk_mib}"
-            + "".join(
-                f", --{option.replace('_', '-')} {getattr(args, option)}"
-                for option in ("n_steps", "layers")
-                if getattr(args, option) is not None
-            )
+            + "".join(f", {o} {v}" for o, v in _passed(args).items())
             + f"; {args.runs} fresh processes"
         )
         for record in records:

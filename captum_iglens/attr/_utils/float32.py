@@ -107,7 +107,7 @@ def float32_copy(readout: Any) -> Any:
     memo: Dict[int, Any] = {}
     shared: Set[int] = set()
     for module in _modules(readout, set()):
-        if isinstance(module, Linear) and _sliceable(module):
+        if type(module) is Linear and _half_in_memory(module):
             memo[id(module)] = Float32Linear(module)
             shared.update(id(p) for p in module.parameters())
     for tensor in _tensors(readout, set()):
@@ -121,14 +121,13 @@ def float32_copy(readout: Any) -> Any:
     return copy.deepcopy(readout, memo)
 
 
-def _sliceable(module: Module) -> bool:
-    """A plain linear map with half-precision weights in memory (not one whose
-    weights accelerate's hooks bring in at call time)."""
+def _half_in_memory(linear: Linear) -> bool:
+    """Whether a linear map's weights are half precision and in memory (not
+    brought in at call time by accelerate's hooks)."""
     return (
-        type(module) is Linear
-        and module.weight.dtype in _HALF
-        and module.weight.device.type != "meta"
-        and not hasattr(module, "_hf_hook")
+        linear.weight.dtype in _HALF
+        and linear.weight.device.type != "meta"
+        and not hasattr(linear, "_hf_hook")
     )
 
 
