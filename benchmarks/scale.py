@@ -9,9 +9,11 @@ exactness does not depend on the weights.
     python benchmarks/scale.py --shapes llama-1b --lengths 128 --dtypes float32
     python benchmarks/scale.py --shapes gemma2-2b --dtypes bfloat16 --max-layers 4
 
-Each (shape, dtype) runs in its own child process. Per input length ``T`` it
+Each (shape, dtype) runs in its own child process (``--jobs`` of them at once,
+each timed by its own clock). Per input length ``T`` it
 measures the main map (``attribute_map``, prediction-aware, block granularity)
-over all positions (``--map-positions answer``: the last 8 only) and the
+over all positions (``--map-positions answer``: the last 8 only; ``--map-positions
+1024``: all positions up to ``T = 1024``, the last 8 above) and the
 ``head``, ``source`` and ``neuron`` maps of the last 8 positions (the "answer"),
 and prints one table from that run:
 
@@ -35,6 +37,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
@@ -223,7 +226,7 @@ def child(args: argparse.Namespace, shape: str, dtype_name: str) -> List[Dict]:
             lambda: model(ids, use_cache=False) and None, args.clock
         )
         for granularity in args.granularities:
-            every = granularity == "block" and args.map_positions == "all"
+            every = granularity == "block" and length <= args.map_positions
             n = length - 1 if every else min(ANSWER, length - 1)
             positions = torch.arange(length - 1 - n, length - 1)
             target = following[:, positions]
@@ -292,36 +295,58 @@ def table(rows: Sequence[Dict]) -> str:
     return "\n".join(lines)
 
 
+def _all_positions_up_to(value: str) -> float:
+    """``all``, ``answer`` or the longest ``T`` whose main map reads every position."""
+    if value in ("all", "answer"):
+        return float("inf") if value == "all" else 0
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected all, answer or a length: {value!r}")
+
+
+def _run_child(passed: List[str], shape: str, dtype: str) -> List[Dict]:
+    """The rows of one (shape, dtype), measured in a child process."""
+    done = subprocess.run(
+        [sys.executable, __file__, *passed, "--child", shape, dtype],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    if done.returncode:
+        print(f"{shape} {dtype}: exit {done.returncode}", file=sys.stderr)
+        return []
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES)[1:])
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 1024, 4096])
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     parser.add_argument("--granularities", nargs="+", default=list(GRANULARITIES))
-    parser.add_argument("--map-positions", choices=("all", "answer"), default="all")
+    parser.add_argument(
+        "--map-positions",
+        type=_all_positions_up_to,
+        default="all",
+        metavar="all|answer|T",
+        help="the main map reads every position (at T up to this), else the last 8",
+    )
     parser.add_argument("--n-steps", type=int, default=50)
     parser.add_argument("--chunk-mib", type=int, default=256)
     parser.add_argument("--max-layers", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    parser.add_argument("--jobs", type=int, default=1, help="children at once")
     parser.add_argument("--child", nargs=2, metavar=("SHAPE", "DTYPE"))
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args, *args.child)))
         return 0
-    rows: List[Dict] = []
     passed = [a for a in sys.argv[1:]]
-    for shape in args.shapes:
-        for dtype in args.dtypes:
-            done = subprocess.run(
-                [sys.executable, __file__, *passed, "--child", shape, dtype],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            if done.returncode:
-                print(f"{shape} {dtype}: exit {done.returncode}", file=sys.stderr)
-                continue
-            rows += json.loads(done.stdout.strip().splitlines()[-1])
+    pairs = [(shape, dtype) for shape in args.shapes for dtype in args.dtypes]
+    with ThreadPoolExecutor(max(args.jobs, 1)) as pool:
+        runs = list(pool.map(lambda pair: _run_child(passed, *pair), pairs))
+    rows = [row for run in runs for row in run]
     print(
         f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} time, "
         f"n_steps={args.n_steps}, chunk budget {args.chunk_mib} MiB"

@@ -34,3 +34,27 @@ def test_gpu_check_dry_run():
     hooked = [r for r in rows if r[:2] == ["cpu", "x2"]]
     assert len(hooked) == len(PATHS) * len(GRANULARITIES)
     assert "total" in done.stdout
+
+
+@pytest.mark.slow
+def test_scale_table_from_one_run_of_parallel_children():
+    """Two children at once; the main map reads every position up to
+    ``--map-positions``' length and the last 8 above it; every row adds up."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--shapes", "tiny"]
+        + "--lengths 12 24 --map-positions 12 --granularities block head".split()
+        + "--n-steps 4 --jobs 2".split(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line[:4] == "tiny"]
+    found = {(r[1], r[3], r[4]): int(r[5]) for r in rows}
+    for dtype in ("float32", "bfloat16"):
+        assert found[(dtype, "12", "block")] == 11  # every position
+        assert found[(dtype, "24", "block")] == 8  # the answer only
+        assert found[(dtype, "24", "head")] == 8
+    assert len(rows) == 8
+    assert all(float(r[-1]) <= 1e-6 for r in rows)
