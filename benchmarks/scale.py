@@ -9,11 +9,14 @@ exactness does not depend on the weights.
     python benchmarks/scale.py --shapes llama-1b --lengths 128 --dtypes float32
     python benchmarks/scale.py --shapes gemma2-2b --dtypes bfloat16 --max-layers 4
 
-Each (shape, dtype) runs in its own child process (``--jobs`` of them at once,
-each timed by its own clock). Per input length ``T`` it
-measures the main map (``attribute_map``, prediction-aware, block granularity)
-over all positions (``--map-positions answer``: the last 8 only; ``--map-positions
-1024``: all positions up to ``T = 1024``, the last 8 above) and the
+Each (shape, dtype) runs in its own child process, ``--jobs`` of them at once,
+each timed by its own clock. With ``--jobs`` above 1, a (shape, dtype) whose weights
+take over a third of the machine's memory (Linux's ``MemTotal``) runs alone first,
+and a child killed beside another (as by the out-of-memory killer) runs again alone
+at the end. Per input length ``T`` it measures the main map (``attribute_map``,
+prediction-aware, block granularity) over all positions (``--map-positions answer``:
+the last 8 only; ``--map-positions 1024``: every position up to ``T = 1024``, the
+last 8 above) and the
 ``head``, ``source`` and ``neuron`` maps of the last 8 positions (the "answer"),
 and prints one table from that run:
 
@@ -305,8 +308,20 @@ def _all_positions_up_to(value: str) -> float:
         raise argparse.ArgumentTypeError(f"expected all, answer or a length: {value!r}")
 
 
-def _run_child(passed: List[str], shape: str, dtype: str) -> List[Dict]:
-    """The rows of one (shape, dtype), measured in a child process."""
+def weight_bytes(shape: str, dtype: str) -> int:
+    """The bytes of the weights of ``shape`` in ``dtype`` (built on the meta device)."""
+    model = build(shape, DTYPES[dtype], device="meta")
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _memory() -> int:
+    """The machine's memory in bytes (``MemTotal``)."""
+    match = re.search(r"MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text())
+    return int(match.group(1)) * 1024 if match else 0
+
+
+def _run_child(passed: List[str], shape: str, dtype: str) -> Tuple[int, List[Dict]]:
+    """The exit status and rows of one (shape, dtype), run in a child process."""
     done = subprocess.run(
         [sys.executable, __file__, *passed, "--child", shape, dtype],
         stdout=subprocess.PIPE,
@@ -314,8 +329,8 @@ def _run_child(passed: List[str], shape: str, dtype: str) -> List[Dict]:
     )
     if done.returncode:
         print(f"{shape} {dtype}: exit {done.returncode}", file=sys.stderr)
-        return []
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        return done.returncode, []
+    return 0, json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
@@ -344,9 +359,16 @@ def main() -> int:
         return 0
     passed = [a for a in sys.argv[1:]]
     pairs = [(shape, dtype) for shape in args.shapes for dtype in args.dtypes]
+    alone = [p for p in pairs if args.jobs > 1 and 3 * weight_bytes(*p) > _memory()]
+    runs = {pair: _run_child(passed, *pair) for pair in alone}
+    rest = [pair for pair in pairs if pair not in runs]
     with ThreadPoolExecutor(max(args.jobs, 1)) as pool:
-        runs = list(pool.map(lambda pair: _run_child(passed, *pair), pairs))
-    rows = [row for run in runs for row in run]
+        runs.update(zip(rest, pool.map(lambda pair: _run_child(passed, *pair), rest)))
+    for pair in rest:
+        if runs[pair][0] < 0 and args.jobs > 1:  # killed (out of memory beside another)
+            print(f"{' '.join(pair)}: again, alone", file=sys.stderr)
+            runs[pair] = _run_child(passed, *pair)
+    rows = [row for pair in pairs for row in runs[pair][1]]
     print(
         f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} time, "
         f"n_steps={args.n_steps}, chunk budget {args.chunk_mib} MiB"
