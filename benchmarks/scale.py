@@ -25,8 +25,10 @@ and prints one table from that run:
   point the map reads (``P·(k+1)`` rows), timed in the same process;
 - ``×floor``: their ratio (goal for the main map: at most 1.15; the component
   maps integrate ``n_steps`` gradients per split segment on top);
-- ``+MiB``: peak resident memory of the call above the peak of a plain forward
-  of the same input (``/proc/self/status`` ``VmHWM``, reset before each);
+- ``fwd MiB``: the peak resident memory of a plain inference forward of the
+  input above the memory resident before it (activations, attention, logits);
+- ``+MiB``: the peak of the call above the memory resident before it, minus the
+  forward's (``/proc/self/status`` ``VmHWM``, reset before each);
 - ``budget``: the readout's chunk budget plus what the granularity must keep
   (the head outputs; the attention rows and values; the neurons' activations);
 - ``|Σ−Δp|``: the largest completeness error of the map.
@@ -167,9 +169,10 @@ def inputs(model: Module, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return ids, ids[:, 1:]
 
 
-def _vmhwm() -> int:
+def _status_bytes(field: str) -> int:
+    """A ``/proc/self/status`` field in bytes (``VmHWM``: the peak, ``VmRSS``)."""
     text = Path("/proc/self/status").read_text()
-    match = re.search(r"VmHWM:\s+(\d+) kB", text)
+    match = re.search(rf"{field}:\s+(\d+) kB", text)
     return int(match.group(1)) * 1024 if match else 0
 
 
@@ -185,12 +188,14 @@ def _reset_peak() -> None:
 
 
 def measure(function: Callable[[], Any], clock: str) -> Tuple[float, int, Any]:
-    """Seconds, peak resident bytes reached during the call, and its result."""
+    """Seconds, the peak resident bytes of the call above the memory resident
+    before it, and its result."""
     tick = time.process_time if clock == "cpu" else time.perf_counter
     _reset_peak()
+    resident = _status_bytes("VmRSS")
     start = tick()
     out = function()
-    return tick() - start, _vmhwm(), out
+    return tick() - start, _status_bytes("VmHWM") - resident, out
 
 
 def captured_bytes(config: Any, k: int, granularity: str, n: int, length: int) -> int:
@@ -217,17 +222,16 @@ def child(args: argparse.Namespace, shape: str, dtype_name: str) -> List[Dict]:
     for length in args.lengths:
         ids, following = inputs(model, length)
 
-        def forward() -> Any:
-            with torch.inference_mode():
-                return model(ids, use_cache=False, output_hidden_states=True)
-
-        _, _, out = measure(forward, args.clock)
+        with torch.inference_mode():
+            out = model(ids, use_cache=False, output_hidden_states=True)
         states = torch.stack(out.hidden_states, 2)[0]  # (T, k + 1, d)
         del out
-        base = _vmhwm()
-        fwd_s, fwd_peak, _ = measure(
-            lambda: model(ids, use_cache=False) and None, args.clock
-        )
+
+        def forward() -> None:
+            with torch.inference_mode():
+                model(ids, use_cache=False)
+
+        fwd_s, fwd_peak, _ = measure(forward, args.clock)
         for granularity in args.granularities:
             every = granularity == "block" and length <= args.map_positions
             n = length - 1 if every else min(ANSWER, length - 1)
@@ -265,8 +269,8 @@ def child(args: argparse.Namespace, shape: str, dtype_name: str) -> List[Dict]:
                     fwd_s=fwd_s,
                     floor_s=fwd_s + read_s,
                     map_s=map_s,
-                    fwd_mib=(fwd_peak - base) / MIB,
-                    extra_mib=(map_peak - max(fwd_peak, base)) / MIB,
+                    fwd_mib=fwd_peak / MIB,
+                    extra_mib=(map_peak - fwd_peak) / MIB,
                     budget_mib=(
                         args.chunk_mib * MIB
                         + captured_bytes(model.config, k, granularity, n, length)
