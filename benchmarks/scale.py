@@ -169,10 +169,10 @@ def inputs(model: Module, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return ids, ids[:, 1:]
 
 
-def _status_bytes(field: str) -> int:
-    """A ``/proc/self/status`` field in bytes (``VmHWM``: the peak, ``VmRSS``)."""
-    text = Path("/proc/self/status").read_text()
-    match = re.search(rf"{field}:\s+(\d+) kB", text)
+def _proc_bytes(field: str, path: str = "/proc/self/status") -> int:
+    """A field of a ``/proc`` file in bytes (``VmHWM``: the peak, ``VmRSS``;
+    ``MemTotal`` of ``/proc/meminfo``); 0 where there is none."""
+    match = re.search(rf"{field}:\s+(\d+) kB", Path(path).read_text())
     return int(match.group(1)) * 1024 if match else 0
 
 
@@ -192,10 +192,10 @@ def measure(function: Callable[[], Any], clock: str) -> Tuple[float, int, Any]:
     before it, and its result."""
     tick = time.process_time if clock == "cpu" else time.perf_counter
     _reset_peak()
-    resident = _status_bytes("VmRSS")
+    resident = _proc_bytes("VmRSS")
     start = tick()
     out = function()
-    return tick() - start, _status_bytes("VmHWM") - resident, out
+    return tick() - start, _proc_bytes("VmHWM") - resident, out
 
 
 def captured_bytes(config: Any, k: int, granularity: str, n: int, length: int) -> int:
@@ -318,12 +318,6 @@ def weight_bytes(shape: str, dtype: str) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _memory() -> int:
-    """The machine's memory in bytes (``MemTotal``)."""
-    match = re.search(r"MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text())
-    return int(match.group(1)) * 1024 if match else 0
-
-
 def _run_child(passed: List[str], shape: str, dtype: str) -> Tuple[int, List[Dict]]:
     """The exit status and rows of one (shape, dtype), run in a child process."""
     done = subprocess.run(
@@ -363,7 +357,8 @@ def main() -> int:
         return 0
     passed = [a for a in sys.argv[1:]]
     pairs = [(shape, dtype) for shape in args.shapes for dtype in args.dtypes]
-    alone = [p for p in pairs if args.jobs > 1 and 3 * weight_bytes(*p) > _memory()]
+    memory = _proc_bytes("MemTotal", "/proc/meminfo")
+    alone = [p for p in pairs if args.jobs > 1 and 3 * weight_bytes(*p) > memory]
     runs = {pair: _run_child(passed, *pair) for pair in alone}
     rest = [pair for pair in pairs if pair not in runs]
     with ThreadPoolExecutor(max(args.jobs, 1)) as pool:
