@@ -11,7 +11,7 @@ exactness does not depend on the weights.
 
 Each (shape, dtype) runs in its own child process, ``--jobs`` of them at once,
 each timed by its own clock. With ``--jobs`` above 1, a (shape, dtype) whose weights
-take over a third of the machine's memory (Linux's ``MemTotal``) runs alone first,
+take over a third of the machine's physical memory runs alone first,
 and a child killed beside another (as by the out-of-memory killer) runs again alone
 at the end. Per input length ``T`` it measures the main map (``attribute_map``,
 prediction-aware, block granularity) over all positions (``--map-positions answer``:
@@ -38,17 +38,17 @@ import argparse
 import ctypes
 import gc
 import json
-import re
+import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 from torch.nn import Module
 
+from bench import _reset_peak as reset_vmhwm, _status_kib  # benchmarks/bench.py
 from captum_iglens import LayerIGLens
 from captum_iglens._utils.allocator import return_freed_memory
 
@@ -169,22 +169,12 @@ def inputs(model: Module, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return ids, ids[:, 1:]
 
 
-def _proc_bytes(field: str, path: str = "/proc/self/status") -> int:
-    """A field of a ``/proc`` file in bytes (``VmHWM``: the peak, ``VmRSS``;
-    ``MemTotal`` of ``/proc/meminfo``); 0 where there is none."""
-    match = re.search(rf"{field}:\s+(\d+) kB", Path(path).read_text())
-    return int(match.group(1)) * 1024 if match else 0
-
-
 def _reset_peak() -> None:
     """Frees what the allocator holds, then resets ``VmHWM`` to the RSS."""
     gc.collect()
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
+    reset_vmhwm()
 
 
 def measure(function: Callable[[], Any], clock: str) -> Tuple[float, int, Any]:
@@ -192,10 +182,10 @@ def measure(function: Callable[[], Any], clock: str) -> Tuple[float, int, Any]:
     before it, and its result."""
     tick = time.process_time if clock == "cpu" else time.perf_counter
     _reset_peak()
-    resident = _proc_bytes("VmRSS")
+    resident = _status_kib("VmRSS")
     start = tick()
     out = function()
-    return tick() - start, _proc_bytes("VmHWM") - resident, out
+    return tick() - start, (_status_kib("VmHWM") - resident) * 1024, out
 
 
 def captured_bytes(config: Any, k: int, granularity: str, n: int, length: int) -> int:
@@ -357,7 +347,7 @@ def main() -> int:
         return 0
     passed = [a for a in sys.argv[1:]]
     pairs = [(shape, dtype) for shape in args.shapes for dtype in args.dtypes]
-    memory = _proc_bytes("MemTotal", "/proc/meminfo")
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     alone = [p for p in pairs if args.jobs > 1 and 3 * weight_bytes(*p) > memory]
     runs = {pair: _run_child(passed, *pair) for pair in alone}
     rest = [pair for pair in pairs if pair not in runs]
