@@ -43,11 +43,12 @@ class Readout(nn.Module):
         post (nn.Module, optional): What the model applies to the head's output,
                     e.g. :class:`Softcap` or :class:`LogitScale`. ``None`` if
                     nothing. Default: None
-        max_chunk_bytes (int, optional): Memory budget of :meth:`log_prob`: the
-                    float32 logits of one chunk of rows stay within this many
-                    bytes (peak memory is a small multiple of it: the
-                    log-softmax's temporaries, and the logits in the model's
-                    dtype before the upcast). Must be at least 1; a chunk
+        max_chunk_bytes (int, optional): Memory budget of :meth:`log_prob`
+                    and :meth:`score`: the ``(rows, V)`` arrays that one chunk of
+                    rows holds at once (the float32 logits and their
+                    log-softmax; in a backward, the gradients; a ``post``
+                    transform's input beside its output) stay within this many
+                    bytes (:meth:`rows_per_chunk`). Must be at least 1; a chunk
                     always holds at least one row. Default: 256 * 2**20
                     (256 MiB)
 
@@ -142,9 +143,11 @@ class Readout(nn.Module):
             **rows** (int):
                 The number of rows whose float32 logits and their log-softmax,
                 ``rows * V * 8`` bytes (``rows * V * 12`` with ``backward``), fit
-                in ``max_chunk_bytes``; at least 1.
+                in ``max_chunk_bytes``, with 4 more bytes a logit where a ``post``
+                transform is set (its input and output coexist, and autograd
+                keeps what its backward reads); at least 1.
         """
-        per_logit = 12 if backward else 8
+        per_logit = (12 if backward else 8) + (4 if self.post is not None else 0)
         return max(1, self.max_chunk_bytes // (per_logit * self.vocab_size))
 
     def forward(self, hidden: Tensor, layer: Optional[Tensor] = None) -> Tensor:

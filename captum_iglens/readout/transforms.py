@@ -12,7 +12,10 @@ class Softcap(nn.Module):
     r"""Final-logit softcapping, ``cap * tanh(logits / cap)`` (Gemma 2 and 3).
 
     The operations are those of the model's forward, in the same order, so the
-    result is bit-identical to the model's logits.
+    result is bit-identical to the model's logits. Where no gradient is
+    recorded, the ``tanh`` and the product are computed in place on the
+    quotient, so the transform holds one ``(rows, V)`` array beside its input
+    (three otherwise, for a moment).
 
     Args:
         cap (float): The softcapping value, ``config.final_logit_softcapping``.
@@ -26,7 +29,10 @@ class Softcap(nn.Module):
         self.cap = cap
 
     def forward(self, logits: Tensor) -> Tensor:
-        return torch.tanh(logits / self.cap) * self.cap
+        scaled = logits / self.cap
+        if torch.is_grad_enabled() and scaled.requires_grad:
+            return torch.tanh(scaled) * self.cap
+        return scaled.tanh_().mul_(self.cap)
 
     def extra_repr(self) -> str:
         return f"cap={self.cap}"

@@ -188,7 +188,9 @@ def test_chunked_log_prob_equals_unchunked(model: nn.Module, rows: int) -> None:
     h = h_final.flatten(0, 1)
     y = _targets(h.shape[0])
     full = model_parts(model).readout()
-    chunked = model_parts(model).readout(max_chunk_bytes=rows * 8 * VOCAB)
+    # logits and log-softmax; a post transform's input beside its output
+    per_logit = 8 if full.post is None else 12
+    chunked = model_parts(model).readout(max_chunk_bytes=rows * per_logit * VOCAB)
     assert full.rows_per_chunk() >= h.shape[0]
     assert chunked.rows_per_chunk() == rows
     with torch.no_grad():
@@ -225,6 +227,30 @@ def test_rows_per_chunk_is_at_least_one() -> None:
     readout = Readout(nn.Linear(8, 1000), max_chunk_bytes=1)
     assert readout.rows_per_chunk() == 1
     assert Readout(nn.Linear(8, 1000), max_chunk_bytes=16000).rows_per_chunk() == 2
+
+
+@pytest.mark.parametrize("post", [Softcap(30.0), LogitScale(2.0), LogitDivide(3.0)])
+def test_rows_per_chunk_counts_a_post_transforms_array(post: nn.Module) -> None:
+    """8 bytes a logit (12 in a backward), and 4 more with a post transform."""
+    plain = Readout(nn.Linear(8, 1000), max_chunk_bytes=48000)
+    with_post = Readout(nn.Linear(8, 1000), post=post, max_chunk_bytes=48000)
+    assert (plain.rows_per_chunk(), plain.rows_per_chunk(backward=True)) == (6, 4)
+    assert (with_post.rows_per_chunk(), with_post.rows_per_chunk(True)) == (4, 3)
+
+
+def test_softcap_without_grad_is_bit_identical_and_leaves_its_input() -> None:
+    logits = torch.randn(6, 500, generator=torch.Generator().manual_seed(0)) * 40
+    before = logits.clone()
+    with torch.no_grad():
+        fast = Softcap(30.0)(logits)
+    assert torch.equal(logits, before)
+    assert torch.equal(fast, torch.tanh(logits / 30.0) * 30.0)  # as the model
+    wide = logits.clone().requires_grad_()
+    recorded = Softcap(30.0)(wide)
+    assert torch.equal(recorded.detach(), fast)
+    recorded.sum().backward()
+    assert wide.grad is not None
+    torch.testing.assert_close(wide.grad, 1 - torch.tanh(logits / 30.0).square())
 
 
 def test_log_prob_of_no_rows() -> None:

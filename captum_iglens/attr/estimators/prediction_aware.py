@@ -228,49 +228,83 @@ def prediction_aware_components(
     """
     m, _, d = ends.shape
     path_layers = layer_grid(layers, ends)
-    equal = torch.arange(n_steps + 1, device=ends.device, dtype=torch.float32)
-    equal = (equal / n_steps).view(1, -1)
     c = components.shape[1]
     credits = torch.empty(m, c, device=ends.device)
     mean_gradient = torch.empty(m, d, device=ends.device)
     # a group's split holds a few (g, n + 1, C) arrays: within the budget too
     split_rows = readout.max_chunk_bytes // ((n_steps + 1) * c * _SPLIT_ENTRY_BYTES)
     for rows in row_groups(m, n_steps + 1, min(chunk_rows, split_rows * (n_steps + 1))):
-        steps = equal if fractions is None else fractions[rows].float()
-        widths = None if fractions is None else steps.diff(dim=1).unsqueeze(-1)
-        start = ends[rows, 0].float().unsqueeze(1)
-        grid = start + steps.unsqueeze(-1) * (
-            ends[rows, 1].float().unsqueeze(1) - start
-        )
-        values, grads = values_and_gradients(
+        # one call per group: its arrays are freed before the next group's readout
+        credits[rows], mean_gradient[rows] = _group_components(
             readout,
-            grid.flatten(0, 1).to(ends.dtype),
-            targets[rows].repeat_interleave(n_steps + 1),
-            segment_layers(path_layers[rows], n_steps + 1, with_end=False),
+            ends[rows],
+            components,
+            rows,
+            targets[rows],
+            end_values[rows],
+            n_steps,
             chunk_rows,
             grad_kwargs,
+            path_layers[rows],
+            parents,
+            None if fractions is None else fractions[rows].float(),
         )
-        values = values.view(-1, n_steps + 1)
-        values[:, 0], values[:, -1] = end_values[rows, 0], end_values[rows, 1]
-        grads = grads.view(-1, n_steps + 1, d).float()  # as the components
-        along = component_dots(components, rows, grads)  # (g, n + 1, C)
-        # the split in float64: each step's shares add up to its change, and the
-        # changes to f(b) - f(a), to float32 rounding of the credits alone
-        first_order = _trapezoid(along, widths, n_steps).double()
-        residual = values.double().diff(dim=1) - first_order.sum(-1)  # (g, n)
-        norm, square, group = component_norms(components, rows, parents)
-        norms = (
-            norm.double(),
-            square.double(),
-            None if group is None else group.double(),
-        )
-        shares = _shares(first_order, residual, norms, parents)
-        credits[rows] = shares.sum(1)
-        mean_gradient[rows] = (
-            (grads[:, :-1] + grads[:, 1:]).sum(1) / (2 * n_steps)
-            if widths is None
-            else _trapezoid(grads, widths, n_steps).sum(1)
-        )
+    return credits, mean_gradient
+
+
+def _group_components(
+    readout: PathReadout,
+    ends: Tensor,
+    components: Tensor,
+    rows: slice,
+    targets: TokenScore,
+    end_values: Tensor,
+    n_steps: int,
+    chunk_rows: int,
+    grad_kwargs: Optional[Dict[str, Any]],
+    layers: Tensor,
+    parents: Optional[Tensor],
+    fractions: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """:func:`prediction_aware_components` of one group of rows: the rows
+    ``rows`` of ``components``, and the group's ``ends``, ``targets``,
+    ``end_values``, ``layers`` and ``fractions``."""
+    if fractions is None:
+        steps = torch.arange(n_steps + 1, device=ends.device, dtype=torch.float32)
+        steps, widths = (steps / n_steps).view(1, -1), None
+    else:
+        steps, widths = fractions, fractions.diff(dim=1).unsqueeze(-1)
+    start = ends[:, 0].float().unsqueeze(1)
+    grid = start + steps.unsqueeze(-1) * (ends[:, 1].float().unsqueeze(1) - start)
+    values, grads = values_and_gradients(
+        readout,
+        grid.flatten(0, 1).to(ends.dtype),
+        targets.repeat_interleave(n_steps + 1),
+        segment_layers(layers, n_steps + 1, with_end=False),
+        chunk_rows,
+        grad_kwargs,
+    )
+    values = values.view(-1, n_steps + 1)
+    values[:, 0], values[:, -1] = end_values[:, 0], end_values[:, 1]
+    grads = grads.view(-1, n_steps + 1, ends.shape[-1]).float()  # as the components
+    along = component_dots(components, rows, grads)  # (g, n + 1, C)
+    # the split in float64: each step's shares add up to its change, and the
+    # changes to f(b) - f(a), to float32 rounding of the credits alone
+    first_order = _trapezoid(along, widths, n_steps).double()
+    del along
+    residual = values.double().diff(dim=1) - first_order.sum(-1)  # (g, n)
+    norm, square, group = component_norms(components, rows, parents)
+    norms = (
+        norm.double(),
+        square.double(),
+        None if group is None else group.double(),
+    )
+    credits = _shares(first_order, residual, norms, parents).sum(1)
+    mean_gradient = (
+        (grads[:, :-1] + grads[:, 1:]).sum(1) / (2 * n_steps)
+        if widths is None
+        else _trapezoid(grads, widths, n_steps).sum(1)
+    )
     return credits, mean_gradient
 
 
