@@ -2,6 +2,8 @@
 chunks of query rows (never the whole T × T weights or mask), and the factored terms
 answer the estimators' reads exactly as the terms they stand for."""
 
+import weakref
+
 import pytest
 import torch
 
@@ -76,6 +78,36 @@ def test_the_split_among_sources_keeps_to_the_budget(monkeypatch):
     assert seen and all(g == 1 or g * (n + 1) * c * entry <= budget for g, n, c in seen)
     assert max(g for g, _, _ in seen) > 1  # rows are still grouped
     torch.testing.assert_close(narrow.attributions, wide.attributions)
+
+
+def test_a_groups_split_arrays_are_freed_before_the_next_groups_readout(monkeypatch):
+    """Only one group's (g, n_steps + 1, C) arrays exist at a time: none is
+    alive when the next group's readout and its backward run."""
+    model = tiny_model("llama")
+    ids, mask = left_padded([24, 20], VOCAB)
+    split = []
+    shares = prediction_aware._shares
+    readout = prediction_aware.values_and_gradients
+
+    def recording(first_order, *args):
+        found = shares(first_order, *args)
+        split.extend([weakref.ref(first_order), weakref.ref(found)])
+        return found
+
+    alive = []
+
+    def reading(*args, **kwargs):
+        alive.append(sum(ref() is not None for ref in split))
+        return readout(*args, **kwargs)
+
+    monkeypatch.setattr(prediction_aware, "_shares", recording)
+    monkeypatch.setattr(prediction_aware, "values_and_gradients", reading)
+    lens = LayerIGLens.from_model(model, max_chunk_bytes=64 * 2**10)
+    lens.attribute_map(
+        ids, additional_forward_args=(mask,), granularity="source", n_steps=4
+    )
+    assert len(alive) > 1  # several groups
+    assert alive == [0] * len(alive)
 
 
 def _factored(factor: bool, bias: bool, extra: bool) -> SourceComponents:
