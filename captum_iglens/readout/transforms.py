@@ -15,7 +15,7 @@ class Softcap(nn.Module):
     result is bit-identical to the model's logits. Where no gradient is
     recorded, the ``tanh`` and the product are computed in place on the
     quotient, so the transform holds one ``(rows, V)`` array beside its input
-    (three otherwise, for a moment).
+    (two where autograd records it, which keeps the ``tanh``).
 
     Args:
         cap (float): The softcapping value, ``config.final_logit_softcapping``.
@@ -29,10 +29,9 @@ class Softcap(nn.Module):
         self.cap = cap
 
     def forward(self, logits: Tensor) -> Tensor:
-        scaled = logits / self.cap
-        if torch.is_grad_enabled() and scaled.requires_grad:
-            return torch.tanh(scaled) * self.cap
-        return scaled.tanh_().mul_(self.cap)
+        if torch.is_grad_enabled() and logits.requires_grad:
+            return torch.tanh(logits / self.cap) * self.cap
+        return (logits / self.cap).tanh_().mul_(self.cap)
 
     def extra_repr(self) -> str:
         return f"cap={self.cap}"
