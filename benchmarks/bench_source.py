@@ -25,6 +25,7 @@ import time
 import torch
 
 from captum_iglens import LayerIGLens
+from captum_iglens._utils.allocator import return_freed_memory
 from captum_iglens.hf.models import load_default
 from captum_iglens.hf.text import answered_prompt
 
@@ -34,6 +35,7 @@ MODES = ("head", "source")
 
 
 def _child(granularity: str, n_steps: int, repeats: int, threads: int) -> None:
+    return_freed_memory()  # as the CLI does: freed chunks leave the RSS
     torch.set_num_threads(threads)
     model, tokenizer = load_default()
     ids, positions, targets, _ = answered_prompt(model, tokenizer, PROMPT)
