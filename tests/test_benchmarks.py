@@ -1,7 +1,9 @@
-"""The GPU script cannot rot: its dry run (a tiny model on the CPU, every mode it
-can run there, granularity and path, one device and a CPU device_map behind
-accelerate's hooks) runs in a subprocess, as a GPU machine would run it."""
+"""The benchmarks that measure at scale cannot rot: the GPU script's dry run (a tiny
+model on the CPU, every mode it can run there, granularity and path, one device and a
+CPU device_map behind accelerate's hooks), ``scale.py`` and ``peak_breakdown.py`` run
+in subprocesses on tiny shapes, as a user would run them."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +60,27 @@ def test_scale_table_from_one_run_of_parallel_children():
         assert found[(dtype, "24", "head")] == 8
     assert len(rows) == 8
     assert all(float(r[-1]) <= 1e-6 for r in rows)
+
+
+@pytest.mark.slow
+def test_peak_breakdown_accounts_for_the_whole_tensor_peak():
+    """The groups add up to the profiler's peak, and a component map's peak is
+    its readout's backward chunk: the log-softmax and two gradients."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "peak_breakdown.py")]
+        + "--shape tiny --granularity head --length 64 --chunk-mib 1".split()
+        + ["--group-kib", "64"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    peak = float(next(x for x in lines if x.startswith("peak of live")).split()[-2])
+    groups = [x.split(maxsplit=2) for x in lines if re.match(r"\s*[0-9.]+ MiB  ", x)]
+    assert abs(sum(float(g[0]) for g in groups) - peak) <= 0.05 * len(groups) + 0.05
+    readout = [
+        g for g in groups if "values_and_gradients" in g[2] or "_log_softmax" in g[2]
+    ]
+    assert len(readout) == 3
