@@ -13,7 +13,10 @@ the embedded default model (``--shape default``, the answer to ``--prompt``).
 The call runs twice: once for its peak resident memory (``VmHWM``, reset before
 it), once under the PyTorch profiler, whose allocation events give the tensors
 alive at the largest total and, for each, the innermost ``captum_iglens``
-frames and the operator that allocated it.
+frames and the operator that allocated it. The profiler keeps every Python
+call of the map in memory (gigabytes for a neuron map of 28 blocks): cut long
+maps with ``--max-layers``; what one readout chunk and one block hold does not
+depend on how many blocks there are.
 """
 
 import argparse
