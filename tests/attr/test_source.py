@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from captum_iglens import LayerIGLens
+from captum_iglens.attr._utils.block_parts import split_tolerance
 from captum_iglens.attr.granularities import GRANULARITIES
+from captum_iglens.attr.granularities.source import _head_outputs, check_reproduced
 from tests.helpers import hook_snapshot, left_padded
 from tests.attr.test_heads import PARALLEL, SEQUENTIAL
 from tests.tiny_models import VOCAB, tiny_model
@@ -206,6 +208,25 @@ def test_refused_without_a_head_split():
     lens = LayerIGLens.from_model(model)
     with pytest.raises(ValueError, match="granularity: 'head'"):
         lens.attribute_map(torch.tensor([[5, 6, 7]]), granularity="source")
+
+
+def test_reproduction_check_is_relative_to_the_values_an_output_averages():
+    """An output that averages values of opposite sign is near zero; weights
+    rounded as bfloat16 rounds them move it by a fraction of the values, not of
+    the output (the Llama-3.1-8B shape at T = 4,096 in bfloat16). Values that
+    the model changes after the projection are still refused."""
+    values = torch.tensor([3.0, -3.0]).view(1, 1, 2, 1)  # (B, H_kv, T, e)
+    exact = torch.tensor([0.5, 0.5]).view(1, 1, 1, 2)  # (B, H, P, T)
+    rounded = torch.tensor([0.51, 0.49]).view(1, 1, 1, 2)
+    real = _head_outputs(exact, values, 1)  # 0
+    mask = torch.ones(1, 1, dtype=torch.bool)
+    found = _head_outputs(rounded, values, 1)  # 0.06 from the real output
+    check_reproduced(0, found, real, values, mask, split_tolerance(torch.bfloat16))
+    doubled = _head_outputs(exact, torch.tensor([3.0, 3.0]).view(1, 1, 2, 1), 1)
+    with pytest.raises(ValueError, match="chosen block 0 .* use granularity='head'"):
+        check_reproduced(
+            0, doubled, 2 * doubled, values, mask, split_tolerance(torch.bfloat16)
+        )
 
 
 def _planted_gpt2(source_token: int, target: int):
