@@ -38,10 +38,15 @@ from captum_iglens.attr.granularities import GRANULARITIES
 from captum_iglens.attr.paths import PATHS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale import SHAPES, build, inputs  # noqa: E402  (the benchmark beside)
+from scale import (  # noqa: E402  (the benchmark beside)
+    ANSWER,
+    MIB,
+    SHAPES,
+    build,
+    inputs,
+    last_positions,
+)
 
-MIB = 2**20
-ANSWER = 8
 MODES = ("float32", "tf32", "bfloat16")
 
 
@@ -138,8 +143,7 @@ def check_one(
 ) -> Dict[str, Any]:
     """One map against its floor."""
     length = ids.shape[1]
-    n = length - 1 if granularity == "block" else min(ANSWER, length - 1)
-    positions = torch.arange(length - 1 - n, length - 1)
+    positions = last_positions(length, length - 1 if granularity == "block" else ANSWER)
     target = following[:, positions]
     k = len(lens.layers)
     with torch.inference_mode():
@@ -171,10 +175,10 @@ def check_one(
     read_s = clock.run(readout)[0]
     map_s, map_peak, result = clock.run(attribution)
     return dict(
-        P=n,
+        P=len(positions),
         map_s=map_s,
         floor_s=fwd_s + read_s,
-        tokens=n / map_s,
+        tokens=len(positions) / map_s,
         extra_mib=(map_peak - fwd_peak) / MIB,
         delta=float(result.delta.abs().max()),
     )

@@ -32,9 +32,17 @@ from torch.profiler import ProfilerActivity, profile
 
 from captum_iglens import LayerIGLens
 from captum_iglens._utils.allocator import return_freed_memory
-from scale import DTYPES, MIB, SHAPES, build, inputs, measure  # benchmarks/scale.py
+from scale import (  # benchmarks/scale.py
+    ANSWER,
+    DTYPES,
+    MIB,
+    SHAPES,
+    build,
+    inputs,
+    last_positions,
+    measure,
+)
 
-ANSWER = 8
 PROMPT = "What is the capital of France?"
 
 
@@ -49,8 +57,7 @@ def _call(args: argparse.Namespace) -> Tuple[Callable[[], Any], LayerIGLens]:
     else:
         model = build(args.shape, DTYPES[args.dtype], max_layers=args.max_layers)
         ids, following = inputs(model, args.length)
-        n = min(ANSWER, args.length - 1)
-        positions = torch.arange(args.length - 1 - n, args.length - 1)
+        positions = last_positions(args.length, ANSWER)
         target = following[:, positions]
     lens = LayerIGLens.from_model(model, max_chunk_bytes=args.chunk_mib * MIB)
     return (

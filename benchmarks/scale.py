@@ -169,6 +169,12 @@ def inputs(model: Module, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return ids, ids[:, 1:]
 
 
+def last_positions(length: int, n: int) -> torch.Tensor:
+    """The last ``n`` positions that have a next token (at most ``T - 1``), ``(n,)``."""
+    n = min(n, length - 1)
+    return torch.arange(length - 1 - n, length - 1)
+
+
 def _reset_peak() -> None:
     """Frees what the allocator holds, then resets ``VmHWM`` to the RSS."""
     gc.collect()
@@ -224,8 +230,8 @@ def child(args: argparse.Namespace, shape: str, dtype_name: str) -> List[Dict]:
         fwd_s, fwd_peak, _ = measure(forward, args.clock)
         for granularity in args.granularities:
             every = granularity == "block" and length <= args.map_positions
-            n = length - 1 if every else min(ANSWER, length - 1)
-            positions = torch.arange(length - 1 - n, length - 1)
+            positions = last_positions(length, length - 1 if every else ANSWER)
+            n = len(positions)
             target = following[:, positions]
             path = states[positions].flatten(0, 1).contiguous()
             flat = target[0].repeat_interleave(k + 1)
