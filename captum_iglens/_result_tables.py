@@ -48,6 +48,10 @@ def _check_batch_index(result: Any, batch_index: int) -> None:
         )
 
 
+#: A map notes its credits' error bound where it exceeds this.
+CREDIT_ERROR_NOTE = 1e-3
+
+
 def format_table(
     result: Any,
     batch_index: int,
@@ -118,6 +122,13 @@ def format_table(
             cells.append(f"{'':>8} {parts[r].sum():>+8.4f}")
             lines.append(" ".join(cells))
     lines.append(f"completeness: max |Σ - Δp| = {residual:.2e} over {len(rows)} tokens")
+    if result.credit_error is not None and rows:
+        bound = result.credit_error[batch_index][rows].max().item()
+        if bound > CREDIT_ERROR_NOTE:
+            lines.append(
+                f"credit error: each credit within ±{bound:.1e} of its integral "
+                f"({result.method}'s own bound; a larger --n-steps narrows it)"
+            )
     return "\n".join(lines)
 
 

@@ -74,6 +74,7 @@ IGLENS_SCHEMA = Record(
     target_sets=Maybe(Array("int", "B", "P", "S", low=PAD)),
     foils=Maybe(Array("int", "B", "P", "F", low=PAD)),
     lens_change=Maybe(Array("float", "B", "P", "k")),
+    credit_error=Maybe(Array("float", "B", "P", "k", low=0)),
     readout_kind=Default(Text(nonempty=True)),
     readout_checksum=Maybe(Text()),
     path=Default(Text(nonempty=True)),
@@ -151,6 +152,11 @@ class IGLensResult(JsonDocument, Viewable):
                     column's whole term ``f_j(h_{L_j}) - f_{j-1}(h_{L_{j-1}})``,
                     and ``levels`` each point's level under its own readout.
                     None under the logit readout.
+        credit_error (Tensor, optional): ``(B, P, k)`` float32, where the
+                    estimator estimates its own quadrature error (``"adaptive"``,
+                    the joint path's default, at the granularities whose
+                    columns are whole segments): a bound on each credit's
+                    distance from its exact integral; zero at padding.
         readout_kind (str): ``"logit"`` (the model's readout at every layer),
                     ``"linear"``, ``"tuned"``, or the ``kind`` of any other
                     :class:`~captum_iglens.readout.interface.LayerwiseReadout`.
@@ -188,6 +194,7 @@ class IGLensResult(JsonDocument, Viewable):
     target_sets: Optional[Tensor] = None
     foils: Optional[Tensor] = None
     lens_change: Optional[Tensor] = None
+    credit_error: Optional[Tensor] = None
     readout_kind: str = "logit"
     readout_checksum: Optional[str] = None
     path: str = "telescoping"

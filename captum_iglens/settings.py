@@ -39,8 +39,10 @@ class Settings:
         baselines (None, float or str): The start of the path: None for ``h_0``,
                     ``"mean"``, or a number (see :meth:`LayerIGLens.attribute`).
                     Default: None.
-        method (str): The estimator, from :data:`captum_iglens.ESTIMATORS`.
-                    Default: ``"prediction_aware"``.
+        method (str, optional): The estimator, from
+                    :data:`captum_iglens.ESTIMATORS`; None takes the path's
+                    ``default_method`` (``"prediction_aware"`` telescoping,
+                    ``"adaptive"`` joint). Default: None.
         n_steps (int, optional): Steps per segment; None takes the path's
                     ``default_steps`` (50 telescoping, 128 joint). Default:
                     None.
@@ -80,7 +82,7 @@ class Settings:
     layers: Optional[Tuple[int, ...]] = None
     positions: Positions = "answer"
     baselines: SettingsBaseline = None
-    method: str = "prediction_aware"
+    method: Optional[str] = None
     n_steps: Optional[int] = None
     granularity: "Granularity" = "block"
     path: str = "telescoping"
@@ -125,7 +127,7 @@ class Settings:
 
         check_baselines(self.baselines)
         along = integration_path(self.path)
-        estimator(self.method).check_steps(self.steps)
+        estimator(self.estimator).check_steps(self.steps)
         check_settings(self.internal_batch_size, False)
         check_granularity(self.granularity)
         along.check(GRANULARITIES[self.granularity], True, self.baselines is not None)
@@ -164,6 +166,15 @@ class Settings:
             return integration_path(self.path).default_steps
         return self.n_steps
 
+    @property
+    def estimator(self) -> str:
+        r"""``method``, or where it is None the path's ``default_method``."""
+        from captum_iglens.attr.paths import integration_path
+
+        if self.method is None:
+            return integration_path(self.path).default_method
+        return self.method
+
     def replace(self, **changes: Any) -> "Settings":
         r"""A copy with some fields changed (checked like a new one)."""
         unknown = set(changes) - {f.name for f in fields(self)}
@@ -192,6 +203,7 @@ class Settings:
         data = asdict(self)
         data["layers"] = None if self.layers is None else list(self.layers)
         data["n_steps"] = self.steps
+        data["method"] = self.estimator
         if self.path == type(self).path:
             del data["path"]
         return data

@@ -49,9 +49,10 @@ def test_layers_become_a_tuple_and_replace_checks_again():
 def test_dict_round_trip_and_unknown_fields():
     settings = Settings(layers=(0, 5), baselines="mean", granularity="sublayer")
     # the record holds the steps taken (the path's default where none was set)
-    assert Settings.from_dict(settings.to_dict()) == settings.replace(n_steps=50)
+    resolved = settings.replace(n_steps=50, method="prediction_aware")
+    assert Settings.from_dict(settings.to_dict()) == resolved
     joint = Settings(path="joint", granularity="head", n_steps=9)
-    assert Settings.from_dict(joint.to_dict()) == joint
+    assert Settings.from_dict(joint.to_dict()) == joint.replace(method="adaptive")
     with pytest.raises(ValueError, match="unknown field"):
         Settings.from_dict({**settings.to_dict(), "colour": "red"})
 

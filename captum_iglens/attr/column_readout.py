@@ -13,7 +13,7 @@ methods, and record the readout in the same shape (:func:`readout_record`).
 
 from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -120,6 +120,9 @@ class ColumnReadout(ABC):
             target_sets=path.target_sets,
             foils=path.foils,
             lens_change=lens_change,
+            credit_error=(
+                None if split.errors is None else split.errors.float() * mask[..., None]
+            ),
             readout_kind=str(self.record["kind"]),
             readout_checksum=self.record["checksum"],
             path=self.along.name,
@@ -135,10 +138,13 @@ class OneReadout(ColumnReadout):
         self, integration: Integration, path: TracedPath, top_k: int
     ) -> ReadoutSplit:
         values, views = path_levels(self.readout, path, integration.chunk_rows, top_k)
-        credits = self.shape.credits(integration, path, values)
+        errors: List[Tensor] = []
+        credits = self.shape.credits(replace(integration, errors=errors), path, values)
         levels = self.shape.levels(path, values)
         views = None if views is None else column_views(self.shape, path, views)
-        return ReadoutSplit(levels, credits, None, views)
+        # the error estimates of a map whose columns are the path's segments
+        known = errors[0].view_as(credits) if len(errors) == 1 else None
+        return ReadoutSplit(levels, credits, None, views, known)
 
     def attributions(
         self, integration: Integration, path: TracedPath

@@ -119,7 +119,7 @@ class IGLensPath:
         *,
         positions: PositionsType = None,
         granularity: Granularity = "block",
-        method: str = "prediction_aware",
+        method: Optional[str] = None,
         n_steps: Optional[int] = None,
         internal_batch_size: Optional[int] = None,
         foil: FoilType = None,
@@ -143,7 +143,7 @@ class IGLensPath:
                         are ``baselines``, ``target``, ``additional_forward_args``,
                         ``positions`` and ``granularity``.
             method (str, optional): As in :meth:`~captum_iglens.LayerIGLens.attribute`.
-                        Default: ``"prediction_aware"``.
+                        Default: None, the path's ``default_method``.
             n_steps (int, optional): As in
                         :meth:`~captum_iglens.LayerIGLens.attribute`; the
                         telescoping map of ``"prediction_aware"`` does not depend
@@ -210,11 +210,11 @@ class IGLensPath:
                 top_k=top_k,
             )
             split = columns.map(integration, traced, top_k)
-        return columns.result(traced, split, method, integration.n_steps)
+        return columns.result(traced, split, integration.rule.name, integration.n_steps)
 
     def _plan(
         self,
-        method: str,
+        method: Optional[str],
         n_steps: Optional[int],
         internal_batch_size: Optional[int],
         granularity: str,
@@ -226,7 +226,8 @@ class IGLensPath:
         """A call's granularity, path, column readout and integration, from its
         arguments, each checked before any forward (``multiply_by_inputs``
         against the estimator, the granularity and the path)."""
-        rule, along = estimator(method), integration_path(path)
+        along = integration_path(path)
+        rule = estimator(along.default_method if method is None else method)
         n_steps = along.default_steps if n_steps is None else n_steps
         rule.check_steps(n_steps)
         check_settings(internal_batch_size, attribute_to_layer_input)

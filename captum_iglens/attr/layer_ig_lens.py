@@ -267,7 +267,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         target: TargetType = None,
         additional_forward_args: Optional[object] = None,
         n_steps: Optional[int] = None,
-        method: str = "prediction_aware",
+        method: Optional[str] = None,
         internal_batch_size: Optional[int] = None,
         *,
         return_convergence_delta: Literal[True],
@@ -288,7 +288,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         target: TargetType = None,
         additional_forward_args: Optional[object] = None,
         n_steps: Optional[int] = None,
-        method: str = "prediction_aware",
+        method: Optional[str] = None,
         internal_batch_size: Optional[int] = None,
         return_convergence_delta: Literal[False] = False,
         attribute_to_layer_input: bool = False,
@@ -309,7 +309,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         target: TargetType = None,
         additional_forward_args: Optional[object] = None,
         n_steps: Optional[int] = None,
-        method: str = "prediction_aware",
+        method: Optional[str] = None,
         internal_batch_size: Optional[int] = None,
         return_convergence_delta: bool = False,
         attribute_to_layer_input: bool = False,
@@ -371,12 +371,16 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
                         Riemann rules). Default: None, the path's
                         (``default_steps``: 50 telescoping, 128 joint).
             method (str, optional): ``"prediction_aware"`` (exact at any
-                        ``n_steps``), or one of Captum's rules ``"riemann_left"``,
+                        ``n_steps``), ``"adaptive"`` (exact at any ``n_steps``
+                        of at least 7, which count its gradient evaluations;
+                        each credit with an error estimate), or one of Captum's rules ``"riemann_left"``,
                         ``"riemann_right"``, ``"riemann_middle"``,
                         ``"riemann_trapezoid"``, ``"gausslegendre"`` with Captum's
                         own step sizes and alphas (and their discretisation error,
                         reported in ``delta``; Captum 0.9's trapezoid weights sum to
-                        ``1 - 1/n_steps``). Default: ``"prediction_aware"``.
+                        ``1 - 1/n_steps``). Default: None, the path's
+                        ``default_method`` (``"prediction_aware"`` telescoping,
+                        ``"adaptive"`` joint).
             internal_batch_size (int, optional): The most interpolation points
                         that go through the readout (and its backward) at once.
                         Default: None (the readout's memory budget decides).

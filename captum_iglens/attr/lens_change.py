@@ -70,6 +70,7 @@ class ReadoutSplit:
     block: Tensor  # (B, P, n), or (B, P, n, d) per dimension
     lens: Optional[Tensor]  # (B, P, n); None where one readout reads every point
     views: Optional[Views] = None  # (B, P, n)
+    errors: Optional[Tensor] = None  # (B, P, n): each credit's error estimate
 
 
 def one_readout(readout: LayerwiseReadout, layers: Sequence[Module]) -> bool:

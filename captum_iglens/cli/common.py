@@ -214,7 +214,7 @@ def _named(
     group: Any,
     option: str,
     registry: str,
-    default: str,
+    default: Optional[str],
     metavar: str = "NAME",
     help: Optional[str] = None,
 ) -> None:
@@ -268,7 +268,14 @@ def settings_parent(
         default=None,
         help="'h0' (the first block's input, default), 'mean', or a number",
     )
-    _named(group, "--method", "attr.estimators:ESTIMATORS", "prediction_aware")
+    _named(
+        group,
+        "--method",
+        "attr.estimators:ESTIMATORS",
+        None,
+        help="one of %(choices)s (default: the path's, prediction_aware "
+        "telescoping, adaptive joint)",
+    )
     group.add_argument(
         "--n-steps",
         type=int,

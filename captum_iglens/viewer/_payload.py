@@ -139,6 +139,8 @@ def map_sequences(result: Any, vocab: Optional[Vocab] = None) -> List[Dict[str, 
             }
             if result.lens_change is not None:  # a learned readout per layer
                 row["change"] = sig(result.lens_change[b, p])
+            if result.credit_error is not None:  # the estimator's own error bound
+                row["error"] = sig(result.credit_error[b, p])
             row.update(_top_rows(views, b, p, vocab))
             rows.append(row)
         sequences.append({"rows": rows})

@@ -24,6 +24,7 @@ PACKAGE = Path(captum_iglens.__file__).parent
 def test_the_registry_maps_names_to_estimators_in_order():
     assert list(ESTIMATORS) == [
         "prediction_aware",
+        "adaptive",
         "riemann_left",
         "riemann_right",
         "riemann_middle",
@@ -34,11 +35,11 @@ def test_the_registry_maps_names_to_estimators_in_order():
         assert isinstance(found, Estimator) and found.name == name
         assert estimator(name) is found
     exact = [name for name, found in ESTIMATORS.items() if found.exact]
-    assert exact == ["prediction_aware"]
+    assert exact == ["prediction_aware", "adaptive"]
     assert ESTIMATORS["prediction_aware"].gradient_free_map
     assert not ESTIMATORS["prediction_aware"].supports_unmultiplied
-    assert all(found.supports_unmultiplied for found in list(ESTIMATORS.values())[1:])
-    assert [found.min_steps for found in ESTIMATORS.values()] == [1, 2, 2, 2, 2, 1]
+    assert all(found.supports_unmultiplied for found in list(ESTIMATORS.values())[2:])
+    assert [found.min_steps for found in ESTIMATORS.values()] == [1, 1, 2, 2, 2, 2, 1]
 
 
 def test_an_unknown_method_is_refused_naming_the_choices():

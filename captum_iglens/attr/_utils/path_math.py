@@ -239,3 +239,58 @@ def interleave(plain: Tensor, attn: Tensor) -> Tensor:
     """
     blocks = torch.cat([attn, plain[:, 1:].unsqueeze(2)], dim=2).flatten(1, 2)
     return torch.cat([plain[:, :1], blocks], dim=1)
+
+
+def residual_shares(
+    first_order: Tensor,
+    residual: Tensor,
+    norms: Tuple[Tensor, Tensor, Optional[Tensor]],
+    parents: Optional[Tensor],
+) -> Tensor:
+    r"""
+    Each step's change split among the components: ``t_{s,c}`` plus a share of
+    the residual ``r_s`` in proportion to ``|t_{s,c}|`` (to ``‖u_c‖²`` where
+    every ``t_{s,c}`` is zero); with ``parents``, first among the groups, then
+    within each group.
+
+    Args:
+        first_order (Tensor): ``(g, n, C)``: ``t_{s,c}``.
+        residual (Tensor): ``(g, n)``: ``r_s``.
+        norms (tuple): ``‖u_c‖`` and ``‖u_c‖²`` ``(g, C)``, and each group's
+                    summed component's norm ``(g, G)`` with ``parents``
+                    (:func:`~captum_iglens.attr._utils.component_reads.component_norms`).
+        parents (Tensor, optional): ``(C,)`` long.
+
+    Returns:
+        *Tensor* ``(g, n, C)``, summing over ``C`` to ``Σ_c t_{s,c} + r_s``.
+    """
+    norm, square, group_norm = norms
+    if parents is None or group_norm is None:
+        weights = split_weights(first_order.abs().sqrt(), norm.unsqueeze(1))
+        return first_order + residual.unsqueeze(-1) * weights
+    n_groups = int(parents.max()) + 1
+    group_first = first_order.new_zeros(*first_order.shape[:2], n_groups)
+    group_first.index_add_(2, parents, first_order)
+    group_rest = (
+        residual_shares(group_first, residual, (group_norm, group_norm, None), None)
+        - group_first
+    )
+    within = _within_groups(first_order.abs(), square.unsqueeze(1), parents)
+    return first_order + group_rest[..., parents] * within
+
+
+def _within_groups(amount: Tensor, fallback: Tensor, parents: Tensor) -> Tensor:
+    """``amount`` normalised within each group (``fallback`` where a group's
+    ``amount`` is all zero, zeros where both are)."""
+    n_groups = int(parents.max()) + 1
+
+    def normalised(x: Tensor) -> Tuple[Tensor, Tensor]:
+        total = x.new_zeros(*x.shape[:-1], n_groups).index_add_(-1, parents, x)
+        total = total[..., parents]
+        return x / total.clamp_min(torch.finfo(x.dtype).tiny), total > 0
+
+    by_amount, has_amount = normalised(amount)
+    by_fallback, has_fallback = normalised(fallback.expand_as(amount).contiguous())
+    zeros = torch.zeros_like(amount)
+    by_fallback = torch.where(has_fallback, by_fallback, zeros)
+    return torch.where(has_amount, by_amount, by_fallback)

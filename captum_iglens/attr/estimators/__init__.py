@@ -11,6 +11,7 @@ from captum_iglens._utils.lazy import lazy_exports
 from captum_iglens._utils.registry import Home, Registry, registered
 
 if TYPE_CHECKING:
+    from captum_iglens.attr.estimators.adaptive import Adaptive
     from captum_iglens.attr.estimators.base import Estimator, Integration
     from captum_iglens.attr.estimators.captum_rules import CaptumRule
     from captum_iglens.attr.estimators.prediction_aware import PredictionAware
@@ -21,6 +22,7 @@ ESTIMATORS: "Registry[Estimator]" = Registry(
     __name__,
     {
         "prediction_aware": Home("prediction_aware:PREDICTION_AWARE"),
+        "adaptive": Home("adaptive:ADAPTIVE"),
         "riemann_left": Home("captum_rules:RIEMANN_LEFT"),
         "riemann_right": Home("captum_rules:RIEMANN_RIGHT"),
         "riemann_middle": Home("captum_rules:RIEMANN_MIDDLE"),
@@ -51,6 +53,7 @@ def estimator(method: str) -> "Estimator":
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "Adaptive": "captum_iglens.attr.estimators.adaptive",
         "Estimator": "captum_iglens.attr.estimators.base",
         "Integration": "captum_iglens.attr.estimators.base",
         "CaptumRule": "captum_iglens.attr.estimators.captum_rules",
@@ -60,6 +63,7 @@ __getattr__, __dir__ = lazy_exports(
 
 __all__ = [
     "ESTIMATORS",
+    "Adaptive",
     "CaptumRule",
     "Estimator",
     "Integration",

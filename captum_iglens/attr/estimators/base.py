@@ -3,7 +3,7 @@ segment of a path is computed."""
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from typing import Any, Dict, Optional, Protocol, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from torch import Tensor
 
@@ -34,6 +34,8 @@ class Estimator(ABC):
         supports_unmultiplied (bool): Has a form without the displacement
                     (``multiply_by_inputs=False``): the path-averaged gradient.
         min_steps (int): The fewest ``n_steps`` it accepts.
+        estimates_error (bool): :meth:`components_and_errors` gives each
+                    credit an estimate of its own quadrature error.
     """
 
     name: str
@@ -41,6 +43,7 @@ class Estimator(ABC):
     gradient_free_map: bool
     supports_unmultiplied: bool
     min_steps: int = 1
+    estimates_error: bool = False
 
     def check_steps(self, n_steps: int) -> None:
         r"""
@@ -174,6 +177,31 @@ class Estimator(ABC):
             float32.
         """
 
+    def components_and_errors(
+        self,
+        integration: "Integration",
+        ends: Tensor,
+        components: Tensor,
+        targets: TokenScore,
+        end_values: Tensor,
+        layers: Optional[Tensor] = None,
+        parents: Optional[Tensor] = None,
+        fractions: Optional[Tensor] = None,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        r"""
+        :meth:`components`, and where the estimator ``estimates_error`` (and
+        the credits are scalars), each credit's error estimate.
+
+        Returns:
+            2-element tuple: the credits of :meth:`components`, and an
+            ``(M, C)`` float32 error estimate or None.
+        """
+        found = self.components(
+            integration, ends, components, targets, end_values, layers, parents,
+            fractions,
+        )
+        return found, None
+
 
 class SegmentJoin(Protocol):
     r"""
@@ -226,6 +254,9 @@ class Integration:
                     ``attribute_map``). Default: False
         multiply_by_inputs (bool, optional): As :class:`LayerIGLens` was built:
                     False asks for the path-averaged gradients. Default: True
+        errors (list, optional): Where a path appends the error estimates
+                    ``(N, n)`` of the columns of :meth:`segments`, when its
+                    estimator ``estimates_error``. Default: None, not kept
     """
 
     rule: Estimator
@@ -236,6 +267,7 @@ class Integration:
     grad_kwargs: Optional[Dict[str, Any]] = None
     per_dimension: bool = False
     multiply_by_inputs: bool = True
+    errors: Optional[List[Tensor]] = None
 
     def reading(self, readout: PathReadout) -> "Integration":
         """The same integration through another readout."""

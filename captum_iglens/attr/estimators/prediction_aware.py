@@ -13,6 +13,7 @@ from captum_iglens.attr._utils.component_reads import (
 )
 from captum_iglens.attr._utils.path_math import (
     layer_grid,
+    residual_shares,
     row_groups,
     segment_layers,
     split_weights,
@@ -299,7 +300,7 @@ def _group_components(
         square.double(),
         None if group is None else group.double(),
     )
-    credits = _shares(first_order, residual, norms, parents).sum(1)
+    credits = residual_shares(first_order, residual, norms, parents).sum(1)
     mean_gradient = (
         (grads[:, :-1] + grads[:, 1:]).sum(1) / (2 * n_steps)
         if widths is None
@@ -314,61 +315,6 @@ def _trapezoid(at_points: Tensor, widths: Optional[Tensor], n_steps: int) -> Ten
     for equal steps."""
     pairs = at_points[:, :-1] + at_points[:, 1:]
     return pairs / (2 * n_steps) if widths is None else pairs * (widths / 2)
-
-
-def _shares(
-    first_order: Tensor,
-    residual: Tensor,
-    norms: Tuple[Tensor, Tensor, Optional[Tensor]],
-    parents: Optional[Tensor],
-) -> Tensor:
-    r"""
-    Each step's change split among the components: ``t_{s,c}`` plus a share of
-    the residual ``r_s`` in proportion to ``|t_{s,c}|`` (to ``‖u_c‖²`` where
-    every ``t_{s,c}`` is zero); with ``parents``, first among the groups, then
-    within each group.
-
-    Args:
-        first_order (Tensor): ``(g, n, C)``: ``t_{s,c}``.
-        residual (Tensor): ``(g, n)``: ``r_s``.
-        norms (tuple): ``‖u_c‖`` and ``‖u_c‖²`` ``(g, C)``, and each group's
-                    summed component's norm ``(g, G)`` with ``parents``
-                    (:func:`~captum_iglens.attr._utils.component_reads.component_norms`).
-        parents (Tensor, optional): ``(C,)`` long.
-
-    Returns:
-        *Tensor* ``(g, n, C)``, summing over ``C`` to ``Σ_c t_{s,c} + r_s``.
-    """
-    norm, square, group_norm = norms
-    if parents is None or group_norm is None:
-        weights = split_weights(first_order.abs().sqrt(), norm.unsqueeze(1))
-        return first_order + residual.unsqueeze(-1) * weights
-    n_groups = int(parents.max()) + 1
-    group_first = first_order.new_zeros(*first_order.shape[:2], n_groups)
-    group_first.index_add_(2, parents, first_order)
-    group_rest = (
-        _shares(group_first, residual, (group_norm, group_norm, None), None)
-        - group_first
-    )
-    within = _within(first_order.abs(), square.unsqueeze(1), parents)
-    return first_order + group_rest[..., parents] * within
-
-
-def _within(amount: Tensor, fallback: Tensor, parents: Tensor) -> Tensor:
-    """``amount`` normalised within each group (``fallback`` where a group's
-    ``amount`` is all zero, zeros where both are)."""
-    n_groups = int(parents.max()) + 1
-
-    def normalised(x: Tensor) -> Tuple[Tensor, Tensor]:
-        total = x.new_zeros(*x.shape[:-1], n_groups).index_add_(-1, parents, x)
-        total = total[..., parents]
-        return x / total.clamp_min(torch.finfo(x.dtype).tiny), total > 0
-
-    by_amount, has_amount = normalised(amount)
-    by_fallback, has_fallback = normalised(fallback.expand_as(amount).contiguous())
-    zeros = torch.zeros_like(amount)
-    by_fallback = torch.where(has_fallback, by_fallback, zeros)
-    return torch.where(has_amount, by_amount, by_fallback)
 
 
 #: The estimator (an entry of :data:`~captum_iglens.attr.estimators.ESTIMATORS`).

@@ -29,6 +29,8 @@ class IntegrationPath(ABC):
 
         name (str): The name ``path=`` takes.
         default_steps (int): The ``n_steps`` taken when none is given.
+        default_method (str): The estimator taken when none is given (a name
+                    in :data:`~captum_iglens.attr.estimators.ESTIMATORS`).
         onset_meaning (str): What the onset of a block map on this path says,
                     in a few words (for legends).
         learned_readout (bool): A learned readout per layer can split its
@@ -38,6 +40,7 @@ class IntegrationPath(ABC):
 
     name: ClassVar[str]
     default_steps: ClassVar[int] = 50
+    default_method: ClassVar[str] = "prediction_aware"
     onset_meaning: ClassVar[str] = "its path's onset"
     learned_readout: ClassVar[bool] = False
 

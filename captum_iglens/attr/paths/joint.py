@@ -46,6 +46,7 @@ class Joint(IntegrationPath):
 
     name = "joint"
     default_steps = 128
+    default_method = "adaptive"
     onset_meaning = "blocks wrote it"
 
     def check(
@@ -93,9 +94,12 @@ class Joint(IntegrationPath):
                     integration.readout, points[:, :1], targets, integration.chunk_rows
                 )[0]
             values = torch.cat([start.to(values.dtype), values], dim=1)
-        return self._integrate(
+        credits, errors = self._integrate(
             integration, points, updates, n_columns, targets, values, groups
         )
+        if errors is not None and integration.errors is not None:
+            integration.errors.append(errors)
+        return credits
 
     def split_segments(
         self,
@@ -116,7 +120,7 @@ class Joint(IntegrationPath):
         k = stream.shape[1] - 1
         groups = torch.tensor(list(range(k) if blocks is None else blocks))
         columns = JointColumns(stream, components, split, whole, groups)
-        out = self._integrate(
+        out, _ = self._integrate(
             integration,
             stream,
             columns.rows,
@@ -138,7 +142,7 @@ class Joint(IntegrationPath):
         targets: TokenScore,
         values: Tensor,
         parents: Optional[Tensor],
-    ) -> Tensor:
+    ) -> Tuple[Tensor, Optional[Tensor]]:
         r"""
         The estimator's credits of the columns ``columns(rows)`` ``(g, n, d)``
         (a tensor, or an object the estimators read as components) along
@@ -153,7 +157,9 @@ class Joint(IntegrationPath):
                         first and the last read.
 
         Returns:
-            *Tensor* ``(N, n)``, or ``(N, n, d)`` per dimension.
+            2-element tuple: the credits ``(N, n)``, or ``(N, n, d)`` per
+            dimension, and their error estimates ``(N, n)`` where the
+            estimator gives them (else None).
         """
         n, d = stream.shape[0], stream.shape[-1]
         ends = stream[:, [0, -1]]
@@ -163,7 +169,7 @@ class Joint(IntegrationPath):
         budget = integration.readout.max_chunk_bytes
         rows_per_call = max(1, budget // (n_columns * d * _BYTES_PER_ENTRY))
         found = [
-            integration.rule.components(
+            integration.rule.components_and_errors(
                 integration,
                 ends[rows],
                 columns(rows),
@@ -174,7 +180,11 @@ class Joint(IntegrationPath):
             )
             for rows in chunks(n, rows_per_call)
         ]
-        return torch.cat(found) if found else ends.new_zeros(0, n_columns)
+        if not found:
+            return ends.new_zeros(0, n_columns), None
+        credits, errors = zip(*found)
+        known = None if errors[0] is None else torch.cat(errors)
+        return torch.cat(credits), known
 
 
 def _steps(ends: Tensor, n_steps: int) -> Tensor:

@@ -313,12 +313,15 @@
     kvt.style.display = 'none';  // until a cell is hovered
     var f = {
       token: kv(kvt, 'token', 'token'), layer: kv(kvt, 'layer', 'layer'),
-      credit: kv(kvt, 'credit', 'credit'), change: kv(kvt, 'lens-change part', 'change'),
+      credit: kv(kvt, 'credit', 'credit'), error: kv(kvt, 'credit error (bound)', 'error'),
+      change: kv(kvt, 'lens-change part', 'change'),
       before: kv(kvt, 'lens before', 'lens_before'),
       after: kv(kvt, 'lens after', 'lens_after'), entropy: kv(kvt, 'entropy (nats)', 'entropy'),
       kl: kv(kvt, 'KL (nats)', 'kl'), rank: kv(kvt, 'target rank', 'rank')
     };
     if (!learned) f.change.parentNode.style.display = 'none';
+    var bounded = rows.length > 0 && !!rows[0].error;
+    if (!bounded) f.error.parentNode.style.display = 'none';
     var topTable = add(info, h('table', 'top'));
     topTable.id = 'top-tokens';
     var traj = add(side, h('div', 'panel'));
@@ -427,6 +430,7 @@
         ? groups[c.group].name + ' (' + groups[c.group].what + ', summed)' : layers[first];
       f.credit.textContent = fmt(credit, true);
       if (learned) f.change.textContent = fmt(total(c.members, function (m) { return row.change[m]; }), true);
+      if (bounded) f.error.textContent = '± ' + fmt(total(c.members, function (m) { return row.error[m]; }));
       f.before.textContent = fmt(first > 0 ? row.lens[first - 1] : row.base);
       f.after.textContent = fmt(row.lens[last]);
       f.entropy.textContent = row.entropy ? fmt(row.entropy[last]) : '–';
