@@ -371,9 +371,10 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
                         Riemann rules). Default: None, the path's
                         (``default_steps``: 50 telescoping, 128 joint).
             method (str, optional): ``"prediction_aware"`` (exact at any
-                        ``n_steps``), ``"adaptive"`` (exact at any ``n_steps``
-                        of at least 7, which count its gradient evaluations;
-                        each credit with an error estimate), or one of Captum's rules ``"riemann_left"``,
+                        ``n_steps``), ``"adaptive"`` (exact at any ``n_steps``,
+                        which count its gradient evaluations per position;
+                        each credit with an error bound), or one of Captum's
+                        rules ``"riemann_left"``,
                         ``"riemann_right"``, ``"riemann_middle"``,
                         ``"riemann_trapezoid"``, ``"gausslegendre"`` with Captum's
                         own step sizes and alphas (and their discretisation error,

@@ -260,9 +260,7 @@ def test_result_files_keep_the_path_and_refuse_an_inconsistent_one(llama, tmp_pa
     ids = torch.tensor([[5, 6, 7]])
     lens = LayerIGLens.from_model(llama)
     # the telescoping path's estimator, so that only the path differs below
-    joint = lens.attribute_map(
-        ids, path="joint", method="prediction_aware", n_steps=50
-    )
+    joint = lens.attribute_map(ids, path="joint", method="prediction_aware", n_steps=50)
     joint.save(tmp_path / "joint.json")
     assert IGLensResult.load(tmp_path / "joint.json").path == "joint"
     telescoping = lens.attribute_map(ids)

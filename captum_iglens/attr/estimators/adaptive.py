@@ -3,7 +3,6 @@ component's integral in the logit of ``α``, with the quadrature's own (tiny)
 residual shared among the components, so that the credits add up exactly at
 any budget and each credit carries an estimate of its own error."""
 
-import math
 from functools import lru_cache
 from typing import Any, Dict, Optional, Tuple
 
@@ -83,7 +82,10 @@ class Adaptive(Estimator):
         k = k_plus_1 - 1
         path_layers = layer_grid(layers, points)
         values = path_values(
-            integration.readout, points, targets, integration.chunk_rows,
+            integration.readout,
+            points,
+            targets,
+            integration.chunk_rows,
             layers=path_layers,
         )[0]
         values[:, -1] = end_values
@@ -94,7 +96,9 @@ class Adaptive(Estimator):
             pairs.float().diff(dim=1),  # each segment its own one component
             targets.repeat_interleave(k),
             torch.stack([values[:, :-1], values[:, 1:]], -1).flatten(0, 1),
-            layers=torch.stack([path_layers[:, :-1], path_layers[:, 1:]], -1).flatten(0, 1),
+            layers=torch.stack([path_layers[:, :-1], path_layers[:, 1:]], -1).flatten(
+                0, 1
+            ),
         )
         return out.view(n, k, d)
 
@@ -335,7 +339,8 @@ class _Panels:
     ) -> None:
         r"""Cuts the range into ``count`` equal panels and reads them."""
         cuts = torch.linspace(0, 1, count + 1, dtype=torch.float64)
-        edges = self.low[:, None] + cuts.to(self.low.device) * (self.high - self.low)[:, None]
+        span = (self.high - self.low)[:, None]
+        edges = self.low[:, None] + cuts.to(self.low.device) * span
         self.low, self.high = edges[:, :-1], edges[:, 1:]
         self.kronrod, self.difference = self._integrals(
             self.low, self.high, chunk_rows, grad_kwargs
@@ -386,7 +391,7 @@ class _Panels:
         alpha = torch.sigmoid(v)
         jacobian = half * alpha * (1 - alpha)  # dα = α (1 - α) dv
         start = self.ends[:, 0].double()
-        step = (self.ends[:, 1].double() - start)
+        step = self.ends[:, 1].double() - start
         g, n, width = v.shape
         grid = start[:, None, None] + alpha.unsqueeze(-1) * step[:, None, None]
         _, grads = values_and_gradients(

@@ -197,7 +197,13 @@ class Estimator(ABC):
             ``(M, C)`` float32 error estimate or None.
         """
         found = self.components(
-            integration, ends, components, targets, end_values, layers, parents,
+            integration,
+            ends,
+            components,
+            targets,
+            end_values,
+            layers,
+            parents,
             fractions,
         )
         return found, None
