@@ -239,7 +239,7 @@ def ig_lens_outcome(result: IGLensResult, settings: Settings) -> Outcome:
     change = result.model_prob - result.base_prob
     start = "h_0" if settings.baselines is None else f"baselines={settings.baselines!r}"
     note = (
-        f"{settings.method.replace('_', '-')} IG of f_y from {start} to h_final, "
+        f"{settings.estimator.replace('_', '-')} IG of f_y from {start} to h_final, "
         f"{result.path} path."
     )
     return Outcome(

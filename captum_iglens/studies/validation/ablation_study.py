@@ -290,7 +290,7 @@ def _notes(
         f"{study.onset_frac} of the total (IG-Lens's rule, applied to every "
         "method); ties in an argmax are broken at random, in expectation.",
     ]
-    exact_h0 = settings.baselines is None and estimator(settings.method).exact
+    exact_h0 = settings.baselines is None and estimator(settings.estimator).exact
     if "logit_lens_diff" in methods and "ig_lens" in methods and exact_h0:
         notes.append("logit_lens_diff equals ig_lens by construction (baseline h_0).")
     if scored.conductance.any():
