@@ -7,7 +7,7 @@ as Captum's result objects keep theirs, so that a user needs no other import."""
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
 import torch
 from torch import Tensor
@@ -566,8 +566,34 @@ class IGLensResult(JsonDocument, Viewable):
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "IGLensResult":
         """Inverse of :meth:`to_dict`; every field is checked
-        (:data:`IGLENS_SCHEMA`)."""
-        return cls(**IGLENS_SCHEMA.load(data))
+        (:data:`IGLENS_SCHEMA`), and the names a file gives (:func:`_check_names`)."""
+        values = IGLENS_SCHEMA.load(data)
+        _check_names(values)
+        return cls(**values)
+
+
+def _check_names(values: Dict[str, Any]) -> None:
+    r"""The names a result file gives, checked on load: ``method`` and ``path``
+    in their registries (:data:`~captum_iglens.attr.estimators.ESTIMATORS`,
+    :data:`~captum_iglens.attr.paths.PATHS`, where a new one is registered),
+    and ``layer_names`` each once (a column per name)."""
+    from captum_iglens.attr.estimators import ESTIMATORS
+    from captum_iglens.attr.paths import PATHS
+
+    for key, registry in (("method", ESTIMATORS), ("path", PATHS)):
+        name = values.get(key)  # None: the field's default, path's
+        if name is not None and name not in registry:
+            raise ValueError(
+                f"{key}: expected one of {list(registry)} (or a name registered "
+                f"there before the load), got {name!r}"
+            )
+    seen: Set[str] = set()
+    for name in values["layer_names"]:
+        if name in seen:
+            raise ValueError(
+                f"layer_names: {name!r} names two columns; expected each name once"
+            )
+        seen.add(name)
 
 
 def _check_joinable(first: IGLensResult, other: IGLensResult, at: str) -> None:

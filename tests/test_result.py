@@ -66,8 +66,12 @@ def test_select_and_cat(result):
         IGLensResult.cat([result, replace(result, method="riemann_left")])
 
 
-def test_a_new_method_and_readout_kind_round_trip(result, tmp_path):
-    # a new estimator or readout is one file: results take any name for it
+def test_a_new_method_and_readout_kind_round_trip(result, tmp_path, monkeypatch):
+    # a new estimator or readout is one file: results take any name for it, and
+    # load it once it is registered
+    from captum_iglens.attr.estimators import ESTIMATORS
+
+    monkeypatch.setitem(ESTIMATORS, "my_estimator", ESTIMATORS["prediction_aware"])
     new = replace(
         result,
         method="my_estimator",
@@ -122,6 +126,10 @@ def _corrupt(data, field, value):
         ("lens", lambda d: d["lens"][0][0].__setitem__(0, None)),
         ("positions", "0,1"),
         ("tokens", [["a"]]),
+        # Issue 48: names outside the registries, a column named twice.
+        ("method", "foo"),
+        ("path", "foo"),
+        ("layer_names", lambda d: d["layer_names"].__setitem__(1, d["layer_names"][0])),
     ],
 )
 def test_inconsistent_file_is_refused_naming_the_field(result, tmp_path, field, value):
