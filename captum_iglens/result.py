@@ -491,9 +491,26 @@ class IGLensResult(JsonDocument, Viewable):
 
     @classmethod
     def empty(
-        cls, layer_names: Sequence[str], method: str, n_steps: int
+        cls,
+        layer_names: Sequence[str],
+        method: str,
+        n_steps: int,
+        path: Optional[str] = None,
     ) -> "IGLensResult":
-        r"""A one-sequence result with no attributed positions (an empty answer)."""
+        r"""
+        A one-sequence result with no attributed positions (an empty answer).
+
+        Args:
+
+            layer_names (list[str]): ``k`` names of the chosen layers.
+            method (str): The estimator's name.
+            n_steps (int): The steps per segment.
+            path (str, optional): The path's name, recorded as a map of these
+                        settings records it. Default: None (the default path).
+
+        Returns:
+            *IGLensResult* with ``B = 1``, ``P = 0``.
+        """
         k = len(layer_names)
         return cls(
             attributions=torch.zeros(1, 0, k),
@@ -507,6 +524,7 @@ class IGLensResult(JsonDocument, Viewable):
             layer_names=list(layer_names),
             method=method,
             n_steps=n_steps,
+            path=cls.path if path is None else path,
         )
 
     @classmethod
