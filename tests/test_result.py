@@ -1,6 +1,7 @@
 """IGLensResult: checked on construction and on load, sliced, concatenated."""
 
 import json
+import re
 from dataclasses import replace
 
 from pathlib import Path
@@ -360,3 +361,13 @@ def test_selected_and_joined_sources_keep_their_sequences(lens, tmp_path):
     assert joined.metadata["source_tokens"] == [sources[1], *sources]
     with pytest.raises(ValueError, match="results.1.: metadata.source_tokens"):
         IGLensResult.cat([second, replace(result, metadata={})])
+
+
+def test_the_table_calls_neuron_columns_columns(result):
+    # Issue 48: "showing 3 of 46110 layers" at neuron granularity; they are columns.
+    blocks = result.format_table(width=40)
+    assert re.search(r"showing \d+ of \d+ layers", blocks)
+    names = [f"0.mlp.n{i}" for i in range(len(result.layer_names))]
+    neurons = replace(result, layer_names=names).format_table(width=40)
+    assert re.search(r"showing \d+ of \d+ columns, .*Σ includes all columns", neurons)
+    assert " layers" not in neurons
