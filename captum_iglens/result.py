@@ -24,6 +24,7 @@ from captum_iglens._utils.schema import (
     Text,
     Texts,
 )
+from captum_iglens._utils.registry import Home, imported
 from captum_iglens._utils.serialization import JsonDocument, plain
 from captum_iglens._utils.source_columns import SourceLayout, source_layout
 from captum_iglens._utils.tokens import decode_tokens
@@ -114,8 +115,8 @@ class IGLensResult(JsonDocument, Viewable):
         mask (Tensor): ``(B, P)`` bool. False where the position is padding.
         layer_names (list[str]): ``k`` names of the chosen layers.
         method (str): The estimator used (its name in
-                    :data:`~captum_iglens.attr.estimators.ESTIMATORS`; any
-                    non-empty name loads).
+                    :data:`~captum_iglens.attr.estimators.ESTIMATORS`; a file
+                    with a name not registered there is refused on load).
         n_steps (int): The number of steps used by the estimator.
         tokens (list[list[str]], optional): ``B`` lists of ``P`` strings, the
                     target tokens as text, when a tokenizer was available.
@@ -193,6 +194,12 @@ class IGLensResult(JsonDocument, Viewable):
     path: str = "telescoping"
 
     KIND = "IGLensResult"
+
+    @property
+    def trajectory_caption(self) -> str:
+        """What a token's trajectory (its lens level beside its cumulative
+        credit) shows on this map's path, as the path says."""
+        return str(names_of("path")[self.path].trajectory_caption)
 
     def page_data(self) -> Dict[str, Any]:
         r"""The data of this map's viewer page (see
@@ -497,20 +504,8 @@ class IGLensResult(JsonDocument, Viewable):
         n_steps: int,
         path: Optional[str] = None,
     ) -> "IGLensResult":
-        r"""
-        A one-sequence result with no attributed positions (an empty answer).
-
-        Args:
-
-            layer_names (list[str]): ``k`` names of the chosen layers.
-            method (str): The estimator's name.
-            n_steps (int): The steps per segment.
-            path (str, optional): The path's name, recorded as a map of these
-                        settings records it. Default: None (the default path).
-
-        Returns:
-            *IGLensResult* with ``B = 1``, ``P = 0``.
-        """
+        r"""A one-sequence result with no attributed positions (an empty answer),
+        on the path named ``path`` (None: the default path)."""
         k = len(layer_names)
         return cls(
             attributions=torch.zeros(1, 0, k),
@@ -590,17 +585,29 @@ class IGLensResult(JsonDocument, Viewable):
         return cls(**values)
 
 
+#: The registries whose names a result holds, by field, as the registries hold
+#: their entries (:class:`~captum_iglens._utils.registry.Home`): imported on
+#: first use, since results sit below the attribution package.
+_NAMES = {
+    "method": Home("attr.estimators:ESTIMATORS"),
+    "path": Home("attr.paths:PATHS"),
+}
+
+
+def names_of(key: str) -> Any:
+    r"""The registry of the names a result holds in the field ``key``
+    (``"method"``: :data:`~captum_iglens.attr.estimators.ESTIMATORS`,
+    ``"path"``: :data:`~captum_iglens.attr.paths.PATHS`)."""
+    return imported("captum_iglens", _NAMES[key].where)
+
+
 def _check_names(values: Dict[str, Any]) -> None:
     r"""The names a result file gives, checked on load: ``method`` and ``path``
-    in their registries (:data:`~captum_iglens.attr.estimators.ESTIMATORS`,
-    :data:`~captum_iglens.attr.paths.PATHS`, where a new one is registered),
-    and ``layer_names`` each once (a column per name)."""
-    from captum_iglens.attr.estimators import ESTIMATORS
-    from captum_iglens.attr.paths import PATHS
-
-    for key, registry in (("method", ESTIMATORS), ("path", PATHS)):
-        name = values.get(key)  # None: the field's default, path's
-        if name is not None and name not in registry:
+    in their registries (:func:`names_of`, where a new one is registered), and
+    ``layer_names`` each once (a column per name)."""
+    for key in _NAMES:
+        name, registry = values.get(key), names_of(key)
+        if name is not None and name not in registry:  # None: the default path
             raise ValueError(
                 f"{key}: expected one of {list(registry)} (or a name registered "
                 f"there before the load), got {name!r}"

@@ -98,6 +98,39 @@ def test_a_mask_without_tokens_is_refused(lens):
         lens.attribute_map(_ids(), additional_forward_args=(mask,))
 
 
+@pytest.mark.parametrize("path", ["telescoping", "joint"])
+def test_a_delta_of_a_list_of_the_wrong_length_is_refused(lens, llama, path):
+    # Issue 48: 1 or 3 of 2 blocks (4 sub-layers) gave a delta such as -0.25.
+    ids = _ids()
+    attrs = lens.attribute(ids, target=5, positions=-1, path=path)
+    assert len(attrs) == 2
+    delta = lens.compute_convergence_delta(
+        attrs, None, ids, target=5, positions=-1, path=path
+    )
+    assert delta.abs().max() < 1e-5
+    hooks, state = hook_snapshot(llama), state_snapshot(llama)
+    for wrong in (attrs[:1], [*attrs, attrs[0]], [*attrs, *attrs, attrs[0]]):
+        with pytest.raises(ValueError, match="attributions: expected 2 or 4 tensors"):
+            lens.compute_convergence_delta(
+                wrong, None, ids, target=5, positions=-1, path=path
+            )
+    assert hook_snapshot(llama) == hooks
+    assert_state_unchanged(llama, state)
+
+
+@pytest.mark.parametrize("value", [float("nan"), 0.5, 7.0])
+def test_an_attention_mask_of_other_values_than_0_and_1_is_refused(lens, llama, value):
+    # Issue 48: p_model changed while result.mask read all True.
+    ids, mask = _ids(), torch.ones(2, 5)
+    mask[1, 2] = value
+    hooks, state = hook_snapshot(llama), state_snapshot(llama)
+    with pytest.raises(ValueError, match="expected an attention_mask of 0s and 1s"):
+        lens.attribute_map(ids, additional_forward_args=(mask,))
+    assert hook_snapshot(llama) == hooks
+    assert_state_unchanged(llama, state)
+    lens.attribute_map(ids, additional_forward_args=(torch.ones(2, 5),))  # 1.0s
+
+
 def test_constructor_errors(llama):
     blocks = model_parts(llama).blocks
     readout = model_parts(llama).readout()

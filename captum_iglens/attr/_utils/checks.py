@@ -8,6 +8,7 @@ import inspect
 from typing import (
     Any,
     Callable,
+    Collection,
     List,
     Optional,
     Sequence,
@@ -162,16 +163,34 @@ def _default_names(forward_func: Callable[..., Any], layers: List[Module]) -> Li
 
 
 def summed_credits(
-    attributions: Union[Tensor, Sequence[Tensor]], shape: Sequence[int]
+    attributions: Union[Tensor, Sequence[Tensor]],
+    shape: Sequence[int],
+    counts: Collection[int],
 ) -> Tensor:
     r"""
     The credits ``(B, P)`` of attributions as ``attribute`` returns them: one
     ``(B, P, d)`` tensor, or a list of them, summed in float64.
 
+    Args:
+
+        attributions (Tensor or list[Tensor]): ``(B, P, d)`` each.
+        shape (tuple[int, int]): ``(B, P)``.
+        counts (collection of int): How many tensors ``attribute`` returns at
+                    the granularities it returns per-column tensors for (per
+                    block, per sub-layer): a list of another length (e.g. 3 of
+                    4 blocks) would give a wrong delta.
+
     Raises:
-        ValueError: If an attribution does not have the shape ``(*shape, d)``.
+        ValueError: If an attribution does not have the shape ``(*shape, d)``,
+            or there are not as many as one of ``counts``.
     """
     parts = [attributions] if isinstance(attributions, Tensor) else attributions
+    if isinstance(parts, Sequence) and len(parts) not in counts:
+        raise ValueError(
+            f"attributions: expected {' or '.join(map(str, sorted(counts)))} "
+            f"tensors, one per block or per sub-layer as attribute returns them, "
+            f"got {len(parts)}"
+        )
     shape = tuple(shape)
     if not parts or any(
         not isinstance(a, Tensor) or a.dim() != 3 or tuple(a.shape[:2]) != shape
@@ -293,6 +312,13 @@ def attention_mask_of(
         raise ValueError(
             f"additional_forward_args: expected attention_mask of shape "
             f"({batch}, {length}), got {tuple(mask.shape)}"
+        )
+    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+        bad = mask[(mask != 0) & (mask != 1)].flatten()[0].item()
+        raise ValueError(
+            "additional_forward_args: expected an attention_mask of 0s and 1s (1 "
+            f"at a real token, 0 at padding), got {bad}; pass the mask the "
+            "tokenizer returns"
         )
     return mask
 

@@ -31,6 +31,9 @@ class IntegrationPath(ABC):
         default_steps (int): The ``n_steps`` taken when none is given.
         onset_meaning (str): What the onset of a block map on this path says,
                     in a few words (for legends).
+        trajectory_caption (str): What the viewer's trajectory of a token
+                    shows on this path: its lens level (the readout after
+                    each column) beside its cumulative credit.
         learned_readout (bool): A learned readout per layer can split its
                     columns into block and lens-change parts (the columns are
                     the changes between consecutive path points).
@@ -39,6 +42,10 @@ class IntegrationPath(ABC):
     name: ClassVar[str]
     default_steps: ClassVar[int] = 50
     onset_meaning: ClassVar[str] = "its path's onset"
+    trajectory_caption: ClassVar[str] = (
+        "lens level: the readout after each column; cumulative credit: the "
+        "credits so far, f(h_base) + all of them = p_model"
+    )
     learned_readout: ClassVar[bool] = False
 
     def check(
