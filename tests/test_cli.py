@@ -397,6 +397,7 @@ def test_each_subcommand_keeps_its_own_defaults():
         (["x", "--device", "gpu7"], "--device: expected a torch device"),
         (["x", "--device", "cuda:x"], "--device: expected a torch device"),
         (["x", "--model", "TINY", "--foil", "w7 w8"], "--foil: 'w7 w8' is 2 tokens"),
+        (["x", "--device-map", "auto", "--device", "cpu"], "either --device or"),
     ],
 )
 def test_input_errors_before_the_model_loads(

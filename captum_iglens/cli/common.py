@@ -606,8 +606,9 @@ def lens_readout(
 
 
 def _device_map(args: argparse.Namespace) -> Union[None, str, Dict[str, Any]]:
-    """``--device-map``: a strategy name, or the dict its JSON file holds."""
-    from captum_iglens.hf.models import DEVICE_MAP_STRATEGIES
+    """``--device-map``: a strategy name, or the dict its JSON file holds,
+    checked (:func:`~captum_iglens.hf.models.check_device_map`) before the load."""
+    from captum_iglens.hf.models import DEVICE_MAP_STRATEGIES, check_device_map
 
     text = getattr(args, "device_map", None)
     if text is None:
@@ -631,6 +632,11 @@ def _device_map(args: argparse.Namespace) -> Union[None, str, Dict[str, Any]]:
             f"--device-map: {text} must hold a JSON object mapping module names to "
             "devices"
         )
+    try:
+        check_device_map(found)
+    except ValueError as err:
+        message = f"--{err}".replace("device_map:", f"device-map: {text}:", 1)
+        raise CommandError(message) from None
     return found
 
 
