@@ -161,8 +161,8 @@ class IGLensResult(JsonDocument, Viewable):
                     :data:`~captum_iglens.attr.paths.PATHS`):
                     ``"telescoping"`` (each column between consecutive path
                     points; the default) or ``"joint"`` (every column's update
-                    scaled together). Only the default path has a learned
-                    readout per layer.
+                    scaled together). Only the default path has lens-change
+                    parts other than 0 (a readout that differs along it).
 
     The view fields (``top_ids`` ... ``rank``) are all set or all None.
     """
@@ -314,10 +314,12 @@ class IGLensResult(JsonDocument, Viewable):
                 f"{self.readout_kind!r})"
             )
         default_path = type(self).path
-        if learned and self.path != default_path:
+        changes = self.lens_change is not None and bool(self.lens_change.ne(0).any())
+        if changes and self.path != default_path:  # one readout along it: none
             raise ValueError(
-                f"path: {self.path!r} has no learned readout per layer (readout_kind "
-                f"{self.readout_kind!r}); only {default_path!r} has"
+                f"path: {self.path!r} has no lens-change parts (readout_kind "
+                f"{self.readout_kind!r}: only {default_path!r} splits a readout "
+                "that differs along the path); expected lens_change all 0"
             )
         settings = self.metadata.get("settings")
         recorded = settings.get("path") if isinstance(settings, dict) else None

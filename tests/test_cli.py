@@ -398,6 +398,10 @@ def test_each_subcommand_keeps_its_own_defaults():
         (["x", "--device", "cuda:x"], "--device: expected a torch device"),
         (["x", "--model", "TINY", "--foil", "w7 w8"], "--foil: 'w7 w8' is 2 tokens"),
         (["x", "--device-map", "auto", "--device", "cpu"], "either --device or"),
+        (
+            ["x", "--baseline", "1e30", "--path", "joint", "--granularity", "head"],
+            "--baseline: expected values under 1.84e+19 in size",
+        ),
     ],
 )
 def test_input_errors_before_the_model_loads(

@@ -371,3 +371,12 @@ def test_the_table_calls_neuron_columns_columns(result):
     neurons = replace(result, layer_names=names).format_table(width=40)
     assert re.search(r"showing \d+ of \d+ columns, .*Σ includes all columns", neurons)
     assert " layers" not in neurons
+
+
+def test_lens_change_parts_only_on_the_default_path(result):
+    learned = dict(readout_kind="tuned", readout_checksum="c0ffee")
+    zeros = torch.zeros_like(result.attributions)
+    assert replace(result, path="joint", lens_change=zeros, **learned).path == "joint"
+    parts = torch.full_like(result.attributions, 0.25) * result.mask[..., None]
+    with pytest.raises(ValueError, match="path: 'joint' has no lens-change parts"):
+        replace(result, path="joint", lens_change=parts, **learned)

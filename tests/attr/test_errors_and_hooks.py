@@ -35,6 +35,8 @@ BAD_CALLS = [
     ("baselines", dict(baselines=float("nan")), ValueError),
     ("baselines", dict(baselines=float("inf")), ValueError),
     ("baselines", dict(baselines=torch.full((1, 1, 32), float("-inf"))), ValueError),
+    ("baselines", dict(baselines=1e30), ValueError),  # issue 48: after the work
+    ("baselines", dict(baselines=torch.full((1, 1, 32), -1e20)), ValueError),
     ("internal_batch_size", dict(internal_batch_size=0), ValueError),
     ("attribute_to_layer_input", dict(attribute_to_layer_input=True), ValueError),
 ]
@@ -305,3 +307,19 @@ def test_a_model_on_the_meta_device_is_refused():
         model = AutoModelForCausalLM.from_config(tiny_model("llama").config)
     with pytest.raises(ValueError, match="meta device"):
         LayerIGLens.from_model(model)
+
+
+def test_a_readout_the_same_at_every_layer_takes_the_joint_path(llama, tmp_path):
+    # Issue 48: identity translators are the model's own readout at every point,
+    # which the joint path takes (as its docs say); it was refused after a forward.
+    from captum_iglens import IGLensResult
+    from captum_iglens.readout.translators import Translators
+
+    ids = _ids()
+    lens = LayerIGLens.from_model(llama, lens=Translators.identity(2, 32))
+    result = lens.attribute_map(ids, path="joint", n_steps=8)
+    logit = LayerIGLens.from_model(llama).attribute_map(ids, path="joint", n_steps=8)
+    torch.testing.assert_close(result.attributions, logit.attributions)
+    assert result.path == "joint" and not result.lens_change.any()
+    result.save(tmp_path / "r.json")
+    assert IGLensResult.load(tmp_path / "r.json").path == "joint"

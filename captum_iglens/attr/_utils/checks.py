@@ -5,6 +5,7 @@ expected, before any hook is registered on the model.
 """
 
 import inspect
+import math
 from typing import (
     Any,
     Callable,
@@ -469,6 +470,19 @@ def check_baselines(baselines: BaselineType) -> None:
     )
     if not finite:
         raise ValueError("baselines: expected finite values, got NaN or inf")
+    if isinstance(baselines, (int, float, Tensor)):
+        values = torch.as_tensor(baselines).detach().double().abs()
+        largest = float(values.max()) if values.numel() else 0.0
+        if largest >= _LARGEST_BASELINE:
+            raise ValueError(
+                f"baselines: expected values under {_LARGEST_BASELINE:.3g} in size "
+                "(the model's norms square them, and the square must be a finite "
+                f"float32 number), got {largest:.3g}"
+            )
+
+
+#: The size of a baseline value whose square is the largest finite float32.
+_LARGEST_BASELINE = math.sqrt(torch.finfo(torch.float32).max)
 
 
 def baseline_inputs(
