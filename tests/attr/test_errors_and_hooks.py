@@ -30,6 +30,9 @@ BAD_CALLS = [
     ("positions", dict(positions=[5]), ValueError),
     ("positions", dict(positions=[-6]), ValueError),
     ("positions", dict(positions=[]), ValueError),
+    ("positions", dict(positions="last"), TypeError),  # issue 48: new(): invalid ...
+    ("positions", dict(positions=[0, "a"]), TypeError),
+    ("positions", dict(positions=-1.0), TypeError),
     ("baselines", dict(baselines=torch.zeros(3, 5, 32)), ValueError),
     ("baselines", dict(baselines="median"), TypeError),
     ("baselines", dict(baselines=float("nan")), ValueError),
@@ -323,3 +326,32 @@ def test_a_readout_the_same_at_every_layer_takes_the_joint_path(llama, tmp_path)
     assert result.path == "joint" and not result.lens_change.any()
     result.save(tmp_path / "r.json")
     assert IGLensResult.load(tmp_path / "r.json").path == "joint"
+
+
+def test_from_model_takes_embeddings_as_its_docstring_says(llama):
+    # Issue 48: a raw torch indexing error, though embeddings are documented.
+    ids, mask = left_padded([5, 3], VOCAB)
+    embeds = llama.get_input_embeddings()(ids).detach()
+    lens = LayerIGLens.from_model(llama)
+    by_ids = lens.attribute_map(ids, additional_forward_args=(mask,), n_steps=4)
+    by_embeds = lens.attribute_map(embeds, additional_forward_args=(mask,), n_steps=4)
+    torch.testing.assert_close(by_embeds.attributions, by_ids.attributions)
+    torch.testing.assert_close(by_embeds.model_prob, by_ids.model_prob)
+
+
+def test_an_error_of_the_models_own_norm_goes_through(llama, monkeypatch):
+    # Issue 48: re-raised as "ValueError: the readout cannot read ...".
+    norm = llama.model.norm
+    forward = norm.forward
+
+    def fails_on_rows(hidden):
+        if hidden.dim() == 2:  # as the readout reads it, not as the model does
+            raise RuntimeError("the norm's own failure")
+        return forward(hidden)
+
+    monkeypatch.setattr(norm, "forward", fails_on_rows)
+    hooks, state = hook_snapshot(llama), state_snapshot(llama)
+    with pytest.raises(RuntimeError, match="the norm's own failure"):
+        LayerIGLens.from_model(llama).attribute_map(_ids())
+    assert hook_snapshot(llama) == hooks
+    assert_state_unchanged(llama, state)

@@ -337,7 +337,16 @@ def resolve_positions(
                 "zeros); there is nothing to attribute"
             )
         return marked.nonzero()[:, 0].cpu()
-    pos = torch.as_tensor(positions)
+    forms = (
+        "None (every position), an int such as -1 (the last), or a non-empty 1-D "
+        "list or tensor of ints"
+    )
+    if isinstance(positions, (str, bytes, float, bool)):
+        raise TypeError(f"positions: expected {forms}, got {positions!r}")
+    try:
+        pos = torch.as_tensor(positions)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"positions: expected {forms}, got {positions!r}") from None
     if pos.dtype not in (torch.int64, torch.int32) or pos.dim() > 1 or pos.numel() == 0:
         raise ValueError(
             "positions: expected a non-empty 1-D list or tensor of int positions, "
