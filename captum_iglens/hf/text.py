@@ -363,7 +363,33 @@ def answered_prompt(
             f"got {type(answer).__name__}"
             + (f" of shape {tuple(answer.shape)}" if isinstance(answer, Tensor) else "")
         )
+    warn_if_longer_than_trained(model, prompt_ids.numel() + len(answer_ids))
     return (*teacher_forcing(prompt_ids, answer_ids, positions), answer_ids)
+
+
+def warn_if_longer_than_trained(model: Any, n_tokens: int) -> None:
+    r"""
+    Warns when a sequence is longer than the positions the model was made for
+    (its config's ``max_position_embeddings``): its predictions there, and
+    their credits, are an extrapolation.
+
+    Args:
+
+        model (PreTrainedModel): The model (a config without the field: no
+                    warning).
+        n_tokens (int): The sequence's length, prompt and answer.
+    """
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", lambda: config)()
+    most = getattr(text, "max_position_embeddings", None)
+    if isinstance(most, int) and n_tokens > most:
+        warnings.warn(
+            f"prompt: the prompt and answer are {n_tokens} tokens, more than the "
+            f"{most} positions the model was made for (max_position_embeddings); "
+            "beyond them its predictions, and their credits, are an extrapolation. "
+            "Give a shorter prompt",
+            stacklevel=3,
+        )
 
 
 def teacher_forcing(
