@@ -82,7 +82,7 @@ def test_prompts_options_and_files_in_one_session(tiny_folder, tmp_path):
     shell.sendline(":set model gemma3")
     shell.expect_exact("error: --model: the model's options are fixed")
     shell.sendline(":set layers 0,9")
-    shell.expect_exact("error: --layers: expected block indices")
+    shell.expect_exact("error: --layers: the model has 2 blocks")
     shell.sendline(":set n-steps 0")
     shell.expect_exact("error: --n-steps: expected an int >= 1")
     shell.sendline(":unset granularity")
