@@ -8,9 +8,13 @@ fresh process, from one run:
 It prints the wall time of ``captum-iglens --version``, ``--help``, a usage
 error (``--n-steps x``), every subcommand's help and unknown ``--method`` and
 ``--granularity`` values (those read the registries' names, which import
-nothing), beside ``import torch`` alone for scale. The goal for all but the
-last is under 1 s: the parser is built, and the registries' names read,
-without torch or transformers, which are imported only when a command runs.
+nothing), beside ``import torch`` alone for scale, then value errors argparse's names
+do not catch (``--n-steps 0``, ``--json /nonexist/x``...) and those checked
+against the default model's config and tokenizer files (``--layers 999``,
+``--foil``). The goal for all but the last is under 1 s (1.5 s for the
+model-file checks): the parser is built, the registries' names and the model's
+files read, without torch or transformers, which are imported only when a
+command runs.
 """
 
 import argparse
@@ -31,6 +35,28 @@ CASES = (
     ),
     ("--method nope", ["-m", "captum_iglens", "--method", "nope", "p"]),
     ("--granularity nope", ["-m", "captum_iglens", "--granularity", "nope", "p"]),
+    # Value errors argparse's types do not catch by name: goal under 1 s.
+    *(
+        (" ".join(option), ["-m", "captum_iglens", *option, "p"])
+        for option in (
+            ("--n-steps", "0"),
+            ("--top-k", "-1"),
+            ("--json", "/nonexist/x"),
+            ("--baseline", "nan"),
+            ("--lens", "foo"),
+        )
+    ),
+    # Checked against the default model's config and tokenizer files (its
+    # converted cache): goal under 1.5 s.
+    *(
+        (" ".join(option), ["-m", "captum_iglens", *option, "p"])
+        for option in (
+            ("--layers", "999"),
+            ("--device", "gpu7"),
+            ("--top-k", "100000"),
+            ("--foil", " Lyon Paris"),
+        )
+    ),
     ("import torch (for scale)", ["-c", "import torch"]),
 )
 

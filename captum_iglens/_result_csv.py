@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, List, Union
 
 from captum_iglens._result_tables import view_field
-from captum_iglens._utils.serialization import check_writable, write_atomic
+from captum_iglens._utils.output_paths import check_writable
+from captum_iglens._utils.serialization import write_atomic
 from captum_iglens.readout.scores import PAD
 
 #: The columns of every file; the levels' column keeps its first name, "lens".

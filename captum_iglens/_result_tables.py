@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 from torch import Tensor
 
 from captum_iglens._utils.source_columns import format_sources as _source_lines
+from captum_iglens.columns import parse_columns
 
 #: How many characters of a token's text a table shows.
 LABEL_WIDTH = 16
@@ -103,9 +104,10 @@ def format_table(
         ]
         lines.append(" ".join(cells))
     if len(shown) < k:
+        what = _columns_word(result.layer_names)
         lines.append(
-            f"(showing {len(shown)} of {k} layers, those with the largest "
-            "|credit|; Σ includes all layers)"
+            f"(showing {len(shown)} of {k} {what}, those with the largest "
+            f"|credit|; Σ includes all {what})"
         )
     residual = (
         (result.total[batch_index] - change)[rows].abs().max().item() if rows else 0.0
@@ -130,6 +132,13 @@ def format_table(
                 f"({result.method}'s own bound; a larger --n-steps narrows it)"
             )
     return "\n".join(lines)
+
+
+def _columns_word(names: List[str]) -> str:
+    """What the table's columns are called: ``"layers"`` where each is a block
+    (or the input), else ``"columns"`` (heads, neurons, sublayers...)."""
+    kinds = {column.kind for column in parse_columns(names)}
+    return "layers" if kinds <= {"block", "input"} else "columns"
 
 
 def format_views(result: Any, batch_index: int, width: int) -> str:
@@ -166,7 +175,8 @@ def format_views(result: Any, batch_index: int, width: int) -> str:
         cells += [f"{int(rank[b, r, j]):>{col_w}}" for j in shown]
         lines.append(" ".join(cells))
     if len(shown) < k:
-        lines.append(f"(showing {len(shown)} of {k} layers, evenly spaced)")
+        what = _columns_word(names)
+        lines.append(f"(showing {len(shown)} of {k} {what}, evenly spaced)")
     top = view_field(result, "top_ids").shape[-1]
     lines.append(f"the model's own top {top} (last layer), with probabilities")
     for r in rows:

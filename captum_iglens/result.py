@@ -7,7 +7,7 @@ as Captum's result objects keep theirs, so that a user needs no other import."""
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
 import torch
 from torch import Tensor
@@ -24,6 +24,7 @@ from captum_iglens._utils.schema import (
     Text,
     Texts,
 )
+from captum_iglens._utils.registry import Home, imported
 from captum_iglens._utils.serialization import JsonDocument, plain
 from captum_iglens._utils.source_columns import SourceLayout, source_layout
 from captum_iglens._utils.tokens import decode_tokens
@@ -115,8 +116,8 @@ class IGLensResult(JsonDocument, Viewable):
         mask (Tensor): ``(B, P)`` bool. False where the position is padding.
         layer_names (list[str]): ``k`` names of the chosen layers.
         method (str): The estimator used (its name in
-                    :data:`~captum_iglens.attr.estimators.ESTIMATORS`; any
-                    non-empty name loads).
+                    :data:`~captum_iglens.attr.estimators.ESTIMATORS`; a file
+                    with a name not registered there is refused on load).
         n_steps (int): The number of steps used by the estimator.
         tokens (list[list[str]], optional): ``B`` lists of ``P`` strings, the
                     target tokens as text, when a tokenizer was available.
@@ -166,8 +167,8 @@ class IGLensResult(JsonDocument, Viewable):
                     :data:`~captum_iglens.attr.paths.PATHS`):
                     ``"telescoping"`` (each column between consecutive path
                     points; the default) or ``"joint"`` (every column's update
-                    scaled together). Only the default path has a learned
-                    readout per layer.
+                    scaled together). Only the default path has lens-change
+                    parts other than 0 (a readout that differs along it).
 
     The view fields (``top_ids`` ... ``rank``) are all set or all None.
     """
@@ -200,6 +201,12 @@ class IGLensResult(JsonDocument, Viewable):
     path: str = "telescoping"
 
     KIND = "IGLensResult"
+
+    @property
+    def trajectory_caption(self) -> str:
+        """What a token's trajectory (its lens level beside its cumulative
+        credit) shows on this map's path, as the path says."""
+        return str(names_of("path")[self.path].trajectory_caption)
 
     def page_data(self) -> Dict[str, Any]:
         r"""The data of this map's viewer page (see
@@ -314,10 +321,12 @@ class IGLensResult(JsonDocument, Viewable):
                 f"{self.readout_kind!r})"
             )
         default_path = type(self).path
-        if learned and self.path != default_path:
+        changes = self.lens_change is not None and bool(self.lens_change.ne(0).any())
+        if changes and self.path != default_path:  # one readout along it: none
             raise ValueError(
-                f"path: {self.path!r} has no learned readout per layer (readout_kind "
-                f"{self.readout_kind!r}); only {default_path!r} has"
+                f"path: {self.path!r} has no lens-change parts (readout_kind "
+                f"{self.readout_kind!r}: only {default_path!r} splits a readout "
+                "that differs along the path); expected lens_change all 0"
             )
         settings = self.metadata.get("settings")
         recorded = settings.get("path") if isinstance(settings, dict) else None
@@ -498,9 +507,14 @@ class IGLensResult(JsonDocument, Viewable):
 
     @classmethod
     def empty(
-        cls, layer_names: Sequence[str], method: str, n_steps: int
+        cls,
+        layer_names: Sequence[str],
+        method: str,
+        n_steps: int,
+        path: Optional[str] = None,
     ) -> "IGLensResult":
-        r"""A one-sequence result with no attributed positions (an empty answer)."""
+        r"""A one-sequence result with no attributed positions (an empty answer),
+        on the path named ``path`` (None: the default path)."""
         k = len(layer_names)
         return cls(
             attributions=torch.zeros(1, 0, k),
@@ -514,6 +528,7 @@ class IGLensResult(JsonDocument, Viewable):
             layer_names=list(layer_names),
             method=method,
             n_steps=n_steps,
+            path=cls.path if path is None else path,
         )
 
     @classmethod
@@ -573,8 +588,46 @@ class IGLensResult(JsonDocument, Viewable):
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "IGLensResult":
         """Inverse of :meth:`to_dict`; every field is checked
-        (:data:`IGLENS_SCHEMA`)."""
-        return cls(**IGLENS_SCHEMA.load(data))
+        (:data:`IGLENS_SCHEMA`), and the names a file gives (:func:`_check_names`)."""
+        values = IGLENS_SCHEMA.load(data)
+        _check_names(values)
+        return cls(**values)
+
+
+#: The registries whose names a result holds, by field, as the registries hold
+#: their entries (:class:`~captum_iglens._utils.registry.Home`): imported on
+#: first use, since results sit below the attribution package.
+_NAMES = {
+    "method": Home("attr.estimators:ESTIMATORS"),
+    "path": Home("attr.paths:PATHS"),
+}
+
+
+def names_of(key: str) -> Any:
+    r"""The registry of the names a result holds in the field ``key``
+    (``"method"``: :data:`~captum_iglens.attr.estimators.ESTIMATORS`,
+    ``"path"``: :data:`~captum_iglens.attr.paths.PATHS`)."""
+    return imported("captum_iglens", _NAMES[key].where)
+
+
+def _check_names(values: Dict[str, Any]) -> None:
+    r"""The names a result file gives, checked on load: ``method`` and ``path``
+    in their registries (:func:`names_of`, where a new one is registered), and
+    ``layer_names`` each once (a column per name)."""
+    for key in _NAMES:
+        name, registry = values.get(key), names_of(key)
+        if name is not None and name not in registry:  # None: the default path
+            raise ValueError(
+                f"{key}: expected one of {list(registry)} (or a name registered "
+                f"there before the load), got {name!r}"
+            )
+    seen: Set[str] = set()
+    for name in values["layer_names"]:
+        if name in seen:
+            raise ValueError(
+                f"layer_names: {name!r} names two columns; expected each name once"
+            )
+        seen.add(name)
 
 
 def _check_joinable(first: IGLensResult, other: IGLensResult, at: str) -> None:

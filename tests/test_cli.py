@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,7 +105,10 @@ def test_stdin_layers_and_prompt_positions():
     ],
 )
 def test_bad_input_exits_with_one_line(args, message, capsys):
-    status = main(args)
+    try:
+        status = main(args)
+    except SystemExit as exit:  # argparse's own usage errors
+        status = exit.code
     err = capsys.readouterr().err
     assert status == 2
     lines = err.strip().splitlines()
@@ -356,7 +360,7 @@ def test_each_subcommand_keeps_its_own_defaults():
         (["x", "--lens", "LENS-garbage"], "params.pt is not a readable checkpoint"),
         (["x", "--lens", "LENS-nobias"], '"bias": false but'),
         (["--stdin"], "prompt: not valid UTF-8"),
-        (["x", "--max-chunk-mib", "-5"], "--max-chunk-mib: expected an int >= 1 (MiB)"),
+        (["x", "--max-chunk-mib", "-5"], "--max-chunk-mib: expected an int >= 1"),
         (["x", "--target-tokens", " Paris,"], "--target-tokens: expected comma"),
         (["compare", "x", "--methods", "ig_lens,"], "--methods: expected comma"),
         (["batch", "PROMPTS-utf8", "--out", "o"], "prompts.jsonl:2: not valid UTF-8"),
@@ -369,6 +373,35 @@ def test_each_subcommand_keeps_its_own_defaults():
         (["validate", "--html", "v", "--json", "v"], "--html: the same path as"),
         (["fit-lens", "--out", "L", "--json", "L"], "--json: the same path as --out"),
         (["fit-lens", "--png", "f", "--json", "f"], "--json: the same path as --png"),
+        # Issue 48: an empty output path, refused as a folder is, everywhere.
+        (["x", "--json", ""], "--json: the path is empty"),
+        (["x", "--html", ""], "--html: the path is empty"),
+        (["x", "--csv", ""], "--csv: the path is empty"),
+        (["x", "--png", ""], "--png: the path is empty"),
+        (["compare", "x", "--png", ""], "--png: the path is empty"),
+        (["validate", "--json", ""], "--json: the path is empty"),
+        (["fit-lens", "--out", ""], "--out: the path is empty"),
+        (["fit-lens", "--json", ""], "--json: the path is empty"),
+        (["batch", "PROMPTS-ok", "--out", ""], "--out: the path is empty"),
+        # Issue 48: refused before the load, not after the work.
+        (["x", "--png", "x.txt"], "--png: x.txt ends in .txt, expected a .png"),
+        (["compare", "x", "--png", "c.svg"], "--png: c.svg ends in .svg"),
+        (["x", "--model", "TINY", "--n-steps", "100000000"], "--n-steps: the 1000"),
+        (
+            ["x", "--model", "TINY", "--n-steps", "99999999999999999999"],
+            "do not fit in --max-chunk-mib 256",
+        ),
+        (["x", "--n-steps", "0"], "--n-steps: expected an int >= 1, got '0'"),
+        (["x", "--top-k", "-1"], "--top-k: expected an int >= 0, got '-1'"),
+        (["x", "--lens", "foo"], "--lens: foo is not a folder; expected logit"),
+        (["x", "--device", "gpu7"], "--device: expected a torch device"),
+        (["x", "--device", "cuda:x"], "--device: expected a torch device"),
+        (["x", "--model", "TINY", "--foil", "w7 w8"], "--foil: 'w7 w8' is 2 tokens"),
+        (["x", "--device-map", "auto", "--device", "cpu"], "either --device or"),
+        (
+            ["x", "--baseline", "1e30", "--path", "joint", "--granularity", "head"],
+            "--baseline: expected values under 1.84e+19 in size",
+        ),
     ],
 )
 def test_input_errors_before_the_model_loads(
@@ -395,6 +428,47 @@ def test_input_errors_before_the_model_loads(
     assert "Traceback" not in err
 
 
+def test_usage_errors_answer_without_importing_torch(tmp_path, tiny_folder):
+    # Issue 48: value errors, and those checked against the model's config and
+    # tokenizer files, answer before torch (or transformers) is imported.
+    cases = [
+        ["x", "--n-steps", "0"],
+        ["x", "--top-k", "-1"],
+        ["x", "--json", str(tmp_path / "no" / "x.json")],
+        ["x", "--json", ""],
+        ["x", "--baseline", "nan"],
+        ["x", "--lens", str(tmp_path / "no-lens")],
+        ["x", "--png", "x.txt"],
+        ["x", "--model", tiny_folder, "--layers", "999"],
+        ["x", "--model", tiny_folder, "--device", "gpu7"],
+        ["x", "--model", tiny_folder, "--top-k", "100000"],
+        ["x", "--model", tiny_folder, "--foil", "w7 w8"],
+        ["x", "--model", tiny_folder, "--n-steps", "100000000"],
+    ]
+    script = (
+        "import json, sys\n"
+        "from captum_iglens.cli import main\n"
+        "for args in json.loads(sys.argv[1]):\n"
+        "    try:\n"
+        "        status = main(args)\n"
+        "    except SystemExit as exit:\n"
+        "        status = exit.code\n"
+        "    assert status == 2, args\n"
+        "heavy = {'torch', 'transformers', 'numpy'}\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    assert len(out.stderr.strip().splitlines()) == len(cases)
+
+
 def _placeholder(arg, tmp_path, tiny_folder):
     """``arg`` with a file the case needs written: TINY (a model folder), LENS-x
     (a lens folder with the fault x) or PROMPTS-x (a prompt file with the fault
@@ -406,6 +480,7 @@ def _placeholder(arg, tmp_path, tiny_folder):
         second = {
             "utf8": b'{"id": 2, "prompt": "b\xff"}',
             "answer": b'{"id": 2, "prompt": "b", "answer": ""}',
+            "ok": b'{"id": 2, "prompt": "b"}',
         }[arg[8:]]
         path.write_bytes(b'{"id": 1, "prompt": "a"}\n' + second + b"\n")
         return str(path)
@@ -513,7 +588,10 @@ def test_top_k_foil_and_target_tokens(tmp_path, capsys):
 )
 def test_bad_scored_tokens_exit_2(tmp_path, capsys, extra, message):
     folder = _tiny_folder(tmp_path)
-    status = main(["w5 w6", "--model", folder, "--no-chat", *extra])
+    try:
+        status = main(["w5 w6", "--model", folder, "--no-chat", *extra])
+    except SystemExit as exit:  # argparse's own usage errors
+        status = exit.code
     err = capsys.readouterr().err
     assert status == 2 and message in err.strip().splitlines()[-1]
 

@@ -1,6 +1,7 @@
 """IGLensResult: checked on construction and on load, sliced, concatenated."""
 
 import json
+import re
 from dataclasses import replace
 
 from pathlib import Path
@@ -66,8 +67,12 @@ def test_select_and_cat(result):
         IGLensResult.cat([result, replace(result, method="riemann_left")])
 
 
-def test_a_new_method_and_readout_kind_round_trip(result, tmp_path):
-    # a new estimator or readout is one file: results take any name for it
+def test_a_new_method_and_readout_kind_round_trip(result, tmp_path, monkeypatch):
+    # a new estimator or readout is one file: results take any name for it, and
+    # load it once it is registered
+    from captum_iglens.attr.estimators import ESTIMATORS
+
+    monkeypatch.setitem(ESTIMATORS, "my_estimator", ESTIMATORS["prediction_aware"])
     new = replace(
         result,
         method="my_estimator",
@@ -122,6 +127,10 @@ def _corrupt(data, field, value):
         ("lens", lambda d: d["lens"][0][0].__setitem__(0, None)),
         ("positions", "0,1"),
         ("tokens", [["a"]]),
+        # Issue 48: names outside the registries, a column named twice.
+        ("method", "foo"),
+        ("path", "foo"),
+        ("layer_names", lambda d: d["layer_names"].__setitem__(1, d["layer_names"][0])),
     ],
 )
 def test_inconsistent_file_is_refused_naming_the_field(result, tmp_path, field, value):
@@ -352,3 +361,22 @@ def test_selected_and_joined_sources_keep_their_sequences(lens, tmp_path):
     assert joined.metadata["source_tokens"] == [sources[1], *sources]
     with pytest.raises(ValueError, match="results.1.: metadata.source_tokens"):
         IGLensResult.cat([second, replace(result, metadata={})])
+
+
+def test_the_table_calls_neuron_columns_columns(result):
+    # Issue 48: "showing 3 of 46110 layers" at neuron granularity; they are columns.
+    blocks = result.format_table(width=40)
+    assert re.search(r"showing \d+ of \d+ layers", blocks)
+    names = [f"0.mlp.n{i}" for i in range(len(result.layer_names))]
+    neurons = replace(result, layer_names=names).format_table(width=40)
+    assert re.search(r"showing \d+ of \d+ columns, .*Σ includes all columns", neurons)
+    assert " layers" not in neurons
+
+
+def test_lens_change_parts_only_on_the_default_path(result):
+    learned = dict(readout_kind="tuned", readout_checksum="c0ffee")
+    zeros = torch.zeros_like(result.attributions)
+    assert replace(result, path="joint", lens_change=zeros, **learned).path == "joint"
+    parts = torch.full_like(result.attributions, 0.25) * result.mask[..., None]
+    with pytest.raises(ValueError, match="path: 'joint' has no lens-change parts"):
+        replace(result, path="joint", lens_change=parts, **learned)

@@ -9,17 +9,17 @@ import math
 import os
 import secrets
 from pathlib import Path
-from typing import Any, ClassVar, Dict, Type, TypeVar, Union
+from typing import Any, ClassVar, Dict, Type, TypeVar
 
 import numpy as np
 from torch import Tensor
 
+from captum_iglens._utils.output_paths import PathLike, check_writable
 from captum_iglens._utils.schema import SURROGATE, MAX_DEPTH, check_plain
 
 #: The version of the file format; a file with another is refused.
 FORMAT = 1
 
-PathLike = Union[str, Path]
 D = TypeVar("D", bound="JsonDocument")
 
 
@@ -37,46 +37,6 @@ def plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def check_writable(path: PathLike, what: str) -> Path:
-    r"""The path of an output file, checked before any work: its folder must exist
-    and be writable, and the path must not be a folder or a read-only file.
-    Raises ``ValueError`` naming ``what``."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{what}: {path} is a folder; expected a file path")
-    _check_folder_exists(path.parent, what)
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ValueError(f"{what}: {path} exists and is read-only")
-    return path
-
-
-def check_folder(path: PathLike, what: str) -> Path:
-    r"""The path of an output folder, checked before any work: an existing,
-    writable folder, or a new one whose parent is an existing, writable folder.
-    Raises ``ValueError`` naming ``what``."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{what}: {path} is a file; expected a folder")
-    _check_folder_exists(path if path.exists() else path.parent, what)
-    return path
-
-
-def _check_folder_exists(folder: Path, what: str) -> None:
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"{what}: {folder} is a file, not a folder")
-    if not folder.is_dir():
-        raise ValueError(f"{what}: the folder {folder} does not exist")
-    # Tried, not asked: os.access says yes to root on /proc or a read-only share.
-    probe = folder / f".captum-iglens-probe.{secrets.token_hex(8)}"
-    try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        os.unlink(probe)
-    except OSError as error:
-        raise ValueError(
-            f"{what}: cannot write in the folder {folder} ({error.strerror})"
-        ) from None
 
 
 def write_atomic(path: PathLike, text: str) -> None:

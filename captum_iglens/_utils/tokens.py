@@ -65,3 +65,28 @@ def _byte_decoder() -> Dict[str, int]:
             chars.append(256 + extra)
             extra += 1
     return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def single_token_id(tokenizer: Any, text: str, name: str) -> int:
+    r"""
+    The id of the one token that ``text`` encodes to (no special tokens added).
+
+    Raises:
+        ValueError: Naming ``name``, if ``text`` is empty, encodes to more or
+            fewer than one token, or to the unknown token.
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"{name}: expected a non-empty string, got {text!r}")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise ValueError(
+            f"{name}: {text!r} is {len(ids)} tokens {ids}, expected a single token "
+            "(try it with or without a leading space)"
+        )
+    unknown = getattr(tokenizer, "unk_token", None)
+    if ids[0] == getattr(tokenizer, "unk_token_id", None) and text != unknown:
+        raise ValueError(
+            f"{name}: {text!r} is not in the vocabulary (it encodes to the unknown "
+            f"token {unknown!r}); give a token the tokenizer knows"
+        )
+    return int(ids[0])

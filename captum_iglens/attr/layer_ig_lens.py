@@ -1,5 +1,6 @@
 r"""LayerIGLens: exact layer-wise attribution of a token's probability."""
 
+import contextlib
 import typing
 from dataclasses import replace
 from typing import (
@@ -10,6 +11,7 @@ from typing import (
     Literal,
     Optional,
     Sequence,
+    Set,
     Tuple,
     Union,
 )
@@ -509,15 +511,14 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         The IG-Lens convergence delta of given attributions, in probability
         space: ``Σ_layers Σ_d attributions - (p_model(y) - f(h_base))``, the
         number :meth:`attribute` returns with ``return_convergence_delta=True``.
-        It runs one forward pass of the model (and reads out ``h_base``), no
-        backward pass.
+        It runs one forward pass (reading out ``h_base``), no backward pass.
 
         Args:
 
             attributions (Tensor or list[Tensor]): As returned by
-                        :meth:`attribute` (with ``multiply_by_inputs=True``), at
-                        either granularity: ``(B, P, d)`` per block or
-                        sub-layer.
+                        :meth:`attribute` (``multiply_by_inputs=True``): ``(B, P,
+                        d)`` per block or per sub-layer, one for each, else a
+                        ``ValueError``.
             start_point (scalar, Tensor, str or None): The ``baselines`` the
                         attributions were computed with (Captum's meaning of
                         the start point); None for ``h_0``.
@@ -539,6 +540,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             :meth:`attribute` returns it).
         """
         blocks, along = self._granularity("block"), integration_path(path)
+        counts = _column_counts(self)
         with torch.no_grad():
             traced = self._trace(
                 blocks,
@@ -548,10 +550,19 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
                 additional_forward_args,
                 positions,
             )
-            credits = summed_credits(attributions, traced.targets.shape)
+            credits = summed_credits(attributions, traced.targets.shape, counts)
             credits = credits.to(traced.model_prob.device)
             columns = column_readout(self.readout, self.layers, blocks, along)
             return columns.delta(traced, credits, self.readout.rows_per_chunk())
+
+
+def _column_counts(ig_lens: IGLensPath) -> Set[int]:
+    """How many ``(B, P, d)`` tensors :meth:`LayerIGLens.attribute` returns per
+    block and, where the model has them, per sub-layer."""
+    counts = {len(ig_lens.segment_names("block"))}
+    with contextlib.suppress(ValueError):  # a model without sub-layers
+        counts.add(len(ig_lens.segment_names("sublayer")))
+    return counts
 
 
 def _per_layer(attrs: Tensor, is_list: bool, as_tuple: bool) -> _Attributions:

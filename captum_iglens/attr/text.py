@@ -7,12 +7,11 @@ from typing import Any, List, Optional, Union, cast
 
 from torch import Tensor
 
-from captum_iglens._utils.tokens import decode_tokens
+from captum_iglens._utils.tokens import decode_tokens, single_token_id
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.text import (
     answered_prompt,
     decoded_top_tokens,
-    single_token_id,
 )
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.integrations import unwrap_model

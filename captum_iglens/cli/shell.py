@@ -40,6 +40,7 @@ from captum_iglens.cli.common import (
     lens_readout,
     load,
     model_parent,
+    option_first,
     settings_parent,
 )
 
@@ -85,7 +86,7 @@ class _OptionParser(Parser):
     """The options a session can change; an error is raised, not exited on."""
 
     def error(self, message: str) -> NoReturn:
-        raise CommandError(message)
+        raise CommandError(option_first(message))
 
 
 class Session:
@@ -269,7 +270,7 @@ def _start_history() -> Optional[Path]:
         import readline
     except ImportError:  # no readline on this platform: plain input()
         return None
-    from captum_iglens.hf.models import cache_root
+    from captum_iglens.hf.model_files import cache_root
 
     try:
         path = cache_root() / "shell_history"

@@ -68,7 +68,8 @@ def causal_lm_logits(
 class CausalLMForward(nn.Module):
     r"""
     Calls a Hugging Face causal LM the way Captum calls a forward function:
-    positionally, ``(input_ids, attention_mask=None)``, returning logits
+    positionally, ``(input_ids, attention_mask=None)`` (token ids, or float
+    embeddings ``(B, T, d)`` as the model's ``inputs_embeds``), returning logits
     ``(B, T, V)`` (see :func:`causal_lm_logits`), so a left-padded sequence gets
     the same logits as the same sequence alone. Inside :meth:`keeping` it
     returns the logits of some positions only, ``(B, P, V)``: a map asks for the
@@ -109,9 +110,13 @@ class CausalLMForward(nn.Module):
     def forward(
         self, input_ids: Tensor, attention_mask: Optional[Tensor] = None
     ) -> Tensor:
+        r"""The logits of token ids ``(B, T)``, or of embeddings ``(B, T, d)``
+        (float, passed as the model's ``inputs_embeds``)."""
+        embeds = input_ids.is_floating_point() and input_ids.dim() == 3
         return causal_lm_logits(
             self.model,
-            input_ids=input_ids,
+            input_ids=None if embeds else input_ids,
+            inputs_embeds=input_ids if embeds else None,
             attention_mask=attention_mask,
             logits_to_keep=self.kept,
         )

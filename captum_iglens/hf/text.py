@@ -92,31 +92,6 @@ def decoded_top_tokens(tokenizer: Any, top_ids: Tensor) -> List[Any]:
     ]
 
 
-def single_token_id(tokenizer: Any, text: str, name: str) -> int:
-    r"""
-    The id of the one token that ``text`` encodes to (no special tokens added).
-
-    Raises:
-        ValueError: Naming ``name``, if ``text`` is empty, encodes to more or
-            fewer than one token, or to the unknown token.
-    """
-    if not isinstance(text, str) or not text:
-        raise ValueError(f"{name}: expected a non-empty string, got {text!r}")
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1:
-        raise ValueError(
-            f"{name}: {text!r} is {len(ids)} tokens {ids}, expected a single token "
-            "(try it with or without a leading space)"
-        )
-    unknown = getattr(tokenizer, "unk_token", None)
-    if ids[0] == getattr(tokenizer, "unk_token_id", None) and text != unknown:
-        raise ValueError(
-            f"{name}: {text!r} is not in the vocabulary (it encodes to the unknown "
-            f"token {unknown!r}); give a token the tokenizer knows"
-        )
-    return int(ids[0])
-
-
 def stop_token_ids(tokenizer: Any) -> List[int]:
     """The end-of-sequence and end-of-turn token ids the tokenizer knows (a
     tokenizer without ``get_vocab``, as Captum's ``TokenizerLike`` allows, has
@@ -388,7 +363,33 @@ def answered_prompt(
             f"got {type(answer).__name__}"
             + (f" of shape {tuple(answer.shape)}" if isinstance(answer, Tensor) else "")
         )
+    warn_if_longer_than_trained(model, prompt_ids.numel() + len(answer_ids))
     return (*teacher_forcing(prompt_ids, answer_ids, positions), answer_ids)
+
+
+def warn_if_longer_than_trained(model: Any, n_tokens: int) -> None:
+    r"""
+    Warns when a sequence is longer than the positions the model was made for
+    (its config's ``max_position_embeddings``): its predictions there, and
+    their credits, are an extrapolation.
+
+    Args:
+
+        model (PreTrainedModel): The model (a config without the field: no
+                    warning).
+        n_tokens (int): The sequence's length, prompt and answer.
+    """
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", lambda: config)()
+    most = getattr(text, "max_position_embeddings", None)
+    if isinstance(most, int) and n_tokens > most:
+        warnings.warn(
+            f"prompt: the prompt and answer are {n_tokens} tokens, more than the "
+            f"{most} positions the model was made for (max_position_embeddings); "
+            "beyond them its predictions, and their credits, are an extrapolation. "
+            "Give a shorter prompt",
+            stacklevel=3,
+        )
 
 
 def teacher_forcing(

@@ -1,7 +1,7 @@
 r"""
 Where fitted lenses are kept: one folder per model, named by the checksum of
 its weights (:func:`~captum_iglens.hf.checksum.weights_checksum`), under the
-model cache's root (:func:`~captum_iglens.hf.models.cache_root`,
+model cache's root (:func:`~captum_iglens.hf.model_files.cache_root`,
 ``lenses/<checksum>/``), like the embedded models' verified cache.
 """
 
@@ -24,6 +24,6 @@ def lens_cache_folder(checksum: str, cache_dir: Optional[Any] = None) -> Path:
     Returns:
         *Path* ``<root>/lenses/<first 16 hex digits>`` (it may not exist yet).
     """
-    from captum_iglens.hf.models import cache_root
+    from captum_iglens.hf.model_files import cache_root
 
     return cache_root(cache_dir) / "lenses" / checksum[:16]

@@ -28,7 +28,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import nn, Tensor
 
-from captum_iglens._utils.serialization import check_folder, write_atomic
+from captum_iglens._utils.output_paths import check_folder
+from captum_iglens._utils.serialization import write_atomic
 
 PARAMS = "params.pt"
 CONFIG = "config.json"

@@ -27,7 +27,9 @@ def map_page(result: Any) -> Dict[str, Any]:
         *dict*: ``kind`` ``"map"``, ``title``, ``layers`` (the ``k`` column
         names), ``groups`` (see
         :func:`~captum_iglens.viewer._columns.column_groups`), ``method``,
-        ``n_steps``, ``path``, ``about``, ``sequences`` (see
+        ``n_steps``, ``path``, ``trajectory`` (the caption of a token's
+        trajectory on the path, the result's ``trajectory_caption``),
+        ``about``, ``sequences`` (see
         :func:`~captum_iglens.viewer._payload.map_sequences`), ``vocab`` (the
         top-token strings), ``sources`` (see :func:`source_data`) and
         ``readout`` (see :func:`readout_data`).
@@ -42,6 +44,7 @@ def map_page(result: Any) -> Dict[str, Any]:
         "method": result.method,
         "n_steps": result.n_steps,
         "path": result.path,
+        "trajectory": result.trajectory_caption,
         "about": about(result),
         "sequences": sequences,
         "vocab": vocab.strings,

@@ -14,6 +14,8 @@ result class.
 """
 
 import math
+import os
+from pathlib import PurePath
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -154,11 +156,32 @@ def about(result: Any) -> Dict[str, str]:
     metadata = dict(getattr(result, "metadata", {}) or {})
     keep = ("prompt", "answer", "model", "granularity", "baselines", "positions")
     about = {key: metadata[key] for key in keep if key in metadata}
+    if isinstance(about.get("model"), str):
+        about["model"] = model_name(about["model"])
     kind = getattr(result, "readout_kind", "logit")
     if isinstance(kind, str) and kind != "logit":
         checksum = str(getattr(result, "readout_checksum", ""))[:16]
         about["readout"] = f"{kind} lens per layer (checksum {checksum})"
     return {key: value for key, value in about.items() if isinstance(value, str)}
+
+
+def model_name(model: str) -> str:
+    r"""
+    The model as a page shows it: its name, never a local folder, which would
+    tell whoever the page is shared with the user's paths.
+
+    Args:
+
+        model (str): What a result records, its config's ``_name_or_path``:
+                    a hub id (``"org/name"``, kept), or a local folder.
+
+    Returns:
+        *str*: ``model``, or the last part of a local path (absolute, or
+        starting with ``~``, ``./`` or ``../``): ``/home/u/.cache/x/Model`` is
+        ``Model``.
+    """
+    local = os.path.isabs(model) or model.startswith(("~", "./", "../"))
+    return PurePath(model).name if local else model
 
 
 def batch_payload(
@@ -176,7 +199,8 @@ def batch_payload(
     Returns:
         *dict*: the layers, each prompt's map, the mean credit per layer over
         every attributed token of every prompt (with the mean ``Δp`` it sums
-        to), and the count of onsets per layer.
+        to), the count of onsets per layer and the caption of a token's
+        trajectory on the prompts' path (their ``trajectory_caption``).
     """
     layers: List[str] = []
     vocab = Vocab()
@@ -213,17 +237,21 @@ def batch_payload(
     mean: Any = (credit_sum / max(n_tokens, 1)) if credit_sum is not None else []
     mean_change = float(change_sum) / max(n_tokens, 1)
     keep = ("model", "method", "n_steps", "granularity", "baselines", "positions")
+    shown = {k: str(run[k]) for k in keep if k in run and run[k] is not None}
+    if "model" in shown:
+        shown["model"] = model_name(shown["model"])
     return {
         "kind": "batch",
         "title": "IG-Lens prompt set",
         "layers": layers,
         "groups": column_groups(layers),
-        "about": {k: str(run[k]) for k in keep if k in run and run[k] is not None},
+        "about": shown,
         "mean_credit": sig(mean),
         "mean_credit_sum": sig(float(sum(mean)) if n_tokens else 0.0),
         "mean_dp": sig(mean_change),
         "n_tokens": n_tokens,
         "onsets": onsets if layers else [],
+        "trajectory": items[0]["result"].trajectory_caption if items else None,
         "prompts": prompts,
         "vocab": vocab.strings,
     }

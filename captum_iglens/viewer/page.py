@@ -8,7 +8,8 @@ as JSON, the viewer's script and style inline, nothing loaded from anywhere.
 from pathlib import Path
 from typing import Any, Dict, Union
 
-from captum_iglens._utils.serialization import check_writable, write_atomic
+from captum_iglens._utils.output_paths import check_writable
+from captum_iglens._utils.serialization import write_atomic
 from captum_iglens.viewer._page import notebook_html, result_html
 
 __all__ = ["Viewable", "write_html"]

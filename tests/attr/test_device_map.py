@@ -105,13 +105,39 @@ def test_load_model_with_a_device_map(tmp_path):
         (dict(device_map="everywhere"), ValueError, "device_map: expected one of"),
         (dict(device_map=["cpu"]), TypeError, "device_map: expected a strategy"),
         (dict(device_map="auto", device="cpu"), ValueError, "either device"),
+        # Issue 48: each value checked before the load, in one line.
+        (dict(device_map={"": None}), ValueError, "'' maps to None; expected 'cpu'"),
+        (dict(device_map={"model": "gpu7"}), ValueError, "'model' maps to 'gpu7'"),
+        (dict(device_map={"": "cuda:99"}), ValueError, "'' maps to 'cuda:99'"),
+        (dict(device_map={"": 99}), ValueError, "'' maps to 99"),
+        (dict(device_map={"": True}), ValueError, "'' maps to True"),
+        (dict(device_map={"": "meta"}), ValueError, "'' maps to 'meta'"),
+        (dict(device_map={"": "disk"}), ValueError, "every module is mapped to 'disk'"),
+        (dict(device_map={0: "cpu"}), TypeError, "module names .str. as keys"),
     ],
 )
 def test_load_model_refuses_a_bad_device_map(kwargs, error, match, tmp_path):
     from captum_iglens.hf.models import load_model
 
-    with pytest.raises(error, match=match):
+    tiny_model("llama").save_pretrained(tmp_path)
+    word_tokenizer(VOCAB).save_pretrained(tmp_path)
+    with pytest.raises(error, match=match) as raised:
         load_model(tmp_path, **kwargs)
+    assert "\n" not in str(raised.value)
+
+
+def test_an_offload_folder_that_is_a_file_is_named(tmp_path, monkeypatch):
+    # Issue 48: a raw NotADirectoryError after the load; now before it, saying why.
+    from captum_iglens.hf.models import load_model
+
+    tiny_model("llama").save_pretrained(tmp_path / "model")
+    word_tokenizer(VOCAB).save_pretrained(tmp_path / "model")
+    monkeypatch.setenv("CAPTUM_IGLENS_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "offload").write_text("not a folder")
+    placement = {**OFFLOADED, "model.layers.0": "cpu"}
+    with pytest.raises(ValueError, match=r"offload folder .*cache/offload.* is a file"):
+        load_model(tmp_path / "model", device_map=placement)
 
 
 def test_cli_device_map_file(tmp_path, capsys):
@@ -136,3 +162,11 @@ def test_cli_device_map_file(tmp_path, capsys):
     assert "--device-map" in capsys.readouterr().err
     assert main([*args, "--device-map", "auto", "--device", "meta"]) == 2
     assert "either --device or --device-map" in capsys.readouterr().err
+    # Issue 48: --device cpu is --device too; a value that is no device, at once.
+    assert main([*args, "--device-map", "auto", "--device", "cpu"]) == 2
+    assert "either --device or --device-map" in capsys.readouterr().err
+    placement.write_text(json.dumps({"": "gpu7"}), encoding="utf-8")
+    assert main([*args, "--device-map", str(placement)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("captum-iglens: error: --device-map: ")
+    assert "'' maps to 'gpu7'" in err[-1] and "Traceback" not in " ".join(err)

@@ -30,11 +30,16 @@ BAD_CALLS = [
     ("positions", dict(positions=[5]), ValueError),
     ("positions", dict(positions=[-6]), ValueError),
     ("positions", dict(positions=[]), ValueError),
+    ("positions", dict(positions="last"), TypeError),  # issue 48: new(): invalid ...
+    ("positions", dict(positions=[0, "a"]), TypeError),
+    ("positions", dict(positions=-1.0), TypeError),
     ("baselines", dict(baselines=torch.zeros(3, 5, 32)), ValueError),
     ("baselines", dict(baselines="median"), TypeError),
     ("baselines", dict(baselines=float("nan")), ValueError),
     ("baselines", dict(baselines=float("inf")), ValueError),
     ("baselines", dict(baselines=torch.full((1, 1, 32), float("-inf"))), ValueError),
+    ("baselines", dict(baselines=1e30), ValueError),  # issue 48: after the work
+    ("baselines", dict(baselines=torch.full((1, 1, 32), -1e20)), ValueError),
     ("internal_batch_size", dict(internal_batch_size=0), ValueError),
     ("attribute_to_layer_input", dict(attribute_to_layer_input=True), ValueError),
 ]
@@ -96,6 +101,39 @@ def test_a_mask_without_tokens_is_refused(lens):
     mask = torch.zeros(2, 5, dtype=torch.long)
     with pytest.raises(ValueError, match="attention mask marks no token"):
         lens.attribute_map(_ids(), additional_forward_args=(mask,))
+
+
+@pytest.mark.parametrize("path", ["telescoping", "joint"])
+def test_a_delta_of_a_list_of_the_wrong_length_is_refused(lens, llama, path):
+    # Issue 48: 1 or 3 of 2 blocks (4 sub-layers) gave a delta such as -0.25.
+    ids = _ids()
+    attrs = lens.attribute(ids, target=5, positions=-1, path=path)
+    assert len(attrs) == 2
+    delta = lens.compute_convergence_delta(
+        attrs, None, ids, target=5, positions=-1, path=path
+    )
+    assert delta.abs().max() < 1e-5
+    hooks, state = hook_snapshot(llama), state_snapshot(llama)
+    for wrong in (attrs[:1], [*attrs, attrs[0]], [*attrs, *attrs, attrs[0]]):
+        with pytest.raises(ValueError, match="attributions: expected 2 or 4 tensors"):
+            lens.compute_convergence_delta(
+                wrong, None, ids, target=5, positions=-1, path=path
+            )
+    assert hook_snapshot(llama) == hooks
+    assert_state_unchanged(llama, state)
+
+
+@pytest.mark.parametrize("value", [float("nan"), 0.5, 7.0])
+def test_an_attention_mask_of_other_values_than_0_and_1_is_refused(lens, llama, value):
+    # Issue 48: p_model changed while result.mask read all True.
+    ids, mask = _ids(), torch.ones(2, 5)
+    mask[1, 2] = value
+    hooks, state = hook_snapshot(llama), state_snapshot(llama)
+    with pytest.raises(ValueError, match="expected an attention_mask of 0s and 1s"):
+        lens.attribute_map(ids, additional_forward_args=(mask,))
+    assert hook_snapshot(llama) == hooks
+    assert_state_unchanged(llama, state)
+    lens.attribute_map(ids, additional_forward_args=(torch.ones(2, 5),))  # 1.0s
 
 
 def test_constructor_errors(llama):
@@ -272,3 +310,48 @@ def test_a_model_on_the_meta_device_is_refused():
         model = AutoModelForCausalLM.from_config(tiny_model("llama").config)
     with pytest.raises(ValueError, match="meta device"):
         LayerIGLens.from_model(model)
+
+
+def test_a_readout_the_same_at_every_layer_takes_the_joint_path(llama, tmp_path):
+    # Issue 48: identity translators are the model's own readout at every point,
+    # which the joint path takes (as its docs say); it was refused after a forward.
+    from captum_iglens import IGLensResult
+    from captum_iglens.readout.translators import Translators
+
+    ids = _ids()
+    lens = LayerIGLens.from_model(llama, lens=Translators.identity(2, 32))
+    result = lens.attribute_map(ids, path="joint", n_steps=8)
+    logit = LayerIGLens.from_model(llama).attribute_map(ids, path="joint", n_steps=8)
+    torch.testing.assert_close(result.attributions, logit.attributions)
+    assert result.path == "joint" and not result.lens_change.any()
+    result.save(tmp_path / "r.json")
+    assert IGLensResult.load(tmp_path / "r.json").path == "joint"
+
+
+def test_from_model_takes_embeddings_as_its_docstring_says(llama):
+    # Issue 48: a raw torch indexing error, though embeddings are documented.
+    ids, mask = left_padded([5, 3], VOCAB)
+    embeds = llama.get_input_embeddings()(ids).detach()
+    lens = LayerIGLens.from_model(llama)
+    by_ids = lens.attribute_map(ids, additional_forward_args=(mask,), n_steps=4)
+    by_embeds = lens.attribute_map(embeds, additional_forward_args=(mask,), n_steps=4)
+    torch.testing.assert_close(by_embeds.attributions, by_ids.attributions)
+    torch.testing.assert_close(by_embeds.model_prob, by_ids.model_prob)
+
+
+def test_an_error_of_the_models_own_norm_goes_through(llama, monkeypatch):
+    # Issue 48: re-raised as "ValueError: the readout cannot read ...".
+    norm = llama.model.norm
+    forward = norm.forward
+
+    def fails_on_rows(hidden):
+        if hidden.dim() == 2:  # as the readout reads it, not as the model does
+            raise RuntimeError("the norm's own failure")
+        return forward(hidden)
+
+    monkeypatch.setattr(norm, "forward", fails_on_rows)
+    hooks, state = hook_snapshot(llama), state_snapshot(llama)
+    with pytest.raises(RuntimeError, match="the norm's own failure"):
+        LayerIGLens.from_model(llama).attribute_map(_ids())
+    assert hook_snapshot(llama) == hooks
+    assert_state_unchanged(llama, state)

@@ -125,3 +125,18 @@ def test_no_chat_template_is_said(tokenizer):
     assert not getattr(tokenizer, "chat_template", None)
     with pytest.warns(UserWarning, match="raw prompt"):
         encode_prompt(tokenizer, "w5", chat=True)
+
+
+def test_a_sequence_longer_than_the_context_is_said(llama, tokenizer):
+    # Issue 48: a prompt longer than max_position_embeddings ran without a word.
+    import warnings
+
+    from captum_iglens.hf.text import answered_prompt
+
+    context = llama.config.max_position_embeddings
+    words = " ".join(f"w{5 + i % 20}" for i in range(context))
+    with pytest.warns(UserWarning, match=f"more than the {context} positions"):
+        answered_prompt(llama, tokenizer, words, answer="w5", chat=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        answered_prompt(llama, tokenizer, "w5 w6", answer="w7", chat=False)

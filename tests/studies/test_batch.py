@@ -168,6 +168,27 @@ def test_run_json_records_the_batch_size_and_a_resume_under_another_is_refused(
     assert (tmp_path / "results.jsonl").read_text() == before
 
 
+def test_an_empty_answer_on_the_joint_path_records_the_path(tmp_path):
+    # Issue 48: the empty map of an empty answer is on the run's path too.
+    model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
+    prompts = [{"id": 1, "prompt": "w5 w6", "answer": ""}]
+    path = run_batch(model, tokenizer, prompts, tmp_path, progress=False, path="joint")
+    (record,) = read_results(path)
+    assert record["path"] == "joint"
+    result = to_result(record)
+    assert result.path == "joint" and result.attributions.shape[1] == 0
+
+
+def test_resume_of_a_joint_folder_names_the_default_path_now(tmp_path):
+    # Issue 48: the default path, not written in the settings, reads as itself.
+    from captum_iglens.studies.batch import check_resume
+
+    model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
+    run_batch(model, tokenizer, PROMPTS[:1], tmp_path, progress=False, path="joint")
+    with pytest.raises(ValueError, match="path: 'joint' then, 'telescoping' now"):
+        check_resume(tmp_path, PROMPTS, Settings(), batch_size=8)
+
+
 def test_a_run_json_without_a_batch_size_resumes_under_any(tmp_path):
     model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
     run_batch(model, tokenizer, PROMPTS[:2], tmp_path, progress=False, batch_size=2)

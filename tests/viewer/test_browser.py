@@ -738,3 +738,28 @@ def test_the_trajectory_labels_do_not_run_into_the_last(browser, tmp_path):
     for (name, x, height), (after, x_after, _) in zip(labels, labels[1:]):
         assert (x_after - x) * slant >= height, f"{name!r} runs into {after!r}"
     assert console_errors(browser) == []
+
+
+@pytest.mark.parametrize("path", ["telescoping", "joint"])
+def test_the_trajectory_caption_says_what_the_lines_are_on_each_path(
+    browser, tmp_path, path
+):
+    # Issue 48: the caption was "lens level = f(h_base) + cumulative credit" on
+    # every path; the joint path's two lines differ.
+    from dataclasses import replace
+
+    from captum_iglens.attr.paths import PATHS
+
+    result = replace(synthetic_result(4, 6), path=path)
+    result.metadata = {"model": "/root/.cache/captum_iglens/Tiny-Model"}
+    result.to_html(tmp_path / f"{path}.html")
+    open_page(browser, tmp_path / f"{path}.html")
+    caption = browser.find_element("id", "trajectory-caption").text
+    assert caption.startswith(PATHS[path].trajectory_caption + "; f(h_base) = ")
+    about = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.about'))"
+        ".map(function (e) { return e.textContent; })"
+    )
+    assert "model: Tiny-Model" in about and "/root" not in " ".join(about)
+    screenshot(browser, f"trajectory-{path}.png")
+    assert console_errors(browser) == []

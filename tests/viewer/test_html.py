@@ -115,6 +115,39 @@ def test_to_html_and_notebook_repr(tmp_path, hostile_result):
         hostile_result.to_html(tmp_path / "missing" / "r.html")
 
 
+@pytest.mark.parametrize("path", ["telescoping", "joint"])
+def test_the_trajectory_caption_is_the_paths(path):
+    # Issue 48: "lens level = f(h_base) + cumulative credit" is false on the
+    # joint path; each path says what its two lines are.
+    from dataclasses import replace
+
+    from captum_iglens.attr.paths import PATHS
+
+    data = page_data(result_html(replace(synthetic_result(3, 4), path=path)))
+    assert data["trajectory"] == PATHS[path].trajectory_caption
+    joint = "f(h_base) + cumulative credit" not in data["trajectory"].split(";")[0]
+    assert joint == (path == "joint")
+
+
+@pytest.mark.parametrize(
+    "recorded, shown",
+    [
+        ("/root/.cache/captum_iglens/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct"),
+        ("~/models/tiny", "tiny"),
+        ("./tiny", "tiny"),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    ],
+)
+def test_the_header_shows_the_models_name_not_its_folder(recorded, shown):
+    # Issue 48: a page meant to be shared shows no local path.
+    result = synthetic_result(3, 4)
+    result.metadata = {"model": recorded, "prompt": "p"}
+    page = result_html(result)
+    assert page_data(page)["about"]["model"] == shown
+    if shown != recorded:
+        assert recorded not in page and "/root/.cache" not in page
+
+
 def test_comparison_page(comparison_result, tmp_path):
     comparison_result.to_html(tmp_path / "c.html")
     data = page_data((tmp_path / "c.html").read_text(encoding="utf-8"))

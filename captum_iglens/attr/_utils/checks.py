@@ -5,9 +5,11 @@ expected, before any hook is registered on the model.
 """
 
 import inspect
+import math
 from typing import (
     Any,
     Callable,
+    Collection,
     List,
     Optional,
     Sequence,
@@ -162,16 +164,34 @@ def _default_names(forward_func: Callable[..., Any], layers: List[Module]) -> Li
 
 
 def summed_credits(
-    attributions: Union[Tensor, Sequence[Tensor]], shape: Sequence[int]
+    attributions: Union[Tensor, Sequence[Tensor]],
+    shape: Sequence[int],
+    counts: Collection[int],
 ) -> Tensor:
     r"""
     The credits ``(B, P)`` of attributions as ``attribute`` returns them: one
     ``(B, P, d)`` tensor, or a list of them, summed in float64.
 
+    Args:
+
+        attributions (Tensor or list[Tensor]): ``(B, P, d)`` each.
+        shape (tuple[int, int]): ``(B, P)``.
+        counts (collection of int): How many tensors ``attribute`` returns at
+                    the granularities it returns per-column tensors for (per
+                    block, per sub-layer): a list of another length (e.g. 3 of
+                    4 blocks) would give a wrong delta.
+
     Raises:
-        ValueError: If an attribution does not have the shape ``(*shape, d)``.
+        ValueError: If an attribution does not have the shape ``(*shape, d)``,
+            or there are not as many as one of ``counts``.
     """
     parts = [attributions] if isinstance(attributions, Tensor) else attributions
+    if isinstance(parts, Sequence) and len(parts) not in counts:
+        raise ValueError(
+            f"attributions: expected {' or '.join(map(str, sorted(counts)))} "
+            f"tensors, one per block or per sub-layer as attribute returns them, "
+            f"got {len(parts)}"
+        )
     shape = tuple(shape)
     if not parts or any(
         not isinstance(a, Tensor) or a.dim() != 3 or tuple(a.shape[:2]) != shape
@@ -294,6 +314,13 @@ def attention_mask_of(
             f"additional_forward_args: expected attention_mask of shape "
             f"({batch}, {length}), got {tuple(mask.shape)}"
         )
+    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+        bad = mask[(mask != 0) & (mask != 1)].flatten()[0].item()
+        raise ValueError(
+            "additional_forward_args: expected an attention_mask of 0s and 1s (1 "
+            f"at a real token, 0 at padding), got {bad}; pass the mask the "
+            "tokenizer returns"
+        )
     return mask
 
 
@@ -310,7 +337,16 @@ def resolve_positions(
                 "zeros); there is nothing to attribute"
             )
         return marked.nonzero()[:, 0].cpu()
-    pos = torch.as_tensor(positions)
+    forms = (
+        "None (every position), an int such as -1 (the last), or a non-empty 1-D "
+        "list or tensor of ints"
+    )
+    if isinstance(positions, (str, bytes, float, bool)):
+        raise TypeError(f"positions: expected {forms}, got {positions!r}")
+    try:
+        pos = torch.as_tensor(positions)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"positions: expected {forms}, got {positions!r}") from None
     if pos.dtype not in (torch.int64, torch.int32) or pos.dim() > 1 or pos.numel() == 0:
         raise ValueError(
             "positions: expected a non-empty 1-D list or tensor of int positions, "
@@ -443,6 +479,19 @@ def check_baselines(baselines: BaselineType) -> None:
     )
     if not finite:
         raise ValueError("baselines: expected finite values, got NaN or inf")
+    if isinstance(baselines, (int, float, Tensor)):
+        values = torch.as_tensor(baselines).detach().double().abs()
+        largest = float(values.max()) if values.numel() else 0.0
+        if largest >= _LARGEST_BASELINE:
+            raise ValueError(
+                f"baselines: expected values under {_LARGEST_BASELINE:.3g} in size "
+                "(the model's norms square them, and the square must be a finite "
+                f"float32 number), got {largest:.3g}"
+            )
+
+
+#: The size of a baseline value whose square is the largest finite float32.
+_LARGEST_BASELINE = math.sqrt(torch.finfo(torch.float32).max)
 
 
 def baseline_inputs(

@@ -33,6 +33,9 @@ class IntegrationPath(ABC):
                     in :data:`~captum_iglens.attr.estimators.ESTIMATORS`).
         onset_meaning (str): What the onset of a block map on this path says,
                     in a few words (for legends).
+        trajectory_caption (str): What the viewer's trajectory of a token
+                    shows on this path: its lens level (the readout after
+                    each column) beside its cumulative credit.
         learned_readout (bool): A learned readout per layer can split its
                     columns into block and lens-change parts (the columns are
                     the changes between consecutive path points).
@@ -42,6 +45,10 @@ class IntegrationPath(ABC):
     default_steps: ClassVar[int] = 50
     default_method: ClassVar[str] = "prediction_aware"
     onset_meaning: ClassVar[str] = "its path's onset"
+    trajectory_caption: ClassVar[str] = (
+        "lens level: the readout after each column; cumulative credit: the "
+        "credits so far, f(h_base) + all of them = p_model"
+    )
     learned_readout: ClassVar[bool] = False
 
     def check(

@@ -48,6 +48,11 @@ class Joint(IntegrationPath):
     default_steps = 128
     default_method = "adaptive"
     onset_meaning = "blocks wrote it"
+    trajectory_caption = (
+        "lens level: what the head reads after each block; cumulative credit: "
+        "the blocks' joint credits so far (every update scaled together). The "
+        "two differ; at the last block, f(h_base) + cumulative credit = p_model"
+    )
 
     def check(
         self,

@@ -21,6 +21,7 @@ class Telescoping(IntegrationPath):
 
     name = "telescoping"
     onset_meaning = "head can read it"
+    trajectory_caption = "lens level = f(h_base) + cumulative credit"
     learned_readout = True
 
     def segments(

@@ -110,7 +110,9 @@ def _attribute_padded(
     filled = [(a, b) for a, b in columns if b > a]
     if not filled:
         names = ig_lens.segment_names(settings.granularity)
-        empty = IGLensResult.empty(names, settings.estimator, settings.steps)
+        empty = IGLensResult.empty(
+            names, settings.estimator, settings.steps, settings.path
+        )
         return [empty] * len(sequences)
     first, last = min(a for a, _ in filled), max(b for _, b in filled)
     positions = torch.arange(first, last)

@@ -5,7 +5,8 @@ The viewer page of a batch folder.
 from pathlib import Path
 from typing import Optional, Union
 
-from captum_iglens._utils.serialization import check_writable, write_atomic
+from captum_iglens._utils.output_paths import check_writable
+from captum_iglens._utils.serialization import write_atomic
 from captum_iglens.studies.batch.records import RESULTS, read_results, to_result
 from captum_iglens.studies.batch.resume import RUN, read_run
 

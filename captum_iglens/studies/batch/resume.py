@@ -7,6 +7,7 @@ relatively is the same model.
 """
 
 import hashlib
+from dataclasses import fields
 import json
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Union
@@ -204,17 +205,29 @@ def _compare(
 ) -> None:
     """Refuses to resume when ``key`` of ``run.json`` differs from this run's."""
     if recorded.get(key) != ours[key]:
+        absent = _SETTINGS_DEFAULTS if key == "settings" else {}
+        changed = _differences(recorded.get(key), ours[key], absent)
         raise ValueError(
             f"out_dir: {out} was written with other {key.replace('_', ' ')} "
-            f"({_differences(recorded.get(key), ours[key])}{more}); resuming would "
+            f"({changed}{more}); resuming would "
             "mix results. Rerun with the recorded settings and model or choose a "
             "new --out folder"
         )
 
 
-def _differences(old: Any, new: Any) -> str:
-    """Every differing value, in full."""
+#: What a settings field absent from a record stands for: its default
+#: (:meth:`Settings.to_dict` writes some fields only where they differ).
+_SETTINGS_DEFAULTS = {f.name: f.default for f in fields(Settings)}
+
+
+def _differences(old: Any, new: Any, absent: Dict[str, Any]) -> str:
+    """Every differing value, in full; a key absent from a dict reads as its
+    value in ``absent``."""
     if isinstance(old, dict) and isinstance(new, dict):
         keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-        return ", ".join(f"{k}: {old.get(k)!r} then, {new.get(k)!r} now" for k in keys)
+        return ", ".join(
+            f"{k}: {old.get(k, absent.get(k))!r} then, "
+            f"{new.get(k, absent.get(k))!r} now"
+            for k in keys
+        )
     return f"{old!r} then, {new!r} now"

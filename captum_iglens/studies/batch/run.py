@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from captum_iglens._utils.serialization import check_folder
+from captum_iglens._utils.output_paths import check_folder
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.settings import Settings, provenance

@@ -275,7 +275,7 @@
       return show;
     });
   }
-  function renderMap(root, layers, groups, rows, vocab, sources) {
+  function renderMap(root, layers, groups, rows, vocab, sources, trajectory) {
     var folded = groups.map(function (g) { return g.folded; });
     var foldable = groups.some(function (g) { return g.foldable; });
     var state = { view: 'credit', absolute: false, row: -1 };
@@ -479,7 +479,9 @@
       var describe = function (list) {
         return list.length ? list.map(function (p) { return layers[p[1]] + ' ' + fmt(p[0], true, 3); }).join(', ') : 'none';
       };
-      add(trajBody, h('div', 'hint', 'lens level = f(h_base) + cumulative credit, f(h_base) = ' + fmt(row.base)));
+      // What the two lines are depends on the path; the page says it, by path.
+      var caption = add(trajBody, h('div', 'hint', trajectory + '; f(h_base) = ' + fmt(row.base)));
+      caption.id = 'trajectory-caption';
       add(trajBody, h('div', 'hint', 'built at: ' + describe(built)));
       add(trajBody, h('div', 'hint', 'given back at: ' + describe(back)));
       var line = add(trajBody, h('div', 'completeness'));
@@ -668,7 +670,7 @@
     add(root, slot);
     function show(i) {
       slot.textContent = '';
-      renderMap(slot, d.layers, d.groups, d.sequences[i].rows, d.vocab, d.sources ? d.sources[i] : null);
+      renderMap(slot, d.layers, d.groups, d.sequences[i].rows, d.vocab, d.sources ? d.sources[i] : null, d.trajectory);
     }
     show(0);
   }
@@ -707,7 +709,7 @@
       add(slot, h('h2', null, 'Prompt ' + p.id));
       var about = add(slot, h('div', 'about'));
       about.textContent = visible(p.prompt) + '\n→ ' + visible(p.answer);
-      if (p.rows.length) renderMap(slot, d.layers, d.groups, p.rows, d.vocab);
+      if (p.rows.length) renderMap(slot, d.layers, d.groups, p.rows, d.vocab, null, d.trajectory);
       else add(slot, h('div', 'hint', 'No attributed tokens (an empty answer).'));
     }
     if (d.prompts.length) open(0);

@@ -1,0 +1,97 @@
+r"""
+The one check of every output path, file or folder, made before any work and
+without importing torch (so that the command line refuses a bad path at once):
+not empty, in an existing folder that can be written, not a folder where a file
+is expected (nor a file where a folder is), and with the suffix its format needs.
+"""
+
+import os
+import secrets
+from pathlib import Path
+from typing import Optional, Union
+
+PathLike = Union[str, Path]
+
+
+def check_writable(path: PathLike, what: str, suffix: Optional[str] = None) -> Path:
+    r"""
+    The path of an output file, checked before any work.
+
+    Args:
+
+        path (str or Path): The file to be written.
+        what (str): The argument's name, for the error, e.g. ``"--json"``.
+        suffix (str, optional): The one suffix the file's format allows (e.g.
+                    ``".png"``), compared case-insensitively; a path with no
+                    suffix is taken too. None takes any suffix.
+                    Default: None
+
+    Returns:
+        *Path*: ``path``.
+
+    Raises:
+        ValueError: Naming ``what``: if ``path`` is empty, a folder, a read-only
+                    file, in a folder that does not exist or cannot be written,
+                    or has another suffix than ``suffix``.
+    """
+    path = _non_empty(path, what, "a file path such as out.json")
+    if path.is_dir():
+        raise ValueError(f"{what}: {path} is a folder; expected a file path")
+    if suffix is not None and path.suffix and path.suffix.lower() != suffix:
+        raise ValueError(
+            f"{what}: {path} ends in {path.suffix}, expected a {suffix} file; "
+            f"name it e.g. {path.with_suffix(suffix).name}"
+        )
+    _check_folder_exists(path.parent, what)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{what}: {path} exists and is read-only")
+    return path
+
+
+def check_folder(path: PathLike, what: str) -> Path:
+    r"""
+    The path of an output folder, checked before any work: an existing,
+    writable folder, or a new one whose parent is an existing, writable folder.
+
+    Args:
+
+        path (str or Path): The folder to be written in (or made).
+        what (str): The argument's name, for the error, e.g. ``"--out"``.
+
+    Returns:
+        *Path*: ``path``.
+
+    Raises:
+        ValueError: Naming ``what``: if ``path`` is empty or a file, or its
+                    parent folder does not exist or cannot be written.
+    """
+    path = _non_empty(path, what, "a folder such as out")
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what}: {path} is a file; expected a folder")
+    _check_folder_exists(path if path.exists() else path.parent, what)
+    return path
+
+
+def _non_empty(path: PathLike, what: str, example: str) -> Path:
+    # Path("") is Path("."): the empty text is refused before it becomes one.
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what}: expected a path (str or Path), got {path!r}")
+    if not os.fspath(path).strip():
+        raise ValueError(f"{what}: the path is empty or blank; expected {example}")
+    return Path(path)
+
+
+def _check_folder_exists(folder: Path, what: str) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{what}: {folder} is a file, not a folder")
+    if not folder.is_dir():
+        raise ValueError(f"{what}: the folder {folder} does not exist")
+    # Tried, not asked: os.access says yes to root on /proc or a read-only share.
+    probe = folder / f".captum-iglens-probe.{secrets.token_hex(8)}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as error:
+        raise ValueError(
+            f"{what}: cannot write in the folder {folder} ({error.strerror})"
+        ) from None
