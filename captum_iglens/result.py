@@ -320,13 +320,14 @@ class IGLensResult(JsonDocument, Viewable):
                 f"readout and neither under the logit readout (readout_kind "
                 f"{self.readout_kind!r})"
             )
-        default_path = type(self).path
         changes = self.lens_change is not None and bool(self.lens_change.ne(0).any())
-        if changes and self.path != default_path:  # one readout along it: none
+        paths = names_of("path")
+        if changes and self.path in paths and not paths[self.path].learned_readout:
+            splitting = [name for name, path in paths.items() if path.learned_readout]
             raise ValueError(
                 f"path: {self.path!r} has no lens-change parts (readout_kind "
-                f"{self.readout_kind!r}: only {default_path!r} splits a readout "
-                "that differs along the path); expected lens_change all 0"
+                f"{self.readout_kind!r}: only {splitting} split a readout that "
+                "differs along the path); expected lens_change all 0"
             )
         settings = self.metadata.get("settings")
         recorded = settings.get("path") if isinstance(settings, dict) else None

@@ -203,21 +203,24 @@ def answer_and_attribute(
 def companion_settings(
     settings: "Settings", n_steps: Optional[int] = None
 ) -> Optional["Settings"]:
-    """The block map on the other path, whose onset the table shows beside the
-    map's own: the telescoping onset says when the final head can read the
-    answer, the joint one which blocks wrote it (``n_steps`` as given, else the
-    other path's default). None where the other path cannot take these
-    settings (a baseline the joint block map has no column for)."""
+    """The block map on the main job's other onset path, whose onset the
+    table shows beside the map's own: the first path in the registry that
+    declares the ``companion`` role, is not the map's own and takes these
+    settings (the telescoping onset says when the final head can read the
+    answer, the joint one which blocks wrote it; ``n_steps`` as given, else
+    that path's default). None where no such path takes them (a baseline the
+    joint block map has no column for)."""
     from captum_iglens.attr.paths import PATHS
 
-    for name in PATHS:
-        if name != settings.path:
-            try:
-                return settings.replace(
-                    path=name, granularity="block", top_k=0, n_steps=n_steps
-                )
-            except ValueError:
-                return None
+    for name, path in PATHS.items():
+        if name == settings.path or not path.companion:
+            continue
+        try:
+            return settings.replace(
+                path=name, granularity="block", top_k=0, n_steps=n_steps
+            )
+        except ValueError:
+            continue  # the next path with the role may take them
     return None
 
 

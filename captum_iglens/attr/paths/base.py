@@ -31,6 +31,10 @@ class IntegrationPath(ABC):
         default_steps (int): The ``n_steps`` taken when none is given.
         default_method (str): The estimator taken when none is given (a name
                     in :data:`~captum_iglens.attr.estimators.ESTIMATORS`).
+        companion (bool): The main job prints the onset of its block map
+                    beside the map's own (the table's onset columns; the
+                    first such path other than the map's own that takes the
+                    settings).
         onset_meaning (str): What the onset of a block map on this path says,
                     in a few words (for legends).
         trajectory_caption (str): What the viewer's trajectory of a token
@@ -44,6 +48,7 @@ class IntegrationPath(ABC):
     name: ClassVar[str]
     default_steps: ClassVar[int] = 50
     default_method: ClassVar[str] = "prediction_aware"
+    companion: ClassVar[bool] = False
     onset_meaning: ClassVar[str] = "its path's onset"
     trajectory_caption: ClassVar[str] = (
         "lens level: the readout after each column; cumulative credit: the "

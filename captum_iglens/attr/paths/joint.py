@@ -47,6 +47,7 @@ class Joint(IntegrationPath):
     name = "joint"
     default_steps = 128
     default_method = "adaptive"
+    companion = True
     onset_meaning = "blocks wrote it"
     trajectory_caption = (
         "lens level: what the head reads after each block; cumulative credit: "

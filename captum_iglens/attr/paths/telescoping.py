@@ -23,6 +23,7 @@ class Telescoping(IntegrationPath):
     onset_meaning = "head can read it"
     trajectory_caption = "lens level = f(h_base) + cumulative credit"
     learned_readout = True
+    companion = True
 
     def segments(
         self,
