@@ -447,3 +447,43 @@ def test_the_page_counts_one_file_for_each_kind_but_a_study():
         assert rows[kind][0].count(".py") == 1, (kind, rows[kind])
         assert rows[kind][2] == "none", (kind, rows[kind])
     assert rows["a study"][2] != "none"
+
+
+def _declared(kind: str) -> List[str]:
+    """The names the page's section on ``kind`` lists after "Abstract methods:"
+    (or "Protocol members:")."""
+    section = PAGE.read_text().split(f"\n## {kind}\n")[1].split("\n## ")[0]
+    for line in section.splitlines():
+        if line.startswith(("Abstract methods:", "Protocol members:")):
+            return sorted(name.strip(" `.") for name in line.split(":")[1].split(","))
+    raise AssertionError(f"the section {kind!r} lists no methods")
+
+
+def _protocol_members(*protocols: type) -> List[str]:
+    """The methods and properties a protocol and its bases declare."""
+    names = set()
+    for protocol in protocols:
+        for name, value in vars(protocol).items():
+            if (name == "__call__" or not name.startswith("_")) and callable(
+                getattr(value, "fget", value)
+            ):
+                names.add(name)
+    return sorted(names)
+
+
+@pytest.mark.parametrize(
+    "kind, base",
+    [
+        ("A path", IntegrationPath),
+        ("A granularity", PathGranularity),
+        ("An estimator", Estimator),
+    ],
+)
+def test_the_page_lists_exactly_the_abstract_methods(kind, base):
+    assert _declared(kind) == sorted(base.__abstractmethods__)
+
+
+def test_the_page_lists_exactly_the_readout_protocol():
+    from captum_iglens.readout.interface import LayerwiseReadout, PathReadout
+
+    assert _declared("A readout") == _protocol_members(PathReadout, LayerwiseReadout)
