@@ -487,3 +487,37 @@ def test_the_page_lists_exactly_the_readout_protocol():
     from captum_iglens.readout.interface import LayerwiseReadout, PathReadout
 
     assert _declared("A readout") == _protocol_members(PathReadout, LayerwiseReadout)
+
+
+def test_a_third_path_runs_through_settings_text_and_the_onset_columns(toys, llama):
+    """The toy path as the map's own path (``Settings``, ``attribute_text``, the
+    table), and the main job's companion chosen by the declared role: the toy
+    has none until it declares it, and then takes over where the joint path
+    refuses the settings (the CLI's second onset column)."""
+    from captum_iglens import Settings, attribute_text
+    from captum_iglens.cli.attribute import companion_settings
+    from tests.helpers import word_tokenizer
+
+    tokenizer = word_tokenizer(llama.config.vocab_size)
+    settings = Settings(path="toy_equal_shares", chat=False)
+    assert settings.estimator == "prediction_aware"  # the path's default_method
+    result = attribute_text(
+        llama, tokenizer, "w5 w6 w7", answer=" w8 w9", settings=settings
+    )
+    assert result.path == "toy_equal_shares" and _completeness(result) <= 1e-6
+    companion = companion_settings(settings)
+    assert companion is not None and companion.path == "telescoping"
+    other = attribute_text(
+        llama, tokenizer, "w5 w6 w7", answer=" w8 w9", settings=companion
+    )
+    header = result.format_table(companion=other).splitlines()[0].split()
+    assert header[-2:] == ["toy_equal_shares", "telescoping"]
+    # joint refuses a number baseline at block granularity: no companion ...
+    refused = Settings(baselines=0.5, chat=False)
+    assert companion_settings(refused) is None
+    # ... until the toy declares the role: then the next path with it is tried
+    EqualShares.companion = True
+    try:
+        assert companion_settings(refused).path == "toy_equal_shares"
+    finally:
+        del EqualShares.companion
