@@ -311,7 +311,7 @@ class IGLensResult(JsonDocument, Viewable):
     def _check_readout(self) -> None:
         """The lens-change parts and the checksum exactly when the readout is
         learned."""
-        learned = self.readout_kind != "logit"
+        learned = self.learned_readout
         if learned != (self.lens_change is not None) or learned != isinstance(
             self.readout_checksum, str
         ):
@@ -335,6 +335,12 @@ class IGLensResult(JsonDocument, Viewable):
             raise ValueError(
                 f"path: {self.path!r} differs from metadata.settings.path {recorded!r}"
             )
+
+    @property
+    def learned_readout(self) -> bool:
+        """Whether a learned readout per layer (any kind but the model's own
+        readout's, the field's default) read the path."""
+        return self.readout_kind != type(self).readout_kind
 
     @property
     def has_views(self) -> bool:

@@ -102,7 +102,8 @@ class ColumnReadout(ABC):
         # a learned readout records its lens-change parts, 0 where it is one
         # readout along the path
         zeros = torch.zeros_like(credits)
-        lens_change = None if self.record["kind"] == "logit" else zeros
+        learned = self.record["kind"] != IGLensResult.readout_kind
+        lens_change = zeros if learned else None
         if split.lens is not None:
             lens_change = split.lens.float() * mask[..., None]
         return IGLensResult(
@@ -209,8 +210,9 @@ class LensChange(ColumnReadout):
         return attrs, lambda block: learned_delta(path, split, block)
 
     def delta(self, path: TracedPath, credits: Tensor, chunk_rows: int) -> Tensor:
-        """The attributions are block parts: the delta adds the lens parts."""
-        rule = estimator("prediction_aware")
+        """The attributions are block parts: the delta adds the lens parts (of
+        the map by the path's own estimator, exact on every built-in path)."""
+        rule = estimator(self.along.default_method)
         exact = Integration(rule, self.readout, 1, chunk_rows, self.along)
         return learned_delta(path, split_map(exact, path, self.route), credits)
 

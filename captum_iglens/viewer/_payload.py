@@ -158,8 +158,8 @@ def about(result: Any) -> Dict[str, str]:
     about = {key: metadata[key] for key in keep if key in metadata}
     if isinstance(about.get("model"), str):
         about["model"] = model_name(about["model"])
-    kind = getattr(result, "readout_kind", "logit")
-    if isinstance(kind, str) and kind != "logit":
+    if getattr(result, "learned_readout", False):
+        kind = result.readout_kind
         checksum = str(getattr(result, "readout_checksum", ""))[:16]
         about["readout"] = f"{kind} lens per layer (checksum {checksum})"
     return {key: value for key, value in about.items() if isinstance(value, str)}
