@@ -1,0 +1,112 @@
+"""The ``"adaptive"`` estimator: its quadrature rule, exact sums at any budget,
+and error bounds that hold against an independent, converged reference (tiny
+models here; the embedded models in the ``real_model`` tests)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from captum_iglens import LayerIGLens
+from captum_iglens.attr.estimators.adaptive import gauss_kronrod, logit_range
+
+
+def test_the_panel_rule_is_the_gauss_kronrod_pair():
+    points, kronrod, gauss = gauss_kronrod(3)
+    # G3: the roots of P_3, ±sqrt(3/5) and 0, weights 5/9, 8/9, 5/9
+    at_gauss = gauss != 0
+    expected = torch.tensor([-math.sqrt(0.6), 0.0, math.sqrt(0.6)], dtype=torch.float64)
+    torch.testing.assert_close(points[at_gauss], expected)
+    torch.testing.assert_close(
+        gauss[at_gauss], torch.tensor([5 / 9, 8 / 9, 5 / 9], dtype=torch.float64)
+    )
+    # K7 integrates x^k exactly to degree 3n + 1 = 10, and not x^12
+    for k in range(11):
+        exact = (1 - (-1) ** (k + 1)) / (k + 1)
+        assert abs(float((kronrod * points**k).sum()) - exact) < 1e-13, k
+    assert abs(float((kronrod * points**12).sum()) - 2 / 13) > 1e-6
+    assert len(points) == 7 and bool((points.diff() > 0).all())
+
+
+def test_the_logit_range_leaves_out_little_of_either_end():
+    ends = torch.stack([torch.ones(1, 4), 250 * torch.ones(1, 4)], 1)
+    low, high = logit_range(ends)[0].tolist()
+    # below α = e^low the start dominates; the range reaches further the
+    # smaller the start's norm is beside the end's
+    assert low == pytest.approx(-14 - math.log(250)) and high == pytest.approx(14)
+    flipped = logit_range(ends.flip(1))[0].tolist()
+    assert flipped == pytest.approx([-14, 14 + math.log(250)])
+
+
+@pytest.mark.parametrize("n_steps", [1, 3, 7, 20, 128])
+@pytest.mark.parametrize("granularity", ["block", "head", "neuron"])
+def test_exact_at_any_budget_and_consistent_across_granularities(
+    llama, n_steps, granularity
+):
+    lens = LayerIGLens.from_model(llama)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    kwargs = dict(path="joint", method="adaptive", n_steps=n_steps)
+    result = lens.attribute_map(ids, granularity=granularity, **kwargs)
+    change = result.model_prob - result.base_prob
+    assert (result.total - change).abs().max() <= 1e-6
+    if granularity == "block":
+        assert result.credit_error is not None
+        assert result.credit_error.shape == result.attributions.shape
+        assert bool((result.credit_error >= 0).all())
+    else:  # the components of a block add up to its credit in the block map
+        blocks = lens.attribute_map(ids, **kwargs)
+        names = result.layer_names
+        for j, block in enumerate(blocks.layer_names):
+            mine = [i for i, name in enumerate(names) if name.split(".")[0] == block]
+            summed = result.attributions[..., mine].sum(-1)
+            torch.testing.assert_close(
+                summed, blocks.attributions[..., j], atol=2e-6, rtol=0
+            )
+
+
+def _reference(lens, llama, ids, panels: int, nodes: int = 8) -> torch.Tensor:
+    """Per-block ``∫ ∇f(γ(α)) · Δ_l dα`` at the last position, by autograd
+    through the model's final norm and head, on ``panels`` equal panels of an
+    ``nodes``-point Gauss–Legendre rule in ``t`` with ``α = t²`` (which crowds
+    the points where the direction turns), in float64 sums."""
+    states = []
+
+    def keep(module, args, output):
+        states.append((output[0] if isinstance(output, tuple) else output)[0, -1])
+
+    hooks = [layer.register_forward_hook(keep) for layer in llama.model.layers]
+    first = llama.model.layers[0].register_forward_pre_hook(
+        lambda m, a: states.insert(0, a[0][0, -1])
+    )
+    try:
+        with torch.no_grad():
+            target = int(llama(ids).logits[0, -1].argmax())
+    finally:
+        for hook in hooks + [first]:
+            hook.remove()
+    stream = torch.stack(states).double()
+    updates = stream.diff(dim=0)  # (L, d)
+    x, w = (torch.from_numpy(a) for a in np.polynomial.legendre.leggauss(nodes))
+    t = ((torch.arange(panels)[:, None] + (x[None] + 1) / 2) / panels).flatten()
+    weights = (w[None] / 2 / panels).expand(panels, -1).flatten() * 2 * t
+    points = stream[0] + (t**2)[:, None] * (stream[-1] - stream[0])
+    h = points.float().requires_grad_(True)
+    prob = llama.lm_head(llama.model.norm(h)).softmax(-1)[:, target]
+    (grad,) = torch.autograd.grad(prob.sum(), h)
+    return (grad.double() @ updates.T * weights[:, None]).sum(0), target
+
+
+def test_the_bound_holds_against_an_independent_reference(llama):
+    lens = LayerIGLens.from_model(llama)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    coarse, target = _reference(lens, llama, ids, 64)
+    fine, _ = _reference(lens, llama, ids, 128)
+    assert (coarse - fine).abs().max() < 1e-7  # the reference has converged
+    for n_steps in (7, 35, 128):
+        result = lens.attribute_map(
+            ids, target=target, positions=[-1], path="joint", n_steps=n_steps
+        )
+        assert result.method == "adaptive"  # the joint path's default
+        error = (result.attributions[0, 0].double() - fine).abs()
+        assert bool((error <= result.credit_error[0, 0].double() + 1e-7).all())
