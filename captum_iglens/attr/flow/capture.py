@@ -257,21 +257,12 @@ def _receiver_gradients(
     n = layout.n_layers
     rows = []
     for layer in range(n):
-        g_q, g_k, g_v = grads[3 * layer : 3 * layer + 3]
-        record, h_in = records[layer], seen["in", layer]
-        reads = [
-            _head_reads(record["query"], h_in, g_q, 1),
-            _head_reads(
-                record["key"], h_in, g_k, g_q.shape[1] // record["key"].shape[1]
-            ),
-            _head_reads(
-                record["value"], h_in, g_v, g_q.shape[1] // record["value"].shape[1]
-            ),
-        ]
-        per_head = torch.stack(reads, 1)  # (H, 3, P, T, d)
-        if not layout.qkv:
-            per_head = per_head.sum(1, keepdim=True)
-        rows.append(per_head.flatten(0, 1).transpose(0, 1))  # (P, H·kinds, T, d)
+        record = records[layer]
+        reads = [record["query"], record["key"], record["value"]]
+        per_head = _head_reads(
+            reads, seen["in", layer], grads[3 * layer : 3 * layer + 3], layout.qkv
+        )
+        rows.append(per_head.transpose(0, 1))  # (P, H·kinds, T, d)
         (mlp,) = torch.autograd.grad(
             seen["branch", layer],
             seen["mid", layer],
@@ -282,29 +273,42 @@ def _receiver_gradients(
     return torch.cat(rows, 1).detach()
 
 
-def _head_reads(read: Tensor, h_in: Tensor, grad: Tensor, groups: int) -> Tensor:
+def _head_reads(
+    reads: List[Tensor], h_in: Tensor, grads: Tuple[Tensor, ...], separate: bool
+) -> Tensor:
     r"""
-    Per query head ``h``, the gradient with respect to the block's input
-    ``h_in`` through head ``h``'s slice of ``read`` alone.
+    Per query head ``h`` (and read kind, if ``separate``), the gradient with
+    respect to the block's input ``h_in`` through head ``h``'s slice of its
+    queries, keys and values alone: one batched vector-Jacobian product.
 
     Args:
-        read (Tensor): ``(P, H_read, T, e)``: the queries (``groups = 1``) or
-                    the grouped keys or values, as the attention got them.
+        reads (list[Tensor]): The queries ``(P, H, T, e)`` and the grouped
+                    keys and values ``(P, H_kv, T, e)``, as the attention got
+                    them.
         h_in (Tensor): ``(P, T, d)``: the block's input.
-        grad (Tensor): ``(P, H, T, e)``: the gradient of ``m`` with respect to
-                    each query head's copy of ``read``.
-        groups (int): Query heads per head of ``read``.
+        grads (tuple[Tensor]): ``(P, H, T, e)`` each: the gradient of ``m``
+                    with respect to each query head's queries, keys and values.
+        separate (bool): One result per read kind (queries, keys, values).
 
     Returns:
-        *Tensor* ``(H, P, T, d)``.
+        *Tensor* ``(H · kinds, P, T, d)``, head-major.
     """
-    n_heads = grad.shape[1]
-    owner = torch.nn.functional.one_hot(
-        torch.arange(n_heads, device=grad.device) // groups, read.shape[1]
-    ).to(grad.dtype)  # (H, H_read)
-    upstream = owner[:, None, :, None, None] * grad.transpose(0, 1)[:, :, None]
+    n_heads = grads[0].shape[1]
+    kinds = len(reads) if separate else 1
+    upstream = []
+    for kind, (read, grad) in enumerate(zip(reads, grads)):
+        owner = torch.nn.functional.one_hot(
+            torch.arange(n_heads, device=grad.device) // (n_heads // read.shape[1]),
+            read.shape[1],
+        ).to(grad.dtype)  # (H, H_read): the group each query head reads
+        per_head = owner[:, None, :, None, None] * grad.transpose(0, 1)[:, :, None]
+        if separate:  # (H, kinds, P, ...): zero but at this kind
+            slots = per_head.new_zeros(n_heads, kinds, *per_head.shape[1:])
+            slots[:, kind] = per_head
+            per_head = slots.flatten(0, 1)
+        upstream.append(per_head)
     (vjp,) = torch.autograd.grad(
-        read, h_in, upstream, retain_graph=True, is_grads_batched=True
+        reads, h_in, upstream, retain_graph=True, is_grads_batched=True
     )
     return vjp
 
