@@ -12,6 +12,7 @@ circuit tools score.
 """
 
 import csv
+import html
 import io
 import math
 from dataclasses import dataclass, fields, replace
@@ -194,6 +195,41 @@ class FlowGraph(JsonDocument):
                 {**row, "flow": repr(row["flow"]), "share": repr(row["share"])}
             )
         write_atomic(path, out.getvalue())
+
+    def to_html(self, path: Union[str, Path]) -> None:
+        r"""
+        Writes a self-contained HTML page, atomically: the run, its checks and
+        :meth:`edges_table` (no scripts; the interactive graph page of the
+        viewer is not built yet).
+
+        Args:
+            path (str or Path): The file to write.
+        """
+        path = check_writable(path, "path")
+        rows = "".join(
+            f"<tr><td>{html.escape(r['sender'])}</td>"
+            f"<td>{html.escape(r['receiver'])}</td>"
+            f"<td>{r['flow']:+.6e}</td><td>{r['share']:.4f}</td></tr>"
+            for r in self.edges_table()
+        )
+        title = html.escape(str(self.settings.get("target_text", "probability flow")))
+        prompt = html.escape("".join(self.tokens))
+        checks = (
+            f"Δm = {self.delta_m:+.6g}; |Σ F(u→logits) − Δm| = "
+            f"{self.completeness_error:.2e}; worst conservation error "
+            f"{self.conservation_error:.2e}"
+        )
+        page = (
+            "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+            f"<title>Probability flow: {title}</title><style>"
+            "body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;"
+            "text-align:left}td:nth-child(3),td:nth-child(4){text-align:right;"
+            "font-family:monospace}</style></head><body>"
+            f"<h1>Probability flow of {title}</h1><p>{prompt}</p><p>{checks}</p>"
+            "<table><tr><th>sender</th><th>receiver</th><th>flow</th>"
+            f"<th>share of |flow|</th></tr>{rows}</table></body></html>"
+        )
+        write_atomic(path, page)
 
     # ---------------------------------------------------------------- pruning
 

@@ -94,3 +94,11 @@ def test_tables_and_csv(tmp_path):
         read = list(csv.DictReader(handle))
     assert float(read[1]["flow"]) == -0.3 and read[1]["sender"] == "input"
     assert "Δm = +0.2" in _graph().format_table()
+
+
+def test_html_page(tmp_path):
+    graph = _graph(tokens=["<b>", " cat"])
+    graph.to_html(tmp_path / "g.html")
+    page = (tmp_path / "g.html").read_text()
+    assert "&lt;b&gt;" in page and "<b>" not in page
+    assert page.count("<tr>") == 1 + len(graph.edges)

@@ -39,9 +39,6 @@ from torch import Tensor
 
 from captum_iglens.attr.flow.nodes import FlowLayout
 
-#: The estimators, by name.
-METHODS = ("prediction_aware", "riemann_trapezoid")
-
 
 def allocate(amount: Tensor, terms: Tensor, allowed: Tensor) -> Tensor:
     r"""

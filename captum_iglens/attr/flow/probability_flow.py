@@ -16,17 +16,12 @@ from captum_iglens.attr.flow.engine import (
     first_block_inputs,
     flow_totals,
 )
-from captum_iglens.attr.flow.estimator import METHODS
 from captum_iglens.attr.flow.nodes import LOGITS, FlowLayout, edge_name
-from captum_iglens.attr.flow.targets import TARGETS, FlowTarget
+from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.flow_graph import FlowGraph
+from captum_iglens.flow_options import BASELINES, DEFAULT_STEPS, METHODS, TARGETS
 from captum_iglens.hf.architectures import model_parts
 
-#: The default number of steps (chosen by the convergence table of
-#: ``docs/flow.md``).
-DEFAULT_STEPS = 16
-#: The baselines that need no counterfactual prompt.
-BASELINES = ("pad", "mean")
 
 Prompt = Union[str, Tensor]
 TokenSpec = Union[None, int, str]
@@ -187,6 +182,20 @@ class ProbabilityFlow:
         )
 
     # ------------------------------------------------------------ arguments
+
+    def check_prompts(
+        self, inputs: Prompt, counterfactual: Optional[Prompt] = None
+    ) -> None:
+        r"""
+        Checks a prompt and its counterfactual as :meth:`attribute` does (token
+        ids in the vocabulary, one sequence, equal token lengths), without
+        running the model.
+
+        Raises:
+            ValueError: Naming ``inputs`` or ``counterfactual``.
+        """
+        length = self._ids(inputs, "inputs").shape[1]
+        self._start(counterfactual, "mean", length)
 
     def _ids(self, prompt: Prompt, name: str) -> Tensor:
         if isinstance(prompt, str):

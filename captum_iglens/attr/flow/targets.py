@@ -9,8 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-#: The targets, by name: ``p(y)``, ``p(y) − p(foil)``, ``logit(y) − logit(foil)``.
-TARGETS = ("prob", "prob_diff", "logit_diff")
+from captum_iglens.flow_options import TARGETS
 
 
 @dataclass(frozen=True)
