@@ -20,7 +20,7 @@ import threading
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -38,6 +38,7 @@ from captum_iglens.attr._utils.attention import (
 from captum_iglens.attr._utils.block_parts import output_factors, projection_weight
 from captum_iglens.attr._utils.capture import _lock_of, hidden_of
 from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.hf.parts import ModelParts
 
 #: The name our attention implementation is registered under.
@@ -47,9 +48,6 @@ _RECORDS: "weakref.WeakKeyDictionary[Module, Dict[str, Tensor]]" = (
     weakref.WeakKeyDictionary()
 )
 _REGISTER = threading.Lock()
-
-#: Maps the model's logits ``(P, T, V)`` to the target ``m`` per point ``(P,)``.
-TargetFn = Callable[[Tensor], Tensor]
 
 
 class _Ungrouped:
@@ -198,7 +196,7 @@ def run_points(
     parts: ModelParts,
     input_ids: Tensor,
     first_inputs: Tensor,
-    target: TargetFn,
+    target: FlowTarget,
     layout: FlowLayout,
 ) -> PointState:
     r"""
@@ -211,7 +209,8 @@ def run_points(
         input_ids (Tensor): ``(1, T)`` long: the prompt's tokens.
         first_inputs (Tensor): ``(P, T, d)``: the first block's input at each
                     point.
-        target (callable): The target ``m`` of the logits.
+        target (FlowTarget): The target ``m``; the model computes the logits
+                    of its position only (``logits_to_keep``).
         layout (FlowLayout): The graph's nodes.
 
     Returns:
@@ -222,8 +221,9 @@ def run_points(
     ids = input_ids.expand(h0.shape[0], -1)
     with torch.enable_grad(), _flow_forward(parts, hooks) as attentions:
         _install(parts, hooks, h0)
-        logits = parts.model(input_ids=ids, use_cache=False).logits
-        m = target(logits)
+        keep = torch.tensor([target.position], device=ids.device)
+        logits = parts.model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits
+        m = target.of_row(logits[:, -1])
         records = [_RECORDS[a] for a in attentions]
         seen = hooks.seen
         hooks.remove()

@@ -50,7 +50,17 @@ class FlowTarget:
         Returns:
             *Tensor* ``(P,)`` float32: ``m`` per row.
         """
-        row = logits[:, self.position].float()
+        return self.of_row(logits[:, self.position])
+
+    def of_row(self, row: Tensor) -> Tensor:
+        r"""
+        Args:
+            row (Tensor): ``(P, V)``: the logits at :attr:`position`.
+
+        Returns:
+            *Tensor* ``(P,)`` float32: ``m`` per row.
+        """
+        row = row.float()
         if self.kind == "logit_diff":
             assert self.foil is not None
             return row[:, self.token] - row[:, self.foil]
