@@ -5,7 +5,7 @@ attention heads and MLPs whose flows add up exactly to the change of a
 token's probability between a counterfactual (or baseline) and the prompt.
 """
 
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 import torch
 from torch import Tensor
@@ -217,7 +217,7 @@ class ProbabilityFlow:
                 f"{name}: expected one non-empty sequence (1, T), "
                 f"got {tuple(prompt.shape)}"
             )
-        vocab = self.parts.model.get_input_embeddings().num_embeddings
+        vocab = self._embeddings().num_embeddings
         if bool(((prompt < 0) | (prompt >= vocab)).any()):
             raise ValueError(f"{name}: token ids must lie in [0, {vocab})")
         device = next(self.parts.model.parameters()).device
@@ -249,7 +249,7 @@ class ProbabilityFlow:
                     "baselines: 'pad' needs the model's pad_token_id; use 'mean'"
                 )
             return baselines
-        d = self.parts.model.get_input_embeddings().embedding_dim
+        d = self._embeddings().embedding_dim
         if (
             not isinstance(baselines, Tensor)
             or tuple(baselines.shape) not in ((1, length, d),)
@@ -273,7 +273,7 @@ class ProbabilityFlow:
                     f"{name}: {token!r} is {len(found)} tokens, expected one"
                 )
             return int(found[0])
-        vocab = self.parts.model.get_input_embeddings().num_embeddings
+        vocab = self._embeddings().num_embeddings
         if (
             isinstance(token, bool)
             or not isinstance(token, int)
@@ -285,6 +285,10 @@ class ProbabilityFlow:
         return token
 
     # ------------------------------------------------------------ the model
+
+    def _embeddings(self) -> Any:
+        """The model's input embedding module."""
+        return cast(Any, self.parts.model).get_input_embeddings()
 
     def _pad_id(self) -> Optional[int]:
         pad = getattr(self.parts.model.config, "pad_token_id", None)
@@ -313,7 +317,7 @@ class ProbabilityFlow:
             assert pad is not None
             base = first_block_inputs(self.parts, torch.full_like(ids, pad))
         else:
-            embed = self.parts.model.get_input_embeddings()
+            embed = self._embeddings()
             total = torch.zeros(
                 prompt.shape[-1], dtype=torch.float64, device=ids.device
             )
