@@ -9,6 +9,6 @@ DEFAULT_STEPS = 16
 #: The targets: ``p(y)``, ``p(y) − p(foil)``, ``logit(y) − logit(foil)``.
 TARGETS = ("prob", "prob_diff", "logit_diff")
 #: The estimators (:mod:`captum_iglens.attr.flow.estimator`).
-METHODS = ("prediction_aware", "riemann_trapezoid")
+FLOW_METHODS = ("prediction_aware", "riemann_trapezoid")
 #: The baselines that need no counterfactual prompt.
 BASELINES = ("pad", "mean")

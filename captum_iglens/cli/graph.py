@@ -16,7 +16,7 @@ from captum_iglens.cli.common import (
     prompt_parent,
     read_prompt,
 )
-from captum_iglens.flow_options import BASELINES, DEFAULT_STEPS, METHODS, TARGETS
+from captum_iglens.flow_options import BASELINES, DEFAULT_STEPS, FLOW_METHODS, TARGETS
 
 
 def _positive(text: str) -> int:
@@ -92,7 +92,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     )
     graph.add_argument(
         "--method",
-        choices=METHODS,
+        choices=FLOW_METHODS,
         default="prediction_aware",
         help="the exact estimator, or the plain first-order terms "
         "(default: prediction_aware)",
@@ -107,6 +107,12 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         action="store_true",
         help="keep each edge's flow per sender position (in --json)",
     )
+    _add_outputs(graph)
+    graph.set_defaults(prepare=prepare)
+
+
+def _add_outputs(graph: argparse.ArgumentParser) -> None:
+    """The options that choose what is printed and written."""
     graph.add_argument(
         "--keep",
         type=_share,
@@ -123,7 +129,6 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         metavar="PATH",
         help="write the edge table as a self-contained HTML page",
     )
-    graph.set_defaults(prepare=prepare)
 
 
 def _check(args: argparse.Namespace) -> str:

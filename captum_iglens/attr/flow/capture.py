@@ -5,7 +5,7 @@ stream and every receiver's node-input gradient.
 
 At each point the model runs on the prompt's tokens with the first block's
 input replaced by the interpolated one. Every attention module runs through an
-attention implementation of ours (:data:`IMPLEMENTATION`): it calls the eager
+attention implementation of ours (:data:`FLOW_IMPLEMENTATION`): it calls the eager
 attention function of the module's own family with the key-value groups
 expanded to one per query head, so that the gradient of each query head's keys
 and values is its own (the model keeps its grouped weights; nothing is
@@ -16,6 +16,7 @@ family's query/key norm and rotary embedding), and the gradient through the
 MLP alone from its output to the mid-block state.
 """
 
+import inspect
 import threading
 import weakref
 from contextlib import contextmanager
@@ -42,7 +43,7 @@ from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.hf.parts import ModelParts
 
 #: The name our attention implementation is registered under.
-IMPLEMENTATION = "captum_iglens_flow"
+FLOW_IMPLEMENTATION = "captum_iglens_flow"
 
 _RECORDS: "weakref.WeakKeyDictionary[Module, Dict[str, Tensor]]" = (
     weakref.WeakKeyDictionary()
@@ -90,8 +91,8 @@ def _flow_attention(
 
 def _register() -> None:
     with _REGISTER:
-        ALL_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, _flow_attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, eager_mask)
+        ALL_ATTENTION_FUNCTIONS.register(FLOW_IMPLEMENTATION, _flow_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(FLOW_IMPLEMENTATION, eager_mask)
 
 
 @dataclass
@@ -153,7 +154,7 @@ class _Hooks:
 
 @contextmanager
 def _flow_forward(parts: ModelParts, hooks: _Hooks) -> Iterator[List[Module]]:
-    """Switches the model to :data:`IMPLEMENTATION` and records each attention
+    """Switches the model to :data:`FLOW_IMPLEMENTATION` and records each attention
     module's query, keys and values; restores everything on exit."""
     attn_out = parts.attn_out
     assert attn_out is not None  # checked by check_flow_parts
@@ -163,7 +164,7 @@ def _flow_forward(parts: ModelParts, hooks: _Hooks) -> Iterator[List[Module]]:
         saved = [(c, c._attn_implementation_internal) for c in _configs([parts.model])]
         try:
             for config, _ in saved:
-                config._attn_implementation_internal = IMPLEMENTATION
+                config._attn_implementation_internal = FLOW_IMPLEMENTATION
             for module in attentions:
                 _RECORDS[module] = {}
             yield attentions
@@ -221,9 +222,8 @@ def run_points(
     ids = input_ids.expand(h0.shape[0], -1)
     with torch.enable_grad(), _flow_forward(parts, hooks) as attentions:
         _install(parts, hooks, h0)
-        keep = torch.tensor([target.position], device=ids.device)
-        logits = parts.model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits
-        m = target.of_row(logits[:, -1])
+        logits = _target_logits(parts, ids, target.position)
+        m = target.of_row(logits)
         records = [_RECORDS[a] for a in attentions]
         seen = hooks.seen
         hooks.remove()
@@ -243,6 +243,16 @@ def run_points(
         writes=writes,
         rho=rho,
     )
+
+
+def _target_logits(parts: ModelParts, ids: Tensor, position: int) -> Tensor:
+    """The logits ``(P, V)`` at ``position``: the model computes that row only
+    where its forward takes ``logits_to_keep``."""
+    kwargs: Dict[str, Any] = {}
+    if "logits_to_keep" in inspect.signature(parts.model.forward).parameters:
+        kwargs["logits_to_keep"] = torch.tensor([position], device=ids.device)
+        position = -1
+    return parts.model(input_ids=ids, use_cache=False, **kwargs).logits[:, position]
 
 
 def _receiver_gradients(

@@ -21,7 +21,7 @@ from torch import Tensor
 QKV = ("q", "k", "v")
 #: The output node.
 LOGITS = "logits"
-INPUT = "input"
+INPUT_NODE = "input"
 
 
 def head_name(layer: int, head: int) -> str:
@@ -63,7 +63,7 @@ class FlowLayout:
     def senders(self) -> List[str]:
         """``S = 1 + L (H + 1)`` names: ``input``, then per block its heads and
         its MLP."""
-        names = [INPUT]
+        names = [INPUT_NODE]
         for layer in range(self.n_layers):
             names += [head_name(layer, h) for h in range(self.n_heads)]
             names.append(mlp_name(layer))

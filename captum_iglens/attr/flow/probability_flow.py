@@ -19,7 +19,7 @@ from captum_iglens.attr.flow.engine import (
 from captum_iglens.attr.flow.nodes import LOGITS, FlowLayout, edge_name
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.flow_graph import FlowGraph
-from captum_iglens.flow_options import BASELINES, DEFAULT_STEPS, METHODS, TARGETS
+from captum_iglens.flow_options import BASELINES, DEFAULT_STEPS, FLOW_METHODS, TARGETS
 from captum_iglens.hf.architectures import model_parts
 
 
@@ -392,8 +392,8 @@ def _check_settings(
         raise ValueError(f"target_kind: expected one of {TARGETS}, got {target_kind!r}")
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
         raise ValueError(f"n_steps: expected an int >= 1, got {n_steps!r}")
-    if method not in METHODS:
-        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+    if method not in FLOW_METHODS:
+        raise ValueError(f"method: expected one of {FLOW_METHODS}, got {method!r}")
     for name, flag in (("qkv", qkv), ("per_position", per_position)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name}: expected a bool, got {flag!r}")
