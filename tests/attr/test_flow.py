@@ -182,3 +182,16 @@ def test_arguments_refused_before_the_model_runs(models, kwargs, named):
 def test_refuses_models_it_cannot_split():
     with pytest.raises(ValueError, match="model: probability flow needs sequential"):
         ProbabilityFlow(tiny_model("gptj"))
+
+
+def test_per_position_flows_add_up_to_the_edges(models):
+    graph = ProbabilityFlow(models["gemma3_text"]).attribute(
+        IDS, counterfactual=OTHER, n_steps=3, per_position=True, qkv=True
+    )
+    assert graph.position_flows.shape == (len(graph.edges), IDS.shape[1])
+    assert abs(graph.position_flows.sum(1) - graph.flows).max() <= 1e-12
+    # positions where prompt and counterfactual agree carry nothing out of input
+    out_of_input = [i for i, e in enumerate(graph.edges) if e.startswith("input->")]
+    by_position = graph.position_flows[out_of_input].sum(0)
+    assert abs(by_position - graph.input_flows).max() <= 1e-12
+    assert (graph.input_flows[[0, 1, 4, 5]] == 0).all()
