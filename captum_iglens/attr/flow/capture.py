@@ -202,7 +202,7 @@ def run_points(
 ) -> PointState:
     r"""
     The model at ``P`` path points: one forward, one backward and one batched
-    vector-Jacobian product per block and read kind.
+    vector-Jacobian product per block for its heads (and one for its MLP).
 
     Args:
         parts (ModelParts): The model's parts (checked by
