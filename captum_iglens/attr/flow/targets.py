@@ -69,11 +69,3 @@ class FlowTarget:
             return probs[:, self.token]
         assert self.foil is not None
         return probs[:, self.token] - probs[:, self.foil]
-
-    def describe(self) -> str:
-        """``"p(y)"``, ``"p(y) - p(foil)"`` or ``"logit(y) - logit(foil)"``."""
-        return {
-            "prob": "p(y)",
-            "prob_diff": "p(y) - p(foil)",
-            "logit_diff": "logit(y) - logit(foil)",
-        }[self.kind]
