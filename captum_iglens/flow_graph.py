@@ -63,9 +63,9 @@ class FlowGraph(JsonDocument):
 
     The flows into ``logits`` add up to ``Δm`` and, at every other node but
     ``input``, the flows in add up to the flows out (with the exact estimator,
-    to float rounding: :attr:`completeness_error`, :attr:`conservation_error`).
+    to float rounding: ``completeness_error``, ``conservation_error``).
     The flows out of ``input`` are Integrated Gradients on the embeddings,
-    per position in :attr:`input_flows`.
+    per position in ``input_flows``.
 
     Args:
         nodes (list[str]): ``N`` node names, ``input`` first, ``logits`` last.

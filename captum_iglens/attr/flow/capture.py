@@ -105,10 +105,10 @@ class PointState:
         grad_final (Tensor): ``(P, T, d)``: ``∇f``, the gradient of ``m`` with
                     respect to the last block's output.
         writes (Tensor): ``(P, S, T, d)``: each sender's write to the stream
-                    (:meth:`FlowLayout.senders` order).
+                    (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.senders` order).
         rho (Tensor): ``(P, R, T, d)``: each receiver's node-input gradient,
                     with respect to the stream it reads
-                    (:meth:`FlowLayout.receivers` order).
+                    (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.receivers` order).
     """
 
     m: Tensor

@@ -90,7 +90,8 @@ def exact_step(
     Args:
         terms (StepTerms): The step's terms.
         layout (FlowLayout): The graph's nodes.
-        allowed (Tensor): ``(R, S)`` bool (:meth:`FlowLayout.allowed`).
+        allowed (Tensor): ``(R, S)`` bool: which senders each receiver reads
+                    (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.allowed`).
 
     Returns:
         2-element tuple of **edges** ``(R, S, T)`` and **direct** ``(S, T)``

@@ -110,7 +110,7 @@ class ProbabilityFlow:
                         Default: -1
             n_steps (int, optional): Steps of the path; it costs
                         ``n_steps + 1`` forward and backward passes.
-                        Default: :data:`DEFAULT_STEPS`
+                        Default: :data:`~captum_iglens.flow_options.DEFAULT_STEPS`
             method (str, optional): ``"prediction_aware"`` (exact at any
                         ``n_steps``) or ``"riemann_trapezoid"`` (the
                         first-order terms; the input's outflows are Captum's
@@ -409,9 +409,9 @@ def build_graph(
     settings: dict,
 ) -> FlowGraph:
     r"""
-    The :class:`FlowGraph` of summed flows, with its checks: completeness
-    ``|Σ_u F(u→logits) − Δm|`` and the worst ``|inflow − outflow|`` over the
-    nodes, both re-summed from the edges.
+    The :class:`~captum_iglens.flow_graph.FlowGraph` of summed flows, with its
+    checks: completeness ``|Σ_u F(u→logits) − Δm|`` and the worst
+    ``|inflow − outflow|`` over the nodes, both re-summed from the edges.
 
     Args:
         totals (FlowTotals): The engine's sums.

@@ -18,7 +18,7 @@ class FlowTarget:
     The target ``m`` of the flow.
 
     Args:
-        kind (str): One of :data:`TARGETS`.
+        kind (str): One of :data:`~captum_iglens.flow_options.TARGETS`.
         token (int): The token ``y``.
         position (int): The position ``t`` whose logits are read (non-negative).
         foil (int, optional): The foil token, for the differences. Default: None
@@ -55,7 +55,7 @@ class FlowTarget:
     def of_row(self, row: Tensor) -> Tensor:
         r"""
         Args:
-            row (Tensor): ``(P, V)``: the logits at :attr:`position`.
+            row (Tensor): ``(P, V)``: the logits at ``position``.
 
         Returns:
             *Tensor* ``(P,)`` float32: ``m`` per row.
