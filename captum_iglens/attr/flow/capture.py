@@ -222,7 +222,7 @@ def run_points(
     ids = input_ids.expand(h0.shape[0], -1)
     with torch.enable_grad(), _flow_forward(parts, hooks) as attentions:
         _install(parts, hooks, h0)
-        logits = _target_logits(parts, ids, target.position)
+        logits = target_logits(parts, ids, target.position)
         m = target.of_row(logits)
         records = [_RECORDS[a] for a in attentions]
         seen = hooks.seen
@@ -245,7 +245,7 @@ def run_points(
     )
 
 
-def _target_logits(parts: ModelParts, ids: Tensor, position: int) -> Tensor:
+def target_logits(parts: ModelParts, ids: Tensor, position: int) -> Tensor:
     """The logits ``(P, V)`` at ``position``: the model computes that row only
     where its forward takes ``logits_to_keep``."""
     kwargs: Dict[str, Any] = {}

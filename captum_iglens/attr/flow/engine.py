@@ -6,12 +6,13 @@ checked arguments, so that a path class can call it as well as
 """
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from captum_iglens.attr.flow.capture import PointState, _Hooks, run_points
+from captum_iglens.attr._utils.capture import hidden_of
+from captum_iglens.attr.flow.capture import PointState, run_points
 from captum_iglens.attr.flow.estimator import (
     StepTerms,
     exact_step,
@@ -52,10 +53,15 @@ def check_flow_parts(parts: ModelParts) -> int:
     return parts.n_heads
 
 
+class _Reached(Exception):
+    """Stops a forward once the first block's input is known."""
+
+
 @torch.no_grad()
 def first_block_inputs(parts: ModelParts, input_ids: Tensor) -> Tensor:
     r"""
-    The first block's input (the embeddings, after any scaling of the model).
+    The first block's input (the embeddings, after any scaling of the model):
+    the forward stops there.
 
     Args:
         parts (ModelParts): The model's parts.
@@ -64,13 +70,20 @@ def first_block_inputs(parts: ModelParts, input_ids: Tensor) -> Tensor:
     Returns:
         *Tensor* ``(N, T, d)``.
     """
-    hooks = _Hooks()
+    found: List[Tensor] = []
+
+    def stop(_: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+        found.append(hidden_of(None, args, kwargs).detach())
+        raise _Reached
+
+    handle = parts.blocks[0].register_forward_pre_hook(stop, with_kwargs=True)
     try:
-        hooks.keep_input(parts.blocks[0], "in", 0)
         parts.model(input_ids=input_ids, use_cache=False)
+    except _Reached:
+        pass
     finally:
-        hooks.remove()
-    return hooks.seen["in", 0].detach()
+        handle.remove()
+    return found[0]
 
 
 @dataclass

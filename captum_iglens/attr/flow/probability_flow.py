@@ -10,6 +10,7 @@ from typing import Any, Optional, Union, cast
 import torch
 from torch import Tensor
 
+from captum_iglens.attr.flow.capture import target_logits
 from captum_iglens.attr.flow.engine import (
     FlowTotals,
     check_flow_parts,
@@ -298,11 +299,7 @@ class ProbabilityFlow:
 
     @torch.no_grad()
     def _greedy(self, ids: Tensor, position: int) -> int:
-        return int(
-            self.parts.model(input_ids=ids, use_cache=False)
-            .logits[0, position]
-            .argmax()
-        )
+        return int(target_logits(self.parts, ids, position)[0].argmax())
 
     @torch.no_grad()
     def _base_inputs(self, ids: Tensor, start: Union[str, Tensor]) -> Tensor:
