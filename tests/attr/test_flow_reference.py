@@ -136,8 +136,15 @@ def _reference_flow(model, n_steps: int, y: int) -> Dict[str, float]:
     return flows
 
 
-@pytest.mark.parametrize("n_steps", [1, 3])
-def test_edges_match_the_independent_reference(llama, n_steps):
+@pytest.mark.parametrize("n_steps, split", [(1, True), (3, True), (1, False)])
+def test_edges_match_the_independent_reference(llama, monkeypatch, n_steps, split):
+    """``split=False``: the heads' gradients through the whole graph from the
+    block's input (the path of attention modules without separate q/k/v
+    projections)."""
+    if not split:
+        monkeypatch.setattr(
+            "captum_iglens.attr.flow.capture.projections_of", lambda attention: None
+        )
     y = int(llama(IDS).logits[0, -1].argmax())
     graph = ProbabilityFlow(llama).attribute(
         IDS, counterfactual=OTHER, target=y, n_steps=n_steps, qkv=True

@@ -38,6 +38,12 @@ from captum_iglens.attr._utils.attention import (
 )
 from captum_iglens.attr._utils.block_parts import output_factors, projection_weight
 from captum_iglens.attr._utils.capture import _lock_of, hidden_of
+from captum_iglens.attr.flow.head_reads import (
+    PROJECTIONS,
+    batched_head_reads,
+    projections_of,
+    split_head_reads,
+)
 from captum_iglens.attr.flow.nodes import FlowLayout
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.hf.parts import ModelParts
@@ -176,10 +182,17 @@ def _flow_forward(parts: ModelParts, hooks: _Hooks) -> Iterator[List[Module]]:
                 config._attn_implementation_internal = value
 
 
-def _install(parts: ModelParts, hooks: _Hooks, first_input: Tensor) -> None:
+def _install(
+    parts: ModelParts, hooks: _Hooks, first_input: Tensor, attentions: List[Module]
+) -> None:
     hooks.replace_input(parts.blocks[0], first_input)
     assert parts.mid is not None and parts.mlp_out is not None
     for layer, block in enumerate(parts.blocks):
+        projections = projections_of(attentions[layer])
+        if projections is not None:  # the split path of head_reads
+            hooks.keep_input(attentions[layer], "x", layer)
+            for name, projection in zip(PROJECTIONS, projections):
+                hooks.keep_output(projection, name, layer)
         hooks.keep_input(block, "in", layer)
         hooks.keep_output(block, "out", layer)
         hooks.keep_input(parts.mid[layer], "mid", layer)
@@ -221,7 +234,7 @@ def run_points(
     h0 = first_inputs.detach().clone().requires_grad_(True)
     ids = input_ids.expand(h0.shape[0], -1)
     with torch.enable_grad(), _flow_forward(parts, hooks) as attentions:
-        _install(parts, hooks, h0)
+        _install(parts, hooks, h0, attentions)
         logits = target_logits(parts, ids, target.position)
         m = target.of_row(logits)
         records = [_RECORDS[a] for a in attentions]
@@ -235,7 +248,7 @@ def run_points(
             + [seen["branch", layer] for layer in range(n)]
         )
         grads = torch.autograd.grad(m.sum(), wanted, retain_graph=True)
-        rho = _receiver_gradients(parts, layout, seen, records, grads[1:])
+        rho = _receiver_gradients(layout, seen, records, attentions, grads[1:])
     writes = _writes(parts, layout, seen, h0)
     return PointState(
         m=m.detach().double(),
@@ -256,10 +269,10 @@ def target_logits(parts: ModelParts, ids: Tensor, position: int) -> Tensor:
 
 
 def _receiver_gradients(
-    parts: ModelParts,
     layout: FlowLayout,
     seen: Dict[Tuple[str, int], Tensor],
     records: List[Dict[str, Tensor]],
+    attentions: List[Module],
     grads: Tuple[Tensor, ...],
 ) -> Tensor:
     """``(P, R, T, d)``: per block, each head's reads (through its query, key
@@ -269,9 +282,16 @@ def _receiver_gradients(
     for layer in range(n):
         record = records[layer]
         reads = [record["query"], record["key"], record["value"]]
-        per_head = _head_reads(
-            reads, seen["in", layer], grads[3 * layer : 3 * layer + 3], layout.qkv
-        )
+        upstream = grads[3 * layer : 3 * layer + 3]
+        projections = projections_of(attentions[layer])
+        if projections is None:
+            per_head = batched_head_reads(
+                reads, seen["in", layer], upstream, layout.qkv
+            )
+        else:
+            names = ("in", "x", *PROJECTIONS)
+            mine = {name: seen[name, layer] for name in names}
+            per_head = split_head_reads(reads, mine, projections, upstream, layout.qkv)
         rows.append(per_head.transpose(0, 1))  # (P, H·kinds, T, d)
         (mlp,) = torch.autograd.grad(
             seen["branch", layer],
@@ -281,46 +301,6 @@ def _receiver_gradients(
         )
         rows.append(mlp.unsqueeze(1))
     return torch.cat(rows, 1).detach()
-
-
-def _head_reads(
-    reads: List[Tensor], h_in: Tensor, grads: Tuple[Tensor, ...], separate: bool
-) -> Tensor:
-    r"""
-    Per query head ``h`` (and read kind, if ``separate``), the gradient with
-    respect to the block's input ``h_in`` through head ``h``'s slice of its
-    queries, keys and values alone: one batched vector-Jacobian product.
-
-    Args:
-        reads (list[Tensor]): The queries ``(P, H, T, e)`` and the grouped
-                    keys and values ``(P, H_kv, T, e)``, as the attention got
-                    them.
-        h_in (Tensor): ``(P, T, d)``: the block's input.
-        grads (tuple[Tensor]): ``(P, H, T, e)`` each: the gradient of ``m``
-                    with respect to each query head's queries, keys and values.
-        separate (bool): One result per read kind (queries, keys, values).
-
-    Returns:
-        *Tensor* ``(H · kinds, P, T, d)``, head-major.
-    """
-    n_heads = grads[0].shape[1]
-    kinds = len(reads) if separate else 1
-    upstream = []
-    for kind, (read, grad) in enumerate(zip(reads, grads)):
-        owner = torch.nn.functional.one_hot(
-            torch.arange(n_heads, device=grad.device) // (n_heads // read.shape[1]),
-            read.shape[1],
-        ).to(grad.dtype)  # (H, H_read): the group each query head reads
-        per_head = owner[:, None, :, None, None] * grad.transpose(0, 1)[:, :, None]
-        if separate:  # (H, kinds, P, ...): zero but at this kind
-            slots = per_head.new_zeros(n_heads, kinds, *per_head.shape[1:])
-            slots[:, kind] = per_head
-            per_head = slots.flatten(0, 1)
-        upstream.append(per_head)
-    (vjp,) = torch.autograd.grad(
-        reads, h_in, upstream, retain_graph=True, is_grads_batched=True
-    )
-    return vjp
 
 
 @torch.no_grad()
