@@ -116,7 +116,8 @@ def split_head_reads(
         per_head = per_head.reshape(p, t, n_heads, e)  # head g·groups + j
         weight = proj.weight.view(read.shape[1], e, -1).repeat_interleave(groups, 0)
         at_x.append(torch.einsum("pthe,hed->hptd", per_head, weight.to(grad.dtype)))
-    upstream_x = torch.stack(at_x, 1).flatten(0, 1) if separate else sum(at_x)
+    stacked = torch.stack(at_x, 1)  # (H, 3, P, T, d)
+    upstream_x = stacked.flatten(0, 1) if separate else stacked.sum(1)
     (vjp,) = torch.autograd.grad(
         seen["x"], seen["in"], upstream_x, retain_graph=True, is_grads_batched=True
     )
