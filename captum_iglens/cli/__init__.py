@@ -26,7 +26,15 @@ import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from captum_iglens._utils.allocator import return_freed_memory
-from captum_iglens.cli import attribute, batch, compare, fit_lens, shell, validate
+from captum_iglens.cli import (
+    attribute,
+    batch,
+    compare,
+    fit_lens,
+    graph,
+    shell,
+    validate,
+)
 from captum_iglens.cli.common import (
     INPUT_ERRORS,
     CommandError,
@@ -54,6 +62,7 @@ examples:
 _COMMANDS: Dict[str, Callable[[Any, str], None]] = {
     "attribute": attribute.add_parser,
     "compare": compare.add_parser,
+    "graph": graph.add_parser,
     "batch": batch.add_parser,
     "validate": validate.add_parser,
     "fit-lens": fit_lens.add_parser,

@@ -1,0 +1,339 @@
+r"""
+One forward and one backward of the whole model at a batch of path points,
+keeping what the flow's edges are made of: every node's write to the residual
+stream and every receiver's node-input gradient.
+
+At each point the model runs on the prompt's tokens with the first block's
+input replaced by the interpolated one. Every attention module runs through an
+attention implementation of ours (:data:`FLOW_IMPLEMENTATION`): it calls the eager
+attention function of the module's own family with the key-value groups
+expanded to one per query head, so that the gradient of each query head's keys
+and values is its own (the model keeps its grouped weights; nothing is
+ungrouped). Then, per block, the gradient through a head's query, key or value
+read alone is carried back to the block's input by one batched vector-Jacobian
+product through the graph of that forward (the input norm, the projection, the
+family's query/key norm and rotary embedding), and the gradient through the
+MLP alone from its output to the mid-block state.
+"""
+
+import inspect
+import threading
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+from torch.utils.hooks import RemovableHandle
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from captum_iglens.attr._utils.attention import (
+    _SWITCH,
+    _configs,
+    _family_eager,
+    attention_of,
+)
+from captum_iglens.attr._utils.block_parts import output_factors, projection_weight
+from captum_iglens.attr._utils.capture import _lock_of, hidden_of
+from captum_iglens.attr.flow.head_reads import (
+    PROJECTIONS,
+    batched_head_reads,
+    projections_of,
+    split_head_reads,
+)
+from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.attr.flow.targets import FlowTarget
+from captum_iglens.hf.parts import ModelParts
+
+#: The name our attention implementation is registered under.
+FLOW_IMPLEMENTATION = "captum_iglens_flow"
+
+_RECORDS: "weakref.WeakKeyDictionary[Module, Dict[str, Tensor]]" = (
+    weakref.WeakKeyDictionary()
+)
+_REGISTER = threading.Lock()
+
+
+class _Ungrouped:
+    """The attention module as the eager function sees it, with one key-value
+    head per query head (the keys and values it gets are expanded already)."""
+
+    num_key_value_groups = 1
+
+    def __init__(self, module: Module) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def _flow_attention(
+    module: Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    *args: Any,
+    **kwargs: Any,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """The family's eager attention on keys and values expanded per query head
+    (head ``h`` reads group ``h // groups``, as ``repeat_kv`` orders them)."""
+    groups = query.shape[1] // key.shape[1]
+    key_rep = key.repeat_interleave(groups, dim=1)
+    value_rep = value.repeat_interleave(groups, dim=1)
+    record = _RECORDS.get(module)
+    if record is not None:
+        record.update(query=query, key=key, value=value, key_rep=key_rep)
+        record["value_rep"] = value_rep
+    eager = _family_eager(module)
+    output, _ = eager(
+        _Ungrouped(module), query, key_rep, value_rep, attention_mask, *args, **kwargs
+    )
+    return output, None
+
+
+def _register() -> None:
+    with _REGISTER:
+        ALL_ATTENTION_FUNCTIONS.register(FLOW_IMPLEMENTATION, _flow_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(FLOW_IMPLEMENTATION, eager_mask)
+
+
+@dataclass
+class PointState:
+    r"""
+    What one batch of ``P`` path points leaves for the edges.
+
+    Args:
+        m (Tensor): ``(P,)`` float64: the target at each point.
+        grad_final (Tensor): ``(P, T, d)``: ``∇f``, the gradient of ``m`` with
+                    respect to the last block's output.
+        writes (Tensor): ``(P, S, T, d)``: each sender's write to the stream
+                    (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.senders` order).
+        rho (Tensor): ``(P, R, T, d)``: each receiver's node-input gradient,
+                    with respect to the stream it reads
+                    (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.receivers` order).
+    """
+
+    m: Tensor
+    grad_final: Tensor
+    writes: Tensor
+    rho: Tensor
+
+
+class _Hooks:
+    """Owned hooks; exactly these handles are removed on exit."""
+
+    def __init__(self) -> None:
+        self.handles: List[RemovableHandle] = []
+        self.seen: Dict[Tuple[str, int], Tensor] = {}
+
+    def keep_input(self, module: Module, name: str, index: int) -> None:
+        def hook(_: Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+            self.seen[name, index] = hidden_of(None, args, kwargs)
+
+        self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def keep_output(self, module: Module, name: str, index: int) -> None:
+        def hook(_: Module, args: Any, output: Any) -> None:
+            self.seen[name, index] = hidden_of(output)
+
+        self.handles.append(module.register_forward_hook(hook))
+
+    def replace_input(self, module: Module, hidden: Tensor) -> None:
+        def hook(
+            _: Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+        ) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+            if args:
+                return (hidden, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": hidden}
+
+        self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+@contextmanager
+def _flow_forward(parts: ModelParts, hooks: _Hooks) -> Iterator[List[Module]]:
+    """Switches the model to :data:`FLOW_IMPLEMENTATION` and records each attention
+    module's query, keys and values; restores everything on exit."""
+    attn_out = parts.attn_out
+    assert attn_out is not None  # checked by check_flow_parts
+    attentions = [attention_of(b, o) for b, o in zip(parts.blocks, attn_out)]
+    _register()
+    with _lock_of(parts.blocks[0]), _SWITCH:
+        saved = [(c, c._attn_implementation_internal) for c in _configs([parts.model])]
+        try:
+            for config, _ in saved:
+                config._attn_implementation_internal = FLOW_IMPLEMENTATION
+            for module in attentions:
+                _RECORDS[module] = {}
+            yield attentions
+        finally:
+            hooks.remove()
+            for module in attentions:
+                _RECORDS.pop(module, None)
+            for config, value in reversed(saved):
+                config._attn_implementation_internal = value
+
+
+def _install(
+    parts: ModelParts, hooks: _Hooks, first_input: Tensor, attentions: List[Module]
+) -> None:
+    hooks.replace_input(parts.blocks[0], first_input)
+    assert parts.mid is not None and parts.mlp_out is not None
+    for layer, block in enumerate(parts.blocks):
+        projections = projections_of(attentions[layer])
+        if projections is not None:  # the split path of head_reads
+            hooks.keep_input(attentions[layer], "x", layer)
+            for name, projection in zip(PROJECTIONS, projections):
+                hooks.keep_output(projection, name, layer)
+        hooks.keep_input(block, "in", layer)
+        hooks.keep_output(block, "out", layer)
+        hooks.keep_input(parts.mid[layer], "mid", layer)
+        hooks.keep_input(_listed(parts.attn_out)[layer], "heads", layer)
+        branch = parts.mlp_norm[layer] if parts.mlp_norm else parts.mlp_out[layer]
+        hooks.keep_output(branch, "branch", layer)
+
+
+def _listed(modules: Optional[List[Module]]) -> List[Module]:
+    assert modules is not None
+    return modules
+
+
+def run_points(
+    parts: ModelParts,
+    input_ids: Tensor,
+    first_inputs: Tensor,
+    target: FlowTarget,
+    layout: FlowLayout,
+) -> PointState:
+    r"""
+    The model at ``P`` path points: one forward, one backward and one batched
+    vector-Jacobian product per block for its heads (and one for its MLP).
+
+    Args:
+        parts (ModelParts): The model's parts (checked by
+                    :func:`~captum_iglens.attr.flow.engine.check_flow_parts`).
+        input_ids (Tensor): ``(1, T)`` long: the prompt's tokens.
+        first_inputs (Tensor): ``(P, T, d)``: the first block's input at each
+                    point.
+        target (FlowTarget): The target ``m``; the model computes the logits
+                    of its position only (``logits_to_keep``).
+        layout (FlowLayout): The graph's nodes.
+
+    Returns:
+        *PointState*. No hook stays on the model.
+    """
+    hooks = _Hooks()
+    h0 = first_inputs.detach().clone().requires_grad_(True)
+    ids = input_ids.expand(h0.shape[0], -1)
+    with torch.enable_grad(), _flow_forward(parts, hooks) as attentions:
+        _install(parts, hooks, h0, attentions)
+        logits = target_logits(parts, ids, target.position)
+        m = target.of_row(logits)
+        records = [_RECORDS[a] for a in attentions]
+        seen = hooks.seen
+        hooks.remove()
+        n = layout.n_layers
+        finals = seen["out", n - 1]
+        wanted = (
+            [finals]
+            + [r[name] for r in records for name in ("query", "key_rep", "value_rep")]
+            + [seen["branch", layer] for layer in range(n)]
+        )
+        grads = torch.autograd.grad(m.sum(), wanted, retain_graph=True)
+        rho = _receiver_gradients(layout, seen, records, attentions, grads[1:])
+    writes = _writes(parts, layout, seen, h0)
+    return PointState(
+        m=m.detach().double(),
+        grad_final=grads[0].detach(),
+        writes=writes,
+        rho=rho,
+    )
+
+
+def target_logits(parts: ModelParts, ids: Tensor, position: int) -> Tensor:
+    """The logits ``(P, V)`` at ``position``: the model computes that row only
+    where its forward takes ``logits_to_keep``."""
+    kwargs: Dict[str, Any] = {}
+    if "logits_to_keep" in inspect.signature(parts.model.forward).parameters:
+        kwargs["logits_to_keep"] = torch.tensor([position], device=ids.device)
+        position = -1
+    return parts.model(input_ids=ids, use_cache=False, **kwargs).logits[:, position]
+
+
+def _receiver_gradients(
+    layout: FlowLayout,
+    seen: Dict[Tuple[str, int], Tensor],
+    records: List[Dict[str, Tensor]],
+    attentions: List[Module],
+    grads: Tuple[Tensor, ...],
+) -> Tensor:
+    """``(P, R, T, d)``: per block, each head's reads (through its query, key
+    and value alone), then the MLP's (through the MLP alone)."""
+    n = layout.n_layers
+    rows = []
+    for layer in range(n):
+        record = records[layer]
+        reads = [record["query"], record["key"], record["value"]]
+        upstream = grads[3 * layer : 3 * layer + 3]
+        projections = projections_of(attentions[layer])
+        if projections is None:
+            per_head = batched_head_reads(
+                reads, seen["in", layer], upstream, layout.qkv
+            )
+        else:
+            names = ("in", "x", *PROJECTIONS)
+            mine = {name: seen[name, layer] for name in names}
+            per_head = split_head_reads(reads, mine, projections, upstream, layout.qkv)
+        rows.append(per_head.transpose(0, 1))  # (P, H·kinds, T, d)
+        (mlp,) = torch.autograd.grad(
+            seen["branch", layer],
+            seen["mid", layer],
+            grads[3 * n + layer],
+            retain_graph=True,
+        )
+        rows.append(mlp.unsqueeze(1))
+    return torch.cat(rows, 1).detach()
+
+
+@torch.no_grad()
+def _writes(
+    parts: ModelParts,
+    layout: FlowLayout,
+    seen: Dict[Tuple[str, int], Tensor],
+    h0: Tensor,
+) -> Tensor:
+    r"""``(P, S, T, d)``: the embeddings; per block each head's write (its slice
+    of the output projection, times the post-norm's factor held at its real
+    value where the family normalises the attention output) and the MLP's
+    (the block's output minus the mid-block state)."""
+    attn_out = _listed(parts.attn_out)
+    out = [h0.detach().unsqueeze(1)]
+    for layer in range(layout.n_layers):
+        heads_in = seen["heads", layer].detach()
+        p, t, _ = heads_in.shape
+        weight = projection_weight(attn_out[layer]).detach()
+        d = weight.shape[0]
+        per_head = torch.einsum(
+            "pthe,dhe->phtd",
+            heads_in.view(p, t, layout.n_heads, -1),
+            weight.view(d, layout.n_heads, -1).to(heads_in.dtype),
+        )
+        h_in, mid = seen["in", layer].detach(), seen["mid", layer].detach()
+        norms = [parts.attn_norm[layer]] if parts.attn_norm else None
+        factor = output_factors(
+            norms,
+            parts.attn_scale,
+            per_head.sum(1).unsqueeze(2).float(),
+            (mid - h_in).unsqueeze(2).float(),
+        )
+        out.append(per_head * factor[:, :, 0].unsqueeze(1).to(per_head.dtype))
+        out.append((seen["out", layer].detach() - mid).unsqueeze(1))
+    return torch.cat(out, 1)

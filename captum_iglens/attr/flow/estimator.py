@@ -1,0 +1,125 @@
+r"""
+The edge flows of one step of the path, from the first-order terms of its
+ends.
+
+Between grid points ``a_{s-1}`` and ``a_s``, sender ``u`` changed its write by
+``δz_u`` and receiver ``w`` had the mean node-input gradient ``ρ̄_w``; the
+first-order edge term is ``ρ̄_w · δz_u`` (per position: the dot product at one
+position of the stream), and the direct term into the logits is ``∇̄f · δz_u``.
+
+- ``"prediction_aware"`` (exact): the step's observed change ``δm`` is split
+  among the direct terms; then, from the last node to the first, each node's
+  step outflow is split among its in-edges in proportion to their terms (a
+  head's query, key and value reads share one split). Completeness
+  (``Σ_u F(u→logits) = δm``) and conservation at every node hold at every step,
+  so at any step count, to float rounding.
+- ``"riemann_trapezoid"`` (plain): the terms themselves. The input's outflows
+  are then Captum's ``LayerIntegratedGradients`` on the embeddings with
+  ``method="riemann_trapezoid"`` and ``n_steps + 1`` points; completeness and
+  conservation hold only as the steps shrink.
+
+**The split rule.** An amount ``A`` (a step's ``δm``, or a node's step
+outflow) is split among terms ``t`` (the allowed ones) as
+``F_u = t_u + (A − Σ t) · |t_u| / Σ|t|``: each edge keeps its first-order term
+and the difference between the observed amount and the first-order sum is
+shared in proportion to ``|t|``. Where the terms have one sign this is the
+split in proportion to the terms, ``F_u = A · t_u / Σ t``; where they have
+both, it never amplifies (``Σ|F| ≤ Σ|t| + |A − Σ t|``), whereas the
+proportional split of nearly cancelling terms does, without bound, and
+compounds over the layers. Where every term is zero, equal amounts go to the
+allowed entries. The amounts add up to ``A`` under every rule, and as the steps
+shrink ``A − Σ t → 0``, so the flows converge to the integrals.
+"""
+
+from dataclasses import dataclass
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+from captum_iglens.attr.flow.nodes import FlowLayout
+
+
+def allocate(amount: Tensor, terms: Tensor, allowed: Tensor) -> Tensor:
+    r"""
+    Splits ``amount`` among ``terms`` by the module's rule.
+
+    Args:
+        amount (Tensor): ``(...)`` float64: what each row splits.
+        terms (Tensor): ``(..., N)`` float64: the first-order terms.
+        allowed (Tensor): ``(..., N)`` bool, broadcastable: the entries that
+                    may get a part (at least one per row).
+
+    Returns:
+        *Tensor* ``(..., N)`` float64 that adds up to ``amount`` along the last
+        axis, zero where not allowed.
+    """
+    terms = terms * allowed
+    rest = amount.unsqueeze(-1) - terms.sum(-1, keepdim=True)
+    size = terms.abs().sum(-1, keepdim=True)
+    count = allowed.to(terms.dtype).expand_as(terms)
+    equal = count / count.sum(-1, keepdim=True).clamp_min(1)
+    weights = torch.where(
+        size > 0, terms.abs() / size.clamp_min(torch.finfo(terms.dtype).tiny), equal
+    )
+    return terms + rest * weights
+
+
+@dataclass
+class StepTerms:
+    r"""
+    The first-order terms of one step.
+
+    Args:
+        edges (Tensor): ``(R, S, T)`` float64: ``ρ̄_w · δz_u`` per position.
+        direct (Tensor): ``(S, T)`` float64: ``∇̄f · δz_u`` per position.
+        dm (float): The step's observed change of the target, ``δm``.
+    """
+
+    edges: Tensor
+    direct: Tensor
+    dm: float
+
+
+def exact_step(
+    terms: StepTerms, layout: FlowLayout, allowed: Tensor
+) -> Tuple[Tensor, Tensor]:
+    r"""
+    The prediction-aware split of one step.
+
+    Args:
+        terms (StepTerms): The step's terms.
+        layout (FlowLayout): The graph's nodes.
+        allowed (Tensor): ``(R, S)`` bool: which senders each receiver reads
+                    (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.allowed`).
+
+    Returns:
+        2-element tuple of **edges** ``(R, S, T)`` and **direct** ``(S, T)``
+        float64: the step's flows, per sender position.
+    """
+    edge_sums, direct_sums = terms.edges.sum(-1), terms.direct.sum(-1)
+    everyone = torch.ones_like(direct_sums, dtype=torch.bool)
+    out = allocate(torch.tensor(terms.dm, dtype=torch.float64), direct_sums, everyone)
+    outflow = out.clone()
+    edges = torch.zeros_like(edge_sums)
+    owner = layout.sender_of_receiver()
+    for heads, mlp in reversed(layout.slices()):
+        edges[mlp] = allocate(outflow[owner[mlp]], edge_sums[mlp], allowed[mlp])
+        outflow += edges[mlp]
+        n, k = layout.n_heads, layout.kinds
+        pooled = edge_sums[heads].reshape(n, k * edge_sums.shape[1])
+        mask = allowed[heads].reshape(n, -1)
+        split = allocate(outflow[owner[heads]][::k], pooled, mask)
+        edges[heads] = split.reshape(n * k, -1)
+        outflow += edges[heads].sum(0)
+    anywhere = torch.ones(terms.direct.shape[-1], dtype=torch.bool)
+    per_position = allocate(edges, terms.edges, anywhere)
+    return per_position, allocate(out, terms.direct, anywhere)
+
+
+def plain_step(
+    terms: StepTerms, layout: FlowLayout, allowed: Tensor
+) -> Tuple[Tensor, Tensor]:
+    r"""The plain split of one step: the first-order terms themselves (same
+    arguments and returns as :func:`exact_step`)."""
+    return terms.edges * allowed.unsqueeze(-1), terms.direct

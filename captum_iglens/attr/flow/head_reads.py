@@ -1,0 +1,124 @@
+r"""
+The gradient through each head's query, key and value reads alone, carried
+from the attention's inputs back to the block's input (the stream the heads
+read), per query head.
+
+Where the attention module has separate ``q_proj``, ``k_proj`` and ``v_proj``
+linear projections (Llama, Qwen, Mistral, Gemma families), the gradient is
+carried to the projections' outputs by one vector-Jacobian product (queries)
+and one batched over the query heads of a key-value group (keys, values), then
+through each head's own rows of the projection, then through the block's input
+norm, batched over the heads: the projections' backward is paid once, not once
+per head. Otherwise, one vector-Jacobian product batched over the heads goes
+through the whole graph from the block's input (:func:`batched_head_reads`).
+"""
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Linear, Module
+
+#: The projections the split path reads, in the order queries, keys, values.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+
+
+def projections_of(attention: Module) -> Optional[List[Linear]]:
+    """The attention's query, key and value projections, or None where it has
+    no separate ``nn.Linear`` ones."""
+    found = [getattr(attention, name, None) for name in PROJECTIONS]
+    if all(isinstance(p, Linear) for p in found):
+        return found  # type: ignore[return-value]  # checked above
+    return None
+
+
+def _owner(
+    n_heads: int, n_read: int, device: torch.device, dtype: torch.dtype
+) -> Tensor:
+    """``(H, H_read)``: one-hot, the key-value group each query head reads."""
+    return torch.nn.functional.one_hot(
+        torch.arange(n_heads, device=device) // (n_heads // n_read), n_read
+    ).to(dtype)
+
+
+def batched_head_reads(
+    reads: List[Tensor], h_in: Tensor, grads: Tuple[Tensor, ...], separate: bool
+) -> Tensor:
+    r"""
+    Per query head ``h`` (and read kind, if ``separate``), the gradient with
+    respect to the block's input ``h_in`` through head ``h``'s slice of its
+    queries, keys and values alone: one batched vector-Jacobian product.
+
+    Args:
+        reads (list[Tensor]): The queries ``(P, H, T, e)`` and the grouped
+                    keys and values ``(P, H_kv, T, e)``, as the attention got
+                    them.
+        h_in (Tensor): ``(P, T, d)``: the block's input.
+        grads (tuple[Tensor]): ``(P, H, T, e)`` each: the gradient of ``m``
+                    with respect to each query head's queries, keys and values.
+        separate (bool): One result per read kind (queries, keys, values).
+
+    Returns:
+        *Tensor* ``(H · kinds, P, T, d)``, head-major.
+    """
+    n_heads = grads[0].shape[1]
+    kinds = len(reads) if separate else 1
+    upstream = []
+    for kind, (read, grad) in enumerate(zip(reads, grads)):
+        owner = _owner(n_heads, read.shape[1], grad.device, grad.dtype)
+        per_head = owner[:, None, :, None, None] * grad.transpose(0, 1)[:, :, None]
+        if separate:  # (H, kinds, P, ...): zero but at this kind
+            slots = per_head.new_zeros(n_heads, kinds, *per_head.shape[1:])
+            slots[:, kind] = per_head
+            per_head = slots.flatten(0, 1)
+        upstream.append(per_head)
+    (vjp,) = torch.autograd.grad(
+        reads, h_in, upstream, retain_graph=True, is_grads_batched=True
+    )
+    return vjp
+
+
+def split_head_reads(
+    reads: List[Tensor],
+    seen: Dict[str, Tensor],
+    projections: List[Linear],
+    grads: Tuple[Tensor, ...],
+    separate: bool,
+) -> Tensor:
+    r"""
+    :func:`batched_head_reads` through each head's own rows of the
+    projections.
+
+    Args:
+        reads (list[Tensor]): As for :func:`batched_head_reads`.
+        seen (dict[str, Tensor]): ``"in"``, the block's input ``(P, T, d)``;
+                    ``"x"``, the attention's input (after the block's input
+                    norm); ``"q_proj"``, ``"k_proj"``, ``"v_proj"``, the
+                    projections' outputs ``(P, T, H_read · e)``.
+        projections (list[Linear]): The query, key and value projections.
+        grads (tuple[Tensor]): As for :func:`batched_head_reads`.
+        separate (bool): One result per read kind.
+
+    Returns:
+        *Tensor* ``(H · kinds, P, T, d)``, head-major.
+    """
+    n_heads = grads[0].shape[1]
+    at_x = []
+    for read, grad, name, proj in zip(reads, grads, PROJECTIONS, projections):
+        groups = n_heads // read.shape[1]
+        p, _, t, e = grad.shape
+        # (groups, P, H_read, T, e): batch j holds query head g·groups + j of group g
+        upstream = grad.view(p, read.shape[1], groups, t, e).permute(2, 0, 1, 3, 4)
+        (at_out,) = torch.autograd.grad(
+            read, seen[name], upstream, retain_graph=True, is_grads_batched=True
+        )  # (groups, P, T, H_read · e)
+        per_head = at_out.view(groups, p, t, read.shape[1], e).permute(1, 2, 3, 0, 4)
+        per_head = per_head.reshape(p, t, n_heads, e)  # head g·groups + j
+        weight = proj.weight.view(read.shape[1], e, -1).repeat_interleave(groups, 0)
+        at_x.append(torch.einsum("pthe,hed->hptd", per_head, weight.to(grad.dtype)))
+    stacked = torch.stack(at_x, 1)  # (H, 3, P, T, d)
+    upstream_x = stacked.flatten(0, 1) if separate else stacked.sum(1)
+    (vjp,) = torch.autograd.grad(
+        seen["x"], seen["in"], upstream_x, retain_graph=True, is_grads_batched=True
+    )
+    return vjp

@@ -1,0 +1,454 @@
+r"""
+:class:`ProbabilityFlow`: Captum-style entry point of the probability flow
+(``../METHOD.md``, "Probability flow"): edges between the embeddings,
+attention heads and MLPs whose flows add up exactly to the change of a
+token's probability between a counterfactual (or baseline) and the prompt.
+"""
+
+from typing import Any, Optional, Union, cast
+
+import torch
+from torch import Tensor
+
+from captum_iglens.attr.flow.capture import target_logits
+from captum_iglens.attr.flow.engine import (
+    FlowTotals,
+    check_flow_parts,
+    first_block_inputs,
+    flow_totals,
+)
+from captum_iglens.attr.flow.nodes import LOGITS, FlowLayout, edge_name
+from captum_iglens.attr.flow.targets import FlowTarget
+from captum_iglens.flow_graph import FlowGraph
+from captum_iglens.flow_options import BASELINES, DEFAULT_STEPS, FLOW_METHODS, TARGETS
+from captum_iglens.hf.architectures import model_parts
+
+
+Prompt = Union[str, Tensor]
+TokenSpec = Union[None, int, str]
+
+
+class ProbabilityFlow:
+    r"""
+    Probability flow through a decoder-only transformer, in Captum's style.
+
+    The whole model runs at every point of the straight path of its first
+    block's input from a counterfactual prompt (or a baseline) to the prompt;
+    edge ``u→w`` is credited ``∫ ρ_w · dz_u``, where ``z_u`` is the sender's
+    write to the residual stream and ``ρ_w`` the gradient of the target through
+    the receiver alone. With the exact estimator (``"prediction_aware"``)
+    the flows into ``logits`` add up to ``Δm = m(prompt) − m(base)`` and flow is
+    conserved at every node, to float rounding, at any ``n_steps``.
+
+    Heads of post-norm families (Gemma 2/3, whose blocks normalise the
+    attention output before adding it): a head's write is its slice of the
+    output projection times the norm's per-position factor, held at its real
+    value, so the heads' writes add up to the block's attention write; the
+    gradient into a head's query, key or value goes through that norm.
+    Grouped key-value heads are split per query head without ungrouping the
+    model (each query head's gradient of its group's keys and values is its
+    own).
+
+    Args:
+        model (nn.Module): A Hugging Face causal LM with sequential blocks
+                    split into heads and one MLP (Llama, Qwen, Mistral, Gemma
+                    1/2/3 families, ...).
+        tokenizer (PreTrainedTokenizerBase, optional): For text prompts,
+                    token texts and the graph's ``tokens``. Default: None
+
+    Examples::
+
+        >>> flow = ProbabilityFlow(model, tokenizer)
+        >>> prompt = "When Mary and John went to the store, John gave a drink to"
+        >>> other = "When Mary and John went to the store, Mary gave a drink to"
+        >>> graph = flow.attribute(prompt, counterfactual=other, target=" Mary",
+        ...                        target_kind="prob_diff", foil=" John")
+        >>> graph.edge_scores()["a9.h6->logits"]
+    """
+
+    def __init__(self, model: Any, tokenizer: Any = None) -> None:
+        self.parts = model_parts(model)
+        self.n_heads = check_flow_parts(self.parts)
+        self.tokenizer = tokenizer
+
+    def attribute(
+        self,
+        inputs: Prompt,
+        *,
+        counterfactual: Optional[Prompt] = None,
+        baselines: Union[str, Tensor] = "mean",
+        target: TokenSpec = None,
+        target_kind: str = "prob",
+        foil: TokenSpec = None,
+        position: int = -1,
+        n_steps: int = DEFAULT_STEPS,
+        method: str = "prediction_aware",
+        qkv: bool = False,
+        per_position: bool = False,
+        internal_batch_size: int = 8,
+    ) -> FlowGraph:
+        r"""
+        Args:
+            inputs (str or Tensor): The prompt: text (with a tokenizer) or
+                        token ids ``(1, T)``.
+            counterfactual (str or Tensor, optional): The path's start: a
+                        prompt of the same token length ``T``. Default: None
+            baselines (str or Tensor, optional): The path's start where there
+                        is no counterfactual: ``"pad"`` (the pad token's
+                        embedding), ``"mean"`` (the embedding module's mean
+                        output over the vocabulary) or the first block's input
+                        itself, ``(1, T, d)``. Positions holding the model's
+                        BOS token keep their embedding. Default: ``"mean"``
+            target (int or str, optional): The token ``y`` (id or one-token
+                        text). Default: the model's greedy prediction at
+                        ``position`` on the prompt.
+            target_kind (str, optional): ``"prob"`` (``p(y)``), ``"prob_diff"``
+                        (``p(y) − p(foil)``) or ``"logit_diff"``
+                        (``logit(y) − logit(foil)``). Default: ``"prob"``
+            foil (int or str, optional): The foil token of the differences.
+                        Default: the greedy prediction on the counterfactual.
+            position (int, optional): The position whose logits are read.
+                        Default: -1
+            n_steps (int, optional): Steps of the path; it costs
+                        ``n_steps + 1`` forward and backward passes.
+                        Default: :data:`~captum_iglens.flow_options.DEFAULT_STEPS`
+            method (str, optional): ``"prediction_aware"`` (exact at any
+                        ``n_steps``) or ``"riemann_trapezoid"`` (the
+                        first-order terms; the input's outflows are Captum's
+                        ``LayerIntegratedGradients`` on the embeddings).
+                        Default: ``"prediction_aware"``
+            qkv (bool, optional): Separate receivers for each head's query,
+                        key and value reads. Default: False
+            per_position (bool, optional): Keep each edge's flow by its
+                        sender's position. Default: False
+            internal_batch_size (int, optional): Path points per forward.
+                        Default: 8
+
+        Returns:
+            *FlowGraph*.
+
+        Raises:
+            ValueError: If an argument is invalid (checked before the model
+                runs), naming it.
+        """
+        ids = self._ids(inputs, "inputs")
+        length = ids.shape[1]
+        start = self._start(counterfactual, baselines, length)
+        position = _position(position, length)
+        _check_settings(
+            target_kind, n_steps, method, qkv, per_position, internal_batch_size
+        )
+        token = self._token(target, "target")
+        foil_id = self._token(foil, "foil")
+        prompt_start = isinstance(start, Tensor) and not start.is_floating_point()
+        if target_kind == "prob" and foil_id is not None:
+            raise ValueError("foil: target_kind 'prob' takes no foil")
+        if target_kind != "prob" and foil_id is None and not prompt_start:
+            raise ValueError(
+                f"foil: target_kind {target_kind!r} needs a foil token, or a "
+                "counterfactual prompt whose prediction is the foil"
+            )
+        base = self._base_inputs(ids, start)
+        if token is None:
+            token = self._greedy(ids, position)
+        if foil_id is None and target_kind != "prob":
+            assert isinstance(start, Tensor)
+            foil_id = self._greedy(start, position)
+        goal = FlowTarget(target_kind, token, position, foil_id)
+        layout = FlowLayout(len(self.parts.blocks), self.n_heads, qkv)
+        totals = flow_totals(
+            self.parts,
+            ids,
+            base,
+            goal,
+            layout,
+            n_steps=n_steps,
+            method=method,
+            per_position=per_position,
+            internal_batch_size=internal_batch_size,
+        )
+        settings = dict(
+            method=method,
+            n_steps=n_steps,
+            qkv=qkv,
+            target_kind=target_kind,
+            target=token,
+            foil=foil_id,
+            position=position,
+            model=getattr(self.parts.model.config, "_name_or_path", "") or "",
+            target_text=self._describe(goal),
+        )
+        return build_graph(
+            totals, layout, self._texts(ids), self._origin(start), settings
+        )
+
+    # ------------------------------------------------------------ arguments
+
+    def check_prompts(
+        self, inputs: Prompt, counterfactual: Optional[Prompt] = None
+    ) -> None:
+        r"""
+        Checks a prompt and its counterfactual as :meth:`attribute` does (token
+        ids in the vocabulary, one sequence, equal token lengths), without
+        running the model.
+
+        Raises:
+            ValueError: Naming ``inputs`` or ``counterfactual``.
+        """
+        length = self._ids(inputs, "inputs").shape[1]
+        self._start(counterfactual, "mean", length)
+
+    def _ids(self, prompt: Prompt, name: str) -> Tensor:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"{name}: text needs a tokenizer; pass token ids (1, T)"
+                )
+            prompt = self.tokenizer(prompt, return_tensors="pt").input_ids
+        if (
+            not isinstance(prompt, Tensor)
+            or prompt.dtype != torch.long
+            or prompt.dim() != 2
+        ):
+            raise ValueError(
+                f"{name}: expected text or token ids, a (1, T) long tensor"
+            )
+        if prompt.shape[0] != 1 or prompt.shape[1] == 0:
+            raise ValueError(
+                f"{name}: expected one non-empty sequence (1, T), "
+                f"got {tuple(prompt.shape)}"
+            )
+        vocab = self._embeddings().num_embeddings
+        if bool(((prompt < 0) | (prompt >= vocab)).any()):
+            raise ValueError(f"{name}: token ids must lie in [0, {vocab})")
+        device = next(self.parts.model.parameters()).device
+        return prompt.to(device)
+
+    def _start(
+        self,
+        counterfactual: Optional[Prompt],
+        baselines: Union[str, Tensor],
+        length: int,
+    ) -> Union[str, Tensor]:
+        if counterfactual is not None:
+            ids = self._ids(counterfactual, "counterfactual")
+            if ids.shape[1] != length:
+                raise ValueError(
+                    f"counterfactual: {ids.shape[1]} tokens, but the prompt has "
+                    f"{length}; the flow's path needs prompts of equal token length "
+                    "(reword one of them)"
+                )
+            return ids
+        if isinstance(baselines, str):
+            if baselines not in BASELINES:
+                raise ValueError(
+                    f"baselines: expected one of {BASELINES} or a tensor, "
+                    f"got {baselines!r}"
+                )
+            if baselines == "pad" and self._pad_id() is None:
+                raise ValueError(
+                    "baselines: 'pad' needs the model's pad_token_id; use 'mean'"
+                )
+            return baselines
+        d = self._embeddings().embedding_dim
+        if (
+            not isinstance(baselines, Tensor)
+            or tuple(baselines.shape) not in ((1, length, d),)
+            or not baselines.dtype.is_floating_point
+        ):
+            raise ValueError(
+                "baselines: expected 'pad', 'mean' or a float tensor "
+                f"(1, {length}, {d})"
+            )
+        return baselines
+
+    def _token(self, token: TokenSpec, name: str) -> Optional[int]:
+        if token is None:
+            return None
+        if isinstance(token, str):
+            if self.tokenizer is None:
+                raise ValueError(f"{name}: text needs a tokenizer; pass a token id")
+            found = self.tokenizer.encode(token, add_special_tokens=False)
+            if len(found) != 1:
+                raise ValueError(
+                    f"{name}: {token!r} is {len(found)} tokens, expected one"
+                )
+            return int(found[0])
+        vocab = self._embeddings().num_embeddings
+        if (
+            isinstance(token, bool)
+            or not isinstance(token, int)
+            or not 0 <= token < vocab
+        ):
+            raise ValueError(
+                f"{name}: expected a token id in [0, {vocab}) or text, got {token!r}"
+            )
+        return token
+
+    # ------------------------------------------------------------ the model
+
+    def _embeddings(self) -> Any:
+        """The model's input embedding module."""
+        return cast(Any, self.parts.model).get_input_embeddings()
+
+    def _pad_id(self) -> Optional[int]:
+        pad = getattr(self.parts.model.config, "pad_token_id", None)
+        if pad is None and self.tokenizer is not None:
+            pad = self.tokenizer.pad_token_id
+        return None if pad is None else int(pad)
+
+    @torch.no_grad()
+    def _greedy(self, ids: Tensor, position: int) -> int:
+        return int(target_logits(self.parts, ids, position)[0].argmax())
+
+    @torch.no_grad()
+    def _base_inputs(self, ids: Tensor, start: Union[str, Tensor]) -> Tensor:
+        """The first block's input at the path's start, ``(1, T, d)``."""
+        if isinstance(start, Tensor) and start.dtype.is_floating_point:
+            return start.to(ids.device)
+        if isinstance(start, Tensor):
+            return first_block_inputs(self.parts, start)
+        prompt = first_block_inputs(self.parts, ids)
+        if start == "pad":
+            pad = self._pad_id()
+            assert pad is not None
+            base = first_block_inputs(self.parts, torch.full_like(ids, pad))
+        else:
+            embed = self._embeddings()
+            total = torch.zeros(
+                prompt.shape[-1], dtype=torch.float64, device=ids.device
+            )
+            for first in range(0, embed.num_embeddings, 8192):
+                rows = torch.arange(
+                    first, min(first + 8192, embed.num_embeddings), device=ids.device
+                )
+                total += embed(rows).double().sum(0)
+            mean = (total / embed.num_embeddings).to(prompt.dtype)
+            base = mean.expand_as(prompt).clone()
+        bos = getattr(self.parts.model.config, "bos_token_id", None)
+        keep = (
+            (ids == bos).unsqueeze(-1)
+            if isinstance(bos, int)
+            else torch.zeros_like(prompt, dtype=torch.bool)
+        )
+        return torch.where(keep, prompt, base)
+
+    # ------------------------------------------------------------ text
+
+    def _texts(self, ids: Tensor) -> list:
+        if self.tokenizer is None:
+            return [str(int(i)) for i in ids[0]]
+        return [self.tokenizer.decode([int(i)]) for i in ids[0]]
+
+    def _origin(self, start: Union[str, Tensor]) -> dict:
+        if isinstance(start, str):
+            return {"kind": start}
+        if start.dtype.is_floating_point:
+            return {"kind": "tensor"}
+        return {"kind": "prompt", "tokens": self._texts(start)}
+
+    def _describe(self, goal: FlowTarget) -> str:
+        def text(token: Optional[int]) -> str:
+            if token is None:
+                return ""
+            return (
+                repr(self.tokenizer.decode([token]))
+                if self.tokenizer is not None
+                else str(token)
+            )
+
+        kinds = {
+            "prob": "p({y})",
+            "prob_diff": "p({y}) - p({f})",
+            "logit_diff": "logit({y}) - logit({f})",
+        }
+        return kinds[goal.kind].format(y=text(goal.token), f=text(goal.foil))
+
+
+def _position(position: int, length: int) -> int:
+    if (
+        isinstance(position, bool)
+        or not isinstance(position, int)
+        or not -length <= position < length
+    ):
+        raise ValueError(
+            f"position: expected an int in [-{length}, {length}), got {position!r}"
+        )
+    return position % length
+
+
+def _check_settings(
+    target_kind: str,
+    n_steps: int,
+    method: str,
+    qkv: bool,
+    per_position: bool,
+    batch: int,
+) -> None:
+    if target_kind not in TARGETS:
+        raise ValueError(f"target_kind: expected one of {TARGETS}, got {target_kind!r}")
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise ValueError(f"n_steps: expected an int >= 1, got {n_steps!r}")
+    if method not in FLOW_METHODS:
+        raise ValueError(f"method: expected one of {FLOW_METHODS}, got {method!r}")
+    for name, flag in (("qkv", qkv), ("per_position", per_position)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name}: expected a bool, got {flag!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"internal_batch_size: expected an int >= 1, got {batch!r}")
+
+
+def build_graph(
+    totals: FlowTotals,
+    layout: FlowLayout,
+    tokens: list,
+    counterfactual: dict,
+    settings: dict,
+) -> FlowGraph:
+    r"""
+    The :class:`~captum_iglens.flow_graph.FlowGraph` of summed flows, with its
+    checks: completeness ``|Σ_u F(u→logits) − Δm|`` and the worst
+    ``|inflow − outflow|`` over the nodes, both re-summed from the edges.
+
+    Args:
+        totals (FlowTotals): The engine's sums.
+        layout (FlowLayout): The graph's nodes.
+        tokens (list[str]): The prompt's tokens.
+        counterfactual (dict): The path's start.
+        settings (dict): The run's settings.
+
+    Returns:
+        *FlowGraph*.
+    """
+    senders, receivers = layout.senders(), layout.receivers()
+    allowed = layout.allowed()
+    pairs = allowed.nonzero().tolist()  # (receiver, sender)
+    edges = [edge_name(senders[s], receivers[r]) for r, s in pairs]
+    edges += [edge_name(u, LOGITS) for u in senders]
+    index = allowed.nonzero(as_tuple=True)
+    flows = torch.cat([totals.edges[index], totals.direct.sum(-1)])
+    by_position = None
+    if totals.by_position is not None:
+        by_position = torch.cat([totals.by_position[index], totals.direct]).numpy()
+    owner = layout.sender_of_receiver()
+    inflow = torch.zeros(len(senders), dtype=torch.float64).index_add_(
+        0, owner, totals.edges.sum(1)
+    )
+    outflow = totals.edges.sum(0) + totals.direct.sum(-1)
+    m_base, m_prompt = float(totals.m[0]), float(totals.m[-1])
+    completeness = abs(float(totals.direct.sum()) - (m_prompt - m_base))
+    input_flows = totals.input_edges.sum(0) + totals.direct[0]
+    return FlowGraph(
+        nodes=senders + [LOGITS],
+        edges=edges,
+        flows=flows.numpy(),
+        tokens=tokens,
+        input_flows=input_flows.numpy(),
+        position_flows=by_position,
+        counterfactual=counterfactual,
+        settings=settings,
+        m_prompt=m_prompt,
+        m_base=m_base,
+        completeness_error=completeness,
+        conservation_error=float((inflow - outflow)[1:].abs().max()),
+    )

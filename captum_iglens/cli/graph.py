@@ -1,0 +1,210 @@
+r"""``captum-iglens graph``: the probability flow between a counterfactual (or
+baseline) and the prompt, as a graph of edges that add up exactly to the
+change of the target (see
+:class:`~captum_iglens.attr.flow.ProbabilityFlow`)."""
+
+import argparse
+
+from captum_iglens.cli.common import (
+    CommandError,
+    Job,
+    _device,
+    _device_map,
+    check_outputs,
+    model_parent,
+    progress,
+    prompt_parent,
+    read_prompt,
+)
+from captum_iglens.flow_options import BASELINES, DEFAULT_STEPS, FLOW_METHODS, TARGETS
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
+    return value
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
+    return value
+
+
+def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
+    r"""Adds the subcommand ``name`` to ``commands``."""
+    graph = commands.add_parser(
+        name,
+        parents=[prompt_parent(), model_parent()],
+        help="probability flow: edges between embeddings, heads and MLPs that add "
+        "up exactly to the change of the target",
+        description="The probability flow from a counterfactual prompt of the same "
+        "token length (or a baseline) to the prompt: edge credits that add up "
+        "exactly to the change of the target, conserved at every node.",
+    )
+    graph.add_argument(
+        "--counterfactual",
+        metavar="TEXT",
+        help="the path's start: a prompt of the same token length (refused otherwise)",
+    )
+    graph.add_argument(
+        "--baseline",
+        choices=BASELINES,
+        help="the path's start without a "
+        "counterfactual: the pad token's or the mean embedding (default: mean)",
+    )
+    graph.add_argument(
+        "--target",
+        metavar="TEXT",
+        help="the target token (one token; default: the model's prediction)",
+    )
+    graph.add_argument(
+        "--foil",
+        metavar="TEXT",
+        help="the foil token of the "
+        "differences (default: the counterfactual's prediction)",
+    )
+    graph.add_argument(
+        "--target-kind",
+        choices=TARGETS,
+        default="prob",
+        help="p(y), p(y) - p(foil) or logit(y) - logit(foil) (default: prob)",
+    )
+    graph.add_argument(
+        "--position",
+        type=int,
+        default=-1,
+        help="the position whose logits are read (default: -1)",
+    )
+    graph.add_argument(
+        "--n-steps",
+        type=_positive,
+        default=DEFAULT_STEPS,
+        help=f"steps of the path (default: {DEFAULT_STEPS})",
+    )
+    graph.add_argument(
+        "--method",
+        choices=FLOW_METHODS,
+        default="prediction_aware",
+        help="the exact estimator, or the plain first-order terms "
+        "(default: prediction_aware)",
+    )
+    graph.add_argument(
+        "--qkv",
+        action="store_true",
+        help="queries, keys and values as separate receivers (a0.h1<q>, ...)",
+    )
+    graph.add_argument(
+        "--per-position",
+        action="store_true",
+        help="keep each edge's flow per sender position (in --json)",
+    )
+    _add_outputs(graph)
+    graph.set_defaults(prepare=prepare)
+
+
+def _add_outputs(graph: argparse.ArgumentParser) -> None:
+    """The options that choose what is printed and written."""
+    graph.add_argument(
+        "--keep",
+        type=_share,
+        metavar="SHARE",
+        help="write only the smallest edge set carrying this share of |flow| (0, 1]",
+    )
+    graph.add_argument(
+        "--top", type=_positive, default=20, help="edges printed (default: 20)"
+    )
+    graph.add_argument("--json", metavar="PATH", help="write the graph as JSON")
+    graph.add_argument("--csv", metavar="PATH", help="write the edge table as CSV")
+    graph.add_argument(
+        "--html",
+        metavar="PATH",
+        help="write the edge table as a self-contained HTML page",
+    )
+
+
+def _check(args: argparse.Namespace) -> str:
+    """Every option that can be checked without the model."""
+    prompt = read_prompt(args)
+    if args.counterfactual is not None:
+        if not args.counterfactual.strip():
+            raise CommandError("--counterfactual: expected a non-empty prompt")
+        if args.baseline is not None:
+            raise CommandError(
+                "--baseline: give either --counterfactual or --baseline, not both"
+            )
+    if (args.target_kind == "prob") != (args.foil is None):
+        if args.foil is not None:
+            raise CommandError("--foil: --target-kind prob takes no foil")
+        if args.counterfactual is None:
+            raise CommandError(
+                f"--foil: --target-kind {args.target_kind} needs --foil or a "
+                "--counterfactual whose prediction is the foil"
+            )
+    for name in ("target", "foil"):
+        if getattr(args, name) == "":
+            raise CommandError(f"--{name}: expected a token's text")
+    if args.device_map is not None:
+        raise CommandError("--device-map: graph runs the model on one --device")
+    _device(args.device)
+    check_outputs(args, "json", "csv", "html")
+    _device_map(args)
+    return prompt.strip()
+
+
+def prepare(args: argparse.Namespace) -> Job:
+    r"""Checks every option, loads the model; the job computes the graph,
+    prints its largest edges and writes the outputs."""
+    import torch
+
+    from captum_iglens.attr.flow import ProbabilityFlow
+    from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
+
+    prompt = _check(args)
+    options = dict(
+        dtype=getattr(torch, args.dtype),
+        device=_device(args.device),
+        progress=progress(args),
+    )
+    if args.model is None or args.model in EMBEDDED_MODELS:
+        model, tokenizer = load_embedded(args.model or "smollm2", **options)
+    else:
+        model, tokenizer = load_model(
+            args.model, trust_remote_code=args.trust_remote_code, **options
+        )
+    flow = ProbabilityFlow(model, tokenizer)
+    flow.check_prompts(prompt, args.counterfactual)
+
+    def job() -> int:
+        graph = flow.attribute(
+            prompt,
+            counterfactual=args.counterfactual,
+            baselines=args.baseline or "mean",
+            target=args.target,
+            target_kind=args.target_kind,
+            foil=args.foil,
+            position=args.position,
+            n_steps=args.n_steps,
+            method=args.method,
+            qkv=args.qkv,
+            per_position=args.per_position,
+        )
+        print(graph.format_table(args.top))
+        kept = graph if args.keep is None else graph.prune(args.keep)
+        if args.json:
+            kept.save(args.json)
+        if args.csv:
+            kept.to_csv(args.csv)
+        if args.html:
+            kept.to_html(args.html)
+        return 0
+
+    return job

@@ -1,0 +1,325 @@
+r"""
+:class:`FlowGraph`, the result of the probability flow: edges between the
+model's nodes whose flows add up exactly to the change of the target, with
+:data:`FLOW_SCHEMA`, the declaration its files are loaded with.
+
+Node and edge names follow EAP-IG and MIB (:mod:`captum_iglens.attr.flow.nodes`):
+``input``, ``a{l}.h{h}``, ``m{l}``, ``logits``; an edge is
+``"{sender}->{receiver}"``, with a head's reads ``a{l}.h{h}<q>``, ``<k>``,
+``<v>`` as receivers where queries, keys and values were asked separately.
+:meth:`FlowGraph.edge_scores` gives the plain ``{edge: flow}`` dictionary that
+circuit tools score.
+"""
+
+import csv
+import html
+import io
+import math
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from captum_iglens._utils.schema import Array, Json, Maybe, Number, Record, Texts
+from captum_iglens._utils.serialization import (
+    JsonDocument,
+    check_writable,
+    plain,
+    write_atomic,
+)
+
+#: What a :class:`FlowGraph` holds: ``N`` nodes, ``E`` edges, ``T`` positions.
+FLOW_SCHEMA = Record(
+    nodes=Texts("N", nonempty=True),
+    edges=Texts("E"),
+    flows=Array("float", "E", numpy=True),
+    tokens=Texts("T", nonempty=True),
+    input_flows=Array("float", "T", numpy=True),
+    position_flows=Maybe(Array("float", "E", "T", numpy=True)),
+    counterfactual=Json(),
+    settings=Json(),
+    m_prompt=Number(),
+    m_base=Number(),
+    completeness_error=Number(low=0),
+    conservation_error=Number(low=0),
+)
+#: The ways :meth:`FlowGraph.prune` keeps edges.
+PRUNE_BY = ("share", "top")
+
+
+def edge_ends(edge: str) -> Tuple[str, str]:
+    r"""The sender and receiver *nodes* of an edge name (a head's read,
+    ``a0.h1<q>``, is the head ``a0.h1``)."""
+    sender, receiver = edge.split("->")
+    return sender, receiver.split("<")[0]
+
+
+@dataclass
+class FlowGraph(JsonDocument):
+    r"""
+    A probability-flow graph: what each edge carried of the change of the
+    target ``Δm = m(prompt) − m(base)``.
+
+    The flows into ``logits`` add up to ``Δm`` and, at every other node but
+    ``input``, the flows in add up to the flows out (with the exact estimator,
+    to float rounding: ``completeness_error``, ``conservation_error``).
+    The flows out of ``input`` are Integrated Gradients on the embeddings,
+    per position in ``input_flows``.
+
+    Args:
+        nodes (list[str]): ``N`` node names, ``input`` first, ``logits`` last.
+        edges (list[str]): ``E`` edge names ``"{sender}->{receiver}"``.
+        flows (ndarray): ``(E,)`` float64: each edge's flow, summed over
+                    positions.
+        tokens (list[str]): ``T`` prompt tokens (text, or ids as text).
+        input_flows (ndarray): ``(T,)`` float64: the flow out of ``input``
+                    at each position.
+        position_flows (ndarray, optional): ``(E, T)`` float64: each edge's
+                    flow by the position where its sender wrote it (where
+                    asked). Default: None
+        counterfactual (dict): The path's start: ``kind`` (``"prompt"``,
+                    ``"pad"``, ``"mean"`` or ``"tensor"``) and, for a prompt,
+                    its ``tokens``.
+        settings (dict): ``method``, ``n_steps``, ``qkv``, ``target_kind``,
+                    ``target``, ``foil``, ``position``, ``model`` (and
+                    ``pruned``, on a pruned graph).
+        m_prompt (float): ``m`` on the prompt.
+        m_base (float): ``m`` at the path's start.
+        completeness_error (float): ``|Σ_u F(u→logits) − Δm|`` of the whole
+                    graph.
+        conservation_error (float): The largest ``|inflow − outflow|`` over
+                    the nodes of the whole graph.
+    """
+
+    KIND = "flow_graph"
+
+    nodes: List[str]
+    edges: List[str]
+    flows: np.ndarray
+    tokens: List[str]
+    input_flows: np.ndarray
+    counterfactual: Dict[str, Any]
+    settings: Dict[str, Any]
+    m_prompt: float
+    m_base: float
+    completeness_error: float
+    conservation_error: float
+    position_flows: Optional[np.ndarray] = None
+
+    def __post_init__(self) -> None:
+        FLOW_SCHEMA.check({f.name: getattr(self, f.name) for f in fields(self)})
+        known = set(self.nodes)
+        for edge in self.edges:
+            if edge.count("->") != 1 or not set(edge_ends(edge)) <= known:
+                raise ValueError(f"edges: {edge!r} does not join two of the nodes")
+
+    @property
+    def delta_m(self) -> float:
+        """``Δm = m_prompt − m_base``."""
+        return self.m_prompt - self.m_base
+
+    # ------------------------------------------------------------- plain data
+
+    def edge_scores(self) -> Dict[str, float]:
+        r"""
+        The flow of each edge, summed over positions, keyed by its EAP-IG/MIB
+        name: the plain dictionary a circuit harness ranks and patches
+        (``|F|`` ranks edges as EAP-IG's scores do).
+
+        Returns:
+            *dict[str, float]*: ``{"{sender}->{receiver}": flow}``.
+
+        Examples::
+
+            >>> scores = graph.edge_scores()
+            >>> scores["a3.h1->logits"], scores["input->a0.h2<v>"]
+        """
+        return {edge: float(flow) for edge, flow in zip(self.edges, self.flows)}
+
+    def node_flows(self) -> Dict[str, Tuple[float, float]]:
+        r"""
+        Returns:
+            *dict[str, tuple[float, float]]*: per node, its inflow and outflow
+            over this graph's edges.
+        """
+        into = {node: 0.0 for node in self.nodes}
+        out = dict(into)
+        for edge, flow in zip(self.edges, self.flows):
+            sender, receiver = edge_ends(edge)
+            out[sender] += float(flow)
+            into[receiver] += float(flow)
+        return {node: (into[node], out[node]) for node in self.nodes}
+
+    def edges_table(self) -> List[Dict[str, Any]]:
+        r"""
+        One row per edge, largest ``|flow|`` first: ``edge``, ``sender``,
+        ``receiver`` (the receiving node or head read), ``flow`` and
+        ``share`` (of the graph's total ``|flow|``).
+
+        Returns:
+            *list[dict]*.
+        """
+        total = float(np.abs(self.flows).sum()) or 1.0
+        order = np.argsort(-np.abs(self.flows), kind="stable")
+        rows = []
+        for i in order:
+            sender, receiver = self.edges[i].split("->")
+            flow = float(self.flows[i])
+            rows.append(
+                dict(
+                    edge=self.edges[i],
+                    sender=sender,
+                    receiver=receiver,
+                    flow=flow,
+                    share=abs(flow) / total,
+                )
+            )
+        return rows
+
+    def to_csv(self, path: Union[str, Path]) -> None:
+        r"""
+        Writes :meth:`edges_table` as CSV, atomically.
+
+        Args:
+            path (str or Path): The file to write.
+        """
+        path = check_writable(path, "path")
+        out = io.StringIO()
+        writer = csv.DictWriter(
+            out, ["edge", "sender", "receiver", "flow", "share"], lineterminator="\n"
+        )
+        writer.writeheader()
+        for row in self.edges_table():
+            writer.writerow(
+                {**row, "flow": repr(row["flow"]), "share": repr(row["share"])}
+            )
+        write_atomic(path, out.getvalue())
+
+    def to_html(self, path: Union[str, Path]) -> None:
+        r"""
+        Writes a self-contained HTML page, atomically: the run, its checks and
+        :meth:`edges_table` (no scripts; the interactive graph page of the
+        viewer is not built yet).
+
+        Args:
+            path (str or Path): The file to write.
+        """
+        path = check_writable(path, "path")
+        rows = "".join(
+            f"<tr><td>{html.escape(r['sender'])}</td>"
+            f"<td>{html.escape(r['receiver'])}</td>"
+            f"<td>{r['flow']:+.6e}</td><td>{r['share']:.4f}</td></tr>"
+            for r in self.edges_table()
+        )
+        title = html.escape(str(self.settings.get("target_text", "probability flow")))
+        prompt = html.escape("".join(self.tokens))
+        checks = (
+            f"Δm = {self.delta_m:+.6g}; |Σ F(u→logits) − Δm| = "
+            f"{self.completeness_error:.2e}; worst conservation error "
+            f"{self.conservation_error:.2e}"
+        )
+        page = (
+            "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+            f"<title>Probability flow: {title}</title><style>"
+            "body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;"
+            "text-align:left}td:nth-child(3),td:nth-child(4){text-align:right;"
+            "font-family:monospace}</style></head><body>"
+            f"<h1>Probability flow of {title}</h1><p>{prompt}</p><p>{checks}</p>"
+            "<table><tr><th>sender</th><th>receiver</th><th>flow</th>"
+            f"<th>share of |flow|</th></tr>{rows}</table></body></html>"
+        )
+        write_atomic(path, page)
+
+    # ---------------------------------------------------------------- pruning
+
+    def prune(self, keep: float, by: str = "share") -> "FlowGraph":
+        r"""
+        The graph with fewer edges.
+
+        Args:
+            keep (float): With ``by="share"``, the share of the total ``|flow|``
+                    to keep, in ``(0, 1]``: the smallest set of edges (the
+                    largest ``|flow|`` first) that carries it. With
+                    ``by="top"``, the percentage of edges to keep, in
+                    ``(0, 100]`` (at least one edge).
+            by (str, optional): ``"share"`` or ``"top"``. Default: ``"share"``
+
+        Returns:
+            *FlowGraph*: the kept edges (and their nodes' names unchanged);
+            ``settings["pruned"]`` records ``keep`` and ``by``. The error fields
+            stay those of the whole graph.
+
+        Raises:
+            ValueError: If ``by`` is unknown or ``keep`` out of its range.
+        """
+        if by not in PRUNE_BY:
+            raise ValueError(f"by: expected one of {PRUNE_BY}, got {by!r}")
+        high = 1.0 if by == "share" else 100.0
+        if (
+            isinstance(keep, bool)
+            or not isinstance(keep, (int, float))
+            or not (0 < keep <= high)
+        ):
+            raise ValueError(
+                f"keep: expected a number in (0, {high:g}] for by={by!r}, got {keep!r}"
+            )
+        magnitude = np.abs(self.flows)
+        order = np.argsort(-magnitude, kind="stable")
+        if by == "top":
+            count = max(1, math.ceil(len(order) * keep / 100))
+        else:
+            carried = np.cumsum(magnitude[order])
+            count = int(np.searchsorted(carried, keep * carried[-1] * (1 - 1e-12))) + 1
+        kept = np.sort(order[: min(count, len(order))])
+        return replace(
+            self,
+            edges=[self.edges[i] for i in kept],
+            flows=self.flows[kept],
+            position_flows=None
+            if self.position_flows is None
+            else self.position_flows[kept],
+            settings={**self.settings, "pruned": {"keep": keep, "by": by}},
+        )
+
+    # ------------------------------------------------------------------- files
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-serialisable dictionary of every field."""
+        values = {f.name: plain(getattr(self, f.name)) for f in fields(self)}
+        if values["position_flows"] is None:
+            del values["position_flows"]
+        return FLOW_SCHEMA.dump(values)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "FlowGraph":
+        """Inverse of :meth:`to_dict`; every field is checked
+        (:data:`FLOW_SCHEMA`)."""
+        return cls(**FLOW_SCHEMA.load(data))
+
+    def format_table(self, top: int = 20) -> str:
+        r"""
+        The ``top`` edges by ``|flow|`` and the graph's checks, as text.
+
+        Args:
+            top (int, optional): How many edges. Default: 20
+
+        Returns:
+            *str*.
+        """
+        lines = [
+            f"target: {self.settings.get('target_text', self.settings['target_kind'])}"
+            f"  m(prompt) = {self.m_prompt:.6g}  m(base) = {self.m_base:.6g}"
+            f"  Δm = {self.delta_m:+.6g}",
+            f"{'edge':<28} {'flow':>12} {'share':>7}",
+        ]
+        for row in self.edges_table()[:top]:
+            lines.append(
+                f"{row['edge']:<28} {row['flow']:>+12.4e} {row['share']:>7.3f}"
+            )
+        lines.append(
+            f"completeness: |Σ F(u->logits) - Δm| = {self.completeness_error:.2e}; "
+            f"worst conservation error: {self.conservation_error:.2e} "
+            f"({len(self.edges)} edges)"
+        )
+        return "\n".join(lines)

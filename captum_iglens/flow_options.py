@@ -1,0 +1,14 @@
+r"""
+The names the probability flow takes, in one place without heavy imports, so
+that the command line builds its choices from them before torch loads.
+"""
+
+#: The default number of steps of the path (chosen by the convergence table of
+#: ``docs/flow.md``).
+DEFAULT_STEPS = 16
+#: The targets: ``p(y)``, ``p(y) − p(foil)``, ``logit(y) − logit(foil)``.
+TARGETS = ("prob", "prob_diff", "logit_diff")
+#: The estimators (:mod:`captum_iglens.attr.flow.estimator`).
+FLOW_METHODS = ("prediction_aware", "riemann_trapezoid")
+#: The baselines that need no counterfactual prompt.
+BASELINES = ("pad", "mean")

@@ -1,0 +1,197 @@
+"""Probability flow on tiny random models of two families (Llama-like with
+grouped key-value heads, Gemma 2/3 post-norm): exactness at any step count,
+Captum's LayerIntegratedGradients on the embeddings, the residual stream
+rebuilt from the node writes, hooks and settings left as they were, and
+arguments refused before the model runs."""
+
+import pytest
+import torch
+from captum.attr import LayerIntegratedGradients
+
+from captum_iglens.attr.flow import DEFAULT_STEPS, ProbabilityFlow
+from captum_iglens.attr.flow.capture import run_points
+from captum_iglens.attr.flow.engine import first_block_inputs
+from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.attr.flow.targets import FlowTarget
+from captum_iglens.hf.architectures import model_parts
+from tests.helpers import hook_snapshot
+from tests.tiny_models import tiny_model
+
+IDS = torch.tensor([[1, 5, 9, 17, 33, 7, 40]])
+OTHER = torch.tensor([[1, 5, 10, 18, 33, 7, 41]])
+FAMILIES = ["llama", "qwen3", "gemma2", "gemma3_text"]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {name: tiny_model(name) for name in FAMILIES}
+
+
+def _check_exact(graph, tol=1e-6):
+    into = sum(f for e, f in graph.edge_scores().items() if e.endswith("->logits"))
+    assert abs(into - graph.delta_m) <= tol
+    for node, (inflow, outflow) in graph.node_flows().items():
+        if node not in ("input", "logits"):
+            assert abs(inflow - outflow) <= tol, node
+    assert graph.completeness_error <= tol and graph.conservation_error <= tol
+    assert abs(graph.input_flows.sum() - graph.delta_m) <= tol
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("n_steps", [1, 8, DEFAULT_STEPS])
+def test_exact_at_any_step_count(models, family, n_steps):
+    graph = ProbabilityFlow(models[family]).attribute(
+        IDS, counterfactual=OTHER, n_steps=n_steps, qkv=n_steps == 8
+    )
+    assert abs(graph.delta_m) > 1e-4  # the check is not vacuous
+    _check_exact(graph)
+
+
+@pytest.mark.parametrize(
+    "start, kind, foil",
+    [
+        (dict(counterfactual=OTHER), "prob_diff", None),
+        (dict(counterfactual=OTHER), "logit_diff", 3),
+        (dict(baselines="pad"), "prob", None),
+        (dict(baselines="mean"), "logit_diff", 3),
+    ],
+)
+def test_targets_and_baselines(models, start, kind, foil):
+    model = models["gemma3_text"]
+    graph = ProbabilityFlow(model).attribute(
+        IDS, target=11, target_kind=kind, foil=foil, n_steps=4, **start
+    )
+    _check_exact(graph, tol=1e-6 * max(1.0, abs(graph.delta_m)))
+    with torch.no_grad():
+        logits = model(IDS).logits[0, -1]
+    y_foil = graph.settings["foil"]
+    expected = {
+        "prob": torch.softmax(logits, -1)[11],
+        "prob_diff": torch.softmax(logits, -1)[11] - torch.softmax(logits, -1)[y_foil],
+        "logit_diff": logits[11] - logits[y_foil],
+    }[kind]
+    assert graph.m_prompt == pytest.approx(float(expected), abs=1e-6)
+    if "counterfactual" in start and foil is None:  # the counterfactual's prediction
+        with torch.no_grad():
+            assert y_foil == int(model(OTHER).logits[0, -1].argmax())
+
+
+def test_baselines_keep_bos_and_change_the_rest(models):
+    model = models["llama"]
+    flow = ProbabilityFlow(model)
+    graph = flow.attribute(IDS, baselines="pad", n_steps=1, per_position=True)
+    assert graph.input_flows[0] == 0.0  # BOS (id 1) kept its embedding
+    assert (graph.input_flows[1:] != 0).all()
+    assert graph.counterfactual == {"kind": "pad"}
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_input_outflows_are_captum_lig(models, family):
+    """The plain (trapezoid) terms: the input's outflows per position are
+    Captum's LayerIntegratedGradients on the embedding layer (trapezoid =
+    mean of Captum's left and right Riemann sums at the same steps)."""
+    model, n_steps = models[family], 8
+    graph = ProbabilityFlow(model).attribute(
+        IDS,
+        counterfactual=OTHER,
+        target=11,
+        n_steps=n_steps,
+        method="riemann_trapezoid",
+    )
+    target = FlowTarget("prob", 11, IDS.shape[1] - 1)
+    lig = LayerIntegratedGradients(
+        lambda ids: target(model(ids).logits), model.get_input_embeddings()
+    )
+    sums = [
+        lig.attribute(IDS, baselines=OTHER, n_steps=n_steps, method=rule).sum(-1)[0]
+        for rule in ("riemann_left", "riemann_right")
+    ]
+    expected = ((sums[0] + sums[1]) / 2).double()
+    assert expected.abs().max() > 1e-4
+    assert torch.allclose(
+        torch.from_numpy(graph.input_flows), expected, atol=1e-5, rtol=0
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_writes_rebuild_the_residual_stream(models, family):
+    """Σ of every node's write is the last block's output (no biases in these
+    families): heads of post-norm blocks are split with the norm's factor."""
+    model = models[family]
+    parts = model_parts(model)
+    kept = {}
+    handle = parts.blocks[-1].register_forward_hook(
+        lambda m, a, out: kept.setdefault(
+            "h", out[0] if isinstance(out, tuple) else out
+        )
+    )
+    try:
+        with torch.no_grad():
+            model(IDS)
+    finally:
+        handle.remove()
+    layout = FlowLayout(len(parts.blocks), parts.n_heads)
+    state = run_points(
+        parts, IDS, first_block_inputs(parts, IDS), FlowTarget("prob", 3, 6), layout
+    )
+    rebuilt = state.writes[0].sum(0)
+    assert torch.allclose(rebuilt, kept["h"][0], atol=1e-5 * kept["h"].abs().max())
+
+
+def test_model_left_as_it_was(models):
+    model = models["llama"]
+    before = hook_snapshot(model)
+    implementation = model.config._attn_implementation
+    groups = model.model.layers[0].self_attn.num_key_value_groups
+    ProbabilityFlow(model).attribute(IDS, counterfactual=OTHER, n_steps=2, qkv=True)
+    assert hook_snapshot(model) == before
+    assert model.config._attn_implementation == implementation
+    assert model.model.layers[0].self_attn.num_key_value_groups == groups == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        (dict(counterfactual=torch.tensor([[1, 5, 9]])), "counterfactual: 3 tokens"),
+        (dict(n_steps=0), "n_steps"),
+        (dict(method="gausslegendre"), "method"),
+        (dict(target_kind="kl"), "target_kind"),
+        (dict(target_kind="prob_diff"), "foil"),
+        (dict(target=3, foil=4), "foil"),
+        (dict(position=7), "position"),
+        (dict(baselines="zeros"), "baselines"),
+        (dict(baselines=torch.zeros(1, 7, 5)), "baselines"),
+        (dict(target=1000), "target"),
+        (dict(qkv=1), "qkv"),
+        (dict(internal_batch_size=0), "internal_batch_size"),
+    ],
+)
+def test_arguments_refused_before_the_model_runs(models, kwargs, named):
+    model = models["llama"]
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=named.split(":")[0]) as error:
+            ProbabilityFlow(model).attribute(IDS, **kwargs)
+    finally:
+        handle.remove()
+    assert named in str(error.value)
+    assert calls == []
+
+
+def test_refuses_models_it_cannot_split():
+    with pytest.raises(ValueError, match="model: probability flow needs sequential"):
+        ProbabilityFlow(tiny_model("gptj"))
+
+
+def test_per_position_flows_add_up_to_the_edges(models):
+    graph = ProbabilityFlow(models["gemma3_text"]).attribute(
+        IDS, counterfactual=OTHER, n_steps=3, per_position=True, qkv=True
+    )
+    assert graph.position_flows.shape == (len(graph.edges), IDS.shape[1])
+    assert abs(graph.position_flows.sum(1) - graph.flows).max() <= 1e-12
+    # positions where prompt and counterfactual agree carry nothing out of input
+    out_of_input = [i for i, e in enumerate(graph.edges) if e.startswith("input->")]
+    by_position = graph.position_flows[out_of_input].sum(0)
+    assert abs(by_position - graph.input_flows).max() <= 1e-12
+    assert (graph.input_flows[[0, 1, 4, 5]] == 0).all()

@@ -1,0 +1,99 @@
+"""``captum-iglens graph``: every option checked before the model loads, and
+one real run that writes JSON, CSV and HTML."""
+
+import json
+
+import pytest
+
+from captum_iglens.cli import main
+from captum_iglens.flow_graph import FlowGraph
+
+PROMPT = "The capital of France is"
+OTHER = "The capital of Italy is"
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("the model was loaded")
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        (["--target-kind", "prob_diff"], "--foil: --target-kind prob_diff needs"),
+        (["--foil", " Rome"], "--foil: --target-kind prob takes no foil"),
+        (["--counterfactual", "  "], "--counterfactual: expected a non-empty"),
+        (["--counterfactual", OTHER, "--baseline", "pad"], "--baseline: give either"),
+        (["--json", "/no/such/folder/g.json"], "--json: the folder /no/such/folder"),
+        (["--json", "same.json", "--csv", "same.json"], "--csv: the same path as"),
+        (["--device", "nonsense"], "--device: expected a torch device"),
+        (["--device-map", "auto"], "--device-map: graph runs the model on one"),
+    ],
+)
+def test_options_checked_before_the_model_loads(
+    monkeypatch, capsys, tmp_path, extra, named
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("captum_iglens.hf.models.load_embedded", _no_model)
+    assert main(["graph", PROMPT, *extra]) == 2
+    assert named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra", [["--n-steps", "0"], ["--keep", "1.5"], ["--target-kind", "kl"]]
+)
+def test_argument_types_refused(monkeypatch, capsys, extra):
+    monkeypatch.setattr("captum_iglens.hf.models.load_embedded", _no_model)
+    with pytest.raises(SystemExit) as stop:
+        main(["graph", PROMPT, *extra])
+    assert stop.value.code == 2
+    assert extra[0] in capsys.readouterr().err
+
+
+@pytest.mark.real_model
+def test_graph_writes_json_csv_html(tmp_path, capsys):
+    out = [tmp_path / name for name in ("g.json", "g.csv", "g.html")]
+    status = main(
+        [
+            "graph",
+            PROMPT,
+            "--counterfactual",
+            OTHER,
+            "--n-steps",
+            "1",
+            "--quiet",
+            "--keep",
+            "0.9",
+            "--json",
+            str(out[0]),
+            "--csv",
+            str(out[1]),
+            "--html",
+            str(out[2]),
+        ]
+    )
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "completeness: |Σ F(u->logits) - Δm|" in printed
+    graph = FlowGraph.load(out[0])
+    assert graph.counterfactual["kind"] == "prompt"
+    assert graph.settings["pruned"] == {"keep": 0.9, "by": "share"}
+    assert graph.completeness_error <= 1e-6 and graph.conservation_error <= 1e-6
+    assert out[1].read_text().splitlines()[0] == "edge,sender,receiver,flow,share"
+    assert "<table>" in out[2].read_text()
+    assert json.loads(out[0].read_text())["kind"] == "flow_graph"
+
+
+@pytest.mark.real_model
+def test_counterfactual_of_another_length_is_refused(capsys):
+    status = main(
+        [
+            "graph",
+            PROMPT,
+            "--counterfactual",
+            "The capital of the United Kingdom is",
+            "--quiet",
+        ]
+    )
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "counterfactual: 7 tokens, but the prompt has 5" in err
