@@ -6,15 +6,21 @@ maps cost beside the telescoping maps at the same ``n_steps``.
     python benchmarks/joint.py                        # smollm2, both parts
     python benchmarks/joint.py --model gemma3 --part convergence
     python benchmarks/joint.py --part reads --n-steps 50
+    python benchmarks/joint.py --dry-run              # tiny model, seconds
 
 Reads: the joint neuron and source maps with their components read through
 their own products (as the library does) against the same maps with the
 components built as ``(rows, columns, d)`` arrays, alternating, in this process.
 
-Convergence: per-block credits (prediction-aware) at 4, 8, 16, 32, 64 and 128
-steps against 512 steps: the largest and the mean ``|credit - credit_512|`` over
-the answer tokens and blocks, and the largest ``|Σ - Δp|`` (exact at any
-``n_steps``). Cost: the median wall time of each map over ``--repeats`` runs in
+Convergence: per-block credits of every estimator at 32, 128 and 512 steps
+against an independent reference (autograd through the model's final norm and
+head, composite 8-point Gauss–Legendre on equal panels in ``t`` with ``α = t²``,
+which crowds the points where the direction turns; float64 sums), at the first
+``--positions`` answer tokens: the largest and the mean ``|credit - ref|``, the
+largest ``|Σ - Δp|``, for ``adaptive`` whether its ``credit_error`` bounds
+every error, and the time of each map. The reference is computed at two
+resolutions and their largest difference printed (it must be far below the
+errors it judges). Cost: the median wall time of each map over ``--repeats`` runs in
 this process, and the ratio joint / telescoping per granularity (the goals: the
 block map within 2×, the head, source and neuron maps at least 5× cheaper).
 """
@@ -22,19 +28,21 @@ block map within 2×, the head, source and neuron maps at least 5× cheaper).
 import argparse
 import statistics
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List, Sequence
 
+import numpy as np
 import torch
 
-from captum_iglens import LayerIGLens
+from captum_iglens import ESTIMATORS, LayerIGLens
 from captum_iglens.attr.granularities.neurons import NeuronComponents
 from captum_iglens.attr.granularities.source_terms import SourceComponents
 from captum_iglens.hf.models import load_embedded
 from captum_iglens.hf.text import answered_prompt
 
 PROMPT = "What is the capital of France?"
-STEPS = (4, 8, 16, 32, 64, 128)
-REFERENCE = 512
+STEPS = (32, 128, 512)
+#: Points of the finer reference (the coarser has half).
+REFERENCE = 4096
 
 
 def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
@@ -46,19 +54,77 @@ def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def convergence(lens: LayerIGLens, kwargs: Dict[str, Any]) -> None:
-    def credits(n_steps: int) -> Any:
-        return lens.attribute_map(path="joint", n_steps=n_steps, **kwargs)
+def reference(model: Any, ids: Any, positions: Any, targets: Any, panels: int) -> Any:
+    r"""Per-block ``∫ ∇f(γ(α)) · Δ_l dα`` ``(P, L)`` at ``positions``: the
+    states by forward hooks, ``f`` by autograd through the final norm and head
+    (with the model's logit softcap), ``panels`` panels of 8 Gauss–Legendre
+    points in ``t``, ``α = t²``."""
+    states: List[Any] = []
 
-    reference = credits(REFERENCE)
-    real = reference.mask
-    print(f"n_steps | max |credit - credit_{REFERENCE}| | mean | max |Σ - Δp|")
-    for n_steps in STEPS:
-        found = credits(n_steps)
-        error = (found.attributions - reference.attributions)[real].abs()
-        change = found.model_prob - found.base_prob
-        residual = (found.total - change)[real].abs().max()
-        print(f"{n_steps:7d} | {error.max():.2e} | {error.mean():.2e} | {residual:.1e}")
+    def keep(module: Any, args: Any, output: Any) -> None:
+        states.append((output[0] if isinstance(output, tuple) else output)[0])
+
+    layers = model.model.layers
+    hooks = [layer.register_forward_hook(keep) for layer in layers]
+    hooks.append(
+        layers[0].register_forward_pre_hook(lambda m, a: states.insert(0, a[0][0]))
+    )
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    stream = torch.stack(states)[:, positions].transpose(0, 1).double()  # (P, L+1, d)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    x, w = (torch.from_numpy(a) for a in np.polynomial.legendre.leggauss(8))
+    t = ((torch.arange(panels)[:, None] + (x[None] + 1) / 2) / panels).flatten()
+    weights = (w[None] / (2 * panels)).expand(panels, -1).flatten() * 2 * t
+    out = []
+    for row, target in zip(stream, targets.flatten().tolist()):
+        total = torch.zeros(row.shape[0] - 1, dtype=torch.float64)
+        for chunk in torch.split(torch.arange(len(t)), 256):
+            alpha = (t[chunk] ** 2)[:, None]
+            h = (row[0] + alpha * (row[-1] - row[0])).float().requires_grad_(True)
+            logits = model.lm_head(model.model.norm(h))
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            prob = logits.softmax(-1)[:, target]
+            (grad,) = torch.autograd.grad(prob.sum(), h)
+            total += (grad.double() @ row.diff(dim=0).T * weights[chunk, None]).sum(0)
+        out.append(total)
+    return torch.stack(out).float()
+
+
+def convergence(
+    lens: LayerIGLens, model: Any, kwargs: Dict[str, Any], steps: Sequence[int]
+) -> None:
+    positions, targets = kwargs["positions"], kwargs["target"]
+    coarse = reference(model, kwargs["inputs"], positions, targets, REFERENCE // 16)
+    fine = reference(model, kwargs["inputs"], positions, targets, REFERENCE // 8)
+    print(
+        f"reference: {REFERENCE} and {REFERENCE // 2} points, largest difference "
+        f"{(coarse - fine).abs().max():.1e}"
+    )
+    print("method | n_steps | max |credit - ref| | mean | max |Σ - Δp| | bound | s")
+    for method in ESTIMATORS:
+        for n_steps in steps:
+            start = time.perf_counter()
+            found = lens.attribute_map(
+                path="joint", method=method, n_steps=n_steps, **kwargs
+            )
+            seconds = time.perf_counter() - start
+            error = (found.attributions[0] - fine).abs()
+            change = found.model_prob - found.base_prob
+            residual = (found.total - change).abs().max()
+            bound = "-"
+            if found.credit_error is not None:
+                bound = "yes" if bool((found.credit_error[0] >= error).all()) else "NO"
+            print(
+                f"{method} | {n_steps} | {error.max():.1e} | {error.mean():.1e} | "
+                f"{residual:.1e} | {bound} | {seconds:.1f}",
+                flush=True,
+            )
 
 
 def cost(lens: LayerIGLens, kwargs: Dict[str, Any], n_steps: int, repeats: int) -> None:
@@ -117,6 +183,26 @@ def reads(
             )
 
 
+def _tiny() -> Dict[str, Any]:
+    r"""A 2-block Llama from its config and a 6-token input (``--dry-run``)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.randint(3, 64, (1, 6))
+    with torch.no_grad():
+        target = model(ids).logits[0, -1].argmax().view(1, 1)
+    return dict(model=model, inputs=ids, target=target, positions=torch.tensor([5]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("smollm2", "gemma3"), default="smollm2")
@@ -125,7 +211,18 @@ def main() -> None:
     )
     parser.add_argument("--n-steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--positions", type=int, default=3, help="answer tokens in the convergence"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="the convergence on a tiny model"
+    )
     args = parser.parse_args()
+    if args.dry_run:
+        tiny = _tiny()
+        model = tiny.pop("model")
+        convergence(LayerIGLens.from_model(model), model, tiny, (7, 16))
+        return
     model, tokenizer = load_embedded(args.model)
     ids, positions, targets, _ = answered_prompt(model, tokenizer, PROMPT)
     lens = LayerIGLens.from_model(model)
@@ -135,7 +232,12 @@ def main() -> None:
         f"{torch.get_num_threads()}"
     )
     if args.part in ("convergence", "both"):
-        convergence(lens, kwargs)
+        first = dict(
+            inputs=ids,
+            target=targets[:, : args.positions],
+            positions=positions[: args.positions],
+        )
+        convergence(lens, model, first, STEPS)
     if args.part in ("cost", "both"):
         cost(lens, kwargs, args.n_steps, args.repeats)
     if args.part == "reads":

@@ -84,3 +84,23 @@ def test_peak_breakdown_accounts_for_the_whole_tensor_peak():
         g for g in groups if "values_and_gradients" in g[2] or "_log_softmax" in g[2]
     ]
     assert len(readout) == 3
+
+
+@pytest.mark.slow
+def test_joint_convergence_dry_run():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "joint.py"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split(" | ") for line in done.stdout.splitlines()[2:]]
+    from captum_iglens.attr.estimators import ESTIMATORS
+
+    assert sorted({row[0] for row in rows}) == sorted(ESTIMATORS)
+    for row in rows:
+        if ESTIMATORS[row[0]].exact:
+            assert float(row[4]) <= 1e-6  # |Σ − Δp| at any n_steps
+    assert {row[5] for row in rows if row[0] == "adaptive"} == {"yes"}
