@@ -65,13 +65,13 @@ def test_the_split_among_sources_keeps_to_the_budget(monkeypatch):
     wide = LayerIGLens.from_model(model).attribute_map(ids, **kwargs)
     budget = 64 * 2**10
     seen = []
-    shares = prediction_aware._shares
+    shares = prediction_aware.residual_shares
 
     def recording(first_order, *args):
         seen.append(tuple(first_order.shape))
         return shares(first_order, *args)
 
-    monkeypatch.setattr(prediction_aware, "_shares", recording)
+    monkeypatch.setattr(prediction_aware, "residual_shares", recording)
     lens = LayerIGLens.from_model(model, max_chunk_bytes=budget)
     narrow = lens.attribute_map(ids, **kwargs)
     entry = prediction_aware._SPLIT_ENTRY_BYTES
@@ -86,7 +86,7 @@ def test_a_groups_split_arrays_are_freed_before_the_next_groups_readout(monkeypa
     model = tiny_model("llama")
     ids, mask = left_padded([24, 20], VOCAB)
     split = []
-    shares = prediction_aware._shares
+    shares = prediction_aware.residual_shares
     readout = prediction_aware.values_and_gradients
 
     def recording(first_order, *args):
@@ -100,7 +100,7 @@ def test_a_groups_split_arrays_are_freed_before_the_next_groups_readout(monkeypa
         alive.append(sum(ref() is not None for ref in split))
         return readout(*args, **kwargs)
 
-    monkeypatch.setattr(prediction_aware, "_shares", recording)
+    monkeypatch.setattr(prediction_aware, "residual_shares", recording)
     monkeypatch.setattr(prediction_aware, "values_and_gradients", reading)
     lens = LayerIGLens.from_model(model, max_chunk_bytes=64 * 2**10)
     lens.attribute_map(

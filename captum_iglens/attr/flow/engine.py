@@ -13,11 +13,7 @@ from torch import Tensor
 
 from captum_iglens.attr._utils.capture import hidden_of
 from captum_iglens.attr.flow.capture import PointState, run_points
-from captum_iglens.attr.flow.estimator import (
-    StepTerms,
-    exact_step,
-    plain_step,
-)
+from captum_iglens.attr.flow.estimator import STEP_RULES, StepTerms
 from captum_iglens.attr.flow.nodes import FlowLayout
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.hf.parts import ModelParts
@@ -149,7 +145,7 @@ def flow_totals(
     Returns:
         *FlowTotals*.
     """
-    step = exact_step if method == "prediction_aware" else plain_step
+    step = STEP_RULES[method]
     allowed = layout.allowed()
     prompt_inputs = first_block_inputs(parts, input_ids)
     alphas = torch.linspace(0, 1, n_steps + 1, dtype=torch.float64)

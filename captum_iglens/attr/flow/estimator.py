@@ -123,3 +123,8 @@ def plain_step(
     r"""The plain split of one step: the first-order terms themselves (same
     arguments and returns as :func:`exact_step`)."""
     return terms.edges * allowed.unsqueeze(-1), terms.direct
+
+
+#: Each flow method's step rule, by the name ``method=`` takes
+#: (:data:`~captum_iglens.flow_options.FLOW_METHODS`).
+STEP_RULES = {"prediction_aware": exact_step, "riemann_trapezoid": plain_step}
