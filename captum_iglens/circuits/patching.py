@@ -210,6 +210,8 @@ class CircuitModel:
             raise ValueError("keep and counterfactual: give both or neither")
         positions = self._position_embeddings(ids)
         embed = self.model.get_input_embeddings()(ids).float()
+        if override is not None and override[0] == 0:
+            embed = override[1][:, 0]
         if receiver_grads:  # every receiver's input in the graph of the logits
             embed = embed.detach().requires_grad_(True)
         writes: List[Tensor] = []  # one (B, n, T, d) tensor per sender group
@@ -217,7 +219,7 @@ class CircuitModel:
         state = _Stream(keep, counterfactual)
 
         def add(group: Tensor) -> None:
-            if override is not None and override[0] == len(writes):
+            if override is not None and override[0] == len(writes) > 0:
                 group = override[1]
             writes.append(group)
             state.add(group)
