@@ -292,21 +292,26 @@ class _Stream:
     r"""The residual streams of a run: the run's own sum of writes, the
     counterfactual's, and each receiver's patched mix of the two."""
 
-    def __init__(
-        self,
-        keep: Optional[Tensor],
-        counterfactual: Optional[Tensor],
-    ) -> None:
+    def __init__(self, keep: Optional[Tensor], counterfactual: Optional[Tensor]) -> None:
         self.keep = None if keep is None else keep.float()
         self.counterfactual = counterfactual
-        self.own: List[Tensor] = []
+        self.diff: Optional[Tensor] = None  # own - counterfactual, (B, S, T, d)
+        self.n = 0
         self.total: Optional[Tensor] = None
+        self.other_total: Optional[Tensor] = None
         self.next_receiver = 0
 
     def add(self, group: Tensor) -> None:
-        self.own.append(group)
         total = group.sum(1)
         self.total = total if self.total is None else self.total + total
+        if self.counterfactual is not None:
+            if self.diff is None:
+                self.diff = torch.empty_like(self.counterfactual)
+            rows = slice(self.n, self.n + group.shape[1])
+            self.diff[:, rows] = group - self.counterfactual[:, rows]
+            other = self.counterfactual[:, rows].sum(1)
+            self.other_total = other if self.other_total is None else self.other_total + other
+        self.n += group.shape[1]
 
     def read(self, n: int) -> Tensor:
         """The inputs ``(B, n, T, d)`` of the next ``n`` receivers."""
@@ -315,18 +320,19 @@ class _Stream:
         self.next_receiver += n
         if self.keep is None or self.counterfactual is None:
             return self.total[:, None].expand(-1, n, -1, -1)
-        own = torch.cat(self.own, 1)
-        n_senders = own.shape[1]
-        other = self.counterfactual[:, :n_senders]
-        keep = self.keep[:n_senders, rows]  # (s, n)
+        assert self.diff is not None and self.other_total is not None
+        keep = self.keep[: self.n, rows]  # (s, n)
         cut = 1.0 - keep
-        if int((keep > 0).any(1).sum()) <= int((cut > 0).any(1).sum()):
-            base, weights, sign = other.sum(1), keep, 1.0
+        kept, dropped = (keep > 0).any(1), (cut > 0).any(1)
+        if int(kept.sum()) <= int(dropped.sum()):
+            base, weights, used, sign = self.other_total, keep, kept, 1.0
         else:
-            base, weights, sign = self.total, cut, -1.0
-        used = (weights > 0).any(1).nonzero().flatten()
+            base, weights, used, sign = self.total, cut, dropped, -1.0
         x = base[:, None].expand(-1, n, -1, -1)
-        if len(used):
-            diff = own[:, used] - other[:, used]
-            x = x + sign * torch.einsum("sn,bstd->bntd", weights[used], diff)
+        index = used.nonzero().flatten()
+        if len(index) == self.n:  # every sender: no gather
+            x = x + sign * torch.einsum("sn,bstd->bntd", weights, self.diff[:, : self.n])
+        elif len(index):
+            diff = self.diff[:, index]
+            x = x + sign * torch.einsum("sn,bstd->bntd", weights[index], diff)
         return x

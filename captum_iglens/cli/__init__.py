@@ -26,7 +26,7 @@ import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from captum_iglens._utils.allocator import return_freed_memory
-from captum_iglens.cli import attribute, batch, compare, fit_lens, shell, validate
+from captum_iglens.cli import attribute, batch, circuits, compare, fit_lens, shell, validate
 from captum_iglens.cli.common import (
     INPUT_ERRORS,
     CommandError,
@@ -58,6 +58,7 @@ _COMMANDS: Dict[str, Callable[[Any, str], None]] = {
     "validate": validate.add_parser,
     "fit-lens": fit_lens.add_parser,
     "shell": shell.add_parser,
+    "circuits": circuits.add_parser,
 }
 
 
