@@ -50,7 +50,11 @@ def make_batches(
     Returns:
         *list[Batch]*, each pair in exactly one.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int)
+        or batch_size < 1
+    ):
         raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
     by_length: Dict[int, List[int]] = {}
     for i, pair in enumerate(encoded):

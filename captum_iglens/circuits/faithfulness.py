@@ -41,11 +41,13 @@ def prob_diff(logits: Tensor, answer: Tensor, foil: Tensor) -> Tensor:
 def logit_diff(logits: Tensor, answer: Tensor, foil: Tensor) -> Tensor:
     """``logit(answer) - logit(foil)``, ``(B,)`` (MIB's ``m``)."""
     logits = logits.float()
-    return logits.gather(1, answer[:, None])[:, 0] - logits.gather(1, foil[:, None])[:, 0]
+    return (
+        logits.gather(1, answer[:, None])[:, 0] - logits.gather(1, foil[:, None])[:, 0]
+    )
 
 
 #: The metrics ``m`` by name: ``(logits (B, V), answer (B,), foil (B,)) -> (B,)``.
-METRICS: Dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+METRIC_FUNCTIONS: Dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
     "prob": prob,
     "prob_diff": prob_diff,
     "logit_diff": logit_diff,
@@ -89,14 +91,14 @@ def patched_metrics(
         model (CircuitModel): The bound model.
         batches (list[Batch]): The pairs.
         keeps (list[Tensor]): Circuits, each ``(S, R)`` bool.
-        metric (str): A name of :data:`METRICS`.
+        metric (str): A name of :data:`METRIC_FUNCTIONS`.
         n_pairs (int): The number of pairs (the batches' indices are below it).
 
     Returns:
         3-element tuple of **full** ``(N,)``, **empty** ``(N,)`` and
         **circuit** ``(len(keeps), N)``, float64.
     """
-    m = METRICS[metric]
+    m = METRIC_FUNCTIONS[metric]
     full = torch.zeros(n_pairs, dtype=torch.float64)
     empty = torch.zeros(n_pairs, dtype=torch.float64)
     circuit = torch.zeros(len(keeps), n_pairs, dtype=torch.float64)
@@ -107,7 +109,9 @@ def patched_metrics(
         empty[batch.index] = m(other.logits, batch.answer, batch.foil).double().cpu()
         for i, keep in enumerate(keeps):
             run = model.run(batch.clean, keep=keep, counterfactual=other.writes)
-            circuit[i, batch.index] = m(run.logits, batch.answer, batch.foil).double().cpu()
+            circuit[i, batch.index] = (
+                m(run.logits, batch.answer, batch.foil).double().cpu()
+            )
     return full, empty, circuit
 
 

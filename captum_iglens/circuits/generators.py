@@ -13,7 +13,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Set, Tuple
 
 from captum_iglens.circuits.tasks import Pair, first_token
 
@@ -48,7 +48,17 @@ QUESTIONS = (
     ("Which one lives in water?", "fish", "cat"),
 )
 #: More wrong options for the questions above.
-DISTRACTORS = ("table", "chair", "spoon", "stone", "shoe", "brick", "lamp", "pencil", "cloud")
+DISTRACTORS = (
+    "table",
+    "chair",
+    "spoon",
+    "stone",
+    "shoe",
+    "brick",
+    "lamp",
+    "pencil",
+    "cloud",
+)
 
 
 @dataclass
@@ -73,7 +83,10 @@ def single_token_names(tokenizer: Any) -> List[str]:
     """The names of :data:`NAMES` that are one token after a space."""
     seen, out = set(), []
     for name in NAMES:
-        if name not in seen and len(tokenizer.encode(" " + name, add_special_tokens=False)) == 1:
+        if (
+            name not in seen
+            and len(tokenizer.encode(" " + name, add_special_tokens=False)) == 1
+        ):
             seen.add(name)
             out.append(name)
     return out
@@ -215,12 +228,14 @@ def generate(name: str, tokenizer: Any, n: int = 300, seed: int = 0) -> Generate
         ValueError: If ``name`` is not a shipped task or ``n`` < 1.
     """
     if name not in GENERATORS:
-        raise ValueError(f"--task: expected a file or one of {list(GENERATORS)}, got {name!r}")
+        raise ValueError(
+            f"--task: expected a file or one of {list(GENERATORS)}, got {name!r}"
+        )
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n: expected a positive int, got {n!r}")
     rng = random.Random(f"{name}:{seed}")
     out = Generated(name, [])
-    seen = set()
+    seen: Set[Tuple[str, ...]] = set()
     for index in range(20 * n):
         if len(seen) >= n:
             break
@@ -238,7 +253,9 @@ def generate(name: str, tokenizer: Any, n: int = 300, seed: int = 0) -> Generate
 
 
 def _problem(pair: Pair, tokenizer: Any) -> str:
-    lengths = [len(tokenizer(text)["input_ids"]) for text in (pair.clean, pair.counterfactual)]
+    lengths = [
+        len(tokenizer(text)["input_ids"]) for text in (pair.clean, pair.counterfactual)
+    ]
     if lengths[0] != lengths[1]:
         return "unequal lengths"
     if first_token(tokenizer, pair.answer) == first_token(tokenizer, pair.foil):

@@ -127,10 +127,17 @@ class EdgeGraph:
             )
         if len(scores) != len(index):
             missing = next(name for name in index if name not in scores)
-            raise ValueError(f"{what}: no score for {len(index) - len(scores)} edges, e.g. {missing!r}")
-        out = torch.full((self.n_senders * self.n_receivers,), float("nan"), dtype=torch.float64)
+            raise ValueError(
+                f"{what}: no score for {len(index) - len(scores)} edges, "
+                f"e.g. {missing!r}"
+            )
+        out = torch.full(
+            (self.n_senders * self.n_receivers,), float("nan"), dtype=torch.float64
+        )
         flat = torch.tensor([index[name] for name in scores])
-        out[flat] = torch.tensor([float(v) for v in scores.values()], dtype=torch.float64)
+        out[flat] = torch.tensor(
+            [float(v) for v in scores.values()], dtype=torch.float64
+        )
         if not torch.isfinite(out[flat]).all():
             raise ValueError(f"{what}: some edge scores are not finite")
         return out.view(self.n_senders, self.n_receivers)

@@ -1,22 +1,22 @@
-r"""The figure and the HTML page of a :class:`~captum_iglens.circuits.study.CircuitsResult`."""
+r"""The figure and the HTML page of a
+:class:`~captum_iglens.circuits.study.CircuitsResult`."""
 
 import base64
 import html
 import io
-from typing import TYPE_CHECKING, Any, Tuple
+from typing import Any, Tuple
 
 from captum_iglens._utils.serialization import write_atomic
-
-if TYPE_CHECKING:
-    from captum_iglens.circuits.study import CircuitsResult
 
 #: The most edges of a best circuit the page lists.
 MAX_LISTED = 300
 
 
-def plot(result: "CircuitsResult") -> Tuple[Any, Any]:
+def plot(result: Any) -> Tuple[Any, Any]:
     r"""
-    The faithfulness curves: ``f(k)`` against the circuit size (log scale),
+    The faithfulness curves of a
+    :class:`~captum_iglens.circuits.study.CircuitsResult`: ``f(k)`` against
+    the circuit size (log scale),
     the signed ranking (CPR) on the left and the absolute one (CMD) on the right.
 
     Returns:
@@ -42,11 +42,13 @@ def plot(result: "CircuitsResult") -> Tuple[Any, Any]:
         ax.set_title(title)
         ax.legend(fontsize=7)
     axes[0].set_ylabel(f"faithfulness f ({result.metric})")
-    fig.suptitle(f"{result.task} on {result.model}: {result.counts.get('kept', 0)} pairs")
+    fig.suptitle(
+        f"{result.task} on {result.model}: {result.counts.get('kept', 0)} pairs"
+    )
     return fig, axes
 
 
-def to_html(result: "CircuitsResult", path: str) -> None:
+def to_html(result: Any, path: str) -> None:
     r"""Writes a self-contained page: the table, the curves and each method's
     best circuit (the first :data:`MAX_LISTED` edges)."""
     import matplotlib.pyplot as plt

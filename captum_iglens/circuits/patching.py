@@ -55,7 +55,11 @@ def _rms_gain(norm: Module, d: int, what: str) -> Tuple[Tensor, float]:
         gain = (norm(ones)[0] * math.sqrt(1 + eps)).float()
         probe = torch.randn(3, d, generator=torch.Generator().manual_seed(0))
         probe = probe.to(weight.device, weight.dtype)
-        expected = gain * probe.float() * torch.rsqrt(probe.float().pow(2).mean(-1, keepdim=True) + eps)
+        expected = (
+            gain
+            * probe.float()
+            * torch.rsqrt(probe.float().pow(2).mean(-1, keepdim=True) + eps)
+        )
         if not torch.allclose(norm(probe).float(), expected, rtol=1e-3, atol=1e-4):
             raise ValueError(f"model: {what} is not an RMSNorm ({type(norm).__name__})")
     return gain, eps
@@ -63,7 +67,7 @@ def _rms_gain(norm: Module, d: int, what: str) -> Tuple[Tensor, float]:
 
 @dataclass
 class _Layer:
-    attn: Module
+    attn: Any  # the family's attention module, its projections read by name
     in_norm: Module
     mid_norm: Module
     mlp: Module
@@ -111,22 +115,33 @@ class CircuitModel:
         parts = model_parts(model)
         config: Any = model.config
         if parts.attn_out is None or parts.n_heads is None or parts.mid is None:
-            raise ValueError(f"model: {type(model).__name__} has no split attention heads and mid-block state")
+            raise ValueError(
+                f"model: {type(model).__name__} has no split attention heads "
+                "and mid-block state"
+            )
         if parts.parallel_mlp is not None or parts.attn_scale != 1.0:
-            raise ValueError("model: parallel or scaled blocks are not supported by edge patching")
-        self.model, self.parts = model, parts
+            raise ValueError(
+                "model: parallel or scaled blocks are not supported by edge patching"
+            )
+        self.model: Any = model
+        self.parts = parts
         self.n_heads = parts.n_heads
         self.graph = EdgeGraph(len(parts.blocks), self.n_heads)
         d = config.hidden_size
         self.layers: List[_Layer] = []
         for i, block in enumerate(parts.blocks):
-            attn = attention_of(block, parts.attn_out[i])
+            attn: Any = attention_of(block, parts.attn_out[i])
             for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
                 if not isinstance(getattr(attn, name, None), torch.nn.Linear):
-                    raise ValueError(f"model: block {i}'s attention has no linear {name}")
+                    raise ValueError(
+                        f"model: block {i}'s attention has no linear {name}"
+                    )
             if attn.o_proj.bias is not None:
                 raise ValueError("model: an attention output bias is not supported")
-            in_norm, mlp = getattr(block, "input_layernorm", None), getattr(block, "mlp", None)
+            in_norm, mlp = (
+                getattr(block, "input_layernorm", None),
+                getattr(block, "mlp", None),
+            )
             if in_norm is None or mlp is None:
                 raise ValueError(f"model: block {i} has no input_layernorm and mlp")
             family = sys.modules[type(attn).__module__]
@@ -137,7 +152,9 @@ class CircuitModel:
                     in_norm=in_norm,
                     mid_norm=parts.mid[i],
                     mlp=mlp,
-                    attn_norm=None if norm is None else _rms_gain(norm, d, "the attention output's norm"),
+                    attn_norm=None
+                    if norm is None
+                    else _rms_gain(norm, d, "the attention output's norm"),
                     mlp_norm=parts.mlp_norm[i] if parts.mlp_norm is not None else None,
                     rotary=getattr(family, "apply_rotary_pos_emb"),
                     window=getattr(attn, "sliding_window", None),
@@ -162,7 +179,9 @@ class CircuitModel:
 
             try:
                 for i, block in enumerate(self.parts.blocks):
-                    handles.append(block.register_forward_pre_hook(keep(i), with_kwargs=True))
+                    handles.append(
+                        block.register_forward_pre_hook(keep(i), with_kwargs=True)
+                    )
                 with torch.no_grad():
                     self.model(input_ids=ids[:1])
             finally:
@@ -209,7 +228,8 @@ class CircuitModel:
         if (keep is None) != (counterfactual is None):
             raise ValueError("keep and counterfactual: give both or neither")
         positions = self._position_embeddings(ids)
-        embed = self.model.get_input_embeddings()(ids).float()
+        embedding: Any = self.model.get_input_embeddings()
+        embed = embedding(ids).float()
         if override is not None and override[0] == 0:
             embed = override[1][:, 0]
         if receiver_grads:  # every receiver's input in the graph of the logits
@@ -250,7 +270,8 @@ class CircuitModel:
     def _heads(self, layer: _Layer, x: Tensor, position: Any) -> Tensor:
         r"""Each head's write ``(B, H, T, d)`` from its own query, key and
         value inputs ``x``, ``(B, 3H, T, d)``."""
-        attn, H = layer.attn, self.n_heads
+        attn: Any = layer.attn
+        H = self.n_heads
         B, _, T, d = x.shape
         normed = layer.in_norm(x)
         xq, xk, xv = normed[:, :H], normed[:, H : 2 * H], normed[:, 2 * H :]
@@ -265,7 +286,11 @@ class CircuitModel:
                 out = out + linear.bias.view(-1, e)[heads][None, :, None]
             return out
 
-        q, k, v = project(attn.q_proj, xq, 1), project(attn.k_proj, xk, group), project(attn.v_proj, xv, group)
+        q, k, v = (
+            project(attn.q_proj, xq, 1),
+            project(attn.k_proj, xk, group),
+            project(attn.v_proj, xv, group),
+        )
         if hasattr(attn, "q_norm"):
             q, k = attn.q_norm(q), attn.k_norm(k)
         cos, sin = position
@@ -280,7 +305,9 @@ class CircuitModel:
         scores = scores.masked_fill(~allowed, -float("inf"))
         weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)
         z = torch.matmul(weights, v)  # (B, H, T, e)
-        out = torch.einsum("bhte,dhe->bhtd", z, attn.o_proj.weight.view(d, H, e)).float()
+        out = torch.einsum(
+            "bhte,dhe->bhtd", z, attn.o_proj.weight.view(d, H, e)
+        ).float()
         if layer.attn_norm is not None:
             gain, eps = layer.attn_norm
             total = out.sum(1, keepdim=True)
@@ -292,7 +319,9 @@ class _Stream:
     r"""The residual streams of a run: the run's own sum of writes, the
     counterfactual's, and each receiver's patched mix of the two."""
 
-    def __init__(self, keep: Optional[Tensor], counterfactual: Optional[Tensor]) -> None:
+    def __init__(
+        self, keep: Optional[Tensor], counterfactual: Optional[Tensor]
+    ) -> None:
         self.keep = None if keep is None else keep.float()
         self.counterfactual = counterfactual
         self.diff: Optional[Tensor] = None  # own - counterfactual, (B, S, T, d)
@@ -310,7 +339,9 @@ class _Stream:
             rows = slice(self.n, self.n + group.shape[1])
             self.diff[:, rows] = group - self.counterfactual[:, rows]
             other = self.counterfactual[:, rows].sum(1)
-            self.other_total = other if self.other_total is None else self.other_total + other
+            self.other_total = (
+                other if self.other_total is None else self.other_total + other
+            )
         self.n += group.shape[1]
 
     def read(self, n: int) -> Tensor:
@@ -331,7 +362,9 @@ class _Stream:
         x = base[:, None].expand(-1, n, -1, -1)
         index = used.nonzero().flatten()
         if len(index) == self.n:  # every sender: no gather
-            x = x + sign * torch.einsum("sn,bstd->bntd", weights, self.diff[:, : self.n])
+            x = x + sign * torch.einsum(
+                "sn,bstd->bntd", weights, self.diff[:, : self.n]
+            )
         elif len(index):
             diff = self.diff[:, index]
             x = x + sign * torch.einsum("sn,bstd->bntd", weights[index], diff)

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from captum_iglens.circuits.batches import Batch
-from captum_iglens.circuits.faithfulness import METRICS
+from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
 from captum_iglens.circuits.patching import CircuitModel
 
 Scores = Union[Tensor, Dict[str, float]]
@@ -51,7 +51,7 @@ class ScoringContext:
         batches (list[Batch]): The pairs kept by the filter, in batches.
         n_pairs (int): Their number.
         metric (str): The name of ``m`` in
-                    :data:`~captum_iglens.circuits.faithfulness.METRICS`.
+                    :data:`~captum_iglens.circuits.faithfulness.METRIC_FUNCTIONS`.
         steps (int): The step count of integrated-gradient methods.
         seed (int): The seed of random choices.
         sample (int): Edges exactly patched by ``patching``.
@@ -72,7 +72,7 @@ def _receiver_grads(
 ) -> Tensor:
     r"""``∂ Σ_pairs m / ∂x_w`` for every receiver, ``(B, R, T, d)``."""
     run = context.model.run(batch.clean, override=override, receiver_grads=True)
-    value = METRICS[context.metric](run.logits, batch.answer, batch.foil).sum()
+    value = METRIC_FUNCTIONS[context.metric](run.logits, batch.answer, batch.foil).sum()
     grads = torch.autograd.grad(value, run.inputs, materialize_grads=True)
     return torch.cat(grads, 1)
 
@@ -116,7 +116,9 @@ def eap_ig_inputs(context: ScoringContext) -> Tensor:
     scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
     for batch in context.batches:
         clean, other = _writes(context, batch)
-        grads = torch.zeros_like(clean[:, :1]).expand(-1, graph.n_receivers, -1, -1).clone()
+        grads = (
+            torch.zeros_like(clean[:, :1]).expand(-1, graph.n_receivers, -1, -1).clone()
+        )
         for k in range(context.steps):
             embed = other[:, :1] + k / context.steps * (clean[:, :1] - other[:, :1])
             grads += _receiver_grads(context, batch, (0, embed))
@@ -133,7 +135,9 @@ def eap_ig_activations(context: ScoringContext) -> Tensor:
         for group, senders in enumerate(_group_slices(context)):
             grads = None
             for k in range(1, context.steps + 1):
-                mixed = other[:, senders] + k / context.steps * (clean[:, senders] - other[:, senders])
+                mixed = other[:, senders] + k / context.steps * (
+                    clean[:, senders] - other[:, senders]
+                )
                 step = _receiver_grads(context, batch, (group, mixed))
                 grads = step if grads is None else grads + step
             assert grads is not None
@@ -146,7 +150,9 @@ def random_scores(context: ScoringContext) -> Tensor:
     """Uniform random scores in ``[0, 1)``, under the context's seed."""
     graph = context.model.graph
     generator = torch.Generator().manual_seed(context.seed)
-    return torch.rand(graph.n_senders, graph.n_receivers, generator=generator, dtype=torch.float64)
+    return torch.rand(
+        graph.n_senders, graph.n_receivers, generator=generator, dtype=torch.float64
+    )
 
 
 def patching(context: ScoringContext) -> Tensor:
@@ -155,9 +161,11 @@ def patching(context: ScoringContext) -> Tensor:
     edges = graph.legal.nonzero()
     generator = torch.Generator().manual_seed(context.seed)
     chosen = edges[torch.randperm(len(edges), generator=generator)[: context.sample]]
-    scores = torch.full((graph.n_senders, graph.n_receivers), float("nan"), dtype=torch.float64)
+    scores = torch.full(
+        (graph.n_senders, graph.n_receivers), float("nan"), dtype=torch.float64
+    )
     scores[chosen[:, 0], chosen[:, 1]] = 0.0
-    m = METRICS[context.metric]
+    m = METRIC_FUNCTIONS[context.metric]
     with torch.no_grad():
         for batch in context.batches:
             other = context.model.run(batch.counterfactual, return_writes=True).writes
@@ -166,7 +174,9 @@ def patching(context: ScoringContext) -> Tensor:
                 keep = graph.legal.clone()
                 keep[s, r] = False
                 run = context.model.run(batch.clean, keep=keep, counterfactual=other)
-                scores[s, r] += float((full - m(run.logits, batch.answer, batch.foil)).sum())
+                scores[s, r] += float(
+                    (full - m(run.logits, batch.answer, batch.foil)).sum()
+                )
     return scores / context.n_pairs
 
 

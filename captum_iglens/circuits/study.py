@@ -22,15 +22,26 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from captum_iglens._utils.serialization import JsonDocument, parse_json, plain, write_atomic
+from captum_iglens._utils.serialization import (
+    JsonDocument,
+    parse_json,
+    plain,
+    write_atomic,
+)
 from captum_iglens.circuits.batches import make_batches
-from captum_iglens.circuits.faithfulness import PERCENTS, Curve, circuits, curve, patched_metrics
+from captum_iglens.circuits.faithfulness import (
+    PERCENTS,
+    Curve,
+    circuits,
+    curve,
+    patched_metrics,
+)
 from captum_iglens.circuits.patching import CircuitModel
 from captum_iglens.circuits.scorers import GROUND_TRUTH, SCORERS, ScoringContext
 from captum_iglens.circuits.tasks import Encoded
 
 #: The record of what a folder's run is.
-RUN = "run.json"
+RUN_RECORD = "run.json"
 #: The step count of ``eap-ig-inputs`` and ``eap-ig-activations`` without ``:N``.
 DEFAULT_STEPS = 5
 
@@ -49,7 +60,9 @@ def parse_method(text: str) -> Dict[str, Any]:
     """
     scorer, _, steps = text.partition(":")
     if scorer not in SCORERS:
-        raise ValueError(f"--methods: expected names from {list(SCORERS)}, got {scorer!r}")
+        raise ValueError(
+            f"--methods: expected names from {list(SCORERS)}, got {scorer!r}"
+        )
     if steps and not scorer.startswith("eap-ig"):
         raise ValueError(f"--methods: {scorer} takes no step count, got {text!r}")
     if steps and (not steps.isdigit() or int(steps) < 1):
@@ -127,7 +140,9 @@ class CircuitsResult(JsonDocument):
         for c in self.curves:
             lines.append(f"{c.method:<20}" + " ".join(f"{v:7.3f}" for v in c.f))
         lines.append("")
-        lines.append(f"{'method':<20} {'CPR':>7} {'95% CI':>17} {'CMD':>7} {'95% CI':>17}  cost")
+        lines.append(
+            f"{'method':<20} {'CPR':>7} {'95% CI':>17} {'CMD':>7} {'95% CI':>17}  cost"
+        )
         for c in self.curves:
             cost = ", ".join(f"{k} {v:.1f}s" for k, v in c.seconds.items())
             lines.append(
@@ -176,10 +191,10 @@ def check_folder_run(out: Path, identity: Dict[str, Any]) -> None:
     Raises:
         ValueError: Naming the first field that differs.
     """
-    path = out / RUN
+    path = out / RUN_RECORD
     if not path.exists():
         if (out / "methods").exists():
-            raise ValueError(f"--out: {out} holds method records but no {RUN}")
+            raise ValueError(f"--out: {out} holds method records but no {RUN_RECORD}")
         return
     recorded = parse_json(path.read_text(encoding="utf-8"), path)
     for key in sorted(set(recorded) | set(identity)):
@@ -189,6 +204,50 @@ def check_folder_run(out: Path, identity: Dict[str, Any]) -> None:
                 f"({recorded.get(key)!r}, this run {plain(identity.get(key))!r}); "
                 "use another folder"
             )
+
+
+def score_method(
+    context: ScoringContext, text: str, scorer: str, n_boot: int
+) -> Dict[str, Any]:
+    r"""
+    One method's scores and, unless it is ground truth, its curves.
+
+    Args:
+
+        context (ScoringContext): What the scorer gets.
+        text (str): The method's text (its name in the result).
+        scorer (str): The name of its scorer.
+        n_boot (int): Bootstrap resamples.
+
+    Returns:
+        *dict*: ``name``, ``curve`` (a :class:`Curve` as a dict, or None),
+        ``scores`` (``(S, R)`` float64) and ``seconds``.
+    """
+    model, graph, n = context.model, context.model.graph, context.n_pairs
+    start = time.perf_counter()
+    found = SCORERS[scorer](context)
+    if isinstance(found, Tensor):
+        scores = found.double().cpu()
+    else:
+        scores = graph.scores_from_dict(found, text)
+    seconds = {"score": time.perf_counter() - start}
+    record: Dict[str, Any] = dict(name=text, curve=None, seconds=seconds)
+    if scorer not in GROUND_TRUTH:
+        start = time.perf_counter()
+        signed, absolute = circuits(graph, scores, False), circuits(graph, scores, True)
+        keeps = signed + absolute
+        full, empty, m = patched_metrics(
+            model, context.batches, keeps, context.metric, n
+        )
+        k = len(PERCENTS)
+        found_curve = curve(
+            text, signed, full, empty, m[:k], m[k:], n_boot, context.seed
+        )
+        seconds["evaluate"] = time.perf_counter() - start
+        found_curve.seconds = seconds
+        record["curve"] = asdict(found_curve)
+    record["scores"] = scores
+    return record
 
 
 def run_circuits(
@@ -233,38 +292,35 @@ def run_circuits(
     """
     device = next(model.model.parameters()).device
     batches = make_batches(pairs, batch_size, device)
-    graph = model.graph
     if out is not None:
         (out / "methods").mkdir(exist_ok=True)
-        write_atomic(out / RUN, json.dumps(plain(identity or {})))
-    records = []
+        write_atomic(out / RUN_RECORD, json.dumps(plain(identity or {})))
+    records: List[Dict[str, Any]] = []
     for text in methods:
         method = parse_method(text)
         stem = text.replace(":", "-")
         if out is not None and (out / "methods" / f"{stem}.json").exists():
-            record = json.loads((out / "methods" / f"{stem}.json").read_text(encoding="utf-8"))
-            record["scores"] = torch.load(out / "methods" / f"{stem}.pt", weights_only=True)
-            records.append(record)
+            resumed = json.loads(
+                (out / "methods" / f"{stem}.json").read_text(encoding="utf-8")
+            )
+            resumed["scores"] = torch.load(
+                out / "methods" / f"{stem}.pt", weights_only=True
+            )
+            records.append(resumed)
             report(f"{text}: resumed from {out / 'methods'}")
             continue
         context = ScoringContext(
-            model, tokenizer, batches, len(pairs), metric,
-            steps=method["steps"], seed=seed, sample=sample,
+            model,
+            tokenizer,
+            batches,
+            len(pairs),
+            metric,
+            steps=method["steps"],
+            seed=seed,
+            sample=sample,
         )
-        start = time.perf_counter()
-        found = SCORERS[method["scorer"]](context)
-        scores = found if isinstance(found, Tensor) else graph.scores_from_dict(found, text)
-        seconds = {"score": time.perf_counter() - start}
-        record: Dict[str, Any] = dict(name=text, curve=None, seconds=seconds)
-        if method["scorer"] not in GROUND_TRUTH:
-            start = time.perf_counter()
-            signed, absolute = circuits(graph, scores, False), circuits(graph, scores, True)
-            full, empty, m = patched_metrics(model, batches, signed + absolute, metric, len(pairs))
-            found_curve = curve(text, signed, full, empty, m[: len(PERCENTS)], m[len(PERCENTS) :], n_boot, seed)
-            seconds["evaluate"] = time.perf_counter() - start
-            found_curve.seconds = seconds
-            record["curve"] = asdict(found_curve)
-        record["scores"] = scores.double().cpu()
+        record = score_method(context, text, method["scorer"], n_boot)
+        seconds = record["seconds"]
         if out is not None:
             torch.save(record["scores"], out / "methods" / f"{stem}.pt")
             kept = {k: v for k, v in record.items() if k != "scores"}
@@ -295,7 +351,9 @@ def gather(
         sampled = torch.isfinite(truth[0]["scores"])
         for r in records:
             if r["curve"] is not None:
-                correlations[r["name"]] = spearman(r["scores"][sampled], truth[0]["scores"][sampled])
+                correlations[r["name"]] = spearman(
+                    r["scores"][sampled], truth[0]["scores"][sampled]
+                )
     best: Dict[str, List[str]] = {}
     for r in records:
         if r["curve"] is None:
@@ -304,7 +362,8 @@ def gather(
         k = PERCENTS[gaps.index(min(gaps))]
         keep = graph.top_edges(r["scores"], int(k / 100 * graph.n_edges), True)
         best[r["name"]] = [
-            f"{graph.senders[s]}->{graph.receivers[t]}" for s, t in keep.nonzero().tolist()
+            f"{graph.senders[s]}->{graph.receivers[t]}"
+            for s, t in keep.nonzero().tolist()
         ]
     return CircuitsResult(
         task=task,

@@ -26,7 +26,15 @@ import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from captum_iglens._utils.allocator import return_freed_memory
-from captum_iglens.cli import attribute, batch, circuits, compare, fit_lens, shell, validate
+from captum_iglens.cli import (
+    attribute,
+    batch,
+    circuits,
+    compare,
+    fit_lens,
+    shell,
+    validate,
+)
 from captum_iglens.cli.common import (
     INPUT_ERRORS,
     CommandError,

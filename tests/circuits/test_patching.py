@@ -70,7 +70,9 @@ def test_runs_reproduce_the_model_and_leave_no_hooks(family):
         expected_other = model(input_ids=other).logits[:, -1]
         writes = bound.run(other, return_writes=True).writes
         full = bound.run(clean, keep=bound.graph.legal, counterfactual=writes).logits
-        empty = bound.run(clean, keep=torch.zeros_like(bound.graph.legal), counterfactual=writes).logits
+        empty = bound.run(
+            clean, keep=torch.zeros_like(bound.graph.legal), counterfactual=writes
+        ).logits
     torch.testing.assert_close(full, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(empty, expected_other, atol=1e-5, rtol=1e-5)
     for module in model.modules():
@@ -148,7 +150,9 @@ def known():
     foil = logits.scatter(1, answer[:, None], -1e9).argmax(-1)
     batch = Batch(clean, other, answer, foil, torch.arange(16))
     index = bound.graph.edge_index()
-    keep = torch.zeros(bound.graph.n_senders * bound.graph.n_receivers, dtype=torch.bool)
+    keep = torch.zeros(
+        bound.graph.n_senders * bound.graph.n_receivers, dtype=torch.bool
+    )
     keep[[index[n] for n in KNOWN]] = True
     return bound, batch, keep.view_as(bound.graph.legal)
 
@@ -159,10 +163,14 @@ def test_known_circuit_is_faithful_and_random_edges_are_not(known):
     assert torch.equal(graph.prune(circuit), circuit)
     generator = torch.Generator().manual_seed(0)
     randoms = [
-        graph.top_edges(torch.rand(graph.legal.shape, generator=generator), len(KNOWN), False)
+        graph.top_edges(
+            torch.rand(graph.legal.shape, generator=generator), len(KNOWN), False
+        )
         for _ in range(20)
     ]
-    full, empty, m = patched_metrics(bound, [batch], [circuit, *randoms], "logit_diff", 16)
+    full, empty, m = patched_metrics(
+        bound, [batch], [circuit, *randoms], "logit_diff", 16
+    )
     f = faithfulness(full, empty, m)
     assert abs(full.mean() - empty.mean()) > 0.1  # the counterfactual matters
     assert f[0].item() == pytest.approx(1.0, abs=1e-4)
@@ -181,12 +189,20 @@ def test_gradient_scorers_find_the_known_circuit(known, method):
     outside = scores[bound.graph.legal & ~circuit]
     assert outside.abs().max() < 1e-9  # no write, or no reader, outside it
     assert (scores[circuit].abs() > 1e-6).all()
-    signed, absolute = circuits(bound.graph, scores, False), circuits(bound.graph, scores, True)
-    full, empty, m = patched_metrics(bound, [batch], signed + absolute, "logit_diff", 16)
+    signed, absolute = (
+        circuits(bound.graph, scores, False),
+        circuits(bound.graph, scores, True),
+    )
+    full, empty, m = patched_metrics(
+        bound, [batch], signed + absolute, "logit_diff", 16
+    )
     result = curve(method, signed, full, empty, m[:10], m[10:], n_boot=50)
     at_size = PERCENTS.index(10.0)  # 11 of 110 edges: the circuit and one more
     assert result.f_abs[at_size] == pytest.approx(1.0, abs=1e-4)
-    assert result.cpr_ci[0] <= result.cpr <= result.cpr_ci[1] or result.cpr_ci[0] == result.cpr_ci[1]
+    assert (
+        result.cpr_ci[0] <= result.cpr <= result.cpr_ci[1]
+        or result.cpr_ci[0] == result.cpr_ci[1]
+    )
 
 
 def test_random_and_patching_scorers(known):

@@ -30,7 +30,10 @@ def test_read_task_keeps_line_numbers_and_skips_blank_lines(tmp_path):
     [
         ("{not json", "task.jsonl:2: not a JSON file"),
         (json.dumps(["a"]), "task.jsonl:2: expected a JSON object"),
-        (json.dumps({k: v for k, v in GOOD.items() if k != "foil"}), "missing ['foil']"),
+        (
+            json.dumps({k: v for k, v in GOOD.items() if k != "foil"}),
+            "missing ['foil']",
+        ),
         (json.dumps(dict(GOOD, extra=1)), "unknown fields ['extra']"),
         (json.dumps(dict(GOOD, clean="")), "'clean' must be a non-empty string"),
         (json.dumps(dict(GOOD, foil="t9")), "'answer' and 'foil' are the same"),
@@ -53,7 +56,10 @@ def test_read_task_refuses_an_empty_or_missing_file(tmp_path):
 def test_encode_pairs_refuses_unequal_lengths_by_line():
     tokenizer = tiny_tokenizer()
     pairs = [Pair(**GOOD, line=4), Pair(**dict(GOOD, counterfactual="t5 t8"), line=7)]
-    with pytest.raises(ValueError, match="line 7: the clean prompt has 4 tokens and the counterfactual 3"):
+    with pytest.raises(
+        ValueError,
+        match="line 7: the clean prompt has 4 tokens and the counterfactual 3",
+    ):
         encode_pairs(pairs, tokenizer)
     encoded = encode_pairs(pairs[:1], tokenizer)[0]
     assert encoded.clean == (1, 5, 6, 7)  # BOS, then the words' ids
@@ -71,12 +77,16 @@ def test_generators_on_smollm2(default_model):
     _, tokenizer = default_model
     names = single_token_names(tokenizer)
     assert len(names) >= 20
-    assert all(len(tokenizer.encode(" " + n, add_special_tokens=False)) == 1 for n in names)
+    assert all(
+        len(tokenizer.encode(" " + n, add_special_tokens=False)) == 1 for n in names
+    )
     for task in GENERATORS:
         first = generate(task, tokenizer, n=120, seed=3)
         again = generate(task, tokenizer, n=120, seed=3)
         assert [p.to_dict() for p in first.pairs] == [p.to_dict() for p in again.pairs]
-        assert len(first.pairs) + sum(first.dropped.values()) >= min(120, len(first.pairs))
+        assert len(first.pairs) + sum(first.dropped.values()) >= min(
+            120, len(first.pairs)
+        )
         for pair in first.pairs:
             clean = tokenizer(pair.clean)["input_ids"]
             other = tokenizer(pair.counterfactual)["input_ids"]

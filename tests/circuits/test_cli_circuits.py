@@ -1,0 +1,109 @@
+"""``captum-iglens circuits``: input errors are one line and exit status 2,
+before the model runs; a small real run writes its outputs and resumes."""
+
+import json
+
+import pytest
+
+from captum_iglens.cli import main
+
+GOOD = {"clean": "a b", "counterfactual": "a c", "answer": " d", "foil": " e"}
+
+
+def _task(tmp_path, lines):
+    path = tmp_path / "task.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _error(capsys):
+    err = [
+        line for line in capsys.readouterr().err.splitlines() if "warning" not in line
+    ]
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        (["--methods", "eap,nope"], "--methods: expected names from"),
+        (["--methods", "eap:5"], "--methods: eap takes no step count"),
+        (["--methods", "eap-ig-inputs:0"], "--methods: expected a positive step count"),
+        (["--methods", "eap,eap"], "--methods: a method is named twice"),
+        (["--pairs", "0"], "--pairs: expected an int >= 1, got 0"),
+    ],
+)
+def test_bad_options_are_refused_before_loading(tmp_path, capsys, options, expected):
+    task = _task(tmp_path, [json.dumps(GOOD)])
+    assert main(["circuits", "--task", task, "--model", "/nonexistent", *options]) == 2
+    assert expected in _error(capsys)
+
+
+def test_a_bad_task_line_is_refused_by_number_before_loading(tmp_path, capsys):
+    task = _task(tmp_path, [json.dumps(GOOD), json.dumps(dict(GOOD, foil=" d"))])
+    assert main(["circuits", "--task", task, "--model", "/nonexistent"]) == 2
+    assert "task.jsonl:2: 'answer' and 'foil' are the same text" in _error(capsys)
+    assert main(["circuits", "--task", "no-such-task", "--model", "/nonexistent"]) == 2
+    assert "--task: no such file: no-such-task" in _error(capsys)
+
+
+@pytest.mark.real_model
+def test_unequal_lengths_are_refused_before_any_forward(tmp_path, capsys):
+    lines = [json.dumps(GOOD), json.dumps(dict(GOOD, counterfactual="a c c c"))]
+    assert main(["circuits", "--task", _task(tmp_path, lines)]) == 2
+    assert "--task: line 2: the clean prompt has" in _error(capsys)
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_a_user_task_runs_end_to_end_and_resumes(tmp_path, capsys):
+    pair = {
+        "clean": "When Mary and John went to the store, John gave a drink to",
+        "counterfactual": "When Mary and John went to the store, Mary gave a drink to",
+        "answer": " Mary",
+        "foil": " John",
+    }
+    task = _task(tmp_path, [json.dumps(pair)] * 2)
+    out, page = tmp_path / "out", tmp_path / "c.html"
+    common = [
+        "circuits",
+        "--task",
+        task,
+        "--methods",
+        "random",
+        "--pairs",
+        "2",
+        "--bootstrap",
+        "20",
+    ]
+    assert (
+        main(
+            [
+                *common,
+                "--out",
+                str(out),
+                "--json",
+                str(tmp_path / "c.json"),
+                "--html",
+                str(page),
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr()
+    assert (
+        "pairs 2, kept 2" in printed.out
+        and "random" in printed.out
+        and "CPR" in printed.out
+    )
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["counts"]["kept"] == 2 and len(data["curves"][0]["f"]) == 10
+    assert data["curves"][0]["f"][-1] == pytest.approx(
+        1.0, abs=1e-3
+    )  # every edge: the model
+    assert "<img" in page.read_text()
+    assert main([*common, "--out", str(out)]) == 0
+    assert "random: resumed" in capsys.readouterr().err
+    assert main([*common, "--out", str(out), "--metric", "prob"]) == 2
+    assert "holds a run with another" in _error(capsys)
