@@ -55,55 +55,48 @@ def test_unequal_lengths_are_refused_before_any_forward(tmp_path, capsys):
     assert "--task: line 2: the clean prompt has" in _error(capsys)
 
 
-@pytest.mark.real_model
-@pytest.mark.slow
-def test_a_user_task_runs_end_to_end_and_resumes(tmp_path, capsys):
-    pair = {
-        "clean": "When Mary and John went to the store, John gave a drink to",
-        "counterfactual": "When Mary and John went to the store, Mary gave a drink to",
-        "answer": " Mary",
-        "foil": " John",
-    }
-    task = _task(tmp_path, [json.dumps(pair)] * 2)
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """The tiny Llama and its word tokenizer saved as a local model folder, and
+    a pair its clean prompt answers (the answer is its top token there among
+    t4-t9, words the tokenizer keeps whole)."""
+    import torch
+
+    from tests.tiny_models import tiny_model, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny")
+    model, tokenizer = tiny_model("llama"), tiny_tokenizer()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    clean, other = "t5 t6 t7 t8", "t5 t9 t7 t8"
+    with torch.no_grad():
+        logits = model(**tokenizer(clean, return_tensors="pt")).logits[0, -1]
+    top = [int(i) for i in logits.argsort(descending=True) if 3 < int(i) < 10]
+    pair = {"clean": clean, "counterfactual": other}
+    return folder, dict(pair, answer=f"t{top[0]}", foil=f"t{top[-1]}")
+
+
+def test_a_user_task_runs_end_to_end_and_resumes(tmp_path, capsys, tiny_folder):
+    folder, pair = tiny_folder
+    task = _task(tmp_path, [json.dumps(pair)] * 3)
     out, page = tmp_path / "out", tmp_path / "c.html"
-    common = [
-        "circuits",
-        "--task",
-        task,
-        "--methods",
-        "random",
-        "--pairs",
-        "2",
-        "--bootstrap",
-        "20",
-    ]
-    assert (
-        main(
-            [
-                *common,
-                "--out",
-                str(out),
-                "--json",
-                str(tmp_path / "c.json"),
-                "--html",
-                str(page),
-            ]
-        )
-        == 0
-    )
+    common = ["circuits", "--task", task, "--model", str(folder), "--pairs", "3"]
+    common += ["--methods", "random,eap", "--bootstrap", "20"]
+    outputs = ["--json", str(tmp_path / "c.json"), "--html", str(page)]
+    assert main([*common, "--out", str(out), *outputs]) == 0
     printed = capsys.readouterr()
-    assert (
-        "pairs 2, kept 2" in printed.out
-        and "random" in printed.out
-        and "CPR" in printed.out
-    )
+    assert "pairs 3, kept 3" in printed.out and "CPR" in printed.out
+    assert "Spearman" not in printed.out  # no patching method, no correlation
     data = json.loads((tmp_path / "c.json").read_text())
-    assert data["counts"]["kept"] == 2 and len(data["curves"][0]["f"]) == 10
-    assert data["curves"][0]["f"][-1] == pytest.approx(
-        1.0, abs=1e-3
-    )  # every edge: the model
+    assert data["counts"]["kept"] == 3 and [c["method"] for c in data["curves"]] == [
+        "random",
+        "eap",
+    ]
+    for c in data["curves"]:  # every edge kept: the model itself
+        assert c["f"][-1] == pytest.approx(1.0, abs=1e-4)
     assert "<img" in page.read_text()
     assert main([*common, "--out", str(out)]) == 0
-    assert "random: resumed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "random: resumed" in err and "eap: resumed" in err
     assert main([*common, "--out", str(out), "--metric", "prob"]) == 2
-    assert "holds a run with another" in _error(capsys)
+    assert "holds a run with another metric" in _error(capsys)
