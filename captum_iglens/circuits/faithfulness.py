@@ -84,7 +84,7 @@ def patched_metrics(
     r"""
     ``m`` of every pair for the full model, the empty circuit and each circuit.
     The counterfactual writes are computed once per batch and reused by every
-    circuit.
+    circuit, and equal circuits run once.
 
     Args:
 
@@ -102,16 +102,21 @@ def patched_metrics(
     full = torch.zeros(n_pairs, dtype=torch.float64)
     empty = torch.zeros(n_pairs, dtype=torch.float64)
     circuit = torch.zeros(len(keeps), n_pairs, dtype=torch.float64)
+    first: Dict[bytes, int] = {}  # equal circuits (CPR's and CMD's) run once
+    same = [first.setdefault(k.cpu().numpy().tobytes(), i) for i, k in enumerate(keeps)]
     for batch in batches:
         other = model.run(batch.counterfactual, return_writes=True)
         clean = model.run(batch.clean)
         full[batch.index] = m(clean.logits, batch.answer, batch.foil).double().cpu()
         empty[batch.index] = m(other.logits, batch.answer, batch.foil).double().cpu()
         for i, keep in enumerate(keeps):
+            if same[i] != i:
+                continue
             run = model.run(batch.clean, keep=keep, counterfactual=other.writes)
-            circuit[i, batch.index] = (
-                m(run.logits, batch.answer, batch.foil).double().cpu()
-            )
+            value = m(run.logits, batch.answer, batch.foil).double().cpu()
+            circuit[i, batch.index] = value
+    for i, j in enumerate(same):
+        circuit[i] = circuit[j]
     return full, empty, circuit
 
 

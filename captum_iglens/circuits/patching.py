@@ -322,8 +322,10 @@ class _Stream:
     def __init__(
         self, keep: Optional[Tensor], counterfactual: Optional[Tensor]
     ) -> None:
-        self.keep = None if keep is None else keep.float()
         self.counterfactual = counterfactual
+        self.keep = None
+        if keep is not None and counterfactual is not None:
+            self.keep = keep.to(counterfactual.device, torch.float32)
         self.diff: Optional[Tensor] = None  # own - counterfactual, (B, S, T, d)
         self.n = 0
         self.total: Optional[Tensor] = None
