@@ -216,3 +216,20 @@ def test_random_and_patching_scorers(known):
     for s, r in chosen.nonzero().tolist():  # an edge outside the circuit does nothing
         if not circuit[s, r]:
             assert abs(exact[s, r].item()) < 1e-6
+
+
+def test_node_patching_keeps_every_edge_out_of_the_kept_nodes(known):
+    bound, batch, _ = known
+    graph = bound.graph
+    both = graph.node_circuit(["a0.h0", "a1.h0"])
+    assert both[graph.senders.index("a1.h0")].sum() == 2  # -> m1, -> logits
+    assert both[0].sum() == graph.legal[0].sum()  # input reaches every receiver
+    without = graph.node_circuit(["a1.h0"])
+    full, empty, m = patched_metrics(bound, [batch], [both, without], "prob", 16)
+    f = faithfulness(full, empty, m)
+    assert f[0].item() == pytest.approx(1.0, abs=1e-4)
+    assert abs(f[1].item() - 1) > 1e-3
+    with pytest.raises(
+        ValueError, match=r"nodes: not nodes of this graph: \['a9.h0'\]"
+    ):
+        graph.node_circuit(["a9.h0"])
