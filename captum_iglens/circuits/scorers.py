@@ -192,3 +192,6 @@ SCORERS: Dict[str, Callable[[ScoringContext], Scores]] = {
 
 #: Scorers that score a subsample of edges, for rank correlations only.
 GROUND_TRUTH = ("patching",)
+
+#: Scorers that take a step count (``"eap-ig-inputs:20"``), with their default.
+STEPS: Dict[str, int] = {"eap-ig-inputs": 5, "eap-ig-activations": 5}

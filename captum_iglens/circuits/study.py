@@ -37,13 +37,11 @@ from captum_iglens.circuits.faithfulness import (
     patched_metrics,
 )
 from captum_iglens.circuits.patching import CircuitModel
-from captum_iglens.circuits.scorers import GROUND_TRUTH, SCORERS, ScoringContext
+from captum_iglens.circuits.scorers import GROUND_TRUTH, SCORERS, STEPS, ScoringContext
 from captum_iglens.circuits.tasks import Encoded
 
 #: The record of what a folder's run is.
 RUN_RECORD = "run.json"
-#: The step count of ``eap-ig-inputs`` and ``eap-ig-activations`` without ``:N``.
-DEFAULT_STEPS = 5
 
 
 def parse_method(text: str) -> Dict[str, Any]:
@@ -63,11 +61,12 @@ def parse_method(text: str) -> Dict[str, Any]:
         raise ValueError(
             f"--methods: expected names from {list(SCORERS)}, got {scorer!r}"
         )
-    if steps and not scorer.startswith("eap-ig"):
+    if steps and scorer not in STEPS:
         raise ValueError(f"--methods: {scorer} takes no step count, got {text!r}")
     if steps and (not steps.isdigit() or int(steps) < 1):
         raise ValueError(f"--methods: expected a positive step count in {text!r}")
-    return dict(name=text, scorer=scorer, steps=int(steps) if steps else DEFAULT_STEPS)
+    default = STEPS.get(scorer, 0)
+    return dict(name=text, scorer=scorer, steps=int(steps) if steps else default)
 
 
 @dataclass

@@ -17,6 +17,7 @@ DEFAULT_METHODS = "eap,eap-ig-inputs,random"
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     r"""Adds the subcommand ``name`` to ``commands``."""
     from captum_iglens.circuits.generators import GENERATORS
+    from captum_iglens.circuits.scorers import SCORERS, STEPS
 
     parser = commands.add_parser(
         name,
@@ -41,10 +42,10 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     parser.add_argument(
         "--methods",
         default=DEFAULT_METHODS,
-        help="comma-separated scorers: eap, eap-ig-inputs, eap-ig-activations, "
-        "random, patching (exact single-edge patching on --sample edges, for rank "
-        "correlations); the eap-ig ones take a step count, e.g. eap-ig-inputs:20 "
-        "(default 5) (default: %(default)s)",
+        help=f"comma-separated scorers: {', '.join(SCORERS)} (patching: exact "
+        "single-edge patching on --sample edges, for rank correlations); "
+        f"{', '.join(STEPS)} take a step count, e.g. {next(iter(STEPS))}:20 "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--metric",
