@@ -43,7 +43,7 @@ def plot(result: Any) -> Tuple[Any, Any]:
         ax.legend(fontsize=7)
     axes[0].set_ylabel(f"faithfulness f ({result.metric})")
     fig.suptitle(
-        f"{result.task} on {result.model}: {result.counts.get('kept', 0)} pairs"
+        f"{result.task} on {result.model}: {result.counts.get('scored', 0)} pairs"
     )
     return fig, axes
 

@@ -89,7 +89,7 @@ class CircuitsResult(JsonDocument):
                     method's scores with exact patching's, on its subsample.
         seconds (dict[str, float]): Wall time per stage.
         best (dict[str, list[str]]): Per method, the edges of its circuit
-                    (absolute ranking) at the size whose ``f`` is nearest 1.
+                    (absolute ranking) at its :func:`best_size`.
         options (dict[str, Any]): The run's options.
     """
 
@@ -329,6 +329,30 @@ def run_circuits(
     return records
 
 
+#: How near 1 the best circuit's ``f`` must be (:func:`best_size`).
+BEST_WITHIN = 0.2
+
+
+def best_size(f: Sequence[float]) -> float:
+    r"""
+    The best circuit size of a curve: the smallest ``k`` below 100% whose
+    ``|1 - f(k)|`` is at most :data:`BEST_WITHIN`, else the ``k`` below 100%
+    whose ``f`` is nearest 1 (at 100% the circuit is the model).
+
+    Args:
+
+        f (list[float]): ``f`` at :data:`PERCENTS` (NaN allowed).
+
+    Returns:
+        *float*: the size, in percent.
+    """
+    gaps = [abs(1 - v) if v == v else float("inf") for v in f]
+    for k, gap in zip(PERCENTS[:-1], gaps):
+        if gap <= BEST_WITHIN:
+            return k
+    return PERCENTS[gaps.index(min(gaps[:-1]))]
+
+
 def gather(
     records: Sequence[Dict[str, Any]],
     model: CircuitModel,
@@ -357,8 +381,7 @@ def gather(
     for r in records:
         if r["curve"] is None:
             continue
-        gaps = [abs(1 - f) if f == f else float("inf") for f in r["curve"]["f_abs"]]
-        k = PERCENTS[gaps.index(min(gaps))]
+        k = best_size(r["curve"]["f_abs"])
         keep = graph.top_edges(r["scores"], int(k / 100 * graph.n_edges), True)
         best[r["name"]] = [
             f"{graph.senders[s]}->{graph.receivers[t]}"

@@ -194,7 +194,6 @@ def _run(job: _Prepared) -> int:
     kept, filtered = filter_pairs(model.model, job.encoded, args.batch_size)
     job.counts.update(filtered)
     stages["filter"] = time.perf_counter() - start
-    print(f"task {args.task}: " + ", ".join(f"{k} {v}" for k, v in job.counts.items()))
     if len(kept) < args.pairs:
         print(
             f"captum-iglens: warning: {len(kept)} pairs kept, "
@@ -202,6 +201,8 @@ def _run(job: _Prepared) -> int:
             file=sys.stderr,
         )
     kept = kept[: args.pairs]
+    job.counts["scored"] = len(kept)
+    print(f"task {args.task}: " + ", ".join(f"{k} {v}" for k, v in job.counts.items()))
     print(f"graph: {model.graph.n_edges} edges; scoring {len(kept)} pairs", flush=True)
     start = time.perf_counter()
     records = run_circuits(

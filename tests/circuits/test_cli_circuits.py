@@ -85,7 +85,8 @@ def test_a_user_task_runs_end_to_end_and_resumes(tmp_path, capsys, tiny_folder):
     outputs = ["--json", str(tmp_path / "c.json"), "--html", str(page)]
     assert main([*common, "--out", str(out), *outputs]) == 0
     printed = capsys.readouterr()
-    assert "pairs 3, kept 3" in printed.out and "CPR" in printed.out
+    assert "pairs 3, kept 3, prefers foil 0, scored 3" in printed.out
+    assert "CPR" in printed.out
     assert "Spearman" not in printed.out  # no patching method, no correlation
     data = json.loads((tmp_path / "c.json").read_text())
     assert data["counts"]["kept"] == 3 and [c["method"] for c in data["curves"]] == [

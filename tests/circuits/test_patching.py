@@ -233,3 +233,12 @@ def test_node_patching_keeps_every_edge_out_of_the_kept_nodes(known):
         ValueError, match=r"nodes: not nodes of this graph: \['a9.h0'\]"
     ):
         graph.node_circuit(["a9.h0"])
+
+
+def test_best_size_is_the_smallest_faithful_enough():
+    from captum_iglens.circuits.study import best_size
+
+    nan = float("nan")
+    assert best_size([0.1, 0.5, 0.85, 0.9, 1, 1, 1, 1, 1, 1]) == 0.5
+    assert best_size([nan, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 1.0]) == 50.0
+    assert best_size([3.0, 2.5, 2.2, 2, 2, 2, 2, 2, 1.5, 1.0]) == 50.0
