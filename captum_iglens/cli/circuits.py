@@ -8,17 +8,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from captum_iglens.cli.common import CommandError, Job, load, model_parent
+from captum_iglens.cli.common import (
+    CommandError,
+    Job,
+    Names,
+    deferred,
+    load,
+    model_parent,
+)
 
 #: The methods run when ``--methods`` is not given.
 DEFAULT_METHODS = "eap,eap-ig-inputs,random"
 
 
-def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
-    r"""Adds the subcommand ``name`` to ``commands``."""
+def _task_help() -> str:
     from captum_iglens.circuits.generators import GENERATORS
+
+    return (
+        "a JSON Lines file of {clean, counterfactual, answer, foil}, or a shipped "
+        f"task: {', '.join(GENERATORS)}"
+    )
+
+
+def _methods_help() -> str:
     from captum_iglens.circuits.scorers import SCORERS, STEPS
 
+    return (
+        f"comma-separated scorers: {', '.join(SCORERS)} (patching: exact "
+        "single-edge patching on --sample edges, for rank correlations); "
+        f"{', '.join(STEPS)} take a step count, e.g. {next(iter(STEPS))}:20 "
+        f"(default: {DEFAULT_METHODS})"
+    )
+
+
+def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
+    r"""Adds the subcommand ``name`` to ``commands``."""
     parser = commands.add_parser(
         name,
         parents=[model_parent()],
@@ -36,23 +60,20 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         "--task",
         required=True,
         metavar="FILE|NAME",
-        help="a JSON Lines file of {clean, counterfactual, answer, foil}, or a "
-        f"shipped task: {', '.join(GENERATORS)}",
+        help=deferred(_task_help),
     )
     parser.add_argument(
         "--methods",
         default=DEFAULT_METHODS,
-        help=f"comma-separated scorers: {', '.join(SCORERS)} (patching: exact "
-        "single-edge patching on --sample edges, for rank correlations); "
-        f"{', '.join(STEPS)} take a step count, e.g. {next(iter(STEPS))}:20 "
-        "(default: %(default)s)",
+        help=deferred(_methods_help),
     )
     parser.add_argument(
         "--metric",
-        choices=("logit_diff", "prob_diff", "prob"),
+        choices=Names("captum_iglens.circuits.faithfulness", "METRIC_FUNCTIONS"),
+        metavar="METRIC",
         default="logit_diff",
-        help="m: the answer's logit minus the foil's (MIB's), the same in "
-        "probability, or the answer's probability (default: %(default)s)",
+        help="m, one of %(choices)s: the answer's probability, minus the foil's, "
+        "or the answer's logit minus the foil's (MIB's) (default: %(default)s)",
     )
     parser.add_argument(
         "--pairs",
