@@ -29,6 +29,7 @@ from captum_iglens._utils.allocator import return_freed_memory
 from captum_iglens.cli import (
     attribute,
     batch,
+    circuits,
     compare,
     fit_lens,
     graph,
@@ -67,6 +68,7 @@ _COMMANDS: Dict[str, Callable[[Any, str], None]] = {
     "validate": validate.add_parser,
     "fit-lens": fit_lens.add_parser,
     "shell": shell.add_parser,
+    "circuits": circuits.add_parser,
 }
 
 

@@ -1,0 +1,90 @@
+r"""
+MIB's circuit faithfulness on the embedded models and the shipped tasks: one
+``captum-iglens circuits`` run per model and task (resumable, in
+``--out/MODEL-TASK``), then a Markdown table of CPR and CMD with their 95%
+intervals and the cost of each method, headed by the command, the commit and
+the date, for docs/studies.md.
+
+    python benchmarks/circuits.py --out runs                   # everything
+    python benchmarks/circuits.py --models smollm2 --tasks ioi --pairs 8 \
+        --methods eap,eap-ig-inputs,random,patching --out runs
+
+Each run's own files are ``--out/MODEL-TASK.json`` (the result) and
+``--out/MODEL-TASK/`` (the per-method records a rerun resumes from).
+"""
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+from captum_iglens.circuits.generators import GENERATORS
+from captum_iglens.cli import main
+
+
+def _commit() -> str:
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() or "unknown"
+
+
+def _rows(result: Dict[str, Any], model: str, task: str) -> List[str]:
+    rows = []
+    for c in result["curves"]:
+        cost = sum(c["seconds"].values())
+        rows.append(
+            f"| {model} | {task} | {result['counts']['kept']} | {c['method']} "
+            f"| {c['cpr']:.3f} [{c['cpr_ci'][0]:.3f}, {c['cpr_ci'][1]:.3f}] "
+            f"| {c['cmd']:.3f} [{c['cmd_ci'][0]:.3f}, {c['cmd_ci'][1]:.3f}] "
+            f"| {result['correlations'].get(c['method'], float('nan')):+.2f} "
+            f"| {cost:.0f} s |"
+        )
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs every model × task and prints the table."""
+    out = Path(args.out)
+    out.mkdir(exist_ok=True)
+    table = [
+        "| model | task | pairs | method | CPR [95% CI] | CMD [95% CI] "
+        "| ρ with patching | cost |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for model in args.models:
+        for task in args.tasks:
+            name = f"{model}-{task}"
+            command = ["circuits", "--task", task, "--model", model]
+            command += ["--pairs", str(args.pairs), "--methods", args.methods]
+            command += ["--metric", args.metric, "--sample", str(args.sample)]
+            command += ["--out", str(out / name), "--json", str(out / f"{name}.json")]
+            status = main(command)
+            if status != 0:
+                return status
+            result = json.loads((out / f"{name}.json").read_text(encoding="utf-8"))
+            table += _rows(result, model, task)
+    date = datetime.date.today().isoformat()
+    print(f"\n`python {' '.join(sys.argv)}` (commit {_commit()}, {date})\n")
+    print("\n".join(table))
+    return 0
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
+    parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
+    parser.add_argument("--tasks", nargs="+", default=list(GENERATORS))
+    parser.add_argument("--pairs", type=int, default=100)
+    parser.add_argument("--methods", default="eap,eap-ig-inputs,random,patching")
+    parser.add_argument("--metric", default="logit_diff")
+    parser.add_argument("--sample", type=int, default=100)
+    parser.add_argument("--out", required=True, help="folder of the runs")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    sys.exit(run(parse_args()))

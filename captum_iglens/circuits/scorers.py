@@ -1,0 +1,197 @@
+r"""
+The edge scorers of the circuit harness, by name (:data:`SCORERS`).
+
+A scorer is a callable ``(context: ScoringContext) -> scores``, where scores
+are either an ``(S, R)`` tensor over the graph's senders × receivers
+(:class:`~captum_iglens.circuits.graph.EdgeGraph`) or a dict from edge name
+(``"a3.h1->m5"``, ``"input->a0.h2<q>"``) to score. Larger is more important;
+CPR's circuits take the largest signed scores, CMD's the largest ``|score|``.
+A new method is one entry: ``SCORERS["name"] = function``.
+
+The baselines, written from their papers:
+
+- ``eap`` (Syed et al., 2023): ``(z_u - z'_u) · ∂m/∂x_w`` at the clean
+  input, summed over positions and averaged over pairs;
+- ``eap-ig-inputs`` (Hanna et al., 2024): the gradient averaged over the
+  inputs interpolated from the counterfactual's embeddings to the clean ones,
+  at ``α = k / steps`` for ``k = 0 … steps − 1`` (EAP-IG's left rule);
+- ``eap-ig-activations`` (MIB): for each sender group (the embeddings, a
+  layer's heads, a layer's MLP) its writes alone are interpolated, at
+  ``α = k / steps`` for ``k = 1 … steps``, and the gradients at every
+  receiver score that group's edges;
+- ``random``: uniform scores under the context's seed;
+- ``patching``: exact single-edge patching, ``m(N) − m(N \ e)``, on a random
+  subsample of edges (NaN elsewhere): the ground truth of the rank
+  correlations, not a circuit.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from captum_iglens.circuits.batches import Batch
+from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
+from captum_iglens.circuits.patching import CircuitModel
+
+Scores = Union[Tensor, Dict[str, float]]
+
+
+@dataclass
+class ScoringContext:
+    r"""
+    What a scorer gets.
+
+    Attributes:
+
+        model (CircuitModel): The bound model (``model.model`` is the Hugging
+                    Face model, ``model.graph`` its edge graph).
+        tokenizer (Any): The model's tokenizer.
+        batches (list[Batch]): The pairs kept by the filter, in batches.
+        n_pairs (int): Their number.
+        metric (str): The name of ``m`` in
+                    :data:`~captum_iglens.circuits.faithfulness.METRIC_FUNCTIONS`.
+        steps (int): The step count of integrated-gradient methods.
+        seed (int): The seed of random choices.
+        sample (int): Edges exactly patched by ``patching``.
+    """
+
+    model: CircuitModel
+    tokenizer: object
+    batches: Sequence[Batch]
+    n_pairs: int
+    metric: str
+    steps: int = 5
+    seed: int = 0
+    sample: int = 100
+
+
+def _receiver_grads(
+    context: ScoringContext, batch: Batch, override: Optional[Tuple[int, Tensor]] = None
+) -> Tensor:
+    r"""``∂ Σ_pairs m / ∂x_w`` for every receiver, ``(B, R, T, d)``."""
+    run = context.model.run(batch.clean, override=override, receiver_grads=True)
+    value = METRIC_FUNCTIONS[context.metric](run.logits, batch.answer, batch.foil).sum()
+    grads = torch.autograd.grad(value, run.inputs, materialize_grads=True)
+    return torch.cat(grads, 1)
+
+
+def _writes(context: ScoringContext, batch: Batch) -> List[Tensor]:
+    with torch.no_grad():
+        clean = context.model.run(batch.clean, return_writes=True).writes
+        other = context.model.run(batch.counterfactual, return_writes=True).writes
+    assert clean is not None and other is not None
+    return [clean, other]
+
+
+def _edge_scores(diff: Tensor, grads: Tensor) -> Tensor:
+    """``Σ_{b,t} diff_s · grad_r``: ``(B, S, T, d)`` × ``(B, R, T, d)`` → ``(S, R)``."""
+    return torch.einsum("bstd,brtd->sr", diff.double(), grads.double())
+
+
+def eap(context: ScoringContext) -> Tensor:
+    """EAP: the activation difference times the gradient at the clean input."""
+    graph = context.model.graph
+    scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
+    for batch in context.batches:
+        clean, other = _writes(context, batch)
+        scores += _edge_scores(clean - other, _receiver_grads(context, batch))
+    return scores / context.n_pairs
+
+
+def _group_slices(context: ScoringContext) -> List[slice]:
+    """The sender groups: ``input``, then per layer its heads and its MLP."""
+    H = context.model.n_heads
+    out, start = [slice(0, 1)], 1
+    for _ in context.model.layers:
+        out += [slice(start, start + H), slice(start + H, start + H + 1)]
+        start += H + 1
+    return out
+
+
+def eap_ig_inputs(context: ScoringContext) -> Tensor:
+    """EAP-IG-inputs: gradients averaged along the embeddings' straight path."""
+    graph = context.model.graph
+    scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
+    for batch in context.batches:
+        clean, other = _writes(context, batch)
+        grads = (
+            torch.zeros_like(clean[:, :1]).expand(-1, graph.n_receivers, -1, -1).clone()
+        )
+        for k in range(context.steps):
+            embed = other[:, :1] + k / context.steps * (clean[:, :1] - other[:, :1])
+            grads += _receiver_grads(context, batch, (0, embed))
+        scores += _edge_scores(clean - other, grads / context.steps)
+    return scores / context.n_pairs
+
+
+def eap_ig_activations(context: ScoringContext) -> Tensor:
+    """EAP-IG-activations: each sender group's writes interpolated alone."""
+    graph = context.model.graph
+    scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
+    for batch in context.batches:
+        clean, other = _writes(context, batch)
+        for group, senders in enumerate(_group_slices(context)):
+            grads = None
+            for k in range(1, context.steps + 1):
+                mixed = other[:, senders] + k / context.steps * (
+                    clean[:, senders] - other[:, senders]
+                )
+                step = _receiver_grads(context, batch, (group, mixed))
+                grads = step if grads is None else grads + step
+            assert grads is not None
+            diff = (clean - other)[:, senders]
+            scores[senders] += _edge_scores(diff, grads / context.steps)
+    return scores / context.n_pairs
+
+
+def random_scores(context: ScoringContext) -> Tensor:
+    """Uniform random scores in ``[0, 1)``, under the context's seed."""
+    graph = context.model.graph
+    generator = torch.Generator().manual_seed(context.seed)
+    return torch.rand(
+        graph.n_senders, graph.n_receivers, generator=generator, dtype=torch.float64
+    )
+
+
+def patching(context: ScoringContext) -> Tensor:
+    """Exact single-edge patching on a random subsample of edges (NaN elsewhere)."""
+    graph = context.model.graph
+    edges = graph.legal.nonzero()
+    generator = torch.Generator().manual_seed(context.seed)
+    chosen = edges[torch.randperm(len(edges), generator=generator)[: context.sample]]
+    scores = torch.full(
+        (graph.n_senders, graph.n_receivers), float("nan"), dtype=torch.float64
+    )
+    scores[chosen[:, 0], chosen[:, 1]] = 0.0
+    m = METRIC_FUNCTIONS[context.metric]
+    with torch.no_grad():
+        for batch in context.batches:
+            other = context.model.run(batch.counterfactual, return_writes=True).writes
+            full = m(context.model.run(batch.clean).logits, batch.answer, batch.foil)
+            for s, r in chosen.tolist():
+                keep = graph.legal.clone()
+                keep[s, r] = False
+                run = context.model.run(batch.clean, keep=keep, counterfactual=other)
+                scores[s, r] += float(
+                    (full - m(run.logits, batch.answer, batch.foil)).sum()
+                )
+    return scores / context.n_pairs
+
+
+#: The scorers by name. ``patching`` is the ground truth of rank correlations
+#: (:data:`GROUND_TRUTH`), the others are scored as circuits.
+SCORERS: Dict[str, Callable[[ScoringContext], Scores]] = {
+    "eap": eap,
+    "eap-ig-inputs": eap_ig_inputs,
+    "eap-ig-activations": eap_ig_activations,
+    "random": random_scores,
+    "patching": patching,
+}
+
+#: Scorers that score a subsample of edges, for rank correlations only.
+GROUND_TRUTH = ("patching",)
+
+#: Scorers that take a step count (``"eap-ig-inputs:20"``), with their default.
+STEPS: Dict[str, int] = {"eap-ig-inputs": 5, "eap-ig-activations": 5}

@@ -1,0 +1,402 @@
+r"""
+One task on one model, every method scored: the scorers of
+:data:`~captum_iglens.circuits.scorers.SCORERS` run on the filtered pairs, each
+scoring's circuits evaluated by edge patching, and the curves, CPR, CMD,
+intervals, rank correlations with exact patching and costs gathered in a
+:class:`CircuitsResult`.
+
+With an output folder the run resumes: ``run.json`` records what defines the
+run (the task's pairs, the model's weights, the metric and every option), a
+rerun with anything else is refused, and each method's record
+(``methods/NAME.json`` and its scores ``methods/NAME.pt``) is written as soon
+as it is done and reused by a rerun.
+"""
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from captum_iglens._utils.serialization import (
+    JsonDocument,
+    parse_json,
+    plain,
+    write_atomic,
+)
+from captum_iglens.circuits.batches import make_batches
+from captum_iglens.circuits.faithfulness import (
+    PERCENTS,
+    Curve,
+    circuits,
+    curve,
+    patched_metrics,
+)
+from captum_iglens.circuits.patching import CircuitModel
+from captum_iglens.circuits.scorers import GROUND_TRUTH, SCORERS, STEPS, ScoringContext
+from captum_iglens.circuits.tasks import Encoded
+
+#: The record of what a folder's run is.
+RUN_RECORD = "run.json"
+
+
+def parse_method(text: str) -> Dict[str, Any]:
+    r"""
+    A method of the command line: a scorer's name, optionally with a step
+    count for the integrated-gradient ones (``"eap-ig-inputs:20"``).
+
+    Returns:
+        *dict* with ``name`` (the text), ``scorer`` and ``steps``.
+
+    Raises:
+        ValueError: If the scorer is unknown or the step count is not a
+                    positive int or is given to a method without steps.
+    """
+    scorer, _, steps = text.partition(":")
+    if scorer not in SCORERS:
+        raise ValueError(
+            f"--methods: expected names from {list(SCORERS)}, got {scorer!r}"
+        )
+    if steps and scorer not in STEPS:
+        raise ValueError(f"--methods: {scorer} takes no step count, got {text!r}")
+    if steps and (not steps.isdigit() or int(steps) < 1):
+        raise ValueError(f"--methods: expected a positive step count in {text!r}")
+    default = STEPS.get(scorer, 0)
+    return dict(name=text, scorer=scorer, steps=int(steps) if steps else default)
+
+
+@dataclass
+class CircuitsResult(JsonDocument):
+    r"""
+    The circuits of one task on one model.
+
+    Attributes:
+
+        task (str): The task's name or file.
+        model (str): The model.
+        metric (str): The name of ``m``.
+        counts (dict[str, int]): The filter's counts (``pairs``, ``kept``,
+                    ``prefers foil``, and for shipped tasks what the
+                    generator dropped).
+        n_edges (int): The graph's edges.
+        percents (list[float]): The circuit sizes, percent of edges.
+        curves (list[Curve]): One per circuit method.
+        correlations (dict[str, float]): Spearman's rank correlation of each
+                    method's scores with exact patching's, on its subsample.
+        seconds (dict[str, float]): Wall time per stage.
+        best (dict[str, list[str]]): Per method, the edges of its circuit
+                    (absolute ranking) at its :func:`best_size`.
+        options (dict[str, Any]): The run's options.
+    """
+
+    KIND = "captum_iglens.circuits"
+
+    task: str
+    model: str
+    metric: str
+    counts: Dict[str, int]
+    n_edges: int
+    percents: List[float]
+    curves: List[Curve]
+    correlations: Dict[str, float] = field(default_factory=dict)
+    seconds: Dict[str, float] = field(default_factory=dict)
+    best: Dict[str, List[str]] = field(default_factory=dict)
+    options: Dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-ready dict (:meth:`from_dict` reads it back)."""
+        return plain(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "CircuitsResult":
+        """The result from :meth:`to_dict`'s dict."""
+        data = dict(data)
+        data["curves"] = [Curve(**c) for c in data["curves"]]
+        for c in data["curves"]:
+            c.cpr_ci, c.cmd_ci = tuple(c.cpr_ci), tuple(c.cmd_ci)
+        return cls(**data)
+
+    def plot(self) -> Tuple[Any, Any]:
+        """The curves (:func:`~captum_iglens.circuits.page.plot`): ``(fig, axes)``."""
+        from captum_iglens.circuits.page import plot
+
+        return plot(self)
+
+    def to_html(self, path: str) -> None:
+        """Writes the page (:func:`~captum_iglens.circuits.page.to_html`)."""
+        from captum_iglens.circuits.page import to_html
+
+        to_html(self, path)
+
+    def format_table(self) -> str:
+        """The per-method table the command prints."""
+        head = "method              " + " ".join(f"{p:>6g}%" for p in self.percents)
+        lines = [f"f(k), {self.metric}, edges ranked by signed score:", head]
+        for c in self.curves:
+            lines.append(f"{c.method:<20}" + " ".join(f"{v:7.3f}" for v in c.f))
+        lines.append("")
+        lines.append(
+            f"{'method':<20} {'CPR':>7} {'95% CI':>17} {'CMD':>7} {'95% CI':>17}  cost"
+        )
+        for c in self.curves:
+            cost = ", ".join(f"{k} {v:.1f}s" for k, v in c.seconds.items())
+            lines.append(
+                f"{c.method:<20} {c.cpr:7.3f} [{c.cpr_ci[0]:6.3f}, {c.cpr_ci[1]:6.3f}] "
+                f"{c.cmd:7.3f} [{c.cmd_ci[0]:6.3f}, {c.cmd_ci[1]:6.3f}]  {cost}"
+            )
+        for name, rho in self.correlations.items():
+            lines.append(f"Spearman with exact patching: {name} {rho:+.3f}")
+        return "\n".join(lines)
+
+
+def spearman(a: Tensor, b: Tensor) -> float:
+    """Spearman's rank correlation of two 1-D tensors (average ranks for ties)."""
+
+    def ranks(x: Tensor) -> Tensor:
+        order = torch.argsort(x, stable=True)
+        r = torch.empty(len(x), dtype=torch.float64)
+        r[order] = torch.arange(len(x), dtype=torch.float64)
+        for value in torch.unique(x):  # ties share their mean rank
+            tied = x == value
+            r[tied] = r[tied].mean()
+        return r
+
+    ra, rb = ranks(a.double()), ranks(b.double())
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
+
+
+def run_identity(
+    pairs: Sequence[Encoded], weights: str, options: Dict[str, Any]
+) -> Dict[str, Any]:
+    """What defines a run: the pairs' token ids, the weights' checksum and
+    the options (a folder never mixes runs)."""
+    text = json.dumps([[p.clean, p.counterfactual, p.answer, p.foil] for p in pairs])
+    return dict(
+        pairs_sha256=hashlib.sha256(text.encode()).hexdigest(),
+        weights_checksum=weights,
+        **options,
+    )
+
+
+def check_folder_run(out: Path, identity: Dict[str, Any]) -> None:
+    r"""
+    Refuses a folder written by another run.
+
+    Raises:
+        ValueError: Naming the first field that differs.
+    """
+    path = out / RUN_RECORD
+    if not path.exists():
+        if (out / "methods").exists():
+            raise ValueError(f"--out: {out} holds method records but no {RUN_RECORD}")
+        return
+    recorded = parse_json(path.read_text(encoding="utf-8"), path)
+    for key in sorted(set(recorded) | set(identity)):
+        if recorded.get(key) != plain(identity.get(key)):
+            raise ValueError(
+                f"--out: {out} holds a run with another {key} "
+                f"({recorded.get(key)!r}, this run {plain(identity.get(key))!r}); "
+                "use another folder"
+            )
+
+
+def score_method(
+    context: ScoringContext, text: str, scorer: str, n_boot: int
+) -> Dict[str, Any]:
+    r"""
+    One method's scores and, unless it is ground truth, its curves.
+
+    Args:
+
+        context (ScoringContext): What the scorer gets.
+        text (str): The method's text (its name in the result).
+        scorer (str): The name of its scorer.
+        n_boot (int): Bootstrap resamples.
+
+    Returns:
+        *dict*: ``name``, ``curve`` (a :class:`Curve` as a dict, or None),
+        ``scores`` (``(S, R)`` float64) and ``seconds``.
+    """
+    model, graph, n = context.model, context.model.graph, context.n_pairs
+    start = time.perf_counter()
+    found = SCORERS[scorer](context)
+    if isinstance(found, Tensor):
+        scores = found.double().cpu()
+    else:
+        scores = graph.scores_from_dict(found, text)
+    seconds = {"score": time.perf_counter() - start}
+    record: Dict[str, Any] = dict(name=text, curve=None, seconds=seconds)
+    if scorer not in GROUND_TRUTH:
+        start = time.perf_counter()
+        signed, absolute = circuits(graph, scores, False), circuits(graph, scores, True)
+        keeps = signed + absolute
+        full, empty, m = patched_metrics(
+            model, context.batches, keeps, context.metric, n
+        )
+        k = len(PERCENTS)
+        found_curve = curve(
+            text, signed, full, empty, m[:k], m[k:], n_boot, context.seed
+        )
+        seconds["evaluate"] = time.perf_counter() - start
+        found_curve.seconds = seconds
+        record["curve"] = asdict(found_curve)
+    record["scores"] = scores
+    return record
+
+
+def run_circuits(
+    model: CircuitModel,
+    tokenizer: Any,
+    pairs: Sequence[Encoded],
+    methods: Sequence[str],
+    *,
+    metric: str = "logit_diff",
+    batch_size: int = 8,
+    seed: int = 0,
+    sample: int = 100,
+    n_boot: int = 1000,
+    out: Optional[Path] = None,
+    identity: Optional[Dict[str, Any]] = None,
+    report: Callable[[str], None] = lambda line: None,
+) -> List[Dict[str, Any]]:
+    r"""
+    Scores every method on the pairs and evaluates its circuits.
+
+    Args:
+
+        model (CircuitModel): The bound model.
+        tokenizer (Any): Its tokenizer.
+        pairs (list[Encoded]): The filtered pairs.
+        methods (list[str]): Method texts (:func:`parse_method`).
+        metric (str): The name of ``m``. Default: ``"logit_diff"``
+        batch_size (int): Pairs per batch. Default: 8
+        seed (int): Seed of random scores, subsamples and the bootstrap.
+                    Default: 0
+        sample (int): Edges exactly patched by ``patching``. Default: 100
+        n_boot (int): Bootstrap resamples. Default: 1000
+        out (Path, optional): The resumable folder (it must exist), with
+                    ``identity`` written to its ``run.json``. Default: None
+        identity (dict, optional): :func:`run_identity`. Default: None
+        report (callable): Takes a progress line per method.
+
+    Returns:
+        *list[dict]*: one record per method: ``name``, ``curve`` (a
+        :class:`Curve` as a dict, or None for ground truth), ``scores``
+        (``(S, R)`` tensor) and ``seconds``.
+    """
+    device = next(model.model.parameters()).device
+    batches = make_batches(pairs, batch_size, device)
+    if out is not None:
+        (out / "methods").mkdir(exist_ok=True)
+        write_atomic(out / RUN_RECORD, json.dumps(plain(identity or {})))
+    records: List[Dict[str, Any]] = []
+    for text in methods:
+        method = parse_method(text)
+        stem = text.replace(":", "-")
+        if out is not None and (out / "methods" / f"{stem}.json").exists():
+            resumed = json.loads(
+                (out / "methods" / f"{stem}.json").read_text(encoding="utf-8")
+            )
+            resumed["scores"] = torch.load(
+                out / "methods" / f"{stem}.pt", weights_only=True
+            )
+            records.append(resumed)
+            report(f"{text}: resumed from {out / 'methods'}")
+            continue
+        context = ScoringContext(
+            model,
+            tokenizer,
+            batches,
+            len(pairs),
+            metric,
+            steps=method["steps"],
+            seed=seed,
+            sample=sample,
+        )
+        record = score_method(context, text, method["scorer"], n_boot)
+        seconds = record["seconds"]
+        if out is not None:
+            torch.save(record["scores"], out / "methods" / f"{stem}.pt")
+            kept = {k: v for k, v in record.items() if k != "scores"}
+            write_atomic(out / "methods" / f"{stem}.json", json.dumps(plain(kept)))
+        records.append(record)
+        report(f"{text}: " + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items()))
+    return records
+
+
+#: How near 1 the best circuit's ``f`` must be (:func:`best_size`).
+BEST_WITHIN = 0.2
+
+
+def best_size(f: Sequence[float]) -> float:
+    r"""
+    The best circuit size of a curve: the smallest ``k`` below 100% whose
+    ``|1 - f(k)|`` is at most :data:`BEST_WITHIN`, else the ``k`` below 100%
+    whose ``f`` is nearest 1 (at 100% the circuit is the model).
+
+    Args:
+
+        f (list[float]): ``f`` at :data:`PERCENTS` (NaN allowed).
+
+    Returns:
+        *float*: the size, in percent.
+    """
+    gaps = [abs(1 - v) if v == v else float("inf") for v in f]
+    for k, gap in zip(PERCENTS[:-1], gaps):
+        if gap <= BEST_WITHIN:
+            return k
+    return PERCENTS[gaps.index(min(gaps[:-1]))]
+
+
+def gather(
+    records: Sequence[Dict[str, Any]],
+    model: CircuitModel,
+    *,
+    task: str,
+    model_name: str,
+    metric: str,
+    counts: Dict[str, int],
+    options: Dict[str, Any],
+    seconds: Dict[str, float],
+) -> CircuitsResult:
+    r"""The result of :func:`run_circuits`' records: curves, the rank
+    correlations with exact patching, and each method's best circuit."""
+    graph = model.graph
+    curves = [Curve(**r["curve"]) for r in records if r["curve"] is not None]
+    correlations: Dict[str, float] = {}
+    truth = [r for r in records if r["curve"] is None]
+    if truth:
+        sampled = torch.isfinite(truth[0]["scores"])
+        for r in records:
+            if r["curve"] is not None:
+                correlations[r["name"]] = spearman(
+                    r["scores"][sampled], truth[0]["scores"][sampled]
+                )
+    best: Dict[str, List[str]] = {}
+    for r in records:
+        if r["curve"] is None:
+            continue
+        k = best_size(r["curve"]["f_abs"])
+        keep = graph.top_edges(r["scores"], int(k / 100 * graph.n_edges), True)
+        best[r["name"]] = [
+            f"{graph.senders[s]}->{graph.receivers[t]}"
+            for s, t in keep.nonzero().tolist()
+        ]
+    return CircuitsResult(
+        task=task,
+        model=model_name,
+        metric=metric,
+        counts=counts,
+        n_edges=graph.n_edges,
+        percents=list(PERCENTS),
+        curves=curves,
+        correlations=correlations,
+        seconds=seconds,
+        best=best,
+        options=options,
+    )

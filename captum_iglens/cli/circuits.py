@@ -1,0 +1,262 @@
+r"""``captum-iglens circuits``: MIB's circuit faithfulness (CPR, CMD) of edge
+scoring methods on a task, offline (see :mod:`captum_iglens.circuits`)."""
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from captum_iglens.cli.common import (
+    CommandError,
+    Job,
+    Names,
+    deferred,
+    load,
+    model_parent,
+)
+
+#: The methods run when ``--methods`` is not given.
+DEFAULT_METHODS = "eap,eap-ig-inputs,random"
+
+
+def _task_help() -> str:
+    from captum_iglens.circuits.generators import GENERATORS
+
+    return (
+        "a JSON Lines file of {clean, counterfactual, answer, foil}, or a shipped "
+        f"task: {', '.join(GENERATORS)}"
+    )
+
+
+def _methods_help() -> str:
+    from captum_iglens.circuits.scorers import SCORERS, STEPS
+
+    return (
+        f"comma-separated scorers: {', '.join(SCORERS)} (patching: exact "
+        "single-edge patching on --sample edges, for rank correlations); "
+        f"{', '.join(STEPS)} take a step count, e.g. {next(iter(STEPS))}:20 "
+        f"(default: {DEFAULT_METHODS})"
+    )
+
+
+def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
+    r"""Adds the subcommand ``name`` to ``commands``."""
+    parser = commands.add_parser(
+        name,
+        parents=[model_parent()],
+        help="score edge-attribution methods by MIB's circuit faithfulness",
+        description="Score edge-attribution methods on a task of prompt pairs by "
+        "MIB's circuit-localization faithfulness: keep each method's top k%% of "
+        "edges, patch every other edge to its counterfactual write, and read "
+        "f(k) = (m(C) - m(0)) / (m(N) - m(0)); CPR is the area under f, CMD the "
+        "area under |1 - f|, with bootstrap 95%% intervals over pairs. Pairs are "
+        "kept where the model prefers the answer to the foil on the clean prompt. "
+        "With --out, each method's record is written when done and a rerun "
+        "resumes (the same task, model and options only).",
+    )
+    parser.add_argument(
+        "--task",
+        required=True,
+        metavar="FILE|NAME",
+        help=deferred(_task_help),
+    )
+    parser.add_argument(
+        "--methods",
+        default=DEFAULT_METHODS,
+        help=deferred(_methods_help),
+    )
+    parser.add_argument(
+        "--metric",
+        choices=Names("captum_iglens.circuits.faithfulness", "METRIC_FUNCTIONS"),
+        metavar="METRIC",
+        default="logit_diff",
+        help="m, one of %(choices)s: the answer's probability, minus the foil's, "
+        "or the answer's logit minus the foil's (MIB's) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=100,
+        help="pairs scored, after the filter (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--generate",
+        type=int,
+        default=300,
+        help="pairs generated for a shipped task, before the filter "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        help="pairs per batch (default: %(default)s)",
+    )
+    for option, default, text in (
+        ("--seed", 0, "seed of generation, sampling and the bootstrap"),
+        ("--sample", 100, "edges patched one at a time by the patching method"),
+        ("--bootstrap", 1000, "bootstrap resamples"),
+    ):
+        parser.add_argument(
+            option, type=int, default=default, help=text + " (default: %(default)s)"
+        )
+    parser.add_argument("--out", help="a folder for resumable per-method records")
+    parser.add_argument("--json", help="write the result as JSON")
+    parser.add_argument("--png", help="write the curves as a PNG")
+    parser.add_argument(
+        "--html", help="write a page with the table, curves and best circuits"
+    )
+    parser.set_defaults(prepare=prepare)
+
+
+def _positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        value = getattr(args, name.replace("-", "_"))
+        if value < 1:
+            raise CommandError(f"--{name}: expected an int >= 1, got {value}")
+
+
+def _check_options(args: argparse.Namespace) -> List[str]:
+    """The methods, the counts and the output files, checked; the methods."""
+    from captum_iglens._utils.serialization import check_writable
+    from captum_iglens.circuits.study import parse_method
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise CommandError("--methods: expected at least one method")
+    if len(set(methods)) != len(methods):
+        raise CommandError(f"--methods: a method is named twice in {args.methods!r}")
+    for method in methods:
+        parse_method(method)
+    _positive(args, "pairs", "generate", "batch-size", "sample", "bootstrap")
+    for option in ("json", "png", "html"):
+        if getattr(args, option):
+            check_writable(getattr(args, option), f"--{option}")
+    return methods
+
+
+@dataclass
+class _Prepared:
+    """What the job runs on, made by :func:`prepare`."""
+
+    args: argparse.Namespace
+    methods: List[str]
+    model: Any
+    tokenizer: Any
+    encoded: List[Any]
+    counts: Dict[str, int]
+    options: Dict[str, Any]
+    identity: Dict[str, Any]
+    out: Optional[Path]
+    stages: Dict[str, float] = field(default_factory=dict)
+
+
+def prepare(args: argparse.Namespace) -> Job:
+    r"""Checks the methods, the task (every line), the options and the
+    outputs, loads the model, tokenizes every pair (equal lengths checked)
+    and checks a resumed folder, all before the model's first forward; the
+    job filters the pairs and scores the methods."""
+    from captum_iglens._utils.serialization import check_folder
+    from captum_iglens.circuits.generators import GENERATORS, generate
+    from captum_iglens.circuits.patching import CircuitModel
+    from captum_iglens.circuits.study import check_folder_run, run_identity
+    from captum_iglens.circuits.tasks import encode_pairs, read_task
+    from captum_iglens.hf.checksum import weights_checksum
+    from captum_iglens.settings import Settings
+
+    methods = _check_options(args)
+    shipped = args.task in GENERATORS and not Path(args.task).exists()
+    pairs = None if shipped else read_task(args.task)
+    out = check_folder(args.out, "--out") if args.out else None
+    start = time.perf_counter()
+    parts, tokenizer = load(args, Settings())
+    stages = {"load": time.perf_counter() - start}
+    model = CircuitModel(parts.model)  # refuses an unsupported block here
+    counts: Dict[str, int] = {}
+    if pairs is None:
+        generated = generate(args.task, tokenizer, n=args.generate, seed=args.seed)
+        pairs = generated.pairs
+        counts.update({f"dropped ({k})": v for k, v in generated.dropped.items()})
+    encoded = encode_pairs(pairs, tokenizer)
+    options = dict(
+        task=args.task,
+        metric=args.metric,
+        seed=args.seed,
+        sample=args.sample,
+        bootstrap=args.bootstrap,
+        pairs=args.pairs,
+        generate=args.generate if shipped else None,
+        batch_size=args.batch_size,
+        model=args.model or "smollm2",
+        dtype=args.dtype,
+    )
+    identity = run_identity(encoded, weights_checksum(parts.model), options)
+    if out is not None:
+        out.mkdir(exist_ok=True)
+        check_folder_run(out, identity)
+    prepared = _Prepared(
+        args, methods, model, tokenizer, encoded, counts, options, identity, out, stages
+    )
+    return lambda: _run(prepared)
+
+
+def _run(job: _Prepared) -> int:
+    """Filters the pairs, scores every method, prints the table and writes
+    the outputs."""
+    from captum_iglens.circuits.batches import filter_pairs
+    from captum_iglens.circuits.study import gather, run_circuits
+    from captum_iglens.cli.common import save_figure
+
+    args, stages = job.args, job.stages
+    start = time.perf_counter()
+    model = job.model
+    kept, filtered = filter_pairs(model.model, job.encoded, args.batch_size)
+    job.counts.update(filtered)
+    stages["filter"] = time.perf_counter() - start
+    if len(kept) < args.pairs:
+        print(
+            f"captum-iglens: warning: {len(kept)} pairs kept, "
+            f"fewer than --pairs {args.pairs}",
+            file=sys.stderr,
+        )
+    kept = kept[: args.pairs]
+    job.counts["scored"] = len(kept)
+    print(f"task {args.task}: " + ", ".join(f"{k} {v}" for k, v in job.counts.items()))
+    print(f"graph: {model.graph.n_edges} edges; scoring {len(kept)} pairs", flush=True)
+    start = time.perf_counter()
+    records = run_circuits(
+        model,
+        job.tokenizer,
+        kept,
+        job.methods,
+        metric=args.metric,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        sample=args.sample,
+        n_boot=args.bootstrap,
+        out=job.out,
+        identity=job.identity,
+        report=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    stages["methods"] = time.perf_counter() - start
+    result = gather(
+        records,
+        model,
+        task=args.task,
+        model_name=job.options["model"],
+        metric=args.metric,
+        counts=job.counts,
+        options=job.options,
+        seconds=stages,
+    )
+    print(result.format_table())
+    print("time: " + ", ".join(f"{k} {v:.1f}s" for k, v in stages.items()))
+    if args.json:
+        result.save(args.json)
+    if args.png:
+        save_figure(result.plot()[0], args.png)
+    if args.html:
+        result.to_html(args.html)
+    return 0

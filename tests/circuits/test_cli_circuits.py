@@ -1,0 +1,103 @@
+"""``captum-iglens circuits``: input errors are one line and exit status 2,
+before the model runs; a small real run writes its outputs and resumes."""
+
+import json
+
+import pytest
+
+from captum_iglens.cli import main
+
+GOOD = {"clean": "a b", "counterfactual": "a c", "answer": " d", "foil": " e"}
+
+
+def _task(tmp_path, lines):
+    path = tmp_path / "task.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _error(capsys):
+    err = [
+        line for line in capsys.readouterr().err.splitlines() if "warning" not in line
+    ]
+    assert len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        (["--methods", "eap,nope"], "--methods: expected names from"),
+        (["--methods", "eap:5"], "--methods: eap takes no step count"),
+        (["--methods", "eap-ig-inputs:0"], "--methods: expected a positive step count"),
+        (["--methods", "eap,eap"], "--methods: a method is named twice"),
+        (["--pairs", "0"], "--pairs: expected an int >= 1, got 0"),
+    ],
+)
+def test_bad_options_are_refused_before_loading(tmp_path, capsys, options, expected):
+    task = _task(tmp_path, [json.dumps(GOOD)])
+    assert main(["circuits", "--task", task, "--model", "/nonexistent", *options]) == 2
+    assert expected in _error(capsys)
+
+
+def test_a_bad_task_line_is_refused_by_number_before_loading(tmp_path, capsys):
+    task = _task(tmp_path, [json.dumps(GOOD), json.dumps(dict(GOOD, foil=" d"))])
+    assert main(["circuits", "--task", task, "--model", "/nonexistent"]) == 2
+    assert "task.jsonl:2: 'answer' and 'foil' are the same text" in _error(capsys)
+    assert main(["circuits", "--task", "no-such-task", "--model", "/nonexistent"]) == 2
+    assert "--task: no such file: no-such-task" in _error(capsys)
+
+
+@pytest.mark.real_model
+def test_unequal_lengths_are_refused_before_any_forward(tmp_path, capsys):
+    lines = [json.dumps(GOOD), json.dumps(dict(GOOD, counterfactual="a c c c"))]
+    assert main(["circuits", "--task", _task(tmp_path, lines)]) == 2
+    assert "--task: line 2: the clean prompt has" in _error(capsys)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """The tiny Llama and its word tokenizer saved as a local model folder, and
+    a pair its clean prompt answers (the answer is its top token there among
+    t4-t9, words the tokenizer keeps whole)."""
+    import torch
+
+    from tests.tiny_models import tiny_model, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny")
+    model, tokenizer = tiny_model("llama"), tiny_tokenizer()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    clean, other = "t5 t6 t7 t8", "t5 t9 t7 t8"
+    with torch.no_grad():
+        logits = model(**tokenizer(clean, return_tensors="pt")).logits[0, -1]
+    top = [int(i) for i in logits.argsort(descending=True) if 3 < int(i) < 10]
+    pair = {"clean": clean, "counterfactual": other}
+    return folder, dict(pair, answer=f"t{top[0]}", foil=f"t{top[-1]}")
+
+
+def test_a_user_task_runs_end_to_end_and_resumes(tmp_path, capsys, tiny_folder):
+    folder, pair = tiny_folder
+    task = _task(tmp_path, [json.dumps(pair)] * 3)
+    out, page = tmp_path / "out", tmp_path / "c.html"
+    common = ["circuits", "--task", task, "--model", str(folder), "--pairs", "3"]
+    common += ["--methods", "random,eap", "--bootstrap", "20"]
+    outputs = ["--json", str(tmp_path / "c.json"), "--html", str(page)]
+    assert main([*common, "--out", str(out), *outputs]) == 0
+    printed = capsys.readouterr()
+    assert "pairs 3, kept 3, prefers foil 0, scored 3" in printed.out
+    assert "CPR" in printed.out
+    assert "Spearman" not in printed.out  # no patching method, no correlation
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["counts"]["kept"] == 3 and [c["method"] for c in data["curves"]] == [
+        "random",
+        "eap",
+    ]
+    for c in data["curves"]:  # every edge kept: the model itself
+        assert c["f"][-1] == pytest.approx(1.0, abs=1e-4)
+    assert "<img" in page.read_text()
+    assert main([*common, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "random: resumed" in err and "eap: resumed" in err
+    assert main([*common, "--out", str(out), "--metric", "prob"]) == 2
+    assert "holds a run with another metric" in _error(capsys)

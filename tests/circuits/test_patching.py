@@ -1,0 +1,244 @@
+"""The edge graph, edge patching and MIB's faithfulness, against values
+computed independently: edge counts from the formula, the model's own logits,
+a hand-patched residual, and a hand-built 2-layer model whose circuit is known."""
+
+import pytest
+import torch
+
+from captum_iglens.circuits.batches import Batch
+from captum_iglens.circuits.faithfulness import (
+    PERCENTS,
+    areas,
+    circuits,
+    curve,
+    faithfulness,
+    patched_metrics,
+)
+from captum_iglens.circuits.graph import EdgeGraph
+from captum_iglens.circuits.patching import CircuitModel
+from captum_iglens.circuits.scorers import SCORERS, ScoringContext
+from tests.tiny_models import tiny_model
+
+
+@pytest.mark.parametrize("n_layers, n_heads", [(1, 1), (2, 4), (3, 2)])
+def test_graph_counts_and_names(n_layers, n_heads):
+    graph = EdgeGraph(n_layers, n_heads)
+    senders_before = [1 + layer * (n_heads + 1) for layer in range(n_layers)]
+    expected = sum(3 * n_heads * s + s + n_heads for s in senders_before)
+    expected += 1 + n_layers * (n_heads + 1)  # into logits
+    assert graph.n_edges == expected == len(graph.edge_names())
+    names = set(graph.edge_names())
+    assert "input->a0.h0<q>" in names and "a0.h0->m0" in names
+    assert f"m{n_layers - 1}->logits" in names
+    assert "a0.h0->a0.h0<v>" not in names and "m0->a0.h0<k>" not in names
+
+
+def test_graph_scores_from_dict_round_trip_and_refusals():
+    graph = EdgeGraph(2, 2)
+    scores = {name: float(i) for i, name in enumerate(graph.edge_names())}
+    tensor = graph.scores_from_dict(scores, "flow")
+    assert graph.scores_to_dict(tensor) == scores
+    assert torch.isnan(tensor[~graph.legal]).all()
+    with pytest.raises(ValueError, match="flow: 1 scores name no edge"):
+        graph.scores_from_dict(dict(scores, **{"a1.h0->a0.h0<q>": 1.0}), "flow")
+    with pytest.raises(ValueError, match="flow: no score for 1 edges"):
+        graph.scores_from_dict(dict(list(scores.items())[1:]), "flow")
+
+
+def test_prune_drops_unfed_and_unread_nodes():
+    graph = EdgeGraph(2, 2)
+    index = graph.edge_index()
+
+    def circuit(*names):
+        keep = torch.zeros(graph.n_senders * graph.n_receivers, dtype=torch.bool)
+        keep[[index[n] for n in names]] = True
+        return keep.view_as(graph.legal)
+
+    assert not graph.prune(circuit("a1.h0->logits")).any()  # a1.h0 reads nothing
+    assert not graph.prune(circuit("input->a0.h1<q>")).any()  # a0.h1 is read by nothing
+    kept = circuit("input->a0.h1<v>", "a0.h1->m1", "m1->logits")
+    assert torch.equal(graph.prune(kept), kept)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3"])
+def test_runs_reproduce_the_model_and_leave_no_hooks(family):
+    model = tiny_model(family)
+    bound = CircuitModel(model)
+    clean, other = torch.randint(4, 128, (2, 3, 6))
+    with torch.no_grad():
+        expected = model(input_ids=clean).logits[:, -1]
+        expected_other = model(input_ids=other).logits[:, -1]
+        writes = bound.run(other, return_writes=True).writes
+        full = bound.run(clean, keep=bound.graph.legal, counterfactual=writes).logits
+        empty = bound.run(
+            clean, keep=torch.zeros_like(bound.graph.legal), counterfactual=writes
+        ).logits
+    torch.testing.assert_close(full, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(empty, expected_other, atol=1e-5, rtol=1e-5)
+    for module in model.modules():
+        assert not module._forward_pre_hooks and not module._forward_hooks
+
+
+def test_patching_one_edge_into_the_logits_by_hand(llama):
+    """Only input->logits patched: the final norm reads the clean residual with
+    the counterfactual embeddings in place of the clean ones."""
+    bound = CircuitModel(llama)
+    clean, other = torch.randint(4, 128, (2, 2, 5))
+    seen = []
+    handle = llama.model.norm.register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+    try:
+        with torch.no_grad():
+            llama(input_ids=clean)
+    finally:
+        handle.remove()
+    embed = llama.model.embed_tokens
+    with torch.no_grad():
+        residual = seen[0] - embed(clean) + embed(other)
+        expected = llama.lm_head(llama.model.norm(residual))[:, -1]
+        keep = bound.graph.legal.clone()
+        keep[0, bound.graph.receivers.index("logits")] = False
+        writes = bound.run(other, return_writes=True).writes
+        got = bound.run(clean, keep=keep, counterfactual=writes).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_areas_by_hand():
+    x = torch.tensor(PERCENTS, dtype=torch.float64) / 100
+    ones = torch.ones(len(PERCENTS), dtype=torch.float64)
+    cpr, cmd = areas(ones)
+    assert cpr.item() == pytest.approx(1 - 0.001) and cmd.item() == pytest.approx(0)
+    cpr, cmd = areas(x)  # f = k: the area under the line y = x, and under 1 - x
+    assert cpr.item() == pytest.approx((1 - 0.001**2) / 2)
+    assert cmd.item() == pytest.approx((1 - 0.001) - (1 - 0.001**2) / 2)
+
+
+# The hand-built model: a tiny Llama whose only writing nodes are a0.h0 and a1.h0
+# (every other head's output columns and both MLPs' down projections are zero).
+# Counterfactuals differ from the clean prompts at positions 1 and 2 only, so the
+# known circuit is a0.h0's inputs at those positions, its writes into a1.h0's
+# keys, values and queries, and both heads' writes into the logits. (a1.h0's
+# query input and the logits read the last position, the same in both prompts.)
+KNOWN = [
+    "input->a0.h0<q>",
+    "input->a0.h0<k>",
+    "input->a0.h0<v>",
+    "input->a1.h0<k>",
+    "input->a1.h0<v>",
+    "a0.h0->a1.h0<q>",
+    "a0.h0->a1.h0<k>",
+    "a0.h0->a1.h0<v>",
+    "a0.h0->logits",
+    "a1.h0->logits",
+]
+
+
+@pytest.fixture(scope="module")
+def known():
+    model = tiny_model("llama")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[:, 8:] = 0  # heads 1-3 (head_dim 8)
+            layer.mlp.down_proj.weight.zero_()
+    bound = CircuitModel(model)
+    generator = torch.Generator().manual_seed(5)
+    clean = torch.randint(4, 128, (16, 6), generator=generator)
+    other = clean.clone()
+    other[:, 1:3] = torch.randint(4, 128, (16, 2), generator=generator)
+    with torch.no_grad():
+        logits = model(input_ids=clean).logits[:, -1]
+    answer = logits.argmax(-1)
+    foil = logits.scatter(1, answer[:, None], -1e9).argmax(-1)
+    batch = Batch(clean, other, answer, foil, torch.arange(16))
+    index = bound.graph.edge_index()
+    keep = torch.zeros(
+        bound.graph.n_senders * bound.graph.n_receivers, dtype=torch.bool
+    )
+    keep[[index[n] for n in KNOWN]] = True
+    return bound, batch, keep.view_as(bound.graph.legal)
+
+
+def test_known_circuit_is_faithful_and_random_edges_are_not(known):
+    bound, batch, circuit = known
+    graph = bound.graph
+    assert torch.equal(graph.prune(circuit), circuit)
+    generator = torch.Generator().manual_seed(0)
+    randoms = [
+        graph.top_edges(
+            torch.rand(graph.legal.shape, generator=generator), len(KNOWN), False
+        )
+        for _ in range(20)
+    ]
+    full, empty, m = patched_metrics(
+        bound, [batch], [circuit, *randoms], "logit_diff", 16
+    )
+    f = faithfulness(full, empty, m)
+    assert abs(full.mean() - empty.mean()) > 0.1  # the counterfactual matters
+    assert f[0].item() == pytest.approx(1.0, abs=1e-4)
+    assert abs(f[1:].mean().item()) < 0.1
+    less = circuit.clone()
+    less[0, graph.receivers.index("a0.h0<v>")] = False
+    _, _, m_less = patched_metrics(bound, [batch], [less], "logit_diff", 16)
+    assert abs(faithfulness(full, empty, m_less)[0].item() - 1) > 1e-3
+
+
+@pytest.mark.parametrize("method", ["eap", "eap-ig-inputs", "eap-ig-activations"])
+def test_gradient_scorers_find_the_known_circuit(known, method):
+    bound, batch, circuit = known
+    context = ScoringContext(bound, None, [batch], 16, "logit_diff", steps=3)
+    scores = SCORERS[method](context)
+    outside = scores[bound.graph.legal & ~circuit]
+    assert outside.abs().max() < 1e-9  # no write, or no reader, outside it
+    assert (scores[circuit].abs() > 1e-6).all()
+    signed, absolute = (
+        circuits(bound.graph, scores, False),
+        circuits(bound.graph, scores, True),
+    )
+    full, empty, m = patched_metrics(
+        bound, [batch], signed + absolute, "logit_diff", 16
+    )
+    result = curve(method, signed, full, empty, m[:10], m[10:], n_boot=50)
+    at_size = PERCENTS.index(10.0)  # 11 of 110 edges: the circuit and one more
+    assert result.f_abs[at_size] == pytest.approx(1.0, abs=1e-4)
+    assert (
+        result.cpr_ci[0] <= result.cpr <= result.cpr_ci[1]
+        or result.cpr_ci[0] == result.cpr_ci[1]
+    )
+
+
+def test_random_and_patching_scorers(known):
+    bound, batch, circuit = known
+    context = ScoringContext(bound, None, [batch], 16, "prob_diff", seed=2, sample=6)
+    first, again = SCORERS["random"](context), SCORERS["random"](context)
+    assert torch.equal(first, again)
+    exact = SCORERS["patching"](context)
+    chosen = torch.isfinite(exact)
+    assert int(chosen.sum()) == 6 and bool((chosen <= bound.graph.legal).all())
+    for s, r in chosen.nonzero().tolist():  # an edge outside the circuit does nothing
+        if not circuit[s, r]:
+            assert abs(exact[s, r].item()) < 1e-6
+
+
+def test_node_patching_keeps_every_edge_out_of_the_kept_nodes(known):
+    bound, batch, _ = known
+    graph = bound.graph
+    both = graph.node_circuit(["a0.h0", "a1.h0"])
+    assert both[graph.senders.index("a1.h0")].sum() == 2  # -> m1, -> logits
+    assert both[0].sum() == graph.legal[0].sum()  # input reaches every receiver
+    without = graph.node_circuit(["a1.h0"])
+    full, empty, m = patched_metrics(bound, [batch], [both, without], "prob", 16)
+    f = faithfulness(full, empty, m)
+    assert f[0].item() == pytest.approx(1.0, abs=1e-4)
+    assert abs(f[1].item() - 1) > 1e-3
+    with pytest.raises(
+        ValueError, match=r"nodes: not nodes of this graph: \['a9.h0'\]"
+    ):
+        graph.node_circuit(["a9.h0"])
+
+
+def test_best_size_is_the_smallest_faithful_enough():
+    from captum_iglens.circuits.study import best_size
+
+    nan = float("nan")
+    assert best_size([0.1, 0.5, 0.85, 0.9, 1, 1, 1, 1, 1, 1]) == 0.5
+    assert best_size([nan, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 1.0]) == 50.0
+    assert best_size([3.0, 2.5, 2.2, 2, 2, 2, 2, 2, 1.5, 1.0]) == 50.0
