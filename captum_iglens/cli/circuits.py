@@ -120,7 +120,7 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
 
 def _check_options(args: argparse.Namespace) -> List[str]:
     """The methods, the counts and the output files, checked; the methods."""
-    from captum_iglens._utils.serialization import check_writable
+    from captum_iglens._utils.output_paths import check_writable
     from captum_iglens.circuits.study import parse_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -158,7 +158,7 @@ def prepare(args: argparse.Namespace) -> Job:
     outputs, loads the model, tokenizes every pair (equal lengths checked)
     and checks a resumed folder, all before the model's first forward; the
     job filters the pairs and scores the methods."""
-    from captum_iglens._utils.serialization import check_folder
+    from captum_iglens._utils.output_paths import check_folder
     from captum_iglens.circuits.generators import GENERATORS, generate
     from captum_iglens.circuits.patching import CircuitModel
     from captum_iglens.circuits.study import check_folder_run, run_identity
