@@ -212,7 +212,7 @@ class FlowGraph(JsonDocument):
             f"<td>{r['flow']:+.6e}</td><td>{r['share']:.4f}</td></tr>"
             for r in self.edges_table()
         )
-        title = html.escape(str(self.settings.get("target_text", "probability flow")))
+        title = html.escape(self._target)
         prompt = html.escape("".join(self.tokens))
         checks = (
             f"Δm = {self.delta_m:+.6g}; |Σ F(u→logits) − Δm| = "
@@ -297,6 +297,12 @@ class FlowGraph(JsonDocument):
         (:data:`FLOW_SCHEMA`)."""
         return cls(**FLOW_SCHEMA.load(data))
 
+    @property
+    def _target(self) -> str:
+        """What was attributed, as the settings say (a file may say less)."""
+        said = self.settings.get("target_text", self.settings.get("target_kind"))
+        return str(said or "probability flow")
+
     def format_table(self, top: int = 20) -> str:
         r"""
         The ``top`` edges by ``|flow|`` and the graph's checks, as text.
@@ -308,7 +314,7 @@ class FlowGraph(JsonDocument):
             *str*.
         """
         lines = [
-            f"target: {self.settings.get('target_text', self.settings['target_kind'])}"
+            f"target: {self._target}"
             f"  m(prompt) = {self.m_prompt:.6g}  m(base) = {self.m_base:.6g}"
             f"  Δm = {self.delta_m:+.6g}",
             f"{'edge':<28} {'flow':>12} {'share':>7}",

@@ -153,11 +153,9 @@ class IGLensResult(JsonDocument, Viewable):
                     column's whole term ``f_j(h_{L_j}) - f_{j-1}(h_{L_{j-1}})``,
                     and ``levels`` each point's level under its own readout.
                     None under the logit readout.
-        credit_error (Tensor, optional): ``(B, P, k)`` float32, where the
-                    estimator estimates its own quadrature error (``"adaptive"``,
-                    the joint path's default, at the granularities whose
-                    columns are whole segments): a bound on each credit's
-                    distance from its exact integral; zero at padding.
+        credit_error (Tensor, optional): ``(B, P, k)`` float32: a bound on
+                    each credit's quadrature error, where the estimator gives
+                    one (``"adaptive"``, block and sublayer maps); 0 at padding.
         readout_kind (str): ``"logit"`` (the model's readout at every layer),
                     ``"linear"``, ``"tuned"``, or the ``kind`` of any other
                     :class:`~captum_iglens.readout.interface.LayerwiseReadout`.
@@ -320,15 +318,7 @@ class IGLensResult(JsonDocument, Viewable):
                 f"readout and neither under the logit readout (readout_kind "
                 f"{self.readout_kind!r})"
             )
-        changes = self.lens_change is not None and bool(self.lens_change.ne(0).any())
-        paths = names_of("path")
-        if changes and self.path in paths and not paths[self.path].learned_readout:
-            splitting = [name for name, path in paths.items() if path.learned_readout]
-            raise ValueError(
-                f"path: {self.path!r} has no lens-change parts (readout_kind "
-                f"{self.readout_kind!r}: only {splitting} split a readout that "
-                "differs along the path); expected lens_change all 0"
-            )
+        _check_lens_path(self.path, self.lens_change, self.readout_kind)
         settings = self.metadata.get("settings")
         recorded = settings.get("path") if isinstance(settings, dict) else None
         if recorded is not None and recorded != self.path:
@@ -338,8 +328,7 @@ class IGLensResult(JsonDocument, Viewable):
 
     @property
     def learned_readout(self) -> bool:
-        """Whether a learned readout per layer (any kind but the model's own
-        readout's, the field's default) read the path."""
+        """Whether a learned readout per layer (not the default kind) read it."""
         return self.readout_kind != type(self).readout_kind
 
     @property
@@ -615,6 +604,20 @@ def names_of(key: str) -> Any:
     (``"method"``: :data:`~captum_iglens.attr.estimators.ESTIMATORS`,
     ``"path"``: :data:`~captum_iglens.attr.paths.PATHS`)."""
     return imported("captum_iglens", _NAMES[key].where)
+
+
+def _check_lens_path(path: str, lens_change: Optional[Tensor], kind: str) -> None:
+    r"""Lens-change parts other than 0 only on a path that declares
+    ``learned_readout`` (the path's registry entry decides, not its name)."""
+    changes = lens_change is not None and bool(lens_change.ne(0).any())
+    paths = names_of("path")
+    if changes and path in paths and not paths[path].learned_readout:
+        splitting = [name for name, entry in paths.items() if entry.learned_readout]
+        raise ValueError(
+            f"path: {path!r} has no lens-change parts (readout_kind {kind!r}: only "
+            f"{splitting} split a readout that differs along the path); expected "
+            "lens_change all 0"
+        )
 
 
 def _check_names(values: Dict[str, Any]) -> None:

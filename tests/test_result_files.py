@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from captum_iglens import IGLensResult
+from captum_iglens.circuits.study import CircuitsResult
+from captum_iglens.flow_graph import FlowGraph
 from captum_iglens._utils.serialization import JsonDocument
 from captum_iglens.studies.comparison import ComparisonResult, compare
 from captum_iglens.studies.validation import (
@@ -22,11 +24,12 @@ from captum_iglens.studies.validation import (
 from captum_iglens.studies.validation import facts as facts_module
 from tests.helpers import left_padded, word_tokenizer
 from tests.tiny_models import VOCAB, tiny_model
+from tests.test_flow_graph import _graph
 from tests.viewer.synthetic import synthetic_result
 
 
 @pytest.fixture(scope="module")
-def documents():
+def documents(tmp_path_factory):
     """A small saved document of every kind, as JSON objects."""
     model, tokenizer = tiny_model("llama", num_hidden_layers=3), word_tokenizer(VOCAB)
     patterns = dict(facts_module.SUBJECT_PATTERNS)
@@ -67,13 +70,40 @@ def documents():
     finally:
         facts_module.SUBJECT_PATTERNS.clear()
         facts_module.SUBJECT_PATTERNS.update(patterns)
+    results += [_graph(), _circuits(tmp_path_factory.mktemp("circuits"))]
     return {
         type(r): {"kind": r.KIND, "format": 1, **json.loads(json.dumps(r.to_dict()))}
         for r in results
     }
 
 
-KINDS = (IGLensResult, ValidationResult, RestorationResult, ComparisonResult)
+def _circuits(folder):
+    """A circuits result of the command line on the tiny Llama saved as a
+    model folder, on three copies of a pair."""
+    from captum_iglens.cli import main
+    from tests.tiny_models import tiny_tokenizer
+
+    model = tiny_model("llama")
+    model.save_pretrained(folder / "model")
+    tiny_tokenizer().save_pretrained(folder / "model")
+    pair = {"clean": "t5 t6 t7 t8", "counterfactual": "t5 t9 t7 t8"}
+    pair.update(answer="t4", foil="t9")
+    (folder / "task.jsonl").write_text("\n".join([json.dumps(pair)] * 3))
+    args = ["circuits", "--task", str(folder / "task.jsonl"), "--pairs", "3"]
+    args += ["--model", str(folder / "model"), "--methods", "random,eap"]
+    args += ["--bootstrap", "5", "--json", str(folder / "c.json")]
+    assert main(args) == 0
+    return CircuitsResult.load(folder / "c.json")
+
+
+KINDS = (
+    IGLensResult,
+    ValidationResult,
+    RestorationResult,
+    ComparisonResult,
+    FlowGraph,
+    CircuitsResult,
+)
 
 
 def test_every_kind_is_fuzzed():

@@ -372,18 +372,12 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             n_steps (int, optional): Steps per segment, at least 1 (2 for the
                         Riemann rules). Default: None, the path's
                         (``default_steps``: 50 telescoping, 128 joint).
-            method (str, optional): ``"prediction_aware"`` (exact at any
-                        ``n_steps``), ``"adaptive"`` (exact at any ``n_steps``,
-                        which count its gradient evaluations per position;
-                        each credit with an error bound), or one of Captum's
-                        rules ``"riemann_left"``,
-                        ``"riemann_right"``, ``"riemann_middle"``,
-                        ``"riemann_trapezoid"``, ``"gausslegendre"`` with Captum's
-                        own step sizes and alphas (and their discretisation error,
-                        reported in ``delta``; Captum 0.9's trapezoid weights sum to
-                        ``1 - 1/n_steps``). Default: None, the path's
-                        ``default_method`` (``"prediction_aware"`` telescoping,
-                        ``"adaptive"`` joint).
+            method (str, optional): A name in :data:`~captum_iglens.ESTIMATORS`:
+                        ``"prediction_aware"`` or ``"adaptive"`` (exact at any
+                        ``n_steps``; see the estimators page), or Captum's
+                        ``"riemann_*"`` and ``"gausslegendre"``, with their
+                        discretisation error in ``delta``. Default: None, the
+                        path's ``default_method``.
             internal_batch_size (int, optional): The most interpolation points
                         that go through the readout (and its backward) at once.
                         Default: None (the readout's memory budget decides).

@@ -22,6 +22,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from captum_iglens._utils.schema import (
+    Default,
+    Integer,
+    Json,
+    ListOf,
+    MapOf,
+    Number,
+    Record,
+    Text,
+)
 from captum_iglens._utils.serialization import (
     JsonDocument,
     parse_json,
@@ -69,6 +79,35 @@ def parse_method(text: str) -> Dict[str, Any]:
     return dict(name=text, scorer=scorer, steps=int(steps) if steps else default)
 
 
+#: One method's curve in a saved :class:`CircuitsResult` (``K`` sizes).
+_CURVE = Record(
+    method=Text(nonempty=True),
+    n_edges=ListOf(Integer(low=0), "K"),
+    f=ListOf(Number(), "K"),
+    f_abs=ListOf(Number(), "K"),
+    cpr=Number(),
+    cmd=Number(low=0),
+    cpr_ci=ListOf(Number(), "I"),
+    cmd_ci=ListOf(Number(), "I"),
+    seconds=Default(MapOf(Number(low=0))),
+)
+#: What a saved :class:`CircuitsResult` holds, one declaration per field (see
+#: :mod:`captum_iglens._utils.schema`), checked when a file loads.
+CIRCUITS_SCHEMA = Record(
+    task=Text(nonempty=True),
+    model=Text(nonempty=True),
+    metric=Text(nonempty=True),
+    counts=MapOf(Integer(low=0)),
+    n_edges=Integer(low=1),
+    percents=ListOf(Number(low=0), "K", nonempty=True),
+    curves=ListOf(_CURVE),
+    correlations=Default(MapOf(Number())),
+    seconds=Default(MapOf(Number(low=0))),
+    best=Default(MapOf(ListOf(Text()))),
+    options=Default(Json()),
+)
+
+
 @dataclass
 class CircuitsResult(JsonDocument):
     r"""
@@ -113,8 +152,12 @@ class CircuitsResult(JsonDocument):
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "CircuitsResult":
-        """The result from :meth:`to_dict`'s dict."""
-        data = dict(data)
+        """The result from :meth:`to_dict`'s dict, every field checked
+        (:data:`CIRCUITS_SCHEMA`)."""
+        data = CIRCUITS_SCHEMA.load(data)
+        for i, saved in enumerate(data["curves"]):
+            if len(saved["cpr_ci"]) != 2:
+                raise ValueError(f"curves[{i}]: expected intervals of 2 numbers")
         data["curves"] = [Curve(**c) for c in data["curves"]]
         for c in data["curves"]:
             c.cpr_ci, c.cmd_ci = tuple(c.cpr_ci), tuple(c.cmd_ci)

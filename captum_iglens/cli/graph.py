@@ -154,7 +154,7 @@ def _check(args: argparse.Namespace) -> str:
             raise CommandError(f"--{name}: expected a token's text")
     if args.device_map is not None:
         raise CommandError("--device-map: graph runs the model on one --device")
-    _device(args.device)
+    _device(args.device or "cpu")
     check_outputs(args, "json", "csv", "html")
     _device_map(args)
     return prompt.strip()
@@ -171,7 +171,7 @@ def prepare(args: argparse.Namespace) -> Job:
     prompt = _check(args)
     options = dict(
         dtype=getattr(torch, args.dtype),
-        device=_device(args.device),
+        device=_device(args.device or "cpu"),
         progress=progress(args),
     )
     if args.model is None or args.model in EMBEDDED_MODELS:

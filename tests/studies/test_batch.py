@@ -300,7 +300,7 @@ def test_every_setting_reaches_the_attribution(tmp_path, monkeypatch, options):
             assert kwargs[name] == value, name
     for record, item in zip(read_results(path), prompts):
         result = to_result(record)
-        assert result.method == settings.method and result.n_steps == settings.steps
+        assert result.method == settings.estimator and result.n_steps == settings.steps
         if settings.granularity == "sublayer":
             assert result.layer_names == ["0.attn", "0.mlp", "1.attn", "1.mlp"]
         ids, positions, targets = teacher_forcing(
