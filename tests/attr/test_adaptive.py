@@ -136,3 +136,19 @@ def test_the_bound_holds_and_the_default_is_within_1e_5_on_real_weights(
     error = (result.attributions[0, 0].double() - fine).abs()
     assert error.max() <= 1e-5, (name, float(error.max()))
     assert bool((error <= result.credit_error[0, 0].double() + 1e-6).all()), name
+
+
+@pytest.mark.parametrize("path", ["telescoping", "joint"])
+def test_per_dimension_attributions_add_up_on_both_paths(llama, path):
+    lens = LayerIGLens.from_model(llama)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    attrs, delta = lens.attribute(
+        ids, method="adaptive", n_steps=21, path=path, return_convergence_delta=True
+    )
+    assert delta.abs().max() <= 1e-6
+    # the same credits as the map, summed over the dimensions
+    found = torch.stack([a.sum(-1) for a in attrs], -1)
+    result = lens.attribute_map(ids, method="adaptive", n_steps=21, path=path)
+    torch.testing.assert_close(
+        found[:, -1], result.attributions[:, -1], atol=1e-6, rtol=0
+    )
