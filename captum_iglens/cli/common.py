@@ -456,23 +456,8 @@ def load(args: argparse.Namespace, settings: "Settings") -> Tuple[Any, Any]:
     settings checked against the model."""
     from captum_iglens.attr.granularities import model_columns
     from captum_iglens.hf import model_parts
-    from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
 
-    import torch
-
-    device_map = _device_map(args)
-    options: Dict[str, Any] = dict(
-        dtype=getattr(torch, args.dtype),
-        device=None if device_map is not None else _device(args.device or "cpu"),
-        device_map=device_map,
-        progress=progress(args),
-    )
-    if args.model is None or args.model in EMBEDDED_MODELS:
-        model, tokenizer = load_embedded(args.model or "smollm2", **options)
-    else:
-        model, tokenizer = load_model(
-            args.model, trust_remote_code=args.trust_remote_code, **options
-        )
+    model, tokenizer = load_model_of(args, _device_map(args))
     check_config(
         model.config.to_dict(),
         settings.layers,
@@ -483,6 +468,26 @@ def load(args: argparse.Namespace, settings: "Settings") -> Tuple[Any, Any]:
     parts = model_parts(model)
     model_columns(parts, settings.layers, settings.granularity)
     return parts, tokenizer
+
+
+def load_model_of(
+    args: argparse.Namespace, device_map: Union[None, str, Dict[str, Any]] = None
+) -> Tuple[Any, Any]:
+    """The model ``--model`` names (an embedded one by its short name) and its
+    tokenizer, in ``--dtype``, on ``--device`` or spread by ``device_map``."""
+    import torch
+
+    from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
+
+    options: Dict[str, Any] = dict(
+        dtype=getattr(torch, args.dtype),
+        device=None if device_map is not None else _device(args.device or "cpu"),
+        device_map=device_map,
+        progress=progress(args),
+    )
+    if args.model is None or args.model in EMBEDDED_MODELS:
+        return load_embedded(args.model or "smollm2", **options)
+    return load_model(args.model, trust_remote_code=args.trust_remote_code, **options)
 
 
 def check_model_files(args: argparse.Namespace) -> None:

@@ -12,7 +12,7 @@ from captum_iglens.cli.common import (
     _device_map,
     check_outputs,
     model_parent,
-    progress,
+    load_model_of,
     prompt_parent,
     read_prompt,
 )
@@ -163,23 +163,10 @@ def _check(args: argparse.Namespace) -> str:
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks every option, loads the model; the job computes the graph,
     prints its largest edges and writes the outputs."""
-    import torch
-
     from captum_iglens.attr.flow import ProbabilityFlow
-    from captum_iglens.hf.models import EMBEDDED_MODELS, load_embedded, load_model
 
     prompt = _check(args)
-    options = dict(
-        dtype=getattr(torch, args.dtype),
-        device=_device(args.device or "cpu"),
-        progress=progress(args),
-    )
-    if args.model is None or args.model in EMBEDDED_MODELS:
-        model, tokenizer = load_embedded(args.model or "smollm2", **options)
-    else:
-        model, tokenizer = load_model(
-            args.model, trust_remote_code=args.trust_remote_code, **options
-        )
+    model, tokenizer = load_model_of(args)
     flow = ProbabilityFlow(model, tokenizer)
     flow.check_prompts(prompt, args.counterfactual)
 
