@@ -584,7 +584,7 @@ class IGLensResult(JsonDocument, Viewable):
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "IGLensResult":
         """Inverse of :meth:`to_dict`; every field is checked
-        (:data:`IGLENS_SCHEMA`), and the names a file gives (:func:`_check_names`)."""
+        (:data:`IGLENS_SCHEMA`), and the names a file gives (method, path, columns)."""
         values = IGLENS_SCHEMA.load(data)
         _check_names(values)
         return cls(**values)
