@@ -181,4 +181,6 @@ def test_joint_path_adds_up_and_nests_on_real_weights(embedded_model, padded_bat
     for j, name in enumerate(heads.layer_names):
         block = 0 if name == "input" else blocks.layer_names.index(name.split(".")[0])
         per_block[..., block] += heads.attributions[..., j]
-    assert (per_block - blocks.attributions).abs().max() <= FP32_TOL
+    # float32 rounding of credits up to ~5 in size (relative 3e-7)
+    scale = blocks.attributions.abs().max().clamp_min(1)
+    assert (per_block - blocks.attributions).abs().max() <= FP32_TOL * scale
