@@ -109,3 +109,16 @@ def learned_result():
     )
     assert result.lens_change is not None and result.lens_change.abs().max() > 1e-3
     return result
+
+
+@pytest.fixture(scope="session")
+def tiny_flow_graph():
+    """The probability flow of a tiny Llama (grouped key-value heads), queries,
+    keys and values separate."""
+    from captum_iglens.attr.flow import ProbabilityFlow
+
+    ids = torch.tensor([[1, 5, 9, 17, 33, 7, 40]])
+    other = torch.tensor([[1, 5, 10, 18, 33, 7, 41]])
+    return ProbabilityFlow(tiny_model("llama")).attribute(
+        ids, counterfactual=other, n_steps=2, qkv=True
+    )
