@@ -37,7 +37,8 @@ def synthetic_graph(
     for layer in range(layers):
         nodes += [f"a{layer}.h{h}" for h in range(heads)] + [f"m{layer}"]
     edges = _edges(layers, heads, qkv)
-    flows = rng.standard_normal(len(edges)) * np.exp(2 * rng.standard_normal(len(edges)))
+    size = len(edges)
+    flows = rng.standard_normal(size) * np.exp(2 * rng.standard_normal(size))
     flows[1] = -flows[0]
     tokens = ["When", " Mary", " and", " John"]
     return FlowGraph(

@@ -10,18 +10,18 @@ import pytest
 
 from captum_iglens.flow_graph import edge_ends
 from captum_iglens.viewer._graph import MAX_DRAWN
+from tests.viewer.conftest import NEEDS_CHROMIUM
 from tests.viewer.synthetic_graph import synthetic_graph
-from tests.viewer.test_browser import (  # noqa: F401 (the fixture)
-    browser,
+from tests.viewer.test_browser import (
     close_to,
     console_errors,
     hover,
     open_page,
-    pytestmark,
     requests_made,
     screenshot,
 )
 
+pytestmark = NEEDS_CHROMIUM
 WIDTHS = [1280, 1920]
 
 
@@ -144,8 +144,9 @@ def test_hovering_a_node_shows_its_in_and_out_flow(browser, graph_page):
         shown = {line.split()[0]: line.split()[1:] for line in lines[1:]}
         into = [e for e in graph.edges if edge_ends(e)[1] == node]
         out = [e for e in graph.edges if edge_ends(e)[0] == node]
-        assert ("in-flow" in shown) == bool(into) and ("out-flow" in shown) == bool(out)
-        for key, edges, flow in (("in-flow", into, flows[node][0]), ("out-flow", out, flows[node][1])):
+        assert ("in-flow" in shown) == bool(into)
+        assert ("out-flow" in shown) == bool(out)
+        for key, edges, flow in zip(("in-flow", "out-flow"), (into, out), flows[node]):
             if edges:
                 assert close_to(shown[key][0], flow)
                 assert shown[key][1:] == [f"({len(edges)}", "edges)"]
