@@ -6,6 +6,7 @@
   var MARGIN = { left: 46, right: 24, top: 30, bottom: 14 };
   var MAX_WIDTH = 10, MIN_WIDTH = 0.5;  // px of the largest and of the thinnest edge
   var READS = { q: 'query', k: 'key', v: 'value' };
+  var TOP_NAMED = 12;  // the heads and MLPs named on the drawing
 
   // The count of edges FlowGraph.prune(keep, by="share") keeps: edges come
   // sorted by |flow| (largest first); the smallest prefix whose running sum of
@@ -86,6 +87,16 @@
         'class': 'iolabel' }, name));
     });
     svg.appendChild(lib.sv('text', { x: 4, y: 12, 'class': 'rowlabel' }, 'block'));
+  }
+
+  // The names of the heads and MLPs that pass the most flow, of those drawn.
+  function nameTop(lib, svg, d, at, totals, used) {
+    var inner = d.nodes.map(function (name, k) { return k; }).filter(function (k) { return used[k] && d.places[k][1] >= 0; });
+    inner.sort(function (a, b) { return Math.abs(totals.into[b]) - Math.abs(totals.into[a]); });
+    inner.slice(0, TOP_NAMED).forEach(function (k) {
+      svg.appendChild(lib.sv('text', { x: (at.pos[k].x + 6).toFixed(1), y: (at.pos[k].y - 6).toFixed(1),
+        'class': 'nodelabel' }, d.nodes[k]));
+    });
   }
 
   function header(root, d, lib) {
@@ -208,6 +219,7 @@
           'class': 'node' + (used[k] ? '' : ' idle') + (io ? ' io' : ''), 'data-node': name, 'data-k': k,
           fill: io ? '#555' : lib.diverging(totals.into[k], scale) }));
       });
+      nameTop(lib, svg, d, at, totals, used);
       if (state.selected >= 0) select(state.selected);
     }
 
