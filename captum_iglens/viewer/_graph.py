@@ -64,7 +64,7 @@ def _origin(counterfactual: Dict[str, Any]) -> str:
     if kind == "prompt":
         return "counterfactual prompt " + repr("".join(counterfactual["tokens"]))
     words = {"mean": "mean embeddings", "pad": "pad-token embeddings"}
-    return "baseline: " + words.get(kind, "a baseline tensor (1, T, d)")
+    return "baseline: " + words.get(str(kind), "a baseline tensor (1, T, d)")
 
 
 def _about(graph: Any) -> Dict[str, str]:

@@ -10,7 +10,7 @@ import pytest
 
 from captum_iglens.flow_graph import edge_ends
 from captum_iglens.viewer._graph import MAX_DRAWN
-from tests.viewer.conftest import NEEDS_CHROMIUM
+from tests.viewer.conftest import HOSTILE, NEEDS_CHROMIUM
 from tests.viewer.synthetic_graph import synthetic_graph
 from tests.viewer.test_browser import (
     close_to,
@@ -204,3 +204,16 @@ def test_a_large_graph_draws_at_most_the_cap_and_says_how_many_are_hidden(
         "var d = document.documentElement; return d.scrollWidth <= d.clientWidth"
     )
     assert overflow and console_errors(browser) == []
+
+
+def test_hostile_tokens_render_as_text(browser, tmp_path):
+    graph = synthetic_graph()
+    graph.tokens = [HOSTILE[0], HOSTILE[1], " a", " b"]
+    graph.counterfactual = {"kind": "prompt", "tokens": list(reversed(graph.tokens))}
+    graph.to_html(tmp_path / "g.html")
+    open_page(browser, tmp_path / "g.html")
+    assert browser.execute_script("return window.__pwned === undefined")
+    chips = browser.find_elements("css selector", ".tokflows .chip")
+    assert [c.text for c in chips] == graph.tokens
+    assert HOSTILE[1] in browser.find_element("id", "app").text
+    assert console_errors(browser) == []
