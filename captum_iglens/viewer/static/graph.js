@@ -60,11 +60,12 @@
       height: y(rows - 1) + MARGIN.bottom + 10 };
   }
 
-  // An S-curve between rows; an arc above the row between nodes of one row, so
-  // that the edges along a row do not lie on one another.
+  // An S-curve between rows; an arc between nodes of one row (above it, below
+  // the top row), so that the edges along a row do not lie on one another.
   function edgePath(a, b, rowHeight) {
     var dx = b.x - a.x, flat = Math.max(0, 1 - Math.abs(b.y - a.y) / rowHeight);
     var lift = flat * Math.min(0.2 * dx, 1.5 * rowHeight);
+    if (Math.min(a.y, b.y) - lift < MARGIN.top) lift = -lift;
     var p = function (x, y) { return x.toFixed(1) + ',' + y.toFixed(1); };
     return 'M' + p(a.x, a.y) + 'C' + p(a.x + dx / 2, a.y - lift) + ' ' + p(a.x + dx / 2, b.y - lift) + ' ' + p(b.x, b.y);
   }
