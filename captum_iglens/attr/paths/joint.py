@@ -125,9 +125,8 @@ class Joint(IntegrationPath):
         collects error estimates and the estimator gives them, each scalar
         credit comes as the pair ``(credit, error)`` (a trailing dimension of
         2), so that a granularity arranging its columns along the leading
-        dimensions carries each error with its credit
-        (:meth:`~captum_iglens.attr.granularities.components.ComponentSplit.credits`
-        takes the pairs apart)."""
+        dimensions carries each error with its credit (the component
+        granularities' ``credits`` take the pairs apart)."""
         n, n_split, c = stream.shape[0], len(split), components.shape[1]
         k = stream.shape[1] - 1
         groups = torch.tensor(list(range(k) if blocks is None else blocks))
