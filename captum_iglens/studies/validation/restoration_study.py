@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens._utils.tokens import decode_tokens
+from captum_iglens.attr._utils.subject_noise import embedding_std, subject_mask
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.parts import ModelParts
@@ -28,7 +29,6 @@ from captum_iglens.studies.validation.facts import Fact
 from captum_iglens.studies.validation.restoration import (
     CORRUPTIONS,
     Restoration,
-    embedding_std,
     restore,
 )
 from captum_iglens.studies.validation.result import RestorationResult
@@ -429,11 +429,9 @@ def _subject_tokens(tokenizer: Any, fact: Fact) -> Tuple[Tensor, Tensor]:
     """The prompt's ids (as :func:`encode_prompt` without chat) and a ``(T,)``
     bool mask of the tokens that overlap the subject's characters."""
     ids = encode_prompt(tokenizer, fact.prompt, chat=False)[0]
-    offsets = tokenizer(fact.prompt, return_offsets_mapping=True)["offset_mapping"]
-    if len(offsets) != len(ids):
-        raise ValueError(f"tokenizer: offsets of {fact.prompt!r} do not match its ids")
-    start, end = fact.subject_span()  # type: ignore[misc]
-    where = torch.tensor([a < end and b > start and b > a for a, b in offsets])
+    span = fact.subject_span()
+    assert span is not None  # the study keeps facts with a subject
+    where = subject_mask(tokenizer, fact.prompt, span, len(ids))
     if not where.any():
         raise ValueError(f"tokenizer: no token covers the subject of {fact.id}")
     return ids, where
