@@ -168,9 +168,10 @@ class ProbabilityFlow:
             internal_batch_size,
             max_chunk_bytes,
         )
+        batch = self.check_budget(
+            ids, n_steps, qkv, internal_batch_size, max_chunk_bytes
+        )
         layout = FlowLayout(len(self.parts.blocks), self.n_heads, qkv)
-        point = point_bytes(self.parts, layout, length)
-        batch = points_at_once(point, n_steps + 1, internal_batch_size, max_chunk_bytes)
         token = self._token(target, "target")
         foil_id = self._token(foil, "foil")
         _check_foil(target_kind, foil_id, start)
@@ -215,18 +216,50 @@ class ProbabilityFlow:
     # ------------------------------------------------------------ arguments
 
     def check_prompts(
-        self, inputs: Prompt, counterfactual: Optional[Prompt] = None
+        self,
+        inputs: Prompt,
+        counterfactual: Optional[Prompt] = None,
+        corrupt_subject: Optional[str] = None,
+        noise_seed: int = 0,
     ) -> None:
         r"""
-        Checks a prompt and its counterfactual as :meth:`attribute` does (token
-        ids in the vocabulary, one sequence, equal token lengths), without
-        running the model.
+        Checks a prompt and the path's start as :meth:`attribute` does (token
+        ids in the vocabulary, one sequence, equal token lengths, the subject
+        in the prompt), without running the model.
 
         Raises:
-            ValueError: Naming ``inputs`` or ``counterfactual``.
+            ValueError: Naming ``inputs``, ``counterfactual``,
+                ``corrupt_subject`` or ``noise_seed``.
+            TypeError: Naming ``noise_seed``.
         """
         length = self._ids(inputs, "inputs").shape[1]
         self._start(counterfactual, "mean", length)
+        self._subject(inputs, corrupt_subject, counterfactual, noise_seed)
+
+    def check_budget(
+        self,
+        inputs: Prompt,
+        n_steps: int = DEFAULT_STEPS,
+        qkv: bool = False,
+        internal_batch_size: Optional[int] = None,
+        max_chunk_bytes: int = 256 * 2**20,
+    ) -> int:
+        r"""
+        The path points of one forward of :meth:`attribute`, from the memory
+        budget (:mod:`~captum_iglens.attr.flow.budget`), without running the
+        model.
+
+        Returns:
+            *int*.
+
+        Raises:
+            ValueError: If ``internal_batch_size`` points (more than one) do not
+                fit ``max_chunk_bytes``.
+        """
+        length = self._ids(inputs, "inputs").shape[1]
+        layout = FlowLayout(len(self.parts.blocks), self.n_heads, qkv)
+        point = point_bytes(self.parts, layout, length)
+        return points_at_once(point, n_steps + 1, internal_batch_size, max_chunk_bytes)
 
     def _subject(
         self,
