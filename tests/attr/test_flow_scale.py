@@ -82,12 +82,14 @@ def test_budget_arguments_refused_before_the_model_runs(llama, kwargs, error, na
     assert calls == []
 
 
-def test_bfloat16_model():
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_bfloat16_model(family):
     """Writes and gradients in bfloat16, terms in float32, flows summed in
     float64: completeness and conservation hold to float64 rounding; the edges
-    are the float32 model's within bfloat16's precision."""
-    half = tiny_model("llama").to(torch.bfloat16)
-    full = tiny_model("llama")
+    are the float32 model's within bfloat16's precision (measured: 1.4 % and
+    2.2 % of the largest edge)."""
+    half = tiny_model(family).to(torch.bfloat16)
+    full = tiny_model(family)
     common = dict(counterfactual=OTHER, n_steps=4, qkv=True, target=11)
     graph = ProbabilityFlow(half).attribute(IDS, **common)
     reference = ProbabilityFlow(full).attribute(IDS, **common)
@@ -95,7 +97,7 @@ def test_bfloat16_model():
     assert abs(graph.delta_m) > 1e-4
     _check_exact(graph, tol=1e-9)
     largest = abs(reference.flows).max()
-    assert abs(graph.flows - reference.flows).max() <= 0.1 * largest
+    assert abs(graph.flows - reference.flows).max() <= 0.05 * largest
 
 
 def test_corrupt_subject_noises_exactly_the_subject():
