@@ -10,6 +10,7 @@ from captum_iglens.cli.common import (
     Job,
     _device,
     _device_map,
+    add_budget_options,
     at_least,
     check_outputs,
     model_parent,
@@ -89,7 +90,12 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         action="store_true",
         help="keep each edge's flow per sender position (in --json)",
     )
-    _add_budget(graph)
+    add_budget_options(
+        graph,
+        "path points per forward",
+        "memory budget of one forward's path points and of a step's terms (one "
+        "point may exceed it)",
+    )
     _add_outputs(graph)
     graph.set_defaults(prepare=prepare)
 
@@ -118,22 +124,6 @@ def _add_start(graph: argparse.ArgumentParser) -> None:
         choices=BASELINES,
         help="the path's start without a "
         "counterfactual: the pad token's or the mean embedding (default: mean)",
-    )
-
-
-def _add_budget(graph: argparse.ArgumentParser) -> None:
-    """The options that bound the memory."""
-    graph.add_argument(
-        "--internal-batch-size",
-        type=at_least(1),
-        help="path points per forward (default: as many as --max-chunk-mib holds)",
-    )
-    graph.add_argument(
-        "--max-chunk-mib",
-        type=at_least(1),
-        default=256,
-        help="memory budget of one forward's path points and of a step's terms, "
-        "in MiB (default: 256; one point may exceed it)",
     )
 
 
