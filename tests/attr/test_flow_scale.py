@@ -7,7 +7,7 @@ as the path's start (``corrupt_subject``)."""
 import pytest
 import torch
 
-from captum_iglens.attr._utils.subject_noise import NOISE_SCALE, noise_draw
+from captum_iglens.attr.subject_noise import NOISE_SCALE, noise_draw
 from captum_iglens.attr.flow import ProbabilityFlow
 from captum_iglens.attr.flow.budget import point_bytes, points_at_once
 from captum_iglens.attr.flow.engine import first_block_inputs

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from captum_iglens.attr.flow.budget import point_bytes, points_at_once
-from captum_iglens.attr._utils.subject_noise import NOISE_SCALE
+from captum_iglens.attr.subject_noise import NOISE_SCALE
 from captum_iglens.attr.flow.capture import target_logits
 from captum_iglens.attr.flow.engine import (
     FlowTotals,
@@ -102,7 +102,7 @@ class ProbabilityFlow:
             corrupt_subject (str, optional): The path's start instead of a
                         counterfactual: the prompt with ROME's noise (the
                         restoration study's: Gaussian, of
-                        :data:`~captum_iglens.attr._utils.subject_noise.NOISE_SCALE`
+                        :data:`~captum_iglens.attr.subject_noise.NOISE_SCALE`
                         times the embeddings' standard deviation) added to the
                         embeddings of the tokens that overlap the last
                         occurrence of this text in the prompt (text prompts

@@ -1,7 +1,7 @@
 r"""
 The flow's path start by ROME's corruption of the prompt's subject
 (``corrupt_subject=``): the restoration study's noise
-(:mod:`captum_iglens.attr._utils.subject_noise`) on the embeddings of the
+(:mod:`captum_iglens.attr.subject_noise`) on the embeddings of the
 subject's tokens, the rest of the prompt unchanged.
 """
 
@@ -10,7 +10,7 @@ from typing import Any, Dict, Tuple, cast
 import torch
 from torch import Tensor
 
-from captum_iglens.attr._utils.subject_noise import (
+from captum_iglens.attr.subject_noise import (
     embedding_std,
     noise_draw,
     subject_mask,

@@ -3,7 +3,7 @@ Causal tracing at the attributed position (restoration, in the style of Meng et
 al. 2022): corrupt the prompt, then restore the clean residual state ``h_L`` of one
 block at the attributed position only and run the rest of the model.
 
-- the noise: :mod:`captum_iglens.attr._utils.subject_noise` (shared with the
+- the noise: :mod:`captum_iglens.attr.subject_noise` (shared with the
   probability flow's ``corrupt_subject``).
 - :func:`restore`: the clean, corrupted and restored probabilities of each target,
   for every chosen block, with the corrupted and restored forwards stacked along
@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import hidden_of
-from captum_iglens.attr._utils.subject_noise import noise_draw
+from captum_iglens.attr.subject_noise import noise_draw
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.forward import position_ids_from_mask
 from captum_iglens.hf.parts import ModelParts
@@ -116,7 +116,7 @@ def restore(
         subject_mask (Tensor, optional): ``(B, T)`` bool: the tokens to noise.
         noise_std (float, optional): The noise's standard deviation, e.g. three
                     times
-                    :func:`~captum_iglens.attr._utils.subject_noise.embedding_std`.
+                    :func:`~captum_iglens.attr.subject_noise.embedding_std`.
         seeds (list[int], optional): One noise draw per seed. Default: (0, 1, 2).
         corrupted_ids (Tensor, optional): ``(B, T)`` token ids of the corrupted
                     prompts, with the same mask.

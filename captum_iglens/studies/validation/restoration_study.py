@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens._utils.tokens import decode_tokens
-from captum_iglens.attr._utils.subject_noise import embedding_std, subject_mask
+from captum_iglens.attr.subject_noise import embedding_std, subject_mask
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.parts import ModelParts
@@ -143,7 +143,8 @@ def run_restoration(
     probability is traced
     (:func:`~captum_iglens.studies.validation.restoration.restore`) under two
     corruptions: Gaussian noise on the subject's embeddings
-    (``study.noise_scale`` times :func:`embedding_std`, ``study.noise_seeds``
+    (``study.noise_scale`` times
+    :func:`~captum_iglens.attr.subject_noise.embedding_std`, ``study.noise_seeds``
     draws), and a counterfactual subject of the same token length from the same
     relation (the next such fact in file order whose subject differs). The
     recovery ``r(L)`` of restoring block ``L``'s output at the last position
