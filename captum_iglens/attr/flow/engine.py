@@ -186,7 +186,7 @@ class _Stepper:
     def add(self, prev: PointState, cur: PointState, j: int) -> None:
         r"""Adds the step from ``prev`` (one point) to point ``j`` of ``cur``."""
         work = torch.promote_types(cur.writes.dtype, torch.float32)
-        dz = (cur.writes[j] - prev.writes[0]).to(work)  # (S, T, d)
+        dz = cur.writes[j].to(work) - prev.writes[0].to(work)  # (S, T, d)
         grad = (cur.grad_final[j].to(work) + prev.grad_final[0].to(work)) / 2
         direct = torch.einsum("td,std->st", grad, dz).double()
         n_receivers, (n_senders, length, _) = cur.rho.shape[1], dz.shape
