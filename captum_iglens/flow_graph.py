@@ -12,7 +12,6 @@ circuit tools score.
 """
 
 import csv
-import html
 import io
 import math
 from dataclasses import dataclass, fields, replace
@@ -28,6 +27,8 @@ from captum_iglens._utils.serialization import (
     plain,
     write_atomic,
 )
+from captum_iglens.viewer import Viewable
+from captum_iglens.viewer._graph import graph_page
 
 #: What a :class:`FlowGraph` holds: ``N`` nodes, ``E`` edges, ``T`` positions.
 FLOW_SCHEMA = Record(
@@ -56,7 +57,7 @@ def edge_ends(edge: str) -> Tuple[str, str]:
 
 
 @dataclass
-class FlowGraph(JsonDocument):
+class FlowGraph(JsonDocument, Viewable):
     r"""
     A probability-flow graph: what each edge carried of the change of the
     target ``Δm = m(prompt) − m(base)``.
@@ -65,7 +66,8 @@ class FlowGraph(JsonDocument):
     ``input``, the flows in add up to the flows out (with the exact estimator,
     to float rounding: ``completeness_error``, ``conservation_error``).
     The flows out of ``input`` are Integrated Gradients on the embeddings,
-    per position in ``input_flows``.
+    per position in ``input_flows``. ``to_html`` writes the viewer's graph
+    page (Jupyter shows it inline).
 
     Args:
         nodes (list[str]): ``N`` node names, ``input`` first, ``logits`` last.
@@ -196,40 +198,11 @@ class FlowGraph(JsonDocument):
             )
         write_atomic(path, out.getvalue())
 
-    def to_html(self, path: Union[str, Path]) -> None:
-        r"""
-        Writes a self-contained HTML page, atomically: the run, its checks and
-        :meth:`edges_table` (no scripts; the interactive graph page of the
-        viewer is not built yet).
-
-        Args:
-            path (str or Path): The file to write.
-        """
-        path = check_writable(path, "path")
-        rows = "".join(
-            f"<tr><td>{html.escape(r['sender'])}</td>"
-            f"<td>{html.escape(r['receiver'])}</td>"
-            f"<td>{r['flow']:+.6e}</td><td>{r['share']:.4f}</td></tr>"
-            for r in self.edges_table()
-        )
-        title = html.escape(self._target)
-        prompt = html.escape("".join(self.tokens))
-        checks = (
-            f"Δm = {self.delta_m:+.6g}; |Σ F(u→logits) − Δm| = "
-            f"{self.completeness_error:.2e}; worst conservation error "
-            f"{self.conservation_error:.2e}"
-        )
-        page = (
-            "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            f"<title>Probability flow: {title}</title><style>"
-            "body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;"
-            "text-align:left}td:nth-child(3),td:nth-child(4){text-align:right;"
-            "font-family:monospace}</style></head><body>"
-            f"<h1>Probability flow of {title}</h1><p>{prompt}</p><p>{checks}</p>"
-            "<table><tr><th>sender</th><th>receiver</th><th>flow</th>"
-            f"<th>share of |flow|</th></tr>{rows}</table></body></html>"
-        )
-        write_atomic(path, page)
+    def page_data(self) -> Dict[str, Any]:
+        r"""The data of this graph's viewer page, which :meth:`to_html` writes
+        (see :func:`~captum_iglens.viewer._graph.graph_page`): layers as
+        columns, edges drawn by ``|flow|``, a slider for the share kept."""
+        return graph_page(self)
 
     # ---------------------------------------------------------------- pruning
 

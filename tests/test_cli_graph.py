@@ -7,6 +7,7 @@ import pytest
 
 from captum_iglens.cli import main
 from captum_iglens.flow_graph import FlowGraph
+from tests.viewer.test_html import page_data
 
 PROMPT = "The capital of France is"
 OTHER = "The capital of Italy is"
@@ -104,7 +105,8 @@ def test_graph_writes_json_csv_html(tmp_path, capsys):
     assert graph.settings["pruned"] == {"keep": 0.9, "by": "share"}
     assert graph.completeness_error <= 1e-6 and graph.conservation_error <= 1e-6
     assert out[1].read_text().splitlines()[0] == "edge,sender,receiver,flow,share"
-    assert "<table>" in out[2].read_text()
+    page = page_data(out[2].read_text())
+    assert page["kind"] == "graph" and len(page["edges"]["flow"]) == len(graph.edges)
     assert json.loads(out[0].read_text())["kind"] == "flow_graph"
 
 

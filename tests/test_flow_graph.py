@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from captum_iglens.flow_graph import FlowGraph
+from tests.viewer.test_html import page_data
 
 
 def _graph(**changes):
@@ -96,9 +97,11 @@ def test_tables_and_csv(tmp_path):
     assert "Δm = +0.2" in _graph().format_table()
 
 
-def test_html_page(tmp_path):
+def test_html_page_is_the_viewers_graph_page(tmp_path):
     graph = _graph(tokens=["<b>", " cat"])
     graph.to_html(tmp_path / "g.html")
     page = (tmp_path / "g.html").read_text()
-    assert "&lt;b&gt;" in page and "<b>" not in page
-    assert page.count("<tr>") == 1 + len(graph.edges)
+    assert "<b>" not in page  # the tokens are JSON data, escaped
+    data = page_data(page)
+    assert data["kind"] == "graph" and data["tokens"] == ["<b>", " cat"]
+    assert len(data["edges"]["flow"]) == len(graph.edges)

@@ -143,7 +143,7 @@ def _add_outputs(graph: argparse.ArgumentParser) -> None:
     graph.add_argument(
         "--html",
         metavar="PATH",
-        help="write the edge table as a self-contained HTML page",
+        help="write the viewer's graph page, one self-contained HTML file",
     )
 
 

@@ -17,6 +17,9 @@ from captum_iglens.viewer._payload import payload
 
 #: The id of the element that holds a page's data.
 DATA_ID = "iglens-data"
+#: The pages drawn by a script of their own, run before ``viewer.js`` (which
+#: lends them its helpers), only in the pages of their kind.
+_PAGE_SCRIPTS = {"graph": "graph.js"}
 
 # Characters that could end the script element or a line of script, written as
 # JSON escapes (the same string once parsed).
@@ -70,12 +73,14 @@ def render_page(data: Dict[str, Any]) -> str:
     Args:
 
         data (dict): With ``kind``, the page the viewer's script draws
-                    (``"map"``, ``"batch"``, ``"comparison"``, ``"validation"``
-                    or ``"restoration"``), and ``title``.
+                    (``"map"``, ``"batch"``, ``"comparison"``, ``"validation"``,
+                    ``"restoration"`` or ``"graph"``), and ``title``.
 
     Returns:
         *str*: a complete HTML document.
     """
+    own = _PAGE_SCRIPTS.get(str(data.get("kind")))
+    script = (_static(own) if own else "") + _static("viewer.js")
     title = html.escape(str(data.get("title", "IG-Lens")))
     title = title.encode("utf-8", "backslashreplace").decode("utf-8")
     return (
@@ -88,7 +93,7 @@ def render_page(data: Dict[str, Any]) -> str:
         '<div id="app"></div>\n'
         f'<script type="application/json" id="{DATA_ID}">{embed_json(data)}'
         "</script>\n"
-        f"<script>\n{_static('viewer.js')}</script>\n</body>\n</html>\n"
+        f"<script>\n{script}</script>\n</body>\n</html>\n"
     )
 
 

@@ -50,11 +50,12 @@ def test_exact_at_any_budget_and_consistent_across_granularities(
     result = lens.attribute_map(ids, granularity=granularity, **kwargs)
     change = result.model_prob - result.base_prob
     assert (result.total - change).abs().max() <= 1e-6
-    if granularity == "block":
-        assert result.credit_error is not None
-        assert result.credit_error.shape == result.attributions.shape
-        assert bool((result.credit_error >= 0).all())
-    else:  # the components of a block add up to its credit in the block map
+    assert result.credit_error is not None
+    assert result.credit_error.shape == result.attributions.shape
+    assert bool((result.credit_error >= 0).all())
+    if (
+        granularity != "block"
+    ):  # the components of a block add up to its credit in the block map
         blocks = lens.attribute_map(ids, **kwargs)
         names = result.layer_names
         for j, block in enumerate(blocks.layer_names):
@@ -65,28 +66,44 @@ def test_exact_at_any_budget_and_consistent_across_granularities(
             )
 
 
-def _reference(model, ids, panels: int, nodes: int = 8) -> torch.Tensor:
-    """Per-block ``∫ ∇f(γ(α)) · Δ_l dα`` at the last position, by autograd
-    through the model's final norm and head, on ``panels`` equal panels of an
-    ``nodes``-point Gauss–Legendre rule in ``t`` with ``α = t²`` (which crowds
-    the points where the direction turns), in float64 sums."""
-    states = []
+def _trace(model, ids):
+    """The residual stream at the last position, ``(L + 1, d)``, each
+    attention's per-head writes ``(L, H, d)`` (through ``o_proj``, which has no
+    bias in these models) and the greedy target."""
+    states, heads = [], []
 
     def keep(module, args, output):
         states.append((output[0] if isinstance(output, tuple) else output)[0, -1])
 
-    hooks = [layer.register_forward_hook(keep) for layer in model.model.layers]
-    first = model.model.layers[0].register_forward_pre_hook(
-        lambda m, a: states.insert(0, a[0][0, -1])
+    def split(module, args):
+        z = args[0][0, -1]  # (H · d_head,) at the last position
+        n = model.config.num_attention_heads
+        w = module.weight.view(module.weight.shape[0], n, -1)  # (d, H, d_head)
+        heads.append(torch.einsum("dhk,hk->hd", w, z.view(n, -1)))
+
+    layers = model.model.layers
+    hooks = [layer.register_forward_hook(keep) for layer in layers]
+    hooks += [
+        layer.self_attn.o_proj.register_forward_pre_hook(split) for layer in layers
+    ]
+    hooks.append(
+        layers[0].register_forward_pre_hook(lambda m, a: states.insert(0, a[0][0, -1]))
     )
     try:
         with torch.no_grad():
             target = int(model(ids).logits[0, -1].argmax())
     finally:
-        for hook in hooks + [first]:
+        for hook in hooks:
             hook.remove()
-    stream = torch.stack(states).double()
-    updates = stream.diff(dim=0)  # (L, d)
+    return torch.stack(states).double(), torch.stack(heads).double(), target
+
+
+def _integral(model, stream, updates, target, panels: int, nodes: int = 8):
+    """``∫ ∇f(γ(α)) · u_c dα`` along ``stream[0] → stream[-1]`` for the rows
+    ``u_c`` of ``updates``, by autograd through the model's final norm and
+    head, on ``panels`` equal panels of an ``nodes``-point Gauss–Legendre rule
+    in ``t`` with ``α = t²`` (which crowds the points where the direction
+    turns), in float64 sums."""
     x, w = (torch.from_numpy(a) for a in np.polynomial.legendre.leggauss(nodes))
     t = ((torch.arange(panels)[:, None] + (x[None] + 1) / 2) / panels).flatten()
     weights = (w[None] / 2 / panels).expand(panels, -1).flatten() * 2 * t
@@ -100,7 +117,14 @@ def _reference(model, ids, panels: int, nodes: int = 8) -> torch.Tensor:
             logits = torch.tanh(logits / cap) * cap
         (grad,) = torch.autograd.grad(logits.softmax(-1)[:, target].sum(), h)
         total += (grad.double() @ updates.T * weights[rows, None]).sum(0)
-    return total, target
+    return total
+
+
+def _reference(model, ids, panels: int):
+    """Per-block credits of the joint path at the last position, and the
+    target."""
+    stream, _, target = _trace(model, ids)
+    return _integral(model, stream, stream.diff(dim=0), target, panels), target
 
 
 def test_the_bound_holds_against_an_independent_reference(llama):
@@ -116,6 +140,38 @@ def test_the_bound_holds_against_an_independent_reference(llama):
         assert result.method == "adaptive"  # the joint path's default
         error = (result.attributions[0, 0].double() - fine).abs()
         assert bool((error <= result.credit_error[0, 0].double() + 1e-7).all())
+
+
+def test_the_heads_carry_error_bars_that_bound_an_independent_reference(llama):
+    """At head granularity every column (``input``, each head, each MLP) has
+    its own bar, and it bounds the column's distance from the integral of the
+    head's own write, computed here from ``o_proj``'s input."""
+    lens = LayerIGLens.from_model(llama)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    stream, heads, target = _trace(llama, ids)
+    mids = stream[:-1] + heads.sum(1)  # each block's stream after its attention
+    columns = [stream[0] * 0]  # "input": h_0 - h_base, zero without a baseline
+    for layer in range(len(heads)):
+        columns += [*heads[layer], stream[layer + 1] - mids[layer]]
+    fine = _integral(llama, stream, torch.stack(columns), target, 128)
+    coarse = _integral(llama, stream, torch.stack(columns), target, 64)
+    assert (coarse - fine).abs().max() < 1e-7  # the reference has converged
+    for n_steps in (7, 35, 128):
+        result = lens.attribute_map(
+            ids,
+            target=target,
+            positions=[-1],
+            granularity="head",
+            path="joint",
+            n_steps=n_steps,
+        )
+        assert len(result.layer_names) == len(columns)
+        assert result.credit_error is not None
+        assert result.credit_error.shape == result.attributions.shape
+        error = (result.attributions[0, 0].double() - fine).abs()
+        assert bool((error <= result.credit_error[0, 0].double() + 1e-7).all())
+    # at the default budget the bars are tight, not the whole credit
+    assert result.credit_error.max() < 1e-3 * result.attributions.abs().max()
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
 """Results of every kind for the viewer's tests, made on tiny models or without
 a model at all."""
 
+import shutil
+
 import pytest
 import torch
 
@@ -8,6 +10,14 @@ from tests.helpers import word_tokenizer
 from tests.tiny_models import VOCAB, tiny_model
 from tests.viewer.synthetic import synthetic_result
 
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+#: The mark of the browser tests: skipped only where Chromium is not installed.
+NEEDS_CHROMIUM = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="Chromium is not installed (apt-get install chromium chromium-driver); "
+    ".ci/run installs it",
+)
 HOSTILE = [
     '<img src=x onerror="window.__pwned=1">',
     "</script><script>window.__pwned=2</script>",
@@ -109,3 +119,42 @@ def learned_result():
     )
     assert result.lens_change is not None and result.lens_change.abs().max() > 1e-3
     return result
+
+
+@pytest.fixture(scope="session")
+def tiny_flow_graph():
+    """The probability flow of a tiny Llama (grouped key-value heads), queries,
+    keys and values separate."""
+    from captum_iglens.attr.flow import ProbabilityFlow
+
+    ids = torch.tensor([[1, 5, 9, 17, 33, 7, 40]])
+    other = torch.tensor([[1, 5, 10, 18, 33, 7, 41]])
+    return ProbabilityFlow(tiny_model("llama")).attribute(
+        ids, counterfactual=other, n_steps=2, qkv=True
+    )
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium through Debian's chromedriver (the browser tests
+    skip where it is not installed)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,900",
+    ):
+        options.add_argument(arg)
+    options.set_capability(
+        "goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"}
+    )
+    # An explicit driver: Selenium Manager never looks for (or downloads) one.
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()

@@ -5,7 +5,6 @@ Skipped only where Chromium is not installed; CI (.ci/run) installs it."""
 import io
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,43 +14,12 @@ import torch
 from captum_iglens.studies.batch import write_html
 from captum_iglens.viewer._page import render_page
 from captum_iglens.viewer._payload import batch_payload
-from tests.viewer.conftest import HOSTILE
+from tests.viewer.conftest import HOSTILE, NEEDS_CHROMIUM
 from tests.viewer.synthetic import synthetic_result
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="Chromium is not installed (apt-get install chromium chromium-driver); "
-    ".ci/run installs it",
-)
+pytestmark = NEEDS_CHROMIUM
 #: Where the screenshots of a run are kept for a person to look at.
 SHOTS = Path(os.environ.get("IGLENS_SCREENSHOTS", "/tmp/iglens-viewer-shots"))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1400,900",
-    ):
-        options.add_argument(arg)
-    options.set_capability(
-        "goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"}
-    )
-    # An explicit driver: Selenium Manager never looks for (or downloads) one.
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
 
 
 def open_page(browser, path: Path) -> None:

@@ -44,7 +44,12 @@ class ComponentSplit(Sublayers):
     ) -> Tensor:
         with torch.no_grad():  # the split takes its own gradients
             scalar = replace(integration, per_dimension=False)
-            return self.component_columns(scalar, path, values)
+            columns = self.component_columns(scalar, path, values)
+        if columns.dim() == 4:  # (B, P, n, 2) pairs: see Joint.split_segments
+            columns, errors = columns.unbind(-1)
+            assert integration.errors is not None  # pairs only where collected
+            integration.errors.append(errors)
+        return columns
 
     def component_columns(
         self, integration: Integration, path: TracedPath, values: Tensor

@@ -121,12 +121,18 @@ class Joint(IntegrationPath):
     ) -> Tuple[Tensor, Tensor]:
         r"""Every split segment's components and every whole segment's update,
         as the columns of one integral (:class:`JointColumns`), grouped by
-        ``blocks`` where given, else by segment."""
+        ``blocks`` where given, else by segment. Where ``integration.errors``
+        collects error estimates and the estimator gives them, each scalar
+        credit comes as the pair ``(credit, error)`` (a trailing dimension of
+        2), so that a granularity arranging its columns along the leading
+        dimensions carries each error with its credit
+        (:meth:`~captum_iglens.attr.granularities.components.ComponentSplit.credits`
+        takes the pairs apart)."""
         n, n_split, c = stream.shape[0], len(split), components.shape[1]
         k = stream.shape[1] - 1
         groups = torch.tensor(list(range(k) if blocks is None else blocks))
         columns = JointColumns(stream, components, split, whole, groups)
-        out, _ = self._integrate(
+        out, errors = self._integrate(
             integration,
             stream,
             columns.rows,
@@ -135,6 +141,8 @@ class Joint(IntegrationPath):
             values,
             columns.parents,
         )
+        if errors is not None and integration.errors is not None:
+            out = torch.stack([out, errors.to(out.dtype)], dim=-1)
         rest = out.shape[2:]
         parts, plain_out = out[:, : n_split * c], out[:, n_split * c :]
         return parts.reshape(n * n_split, c, *rest), plain_out.reshape(-1, *rest)

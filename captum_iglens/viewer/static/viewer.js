@@ -990,5 +990,11 @@
 
   var pages = { map: pageMap, batch: pageBatch, comparison: pageComparison, validation: pageValidation,
     restoration: pageRestoration };
-  pages[DATA.kind](document.getElementById('app'), DATA);
+  // A page in a script of its own (graph.js) registers itself in window.iglensPages
+  // before this script runs, and draws with these helpers.
+  var lib = { h: h, add: add, sv: sv, fmt: fmt, header: header, visible: visible, tok: tok,
+    diverging: diverging, dark: dark };
+  var own = (window.iglensPages || {})[DATA.kind];
+  if (own) own(document.getElementById('app'), DATA, lib);
+  else pages[DATA.kind](document.getElementById('app'), DATA);
 }());

@@ -1,0 +1,144 @@
+r"""
+The page data of a probability-flow graph
+(:class:`~captum_iglens.flow_graph.FlowGraph`): its nodes placed in columns by
+block, and its edges as parallel arrays sorted by ``|flow|``, so that the page
+keeps the smallest edge set carrying a share of ``|flow|`` as
+``FlowGraph.prune(keep, by="share")`` does. Read from the graph's fields; no
+result class is imported.
+"""
+
+import re
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+from captum_iglens.viewer._payload import RESIDUAL_DIGITS, model_name, sig
+
+#: The share of ``|flow|`` the page keeps when it opens.
+DEFAULT_KEEP = 0.5
+#: The most edges the page draws; the rest of the kept set is counted, not drawn.
+MAX_DRAWN = 3000
+
+_HEAD = re.compile(r"^a(\d+)\.h(\d+)$")
+_MLP = re.compile(r"^m(\d+)$")
+
+
+def node_places(nodes: List[str]) -> List[Tuple[int, int]]:
+    r"""
+    Where the page draws each node: a column and a row.
+
+    Args:
+
+        nodes (list[str]): ``input``, ``a{l}.h{h}``, ``m{l}`` and ``logits``.
+
+    Returns:
+        *list[tuple[int, int]]*: per node, its column (``input`` 0, block ``l``
+        ``l + 1``, ``logits`` one after the last block) and row (head ``h`` at
+        ``h``, an MLP one below its block's last head, ``input`` and
+        ``logits`` -1: the middle).
+
+    Raises:
+        ValueError: For a node of another name.
+    """
+    heads = [_HEAD.match(n) for n in nodes]
+    mlps = [_MLP.match(n) for n in nodes]
+    layers = [int(m.group(1)) for m in heads + mlps if m]
+    n_heads = 1 + max([int(m.group(2)) for m in heads if m], default=-1)
+    last = 1 + max(layers, default=-1)
+    places = []
+    for name, head, mlp in zip(nodes, heads, mlps):
+        if head:
+            places.append((int(head.group(1)) + 1, int(head.group(2))))
+        elif mlp:
+            places.append((int(mlp.group(1)) + 1, n_heads))
+        elif name in ("input", "logits"):
+            places.append((0 if name == "input" else last + 1, -1))
+        else:
+            raise ValueError(f"nodes: {name!r} is not a node of a flow graph")
+    return places
+
+
+def _origin(counterfactual: Dict[str, Any]) -> str:
+    """Where the path starts, in words."""
+    kind = counterfactual.get("kind")
+    if kind == "prompt":
+        return "counterfactual prompt " + repr("".join(counterfactual["tokens"]))
+    if kind == "subject_noise":
+        return (
+            f"the prompt with its subject {counterfactual['subject']!r} noised "
+            f"(ROME, {counterfactual['noise_scale']:g} × the embeddings' std, seed "
+            f"{counterfactual['seed']})"
+        )
+    words = {"mean": "mean embeddings", "pad": "pad-token embeddings"}
+    return "baseline: " + words.get(str(kind), "a baseline tensor (1, T, d)")
+
+
+def _about(graph: Any) -> Dict[str, str]:
+    """The header's lines: the prompt, the path's start, the target, the
+    model (its name, never a local folder) and the run's settings."""
+    settings = graph.settings
+    run = f"{settings.get('method', '?')}, n_steps = {settings.get('n_steps', '?')}"
+    if settings.get("qkv"):
+        run += ", queries, keys and values separate"
+    pruned = settings.get("pruned")
+    if pruned:
+        run += f"; pruned to keep = {pruned['keep']:g} (by {pruned['by']})"
+    about = {
+        "prompt": "".join(graph.tokens),
+        "from": _origin(graph.counterfactual),
+        "target": str(settings.get("target_text") or settings.get("target_kind")),
+        "model": model_name(str(settings.get("model") or "")),
+        "run": run,
+    }
+    return {key: value for key, value in about.items() if value}
+
+
+def graph_page(graph: Any) -> Dict[str, Any]:
+    r"""
+    The page data of a probability-flow graph.
+
+    Args:
+
+        graph (FlowGraph): The graph (whole or pruned).
+
+    Returns:
+        *dict*: ``kind`` ``"graph"``, ``title``, ``about`` (the header's
+        lines), ``nodes`` (names), ``places`` (see :func:`node_places`),
+        ``receivers`` (the receiver names, a head's reads included) and
+        ``receiver_node`` (each one's node), ``edges``: ``sender`` (node
+        indices), ``receiver`` (receiver indices) and ``flow`` (unrounded), in
+        the order of ``FlowGraph.prune`` (largest ``|flow|`` first, ties in
+        the graph's order); ``tokens`` and ``input_flows`` (per position),
+        ``m_prompt``, ``m_base``, ``delta_m``, ``completeness_error``,
+        ``conservation_error``, ``keep`` (the share kept on opening) and
+        ``max_drawn``.
+    """
+    flows = np.asarray(graph.flows, dtype=np.float64)
+    order = np.argsort(-np.abs(flows), kind="stable")
+    nodes = list(graph.nodes)
+    index = {name: i for i, name in enumerate(nodes)}
+    receivers: Dict[str, int] = {}
+    senders, reads = [], []
+    for i in order:
+        sender, receiver = graph.edges[i].split("->")
+        senders.append(index[sender])
+        reads.append(receivers.setdefault(receiver, len(receivers)))
+    return {
+        "kind": "graph",
+        "title": f"Probability flow of {_about(graph).get('target', 'a target')}",
+        "about": _about(graph),
+        "nodes": nodes,
+        "places": [list(place) for place in node_places(nodes)],
+        "receivers": list(receivers),
+        "receiver_node": [index[name.split("<")[0]] for name in receivers],
+        "edges": {"sender": senders, "receiver": reads, "flow": flows[order].tolist()},
+        "tokens": list(graph.tokens),
+        "input_flows": sig(graph.input_flows),
+        "m_prompt": sig(graph.m_prompt),
+        "m_base": sig(graph.m_base),
+        "delta_m": sig(graph.m_prompt - graph.m_base),
+        "completeness_error": sig(graph.completeness_error, RESIDUAL_DIGITS),
+        "conservation_error": sig(graph.conservation_error, RESIDUAL_DIGITS),
+        "keep": DEFAULT_KEEP,
+        "max_drawn": MAX_DRAWN,
+    }

@@ -1,0 +1,258 @@
+/* captum-iglens viewer: the graph page of a probability flow (FlowGraph), in
+   plain JavaScript and SVG. Registered in window.iglensPages; viewer.js runs it
+   with its helpers (lib). Every string of the data is written with textContent. */
+(function () {
+  'use strict';
+  var MARGIN = { left: 46, right: 24, top: 30, bottom: 14 };
+  var MAX_WIDTH = 10, MIN_WIDTH = 0.5;  // px of the largest and of the thinnest edge
+  var READS = { q: 'query', k: 'key', v: 'value' };
+  var TOP_NAMED = 12;  // the heads and MLPs named on the drawing
+
+  // The count of edges FlowGraph.prune(keep, by="share") keeps: edges come
+  // sorted by |flow| (largest first); the smallest prefix whose running sum of
+  // |flow| reaches keep × the total (np.searchsorted on the cumulative sums).
+  function keptCount(cumulative, keep) {
+    var n = cumulative.length;
+    if (!n) return 0;
+    var goal = keep * cumulative[n - 1] * (1 - 1e-12);
+    var lo = 0, hi = n;
+    while (lo < hi) {
+      var mid = (lo + hi) >> 1;
+      if (cumulative[mid] < goal) lo = mid + 1; else hi = mid;
+    }
+    return Math.min(lo + 1, n);
+  }
+
+  function count(n) { return Number(n).toLocaleString('en-US'); }
+  function percent(v) { return (100 * v).toFixed(v < 0.001 ? 3 : 1) + ' %'; }
+
+  // Per node: its in- and out-flow and edge counts over every edge of the graph.
+  function nodeTotals(d) {
+    var n = d.nodes.length, t = { into: [], out: [], nin: [], nout: [] };
+    for (var i = 0; i < n; i++) { t.into.push(0); t.out.push(0); t.nin.push(0); t.nout.push(0); }
+    var e = d.edges;
+    for (var j = 0; j < e.flow.length; j++) {
+      var r = d.receiver_node[e.receiver[j]];
+      t.out[e.sender[j]] += e.flow[j]; t.nout[e.sender[j]]++;
+      t.into[r] += e.flow[j]; t.nin[r]++;
+    }
+    return t;
+  }
+
+  // Pixel positions of the nodes (x, y) and of the receivers (a head's reads
+  // just above, at and below it), fitted to a width and, within bounds, a height.
+  function placeNodes(d, width, height) {
+    var cols = 1, rows = 1;
+    d.places.forEach(function (p) { cols = Math.max(cols, p[0] + 1); rows = Math.max(rows, p[1] + 1); });
+    var rowHeight = Math.max(22, Math.min(56, (height - MARGIN.top - MARGIN.bottom) / (rows - 0.6)));
+    var colWidth = (width - MARGIN.left - MARGIN.right) / Math.max(1, cols - 1 + 0.45);
+    var y = function (row) { return MARGIN.top + row * rowHeight + (row === rows - 1 && rows > 1 ? 0.4 * rowHeight : 0); };
+    var middle = (y(0) + y(rows - 1)) / 2;
+    var pos = d.places.map(function (p) {
+      var mlp = p[1] === rows - 1 && p[1] > 0;
+      return { x: MARGIN.left + p[0] * colWidth + (mlp ? 0.45 * colWidth : 0), y: p[1] < 0 ? middle : y(p[1]) };
+    });
+    var reads = d.receivers.map(function (name, i) {
+      var at = pos[d.receiver_node[i]], m = /<(.)>$/.exec(name);
+      return { x: at.x, y: at.y + (m ? { q: -3, k: 0, v: 3 }[m[1]] : 0) };
+    });
+    return { pos: pos, reads: reads, cols: cols, rows: rows, colWidth: colWidth, y: y, rowHeight: rowHeight,
+      height: y(rows - 1) + MARGIN.bottom + 10 };
+  }
+
+  // An S-curve between rows; an arc between nodes of one row (above it, below
+  // the top row), so that the edges along a row do not lie on one another.
+  function edgePath(a, b, rowHeight) {
+    var dx = b.x - a.x, flat = Math.max(0, 1 - Math.abs(b.y - a.y) / rowHeight);
+    var lift = flat * Math.min(0.2 * dx, 1.5 * rowHeight);
+    if (Math.min(a.y, b.y) - lift < MARGIN.top) lift = -lift;
+    var p = function (x, y) { return x.toFixed(1) + ',' + y.toFixed(1); };
+    return 'M' + p(a.x, a.y) + 'C' + p(a.x + dx / 2, a.y - lift) + ' ' + p(a.x + dx / 2, b.y - lift) + ' ' + p(b.x, b.y);
+  }
+
+  function labels(lib, svg, d, at) {
+    var heads = at.rows - 1;
+    for (var r = 0; r < at.rows; r++) {
+      svg.appendChild(lib.sv('text', { x: 4, y: at.y(r) + 3, 'class': 'rowlabel' },
+        r === heads && heads > 0 ? 'MLP' : 'h' + r));
+    }
+    var every = Math.ceil(22 / at.colWidth);
+    for (var c = 1; c < at.cols - 1; c++) {
+      if ((c - 1) % every) continue;
+      svg.appendChild(lib.sv('text', { x: MARGIN.left + c * at.colWidth, y: 12, 'text-anchor': 'middle',
+        'class': 'collabel' }, String(c - 1)));
+    }
+    d.nodes.forEach(function (name, i) {
+      if (d.places[i][1] >= 0) return;
+      svg.appendChild(lib.sv('text', { x: at.pos[i].x, y: at.pos[i].y - 12, 'text-anchor': 'middle',
+        'class': 'iolabel' }, name));
+    });
+    svg.appendChild(lib.sv('text', { x: 4, y: 12, 'class': 'rowlabel' }, 'block'));
+  }
+
+  // The names of the heads and MLPs that pass the most flow, of those drawn.
+  function nameTop(lib, svg, d, at, totals, used) {
+    var inner = d.nodes.map(function (name, k) { return k; }).filter(function (k) { return used[k] && d.places[k][1] >= 0; });
+    inner.sort(function (a, b) { return Math.abs(totals.into[b]) - Math.abs(totals.into[a]); });
+    inner.slice(0, TOP_NAMED).forEach(function (k) {
+      svg.appendChild(lib.sv('text', { x: (at.pos[k].x + 6).toFixed(1), y: (at.pos[k].y - 6).toFixed(1),
+        'class': 'nodelabel' }, d.nodes[k]));
+    });
+  }
+
+  function header(root, d, lib) {
+    lib.header(root, d.title, d.about);
+    var checks = lib.add(root, lib.h('div', 'completeness'));
+    checks.id = 'checks';
+    checks.textContent = 'm(prompt) = ' + lib.fmt(d.m_prompt) + ', m(base) = ' + lib.fmt(d.m_base) +
+      ', Δm = ' + lib.fmt(d.delta_m, true) + ';  |Σ F(u→logits) − Δm| = ' + lib.fmt(d.completeness_error, false, 2) +
+      ';  worst conservation error = ' + lib.fmt(d.conservation_error, false, 2) + ';  ' + count(d.edges.flow.length) + ' edges';
+    var line = lib.add(root, lib.h('div', 'about tokflows'));
+    lib.add(line, lib.h('b', null, 'input flow by position: '));
+    var big = 0;
+    d.input_flows.forEach(function (v) { big = Math.max(big, Math.abs(v || 0)); });
+    d.tokens.forEach(function (t, p) {
+      var chip = lib.add(line, lib.tok('span', 'chip', t));
+      chip.style.background = lib.diverging(d.input_flows[p], big);
+      if (lib.dark(chip.style.background)) chip.style.color = '#fff';
+      chip.setAttribute('data-pos', p);
+    });
+  }
+
+  // The tooltip's lines for an edge (sorted index i) or a node (index k).
+  function edgeLines(d, lib, i, total) {
+    var e = d.edges, name = d.receivers[e.receiver[i]], m = /<(.)>$/.exec(name);
+    var lines = [d.nodes[e.sender[i]] + ' → ' + name, 'flow ' + lib.fmt(e.flow[i], true),
+      'share of |flow| ' + percent(Math.abs(e.flow[i]) / total), 'rank ' + count(i + 1) + ' of ' + count(e.flow.length)];
+    if (m) lines.push('read: ' + READS[m[1]]);
+    return lines;
+  }
+  function nodeLines(d, lib, totals, k) {
+    var lines = [d.nodes[k]];
+    if (totals.nin[k]) lines.push('in-flow ' + lib.fmt(totals.into[k], true) + ' (' + count(totals.nin[k]) + ' edges)');
+    if (totals.nout[k]) lines.push('out-flow ' + lib.fmt(totals.out[k], true) + ' (' + count(totals.nout[k]) + ' edges)');
+    var through = totals.nin[k] ? totals.into[k] : totals.out[k];
+    if (d.delta_m) lines.push('through-flow / Δm ' + percent(through / d.delta_m));
+    return lines;
+  }
+
+  // The largest in- and out-edges of node k, over the whole graph.
+  function nodePanel(panel, d, lib, k, totals) {
+    panel.textContent = '';
+    lib.add(panel, lib.h('h3', null, d.nodes[k] + ': ' + nodeLines(d, lib, totals, k).slice(1).join('; ')));
+    var e = d.edges, lists = { 'largest in-flows': [], 'largest out-flows': [] };
+    for (var i = 0; i < e.flow.length; i++) {
+      var list = d.receiver_node[e.receiver[i]] === k ? lists['largest in-flows'] : e.sender[i] === k ? lists['largest out-flows'] : null;
+      if (list && list.length < 8) list.push(i);
+    }
+    Object.keys(lists).forEach(function (title) {
+      if (!lists[title].length) return;
+      var table = lib.add(panel, lib.h('table', 'top'));
+      lib.add(lib.add(table, lib.h('tr')), lib.h('td', null, title));
+      lists[title].forEach(function (i) {
+        var tr = lib.add(table, lib.h('tr'));
+        lib.add(tr, lib.h('td', null, d.nodes[e.sender[i]] + ' → ' + d.receivers[e.receiver[i]]));
+        lib.add(tr, lib.h('td', 'p', lib.fmt(e.flow[i], true)));
+      });
+    });
+  }
+
+  function pageGraph(root, d, lib) {
+    header(root, d, lib);
+    var e = d.edges, n = e.flow.length, cumulative = new Float64Array(n), sum = 0;
+    for (var i = 0; i < n; i++) { sum += Math.abs(e.flow[i]); cumulative[i] = sum; }
+    var total = sum || 1, biggest = n ? Math.abs(e.flow[0]) : 1, totals = nodeTotals(d);
+    var state = { keep: d.keep, selected: -1 };
+
+    var controls = lib.add(root, lib.h('div', 'controls'));
+    var label = lib.add(controls, lib.h('label', null, 'share of |flow| kept '));
+    var slider = lib.add(label, lib.h('input'));
+    slider.type = 'range'; slider.id = 'keep'; slider.min = '0.01'; slider.max = '1'; slider.step = '0.01';
+    slider.value = String(d.keep);
+    var shown = lib.add(controls, lib.h('b'));
+    var note = lib.add(controls, lib.h('span'));
+    note.id = 'drawn';
+    lib.add(controls, lib.h('span', 'hint', 'green: flow that raises m, red: lowers it; width ∝ |flow| (widest ' +
+      lib.fmt(biggest, false, 3) + '). Hover for numbers; click a node for its in- and out-flow.'));
+
+    var main = lib.add(root, lib.h('div', 'graph'));
+    var panel = lib.add(root, lib.h('div', 'panel hint', 'Click a node to list its largest in- and out-flows.'));
+    panel.id = 'node';
+    var tip = lib.add(document.body, lib.h('div', 'tip'));
+    tip.id = 'tip';
+    var svg = null, drawn = 0;
+
+    function select(k) {
+      state.selected = k;
+      svg.classList.toggle('focus', k >= 0);
+      Array.prototype.forEach.call(svg.querySelectorAll('path.edge'), function (p) {
+        var j = Number(p.getAttribute('data-i'));
+        p.classList.toggle('hl', k >= 0 && (e.sender[j] === k || d.receiver_node[e.receiver[j]] === k));
+      });
+      if (k >= 0) nodePanel(panel, d, lib, k, totals);
+    }
+
+    function draw() {
+      var kept = keptCount(cumulative, state.keep);
+      drawn = Math.min(kept, d.max_drawn);
+      shown.textContent = percent(state.keep);
+      note.textContent = count(kept) + ' of ' + count(n) + ' edges carry ' + percent(kept ? cumulative[kept - 1] / total : 0) +
+        ' of |flow|' + (drawn < kept ? '; drawing the largest ' + count(drawn) + ', ' + count(kept - drawn) + ' hidden' : '');
+      var top = main.getBoundingClientRect().top + window.scrollY;
+      var at = placeNodes(d, main.clientWidth, window.innerHeight - top - 12);
+      if (svg) main.removeChild(svg);
+      svg = lib.add(main, lib.sv('svg', { width: main.clientWidth, height: at.height.toFixed(0), id: 'graph',
+        'data-kept': kept, 'data-drawn': drawn }));
+      labels(lib, svg, d, at);
+      var used = {};
+      for (var j = drawn - 1; j >= 0; j--) {  // the largest on top
+        var r = e.receiver[j], w = Math.max(MIN_WIDTH, MAX_WIDTH * Math.abs(e.flow[j]) / biggest);
+        used[e.sender[j]] = used[d.receiver_node[r]] = true;
+        svg.appendChild(lib.sv('path', { d: edgePath(at.pos[e.sender[j]], at.reads[r], at.rowHeight), 'stroke-width': w.toFixed(2),
+          'class': 'edge ' + (e.flow[j] >= 0 ? 'up' : 'down'), 'data-i': j,
+          'data-edge': d.nodes[e.sender[j]] + '->' + d.receivers[r] }));
+      }
+      var scale = 0;
+      d.nodes.forEach(function (name, k) { if (d.places[k][1] >= 0) scale = Math.max(scale, Math.abs(totals.into[k])); });
+      d.nodes.forEach(function (name, k) {
+        var io = d.places[k][1] < 0;
+        svg.appendChild(lib.sv('circle', { cx: at.pos[k].x.toFixed(1), cy: at.pos[k].y.toFixed(1), r: io ? 7 : 4.5,
+          'class': 'node' + (used[k] ? '' : ' idle') + (io ? ' io' : ''), 'data-node': name, 'data-k': k,
+          fill: io ? '#555' : lib.diverging(totals.into[k], scale) }));
+      });
+      nameTop(lib, svg, d, at, totals, used);
+      if (state.selected >= 0) select(state.selected);
+    }
+
+    function showTip(ev, lines) {
+      tip.textContent = '';
+      lines.forEach(function (line, i) { lib.add(tip, lib.h('div', i ? null : 'tiphead', line)); });
+      tip.style.display = 'block';
+      var x = Math.min(ev.clientX + 14, window.innerWidth - tip.offsetWidth - 4);
+      var y = ev.clientY + 14 + tip.offsetHeight > window.innerHeight ? ev.clientY - tip.offsetHeight - 8 : ev.clientY + 14;
+      tip.style.left = Math.max(0, x) + 'px'; tip.style.top = Math.max(0, y) + 'px';
+    }
+    root.addEventListener('mouseover', function (ev) {
+      var t = ev.target;
+      if (t.hasAttribute && t.hasAttribute('data-i')) showTip(ev, edgeLines(d, lib, Number(t.getAttribute('data-i')), total));
+      else if (t.hasAttribute && t.hasAttribute('data-k')) showTip(ev, nodeLines(d, lib, totals, Number(t.getAttribute('data-k'))));
+      else if (t.hasAttribute && t.hasAttribute('data-pos')) {
+        var p = Number(t.getAttribute('data-pos'));
+        showTip(ev, ['position ' + p + ': ' + lib.visible(d.tokens[p]), 'input flow ' + lib.fmt(d.input_flows[p], true)]);
+      } else tip.style.display = 'none';
+    });
+    main.addEventListener('click', function (ev) {
+      var k = ev.target.hasAttribute('data-k') ? Number(ev.target.getAttribute('data-k')) : -1;
+      if (k < 0 && ev.target.hasAttribute('data-i')) return;  // an edge: the selection stays
+      select(k === state.selected ? -1 : k);
+      if (state.selected < 0) panel.textContent = 'Click a node to list its largest in- and out-flows.';
+    });
+    slider.addEventListener('input', function () { state.keep = Number(slider.value); draw(); });
+    var pending = null;
+    window.addEventListener('resize', function () { clearTimeout(pending); pending = setTimeout(draw, 150); });
+    draw();
+  }
+
+  window.iglensPages = window.iglensPages || {};
+  window.iglensPages.graph = pageGraph;
+}());

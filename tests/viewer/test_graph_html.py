@@ -1,0 +1,177 @@
+"""The graph page of a probability flow without a browser: the data it embeds
+(compact, unrounded, sorted as ``prune`` sorts), its header, self-containment,
+the entry points, and the page's own kept-set rule (run by Node.js where it is
+installed) against ``FlowGraph.prune``."""
+
+import json
+import re
+import shutil
+import subprocess
+from importlib import resources
+
+import numpy as np
+import pytest
+
+from captum_iglens.viewer._graph import MAX_DRAWN, node_places
+from captum_iglens.viewer._page import result_html
+from tests.viewer.conftest import HOSTILE
+from tests.viewer.test_html import SVG_NAMESPACE, page_data
+from tests.viewer.synthetic_graph import synthetic_graph
+
+NODE = shutil.which("node") or shutil.which("nodejs")
+
+
+def _edge_names(data: dict) -> list:
+    edges = data["edges"]
+    return [
+        data["nodes"][s] + "->" + data["receivers"][r]
+        for s, r in zip(edges["sender"], edges["receiver"])
+    ]
+
+
+@pytest.mark.parametrize("qkv", [False, True])
+def test_the_page_embeds_every_edge_unrounded_as_arrays(qkv):
+    graph = synthetic_graph(3, 2, qkv=qkv)
+    data = page_data(result_html(graph))
+    assert data["kind"] == "graph" and data["nodes"] == graph.nodes
+    assert set(data["edges"]) == {"sender", "receiver", "flow"}  # arrays, not rows
+    names = _edge_names(data)
+    assert sorted(names) == sorted(graph.edges)
+    scores = graph.edge_scores()
+    assert [scores[name] for name in names] == data["edges"]["flow"]  # exact floats
+    magnitudes = np.abs(data["edges"]["flow"])
+    assert (np.diff(magnitudes) <= 0).all()
+    # The tie (edges 0 and 1 of the graph) keeps the graph's order.
+    assert names.index(graph.edges[0]) < names.index(graph.edges[1])
+    for receiver, node in zip(data["receivers"], data["receiver_node"]):
+        assert data["nodes"][node] == receiver.split("<")[0]
+    assert data["max_drawn"] == MAX_DRAWN and 0 < data["keep"] <= 1
+
+
+def test_the_header_holds_the_run_and_its_checks_and_no_local_path():
+    graph = synthetic_graph()
+    page = result_html(graph)
+    data = page_data(page)
+    assert data["about"] == {
+        "prompt": "When Mary and John",
+        "from": "counterfactual prompt 'When John and Mary'",
+        "target": "p(' Mary')",
+        "model": "SmolLM2-135M",
+        "run": "prediction_aware, n_steps = 4",
+    }
+    assert "/home/someone" not in page
+    assert data["delta_m"] == pytest.approx(0.8)
+    assert data["completeness_error"] == 1e-16
+    assert data["conservation_error"] == 2e-15
+    assert data["tokens"] == graph.tokens
+    assert data["input_flows"] == pytest.approx(graph.input_flows, rel=1e-3)
+
+
+def test_a_baseline_and_a_pruned_graph_say_so():
+    graph = synthetic_graph(qkv=True).prune(0.9)
+    graph.counterfactual = {"kind": "pad"}
+    about = page_data(result_html(graph))["about"]
+    assert about["from"] == "baseline: pad-token embeddings"
+    assert about["run"] == (
+        "prediction_aware, n_steps = 4, queries, keys and values separate; "
+        "pruned to keep = 0.9 (by share)"
+    )
+
+
+def test_the_page_is_self_contained_and_its_tokens_stay_data():
+    graph = synthetic_graph()
+    graph.tokens = [HOSTILE[0], HOSTILE[1], " a", " b"]
+    page = result_html(graph)
+    assert page.count("<script") == 2 and page.lower().count("</script") == 2
+    assert "<img" not in page
+    assert set(re.findall(r"https?://[^\s\"'<>)]+", page)) <= {SVG_NAMESPACE}
+    assert page_data(page)["tokens"] == graph.tokens
+    script = page.split('id="iglens-data"')[1]
+    assert "innerHTML" not in script and "eval(" not in script
+    # Only the graph page carries the graph's script.
+    assert "iglensPages.graph" in page
+
+
+def test_node_places_put_blocks_in_columns_and_heads_in_rows():
+    nodes = ["input", "a0.h0", "a0.h1", "m0", "a1.h0", "a1.h1", "m1", "logits"]
+    assert node_places(nodes) == [
+        (0, -1),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+        (2, 0),
+        (2, 1),
+        (2, 2),
+        (3, -1),
+    ]
+    with pytest.raises(ValueError, match="'x3'"):
+        node_places(["input", "x3", "logits"])
+
+
+def test_to_html_checks_the_path_and_writes_atomically(tmp_path):
+    graph = synthetic_graph()
+    with pytest.raises(ValueError, match="path"):
+        graph.to_html(tmp_path / "missing" / "g.html")
+    graph.to_html(tmp_path / "g.html")
+    assert [p.name for p in tmp_path.iterdir()] == ["g.html"]
+    assert page_data((tmp_path / "g.html").read_text())["kind"] == "graph"
+    frame = graph._repr_html_()
+    assert frame.startswith("<iframe srcdoc=") and "sandbox" in frame
+
+
+def _page_kept_counts(flows: list, keeps: list) -> list:
+    """The page's own ``keptCount``, cut out of graph.js and run by Node.js on
+    the flows in the page's order."""
+    script = (
+        resources.files("captum_iglens.viewer")
+        .joinpath("static")
+        .joinpath("graph.js")
+        .read_text()
+    )
+    start = script.index("  function keptCount(")
+    function = script[start : script.index("\n  }\n", start) + 4]
+    program = (
+        function
+        + "var f = JSON.parse(process.argv[1]), keeps = JSON.parse(process.argv[2]);\n"
+        "var c = new Float64Array(f.length), s = 0;\n"
+        "for (var i = 0; i < f.length; i++) { s += Math.abs(f[i]); c[i] = s; }\n"
+        "console.log(JSON.stringify(keeps.map(function (k) "
+        "{ return keptCount(c, k); })));\n"
+    )
+    done = subprocess.run(
+        [NODE, "-e", program, json.dumps(flows), json.dumps(keeps)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(NODE is None, reason="Node.js is not installed")
+@pytest.mark.parametrize("which", ["tiny_llama", "synthetic"])
+def test_the_pages_kept_set_is_prunes(which, tiny_flow_graph):
+    graph = tiny_flow_graph if which == "tiny_llama" else synthetic_graph(4, 3)
+    data = page_data(result_html(graph))
+    keeps = [0.01, 0.1, 0.25, 0.5, 0.73, 0.9, 0.99, 1.0]
+    counts = _page_kept_counts(data["edges"]["flow"], keeps)
+    names = _edge_names(data)
+    for keep, count in zip(keeps, counts):
+        assert set(names[:count]) == set(graph.prune(keep).edges), keep
+    assert len(set(counts)) > 4  # the keeps are not all one set
+
+
+def test_a_noised_subject_says_so():
+    graph = synthetic_graph()
+    graph.counterfactual = {
+        "kind": "subject_noise",
+        "subject": "Mary",
+        "positions": [2],
+        "noise_scale": 3.0,
+        "noise_std": 0.1,
+        "seed": 0,
+    }
+    about = page_data(result_html(graph))["about"]
+    assert about["from"] == (
+        "the prompt with its subject 'Mary' noised (ROME, 3 × the embeddings' std, "
+        "seed 0)"
+    )
