@@ -3,6 +3,8 @@
     python benchmarks/flow.py exactness     # |Σ − Δm|, conservation at 1, 8, default
     python benchmarks/flow.py convergence   # max/mean |edge − edge_ref| per n_steps
     python benchmarks/flow.py cost          # one graph against its floor
+    python benchmarks/flow.py long --tokens 1000 --n-steps 2 [--qkv]
+    python benchmarks/flow.py long --dry-run  # a tiny random model (CI)
 
 ``exactness`` runs both models at ``n_steps`` 1, 8 and the default (with
 queries, keys and values separate) and the plain trapezoid terms against
@@ -11,11 +13,19 @@ Riemann sums at the same steps). ``convergence`` compares the exact estimator's
 edges at each step count with a many-step reference. ``cost`` times one graph
 of an IOI-sized prompt on SmolLM2 against its floor, ``n_steps + 1`` forward and
 backward passes of the model on the same points (the gradient of the target
-with respect to the embeddings, the same batching), from one run.
+with respect to the embeddings, the same batching), from one run. ``long`` runs
+one graph of a ``--tokens``-token prompt on SmolLM2 (a paragraph repeated,
+then "The capital of France is" against "... Italy is", target " Paris")
+within ``--max-chunk-mib``, and prints its wall time, the process's peak
+resident memory and its exactness; run it once per process, so that the peak
+is that graph's.
 """
 
 import argparse
+import resource
+import sys
 import time
+from pathlib import Path
 
 import torch
 from captum.attr import LayerIntegratedGradients
@@ -26,6 +36,11 @@ from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.hf.models import load_embedded
 
 SHORT = ("The capital of France is", "The capital of Italy is", " Paris")
+PARAGRAPH = (
+    " The river ran slowly through the old town, past the market, the church"
+    " and the long stone bridge, where the fishermen sold their catch each"
+    " morning before the bells rang and the carts came in from the farms."
+)
 IOI = (
     "When Mary and John went to the store, John gave a drink to",
     "When Mary and John went to the store, Mary gave a drink to",
@@ -135,21 +150,90 @@ def cost(n_steps, batch):
     )
 
 
+def _resident_gib():
+    """The process's resident memory now and its peak, in GiB (Linux)."""
+    now = next(
+        int(line.split()[1])
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if line.startswith("VmRSS:")
+    )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return now / 2**20, peak / 2**20
+
+
+def long_prompts(tok, tokens):
+    """Token ids ``(1, tokens)`` of the paragraph repeated, then the short
+    pair's prompt and its counterfactual."""
+    tails = [tok(" " + t, add_special_tokens=False).input_ids for t in SHORT[:2]]
+    first = tok(PARAGRAPH).input_ids
+    filler = tok(PARAGRAPH, add_special_tokens=False).input_ids
+    room = tokens - len(tails[0])
+    context = (first + filler * (tokens // len(filler) + 1))[:room]
+    return [torch.tensor([context + tail]) for tail in tails]
+
+
+def long(tokens, n_steps, qkv, chunk_mib, dry_run):
+    if dry_run:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from scale import build, inputs
+
+        model, tok = build("tiny", torch.float32), None
+        ids = inputs(model, tokens)[0]
+        other = ids.clone()
+        other[0, -2] = (other[0, -2] + 1) % model.config.vocab_size
+        target, name = None, "tiny"
+    else:
+        model, tok = load_embedded("smollm2", progress=False)
+        ids, other = long_prompts(tok, tokens)
+        target, name = SHORT[2], "SmolLM2"
+    flow = ProbabilityFlow(model, tok)
+    budget = chunk_mib * 2**20
+    batch = flow.check_budget(ids, n_steps, qkv, None, budget)
+    loaded, _ = _resident_gib()
+    start = time.perf_counter()
+    g = flow.attribute(
+        ids,
+        counterfactual=other,
+        target=target,
+        n_steps=n_steps,
+        qkv=qkv,
+        max_chunk_bytes=budget,
+    )
+    wall = time.perf_counter() - start
+    _, peak = _resident_gib()
+    print(
+        f"{name}, {ids.shape[1]} tokens, n_steps {n_steps}, "
+        f"qkv {'yes' if qkv else 'no'}, {len(g.edges)} edges, budget {chunk_mib} "
+        f"MiB: {batch} path point(s) per "
+        f"forward; {wall:.1f} s; resident {loaded:.2f} GiB after the load, peak "
+        f"{peak:.2f} GiB; |Σ-Δm| {g.completeness_error:.1e}, worst conservation "
+        f"{g.conservation_error:.1e}, Δm {g.delta_m:+.4f}"
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("exactness", "convergence", "cost"))
+    parser.add_argument("what", choices=("exactness", "convergence", "cost", "long"))
     parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--reference", type=int, default=128)
     parser.add_argument("--n-steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=1000)
+    parser.add_argument("--qkv", action="store_true")
+    parser.add_argument("--max-chunk-mib", type=int, default=256)
+    parser.add_argument("--dry-run", action="store_true", help="long: tiny model")
     args = parser.parse_args()
     if args.what == "exactness":
         exactness(args.models)
     elif args.what == "convergence":
         convergence(args.models, args.steps, args.reference)
-    else:
+    elif args.what == "cost":
         cost(args.n_steps, args.batch)
+    elif args.dry_run:
+        long(16, 2, True, 1, dry_run=True)
+    else:
+        long(args.tokens, args.n_steps, args.qkv, args.max_chunk_mib, dry_run=False)
 
 
 if __name__ == "__main__":

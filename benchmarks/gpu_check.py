@@ -2,9 +2,11 @@ r"""
 One command for a GPU machine: IG-Lens on the random models of
 ``benchmarks/scale.py`` (Llama-3.2-1B, Qwen2.5-1.5B, Gemma 2 2B and Llama-3.1-8B
 cut to 2 blocks; nothing downloaded), on CUDA, in float32, TF32 and bfloat16,
-every granularity, every integration path (``captum_iglens.attr.paths.PATHS``),
-on one CUDA device and, where the machine has two, the first shape again with
-its blocks split across two by accelerate's ``device_map``:
+every granularity, every integration path (``captum_iglens.attr.paths.PATHS``)
+and the probability flow's graph (path ``flow``, ``--flow-steps`` steps, queries,
+keys and values separate), on one CUDA device and, where the machine has two,
+the first shape again with its blocks split across two by accelerate's
+``device_map``:
 
     python benchmarks/gpu_check.py               # about 5-10 minutes on one H100
     python benchmarks/gpu_check.py --shapes llama-1b --modes bfloat16
@@ -16,10 +18,13 @@ device setup, shape, mode, path and granularity, the map's time (median of
 plus one readout of every path point the map reads, ``P·(k+1)`` rows), their
 ratio, the attributed tokens per second, the peak memory above a plain
 forward's peak (``torch.cuda.max_memory_allocated``; resident memory on the
-CPU), the readout's chunk budget, and ``|Σ − Δp|``. The main map (block
-granularity) attributes every position of a ``T``-token input; the other
-granularities the last 8 positions. A combination a model refuses (experts on
-a dense model; a learned readout on the joint path) is listed as refused.
+CPU), the readout's chunk budget, and ``|Σ − Δp|`` (for the flow the larger of
+``|Σ − Δm|`` and the worst conservation error; its floor is ``n_steps + 1``
+forward and backward passes of one point, and it runs on one device only).
+The main map (block granularity) attributes every position of a ``T``-token
+input; the other granularities the last 8 positions. A combination a model
+refuses (experts on a dense model; a learned readout on the joint path) is
+listed as refused.
 ``--dry-run`` runs every code path on a tiny model on the CPU, the two-device
 setup as a CPU ``device_map`` behind accelerate's hooks.
 """
@@ -34,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from captum_iglens import LayerIGLens
+from captum_iglens.attr.flow import ProbabilityFlow
 from captum_iglens.attr.granularities import GRANULARITIES
 from captum_iglens.attr.paths import PATHS
 
@@ -184,6 +190,50 @@ def check_one(
     )
 
 
+def check_flow(
+    model: Any, clock: Clock, ids: torch.Tensor, n_steps: int, chunk_mib: int
+) -> Dict[str, Any]:
+    """One flow graph (the prompt against its last token changed) against
+    ``n_steps + 1`` forward and backward passes of one point."""
+    other = ids.clone()
+    other[0, -1] = (other[0, -1] + 1) % model.config.vocab_size
+    flow = ProbabilityFlow(model)
+    embed = model.get_input_embeddings()
+
+    def forward_backward() -> None:
+        inputs = embed(ids).detach().requires_grad_(True)
+        logits = model(inputs_embeds=inputs, use_cache=False).logits[0, -1]
+        torch.autograd.grad(logits.float().softmax(-1).max(), inputs)
+
+    def graph() -> Any:
+        return flow.attribute(
+            ids,
+            counterfactual=other,
+            n_steps=n_steps,
+            qkv=True,
+            max_chunk_bytes=chunk_mib * MIB,
+        )
+
+    pass_s, pass_peak, _ = clock.run(forward_backward)
+    graph_s, graph_peak, result = clock.run(graph)
+    return dict(
+        P=ids.shape[1],
+        map_s=graph_s,
+        floor_s=pass_s * (n_steps + 1),
+        tokens=ids.shape[1] / graph_s,
+        extra_mib=(graph_peak - pass_peak) / MIB,
+        delta=max(result.completeness_error, result.conservation_error),
+    )
+
+
+def _row(head: str, r: Dict[str, Any], chunk_mib: int) -> str:
+    return (
+        f"{head}{r['P']:>5}{r['map_s']:>9.3f}{r['floor_s']:>9.3f}"
+        f"{r['map_s'] / r['floor_s']:>8.2f}{r['tokens']:>9.1f}"
+        f"{r['extra_mib']:>8.0f}{chunk_mib:>7}{r['delta']:>10.1e}"
+    )
+
+
 def shape_rows(
     args: argparse.Namespace, shape: str, setup: str, where: Any
 ) -> List[str]:
@@ -219,12 +269,18 @@ def shape_rows(
                     lines.append(f"{head}refused: {str(refused)[:60]}")
                     print(lines[-1], flush=True)
                     continue
-                lines.append(
-                    f"{head}{r['P']:>5}{r['map_s']:>9.3f}{r['floor_s']:>9.3f}"
-                    f"{r['map_s'] / r['floor_s']:>8.2f}{r['tokens']:>9.1f}"
-                    f"{r['extra_mib']:>8.0f}{args.chunk_mib:>7}{r['delta']:>10.1e}"
-                )
+                lines.append(_row(head, r, args.chunk_mib))
                 print(lines[-1], flush=True)
+        if args.flow_steps and where not in ("split", "hooks"):
+            r = check_flow(model, clock, ids, args.flow_steps, args.chunk_mib)
+            lines.append(
+                _row(
+                    f"{setup:<15}{shape:<13}{mode:<9}{'flow':<12}{'edges':<12}",
+                    r,
+                    args.chunk_mib,
+                )
+            )
+            print(lines[-1], flush=True)
         del model, lens
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -242,6 +298,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--n-steps", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunk-mib", type=int, default=256)
+    parser.add_argument(
+        "--flow-steps", type=int, default=4, help="flow graph steps (0: no flow)"
+    )
     parser.add_argument("--max-layers", type=int, default=0)
     args = parser.parse_args(argv)
     if args.dry_run:

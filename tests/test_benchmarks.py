@@ -1,7 +1,8 @@
 """The benchmarks that measure at scale cannot rot: the GPU script's dry run (a tiny
-model on the CPU, every mode it can run there, granularity and path, one device and a
-CPU device_map behind accelerate's hooks), ``scale.py`` and ``peak_breakdown.py`` run
-in subprocesses on tiny shapes, as a user would run them."""
+model on the CPU, every mode it can run there, granularity and path, the flow graph,
+one device and a CPU device_map behind accelerate's hooks), ``scale.py``,
+``peak_breakdown.py`` and the flow's long-prompt part run in subprocesses on tiny
+shapes, as a user would run them."""
 
 import re
 import subprocess
@@ -33,6 +34,9 @@ def test_gpu_check_dry_run():
             found = [r for r in measured if r[3] == path and r[4] == granularity]
             assert found, (path, granularity)
             assert all(float(r[-1]) <= 1e-6 for r in found)  # |Σ − Δp|
+    flow = [r for r in measured if r[3:5] == ["flow", "edges"]]
+    assert len(flow) == 2  # float32 and bfloat16, one device
+    assert all(float(r[-1]) <= 1e-6 for r in flow)  # |Σ − Δm|, conservation
     hooked = [r for r in rows if r[:2] == ["cpu", "x2"]]
     assert len(hooked) == len(PATHS) * len(GRANULARITIES)
     assert "total" in done.stdout
@@ -104,3 +108,20 @@ def test_joint_convergence_dry_run():
         if ESTIMATORS[row[0]].exact:
             assert float(row[4]) <= 1e-6  # |Σ − Δp| at any n_steps
     assert {row[5] for row in rows if row[0] == "adaptive"} == {"yes"}
+
+
+@pytest.mark.slow
+def test_flow_long_dry_run():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "flow.py"), "long", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith("tiny, 16 tokens, n_steps 2, qkv yes")
+    assert "1 MiB: 2 path point(s) per forward" in line  # chosen by the budget
+    found = re.search(r"\|Σ-Δm\| (\S+), worst conservation (\S+),", line)
+    assert found and max(float(found[1]), float(found[2])) <= 1e-6

@@ -28,6 +28,23 @@ def _no_model(*args, **kwargs):
         (["--json", "same.json", "--csv", "same.json"], "--csv: the same path as"),
         (["--device", "nonsense"], "--device: expected a torch device"),
         (["--device-map", "auto"], "--device-map: graph runs the model on one"),
+        (
+            ["--corrupt-subject", "France", "--counterfactual", OTHER],
+            "--corrupt-subject: give either --counterfactual or --corrupt-subject",
+        ),
+        (
+            ["--corrupt-subject", "France", "--baseline", "pad"],
+            "--corrupt-subject: give either --baseline",
+        ),
+        (
+            ["--corrupt-subject", "Spain"],
+            "--corrupt-subject: 'Spain' is not in the prompt 'The capital of France",
+        ),
+        (["--corrupt-subject", " "], "--corrupt-subject: expected the subject's"),
+        (
+            ["--corrupt-subject", "France", "--target-kind", "prob_diff"],
+            "--foil: --target-kind prob_diff needs",
+        ),
     ],
 )
 def test_options_checked_before_the_model_loads(
@@ -40,7 +57,15 @@ def test_options_checked_before_the_model_loads(
 
 
 @pytest.mark.parametrize(
-    "extra", [["--n-steps", "0"], ["--keep", "1.5"], ["--target-kind", "kl"]]
+    "extra",
+    [
+        ["--n-steps", "0"],
+        ["--keep", "1.5"],
+        ["--target-kind", "kl"],
+        ["--max-chunk-mib", "0"],
+        ["--internal-batch-size", "0"],
+        ["--noise-seed", "-1"],
+    ],
 )
 def test_argument_types_refused(monkeypatch, capsys, extra):
     monkeypatch.setattr("captum_iglens.hf.models.load_embedded", _no_model)
@@ -99,3 +124,27 @@ def test_counterfactual_of_another_length_is_refused(capsys):
     assert status == 2
     err = capsys.readouterr().err
     assert "counterfactual: 7 tokens, but the prompt has 5" in err
+
+
+@pytest.mark.real_model
+def test_graph_from_the_noised_subject(tmp_path, capsys):
+    out = tmp_path / "g.json"
+    argv = ["graph", PROMPT, "--corrupt-subject", "France", "--n-steps", "1"]
+    status = main([*argv, "--max-chunk-mib", "1", "--quiet", "--json", str(out)])
+    assert status == 0
+    graph = FlowGraph.load(out)
+    assert graph.counterfactual["kind"] == "subject_noise"
+    assert graph.counterfactual["subject"] == "France"
+    noised = graph.counterfactual["positions"]
+    assert [graph.tokens[i] for i in noised] == [" France"]
+    assert graph.completeness_error <= 1e-6 and graph.conservation_error <= 1e-6
+    quiet = [i for i in range(len(graph.tokens)) if i not in noised]
+    assert (graph.input_flows[quiet] == 0).all()
+
+
+@pytest.mark.real_model
+def test_batch_over_the_budget_is_refused(capsys):
+    argv = ["graph", PROMPT, "--counterfactual", OTHER, "--quiet"]
+    status = main([*argv, "--internal-batch-size", "4", "--max-chunk-mib", "1"])
+    assert status == 2
+    assert "--internal-batch-size: 4 path points need about" in capsys.readouterr().err

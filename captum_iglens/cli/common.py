@@ -173,6 +173,23 @@ def names(text: str) -> Tuple[str, ...]:
     return parts
 
 
+def add_budget_options(group: Any, batch: str, budget: str) -> None:
+    r"""``--internal-batch-size`` (what ``batch`` says; default: set by the
+    budget) and ``--max-chunk-mib`` (the memory budget ``budget`` describes,
+    default 256) on an argparse parser or group."""
+    group.add_argument(
+        "--internal-batch-size",
+        type=at_least(1),
+        help=f"{batch} (default: set by --max-chunk-mib)",
+    )
+    group.add_argument(
+        "--max-chunk-mib",
+        type=at_least(1),
+        default=256,
+        help=f"{budget}, in MiB (default: 256)",
+    )
+
+
 def at_least(low: int) -> Callable[[str], int]:
     r"""An argparse type: an int of at least ``low``, checked as the options are
     parsed (before anything is imported or loaded)."""
@@ -317,16 +334,10 @@ def settings_parent(
     _named(
         group, "--path", "attr.paths:PATHS", "telescoping", help=deferred(_path_help)
     )
-    group.add_argument(
-        "--internal-batch-size",
-        type=at_least(1),
-        help="rows through the readout at once (default: set by --max-chunk-mib)",
-    )
-    group.add_argument(
-        "--max-chunk-mib",
-        type=at_least(1),
-        default=256,
-        help="memory budget of one readout chunk, in MiB (default: 256)",
+    add_budget_options(
+        group,
+        "rows through the readout at once",
+        "memory budget of one readout chunk",
     )
     group.add_argument(
         "--chat",

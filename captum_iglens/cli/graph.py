@@ -10,6 +10,8 @@ from captum_iglens.cli.common import (
     Job,
     _device,
     _device_map,
+    add_budget_options,
+    at_least,
     check_outputs,
     model_parent,
     load_model_of,
@@ -17,16 +19,6 @@ from captum_iglens.cli.common import (
     read_prompt,
 )
 from captum_iglens.flow_options import BASELINES, DEFAULT_STEPS, FLOW_METHODS, TARGETS
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
-    return value
 
 
 def _share(text: str) -> float:
@@ -47,20 +39,11 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         help="probability flow: edges between embeddings, heads and MLPs that add "
         "up exactly to the change of the target",
         description="The probability flow from a counterfactual prompt of the same "
-        "token length (or a baseline) to the prompt: edge credits that add up "
+        "token length (or the prompt with its subject noised, or a baseline) to "
+        "the prompt: edge credits that add up "
         "exactly to the change of the target, conserved at every node.",
     )
-    graph.add_argument(
-        "--counterfactual",
-        metavar="TEXT",
-        help="the path's start: a prompt of the same token length (refused otherwise)",
-    )
-    graph.add_argument(
-        "--baseline",
-        choices=BASELINES,
-        help="the path's start without a "
-        "counterfactual: the pad token's or the mean embedding (default: mean)",
-    )
+    _add_start(graph)
     graph.add_argument(
         "--target",
         metavar="TEXT",
@@ -86,7 +69,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     )
     graph.add_argument(
         "--n-steps",
-        type=_positive,
+        type=at_least(1),
         default=DEFAULT_STEPS,
         help=f"steps of the path (default: {DEFAULT_STEPS})",
     )
@@ -107,8 +90,41 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         action="store_true",
         help="keep each edge's flow per sender position (in --json)",
     )
+    add_budget_options(
+        graph,
+        "path points per forward",
+        "memory budget of one forward's path points and of a step's terms (one "
+        "point may exceed it)",
+    )
     _add_outputs(graph)
     graph.set_defaults(prepare=prepare)
+
+
+def _add_start(graph: argparse.ArgumentParser) -> None:
+    """The options that choose the path's start."""
+    graph.add_argument(
+        "--counterfactual",
+        metavar="TEXT",
+        help="the path's start: a prompt of the same token length (refused otherwise)",
+    )
+    graph.add_argument(
+        "--corrupt-subject",
+        metavar="TEXT",
+        help="the path's start: the prompt with ROME's noise (the restoration "
+        "study's) on the tokens of this text's last occurrence in the prompt",
+    )
+    graph.add_argument(
+        "--noise-seed",
+        type=at_least(0),
+        default=0,
+        help="the seed of --corrupt-subject's noise (default: 0)",
+    )
+    graph.add_argument(
+        "--baseline",
+        choices=BASELINES,
+        help="the path's start without a "
+        "counterfactual: the pad token's or the mean embedding (default: mean)",
+    )
 
 
 def _add_outputs(graph: argparse.ArgumentParser) -> None:
@@ -120,7 +136,7 @@ def _add_outputs(graph: argparse.ArgumentParser) -> None:
         help="write only the smallest edge set carrying this share of |flow| (0, 1]",
     )
     graph.add_argument(
-        "--top", type=_positive, default=20, help="edges printed (default: 20)"
+        "--top", type=at_least(1), default=20, help="edges printed (default: 20)"
     )
     graph.add_argument("--json", metavar="PATH", help="write the graph as JSON")
     graph.add_argument("--csv", metavar="PATH", help="write the edge table as CSV")
@@ -141,6 +157,7 @@ def _check(args: argparse.Namespace) -> str:
             raise CommandError(
                 "--baseline: give either --counterfactual or --baseline, not both"
             )
+    _check_subject(args, prompt)
     if (args.target_kind == "prob") != (args.foil is None):
         if args.foil is not None:
             raise CommandError("--foil: --target-kind prob takes no foil")
@@ -160,6 +177,25 @@ def _check(args: argparse.Namespace) -> str:
     return prompt.strip()
 
 
+def _check_subject(args: argparse.Namespace, prompt: str) -> None:
+    """``--corrupt-subject``: one start of the path, found in the prompt."""
+    subject = args.corrupt_subject
+    if subject is None:
+        return
+    for other in ("counterfactual", "baseline"):
+        if getattr(args, other) is not None:
+            raise CommandError(
+                f"--corrupt-subject: give either --{other} or --corrupt-subject, "
+                "not both"
+            )
+    if not subject.strip():
+        raise CommandError("--corrupt-subject: expected the subject's text")
+    if subject not in prompt:
+        raise CommandError(
+            f"--corrupt-subject: {subject!r} is not in the prompt {prompt.strip()!r}"
+        )
+
+
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks every option, loads the model; the job computes the graph,
     prints its largest edges and writes the outputs."""
@@ -168,12 +204,23 @@ def prepare(args: argparse.Namespace) -> Job:
     prompt = _check(args)
     model, tokenizer = load_model_of(args)
     flow = ProbabilityFlow(model, tokenizer)
-    flow.check_prompts(prompt, args.counterfactual)
+    flow.check_prompts(
+        prompt, args.counterfactual, args.corrupt_subject, args.noise_seed
+    )
+    flow.check_budget(
+        prompt,
+        args.n_steps,
+        args.qkv,
+        args.internal_batch_size,
+        args.max_chunk_mib * 2**20,
+    )
 
     def job() -> int:
         graph = flow.attribute(
             prompt,
             counterfactual=args.counterfactual,
+            corrupt_subject=args.corrupt_subject,
+            noise_seed=args.noise_seed,
             baselines=args.baseline or "mean",
             target=args.target,
             target_kind=args.target_kind,
@@ -183,6 +230,8 @@ def prepare(args: argparse.Namespace) -> Job:
             method=args.method,
             qkv=args.qkv,
             per_position=args.per_position,
+            internal_batch_size=args.internal_batch_size,
+            max_chunk_bytes=args.max_chunk_mib * 2**20,
         )
         print(graph.format_table(args.top))
         kept = graph if args.keep is None else graph.prune(args.keep)

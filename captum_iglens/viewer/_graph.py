@@ -63,6 +63,12 @@ def _origin(counterfactual: Dict[str, Any]) -> str:
     kind = counterfactual.get("kind")
     if kind == "prompt":
         return "counterfactual prompt " + repr("".join(counterfactual["tokens"]))
+    if kind == "subject_noise":
+        return (
+            f"the prompt with its subject {counterfactual['subject']!r} noised "
+            f"(ROME, {counterfactual['noise_scale']:g} × the embeddings' std, seed "
+            f"{counterfactual['seed']})"
+        )
     words = {"mean": "mean embeddings", "pad": "pad-token embeddings"}
     return "baseline: " + words.get(str(kind), "a baseline tensor (1, T, d)")
 

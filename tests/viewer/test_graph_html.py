@@ -158,3 +158,20 @@ def test_the_pages_kept_set_is_prunes(which, tiny_flow_graph):
     for keep, count in zip(keeps, counts):
         assert set(names[:count]) == set(graph.prune(keep).edges), keep
     assert len(set(counts)) > 4  # the keeps are not all one set
+
+
+def test_a_noised_subject_says_so():
+    graph = synthetic_graph()
+    graph.counterfactual = {
+        "kind": "subject_noise",
+        "subject": "Mary",
+        "positions": [2],
+        "noise_scale": 3.0,
+        "noise_std": 0.1,
+        "seed": 0,
+    }
+    about = page_data(result_html(graph))["about"]
+    assert about["from"] == (
+        "the prompt with its subject 'Mary' noised (ROME, 3 × the embeddings' std, "
+        "seed 0)"
+    )

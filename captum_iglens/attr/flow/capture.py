@@ -230,8 +230,24 @@ def run_points(
     Returns:
         *PointState*. No hook stays on the model.
     """
-    hooks = _Hooks()
     h0 = first_inputs.detach().clone().requires_grad_(True)
+    m, grad_final, rho, seen = _gradients(parts, input_ids, h0, target, layout)
+    # the forward's graph is freed here, before the writes are gathered
+    return PointState(
+        m=m, grad_final=grad_final, writes=_writes(parts, layout, seen, h0), rho=rho
+    )
+
+
+def _gradients(
+    parts: ModelParts,
+    input_ids: Tensor,
+    h0: Tensor,
+    target: FlowTarget,
+    layout: FlowLayout,
+) -> Tuple[Tensor, Tensor, Tensor, Dict[Tuple[str, int], Tensor]]:
+    """The forward and backward of :func:`run_points`: ``m``, ``∇f``, the
+    receivers' gradients and the detached states the writes are made of."""
+    hooks = _Hooks()
     ids = input_ids.expand(h0.shape[0], -1)
     with torch.enable_grad(), _flow_forward(parts, hooks) as attentions:
         _install(parts, hooks, h0, attentions)
@@ -241,21 +257,19 @@ def run_points(
         seen = hooks.seen
         hooks.remove()
         n = layout.n_layers
-        finals = seen["out", n - 1]
         wanted = (
-            [finals]
+            [seen["out", n - 1]]
             + [r[name] for r in records for name in ("query", "key_rep", "value_rep")]
             + [seen["branch", layer] for layer in range(n)]
         )
         grads = torch.autograd.grad(m.sum(), wanted, retain_graph=True)
         rho = _receiver_gradients(layout, seen, records, attentions, grads[1:])
-    writes = _writes(parts, layout, seen, h0)
-    return PointState(
-        m=m.detach().double(),
-        grad_final=grads[0].detach(),
-        writes=writes,
-        rho=rho,
-    )
+    states = {
+        key: value.detach()
+        for key, value in seen.items()
+        if key[0] in ("heads", "in", "mid", "out")
+    }
+    return m.detach().double(), grads[0].detach(), rho, states
 
 
 def target_logits(parts: ModelParts, ids: Tensor, position: int) -> Tensor:
@@ -278,7 +292,8 @@ def _receiver_gradients(
     """``(P, R, T, d)``: per block, each head's reads (through its query, key
     and value alone), then the MLP's (through the MLP alone)."""
     n = layout.n_layers
-    rows = []
+    rho: Optional[Tensor] = None
+    per_block = layout.n_heads * layout.kinds + 1
     for layer in range(n):
         record = records[layer]
         reads = [record["query"], record["key"], record["value"]]
@@ -292,15 +307,20 @@ def _receiver_gradients(
             names = ("in", "x", *PROJECTIONS)
             mine = {name: seen[name, layer] for name in names}
             per_head = split_head_reads(reads, mine, projections, upstream, layout.qkv)
-        rows.append(per_head.transpose(0, 1))  # (P, H·kinds, T, d)
+        if rho is None:  # (P, R, T, d), filled block by block
+            p, t, d = per_head.shape[1:]
+            rho = per_head.new_empty(p, n * per_block, t, d)
+        first = layer * per_block
+        rho[:, first : first + per_block - 1] = per_head.transpose(0, 1).detach()
         (mlp,) = torch.autograd.grad(
             seen["branch", layer],
             seen["mid", layer],
             grads[3 * n + layer],
             retain_graph=True,
         )
-        rows.append(mlp.unsqueeze(1))
-    return torch.cat(rows, 1).detach()
+        rho[:, first + per_block - 1] = mlp.detach()
+    assert rho is not None
+    return rho
 
 
 @torch.no_grad()
@@ -315,18 +335,19 @@ def _writes(
     value where the family normalises the attention output) and the MLP's
     (the block's output minus the mid-block state)."""
     attn_out = _listed(parts.attn_out)
-    out = [h0.detach().unsqueeze(1)]
+    p, t, d = h0.shape
+    per_block = layout.n_heads + 1
+    out = h0.new_empty(p, 1 + layout.n_layers * per_block, t, d)
+    out[:, 0] = h0.detach()
     for layer in range(layout.n_layers):
-        heads_in = seen["heads", layer].detach()
-        p, t, _ = heads_in.shape
+        heads_in = seen["heads", layer]
         weight = projection_weight(attn_out[layer]).detach()
-        d = weight.shape[0]
         per_head = torch.einsum(
             "pthe,dhe->phtd",
             heads_in.view(p, t, layout.n_heads, -1),
             weight.view(d, layout.n_heads, -1).to(heads_in.dtype),
         )
-        h_in, mid = seen["in", layer].detach(), seen["mid", layer].detach()
+        h_in, mid = seen["in", layer], seen["mid", layer]
         norms = [parts.attn_norm[layer]] if parts.attn_norm else None
         factor = output_factors(
             norms,
@@ -334,6 +355,8 @@ def _writes(
             per_head.sum(1).unsqueeze(2).float(),
             (mid - h_in).unsqueeze(2).float(),
         )
-        out.append(per_head * factor[:, :, 0].unsqueeze(1).to(per_head.dtype))
-        out.append((seen["out", layer].detach() - mid).unsqueeze(1))
-    return torch.cat(out, 1)
+        first = 1 + layer * per_block
+        heads = per_head * factor[:, :, 0].unsqueeze(1).to(per_head.dtype)
+        out[:, first : first + layout.n_heads] = heads
+        out[:, first + layout.n_heads] = seen["out", layer] - mid
+    return out

@@ -13,7 +13,8 @@ from torch import Tensor
 
 from captum_iglens.attr._utils.capture import hidden_of
 from captum_iglens.attr.flow.capture import PointState, run_points
-from captum_iglens.attr.flow.estimator import STEP_RULES, StepTerms
+from captum_iglens.attr.flow.budget import receivers_at_once
+from captum_iglens.attr.flow.estimator import STEP_RULES, StepRule, StepTerms
 from captum_iglens.attr.flow.nodes import FlowLayout
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.hf.parts import ModelParts
@@ -102,16 +103,6 @@ class FlowTotals:
     m: Tensor
 
 
-def _terms(prev: PointState, cur: PointState, i: int, j: int) -> StepTerms:
-    """The first-order terms between point ``i`` of ``prev`` and ``j`` of ``cur``."""
-    rho = (prev.rho[i] + cur.rho[j]) / 2  # (R, T, d)
-    grad = (prev.grad_final[i] + cur.grad_final[j]) / 2  # (T, d)
-    dz = cur.writes[j] - prev.writes[i]  # (S, T, d)
-    edges = torch.einsum("rtd,std->rst", rho, dz).double()
-    direct = torch.einsum("td,std->st", grad, dz).double()
-    return StepTerms(edges, direct, float(cur.m[j] - prev.m[i]))
-
-
 def flow_totals(
     parts: ModelParts,
     input_ids: Tensor,
@@ -123,10 +114,17 @@ def flow_totals(
     method: str,
     per_position: bool,
     internal_batch_size: int,
+    max_chunk_bytes: int,
 ) -> FlowTotals:
     r"""
     The edge flows along the straight path of the first block's input from
     ``base_inputs`` to the prompt's, on ``n_steps`` equal steps.
+
+    Memory: one forward's points (``internal_batch_size``, chosen by
+    :func:`~captum_iglens.attr.flow.budget.points_at_once`), the previous
+    point's state, and a step's terms computed for a group of receivers at a
+    time within ``max_chunk_bytes``; with ``per_position`` also the graph's
+    ``(R, S, T)`` float64 flows.
 
     Args:
         parts (ModelParts): The model's parts (:func:`check_flow_parts`).
@@ -141,15 +139,20 @@ def flow_totals(
                     (:mod:`~captum_iglens.attr.flow.estimator`).
         per_position (bool): Keep every edge per sender position.
         internal_batch_size (int): Grid points per forward.
+        max_chunk_bytes (int): The budget of a step's terms.
 
     Returns:
         *FlowTotals*.
     """
-    step = STEP_RULES[method]
-    allowed = layout.allowed()
     prompt_inputs = first_block_inputs(parts, input_ids)
+    _, length, width = prompt_inputs.shape
+    stepper = _Stepper(
+        STEP_RULES[method],
+        layout,
+        receivers_at_once(layout, length, width, max_chunk_bytes),
+        per_position,
+    )
     alphas = torch.linspace(0, 1, n_steps + 1, dtype=torch.float64)
-    totals: Optional[FlowTotals] = None
     prev: Optional[PointState] = None
     values: List[Tensor] = []
     for start in range(0, n_steps + 1, internal_batch_size):
@@ -160,37 +163,85 @@ def flow_totals(
         values.append(cur.m)
         for j in range(len(a)):
             if prev is not None:
-                edges, direct = step(_terms(prev, cur, -1, j), layout, allowed)
-                totals = _add(totals, edges, direct, per_position)
+                stepper.add(prev, cur, j)
             prev = _point(cur, j)
-    assert totals is not None  # n_steps >= 1
-    totals.m = torch.cat(values)
-    return totals
+        del cur, points  # freed before the next forward
+    assert stepper.totals is not None  # n_steps >= 1
+    stepper.totals.m = torch.cat(values)
+    return stepper.totals
+
+
+class _Stepper:
+    """Adds the flows of each step to the totals, a group of receivers' terms
+    at a time."""
+
+    def __init__(
+        self, rule: StepRule, layout: FlowLayout, rows: int, per_position: bool
+    ) -> None:
+        self.rule, self.layout, self.rows = rule, layout, rows
+        self.per_position = per_position
+        self.allowed = layout.allowed()
+        self.totals: Optional[FlowTotals] = None
+
+    def add(self, prev: PointState, cur: PointState, j: int) -> None:
+        r"""Adds the step from ``prev`` (one point) to point ``j`` of ``cur``."""
+        work = torch.promote_types(cur.writes.dtype, torch.float32)
+        dz = cur.writes[j].to(work) - prev.writes[0].to(work)  # (S, T, d)
+        grad = (cur.grad_final[j].to(work) + prev.grad_final[0].to(work)) / 2
+        direct = torch.einsum("td,std->st", grad, dz).double()
+        n_receivers, (n_senders, length, _) = cur.rho.shape[1], dz.shape
+        sums = torch.zeros(n_receivers, n_senders, dtype=torch.float64)
+        inputs = torch.zeros(n_receivers, length, dtype=torch.float64)
+        kept = (
+            torch.zeros(n_receivers, n_senders, length, dtype=torch.float64)
+            if self.per_position
+            else None
+        )
+        for first in range(0, n_receivers, self.rows):
+            rows = slice(first, first + self.rows)
+            rho = (cur.rho[j, rows].to(work) + prev.rho[0, rows].to(work)) / 2
+            terms = torch.einsum("rtd,std->rst", rho, dz)  # (r, S, T)
+            sums[rows] = terms.sum(-1, dtype=torch.float64).cpu()
+            inputs[rows] = terms[:, 0].double().cpu()
+            if kept is not None:
+                kept[rows] = terms.double().cpu()
+        step = StepTerms(sums, direct.cpu(), float(cur.m[j] - prev.m[0]))
+        edges, direct = self.rule.split(step, self.layout, self.allowed)
+        by_position = None
+        if kept is not None:
+            for first in range(0, n_receivers, self.rows):
+                rows = slice(first, first + self.rows)
+                kept[rows] = self.rule.positions(edges[rows], kept[rows])
+            by_position = kept
+        input_edges = self.rule.positions(edges[:, 0], inputs)
+        self._accumulate(edges, direct, input_edges, by_position)
+
+    def _accumulate(
+        self,
+        edges: Tensor,
+        direct: Tensor,
+        input_edges: Tensor,
+        by_position: Optional[Tensor],
+    ) -> None:
+        if self.totals is None:
+            self.totals = FlowTotals(
+                edges, direct, input_edges, by_position, torch.zeros(0)
+            )
+            return
+        totals = self.totals
+        totals.edges += edges
+        totals.direct += direct
+        totals.input_edges += input_edges
+        if totals.by_position is not None:
+            assert by_position is not None
+            totals.by_position += by_position
 
 
 def _point(state: PointState, j: int) -> PointState:
+    """Point ``j`` of ``state``, copied so that the batch can be freed."""
     return PointState(
-        state.m[j : j + 1],
-        state.grad_final[j : j + 1],
-        state.writes[j : j + 1],
-        state.rho[j : j + 1],
+        state.m[j : j + 1].clone(),
+        state.grad_final[j : j + 1].clone(),
+        state.writes[j : j + 1].clone(),
+        state.rho[j : j + 1].clone(),
     )
-
-
-def _add(
-    totals: Optional[FlowTotals], edges: Tensor, direct: Tensor, per_position: bool
-) -> FlowTotals:
-    if totals is None:
-        return FlowTotals(
-            edges=edges.sum(-1),
-            direct=direct.clone(),
-            input_edges=edges[:, 0].clone(),
-            by_position=edges.clone() if per_position else None,
-            m=torch.zeros(0),
-        )
-    totals.edges += edges.sum(-1)
-    totals.direct += direct
-    totals.input_edges += edges[:, 0]
-    if totals.by_position is not None:
-        totals.by_position += edges
-    return totals

@@ -32,7 +32,7 @@ shrink ``A − Σ t → 0``, so the flows converge to the integrals.
 """
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Callable, NamedTuple, Tuple
 
 import torch
 from torch import Tensor
@@ -71,7 +71,8 @@ class StepTerms:
     The first-order terms of one step.
 
     Args:
-        edges (Tensor): ``(R, S, T)`` float64: ``ρ̄_w · δz_u`` per position.
+        edges (Tensor): ``(R, S)`` float64: ``ρ̄_w · δz_u`` summed over the
+                    positions.
         direct (Tensor): ``(S, T)`` float64: ``∇̄f · δz_u`` per position.
         dm (float): The step's observed change of the target, ``δm``.
     """
@@ -94,10 +95,11 @@ def exact_step(
                     (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.allowed`).
 
     Returns:
-        2-element tuple of **edges** ``(R, S, T)`` and **direct** ``(S, T)``
-        float64: the step's flows, per sender position.
+        2-element tuple of **edges** ``(R, S)`` (summed over the positions;
+        :func:`exact_positions` splits them) and **direct** ``(S, T)`` float64:
+        the step's flows.
     """
-    edge_sums, direct_sums = terms.edges.sum(-1), terms.direct.sum(-1)
+    edge_sums, direct_sums = terms.edges, terms.direct.sum(-1)
     everyone = torch.ones_like(direct_sums, dtype=torch.bool)
     out = allocate(torch.tensor(terms.dm, dtype=torch.float64), direct_sums, everyone)
     outflow = out.clone()
@@ -112,9 +114,23 @@ def exact_step(
         split = allocate(outflow[owner[heads]][::k], pooled, mask)
         edges[heads] = split.reshape(n * k, -1)
         outflow += edges[heads].sum(0)
-    anywhere = torch.ones(terms.direct.shape[-1], dtype=torch.bool)
-    per_position = allocate(edges, terms.edges, anywhere)
-    return per_position, allocate(out, terms.direct, anywhere)
+    return edges, exact_positions(out, terms.direct)
+
+
+def exact_positions(flows: Tensor, terms: Tensor) -> Tensor:
+    r"""
+    The exact split of summed flows over the sender's positions.
+
+    Args:
+        flows (Tensor): ``(...)`` float64: the step's flows.
+        terms (Tensor): ``(..., T)`` float64: their first-order terms per
+                    position.
+
+    Returns:
+        *Tensor* ``(..., T)`` float64 that adds up to ``flows``.
+    """
+    anywhere = torch.ones(terms.shape[-1], dtype=torch.bool, device=terms.device)
+    return allocate(flows, terms, anywhere)
 
 
 def plain_step(
@@ -122,9 +138,32 @@ def plain_step(
 ) -> Tuple[Tensor, Tensor]:
     r"""The plain split of one step: the first-order terms themselves (same
     arguments and returns as :func:`exact_step`)."""
-    return terms.edges * allowed.unsqueeze(-1), terms.direct
+    return terms.edges * allowed, terms.direct
+
+
+def plain_positions(flows: Tensor, terms: Tensor) -> Tensor:
+    r"""The plain flows per position: the terms themselves (same arguments and
+    returns as :func:`exact_positions`)."""
+    return terms
+
+
+class StepRule(NamedTuple):
+    r"""
+    A flow method's rule for one step.
+
+    Args:
+        split (Callable): The step's flows from its terms (:func:`exact_step`).
+        positions (Callable): Summed flows split over the sender's positions
+                    (:func:`exact_positions`).
+    """
+
+    split: Callable[[StepTerms, FlowLayout, Tensor], Tuple[Tensor, Tensor]]
+    positions: Callable[[Tensor, Tensor], Tensor]
 
 
 #: Each flow method's step rule, by the name ``method=`` takes
 #: (:data:`~captum_iglens.flow_options.FLOW_METHODS`).
-STEP_RULES = {"prediction_aware": exact_step, "riemann_trapezoid": plain_step}
+STEP_RULES = {
+    "prediction_aware": StepRule(exact_step, exact_positions),
+    "riemann_trapezoid": StepRule(plain_step, plain_positions),
+}

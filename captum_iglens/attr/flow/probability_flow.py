@@ -10,6 +10,8 @@ from typing import Any, Optional, Union, cast
 import torch
 from torch import Tensor
 
+from captum_iglens.attr.flow.budget import point_bytes, points_at_once
+from captum_iglens.attr.subject_noise import NOISE_SCALE
 from captum_iglens.attr.flow.capture import target_logits
 from captum_iglens.attr.flow.engine import (
     FlowTotals,
@@ -18,6 +20,7 @@ from captum_iglens.attr.flow.engine import (
     flow_totals,
 )
 from captum_iglens.attr.flow.nodes import LOGITS, FlowLayout, edge_name
+from captum_iglens.attr.flow.subject_start import noised_start, subject_positions
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.flow_graph import FlowGraph
 from captum_iglens.flow_options import BASELINES, DEFAULT_STEPS, FLOW_METHODS, TARGETS
@@ -76,6 +79,8 @@ class ProbabilityFlow:
         inputs: Prompt,
         *,
         counterfactual: Optional[Prompt] = None,
+        corrupt_subject: Optional[str] = None,
+        noise_seed: int = 0,
         baselines: Union[str, Tensor] = "mean",
         target: TokenSpec = None,
         target_kind: str = "prob",
@@ -85,7 +90,8 @@ class ProbabilityFlow:
         method: str = "prediction_aware",
         qkv: bool = False,
         per_position: bool = False,
-        internal_batch_size: int = 8,
+        internal_batch_size: Optional[int] = None,
+        max_chunk_bytes: int = 256 * 2**20,
     ) -> FlowGraph:
         r"""
         Args:
@@ -93,6 +99,16 @@ class ProbabilityFlow:
                         token ids ``(1, T)``.
             counterfactual (str or Tensor, optional): The path's start: a
                         prompt of the same token length ``T``. Default: None
+            corrupt_subject (str, optional): The path's start instead of a
+                        counterfactual: the prompt with ROME's noise (the
+                        restoration study's: Gaussian, of
+                        :data:`~captum_iglens.attr.subject_noise.NOISE_SCALE`
+                        times the embeddings' standard deviation) added to the
+                        embeddings of the tokens that overlap the last
+                        occurrence of this text in the prompt (text prompts
+                        only). ``baselines`` is then not used. Default: None
+            noise_seed (int, optional): The seed of ``corrupt_subject``'s
+                        draw (the study's first draw is seed 0). Default: 0
             baselines (str or Tensor, optional): The path's start where there
                         is no counterfactual: ``"pad"`` (the pad token's
                         embedding), ``"mean"`` (the embedding module's mean
@@ -121,8 +137,15 @@ class ProbabilityFlow:
                         key and value reads. Default: False
             per_position (bool, optional): Keep each edge's flow by its
                         sender's position. Default: False
-            internal_batch_size (int, optional): Path points per forward.
-                        Default: 8
+            internal_batch_size (int, optional): Path points per forward;
+                        more than one must fit ``max_chunk_bytes``. Default:
+                        None (as many as fit it)
+            max_chunk_bytes (int, optional): The memory budget of one
+                        forward's path points (each holds every node's write
+                        and every receiver's gradient, ``(S + R) · T · d``, and
+                        the forward's activations; one point may exceed it)
+                        and of a step's terms. Default: 256 MiB, the layer
+                        maps' readout chunk
 
         Returns:
             *FlowGraph*.
@@ -134,28 +157,37 @@ class ProbabilityFlow:
         ids = self._ids(inputs, "inputs")
         length = ids.shape[1]
         start = self._start(counterfactual, baselines, length)
+        subject = self._subject(inputs, corrupt_subject, counterfactual, noise_seed)
         position = _position(position, length)
         _check_settings(
-            target_kind, n_steps, method, qkv, per_position, internal_batch_size
+            target_kind,
+            n_steps,
+            method,
+            qkv,
+            per_position,
+            internal_batch_size,
+            max_chunk_bytes,
         )
+        batch = self.check_budget(
+            ids, n_steps, qkv, internal_batch_size, max_chunk_bytes
+        )
+        layout = FlowLayout(len(self.parts.blocks), self.n_heads, qkv)
         token = self._token(target, "target")
         foil_id = self._token(foil, "foil")
-        prompt_start = isinstance(start, Tensor) and not start.is_floating_point()
-        if target_kind == "prob" and foil_id is not None:
-            raise ValueError("foil: target_kind 'prob' takes no foil")
-        if target_kind != "prob" and foil_id is None and not prompt_start:
-            raise ValueError(
-                f"foil: target_kind {target_kind!r} needs a foil token, or a "
-                "counterfactual prompt whose prediction is the foil"
+        _check_foil(target_kind, foil_id, start)
+        if subject is None:
+            base, origin = self._base_inputs(ids, start), self._origin(start)
+        else:
+            base, origin = noised_start(
+                self.parts, ids, subject, NOISE_SCALE, noise_seed
             )
-        base = self._base_inputs(ids, start)
+            origin["subject"] = corrupt_subject
         if token is None:
             token = self._greedy(ids, position)
         if foil_id is None and target_kind != "prob":
             assert isinstance(start, Tensor)
             foil_id = self._greedy(start, position)
         goal = FlowTarget(target_kind, token, position, foil_id)
-        layout = FlowLayout(len(self.parts.blocks), self.n_heads, qkv)
         totals = flow_totals(
             self.parts,
             ids,
@@ -165,7 +197,8 @@ class ProbabilityFlow:
             n_steps=n_steps,
             method=method,
             per_position=per_position,
-            internal_batch_size=internal_batch_size,
+            internal_batch_size=batch,
+            max_chunk_bytes=max_chunk_bytes,
         )
         settings = dict(
             method=method,
@@ -178,25 +211,77 @@ class ProbabilityFlow:
             model=getattr(self.parts.model.config, "_name_or_path", "") or "",
             target_text=self._describe(goal),
         )
-        return build_graph(
-            totals, layout, self._texts(ids), self._origin(start), settings
-        )
+        return build_graph(totals, layout, self._texts(ids), origin, settings)
 
     # ------------------------------------------------------------ arguments
 
     def check_prompts(
-        self, inputs: Prompt, counterfactual: Optional[Prompt] = None
+        self,
+        inputs: Prompt,
+        counterfactual: Optional[Prompt] = None,
+        corrupt_subject: Optional[str] = None,
+        noise_seed: int = 0,
     ) -> None:
         r"""
-        Checks a prompt and its counterfactual as :meth:`attribute` does (token
-        ids in the vocabulary, one sequence, equal token lengths), without
-        running the model.
+        Checks a prompt and the path's start as :meth:`attribute` does (token
+        ids in the vocabulary, one sequence, equal token lengths, the subject
+        in the prompt), without running the model.
 
         Raises:
-            ValueError: Naming ``inputs`` or ``counterfactual``.
+            ValueError: Naming ``inputs``, ``counterfactual``,
+                ``corrupt_subject`` or ``noise_seed``.
+            TypeError: Naming ``noise_seed``.
         """
         length = self._ids(inputs, "inputs").shape[1]
         self._start(counterfactual, "mean", length)
+        self._subject(inputs, corrupt_subject, counterfactual, noise_seed)
+
+    def check_budget(
+        self,
+        inputs: Prompt,
+        n_steps: int = DEFAULT_STEPS,
+        qkv: bool = False,
+        internal_batch_size: Optional[int] = None,
+        max_chunk_bytes: int = 256 * 2**20,
+    ) -> int:
+        r"""
+        The path points of one forward of :meth:`attribute`, from the memory
+        budget (:mod:`~captum_iglens.attr.flow.budget`), without running the
+        model.
+
+        Returns:
+            *int*.
+
+        Raises:
+            ValueError: If ``internal_batch_size`` points (more than one) do not
+                fit ``max_chunk_bytes``.
+        """
+        length = self._ids(inputs, "inputs").shape[1]
+        layout = FlowLayout(len(self.parts.blocks), self.n_heads, qkv)
+        point = point_bytes(self.parts, layout, length)
+        return points_at_once(point, n_steps + 1, internal_batch_size, max_chunk_bytes)
+
+    def _subject(
+        self,
+        inputs: Prompt,
+        subject: Optional[str],
+        counterfactual: Optional[Prompt],
+        seed: int,
+    ) -> Optional[Tensor]:
+        """The positions ``corrupt_subject`` noises, checked; None without it."""
+        if subject is None:
+            return None
+        if counterfactual is not None:
+            raise ValueError(
+                "corrupt_subject: give either counterfactual or corrupt_subject, "
+                "not both"
+            )
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"noise_seed: expected an int, got {type(seed).__name__}")
+        if seed < 0:
+            raise ValueError(f"noise_seed: expected an int >= 0, got {seed}")
+        length = self._ids(inputs, "inputs").shape[1]
+        return subject_positions(self.tokenizer, inputs, subject, length)
 
     def _ids(self, prompt: Prompt, name: str) -> Tensor:
         if isinstance(prompt, str):
@@ -377,13 +462,27 @@ def _position(position: int, length: int) -> int:
     return position % length
 
 
+def _check_foil(
+    target_kind: str, foil: Optional[int], start: Union[str, Tensor]
+) -> None:
+    prompt_start = isinstance(start, Tensor) and not start.is_floating_point()
+    if target_kind == "prob" and foil is not None:
+        raise ValueError("foil: target_kind 'prob' takes no foil")
+    if target_kind != "prob" and foil is None and not prompt_start:
+        raise ValueError(
+            f"foil: target_kind {target_kind!r} needs a foil token, or a "
+            "counterfactual prompt whose prediction is the foil"
+        )
+
+
 def _check_settings(
     target_kind: str,
     n_steps: int,
     method: str,
     qkv: bool,
     per_position: bool,
-    batch: int,
+    batch: Optional[int],
+    max_chunk_bytes: int,
 ) -> None:
     if target_kind not in TARGETS:
         raise ValueError(f"target_kind: expected one of {TARGETS}, got {target_kind!r}")
@@ -394,8 +493,16 @@ def _check_settings(
     for name, flag in (("qkv", qkv), ("per_position", per_position)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name}: expected a bool, got {flag!r}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"internal_batch_size: expected an int >= 1, got {batch!r}")
+    if batch is not None:
+        _check_count("internal_batch_size", batch)
+    _check_count("max_chunk_bytes", max_chunk_bytes)
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
 
 
 def build_graph(

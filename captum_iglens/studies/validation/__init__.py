@@ -15,10 +15,10 @@ if TYPE_CHECKING:
     from captum_iglens.studies.validation.ablation_study import run_validation
     from captum_iglens.studies.validation.facts import Fact, load_facts
     from captum_iglens.studies.validation.plot import plot_restoration, plot_validation
+    from captum_iglens.attr.subject_noise import embedding_std
     from captum_iglens.studies.validation.restoration import (
         CORRUPTIONS,
         Restoration,
-        embedding_std,
         restore,
     )
     from captum_iglens.studies.validation.restoration_study import run_restoration
@@ -45,7 +45,7 @@ __getattr__, __dir__ = lazy_exports(
         "plot_validation": "captum_iglens.studies.validation.plot",
         "CORRUPTIONS": "captum_iglens.studies.validation.restoration",
         "Restoration": "captum_iglens.studies.validation.restoration",
-        "embedding_std": "captum_iglens.studies.validation.restoration",
+        "embedding_std": "captum_iglens.attr.subject_noise",
         "restore": "captum_iglens.studies.validation.restoration",
         "run_restoration": "captum_iglens.studies.validation.restoration_study",
         "RestorationResult": "captum_iglens.studies.validation.result",

@@ -3,8 +3,8 @@ Causal tracing at the attributed position (restoration, in the style of Meng et
 al. 2022): corrupt the prompt, then restore the clean residual state ``h_L`` of one
 block at the attributed position only and run the rest of the model.
 
-- :func:`embedding_std`: the standard deviation of the input embeddings over the
-  vocabulary, the scale of the noise.
+- the noise: :mod:`captum_iglens.attr.subject_noise` (shared with the
+  probability flow's ``corrupt_subject``).
 - :func:`restore`: the clean, corrupted and restored probabilities of each target,
   for every chosen block, with the corrupted and restored forwards stacked along
   the batch.
@@ -29,6 +29,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.capture import hidden_of
+from captum_iglens.attr.subject_noise import noise_draw
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.forward import position_ids_from_mask
 from captum_iglens.hf.parts import ModelParts
@@ -67,37 +68,6 @@ class Restoration:
         infinite where the corruption leaves ``p`` unchanged)."""
         gap = (self.clean - self.corrupt)[:, None]
         return (self.restored - self.corrupt[:, None]) / gap
-
-
-@torch.no_grad()
-def embedding_std(model: Module, chunk: int = 16384) -> float:
-    r"""
-    The standard deviation of the input embeddings over the whole vocabulary, as
-    the embedding module returns them (after any scaling it applies, as Gemma's
-    does), over all ids and coordinates.
-
-    Args:
-
-        model (PreTrainedModel): A causal LM.
-        chunk (int, optional): Ids embedded at a time. Default: 16384.
-
-    Returns:
-        *float*.
-    """
-    embed = cast(Any, model).get_input_embeddings()
-    vocab = embed.weight.shape[0]
-    device = embed.weight.device
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    squares = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
-    for start in range(0, vocab, chunk):
-        ids = torch.arange(start, min(vocab, start + chunk), device=device)
-        values = embed(ids[None]).double()
-        total += values.sum()
-        squares += (values * values).sum()
-        count += values.numel()
-    mean = total / count
-    return float(((squares / count - mean * mean) * count / (count - 1)).sqrt())
 
 
 def restore(
@@ -145,7 +115,8 @@ def restore(
                     position.
         subject_mask (Tensor, optional): ``(B, T)`` bool: the tokens to noise.
         noise_std (float, optional): The noise's standard deviation, e.g. three
-                    times :func:`embedding_std`.
+                    times
+                    :func:`~captum_iglens.attr.subject_noise.embedding_std`.
         seeds (list[int], optional): One noise draw per seed. Default: (0, 1, 2).
         corrupted_ids (Tensor, optional): ``(B, T)`` token ids of the corrupted
                     prompts, with the same mask.
@@ -173,7 +144,7 @@ def restore(
         assert subject_mask is not None and noise_std is not None
         width = embed.weight.shape[1]
         draws = [
-            _noise_draw(mask, subject_mask, seed, width, noise_std).to(device)
+            noise_draw(mask, subject_mask, seed, width, noise_std).to(device)
             for seed in seeds
         ]
     corrupt_ids = ids if corrupted_ids is None else corrupted_ids.to(device)
@@ -223,21 +194,6 @@ def _check_corruption(
             "subject_mask: the last position is the one restored; it must not be noised"
         )
     return noise
-
-
-def _noise_draw(
-    mask: Tensor, subject_mask: Tensor, seed: int, width: int, noise_std: float
-) -> Tensor:
-    r"""``(B, T, d)``: one seed's noise on the subject's embeddings. Each sequence
-    draws its own noise over its real tokens, so that the noise does not depend on
-    the batch it is traced in."""
-    batch, length = mask.shape
-    draw = torch.zeros(batch, length, width)
-    for b, n in enumerate(mask.sum(-1).tolist()):
-        generator = torch.Generator().manual_seed(int(seed))
-        draw[b, length - n :] = torch.randn(n, width, generator=generator)
-    where = subject_mask.to(device=draw.device, dtype=draw.dtype)[..., None]
-    return draw * noise_std * where
 
 
 class _Tracer:

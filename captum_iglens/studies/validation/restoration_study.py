@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens._utils.tokens import decode_tokens
+from captum_iglens.attr.subject_noise import embedding_std, subject_mask
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.hf.parts import ModelParts
@@ -28,7 +29,6 @@ from captum_iglens.studies.validation.facts import Fact
 from captum_iglens.studies.validation.restoration import (
     CORRUPTIONS,
     Restoration,
-    embedding_std,
     restore,
 )
 from captum_iglens.studies.validation.result import RestorationResult
@@ -143,7 +143,8 @@ def run_restoration(
     probability is traced
     (:func:`~captum_iglens.studies.validation.restoration.restore`) under two
     corruptions: Gaussian noise on the subject's embeddings
-    (``study.noise_scale`` times :func:`embedding_std`, ``study.noise_seeds``
+    (``study.noise_scale`` times
+    :func:`~captum_iglens.attr.subject_noise.embedding_std`, ``study.noise_seeds``
     draws), and a counterfactual subject of the same token length from the same
     relation (the next such fact in file order whose subject differs). The
     recovery ``r(L)`` of restoring block ``L``'s output at the last position
@@ -429,11 +430,9 @@ def _subject_tokens(tokenizer: Any, fact: Fact) -> Tuple[Tensor, Tensor]:
     """The prompt's ids (as :func:`encode_prompt` without chat) and a ``(T,)``
     bool mask of the tokens that overlap the subject's characters."""
     ids = encode_prompt(tokenizer, fact.prompt, chat=False)[0]
-    offsets = tokenizer(fact.prompt, return_offsets_mapping=True)["offset_mapping"]
-    if len(offsets) != len(ids):
-        raise ValueError(f"tokenizer: offsets of {fact.prompt!r} do not match its ids")
-    start, end = fact.subject_span()  # type: ignore[misc]
-    where = torch.tensor([a < end and b > start and b > a for a, b in offsets])
+    span = fact.subject_span()
+    assert span is not None  # the study keeps facts with a subject
+    where = subject_mask(tokenizer, fact.prompt, span, len(ids))
     if not where.any():
         raise ValueError(f"tokenizer: no token covers the subject of {fact.id}")
     return ids, where

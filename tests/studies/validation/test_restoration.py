@@ -4,7 +4,8 @@
 import pytest
 import torch
 
-from captum_iglens.studies.validation.restoration import embedding_std, restore
+from captum_iglens.attr.subject_noise import embedding_std
+from captum_iglens.studies.validation.restoration import restore
 from tests.helpers import (
     assert_state_unchanged,
     hook_snapshot,
