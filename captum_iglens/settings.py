@@ -7,7 +7,7 @@ is added in one place.
 """
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import captum
 import torch
@@ -15,9 +15,6 @@ import transformers
 
 from captum_iglens.hf.positions import POSITIONS, Positions
 from captum_iglens.version import __version__
-
-if TYPE_CHECKING:
-    from captum_iglens.attr._utils.checks import Granularity
 
 #: A baseline that can be written down; None (``h_0``), ``"mean"`` or a number.
 SettingsBaseline = Union[None, float, str]
@@ -84,7 +81,7 @@ class Settings:
     baselines: SettingsBaseline = None
     method: Optional[str] = None
     n_steps: Optional[int] = None
-    granularity: "Granularity" = "block"
+    granularity: str = "block"
     path: str = "telescoping"
     internal_batch_size: Optional[int] = None
     max_chunk_bytes: int = 256 * 2**20

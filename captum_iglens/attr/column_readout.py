@@ -49,7 +49,7 @@ class ColumnReadout(ABC):
 
     Args:
 
-        shape (PathGranularity): The granularity.
+        granularity (PathGranularity): The granularity.
         readout (PathReadout): What the integrations read through.
         record (dict): :func:`readout_record` of the lens's readout.
         along (IntegrationPath): How the path points are joined.
@@ -57,12 +57,12 @@ class ColumnReadout(ABC):
 
     def __init__(
         self,
-        shape: PathGranularity,
+        granularity: PathGranularity,
         readout: PathReadout,
         record: Dict[str, Optional[str]],
         along: IntegrationPath,
     ) -> None:
-        self.shape = shape
+        self.granularity = granularity
         self.readout = readout
         self.record = record
         self.along = along
@@ -140,9 +140,11 @@ class OneReadout(ColumnReadout):
     ) -> ReadoutSplit:
         values, views = path_levels(self.readout, path, integration.chunk_rows, top_k)
         errors: List[Tensor] = []
-        credits = self.shape.credits(replace(integration, errors=errors), path, values)
-        levels = self.shape.levels(path, values)
-        views = None if views is None else column_views(self.shape, path, views)
+        credits = self.granularity.credits(
+            replace(integration, errors=errors), path, values
+        )
+        levels = self.granularity.levels(path, values)
+        views = None if views is None else column_views(self.granularity, path, views)
         # the error estimates of a map whose columns are the path's segments
         known = errors[0].view_as(credits) if len(errors) == 1 else None
         return ReadoutSplit(levels, credits, None, views, known)
@@ -150,7 +152,7 @@ class OneReadout(ColumnReadout):
     def attributions(
         self, integration: Integration, path: TracedPath
     ) -> Tuple[Tensor, DeltaOf]:
-        attrs = self.shape.attributions(integration, path)
+        attrs = self.granularity.attributions(integration, path)
         return attrs, lambda credits: self.delta(path, credits, integration.chunk_rows)
 
     def delta(self, path: TracedPath, credits: Tensor, chunk_rows: int) -> Tensor:
@@ -188,13 +190,13 @@ class LensChange(ColumnReadout):
 
     def __init__(
         self,
-        shape: PathGranularity,
+        granularity: PathGranularity,
         readout: LayerwiseReadout,
         record: Dict[str, Optional[str]],
         along: IntegrationPath,
         route: ReadoutPlan,
     ) -> None:
-        super().__init__(shape, readout, record, along)
+        super().__init__(granularity, readout, record, along)
         self.route = route
 
     def map(
@@ -230,8 +232,8 @@ class LensChange(ColumnReadout):
         """The block and lens parts of the columns: columns that are segments
         (:func:`split_map`, :func:`split_attributions`) or components of
         segments (:func:`split_components`)."""
-        shape, route = self.shape, self.route
-        if shape.column_blocks() is not None:
+        granularity, route = self.granularity, self.route
+        if granularity.column_blocks() is not None:
             if integration.per_dimension:
                 return split_attributions(integration, path, route)
             return split_map(integration, path, route, top_k)
@@ -239,28 +241,34 @@ class LensChange(ColumnReadout):
             integration,
             path,
             route,
-            shape.column_segments(len(path.names)),
-            lambda segments, ends: shape.component_columns(segments, path, ends),
+            granularity.column_segments(len(path.names)),
+            lambda segments, ends: granularity.component_columns(segments, path, ends),
             top_k,
         )
-        views = None if split.views is None else column_views(shape, path, split.views)
-        return replace(split, levels=shape.levels(path, split.levels), views=views)
+        views = (
+            None
+            if split.views is None
+            else column_views(granularity, path, split.views)
+        )
+        return replace(
+            split, levels=granularity.levels(path, split.levels), views=views
+        )
 
 
 def column_readout(
     readout: LayerwiseReadout,
     layers: Sequence[Module],
-    shape: PathGranularity,
+    granularity: PathGranularity,
     along: IntegrationPath,
 ) -> ColumnReadout:
     r"""
-    How ``shape``'s columns on the path through ``layers`` are read.
+    How ``granularity``'s columns on the path through ``layers`` are read.
 
     Args:
 
         readout (LayerwiseReadout): The lens's readout.
         layers (list[Module]): The chosen blocks.
-        shape (PathGranularity): The granularity.
+        granularity (PathGranularity): The granularity.
         along (IntegrationPath): How the path points are joined.
 
     Returns:
@@ -270,25 +278,27 @@ def column_readout(
         identity), else :class:`LensChange`.
 
     Raises:
-        ValueError: If the readouts along the path differ and ``shape``'s
+        ValueError: If the readouts along the path differ and ``granularity``'s
             columns cannot be split by block, or ``along`` cannot integrate
             them.
     """
     record = readout_record(readout)
     if one_readout(readout, layers):
-        return OneReadout(shape, readout.base, record, along)
-    check_learned_readout(shape.name, readout.kind)
+        return OneReadout(granularity, readout.base, record, along)
+    check_learned_readout(granularity.name, readout.kind)
     if not along.learned_readout:
         raise ValueError(
             f"path: {along.name!r} is not available with a learned readout per "
             "layer that differs along the path; use path='telescoping', or the "
             "logit readout"
         )
-    blocks = shape.column_blocks()
+    blocks = granularity.column_blocks()
     if blocks is None:
-        blocks = shape.segment_blocks()
+        blocks = granularity.segment_blocks()
     assert blocks is not None  # granularities with learned_readout have them
-    return LensChange(shape, readout, record, along, plan(readout, layers, blocks))
+    return LensChange(
+        granularity, readout, record, along, plan(readout, layers, blocks)
+    )
 
 
 def learned_delta(
@@ -331,7 +341,7 @@ def _lens(split: ReadoutSplit) -> Tensor:
     return split.lens
 
 
-def column_views(shape: PathGranularity, path: TracedPath, views: Views) -> Views:
+def column_views(granularity: PathGranularity, path: TracedPath, views: Views) -> Views:
     r"""
     The views of the path points ``(B, P, K)`` (points ``1 .. K``) as the views
     of the credit columns ``(B, P, n)``: each column shows the distribution of
@@ -341,7 +351,7 @@ def column_views(shape: PathGranularity, path: TracedPath, views: Views) -> View
     """
     b, p, k_plus_1 = path.points.shape[:3]
     index = torch.arange(k_plus_1, device=views.rank.device).expand(b, p, k_plus_1)
-    point = shape.levels(path, index)[0, 0, 1:].to(views.rank.device)
+    point = granularity.levels(path, index)[0, 0, 1:].to(views.rank.device)
     return views[:, :, point - 1]
 
 

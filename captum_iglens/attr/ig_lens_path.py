@@ -15,7 +15,6 @@ from torch.nn import Module
 from captum_iglens.attr._utils.block_parts import BlockParts
 from captum_iglens.attr._utils.checks import (
     BaselineType,
-    Granularity,
     PositionsType,
     check_settings,
 )
@@ -44,7 +43,7 @@ class IGLensPath:
     sublayers: Optional[List[Module]]
     block_parts: Optional[BlockParts]
 
-    def segment_names(self, granularity: Granularity = "block") -> List[str]:
+    def segment_names(self, granularity: str = "block") -> List[str]:
         r"""
         The names of the credited segments at a granularity: the layer names, or
         ``"<name>.attn"`` and ``"<name>.mlp"`` per block for ``"sublayer"``, or
@@ -75,7 +74,7 @@ class IGLensPath:
         additional_forward_args: Optional[object] = None,
         *,
         positions: PositionsType = None,
-        granularity: Granularity = "block",
+        granularity: str = "block",
         foil: FoilType = None,
         target_tokens: TokenSetType = None,
     ) -> TracedPath:
@@ -118,7 +117,7 @@ class IGLensPath:
         additional_forward_args: Optional[object] = None,
         *,
         positions: PositionsType = None,
-        granularity: Granularity = "block",
+        granularity: str = "block",
         method: Optional[str] = None,
         n_steps: Optional[int] = None,
         internal_batch_size: Optional[int] = None,
@@ -181,7 +180,7 @@ class IGLensPath:
             With ``(t, v)`` targets, ``P`` runs over the distinct positions named
             and ``mask`` marks each example's own.
         """
-        shape, along, columns, integration = self._plan(
+        path_granularity, along, columns, integration = self._plan(
             method,
             n_steps,
             internal_batch_size,
@@ -194,12 +193,12 @@ class IGLensPath:
         check_top_k(top_k, self.readout.vocab_size)
         grad_free = (
             torch.no_grad
-            if along.map_needs_gradients(shape, integration.rule)
+            if along.map_needs_gradients(path_granularity, integration.rule)
             else torch.inference_mode
         )
         with grad_free():
             traced = self._trace(
-                shape,
+                path_granularity,
                 inputs,
                 baselines,
                 target,
@@ -232,10 +231,10 @@ class IGLensPath:
         rule.check_steps(n_steps)
         check_settings(internal_batch_size, attribute_to_layer_input)
         rule.check_multiply_by_inputs(multiply_by_inputs)
-        shape = self._granularity(granularity)
-        shape.check_multiply_by_inputs(multiply_by_inputs)
-        along.check(type(shape), multiply_by_inputs, baselines_given)
-        columns = column_readout(self.readout, self.layers, shape, along)
+        path_granularity = self._granularity(granularity)
+        path_granularity.check_multiply_by_inputs(multiply_by_inputs)
+        along.check(type(path_granularity), multiply_by_inputs, baselines_given)
+        columns = column_readout(self.readout, self.layers, path_granularity, along)
         integration = Integration(
             rule,
             columns.readout,
@@ -244,7 +243,7 @@ class IGLensPath:
             along,
             multiply_by_inputs=multiply_by_inputs,
         )
-        return shape, along, columns, integration
+        return path_granularity, along, columns, integration
 
     def _granularity(self, granularity: str) -> PathGranularity:
         """The segments of this lens's path at ``granularity``."""
@@ -257,8 +256,10 @@ class IGLensPath:
             self.block_parts,
         )
 
-    def _trace(self, shape: PathGranularity, *args: Any, **kwargs: Any) -> TracedPath:
+    def _trace(
+        self, path_granularity: PathGranularity, *args: Any, **kwargs: Any
+    ) -> TracedPath:
         """:meth:`Tracer.trace` of this lens, without gradients."""
         tracer = Tracer(self.forward_func, self.input_layer, self.readout)
         with torch.no_grad():
-            return tracer.trace(shape, *args, **kwargs)
+            return tracer.trace(path_granularity, *args, **kwargs)

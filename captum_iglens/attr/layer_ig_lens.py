@@ -25,7 +25,6 @@ from torch.nn import Module, ModuleList
 
 from captum_iglens.attr._utils.checks import (
     BaselineType,
-    Granularity,
     PositionsType,
     check_construction,
     hf_model_of,
@@ -276,7 +275,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         attribute_to_layer_input: bool = False,
         grad_kwargs: Optional[Dict[str, Any]] = None,
         positions: PositionsType = None,
-        granularity: Granularity = "block",
+        granularity: str = "block",
         foil: FoilType = None,
         target_tokens: TokenSetType = None,
         path: str = "telescoping",
@@ -297,7 +296,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         grad_kwargs: Optional[Dict[str, Any]] = None,
         *,
         positions: PositionsType = None,
-        granularity: Granularity = "block",
+        granularity: str = "block",
         foil: FoilType = None,
         target_tokens: TokenSetType = None,
         path: str = "telescoping",
@@ -318,7 +317,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         grad_kwargs: Optional[Dict[str, Any]] = None,
         *,
         positions: PositionsType = None,
-        granularity: Granularity = "block",
+        granularity: str = "block",
         foil: FoilType = None,
         target_tokens: TokenSetType = None,
         path: str = "telescoping",
@@ -458,7 +457,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             ...     ids.input_ids, return_convergence_delta=True)
             >>> len(attr), attr[0].shape  # one (B, T, d) tensor per block
         """
-        shape, _, columns, integration = self._plan(
+        path_granularity, _, columns, integration = self._plan(
             method,
             n_steps,
             internal_batch_size,
@@ -470,7 +469,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
         )
         integration = replace(integration, grad_kwargs=grad_kwargs, per_dimension=True)
         traced = self._trace(
-            shape,
+            path_granularity,
             inputs,
             baselines,
             target,

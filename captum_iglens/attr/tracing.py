@@ -73,7 +73,7 @@ class TracedPath:
     final_logits: Optional[Callable[[slice], Tensor]] = None  # rows of (B·P)
 
 
-class PathShape(Protocol):
+class TracedGranularity(Protocol):
     """What tracing needs of a granularity: the hooked points and the names of
     the credit columns, the residual states among the captured ones, and the
     components of the segments it splits."""
@@ -139,7 +139,7 @@ class Tracer:
 
     def trace(
         self,
-        shape: PathShape,
+        granularity: TracedGranularity,
         inputs: Union[Tensor, Tuple[Tensor, ...]],
         baselines: BaselineType,
         target: TargetType,
@@ -156,7 +156,7 @@ class Tracer:
 
         Args:
 
-            shape (PathShape): The granularity: what is hooked, what is split.
+            granularity (TracedGranularity): What is hooked, what is split.
 
         Returns:
             :class:`TracedPath`.
@@ -168,14 +168,14 @@ class Tracer:
         reference_inputs = baseline_inputs(
             baselines, request.inputs, self.readout.vocab_size
         )
-        hooked, names = shape.path_points()
-        with shape.recording(request.positions, self.device):
+        hooked, names = granularity.path_points()
+        with granularity.recording(request.positions, self.device):
             output, h_0, states, kept = self._capture(request.inputs, request, hooked)
-        second = shape.second_pass(request.positions, self.device)
+        second = granularity.second_pass(request.positions, self.device)
         if second is not None:  # the traced forward stays the model's own
             with second:
                 self._capture(request.inputs, request, [])
-        states, extras = shape.split(states)
+        states, extras = granularity.split(states)
         if reference_inputs is not None:  # the first block's input for them
             h_0 = self._capture(reference_inputs, request, [])[1]
             baselines = None
@@ -201,14 +201,14 @@ class Tracer:
         pos = request.positions.to(self.device)
         start = baseline_states(baselines, h_0, request.attention_mask)
         points = torch.stack([start.index_select(1, pos), *states], dim=2)
-        components = shape.components(points, extras, mask)
+        components = granularity.components(points, extras, mask)
         return TracedPath(
             points=points,
             targets=targets,
             model_prob=model_prob,
             mask=mask,
             positions=pos,
-            names=shape.column_names(names),
+            names=granularity.column_names(names),
             one_output=one_output,
             components=components,
             score=TokenScore.build(targets, target_sets, foils),

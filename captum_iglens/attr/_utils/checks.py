@@ -31,9 +31,6 @@ from captum_iglens.readout.scores import per_position
 
 BaselineType = Union[None, int, float, Tensor, str, Tuple[Tensor, ...]]
 PositionsType = Union[None, int, Sequence[int], Tensor]
-#: A granularity's name: one of the keys of
-#: :data:`captum_iglens.attr.granularities.GRANULARITIES`, checked against it.
-Granularity = str
 
 
 def forward_module(forward_func: Callable[..., Any]) -> Optional[Module]:

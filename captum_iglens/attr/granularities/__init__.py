@@ -185,7 +185,7 @@ def model_columns(
     from captum_iglens.hf.forward import CausalLMForward
 
     chosen = parts.choose(layers)
-    shape = granularity_of(
+    split = granularity_of(
         granularity,
         CausalLMForward(parts.model),
         [parts.blocks[i] for i in chosen],
@@ -193,4 +193,4 @@ def model_columns(
         None if parts.mid is None else [parts.mid[i] for i in chosen],
         BlockParts.of_model(parts, chosen),
     )
-    return shape.path_points()[1]
+    return split.path_points()[1]

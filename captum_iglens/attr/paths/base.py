@@ -76,10 +76,12 @@ class IntegrationPath(ABC):
             ValueError: If the path cannot give what the call asks.
         """
 
-    def map_needs_gradients(self, shape: PathGranularity, rule: Estimator) -> bool:
-        r"""Whether the map of ``shape``'s columns with ``rule`` takes a
+    def map_needs_gradients(
+        self, granularity: PathGranularity, rule: Estimator
+    ) -> bool:
+        r"""Whether the map of ``granularity``'s columns with ``rule`` takes a
         backward pass (else it runs under ``torch.inference_mode``)."""
-        return shape.map_needs_gradients(rule)
+        return granularity.map_needs_gradients(rule)
 
     @abstractmethod
     def segments(

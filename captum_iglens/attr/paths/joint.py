@@ -78,7 +78,9 @@ class Joint(IntegrationPath):
                 "source_head), or path='telescoping'"
             )
 
-    def map_needs_gradients(self, shape: PathGranularity, rule: Estimator) -> bool:
+    def map_needs_gradients(
+        self, granularity: PathGranularity, rule: Estimator
+    ) -> bool:
         return True  # every estimator splits the segment by its gradients
 
     def segments(

@@ -21,7 +21,6 @@ from captum.attr import LayerConductance, LayerIntegratedGradients
 from torch import Tensor
 from torch.nn import Module, Sequential
 
-from captum_iglens.attr._utils.checks import Granularity
 from captum_iglens.attr._utils.path_math import interleave
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.attr.tracing import TracedPath
@@ -124,7 +123,7 @@ class Work:
         parts = interleave(updates.flatten(0, 1), path.components.flatten(0, 1))
         return stream.flatten(0, 1), parts, path.names
 
-    def _path(self, granularity: Granularity) -> TracedPath:
+    def _path(self, granularity: str) -> TracedPath:
         """IG-Lens's path of the work's rows at ``granularity``."""
         return self.ig_lens.trace_path(
             self.input_ids,
