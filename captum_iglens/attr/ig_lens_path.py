@@ -12,6 +12,7 @@ from captum._utils.typing import TargetType
 from torch import Tensor
 from torch.nn import Module
 
+from captum_iglens._utils.budget import FLOAT32_BYTES, machine_memory
 from captum_iglens.attr._utils.block_parts import BlockParts
 from captum_iglens.attr._utils.checks import (
     BaselineType,
@@ -24,6 +25,7 @@ from captum_iglens.attr.granularities import PathGranularity, granularity_of
 from captum_iglens.attr.paths import IntegrationPath, integration_path
 from captum_iglens.attr.tracing import TracedPath, Tracer
 from captum_iglens.readout.interface import LayerwiseReadout
+from captum_iglens.readout.layer_readout import hidden_width
 from captum_iglens.readout.scores import FoilType, TokenSetType, check_top_k
 from captum_iglens.result import IGLensResult
 
@@ -229,6 +231,7 @@ class IGLensPath:
         rule = estimator(along.default_method if method is None else method)
         n_steps = along.default_steps if n_steps is None else n_steps
         rule.check_steps(n_steps)
+        self._check_budget(n_steps)
         check_settings(internal_batch_size, attribute_to_layer_input)
         rule.check_multiply_by_inputs(multiply_by_inputs)
         path_granularity = self._granularity(granularity)
@@ -244,6 +247,22 @@ class IGLensPath:
             multiply_by_inputs=multiply_by_inputs,
         )
         return path_granularity, along, columns, integration
+
+    def _check_budget(self, n_steps: int) -> None:
+        """The ``n_steps`` points of one segment, which an estimator holds at
+        once whatever the readout's chunk (a chunk holds at least one row), fit
+        in this machine's memory, where the readout says its width."""
+        width, memory = hidden_width(self.readout), machine_memory()
+        if width is None or memory is None:
+            return
+        need = n_steps * width * FLOAT32_BYTES
+        if need > memory:
+            raise ValueError(
+                f"n_steps: the {n_steps} points of one segment (each a hidden "
+                f"state of {width} float32) need {need / 2**30:.3g} GiB, more "
+                f"than this machine's {memory / 2**30:.3g} GiB of memory; give "
+                "fewer steps"
+            )
 
     def _granularity(self, granularity: str) -> PathGranularity:
         """The segments of this lens's path at ``granularity``."""

@@ -35,6 +35,8 @@ from typing import (
     overload,
 )
 
+from captum_iglens._utils.budget import most_steps
+
 if TYPE_CHECKING:  # imported when a command runs, after its options are checked
     import torch
 
@@ -548,7 +550,7 @@ def check_config(
             f"--top-k: expected at most the vocabulary's {vocab} tokens, got {top_k}"
         )
     if isinstance(width, int) and n_steps is not None:
-        most = max(1, max_chunk_bytes // (4 * width))
+        most = most_steps(width, max_chunk_bytes)
         if n_steps > most:
             raise CommandError(
                 f"--n-steps: the {n_steps} points of one segment (each a hidden "

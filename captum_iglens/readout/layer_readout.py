@@ -265,6 +265,16 @@ def _head_dtype(readout: Readout) -> Optional[torch.dtype]:
     return weight.dtype if isinstance(weight, Tensor) else None
 
 
+def hidden_width(readout: LayerwiseReadout) -> Optional[int]:
+    r"""The hidden size ``d`` that ``readout`` reads, where its base is the
+    model's :class:`~captum_iglens.readout.readout.Readout` and says it (the
+    final norm's weight, or the head's where there is no norm); else None."""
+    base = readout.base
+    if not isinstance(base, Readout):
+        return None
+    return _hidden_size(base, 0) or None
+
+
 def _hidden_size(readout: Readout, fallback: int) -> int:
     """The hidden size the readout takes: the norm's weight length, else the
     head's input size (``fallback`` when neither says)."""

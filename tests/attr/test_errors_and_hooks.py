@@ -21,6 +21,9 @@ def _ids(b=2, t=5):
 BAD_CALLS = [
     ("n_steps", dict(n_steps=0), ValueError),
     ("n_steps", dict(n_steps=1, method="riemann_left"), ValueError),
+    ("n_steps", dict(n_steps=10**11), ValueError),  # issue 48: a 26 TB grid
+    ("n_steps", dict(n_steps=10**20), ValueError),  # issue 48: OverflowError
+    ("n_steps", dict(n_steps=10**11, path="joint"), ValueError),
     ("method", dict(method="simpson"), ValueError),
     ("target", dict(target=VOCAB), ValueError),
     ("target", dict(target=-1), ValueError),
@@ -43,6 +46,25 @@ BAD_CALLS = [
     ("internal_batch_size", dict(internal_batch_size=0), ValueError),
     ("attribute_to_layer_input", dict(attribute_to_layer_input=True), ValueError),
 ]
+
+
+@pytest.mark.parametrize("path", ["telescoping", "joint"])
+@pytest.mark.parametrize("call", ["attribute", "attribute_map"])
+def test_steps_beyond_the_machine_are_refused_before_the_forward(
+    lens, llama, call, path
+):
+    """Issue 48: ``n_steps`` whose one segment cannot be held (a 256 GB grid,
+    or an ``OverflowError``) was found only when the grid was allocated, after
+    the forward."""
+    calls = []
+    hook = llama.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        for n_steps in (10**11, 10**20):  # 13 TB at d = 32
+            with pytest.raises(ValueError, match=r"n_steps: .* GiB of memory"):
+                getattr(lens, call)(_ids(), n_steps=n_steps, path=path)
+    finally:
+        hook.remove()
+    assert not calls  # refused before the model ran
 
 
 @pytest.mark.parametrize(
