@@ -21,7 +21,7 @@ def _ids(b=2, t=5):
 BAD_CALLS = [
     ("n_steps", dict(n_steps=0), ValueError),
     ("n_steps", dict(n_steps=1, method="riemann_left"), ValueError),
-    ("n_steps", dict(n_steps=10**11), ValueError),  # issue 48: a 26 TB grid
+    ("n_steps", dict(n_steps=10**11), ValueError),  # issue 48: a 13 TB grid
     ("n_steps", dict(n_steps=10**20), ValueError),  # issue 48: OverflowError
     ("n_steps", dict(n_steps=10**11, path="joint"), ValueError),
     ("method", dict(method="simpson"), ValueError),
