@@ -5,7 +5,7 @@ map (everything beside Captum's ``attribute`` and
 ``compute_convergence_delta``).
 """
 
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from captum._utils.typing import TargetType
@@ -28,6 +28,27 @@ from captum_iglens.readout.interface import LayerwiseReadout
 from captum_iglens.readout.layer_readout import hidden_width
 from captum_iglens.readout.scores import FoilType, TokenSetType, check_top_k
 from captum_iglens.result import IGLensResult
+
+
+class CallPlan(NamedTuple):
+    r"""
+    One call's choices, resolved from their names and checked together before
+    any forward: what :meth:`IGLensPath.attribute_map` and
+    :meth:`~captum_iglens.LayerIGLens.attribute` run.
+
+    Attributes:
+
+        granularity (PathGranularity): The columns and what is traced.
+        path (IntegrationPath): How the columns are integrated.
+        columns (ColumnReadout): How the columns are read (one readout, or
+                    a learned readout's block and lens-change parts).
+        integration (Integration): The estimator, its steps and chunks.
+    """
+
+    granularity: PathGranularity
+    path: IntegrationPath
+    columns: ColumnReadout
+    integration: Integration
 
 
 class IGLensPath:
@@ -182,7 +203,7 @@ class IGLensPath:
             With ``(t, v)`` targets, ``P`` runs over the distinct positions named
             and ``mask`` marks each example's own.
         """
-        path_granularity, along, columns, integration = self._plan(
+        plan = self._plan(
             method,
             n_steps,
             internal_batch_size,
@@ -193,14 +214,15 @@ class IGLensPath:
             baselines is not None,
         )
         check_top_k(top_k, self.readout.vocab_size)
+        integration = plan.integration
         grad_free = (
             torch.no_grad
-            if along.map_needs_gradients(path_granularity, integration.rule)
+            if plan.path.map_needs_gradients(plan.granularity, integration.rule)
             else torch.inference_mode
         )
         with grad_free():
             traced = self._trace(
-                path_granularity,
+                plan.granularity,
                 inputs,
                 baselines,
                 target,
@@ -210,8 +232,10 @@ class IGLensPath:
                 target_tokens=target_tokens,
                 top_k=top_k,
             )
-            split = columns.map(integration, traced, top_k)
-        return columns.result(traced, split, integration.rule.name, integration.n_steps)
+            split = plan.columns.map(integration, traced, top_k)
+        return plan.columns.result(
+            traced, split, integration.rule.name, integration.n_steps
+        )
 
     def _plan(
         self,
@@ -223,7 +247,7 @@ class IGLensPath:
         multiply_by_inputs: bool,
         attribute_to_layer_input: bool,
         baselines_given: bool,
-    ) -> Tuple[PathGranularity, IntegrationPath, ColumnReadout, Integration]:
+    ) -> CallPlan:
         """A call's granularity, path, column readout and integration, from its
         arguments, each checked before any forward (``multiply_by_inputs``
         against the estimator, the granularity and the path)."""
@@ -246,7 +270,7 @@ class IGLensPath:
             along,
             multiply_by_inputs=multiply_by_inputs,
         )
-        return path_granularity, along, columns, integration
+        return CallPlan(path_granularity, along, columns, integration)
 
     def _check_budget(self, n_steps: int) -> None:
         """The ``n_steps`` points of one segment, which an estimator holds at

@@ -457,7 +457,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             ...     ids.input_ids, return_convergence_delta=True)
             >>> len(attr), attr[0].shape  # one (B, T, d) tensor per block
         """
-        path_granularity, _, columns, integration = self._plan(
+        plan = self._plan(
             method,
             n_steps,
             internal_batch_size,
@@ -467,9 +467,11 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             attribute_to_layer_input,
             baselines is not None,
         )
-        integration = replace(integration, grad_kwargs=grad_kwargs, per_dimension=True)
+        integration = replace(
+            plan.integration, grad_kwargs=grad_kwargs, per_dimension=True
+        )
         traced = self._trace(
-            path_granularity,
+            plan.granularity,
             inputs,
             baselines,
             target,
@@ -478,7 +480,7 @@ class LayerIGLens(IGLensPath, LayerAttribution, GradientAttribution):
             foil=foil,
             target_tokens=target_tokens,
         )
-        attrs, delta_of = columns.attributions(integration, traced)
+        attrs, delta_of = plan.columns.attributions(integration, traced)
         out = _per_layer(attrs, isinstance(self.layer, list), self._as_tuple)
         if not return_convergence_delta:
             return out
