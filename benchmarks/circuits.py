@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         for task in args.tasks:
             name = f"{model}-{task}"
             command = ["circuits", "--task", task, "--model", model]
-            command += ["--pairs", str(args.pairs), "--methods", args.methods]
+            command += ["--pairs", str(args.pairs), "--generate", str(args.generate)]
+            command += ["--methods", args.methods, "--batch-size", str(args.batch_size)]
             command += ["--metric", args.metric, "--sample", str(args.sample)]
             command += ["--out", str(out / name), "--json", str(out / f"{name}.json")]
             status = main(command)
@@ -79,6 +80,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
     parser.add_argument("--tasks", nargs="+", default=list(GENERATORS))
     parser.add_argument("--pairs", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument(
+        "--generate", type=int, default=300, help="pairs generated before the filter"
+    )
     parser.add_argument("--methods", default="eap,eap-ig-inputs,random,patching")
     parser.add_argument("--metric", default="logit_diff")
     parser.add_argument("--sample", type=int, default=100)
