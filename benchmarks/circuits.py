@@ -36,12 +36,12 @@ def _rows(result: Dict[str, Any], model: str, task: str) -> List[str]:
     rows = []
     for c in result["curves"]:
         cost = sum(c["seconds"].values())
+        rho = result["correlations"].get(c["method"])
         rows.append(
-            f"| {model} | {task} | {result['counts']['kept']} | {c['method']} "
+            f"| {model} | {task} | {result['counts']['scored']} | {c['method']} "
             f"| {c['cpr']:.3f} [{c['cpr_ci'][0]:.3f}, {c['cpr_ci'][1]:.3f}] "
             f"| {c['cmd']:.3f} [{c['cmd_ci'][0]:.3f}, {c['cmd_ci'][1]:.3f}] "
-            f"| {result['correlations'].get(c['method'], float('nan')):+.2f} "
-            f"| {cost:.0f} s |"
+            f"| {'—' if rho is None else f'{rho:+.2f}'} | {cost:.0f} s |"
         )
     return rows
 
