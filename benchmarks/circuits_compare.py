@@ -59,8 +59,10 @@ def main() -> int:
     args = parser.parse_args()
     a, b = args.methods
     sizes = " ".join(f"{p:g}%" for p in PERCENTS[:-1])
-    print(f"| run | Spearman {a} vs {b} | Jaccard of circuits at {sizes} "
-          f"| Σ into logits, {a} | Σ into logits, {b} |")
+    print(
+        f"| run | Spearman {a} vs {b} | Jaccard of circuits at {sizes} "
+        f"| Σ into logits, {a} | Σ into logits, {b} |"
+    )
     print("|---|---|---|---|---|")
     for folder in args.folders:
         print(compare(folder, args.methods))

@@ -39,6 +39,7 @@ from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
 from captum_iglens.circuits.flow_scores import flow_scores
 from captum_iglens.flow_options import DEFAULT_STEPS
 
+
 def _receiver_grads(
     context: ScoringContext, batch: Batch, override: Optional[Tuple[int, Tensor]] = None
 ) -> Tensor:

@@ -42,7 +42,11 @@ def pairs(request):
     other[:, [1, 3]] = torch.randint(4, 128, (3, 2), generator=generator)
     answer = torch.tensor([7, 9, 11])
     foil = torch.tensor([8, 10, 12])
-    return model, CircuitModel(model), Batch(clean, other, answer, foil, torch.arange(3))
+    return (
+        model,
+        CircuitModel(model),
+        Batch(clean, other, answer, foil, torch.arange(3)),
+    )
 
 
 def _one_pair(batch, b):
