@@ -36,12 +36,12 @@ def _rows(result: Dict[str, Any], model: str, task: str) -> List[str]:
     rows = []
     for c in result["curves"]:
         cost = sum(c["seconds"].values())
+        rho = result["correlations"].get(c["method"])
         rows.append(
-            f"| {model} | {task} | {result['counts']['kept']} | {c['method']} "
+            f"| {model} | {task} | {result['counts']['scored']} | {c['method']} "
             f"| {c['cpr']:.3f} [{c['cpr_ci'][0]:.3f}, {c['cpr_ci'][1]:.3f}] "
             f"| {c['cmd']:.3f} [{c['cmd_ci'][0]:.3f}, {c['cmd_ci'][1]:.3f}] "
-            f"| {result['correlations'].get(c['method'], float('nan')):+.2f} "
-            f"| {cost:.0f} s |"
+            f"| {'—' if rho is None else f'{rho:+.2f}'} | {cost:.0f} s |"
         )
     return rows
 
@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         for task in args.tasks:
             name = f"{model}-{task}"
             command = ["circuits", "--task", task, "--model", model]
-            command += ["--pairs", str(args.pairs), "--methods", args.methods]
+            command += ["--pairs", str(args.pairs), "--generate", str(args.generate)]
+            command += ["--methods", args.methods, "--batch-size", str(args.batch_size)]
             command += ["--metric", args.metric, "--sample", str(args.sample)]
             command += ["--out", str(out / name), "--json", str(out / f"{name}.json")]
             status = main(command)
@@ -79,6 +80,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
     parser.add_argument("--tasks", nargs="+", default=list(GENERATORS))
     parser.add_argument("--pairs", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument(
+        "--generate", type=int, default=300, help="pairs generated before the filter"
+    )
     parser.add_argument("--methods", default="eap,eap-ig-inputs,random,patching")
     parser.add_argument("--metric", default="logit_diff")
     parser.add_argument("--sample", type=int, default=100)

@@ -8,7 +8,10 @@ are either an ``(S, R)`` tensor over the graph's senders × receivers
 CPR's circuits take the largest signed scores, CMD's the largest ``|score|``.
 A new method is one entry: ``SCORERS["name"] = function``.
 
-The baselines, written from their papers:
+``flow`` is the exact probability flow
+(:func:`~captum_iglens.circuits.flow_scores.flow_scores`, at
+:data:`~captum_iglens.flow_options.DEFAULT_STEPS` steps unless given,
+``"flow:8"``). The baselines, written from their papers:
 
 - ``eap`` (Syed et al., 2023): ``(z_u - z'_u) · ∂m/∂x_w`` at the clean
   input, summed over positions and averaged over pairs;
@@ -25,46 +28,16 @@ The baselines, written from their papers:
   correlations, not a circuit.
 """
 
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from captum_iglens.circuits.batches import Batch
+from captum_iglens.circuits.context import Scores, ScoringContext
 from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
-from captum_iglens.circuits.patching import CircuitModel
-
-Scores = Union[Tensor, Dict[str, float]]
-
-
-@dataclass
-class ScoringContext:
-    r"""
-    What a scorer gets.
-
-    Attributes:
-
-        model (CircuitModel): The bound model (``model.model`` is the Hugging
-                    Face model, ``model.graph`` its edge graph).
-        tokenizer (Any): The model's tokenizer.
-        batches (list[Batch]): The pairs kept by the filter, in batches.
-        n_pairs (int): Their number.
-        metric (str): The name of ``m`` in
-                    :data:`~captum_iglens.circuits.faithfulness.METRIC_FUNCTIONS`.
-        steps (int): The step count of integrated-gradient methods.
-        seed (int): The seed of random choices.
-        sample (int): Edges exactly patched by ``patching``.
-    """
-
-    model: CircuitModel
-    tokenizer: object
-    batches: Sequence[Batch]
-    n_pairs: int
-    metric: str
-    steps: int = 5
-    seed: int = 0
-    sample: int = 100
+from captum_iglens.circuits.flow_scores import flow_scores
+from captum_iglens.flow_options import DEFAULT_STEPS
 
 
 def _receiver_grads(
@@ -183,6 +156,7 @@ def patching(context: ScoringContext) -> Tensor:
 #: The scorers by name. ``patching`` is the ground truth of rank correlations
 #: (:data:`GROUND_TRUTH`), the others are scored as circuits.
 SCORERS: Dict[str, Callable[[ScoringContext], Scores]] = {
+    "flow": flow_scores,
     "eap": eap,
     "eap-ig-inputs": eap_ig_inputs,
     "eap-ig-activations": eap_ig_activations,
@@ -194,4 +168,8 @@ SCORERS: Dict[str, Callable[[ScoringContext], Scores]] = {
 GROUND_TRUTH = ("patching",)
 
 #: Scorers that take a step count (``"eap-ig-inputs:20"``), with their default.
-STEPS: Dict[str, int] = {"eap-ig-inputs": 5, "eap-ig-activations": 5}
+STEPS: Dict[str, int] = {
+    "flow": DEFAULT_STEPS,
+    "eap-ig-inputs": 5,
+    "eap-ig-activations": 5,
+}

@@ -47,7 +47,8 @@ from captum_iglens.circuits.faithfulness import (
     patched_metrics,
 )
 from captum_iglens.circuits.patching import CircuitModel
-from captum_iglens.circuits.scorers import GROUND_TRUTH, SCORERS, STEPS, ScoringContext
+from captum_iglens.circuits.context import ScoringContext
+from captum_iglens.circuits.scorers import GROUND_TRUTH, SCORERS, STEPS
 from captum_iglens.circuits.tasks import Encoded
 
 #: The record of what a folder's run is.

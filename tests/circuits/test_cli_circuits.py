@@ -81,7 +81,7 @@ def test_a_user_task_runs_end_to_end_and_resumes(tmp_path, capsys, tiny_folder):
     task = _task(tmp_path, [json.dumps(pair)] * 3)
     out, page = tmp_path / "out", tmp_path / "c.html"
     common = ["circuits", "--task", task, "--model", str(folder), "--pairs", "3"]
-    common += ["--methods", "random,eap", "--bootstrap", "20"]
+    common += ["--methods", "random,eap,flow:2", "--bootstrap", "20"]
     outputs = ["--json", str(tmp_path / "c.json"), "--html", str(page)]
     assert main([*common, "--out", str(out), *outputs]) == 0
     printed = capsys.readouterr()
@@ -92,12 +92,16 @@ def test_a_user_task_runs_end_to_end_and_resumes(tmp_path, capsys, tiny_folder):
     assert data["counts"]["kept"] == 3 and [c["method"] for c in data["curves"]] == [
         "random",
         "eap",
+        "flow:2",
     ]
     for c in data["curves"]:  # every edge kept: the model itself
         assert c["f"][-1] == pytest.approx(1.0, abs=1e-4)
+    flow = json.loads((out / "methods" / "flow-2.json").read_text())
+    assert flow["curve"]["cmd"] <= data["curves"][0]["cmd"]  # beats random
     assert "<img" in page.read_text()
     assert main([*common, "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "random: resumed" in err and "eap: resumed" in err
+    assert "flow:2: resumed" in err
     assert main([*common, "--out", str(out), "--metric", "prob"]) == 2
     assert "holds a run with another metric" in _error(capsys)

@@ -181,7 +181,9 @@ def test_known_circuit_is_faithful_and_random_edges_are_not(known):
     assert abs(faithfulness(full, empty, m_less)[0].item() - 1) > 1e-3
 
 
-@pytest.mark.parametrize("method", ["eap", "eap-ig-inputs", "eap-ig-activations"])
+@pytest.mark.parametrize(
+    "method", ["flow", "eap", "eap-ig-inputs", "eap-ig-activations"]
+)
 def test_gradient_scorers_find_the_known_circuit(known, method):
     bound, batch, circuit = known
     context = ScoringContext(bound, None, [batch], 16, "logit_diff", steps=3)

@@ -1,0 +1,113 @@
+"""The exact-flow scorer of the circuit harness: its receivers mapped by name
+(the flow orders q, k, v per head, the harness per layer), its scores equal to
+the public ProbabilityFlow's edge flows, and for each pair the flows into
+``logits`` adding up to Δm under every metric."""
+
+import pytest
+import torch
+
+from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.attr.flow.probability_flow import ProbabilityFlow
+from captum_iglens.circuits.batches import Batch
+from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
+from captum_iglens.circuits.flow_scores import receiver_rows
+from captum_iglens.circuits.graph import EdgeGraph
+from captum_iglens.circuits.patching import CircuitModel
+from captum_iglens.circuits.scorers import SCORERS, STEPS, ScoringContext
+from tests.tiny_models import tiny_model
+
+
+def test_receiver_rows_match_names_across_the_two_orders():
+    graph, layout = EdgeGraph(2, 3), FlowLayout(2, 3, qkv=True)
+    rows = receiver_rows(graph, layout)
+    assert sorted(rows) == list(range(graph.n_receivers - 1))
+    assert rows != sorted(rows)  # the orders differ
+    flow_names = layout.receivers()
+    assert [flow_names[i] for i in rows] == graph.receivers[:-1]
+    assert graph.receivers[1] == "a0.h1<q>" and flow_names[rows[1]] == "a0.h1<q>"
+    with pytest.raises(ValueError, match="the flow's nodes are not the circuit"):
+        receiver_rows(graph, FlowLayout(2, 3, qkv=False))
+    with pytest.raises(ValueError, match="3 blocks of 3 heads, against 2 of 3"):
+        receiver_rows(graph, FlowLayout(3, 3, qkv=True))
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3_text"])
+def pairs(request):
+    """A tiny model bound for the harness, and three pairs of 6 tokens whose
+    counterfactuals differ at positions 1 and 3."""
+    model = tiny_model(request.param)
+    generator = torch.Generator().manual_seed(3)
+    clean = torch.randint(4, 128, (3, 6), generator=generator)
+    other = clean.clone()
+    other[:, [1, 3]] = torch.randint(4, 128, (3, 2), generator=generator)
+    answer = torch.tensor([7, 9, 11])
+    foil = torch.tensor([8, 10, 12])
+    return (
+        model,
+        CircuitModel(model),
+        Batch(clean, other, answer, foil, torch.arange(3)),
+    )
+
+
+def _one_pair(batch, b):
+    rows = slice(b, b + 1)
+    return Batch(
+        batch.clean[rows],
+        batch.counterfactual[rows],
+        batch.answer[rows],
+        batch.foil[rows],
+        torch.zeros(1, dtype=torch.long),
+    )
+
+
+@pytest.mark.parametrize("metric", ["prob", "prob_diff", "logit_diff"])
+def test_flows_into_the_logits_add_up_to_the_change_of_m_per_pair(pairs, metric):
+    model, bound, batch = pairs
+    m = METRIC_FUNCTIONS[metric]
+    logits = bound.graph.receivers.index("logits")
+    for b in range(3):
+        pair = _one_pair(batch, b)
+        context = ScoringContext(bound, None, [pair], 1, metric, steps=2)
+        scores = SCORERS["flow"](context)
+        with torch.no_grad():
+            delta = m(model(input_ids=pair.clean).logits[:, -1], pair.answer, pair.foil)
+            delta -= m(
+                model(input_ids=pair.counterfactual).logits[:, -1],
+                pair.answer,
+                pair.foil,
+            )
+        into = scores[bound.graph.legal[:, logits], logits].sum()
+        assert abs(float(delta)) > 1e-6  # the counterfactual matters
+        assert float(into) == pytest.approx(float(delta), rel=1e-3, abs=1e-8)
+
+
+def test_scores_are_the_public_flow_graphs_edges_averaged(pairs):
+    model, bound, batch = pairs
+    context = ScoringContext(bound, None, [batch], 3, "prob_diff", steps=3)
+    got = bound.graph.scores_to_dict(SCORERS["flow"](context))
+    flow = ProbabilityFlow(model)
+    expected = {name: 0.0 for name in got}
+    for b in range(3):
+        graph = flow.attribute(
+            batch.clean[b : b + 1],
+            counterfactual=batch.counterfactual[b : b + 1],
+            target=int(batch.answer[b]),
+            foil=int(batch.foil[b]),
+            target_kind="prob_diff",
+            n_steps=3,
+            qkv=True,
+        )
+        for name, value in graph.edge_scores().items():
+            expected[name] += value / 3
+    assert set(expected) == set(got)
+    worst = max(abs(got[n] - expected[n]) for n in got)
+    assert worst <= 1e-6 * max(abs(v) for v in expected.values())
+    assert any(abs(got[n]) > 1e-4 for n in got if n.endswith("<k>"))
+
+
+def test_flow_takes_a_step_count_defaulting_to_the_flows():
+    from captum_iglens.circuits.study import parse_method
+    from captum_iglens.flow_options import DEFAULT_STEPS
+
+    assert parse_method("flow")["steps"] == DEFAULT_STEPS == STEPS["flow"]
+    assert parse_method("flow:4")["steps"] == 4
