@@ -6,6 +6,9 @@ that the command line builds its choices from them before torch loads.
 #: The default number of steps of the path (chosen by the convergence table of
 #: ``docs/flow.md``).
 DEFAULT_STEPS = 16
+#: The default memory budget of one forward's path points and of a step's
+#: terms, in bytes (the layer maps' readout chunk, 256 MiB).
+DEFAULT_CHUNK_BYTES = 256 * 2**20
 #: The targets: ``p(y)``, ``p(y) − p(foil)``, ``logit(y) − logit(foil)``.
 TARGETS = ("prob", "prob_diff", "logit_diff")
 #: The estimators (:mod:`captum_iglens.attr.flow.estimator`).

@@ -12,6 +12,7 @@ from typing import List
 import torch
 from torch import Tensor
 
+from captum_iglens.attr.flow.budget import point_bytes, points_at_once
 from captum_iglens.attr.flow.engine import (
     check_flow_parts,
     first_block_inputs,
@@ -21,9 +22,7 @@ from captum_iglens.attr.flow.nodes import FlowLayout
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.circuits.context import ScoringContext
 from captum_iglens.circuits.graph import EdgeGraph
-
-#: Path points per forward of the flow.
-POINTS_PER_FORWARD = 8
+from captum_iglens.flow_options import DEFAULT_CHUNK_BYTES
 
 
 def receiver_rows(graph: EdgeGraph, layout: FlowLayout) -> List[int]:
@@ -82,6 +81,8 @@ def flow_scores(context: ScoringContext) -> Tensor:
     scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
     for batch in context.batches:
         position = batch.clean.shape[1] - 1
+        point = point_bytes(parts, layout, batch.clean.shape[1])
+        at_once = points_at_once(point, context.steps + 1, None, DEFAULT_CHUNK_BYTES)
         for b in range(len(batch.index)):
             answer, foil = int(batch.answer[b]), int(batch.foil[b])
             target = FlowTarget(
@@ -99,7 +100,8 @@ def flow_scores(context: ScoringContext) -> Tensor:
                 n_steps=context.steps,
                 method="prediction_aware",
                 per_position=False,
-                internal_batch_size=POINTS_PER_FORWARD,
+                internal_batch_size=at_once,
+                max_chunk_bytes=DEFAULT_CHUNK_BYTES,
             )
             scores[:, :-1] += totals.edges[rows].T.cpu()
             scores[:, -1] += totals.direct.sum(-1).cpu()

@@ -23,7 +23,13 @@ from captum_iglens.attr.flow.nodes import LOGITS, FlowLayout, edge_name
 from captum_iglens.attr.flow.subject_start import noised_start, subject_positions
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.flow_graph import FlowGraph
-from captum_iglens.flow_options import BASELINES, DEFAULT_STEPS, FLOW_METHODS, TARGETS
+from captum_iglens.flow_options import (
+    BASELINES,
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_STEPS,
+    FLOW_METHODS,
+    TARGETS,
+)
 from captum_iglens.hf.architectures import model_parts
 
 
@@ -91,7 +97,7 @@ class ProbabilityFlow:
         qkv: bool = False,
         per_position: bool = False,
         internal_batch_size: Optional[int] = None,
-        max_chunk_bytes: int = 256 * 2**20,
+        max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> FlowGraph:
         r"""
         Args:
@@ -242,7 +248,7 @@ class ProbabilityFlow:
         n_steps: int = DEFAULT_STEPS,
         qkv: bool = False,
         internal_batch_size: Optional[int] = None,
-        max_chunk_bytes: int = 256 * 2**20,
+        max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> int:
         r"""
         The path points of one forward of :meth:`attribute`, from the memory
