@@ -6,6 +6,7 @@ maps cost beside the telescoping maps at the same ``n_steps``.
     python benchmarks/joint.py                        # smollm2, both parts
     python benchmarks/joint.py --model gemma3 --part convergence
     python benchmarks/joint.py --part reads --n-steps 50
+    python benchmarks/joint.py --model gemma3 --part precision   # float32 vs float64
     python benchmarks/joint.py --dry-run              # tiny model, seconds
 
 Reads: the joint neuron and source maps with their components read through
@@ -26,9 +27,10 @@ block map within 2×, the head, source and neuron maps at least 5× cheaper).
 """
 
 import argparse
+import copy
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -54,11 +56,58 @@ def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def reference(model: Any, ids: Any, positions: Any, targets: Any, panels: int) -> Any:
+def reference(
+    model: Any,
+    ids: Any,
+    positions: Any,
+    targets: Any,
+    panels: int,
+    readout: Optional[Callable[[Any], Any]] = None,
+) -> Any:
     r"""Per-block ``∫ ∇f(γ(α)) · Δ_l dα`` ``(P, L)`` at ``positions``: the
     states by forward hooks, ``f`` by autograd through the final norm and head
-    (with the model's logit softcap), ``panels`` panels of 8 Gauss–Legendre
-    points in ``t``, ``α = t²``."""
+    (with the model's logit softcap; ``readout`` from :func:`readout_of`, in
+    its dtype), ``panels`` panels of 8 Gauss–Legendre points in ``t``,
+    ``α = t²``."""
+    readout = readout or readout_of(model, torch.float32)
+    stream = residual_stream(model, ids, positions)
+    x, w = (torch.from_numpy(a) for a in np.polynomial.legendre.leggauss(8))
+    t = ((torch.arange(panels)[:, None] + (x[None] + 1) / 2) / panels).flatten()
+    weights = (w[None] / (2 * panels)).expand(panels, -1).flatten() * 2 * t
+    out = []
+    for row, target in zip(stream, targets.flatten().tolist()):
+        total = torch.zeros(row.shape[0] - 1, dtype=torch.float64)
+        for chunk in torch.split(torch.arange(len(t)), 256):
+            alpha = (t[chunk] ** 2)[:, None]
+            h = row[0] + alpha * (row[-1] - row[0])
+            h = h.to(readout.dtype).requires_grad_(True)  # type: ignore[attr-defined]
+            prob = readout(h).softmax(-1)[:, target]
+            (grad,) = torch.autograd.grad(prob.sum(), h)
+            total += (grad.double() @ row.diff(dim=0).T * weights[chunk, None]).sum(0)
+        out.append(total)
+    return torch.stack(out)
+
+
+def readout_of(model: Any, dtype: Any) -> Callable[[Any], Any]:
+    r"""The model's final norm, head and logit softcap, as a function of
+    ``h``, in ``dtype`` (a copy where it is not the model's), with a ``dtype``
+    attribute."""
+    norm, head = model.model.norm, model.lm_head
+    if dtype != head.weight.dtype:
+        norm, head = copy.deepcopy(norm).to(dtype), copy.deepcopy(head).to(dtype)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+
+    def read(h: Any) -> Any:
+        logits = head(norm(h))
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    read.dtype = dtype  # type: ignore[attr-defined]
+    return read
+
+
+def residual_stream(model: Any, ids: Any, positions: Any) -> Any:
+    r"""The first block's input and every block's output at ``positions``,
+    ``(P, L + 1, d)`` float64."""
     states: List[Any] = []
 
     def keep(module: Any, args: Any, output: Any) -> None:
@@ -75,25 +124,34 @@ def reference(model: Any, ids: Any, positions: Any, targets: Any, panels: int) -
     finally:
         for hook in hooks:
             hook.remove()
-    stream = torch.stack(states)[:, positions].transpose(0, 1).double()  # (P, L+1, d)
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    x, w = (torch.from_numpy(a) for a in np.polynomial.legendre.leggauss(8))
-    t = ((torch.arange(panels)[:, None] + (x[None] + 1) / 2) / panels).flatten()
-    weights = (w[None] / (2 * panels)).expand(panels, -1).flatten() * 2 * t
-    out = []
-    for row, target in zip(stream, targets.flatten().tolist()):
-        total = torch.zeros(row.shape[0] - 1, dtype=torch.float64)
-        for chunk in torch.split(torch.arange(len(t)), 256):
-            alpha = (t[chunk] ** 2)[:, None]
-            h = (row[0] + alpha * (row[-1] - row[0])).float().requires_grad_(True)
-            logits = model.lm_head(model.model.norm(h))
-            if cap:
-                logits = torch.tanh(logits / cap) * cap
-            prob = logits.softmax(-1)[:, target]
-            (grad,) = torch.autograd.grad(prob.sum(), h)
-            total += (grad.double() @ row.diff(dim=0).T * weights[chunk, None]).sum(0)
-        out.append(total)
-    return torch.stack(out).float()
+    return torch.stack(states)[:, positions].transpose(0, 1).double()
+
+
+def precision(model: Any, kwargs: Dict[str, Any], panels: int) -> None:
+    r"""Whether the readout's gradient, integrated along each row's joint line
+    (the reference's rule at ``panels`` and twice as many panels), gives back
+    the change of ``f`` between the line's ends, in float32 and in float64:
+    what separates float32 credits that add up to ``Δp`` from a float32
+    reference."""
+    ids, positions, targets = kwargs["inputs"], kwargs["positions"], kwargs["target"]
+    stream = residual_stream(model, ids, positions)
+    print("dtype | row | ∫∇f (panels) | ∫∇f (2× panels) | f(end) - f(start) | diff")
+    for dtype in (torch.float32, torch.float64):
+        read = readout_of(model, dtype)
+        found = [
+            reference(model, ids, positions, targets, n, read).sum(-1)
+            for n in (panels, 2 * panels)
+        ]
+        for i, target in enumerate(targets.flatten().tolist()):
+            with torch.no_grad():
+                ends = read(stream[i, [0, -1]].to(dtype)).softmax(-1)[:, target]
+            change = float(ends[1] - ends[0])
+            print(
+                f"{str(dtype).split('.')[-1]} | {i} | {float(found[0][i]):.9f} | "
+                f"{float(found[1][i]):.9f} | {change:.9f} | "
+                f"{float(found[1][i]) - change:+.2e}",
+                flush=True,
+            )
 
 
 def convergence(
@@ -207,7 +265,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("smollm2", "gemma3"), default="smollm2")
     parser.add_argument(
-        "--part", choices=("convergence", "cost", "reads", "both"), default="both"
+        "--part",
+        choices=("convergence", "cost", "reads", "precision", "both"),
+        default="both",
+    )
+    parser.add_argument(
+        "--panels", type=int, default=48, help="reference panels of --part precision"
     )
     parser.add_argument("--n-steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
@@ -222,6 +285,7 @@ def main() -> None:
         tiny = _tiny()
         model = tiny.pop("model")
         convergence(LayerIGLens.from_model(model), model, tiny, (7, 16))
+        precision(model, tiny, 4)
         return
     model, tokenizer = load_embedded(args.model)
     ids, positions, targets, _ = answered_prompt(model, tokenizer, PROMPT)
@@ -242,6 +306,9 @@ def main() -> None:
         cost(lens, kwargs, args.n_steps, args.repeats)
     if args.part == "reads":
         reads(lens, kwargs, args.n_steps, args.repeats)
+    if args.part == "precision":
+        first = dict(inputs=ids, target=targets[:, :1], positions=positions[:1])
+        precision(model, first, args.panels)
 
 
 if __name__ == "__main__":

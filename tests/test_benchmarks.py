@@ -100,7 +100,15 @@ def test_joint_convergence_dry_run():
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line.split(" | ") for line in done.stdout.splitlines()[2:]]
+    lines = done.stdout.splitlines()
+    split = next(i for i, line in enumerate(lines) if line.startswith("dtype |"))
+    rows = [line.split(" | ") for line in lines[2:split]]
+    precision = [line.split(" | ") for line in lines[split + 1 :]]
+    # the readout's gradient integrated along the line gives back f's change,
+    # to float rounding in each dtype (the part measures where it does not)
+    assert [row[0] for row in precision] == ["float32", "float64"]
+    assert abs(float(precision[0][5])) <= 1e-7
+    assert abs(float(precision[1][5])) <= 1e-10
     from captum_iglens.attr.estimators import ESTIMATORS
 
     assert sorted({row[0] for row in rows}) == sorted(ESTIMATORS)
