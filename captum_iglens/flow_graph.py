@@ -20,7 +20,18 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from captum_iglens._utils.schema import Array, Json, Maybe, Number, Record, Texts
+from captum_iglens._utils.schema import (
+    Array,
+    Either,
+    Integer,
+    Json,
+    ListOf,
+    Maybe,
+    Number,
+    Record,
+    Text,
+    Texts,
+)
 from captum_iglens._utils.serialization import (
     JsonDocument,
     check_writable,
@@ -38,7 +49,18 @@ FLOW_SCHEMA = Record(
     tokens=Texts("T", nonempty=True),
     input_flows=Array("float", "T", numpy=True),
     position_flows=Maybe(Array("float", "E", "T", numpy=True)),
-    counterfactual=Json(),
+    counterfactual=Either(
+        Record(kind=Text(("prompt",)), tokens=Texts("T")),
+        Record(
+            kind=Text(("subject_noise",)),
+            subject=Text(nonempty=True),
+            positions=ListOf(Integer(), nonempty=True),
+            noise_scale=Number(low=0),
+            noise_std=Number(low=0),
+            seed=Integer(),
+        ),
+        Record(kind=Text(("pad", "mean", "tensor"))),
+    ),
     settings=Json(),
     m_prompt=Number(),
     m_base=Number(),
@@ -81,8 +103,10 @@ class FlowGraph(JsonDocument, Viewable):
                     flow by the position where its sender wrote it (where
                     asked). Default: None
         counterfactual (dict): The path's start: ``kind`` (``"prompt"``,
-                    ``"pad"``, ``"mean"`` or ``"tensor"``) and, for a prompt,
-                    its ``tokens``.
+                    ``"subject_noise"``, ``"pad"``, ``"mean"`` or
+                    ``"tensor"``); for a prompt its ``tokens``, for a noised
+                    subject its ``subject``, ``positions``, ``noise_scale``,
+                    ``noise_std`` and ``seed``.
         settings (dict): ``method``, ``n_steps``, ``qkv``, ``target_kind``,
                     ``target``, ``foil``, ``position``, ``model`` (and
                     ``pruned``, on a pruned graph).
