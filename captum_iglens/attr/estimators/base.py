@@ -3,15 +3,12 @@ segment of a path is computed."""
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from torch import Tensor
 
 from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import TokenScore
-
-if TYPE_CHECKING:  # the paths import the estimators; for annotations only
-    from captum_iglens.attr.paths.base import IntegrationPath
 
 
 class Estimator(ABC):
@@ -212,6 +209,37 @@ class Estimator(ABC):
         return found, None
 
 
+class SegmentJoin(Protocol):
+    r"""
+    What the granularities ask of the integration path
+    (:class:`~captum_iglens.attr.paths.IntegrationPath` implements it): the
+    credits of a chain's segments, whole or split into components, integrated
+    the path's way.
+    """
+
+    def segments(
+        self,
+        integration: "Integration",
+        points: Tensor,
+        targets: TokenScore,
+        values: Tensor,
+        blocks: Optional[Sequence[int]] = None,
+    ) -> Tensor: ...
+
+    def split_segments(
+        self,
+        integration: "Integration",
+        stream: Tensor,
+        components: Tensor,
+        targets: TokenScore,
+        values: Tensor,
+        split: Sequence[int],
+        whole: Sequence[int],
+        parents: Optional[Tensor] = None,
+        blocks: Optional[Sequence[int]] = None,
+    ) -> Tuple[Tensor, Tensor]: ...
+
+
 @dataclass(frozen=True)
 class Integration:
     r"""
@@ -224,8 +252,7 @@ class Integration:
         readout (PathReadout): What reads the path points.
         n_steps (int): Steps per segment.
         chunk_rows (int): The most rows read at once.
-        path (IntegrationPath): How the segments are integrated (``path=``,
-                    a :class:`~captum_iglens.attr.paths.IntegrationPath`).
+        path (SegmentJoin): How the segments are integrated (``path=``).
         grad_kwargs (dict, optional): Passed to ``torch.autograd.grad``.
                     Default: None
         per_dimension (bool, optional): Per-dimension attributions (for
@@ -242,7 +269,7 @@ class Integration:
     readout: PathReadout
     n_steps: int
     chunk_rows: int
-    path: "IntegrationPath"
+    path: SegmentJoin
     grad_kwargs: Optional[Dict[str, Any]] = None
     per_dimension: bool = False
     multiply_by_inputs: bool = True
