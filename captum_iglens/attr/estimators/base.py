@@ -214,7 +214,9 @@ class SegmentJoin(Protocol):
     What the granularities ask of the integration path
     (:class:`~captum_iglens.attr.paths.IntegrationPath` implements it): the
     credits of a chain's segments, whole or split into components, integrated
-    the path's way.
+    the path's way. A protocol rather than the class itself because the paths
+    import the estimators, and the package has no import cycle, not even for
+    type checking (``tests/test_layout.py``).
     """
 
     def segments(
