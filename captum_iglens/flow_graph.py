@@ -14,6 +14,7 @@ circuit tools score.
 import csv
 import io
 import math
+import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -76,6 +77,28 @@ def edge_ends(edge: str) -> Tuple[str, str]:
     ``a0.h1<q>``, is the head ``a0.h1``)."""
     sender, receiver = edge.split("->")
     return sender, receiver.split("<")[0]
+
+
+_BLOCK_NODE = re.compile(r"^(a|m)(\d+)(\.h\d+)?$")
+
+
+def node_depth(node: str) -> float:
+    r"""
+    Where a node sits in the residual stream: ``input`` 0, the heads of block
+    ``l`` ``2l + 1``, its MLP ``2l + 2``, ``logits`` infinity. A node reads what
+    the nodes of smaller depth wrote; the stream after block ``l`` lies between
+    depths ``2l + 2`` and ``2l + 3``.
+
+    Raises:
+        ValueError: For a name that is not a flow graph's node.
+    """
+    if node in ("input", "logits"):
+        return 0.0 if node == "input" else math.inf
+    found = _BLOCK_NODE.match(node)
+    if found is None or (found.group(1) == "a") != bool(found.group(3)):
+        raise ValueError(f"nodes: {node!r} is not a node of a flow graph")
+    layer = int(found.group(2))
+    return 2.0 * layer + (1 if found.group(1) == "a" else 2)
 
 
 @dataclass
@@ -227,6 +250,47 @@ class FlowGraph(JsonDocument, Viewable):
         (see :func:`~captum_iglens.viewer._graph.graph_page`): layers as
         columns, edges drawn by ``|flow|``, a slider for the share kept."""
         return graph_page(self)
+
+    def crossings(self) -> np.ndarray:
+        r"""
+        The flow that crosses the residual stream at each position, before the
+        first block and after each block: the flow of the edges from a node at
+        or before that depth to a node after it, at the position where the
+        sender wrote and the receiver read.
+
+        Every such cut separates ``input`` from ``logits``, so, by conservation,
+        each row adds up to ``Δm`` over the positions (with the exact estimator,
+        to float rounding, on the whole graph; a pruned graph gives what its
+        edges carry). ``crossings()[l + 1, t] / Δm`` is the share of ``Δm``
+        that went through position ``t``'s state after block ``l``: the
+        integrated counterpart of restoring that state (causal tracing). At the
+        attributed position it reaches 1 after the last block.
+
+        Returns:
+            *ndarray* ``(L + 1, T)`` float64: row 0 before block 0 (the
+            input's flows), row ``l + 1`` after block ``l``.
+
+        Raises:
+            ValueError: If the graph has no ``position_flows`` (build it with
+                ``per_position=True``).
+
+        Examples::
+
+            >>> graph = flow.attribute(prompt, counterfactual=other, per_position=True)
+            >>> share = graph.crossings()[:, -1] / graph.delta_m  # last position
+        """
+        if self.position_flows is None:
+            raise ValueError(
+                "position_flows: this graph has none; build it with "
+                "per_position=True (CLI: --per-position)"
+            )
+        ends = [edge_ends(edge) for edge in self.edges]
+        sender = np.array([node_depth(s) for s, _ in ends])
+        receiver = np.array([node_depth(r) for _, r in ends])
+        blocks = [node_depth(n) for n in self.nodes if n.startswith("m")]
+        cuts = np.array([0.0] + sorted(blocks))[:, None]  # (L + 1, 1)
+        crossing = (sender[None] <= cuts) & (receiver[None] > cuts)  # (L + 1, E)
+        return crossing.astype(np.float64) @ self.position_flows
 
     # ---------------------------------------------------------------- pruning
 
