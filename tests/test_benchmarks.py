@@ -4,11 +4,13 @@ one device and a CPU device_map behind accelerate's hooks), ``scale.py``,
 ``peak_breakdown.py`` and the flow's long-prompt part run in subprocesses on tiny
 shapes, as a user would run them."""
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from captum_iglens.attr.granularities import GRANULARITIES
@@ -133,3 +135,52 @@ def test_flow_long_dry_run():
     assert "1 MiB: 2 path point(s) per forward" in line  # chosen by the budget
     found = re.search(r"\|Σ-Δm\| (\S+), worst conservation (\S+),", line)
     assert found and max(float(found[1]), float(found[2])) <= 1e-6
+
+
+@pytest.mark.slow
+def test_flow_onset_dry_run(tmp_path):
+    out = tmp_path / "study.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "flow_onset.py"),
+            "--dry-run",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for corruption, graphs in (("noise", 8), ("counterfactual", 4)):
+        assert f"[{corruption}] onsets against the causal onset" in done.stdout
+        assert f"{corruption}: restoration" in done.stdout
+        assert f"{graphs} graphs at n_steps=2" in done.stdout
+    flows = json.loads(out.with_suffix(".flow.json").read_text())
+    # the share after the last block is 1 on every traced fact (cut completeness)
+    last = [row[-1] for rows in flows["shares"].values() for row in rows if row[-1]]
+    assert len(last) == 8 and np.allclose(last, 1.0, atol=1e-9)
+    from captum_iglens.studies.validation import RestorationResult
+
+    assert len(RestorationResult.load(out).facts) == 4
+
+
+def test_flow_onset_checks_the_output_first(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "flow_onset.py"),
+            "--dry-run",
+            "--json",
+            str(tmp_path / "missing" / "study.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode != 0
+    assert "the folder" in done.stderr and "does not exist" in done.stderr
+    assert "onsets against" not in done.stdout  # refused before the study ran

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     )
     from captum_iglens.studies.validation.ablation_study import run_validation
     from captum_iglens.studies.validation.facts import Fact, load_facts
+    from captum_iglens.studies.validation.flow_onset import FlowOnsets, flow_onsets
     from captum_iglens.studies.validation.plot import plot_restoration, plot_validation
     from captum_iglens.attr.subject_noise import embedding_std
     from captum_iglens.studies.validation.restoration import (
@@ -41,6 +42,8 @@ __getattr__, __dir__ = lazy_exports(
         "run_validation": "captum_iglens.studies.validation.ablation_study",
         "Fact": "captum_iglens.studies.validation.facts",
         "load_facts": "captum_iglens.studies.validation.facts",
+        "FlowOnsets": "captum_iglens.studies.validation.flow_onset",
+        "flow_onsets": "captum_iglens.studies.validation.flow_onset",
         "plot_restoration": "captum_iglens.studies.validation.plot",
         "plot_validation": "captum_iglens.studies.validation.plot",
         "CORRUPTIONS": "captum_iglens.studies.validation.restoration",
@@ -62,12 +65,14 @@ __all__ = [
     "STUDY_SETTINGS",
     "Ablation",
     "Fact",
+    "FlowOnsets",
     "Restoration",
     "RestorationResult",
     "StudyOptions",
     "ValidationResult",
     "ablate",
     "embedding_std",
+    "flow_onsets",
     "load_facts",
     "mean_updates",
     "plot_restoration",

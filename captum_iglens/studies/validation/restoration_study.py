@@ -197,13 +197,13 @@ def run_restoration(
     ig_lens = LayerIGLens.from_model(
         parts, settings.layers, max_chunk_bytes=settings.max_chunk_bytes
     )
-    encoded, subjects = zip(*(_subject_tokens(tokenizer, f) for f in facts))
+    encoded, subjects = zip(*(subject_tokens(tokenizer, f) for f in facts))
     noise_std = study.noise_scale * embedding_std(model)
     test = Restorations(
         parts,
         list(corruptions),
         subjects,
-        _counterfactuals(facts, encoded, subjects),
+        counterfactual_subjects(facts, encoded, subjects),
         noise_std,
         settings,
         study,
@@ -426,9 +426,23 @@ def _rule_summary(
     return out
 
 
-def _subject_tokens(tokenizer: Any, fact: Fact) -> Tuple[Tensor, Tensor]:
-    """The prompt's ids (as :func:`encode_prompt` without chat) and a ``(T,)``
-    bool mask of the tokens that overlap the subject's characters."""
+def subject_tokens(tokenizer: Any, fact: Fact) -> Tuple[Tensor, Tensor]:
+    r"""
+    A fact's prompt as the study runs it, and where its subject is.
+
+    Args:
+
+        tokenizer (PreTrainedTokenizerBase): The model's tokenizer.
+        fact (Fact): A fact with a subject.
+
+    Returns:
+        *tuple* of ``(T,)`` prompt ids (as :func:`encode_prompt` without chat)
+        and a ``(T,)`` bool mask of the tokens that overlap the subject's
+        characters.
+
+    Raises:
+        ValueError: If no token covers the subject.
+    """
     ids = encode_prompt(tokenizer, fact.prompt, chat=False)[0]
     span = fact.subject_span()
     assert span is not None  # the study keeps facts with a subject
@@ -438,12 +452,24 @@ def _subject_tokens(tokenizer: Any, fact: Fact) -> Tuple[Tensor, Tensor]:
     return ids, where
 
 
-def _counterfactuals(
+def counterfactual_subjects(
     facts: Sequence[Fact], encoded: Sequence[Tensor], subjects: Sequence[Tensor]
 ) -> List[Optional[Tensor]]:
-    """Per fact, its ids with the subject tokens of the next fact (in order,
-    cyclically) of the same relation whose subject has as many tokens, other
-    ids and another answer; None where there is none."""
+    r"""
+    The study's counterfactual prompts: per fact, its ids with the subject
+    tokens of the next fact (in order, cyclically) of the same relation whose
+    subject has as many tokens, other ids and another answer.
+
+    Args:
+
+        facts (Sequence[Fact]): The study's facts.
+        encoded (Sequence[Tensor]): Per fact, its ``(T,)`` prompt ids
+                    (:func:`subject_tokens`).
+        subjects (Sequence[Tensor]): Per fact, its ``(T,)`` subject mask.
+
+    Returns:
+        *list* of ``(T,)`` ids per fact, None where no fact fits.
+    """
     out: List[Optional[Tensor]] = []
     n = len(facts)
     for i, fact in enumerate(facts):
