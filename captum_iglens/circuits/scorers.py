@@ -11,7 +11,12 @@ A new method is one entry: ``SCORERS["name"] = function``.
 ``flow`` is the exact probability flow
 (:func:`~captum_iglens.circuits.flow_scores.flow_scores`, at
 :data:`~captum_iglens.flow_options.DEFAULT_STEPS` steps unless given,
-``"flow:8"``). The baselines, written from their papers:
+``"flow:8"``). ``joint`` and ``telescoping`` are IG-Lens's head maps of
+``p(answer)`` on the clean prompt lifted to edges, a node's credit shared
+equally by its in-edges and each edge into ``logits`` given its sender's
+credit (:mod:`~captum_iglens.circuits.node_scores`): what a ranking knows
+without the edges. They attribute ``p(answer)`` whatever the run's metric.
+The baselines, written from their papers:
 
 - ``eap`` (Syed et al., 2023): ``(z_u - z'_u) · ∂m/∂x_w`` at the clean
   input, summed over positions and averaged over pairs;
@@ -37,6 +42,7 @@ from captum_iglens.circuits.batches import Batch
 from captum_iglens.circuits.context import Scores, ScoringContext
 from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
 from captum_iglens.circuits.flow_scores import flow_scores
+from captum_iglens.circuits.node_scores import joint_scores, telescoping_scores
 from captum_iglens.flow_options import DEFAULT_STEPS
 
 
@@ -157,6 +163,8 @@ def patching(context: ScoringContext) -> Tensor:
 #: (:data:`GROUND_TRUTH`), the others are scored as circuits.
 SCORERS: Dict[str, Callable[[ScoringContext], Scores]] = {
     "flow": flow_scores,
+    "joint": joint_scores,
+    "telescoping": telescoping_scores,
     "eap": eap,
     "eap-ig-inputs": eap_ig_inputs,
     "eap-ig-activations": eap_ig_activations,

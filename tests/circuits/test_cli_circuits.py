@@ -105,3 +105,24 @@ def test_a_user_task_runs_end_to_end_and_resumes(tmp_path, capsys, tiny_folder):
     assert "flow:2: resumed" in err
     assert main([*common, "--out", str(out), "--metric", "prob"]) == 2
     assert "holds a run with another metric" in _error(capsys)
+
+
+def test_the_lifted_node_maps_run_end_to_end(tmp_path, capsys, tiny_folder):
+    folder, pair = tiny_folder
+    task = _task(tmp_path, [json.dumps(pair)] * 2)
+    out = tmp_path / "out"
+    command = ["circuits", "--task", task, "--model", str(folder), "--pairs", "2"]
+    command += ["--methods", "joint,telescoping", "--bootstrap", "20"]
+    command += ["--out", str(out), "--json", str(tmp_path / "c.json")]
+    assert main(command) == 0
+    printed = capsys.readouterr()
+    assert "joint: score" in printed.err and "telescoping: score" in printed.err
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert [c["method"] for c in data["curves"]] == ["joint", "telescoping"]
+    for c in data["curves"]:  # every edge kept: the model itself
+        assert c["f"][-1] == pytest.approx(1.0, abs=1e-4)
+    for name in ("joint", "telescoping"):
+        assert (out / "methods" / f"{name}.pt").exists()
+    assert main(command) == 0
+    err = capsys.readouterr().err
+    assert "joint: resumed" in err and "telescoping: resumed" in err
