@@ -3,6 +3,7 @@
     python benchmarks/flow.py exactness     # |Σ − Δm|, conservation at 1, 8, default
     python benchmarks/flow.py convergence   # max/mean |edge − edge_ref| per n_steps
     python benchmarks/flow.py cost          # one graph against its floor
+    python benchmarks/flow.py plain --steps 4 16 64  # the plain terms' errors
     python benchmarks/flow.py long --tokens 1000 --n-steps 2 [--qkv]
     python benchmarks/flow.py long --dry-run  # a tiny random model (CI)
 
@@ -13,12 +14,16 @@ Riemann sums at the same steps). ``convergence`` compares the exact estimator's
 edges at each step count with a many-step reference. ``cost`` times one graph
 of an IOI-sized prompt on SmolLM2 against its floor, ``n_steps + 1`` forward and
 backward passes of the model on the same points (the gradient of the target
-with respect to the embeddings, the same batching), from one run. ``long`` runs
-one graph of a ``--tokens``-token prompt on SmolLM2 (a paragraph repeated,
-then "The capital of France is" against "... Italy is", target " Paris")
-within ``--max-chunk-mib``, and prints its wall time, the process's peak
-resident memory and its exactness; run it once per process, so that the peak
-is that graph's.
+with respect to the embeddings, the same batching), from one run. ``plain``
+prints, per model and step count, what the plain trapezoid terms miss
+(``|Σ − Δm|``, the worst conservation error) and how far the exact estimator
+moves the embeddings' outflows from them (the plain ones are Captum's LIG): on
+post-norm families the per-head conservation error does not shrink with the
+steps. ``long`` runs one graph of a ``--tokens``-token prompt on SmolLM2 (a
+paragraph repeated, then "The capital of France is" against "... Italy is",
+target " Paris") within ``--max-chunk-mib``, and prints its wall time, the
+process's peak resident memory and its exactness; run it once per process, so
+that the peak is that graph's.
 """
 
 import argparse
@@ -105,6 +110,29 @@ def convergence(models, steps, reference):
             print(
                 f"{name:8} {n:7d}  {gap.max():.3e}      {gap.mean():.3e}       "
                 f"{abs(ref).max():.3e}"
+            )
+
+
+def plain(models, steps):
+    print("model    n_steps  plain |Σ-Δm|  plain conservation  max|exact-plain input|")
+    for name in models:
+        model, tok = load_embedded(name, progress=False)
+        flow = ProbabilityFlow(model, tok)
+        for n in steps:
+            exact, first_order = (
+                flow.attribute(
+                    SHORT[0],
+                    counterfactual=SHORT[1],
+                    target=SHORT[2],
+                    n_steps=n,
+                    method=method,
+                )
+                for method in ("prediction_aware", "riemann_trapezoid")
+            )
+            moved = abs(exact.input_flows - first_order.input_flows).max()
+            print(
+                f"{name:8} {n:7d}  {first_order.completeness_error:.2e}      "
+                f"{first_order.conservation_error:.2e}            {moved:.2e}"
             )
 
 
@@ -213,7 +241,9 @@ def long(tokens, n_steps, qkv, chunk_mib, dry_run):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("exactness", "convergence", "cost", "long"))
+    parser.add_argument(
+        "what", choices=("exactness", "convergence", "plain", "cost", "long")
+    )
     parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--reference", type=int, default=128)
@@ -228,6 +258,8 @@ def main():
         exactness(args.models)
     elif args.what == "convergence":
         convergence(args.models, args.steps, args.reference)
+    elif args.what == "plain":
+        plain(args.models, args.steps)
     elif args.what == "cost":
         cost(args.n_steps, args.batch)
     elif args.dry_run:

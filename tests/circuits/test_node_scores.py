@@ -93,7 +93,9 @@ def test_scores_into_each_node_add_up_to_its_credit(pairs, path):
             assert float(edges.sum()) == pytest.approx(credits[name], abs=1e-7)
             assert torch.allclose(edges, edges[0].expand_as(edges))  # equal shares
         into_logits = scores[graph.legal[:, logits], logits]
-        expected = torch.tensor([credits[n] for n in graph.senders], dtype=torch.float64)
+        expected = torch.tensor(
+            [credits[n] for n in graph.senders], dtype=torch.float64
+        )
         assert torch.allclose(into_logits, expected, atol=1e-9)
         with torch.no_grad():
             probs = model(input_ids=pair.clean).logits[0, -1].softmax(-1)

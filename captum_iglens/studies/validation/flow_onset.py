@@ -90,7 +90,7 @@ class FlowOnsets:
         Returns:
             *str*.
         """
-        metrics = ("within_2", "mean_lateness", "mean_abs_diff")
+        metrics = ("within_2", "mean_lateness", "mean_abs_diff", "gain_spearman")
         lines: List[str] = []
         for c, rows in self.summary.items():
             table = {FLOW_METHOD: rows, **result.summary[c]["all"]}

@@ -6,6 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from scipy.stats import spearmanr
 
 from captum_iglens.attr.flow import ProbabilityFlow
 from captum_iglens.studies.validation import (
@@ -88,9 +89,17 @@ def test_flow_onsets_by_hand(llama4, study):
             found.onsets[c], result.causal_onsets[c], np.full(4, np.nan), 50, 0
         )
         assert row["mean_abs_diff"] == expected["mean_abs_diff"]
+        # the share's gains per block against the recovery's, per traced token
+        gains = [
+            spearmanr(np.diff(shares[i], prepend=0), np.diff(recovery, prepend=0))[0]
+            for i, recovery in enumerate(result.recovery(c))
+            if not np.isnan(result.causal_onsets[c][i])
+        ]
+        assert row["gain_spearman"]["mean"] == pytest.approx(np.mean(gains))
     assert found.settings["graphs"] == {"noise": 8, "counterfactual": 4}
     table = found.format_table(result)
     assert FLOW_METHOD in table and "dla" in table and "[noise]" in table
+    assert "gain_spearman" in table
 
 
 def test_flow_onsets_refuse_a_result_of_another_model(llama4, study):
