@@ -88,12 +88,13 @@ def sender_columns(lens: LayerIGLens, graph: EdgeGraph, names: list) -> Dict[int
     out: Dict[int, int] = {}
     for j, name in enumerate(names):
         column = Column.parse(name)
+        block = str(column.block)  # named by every column but input's
         if column.kind == "input":
             sender = "input"
         elif column.kind == "head":
-            sender = f"a{lens.layer_names.index(column.block)}.h{column.index}"
+            sender = f"a{lens.layer_names.index(block)}.h{column.index}"
         elif column.kind == "sublayer" and column.part == "mlp":
-            sender = f"m{lens.layer_names.index(column.block)}"
+            sender = f"m{lens.layer_names.index(block)}"
         else:
             raise ValueError(f"model: the head map's column {name!r} is no node")
         out[senders[sender]] = j
@@ -132,35 +133,19 @@ def node_credits(context: ScoringContext, path: str) -> Tensor:
     return torch.cat(rows)
 
 
-def joint_scores(context: ScoringContext) -> Tensor:
+def lifted_scores(context: ScoringContext, path: str) -> Tensor:
     r"""
-    The joint head map lifted to edges (:func:`lift_to_edges`), averaged
-    over pairs.
+    A path's head map lifted to edges (:func:`lift_to_edges`), averaged over
+    pairs: ``SCORERS["joint"]`` and ``SCORERS["telescoping"]``.
 
     Args:
 
         context (ScoringContext): The pairs (the metric is not used: the map
                     attributes ``p(answer)``).
+        path (str): ``"joint"`` or ``"telescoping"``.
 
     Returns:
         *Tensor*: ``(S, R)`` float64.
     """
-    mean = node_credits(context, "joint").sum(0) / context.n_pairs
-    return lift_to_edges(context.model.graph, mean)
-
-
-def telescoping_scores(context: ScoringContext) -> Tensor:
-    r"""
-    The telescoping head map lifted to edges (:func:`lift_to_edges`),
-    averaged over pairs.
-
-    Args:
-
-        context (ScoringContext): The pairs (the metric is not used: the map
-                    attributes ``p(answer)``).
-
-    Returns:
-        *Tensor*: ``(S, R)`` float64.
-    """
-    mean = node_credits(context, "telescoping").sum(0) / context.n_pairs
+    mean = node_credits(context, path).sum(0) / context.n_pairs
     return lift_to_edges(context.model.graph, mean)

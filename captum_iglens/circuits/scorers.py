@@ -33,6 +33,7 @@ The baselines, written from their papers:
   correlations, not a circuit.
 """
 
+from functools import partial
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -42,7 +43,7 @@ from captum_iglens.circuits.batches import Batch
 from captum_iglens.circuits.context import Scores, ScoringContext
 from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
 from captum_iglens.circuits.flow_scores import flow_scores
-from captum_iglens.circuits.node_scores import joint_scores, telescoping_scores
+from captum_iglens.circuits.node_scores import lifted_scores
 from captum_iglens.flow_options import DEFAULT_STEPS
 
 
@@ -163,8 +164,8 @@ def patching(context: ScoringContext) -> Tensor:
 #: (:data:`GROUND_TRUTH`), the others are scored as circuits.
 SCORERS: Dict[str, Callable[[ScoringContext], Scores]] = {
     "flow": flow_scores,
-    "joint": joint_scores,
-    "telescoping": telescoping_scores,
+    "joint": partial(lifted_scores, path="joint"),
+    "telescoping": partial(lifted_scores, path="telescoping"),
     "eap": eap,
     "eap-ig-inputs": eap_ig_inputs,
     "eap-ig-activations": eap_ig_activations,
