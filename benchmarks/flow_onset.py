@@ -11,7 +11,8 @@ methods of ``METHODS``), then one flow graph per fact and draw (noise) and per
 fact (counterfactual subject), and prints, per corruption, each method's onset
 against the causal onset (the share within ±2 blocks, mean lateness, mean
 |Δonset|, with BCa 95% intervals over the tokens the corruption affects) and
-what each part cost: the flows beside restoration's ``L × seeds`` forwards.
+what each part cost: the flows beside restoration's ``L × seeds`` forwards
+(a line per fact while the flows run).
 ``--json`` writes the study (``RestorationResult``) and the flow's shares and
 onsets beside it (``PATH`` and ``PATH`` with ``.flow.json``).
 """
@@ -68,7 +69,7 @@ def main() -> None:
         progress=False,
     )
     study_seconds = time.perf_counter() - tick
-    found = flow_onsets(model, tokenizer, result, n_steps=args.n_steps)
+    found = flow_onsets(model, tokenizer, result, n_steps=args.n_steps, progress=True)
     print(found.format_table(result))
     parts = result.settings["seconds_by_part"]
     print(f"\ncost, {len(result.facts)} facts, {len(result.layer_names)} blocks")
