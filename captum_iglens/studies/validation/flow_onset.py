@@ -37,14 +37,13 @@ from captum_iglens.flow_graph import FlowGraph
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.studies.validation.restoration_study import (
     counterfactual_subjects,
+    gain_spearman,
     subject_tokens,
 )
 from captum_iglens.studies.validation.result import RestorationResult
 from captum_iglens.studies.validation.stats import (
     causal_onset,
     onset_agreement,
-    recovery_gains,
-    spearman,
 )
 
 #: The method's name in tables.
@@ -185,7 +184,11 @@ def flow_onsets(
         c: onset_agreement(
             onsets[c],
             result.causal_onsets[c],
-            _gain_spearman(shares[c], result.recovery(c), result.causal_onsets[c]),
+            gain_spearman(
+                np.diff(shares[c], axis=1, prepend=0.0),  # the share's gains
+                result.recovery(c),
+                ~np.isnan(result.causal_onsets[c]),
+            ),
             settings["n_bootstrap"],
             settings["seed"],
         )
@@ -219,18 +222,6 @@ def _onsets(shares: np.ndarray, threshold: float) -> np.ndarray:
         if not np.isnan(row).any():
             onset = causal_onset(row, threshold)
             out[i] = np.nan if onset < 0 else onset
-    return out
-
-
-def _gain_spearman(
-    shares: np.ndarray, recovery: np.ndarray, causal: np.ndarray
-) -> np.ndarray:
-    """Per token with a causal onset, the Spearman correlation of the share's
-    gains per block with the recovery's."""
-    out = np.full(len(shares), np.nan)
-    for i in np.flatnonzero(~np.isnan(causal)):
-        if not np.isnan(shares[i]).any() and np.isfinite(recovery[i]).all():
-            out[i] = spearman(recovery_gains(shares[i]), recovery_gains(recovery[i]))
     return out
 
 

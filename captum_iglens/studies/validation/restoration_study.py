@@ -382,7 +382,7 @@ def _summary(
                 m: onset_agreement(
                     np.where(members, onsets[m], np.nan),
                     causal[c],
-                    _gain_spearman(scored.scores[m], recovery, members),
+                    gain_spearman(scored.scores[m], recovery, members),
                     study.n_bootstrap,
                     study.seed,
                 )
@@ -407,8 +407,7 @@ def _rule_summary(
     for c, columns in probs.items():
         recovery, members = _recovery(columns), _effective(columns, study)
         gains = {
-            m: _gain_spearman(scored.scores[m], recovery, members)
-            for m in scored.scores
+            m: gain_spearman(scored.scores[m], recovery, members) for m in scored.scores
         }
         out[c] = {
             rule: {
@@ -518,9 +517,23 @@ def _onset(row: np.ndarray, frac: float, rule: str) -> float:
     return np.nan if onset < 0 else float(onset)
 
 
-def _gain_spearman(
+def gain_spearman(
     scores: np.ndarray, recovery: np.ndarray, members: np.ndarray
 ) -> np.ndarray:
+    r"""
+    Per token, the Spearman correlation of its per-block scores with its
+    recovery gains (:func:`~captum_iglens.studies.validation.stats.recovery_gains`).
+
+    Args:
+
+        scores (np.ndarray): ``(N, k)`` scores, NaN rows where not run.
+        recovery (np.ndarray): ``(N, k)`` recoveries.
+        members (np.ndarray): ``(N,)`` bool: the tokens to correlate.
+
+    Returns:
+        *np.ndarray* ``(N,)``: NaN outside ``members`` and where a row is not
+        finite.
+    """
     out = np.full(len(scores), np.nan)
     for i in np.flatnonzero(members):
         if not np.isnan(scores[i]).any() and np.isfinite(recovery[i]).all():
