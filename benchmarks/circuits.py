@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from captum_iglens.circuits.generators import GENERATORS
+from captum_iglens.circuits.scorers import GROUND_TRUTH
 from captum_iglens.cli import main
 
 
@@ -36,12 +37,16 @@ def _rows(result: Dict[str, Any], model: str, task: str) -> List[str]:
     rows = []
     for c in result["curves"]:
         cost = sum(c["seconds"].values())
-        rho = result["correlations"].get(c["method"])
+        rho = [
+            result["correlations"].get(truth, {}).get(c["method"])
+            for truth in GROUND_TRUTH
+        ]
         rows.append(
             f"| {model} | {task} | {result['counts']['scored']} | {c['method']} "
             f"| {c['cpr']:.3f} [{c['cpr_ci'][0]:.3f}, {c['cpr_ci'][1]:.3f}] "
             f"| {c['cmd']:.3f} [{c['cmd_ci'][0]:.3f}, {c['cmd_ci'][1]:.3f}] "
-            f"| {'—' if rho is None else f'{rho:+.2f}'} | {cost:.0f} s |"
+            f"| {' / '.join('—' if r is None else f'{r:+.2f}' for r in rho)} "
+            f"| {cost:.0f} s |"
         )
     return rows
 
@@ -52,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(exist_ok=True)
     table = [
         "| model | task | pairs | method | CPR [95% CI] | CMD [95% CI] "
-        "| ρ with patching | cost |",
+        f"| ρ with {' / '.join(GROUND_TRUTH)} | cost |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for model in args.models:

@@ -29,8 +29,14 @@ The baselines, written from their papers:
   receiver score that group's edges;
 - ``random``: uniform scores under the context's seed;
 - ``patching``: exact single-edge patching, ``m(N) − m(N \ e)``, on a random
-  subsample of edges (NaN elsewhere): the ground truth of the rank
-  correlations, not a circuit.
+  subsample of edges (NaN elsewhere);
+- ``patching-nodes``: exact patching of each node alone, ``m(N) − m(N \ u)``
+  with every write of ``u`` replaced by its counterfactual one, shared equally
+  by ``u``'s out-edges.
+
+The last two are the ground truth of the rank correlations, not circuits
+(:data:`GROUND_TRUTH` says how each is compared: edge by edge on the sampled
+edges, or node by node on each sender's total over its out-edges).
 """
 
 from functools import partial
@@ -43,6 +49,7 @@ from captum_iglens.circuits.batches import Batch
 from captum_iglens.circuits.context import Scores, ScoringContext
 from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
 from captum_iglens.circuits.flow_scores import flow_scores
+from captum_iglens.circuits.graph import EdgeGraph
 from captum_iglens.circuits.node_scores import lifted_scores
 from captum_iglens.flow_options import DEFAULT_STEPS
 
@@ -160,8 +167,48 @@ def patching(context: ScoringContext) -> Tensor:
     return scores / context.n_pairs
 
 
-#: The scorers by name. ``patching`` is the ground truth of rank correlations
-#: (:data:`GROUND_TRUTH`), the others are scored as circuits.
+def node_patching(context: ScoringContext) -> Tensor:
+    """Exact patching of each node alone, shared equally by its out-edges."""
+    graph = context.model.graph
+    m = METRIC_FUNCTIONS[context.metric]
+    effects = torch.zeros(graph.n_senders, dtype=torch.float64)
+    with torch.no_grad():
+        for batch in context.batches:
+            clean, other = _writes(context, batch)
+            full = m(context.model.run(batch.clean).logits, batch.answer, batch.foil)
+            for group, senders in enumerate(_group_slices(context)):
+                for node in range(senders.start, senders.stop):
+                    mixed = clean[:, senders].clone()
+                    mixed[:, node - senders.start] = other[:, node]
+                    run = context.model.run(batch.clean, override=(group, mixed))
+                    patched = m(run.logits, batch.answer, batch.foil)
+                    effects[node] += float((full - patched).sum())
+    legal = graph.legal.double()
+    return legal * (effects / context.n_pairs / legal.sum(1)).unsqueeze(1)
+
+
+def _sampled_edges(
+    graph: EdgeGraph, scores: Tensor, truth: Tensor
+) -> Tuple[Tensor, Tensor]:
+    """Edge by edge, on the edges the ground truth scored."""
+    sampled = torch.isfinite(truth)
+    return scores[sampled], truth[sampled]
+
+
+def _node_totals(
+    graph: EdgeGraph, scores: Tensor, truth: Tensor
+) -> Tuple[Tensor, Tensor]:
+    """Node by node: each sender's total over its out-edges."""
+
+    def totals(x: Tensor) -> Tensor:
+        return torch.where(graph.legal, x, 0.0).sum(1)
+
+    return totals(scores), totals(truth)
+
+
+#: The scorers by name. ``patching`` and ``patching-nodes`` are the ground
+#: truth of rank correlations (:data:`GROUND_TRUTH`), the others are scored as
+#: circuits.
 SCORERS: Dict[str, Callable[[ScoringContext], Scores]] = {
     "flow": flow_scores,
     "joint": partial(lifted_scores, path="joint"),
@@ -171,10 +218,18 @@ SCORERS: Dict[str, Callable[[ScoringContext], Scores]] = {
     "eap-ig-activations": eap_ig_activations,
     "random": random_scores,
     "patching": patching,
+    "patching-nodes": node_patching,
 }
 
-#: Scorers that score a subsample of edges, for rank correlations only.
-GROUND_TRUTH = ("patching",)
+#: The ground-truth scorers, for rank correlations only, each with what it
+#: compares: ``(graph, scores, truth) -> (a, b)``, the two vectors whose
+#: Spearman correlation is reported.
+GROUND_TRUTH: Dict[
+    str, Callable[[EdgeGraph, Tensor, Tensor], Tuple[Tensor, Tensor]]
+] = {
+    "patching": _sampled_edges,
+    "patching-nodes": _node_totals,
+}
 
 #: Scorers that take a step count (``"eap-ig-inputs:20"``), with their default.
 STEPS: Dict[str, int] = {

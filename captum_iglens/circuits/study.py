@@ -102,7 +102,7 @@ CIRCUITS_SCHEMA = Record(
     n_edges=Integer(low=1),
     percents=ListOf(Number(low=0), "K", nonempty=True),
     curves=ListOf(_CURVE),
-    correlations=Default(MapOf(Number())),
+    correlations=Default(MapOf(MapOf(Number()))),
     seconds=Default(MapOf(Number(low=0))),
     best=Default(MapOf(ListOf(Text()))),
     options=Default(Json()),
@@ -125,8 +125,11 @@ class CircuitsResult(JsonDocument):
         n_edges (int): The graph's edges.
         percents (list[float]): The circuit sizes, percent of edges.
         curves (list[Curve]): One per circuit method.
-        correlations (dict[str, float]): Spearman's rank correlation of each
-                    method's scores with exact patching's, on its subsample.
+        correlations (dict[str, dict[str, float]]): Per ground truth
+                    (``patching``, ``patching-nodes``), Spearman's rank
+                    correlation of each method's scores with its scores, as
+                    :data:`~captum_iglens.circuits.scorers.GROUND_TRUTH`
+                    compares them.
         seconds (dict[str, float]): Wall time per stage.
         best (dict[str, list[str]]): Per method, the edges of its circuit
                     (absolute ranking) at its :func:`best_size`.
@@ -142,7 +145,7 @@ class CircuitsResult(JsonDocument):
     n_edges: int
     percents: List[float]
     curves: List[Curve]
-    correlations: Dict[str, float] = field(default_factory=dict)
+    correlations: Dict[str, Dict[str, float]] = field(default_factory=dict)
     seconds: Dict[str, float] = field(default_factory=dict)
     best: Dict[str, List[str]] = field(default_factory=dict)
     options: Dict[str, Any] = field(default_factory=dict)
@@ -192,8 +195,9 @@ class CircuitsResult(JsonDocument):
                 f"{c.method:<20} {c.cpr:7.3f} [{c.cpr_ci[0]:6.3f}, {c.cpr_ci[1]:6.3f}] "
                 f"{c.cmd:7.3f} [{c.cmd_ci[0]:6.3f}, {c.cmd_ci[1]:6.3f}]  {cost}"
             )
-        for name, rho in self.correlations.items():
-            lines.append(f"Spearman with exact patching: {name} {rho:+.3f}")
+        for truth, by_method in self.correlations.items():
+            for name, rho in by_method.items():
+                lines.append(f"Spearman with {truth}: {name} {rho:+.3f}")
         return "\n".join(lines)
 
 
@@ -412,15 +416,14 @@ def gather(
     correlations with exact patching, and each method's best circuit."""
     graph = model.graph
     curves = [Curve(**r["curve"]) for r in records if r["curve"] is not None]
-    correlations: Dict[str, float] = {}
-    truth = [r for r in records if r["curve"] is None]
-    if truth:
-        sampled = torch.isfinite(truth[0]["scores"])
-        for r in records:
-            if r["curve"] is not None:
-                correlations[r["name"]] = spearman(
-                    r["scores"][sampled], truth[0]["scores"][sampled]
-                )
+    correlations: Dict[str, Dict[str, float]] = {}
+    for truth in (r for r in records if r["curve"] is None):
+        compared = GROUND_TRUTH[truth["name"]]
+        correlations[truth["name"]] = {
+            r["name"]: spearman(*compared(graph, r["scores"], truth["scores"]))
+            for r in records
+            if r["curve"] is not None
+        }
     best: Dict[str, List[str]] = {}
     for r in records:
         if r["curve"] is None:

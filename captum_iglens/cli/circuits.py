@@ -35,7 +35,8 @@ def _methods_help() -> str:
 
     return (
         f"comma-separated scorers: {', '.join(SCORERS)} (patching: exact "
-        "single-edge patching on --sample edges, for rank correlations); "
+        "single-edge patching on --sample edges; patching-nodes: every node "
+        "patched alone; both for rank correlations); "
         f"{', '.join(STEPS)} take a step count, e.g. {next(iter(STEPS))}:20 "
         f"(default: {DEFAULT_METHODS})"
     )

@@ -126,3 +126,47 @@ def test_the_lifted_node_maps_run_end_to_end(tmp_path, capsys, tiny_folder):
     assert main(command) == 0
     err = capsys.readouterr().err
     assert "joint: resumed" in err and "telescoping: resumed" in err
+
+
+def test_both_ground_truths_are_correlated_end_to_end(tmp_path, capsys, tiny_folder):
+    """Each ground truth is compared its own way: single-edge patching on its
+    sampled edges, node patching on each sender's total over its out-edges
+    (checked against scipy on the saved scores)."""
+    import torch
+    from scipy.stats import spearmanr
+
+    from captum_iglens.circuits.graph import EdgeGraph
+
+    folder, pair = tiny_folder
+    task = _task(tmp_path, [json.dumps(pair)] * 2)
+    out = tmp_path / "out"
+    command = ["circuits", "--task", task, "--model", str(folder), "--pairs", "2"]
+    command += ["--methods", "eap,random,patching-nodes,patching", "--sample", "30"]
+    command += ["--bootstrap", "20", "--out", str(out)]
+    command += ["--json", str(tmp_path / "c.json")]
+    assert main(command) == 0
+    printed = capsys.readouterr().out
+    assert "Spearman with patching-nodes: eap" in printed
+    assert "Spearman with patching: random" in printed
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert [c["method"] for c in data["curves"]] == ["eap", "random"]
+    saved = {
+        name: torch.load(out / "methods" / f"{name}.pt", weights_only=True)
+        for name in ("eap", "random", "patching-nodes", "patching")
+    }
+    legal = EdgeGraph(2, 4).legal
+    assert legal.shape == saved["eap"].shape
+
+    def totals(x):
+        return torch.where(legal, x, 0.0).sum(1).numpy()
+
+    sampled = torch.isfinite(saved["patching"])
+    assert int(sampled.sum()) == 30
+    for name in ("eap", "random"):
+        nodes = spearmanr(totals(saved[name]), totals(saved["patching-nodes"]))[0]
+        edges = spearmanr(
+            saved[name][sampled].numpy(), saved["patching"][sampled].numpy()
+        )[0]
+        assert data["correlations"]["patching-nodes"][name] == pytest.approx(nodes)
+        assert data["correlations"]["patching"][name] == pytest.approx(edges)
+    assert data["correlations"]["patching-nodes"]["eap"] > 0.5  # first-order term

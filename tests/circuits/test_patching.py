@@ -220,6 +220,48 @@ def test_random_and_patching_scorers(known):
             assert abs(exact[s, r].item()) < 1e-6
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_node_patching_scorer_is_edge_patching_of_every_out_edge(family):
+    """Each node's effect equals the edge-patched run without any of its
+    out-edges, and is shared equally by them."""
+    bound = CircuitModel(tiny_model(family))
+    graph = bound.graph
+    generator = torch.Generator().manual_seed(3)
+    clean = torch.randint(4, 128, (3, 5), generator=generator)
+    other = clean.clone()
+    other[:, 1:3] = torch.randint(4, 128, (3, 2), generator=generator)
+    answer, foil = torch.tensor([5, 6, 7]), torch.tensor([8, 9, 10])
+    batch = Batch(clean, other, answer, foil, torch.arange(3))
+    context = ScoringContext(bound, None, [batch], 3, "logit_diff")
+    scores = SCORERS["patching-nodes"](context)
+    assert (scores[~graph.legal] == 0).all()
+    keeps = []
+    for u in range(graph.n_senders):
+        keep = graph.legal.clone()
+        keep[u] = False
+        keeps.append(keep)
+    full, _, m = patched_metrics(bound, [batch], keeps, "logit_diff", 3)
+    expected = (full - m).mean(1).double()
+    torch.testing.assert_close(scores.sum(1), expected, atol=1e-5, rtol=1e-5)
+    for u in range(graph.n_senders):
+        row = scores[u][graph.legal[u]]
+        torch.testing.assert_close(row, row[:1].expand_as(row))
+    assert expected.abs().min() < expected.abs().max() / 10  # nodes differ
+
+
+def test_known_circuit_nodes_alone_carry_the_node_patching(known):
+    bound, batch, _ = known
+    context = ScoringContext(bound, None, [batch], 16, "logit_diff")
+    effects = SCORERS["patching-nodes"](context).sum(1)
+    senders = bound.graph.senders
+    writing = {"input", "a0.h0", "a1.h0"}
+    for name, effect in zip(senders, effects.tolist()):
+        if name in writing:
+            assert abs(effect) > 1e-3, name
+        else:
+            assert abs(effect) < 1e-6, name
+
+
 def test_node_patching_keeps_every_edge_out_of_the_kept_nodes(known):
     bound, batch, _ = known
     graph = bound.graph
