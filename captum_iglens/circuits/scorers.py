@@ -55,13 +55,22 @@ from captum_iglens.flow_options import DEFAULT_STEPS
 
 
 def _receiver_grads(
-    context: ScoringContext, batch: Batch, override: Optional[Tuple[int, Tensor]] = None
+    context: ScoringContext,
+    batch: Batch,
+    override: Optional[Tuple[int, Tensor]] = None,
+    first: int = 0,
 ) -> Tensor:
-    r"""``∂ Σ_pairs m / ∂x_w`` for every receiver, ``(B, R, T, d)``."""
+    r"""
+    ``∂ Σ_pairs m / ∂x_w`` for every receiver, ``(B, R, T, d)``; zero for the
+    receivers before sender group ``first``'s readers (the backward stops
+    there: a group's writes reach no earlier receiver).
+    """
     run = context.model.run(batch.clean, override=override, receiver_grads=True)
     value = METRIC_FUNCTIONS[context.metric](run.logits, batch.answer, batch.foil).sum()
-    grads = torch.autograd.grad(value, run.inputs, materialize_grads=True)
-    return torch.cat(grads, 1)
+    wanted = run.inputs[first:]
+    grads = torch.autograd.grad(value, wanted, materialize_grads=True)
+    before = [torch.zeros_like(x) for x in run.inputs[:first]]
+    return torch.cat([*before, *grads], 1)
 
 
 def _writes(context: ScoringContext, batch: Batch) -> List[Tensor]:
@@ -125,7 +134,7 @@ def eap_ig_activations(context: ScoringContext) -> Tensor:
                 mixed = other[:, senders] + k / context.steps * (
                     clean[:, senders] - other[:, senders]
                 )
-                step = _receiver_grads(context, batch, (group, mixed))
+                step = _receiver_grads(context, batch, (group, mixed), group)
                 grads = step if grads is None else grads + step
             assert grads is not None
             diff = (clean - other)[:, senders]
