@@ -5,6 +5,7 @@
     python benchmarks/flow.py cost          # one graph against its floor
     python benchmarks/flow.py plain --steps 4 16 64  # the plain terms' errors
     python benchmarks/flow.py long --tokens 1000 --n-steps 2 [--qkv]
+    python benchmarks/flow.py long --shape llama-1b --tokens 128 --n-steps 2
     python benchmarks/flow.py long --dry-run  # a tiny random model (CI)
 
 ``exactness`` runs both models at ``n_steps`` 1, 8 and the default (with
@@ -23,7 +24,10 @@ steps. ``long`` runs one graph of a ``--tokens``-token prompt on SmolLM2 (a
 paragraph repeated, then "The capital of France is" against "... Italy is",
 target " Paris") within ``--max-chunk-mib``, and prints its wall time, the
 process's peak resident memory and its exactness; run it once per process, so
-that the peak is that graph's.
+that the peak is that graph's. With ``--shape`` (and ``--dtype``) it runs a
+random model of ``benchmarks/scale.py``'s shapes, whole, on random tokens
+against the same tokens with the second-to-last one changed, the target the
+model's top token.
 """
 
 import argparse
@@ -200,16 +204,16 @@ def long_prompts(tok, tokens):
     return [torch.tensor([context + tail]) for tail in tails]
 
 
-def long(tokens, n_steps, qkv, chunk_mib, dry_run):
-    if dry_run:
+def long(tokens, n_steps, qkv, chunk_mib, shape=None, dtype="float32"):
+    if shape is not None:  # a random model of benchmarks/scale.py's shapes
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from scale import build, inputs
+        from scale import DTYPES, build, inputs
 
-        model, tok = build("tiny", torch.float32), None
+        model, tok = build(shape, DTYPES[dtype]), None
         ids = inputs(model, tokens)[0]
         other = ids.clone()
         other[0, -2] = (other[0, -2] + 1) % model.config.vocab_size
-        target, name = None, "tiny"
+        target, name = None, f"{shape} ({dtype})"
     else:
         model, tok = load_embedded("smollm2", progress=False)
         ids, other = long_prompts(tok, tokens)
@@ -253,6 +257,10 @@ def main():
     parser.add_argument("--qkv", action="store_true")
     parser.add_argument("--max-chunk-mib", type=int, default=256)
     parser.add_argument("--dry-run", action="store_true", help="long: tiny model")
+    parser.add_argument(
+        "--shape", help="long: a random model of benchmarks/scale.py's SHAPES"
+    )
+    parser.add_argument("--dtype", default="float32", help="long, with --shape")
     args = parser.parse_args()
     if args.what == "exactness":
         exactness(args.models)
@@ -263,9 +271,16 @@ def main():
     elif args.what == "cost":
         cost(args.n_steps, args.batch)
     elif args.dry_run:
-        long(16, 2, True, 1, dry_run=True)
+        long(16, 2, True, 1, shape="tiny")
     else:
-        long(args.tokens, args.n_steps, args.qkv, args.max_chunk_mib, dry_run=False)
+        long(
+            args.tokens,
+            args.n_steps,
+            args.qkv,
+            args.max_chunk_mib,
+            shape=args.shape,
+            dtype=args.dtype,
+        )
 
 
 if __name__ == "__main__":

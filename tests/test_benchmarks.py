@@ -133,7 +133,7 @@ def test_flow_long_dry_run():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     line = done.stdout.strip().splitlines()[-1]
-    assert line.startswith("tiny, 16 tokens, n_steps 2, qkv yes")
+    assert line.startswith("tiny (float32), 16 tokens, n_steps 2, qkv yes")
     assert "1 MiB: 2 path point(s) per forward" in line  # chosen by the budget
     found = re.search(r"\|Σ-Δm\| (\S+), worst conservation (\S+),", line)
     assert found and max(float(found[1]), float(found[2])) <= 1e-6
