@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     for model in args.models:
         for task in args.tasks:
-            name = f"{model}-{task}"
+            name = f"{Path(model).name}-{Path(task).stem}"  # names, folders or files
             command = ["circuits", "--task", task, "--model", model]
             command += ["--pairs", str(args.pairs), "--generate", str(args.generate)]
             command += ["--methods", args.methods, "--batch-size", str(args.batch_size)]
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             if status != 0:
                 return status
             result = json.loads((out / f"{name}.json").read_text(encoding="utf-8"))
-            table += _rows(result, model, task)
+            table += _rows(result, Path(model).name, Path(task).stem)
     date = datetime.date.today().isoformat()
     print(f"\n`python {' '.join(sys.argv)}` (commit {_commit()}, {date})\n")
     print("\n".join(table))
@@ -82,8 +82,15 @@ def run(args: argparse.Namespace) -> int:
 def parse_args() -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
-    parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
-    parser.add_argument("--tasks", nargs="+", default=list(GENERATORS))
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["smollm2", "gemma3"],
+        help="embedded model names or model folders",
+    )
+    parser.add_argument(
+        "--tasks", nargs="+", default=list(GENERATORS), help="shipped tasks or files"
+    )
     parser.add_argument("--pairs", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument(

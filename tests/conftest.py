@@ -51,3 +51,24 @@ def embedded_model(request):
     """Each embedded model in turn, as ``(name, model, tokenizer)``."""
     fixture = {"smollm2": "default_model", "gemma3": "gemma3_model"}[request.param]
     return (request.param, *request.getfixturevalue(fixture))
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    """The tiny Llama and its word tokenizer saved as a local model folder, and
+    a pair its clean prompt answers (the answer is its top token there among
+    t4-t9, words the tokenizer keeps whole)."""
+    import torch
+
+    from tests.tiny_models import tiny_model, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny")
+    model, tokenizer = tiny_model("llama"), tiny_tokenizer()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    clean, other = "t5 t6 t7 t8", "t5 t9 t7 t8"
+    with torch.no_grad():
+        logits = model(**tokenizer(clean, return_tensors="pt")).logits[0, -1]
+    top = [int(i) for i in logits.argsort(descending=True) if 3 < int(i) < 10]
+    pair = {"clean": clean, "counterfactual": other}
+    return folder, dict(pair, answer=f"t{top[0]}", foil=f"t{top[-1]}")

@@ -186,3 +186,29 @@ def test_flow_onset_checks_the_output_first(tmp_path):
     assert done.returncode != 0
     assert "the folder" in done.stderr and "does not exist" in done.stderr
     assert "onsets against" not in done.stdout  # refused before the study ran
+
+
+@pytest.mark.slow
+def test_circuits_table_from_a_model_folder_and_a_task_file(tmp_path, tiny_folder):
+    """The benchmark runs the command per model and task and prints one row
+    per method, with a rank correlation per ground truth where it was run."""
+    folder, pair = tiny_folder
+    task = tmp_path / "mine.jsonl"
+    task.write_text((json.dumps(pair) + "\n") * 2, encoding="utf-8")
+    command = [sys.executable, str(ROOT / "benchmarks" / "circuits.py")]
+    command += ["--models", str(folder), "--tasks", str(task), "--pairs", "2"]
+    command += ["--methods", "eap,random,patching-nodes", "--out", str(tmp_path / "r")]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    head = next(line for line in lines if line.startswith("| model |"))
+    assert "| ρ with patching / patching-nodes |" in head
+    rows = [line for line in lines if line.startswith(f"| {folder.name} | mine |")]
+    assert [row.split(" | ")[3] for row in rows] == ["eap", "random"]
+    result = json.loads((tmp_path / "r" / f"{folder.name}-mine.json").read_text())
+    for row in rows:
+        method = row.split(" | ")[3]
+        rho = result["correlations"]["patching-nodes"][method]
+        assert row.split(" | ")[6] == f"— / {rho:+.2f}"

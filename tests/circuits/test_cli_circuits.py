@@ -55,27 +55,6 @@ def test_unequal_lengths_are_refused_before_any_forward(tmp_path, capsys):
     assert "--task: line 2: the clean prompt has" in _error(capsys)
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    """The tiny Llama and its word tokenizer saved as a local model folder, and
-    a pair its clean prompt answers (the answer is its top token there among
-    t4-t9, words the tokenizer keeps whole)."""
-    import torch
-
-    from tests.tiny_models import tiny_model, tiny_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny")
-    model, tokenizer = tiny_model("llama"), tiny_tokenizer()
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    clean, other = "t5 t6 t7 t8", "t5 t9 t7 t8"
-    with torch.no_grad():
-        logits = model(**tokenizer(clean, return_tensors="pt")).logits[0, -1]
-    top = [int(i) for i in logits.argsort(descending=True) if 3 < int(i) < 10]
-    pair = {"clean": clean, "counterfactual": other}
-    return folder, dict(pair, answer=f"t{top[0]}", foil=f"t{top[-1]}")
-
-
 def test_a_user_task_runs_end_to_end_and_resumes(tmp_path, capsys, tiny_folder):
     folder, pair = tiny_folder
     task = _task(tmp_path, [json.dumps(pair)] * 3)
