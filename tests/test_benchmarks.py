@@ -204,11 +204,11 @@ def test_circuits_table_from_a_model_folder_and_a_task_file(tmp_path, tiny_folde
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     head = next(line for line in lines if line.startswith("| model |"))
-    assert "| ρ with patching / patching-nodes |" in head
+    assert "| ρ with patching / patching-nodes / patching-nodes-denoising |" in head
     rows = [line for line in lines if line.startswith(f"| {folder.name} | mine |")]
     assert [row.split(" | ")[3] for row in rows] == ["eap", "random"]
     result = json.loads((tmp_path / "r" / f"{folder.name}-mine.json").read_text())
     for row in rows:
         method = row.split(" | ")[3]
         rho = result["correlations"]["patching-nodes"][method]
-        assert row.split(" | ")[6] == f"— / {rho:+.2f}"
+        assert row.split(" | ")[6] == f"— / {rho:+.2f} / —"

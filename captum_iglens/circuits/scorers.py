@@ -32,9 +32,11 @@ The baselines, written from their papers:
   subsample of edges (NaN elsewhere);
 - ``patching-nodes``: exact patching of each node alone, ``m(N) − m(N \ u)``
   with every write of ``u`` replaced by its counterfactual one, shared equally
-  by ``u``'s out-edges.
+  by ``u``'s out-edges;
+- ``patching-nodes-denoising``: the same from the other end,
+  ``m(∅ ∪ u) − m(∅)``, the counterfactual run with ``u``'s clean writes.
 
-The last two are the ground truth of the rank correlations, not circuits
+The last three are the ground truth of the rank correlations, not circuits
 (:data:`GROUND_TRUTH` says how each is compared: edge by edge on the sampled
 edges, or node by node on each sender's total over its out-edges).
 """
@@ -176,22 +178,31 @@ def patching(context: ScoringContext) -> Tensor:
     return scores / context.n_pairs
 
 
-def node_patching(context: ScoringContext) -> Tensor:
-    """Exact patching of each node alone, shared equally by its out-edges."""
+def node_patching(context: ScoringContext, denoising: bool = False) -> Tensor:
+    r"""
+    Exact patching of each node alone, shared equally by its out-edges.
+
+    Noising (the default): ``m(N) − m(N \ u)``, the clean run with ``u``'s
+    writes replaced by its counterfactual ones. Denoising: ``m(∅ ∪ u) − m(∅)``,
+    the counterfactual run with ``u``'s clean writes.
+    """
     graph = context.model.graph
     m = METRIC_FUNCTIONS[context.metric]
     effects = torch.zeros(graph.n_senders, dtype=torch.float64)
     with torch.no_grad():
         for batch in context.batches:
             clean, other = _writes(context, batch)
-            full = m(context.model.run(batch.clean).logits, batch.answer, batch.foil)
+            ids, base, patch, sign = batch.clean, clean, other, 1.0
+            if denoising:
+                ids, base, patch, sign = batch.counterfactual, other, clean, -1.0
+            unpatched = m(context.model.run(ids).logits, batch.answer, batch.foil)
             for group, senders in enumerate(_group_slices(context)):
                 for node in range(senders.start, senders.stop):
-                    mixed = clean[:, senders].clone()
-                    mixed[:, node - senders.start] = other[:, node]
-                    run = context.model.run(batch.clean, override=(group, mixed))
+                    mixed = base[:, senders].clone()
+                    mixed[:, node - senders.start] = patch[:, node]
+                    run = context.model.run(ids, override=(group, mixed))
                     patched = m(run.logits, batch.answer, batch.foil)
-                    effects[node] += float((full - patched).sum())
+                    effects[node] += sign * float((unpatched - patched).sum())
     legal = graph.legal.double()
     return legal * (effects / context.n_pairs / legal.sum(1)).unsqueeze(1)
 
@@ -215,9 +226,8 @@ def _node_totals(
     return totals(scores), totals(truth)
 
 
-#: The scorers by name. ``patching`` and ``patching-nodes`` are the ground
-#: truth of rank correlations (:data:`GROUND_TRUTH`), the others are scored as
-#: circuits.
+#: The scorers by name. The ``patching`` ones are the ground truth of rank
+#: correlations (:data:`GROUND_TRUTH`), the others are scored as circuits.
 SCORERS: Dict[str, Callable[[ScoringContext], Scores]] = {
     "flow": flow_scores,
     "joint": partial(lifted_scores, path="joint"),
@@ -228,6 +238,7 @@ SCORERS: Dict[str, Callable[[ScoringContext], Scores]] = {
     "random": random_scores,
     "patching": patching,
     "patching-nodes": node_patching,
+    "patching-nodes-denoising": partial(node_patching, denoising=True),
 }
 
 #: The ground-truth scorers, for rank correlations only, each with what it
@@ -238,6 +249,7 @@ GROUND_TRUTH: Dict[
 ] = {
     "patching": _sampled_edges,
     "patching-nodes": _node_totals,
+    "patching-nodes-denoising": _node_totals,
 }
 
 #: Scorers that take a step count (``"eap-ig-inputs:20"``), with their default.

@@ -35,8 +35,9 @@ def _methods_help() -> str:
 
     return (
         f"comma-separated scorers: {', '.join(SCORERS)} (patching: exact "
-        "single-edge patching on --sample edges; patching-nodes: every node "
-        "patched alone; both for rank correlations); "
+        "single-edge patching on --sample edges; patching-nodes, "
+        "patching-nodes-denoising: every node patched alone, from the clean or "
+        "the counterfactual run; all for rank correlations); "
         f"{', '.join(STEPS)} take a step count, e.g. {next(iter(STEPS))}:20 "
         f"(default: {DEFAULT_METHODS})"
     )

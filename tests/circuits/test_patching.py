@@ -249,6 +249,76 @@ def test_node_patching_scorer_is_edge_patching_of_every_out_edge(family):
     assert expected.abs().min() < expected.abs().max() / 10  # nodes differ
 
 
+@pytest.mark.parametrize("denoising", [False, True])
+def test_node_patching_by_hand_with_the_models_own_modules(denoising):
+    """An MLP's output and one head's slice of the output projection's input,
+    swapped between the clean and counterfactual forwards by hooks on the
+    Hugging Face modules; and the input node, whose effect is the whole Δm."""
+    model = tiny_model("llama")
+    bound = CircuitModel(model)
+    generator = torch.Generator().manual_seed(4)
+    clean = torch.randint(4, 128, (2, 5), generator=generator)
+    other = clean.clone()
+    other[:, 1:3] = torch.randint(4, 128, (2, 2), generator=generator)
+    answer, foil = torch.tensor([5, 6]), torch.tensor([8, 9])
+    batch = Batch(clean, other, answer, foil, torch.arange(2))
+    name = "patching-nodes-denoising" if denoising else "patching-nodes"
+    context = ScoringContext(bound, None, [batch], 2, "logit_diff")
+    effects = SCORERS[name](context).sum(1)
+    senders = bound.graph.senders
+
+    def m(ids):
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[:, -1]
+        return (logits.gather(1, answer[:, None]) - logits.gather(1, foil[:, None]))[
+            :, 0
+        ].double()
+
+    def recorded(module, ids, pre):
+        seen = []
+        hook = (
+            module.register_forward_pre_hook(lambda _, a: seen.append(a[0]))
+            if pre
+            else module.register_forward_hook(lambda _, a, out: seen.append(out))
+        )
+        try:
+            m(ids)
+        finally:
+            hook.remove()
+        return seen[0]
+
+    def swapped(module, ids, source, pre, columns):
+        def replace(x):
+            x = x.clone()
+            x[..., columns] = source[..., columns]
+            return x
+
+        hook = (
+            module.register_forward_pre_hook(lambda _, a: (replace(a[0]),))
+            if pre
+            else module.register_forward_hook(lambda _, a, out: replace(out))
+        )
+        try:
+            return m(ids)
+        finally:
+            hook.remove()
+
+    into, source_ids = (other, clean) if denoising else (clean, other)
+    layer = model.model.layers[1]
+    for node, module, pre, columns in [
+        ("m0", model.model.layers[0].mlp, False, slice(None)),
+        ("a1.h2", layer.self_attn.o_proj, True, slice(16, 24)),  # head_dim 8
+    ]:
+        source = recorded(module, source_ids, pre)
+        patched = swapped(module, into, source, pre, columns)
+        effect = (patched - m(into)) if denoising else (m(into) - patched)
+        assert effects[senders.index(node)].item() == pytest.approx(
+            effect.mean().item(), abs=1e-5
+        )
+    whole = (m(clean) - m(other)).mean().item()
+    assert effects[0].item() == pytest.approx(whole, abs=1e-5)
+
+
 def test_known_circuit_nodes_alone_carry_the_node_patching(known):
     bound, batch, _ = known
     context = ScoringContext(bound, None, [batch], 16, "logit_diff")
