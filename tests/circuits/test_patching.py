@@ -267,12 +267,11 @@ def test_node_patching_by_hand_with_the_models_own_modules(denoising):
     effects = SCORERS[name](context).sum(1)
     senders = bound.graph.senders
 
-    def m(ids):
+    def m(ids):  # logit_diff, by hand
         with torch.no_grad():
-            logits = model(input_ids=ids).logits[:, -1]
-        return (logits.gather(1, answer[:, None]) - logits.gather(1, foil[:, None]))[
-            :, 0
-        ].double()
+            logits = model(input_ids=ids).logits[:, -1].double()
+        rows = torch.arange(len(ids))
+        return logits[rows, answer] - logits[rows, foil]
 
     def recorded(module, ids, pre):
         seen = []
