@@ -260,8 +260,20 @@ def main():
     parser.add_argument(
         "--shape", help="long: a random model of benchmarks/scale.py's SHAPES"
     )
-    parser.add_argument("--dtype", default="float32", help="long, with --shape")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="long, with --shape",
+    )
     args = parser.parse_args()
+    if args.shape is not None:
+        from scale import SHAPES  # beside this script
+
+        if args.what != "long" or args.shape not in SHAPES:
+            parser.error(f"--shape: expected long and one of {list(SHAPES)}")
+    elif args.dtype != "float32":
+        parser.error("--dtype: only with --shape")
     if args.what == "exactness":
         exactness(args.models)
     elif args.what == "convergence":
