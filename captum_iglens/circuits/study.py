@@ -125,8 +125,8 @@ class CircuitsResult(JsonDocument):
         n_edges (int): The graph's edges.
         percents (list[float]): The circuit sizes, percent of edges.
         curves (list[Curve]): One per circuit method.
-        correlations (dict[str, dict[str, float]]): Per ground truth
-                    (``patching``, ``patching-nodes``), Spearman's rank
+        correlations (dict[str, dict[str, float]]): Per ground-truth
+                    scorer that was run, Spearman's rank
                     correlation of each method's scores with its scores, as
                     :data:`~captum_iglens.circuits.scorers.GROUND_TRUTH`
                     compares them.
