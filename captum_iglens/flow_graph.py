@@ -50,6 +50,7 @@ FLOW_SCHEMA = Record(
     tokens=Texts("T", nonempty=True),
     input_flows=Array("float", "T", numpy=True),
     position_flows=Maybe(Array("float", "E", "T", numpy=True)),
+    pair_flows=Maybe(Array("float", "E", "T", "T", numpy=True)),
     counterfactual=Either(
         Record(kind=Text(("prompt",)), tokens=Texts("T")),
         Record(
@@ -125,6 +126,12 @@ class FlowGraph(JsonDocument, Viewable):
         position_flows (ndarray, optional): ``(E, T)`` float64: each edge's
                     flow by the position where its sender wrote it (where
                     asked). Default: None
+        pair_flows (ndarray, optional): ``(E, T, T)`` float64, ``[e, s, t]``:
+                    each edge's flow by the position ``s`` where its sender
+                    wrote it and the position ``t`` of the receiver's output
+                    (a head at ``t`` reads every ``s ≤ t``, an MLP its own
+                    position, ``logits`` the attributed one); it adds up over
+                    ``t`` to ``position_flows`` (where asked). Default: None
         counterfactual (dict): The path's start: ``kind`` (``"prompt"``,
                     ``"subject_noise"``, ``"pad"``, ``"mean"`` or
                     ``"tensor"``); for a prompt its ``tokens``, for a noised
@@ -155,6 +162,7 @@ class FlowGraph(JsonDocument, Viewable):
     completeness_error: float
     conservation_error: float
     position_flows: Optional[np.ndarray] = None
+    pair_flows: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         FLOW_SCHEMA.check({f.name: getattr(self, f.name) for f in fields(self)})
@@ -162,6 +170,23 @@ class FlowGraph(JsonDocument, Viewable):
         for edge in self.edges:
             if edge.count("->") != 1 or not set(edge_ends(edge)) <= known:
                 raise ValueError(f"edges: {edge!r} does not join two of the nodes")
+        if self.pair_flows is not None:
+            self._check_pairs(self.pair_flows, self.position_flows)
+
+    @staticmethod
+    def _check_pairs(pairs: np.ndarray, by_sender: Optional[np.ndarray]) -> None:
+        """The flows by position pair add up to the flows by sender position."""
+        if by_sender is None:
+            raise ValueError(
+                "pair_flows: given without position_flows, which they add up to"
+            )
+        gap = float(np.abs(pairs.sum(-1) - by_sender).max(initial=0.0))
+        scale = float(np.abs(by_sender).max(initial=0.0))
+        if gap > 1e-9 * max(scale, 1e-12):
+            raise ValueError(
+                f"pair_flows: they add up over the receiver's positions to "
+                f"position_flows only within {gap:.3g}; the file is inconsistent"
+            )
 
     @property
     def delta_m(self) -> float:
@@ -225,6 +250,50 @@ class FlowGraph(JsonDocument, Viewable):
                 )
             )
         return rows
+
+    def pairs_table(self, top: Optional[int] = None) -> List[Dict[str, Any]]:
+        r"""
+        The flows by sender and receiver position, largest ``|flow|`` first:
+        one row per edge and position pair that carried any, ``edge``,
+        ``sender_position`` ``s``, ``receiver_position`` ``t``, their tokens
+        ``sender_token`` and ``receiver_token``, and ``flow``.
+
+        Args:
+            top (int, optional): At most this many rows. Default: None (all)
+
+        Returns:
+            *list[dict]*.
+
+        Raises:
+            ValueError: If the graph has no ``pair_flows`` (build it with
+                ``receiver_positions=True``).
+
+        Examples::
+
+            >>> graph = flow.attribute(prompt, counterfactual=other,
+            ...                        receiver_positions=True)
+            >>> graph.pairs_table(top=5)[0]["receiver_token"]
+        """
+        if self.pair_flows is None:
+            raise ValueError(
+                "pair_flows: this graph has none; build it with "
+                "receiver_positions=True (CLI: --receiver-positions)"
+            )
+        flat = self.pair_flows.reshape(-1)
+        order = np.argsort(-np.abs(flat), kind="stable")
+        order = order[flat[order] != 0][:top]
+        edge, sender, receiver = np.unravel_index(order, self.pair_flows.shape)
+        return [
+            dict(
+                edge=self.edges[e],
+                sender_position=int(s),
+                receiver_position=int(t),
+                sender_token=self.tokens[s],
+                receiver_token=self.tokens[t],
+                flow=float(self.pair_flows[e, s, t]),
+            )
+            for e, s, t in zip(edge, sender, receiver)
+        ]
 
     def to_csv(self, path: Union[str, Path]) -> None:
         r"""
@@ -340,6 +409,7 @@ class FlowGraph(JsonDocument, Viewable):
             position_flows=None
             if self.position_flows is None
             else self.position_flows[kept],
+            pair_flows=None if self.pair_flows is None else self.pair_flows[kept],
             settings={**self.settings, "pruned": {"keep": keep, "by": by}},
         )
 
@@ -348,8 +418,9 @@ class FlowGraph(JsonDocument, Viewable):
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dictionary of every field."""
         values = {f.name: plain(getattr(self, f.name)) for f in fields(self)}
-        if values["position_flows"] is None:
-            del values["position_flows"]
+        for name in ("position_flows", "pair_flows"):
+            if values[name] is None:
+                del values[name]
         return FLOW_SCHEMA.dump(values)
 
     @classmethod
@@ -384,6 +455,17 @@ class FlowGraph(JsonDocument, Viewable):
             lines.append(
                 f"{row['edge']:<28} {row['flow']:>+12.4e} {row['share']:>7.3f}"
             )
+        if self.pair_flows is not None:
+            lines.append(
+                f"{'edge, by position (sender@s -> receiver@t)':<44} {'flow':>12}"
+            )
+            for row in self.pairs_table(top):
+                sender, receiver = row["edge"].split("->")
+                where = (
+                    f"{sender}@{row['sender_position']}"
+                    f"->{receiver}@{row['receiver_position']}"
+                )
+                lines.append(f"{where:<44} {row['flow']:>+12.4e}")
         lines.append(
             f"completeness: |Σ F(u->logits) - Δm| = {self.completeness_error:.2e}; "
             f"worst conservation error: {self.conservation_error:.2e} "

@@ -148,3 +148,33 @@ def test_batch_over_the_budget_is_refused(capsys):
     status = main([*argv, "--internal-batch-size", "4", "--max-chunk-mib", "1"])
     assert status == 2
     assert "--internal-batch-size: 4 path points need about" in capsys.readouterr().err
+
+
+@pytest.mark.real_model
+def test_graph_by_receiver_position(tmp_path, capsys):
+    out = tmp_path / "g.json"
+    argv = ["graph", PROMPT, "--counterfactual", OTHER, "--n-steps", "1"]
+    status = main([*argv, "--receiver-positions", "--quiet", "--json", str(out)])
+    assert status == 0
+    assert "edge, by position (sender@s -> receiver@t)" in capsys.readouterr().out
+    graph = FlowGraph.load(out)
+    length = len(graph.tokens)
+    assert graph.pair_flows.shape == (len(graph.edges), length, length)
+    assert graph.completeness_error <= 1e-6 and graph.conservation_error <= 1e-6
+    # the prompts differ at " France" alone: the input's flow leaves from there
+    france = graph.tokens.index(" France")
+    out_of_input = [i for i, e in enumerate(graph.edges) if e.startswith("input->")]
+    others = [s for s in range(length) if s != france]
+    assert (graph.pair_flows[out_of_input][:, others] == 0).all()
+    assert abs(graph.pair_flows[out_of_input][:, france]).sum() > 0
+
+
+@pytest.mark.real_model
+def test_receiver_positions_over_the_memory_are_refused(monkeypatch, capsys):
+    monkeypatch.setattr(
+        "captum_iglens.attr.flow.probability_flow.free_memory", lambda: 2**20
+    )
+    argv = ["graph", PROMPT, "--counterfactual", OTHER, "--receiver-positions"]
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--receiver-positions: the flows by sender and receiver position" in err

@@ -97,6 +97,54 @@ def test_tables_and_csv(tmp_path):
     assert "Δm = +0.2" in _graph().format_table()
 
 
+def _paired():
+    """Edges by (sender position, receiver position): the head at position 1
+    reads input at 0 and 1; the MLP and logits read their own position."""
+    pairs = np.zeros((4, 2, 2))
+    pairs[0, 0, 1], pairs[0, 1, 1] = 0.2, 0.3  # input->a0.h0<q>
+    pairs[1, 1, 1] = -0.3  # input->m0
+    pairs[2, 1, 1] = 0.1  # a0.h0->m0
+    pairs[3, 1, 1] = 0.1  # m0->logits
+    return _graph(position_flows=pairs.sum(-1), pair_flows=pairs)
+
+
+def test_flows_by_position_pair(tmp_path):
+    graph = _paired()
+    graph.save(tmp_path / "g.json")
+    loaded = FlowGraph.load(tmp_path / "g.json")
+    assert np.array_equal(loaded.pair_flows, graph.pair_flows)
+    rows = loaded.pairs_table()
+    assert [
+        (r["edge"], r["sender_position"], r["receiver_position"]) for r in rows[:2]
+    ] == [
+        ("input->a0.h0<q>", 1, 1),
+        ("input->m0", 1, 1),
+    ]
+    assert len(rows) == 5 and rows[2]["flow"] == 0.2
+    assert (rows[2]["sender_token"], rows[2]["receiver_token"]) == ("The", " cat")
+    assert len(loaded.pairs_table(top=2)) == 2
+    assert "input@1->a0.h0<q>@1" in loaded.format_table(2)
+    assert "input@0->a0.h0<q>@1" not in loaded.format_table(2)
+    assert "input@0->a0.h0<q>@1" in loaded.format_table(3)
+    kept = loaded.prune(0.5)
+    assert kept.pair_flows.shape == (1, 2, 2) and kept.pair_flows[0, 0, 1] == 0.2
+    with pytest.raises(ValueError, match="receiver_positions=True"):
+        _graph().pairs_table()
+
+
+def test_flows_by_position_pair_refused_when_inconsistent(tmp_path):
+    _paired().save(tmp_path / "g.json")
+    data = json.loads((tmp_path / "g.json").read_text())
+    data["pair_flows"][0][0][1] = 0.25
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="pair_flows: they add up .* inconsistent"):
+        FlowGraph.load(tmp_path / "bad.json")
+    del data["position_flows"]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="pair_flows: given without position_flows"):
+        FlowGraph.load(tmp_path / "bad.json")
+
+
 def test_html_page_is_the_viewers_graph_page(tmp_path):
     graph = _graph(tokens=["<b>", " cat"])
     graph.to_html(tmp_path / "g.html")

@@ -100,6 +100,7 @@ def flow_scores(context: ScoringContext) -> Tensor:
                 n_steps=context.steps,
                 method="prediction_aware",
                 per_position=False,
+                receiver_positions=False,
                 internal_batch_size=at_once,
                 max_chunk_bytes=DEFAULT_CHUNK_BYTES,
             )

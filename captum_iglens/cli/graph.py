@@ -90,6 +90,12 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         action="store_true",
         help="keep each edge's flow per sender position (in --json)",
     )
+    graph.add_argument(
+        "--receiver-positions",
+        action="store_true",
+        help="also split each edge by its receiver's position, u@s -> w@t (in "
+        "--json, and the largest printed); for short prompts",
+    )
     add_budget_options(
         graph,
         "path points per forward",
@@ -213,6 +219,7 @@ def prepare(args: argparse.Namespace) -> Job:
         args.qkv,
         args.internal_batch_size,
         args.max_chunk_mib * 2**20,
+        args.receiver_positions,
     )
 
     def job() -> int:
@@ -230,6 +237,7 @@ def prepare(args: argparse.Namespace) -> Job:
             method=args.method,
             qkv=args.qkv,
             per_position=args.per_position,
+            receiver_positions=args.receiver_positions,
             internal_batch_size=args.internal_batch_size,
             max_chunk_bytes=args.max_chunk_mib * 2**20,
         )

@@ -197,6 +197,48 @@ def test_per_position_flows_add_up_to_the_edges(models):
     assert (graph.input_flows[[0, 1, 4, 5]] == 0).all()
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_flows_by_receiver_position(models, family):
+    flow = ProbabilityFlow(models[family])
+    by_sender = flow.attribute(IDS, counterfactual=OTHER, n_steps=3, per_position=True)
+    graph = flow.attribute(
+        IDS, counterfactual=OTHER, n_steps=3, receiver_positions=True
+    )
+    _check_exact(graph)
+    length = IDS.shape[1]
+    assert graph.pair_flows.shape == (len(graph.edges), length, length)
+    assert abs(graph.pair_flows.sum(-1) - graph.position_flows).max() <= 1e-12
+    # the same graph as without the split, up to float32 rounding
+    scale = abs(by_sender.flows).max()
+    assert abs(graph.flows - by_sender.flows).max() <= 1e-6 * scale
+    assert abs(graph.position_flows - by_sender.position_flows).max() <= 1e-6 * scale
+    # an MLP reads its own position, logits the last, a head every s <= t
+    own = torch.eye(length, dtype=torch.bool).numpy()
+    later = torch.ones(length, length, dtype=torch.bool).triu().numpy()
+    for i, edge in enumerate(graph.edges):
+        receiver = edge.split("->")[1]
+        reads = (
+            own
+            if receiver.startswith("m")
+            else later
+            if receiver != "logits"
+            else (torch.arange(length) == length - 1).expand(length, -1).numpy()
+        )
+        assert (graph.pair_flows[i][~reads] == 0).all(), edge
+
+
+def test_receiver_positions_refused_where_memory_is_short(models, monkeypatch):
+    monkeypatch.setattr(
+        "captum_iglens.attr.flow.probability_flow.free_memory", lambda: 2**20
+    )
+    flow = ProbabilityFlow(models["llama"])
+    with pytest.raises(ValueError, match="receiver_positions: the flows by sender"):
+        flow.attribute(IDS, counterfactual=OTHER, receiver_positions=True)
+    with pytest.raises(ValueError, match="receiver_positions: expected a bool"):
+        flow.attribute(IDS, counterfactual=OTHER, receiver_positions=1)
+    assert flow.attribute(IDS, counterfactual=OTHER, n_steps=1).pair_flows is None
+
+
 def _stream_reference(model, graph, ids, other, n_steps):
     """``∫ ∇_{h_l} m · dh_l`` at each position of each block's output (and of
     the first block's input), by autograd on plain model runs along the path

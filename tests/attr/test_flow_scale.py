@@ -47,6 +47,10 @@ def test_point_bytes_grow_with_the_prompt(llama):
     layout = FlowLayout(len(parts.blocks), 4, qkv=True)
     short, long = point_bytes(parts, layout, 10), point_bytes(parts, layout, 1000)
     assert long > 100 * short  # the attention's T × T arrays: faster than T
+    # by receiver position, every receiver's gradient is kept T times
+    receivers = len(layout.receivers()) * 10 * llama.config.hidden_size * 4
+    paired = point_bytes(parts, layout, 10, pairs=True)
+    assert paired >= short + 9 * receivers
 
 
 @pytest.mark.parametrize("method", ["prediction_aware", "riemann_trapezoid"])

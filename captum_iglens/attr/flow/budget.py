@@ -11,8 +11,14 @@ MLPs' inner activations). :func:`point_bytes` estimates it from the model's
 shape; :func:`points_at_once` fits the points of one forward in the budget. A
 single point is the floor: it may exceed a small budget, since a forward
 cannot run on less than one point.
+
+Split by receiver position, a point holds each receiver's gradient ``T`` times
+(one per position of its output) and the graph ``R × S × T × T`` flows: that
+is bounded by the memory the machine has free (:func:`check_pair_memory`), not
+by the budget, since it is the result.
 """
 
+import os
 from typing import Optional
 
 from captum_iglens.attr._utils.block_parts import projection_weight
@@ -31,7 +37,9 @@ HIDDEN_ARRAYS = 14
 MLP_ARRAYS = 4
 
 
-def point_bytes(parts: ModelParts, layout: FlowLayout, length: int) -> int:
+def point_bytes(
+    parts: ModelParts, layout: FlowLayout, length: int, pairs: bool = False
+) -> int:
     r"""
     Estimated bytes one path point of a ``length``-token prompt holds at its
     peak: its kept state and its forward's activations.
@@ -41,6 +49,8 @@ def point_bytes(parts: ModelParts, layout: FlowLayout, length: int) -> int:
                     :func:`~captum_iglens.attr.flow.engine.check_flow_parts`).
         layout (FlowLayout): The graph's nodes.
         length (int): The prompt's tokens ``T``.
+        pairs (bool, optional): Gradients split by receiver position.
+                    Default: False
 
     Returns:
         *int*.
@@ -49,11 +59,15 @@ def point_bytes(parts: ModelParts, layout: FlowLayout, length: int) -> int:
     inner = projection_weight(parts.mlp_out[0]).shape[1]
     size = next(parts.blocks[0].parameters()).element_size()
     width = projection_weight(parts.mlp_out[0]).shape[0]
-    nodes = len(layout.senders()) + len(layout.receivers()) + 1
+    split = length if pairs else 1
+    nodes = len(layout.senders()) + len(layout.receivers()) * split + 1
     kept = nodes * length * width * size
     attention = ATTENTION_ARRAYS * layout.n_heads * length * length * 4
     hidden = (HIDDEN_ARRAYS * width + MLP_ARRAYS * inner) * length * size
-    return kept + layout.n_layers * (attention + hidden)
+    # with pairs, one block's backward batched over the query positions
+    reads = layout.n_heads * layout.kinds * length * width * size
+    batched = split * (attention + reads) if pairs else 0
+    return kept + layout.n_layers * (attention + hidden) + batched
 
 
 def points_at_once(
@@ -90,14 +104,66 @@ def points_at_once(
     return internal_batch_size
 
 
-def receivers_at_once(layout: FlowLayout, length: int, width: int, budget: int) -> int:
+def receivers_at_once(
+    layout: FlowLayout, length: int, width: int, budget: int, split: int = 1
+) -> int:
     r"""
     Receivers whose step terms are computed at once: per receiver, its mean
-    gradient ``(T, d)`` and its terms with every sender at every position
-    ``(S, T)``, in float32 and in float64.
+    gradient ``(split, T, d)`` and its terms with every sender at every
+    position ``(S, T, split)``, in float32 and in float64 (``split``: 1, or
+    ``T`` by receiver position).
 
     Returns:
         *int*, at least one.
     """
-    per_row = length * (2 * width * 4 + len(layout.senders()) * (4 + 8))
+    per_row = split * length * (2 * width * 4 + len(layout.senders()) * (4 + 8))
     return max(1, budget // per_row)
+
+
+def pair_bytes(layout: FlowLayout, length: int) -> int:
+    r"""
+    Bytes of the flows split by sender and receiver position: the graph's
+    ``(R, S, T, T)`` float64 totals and one step's.
+
+    Returns:
+        *int*.
+    """
+    edges = len(layout.receivers()) * len(layout.senders())
+    return 2 * edges * length * length * 8
+
+
+def free_memory() -> Optional[int]:
+    """The bytes of memory available on this machine (Linux's
+    ``MemAvailable``, else the free pages), where the system says."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_pair_memory(needed: int, free: Optional[int]) -> None:
+    r"""
+    Refuses a split by receiver position that would not fit in memory.
+
+    Args:
+        needed (int): Its bytes (:func:`pair_bytes` and two points).
+        free (int, optional): The machine's free bytes (:func:`free_memory`);
+                    None: not checked.
+
+    Raises:
+        ValueError: Naming ``receiver_positions``.
+    """
+    if free is not None and needed > free:
+        raise ValueError(
+            f"receiver_positions: the flows by sender and receiver position need "
+            f"about {needed / 2**30:,.1f} GiB (R x S x T x T), more than the "
+            f"{free / 2**30:,.1f} GiB available; shorten the prompt, or leave "
+            "receiver_positions off (per_position keeps the sender's positions)"
+        )

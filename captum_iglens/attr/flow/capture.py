@@ -14,6 +14,13 @@ read alone is carried back to the block's input by one batched vector-Jacobian
 product through the graph of that forward (the input norm, the projection, the
 family's query/key norm and rotary embedding), and the gradient through the
 MLP alone from its output to the mid-block state.
+
+Split by receiver position (``pairs``), a head's gradient is taken through its
+output at one query position ``t`` at a time: the gradient at the heads' output
+is masked to ``t`` and carried back through the attention by one
+vector-Jacobian product batched over ``t`` (a head at ``t`` reads the stream at
+every position ``s ≤ t`` through its keys and values). An MLP reads the stream
+at its own position only.
 """
 
 import inspect
@@ -112,9 +119,11 @@ class PointState:
                     respect to the last block's output.
         writes (Tensor): ``(P, S, T, d)``: each sender's write to the stream
                     (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.senders` order).
-        rho (Tensor): ``(P, R, T, d)``: each receiver's node-input gradient,
-                    with respect to the stream it reads
-                    (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.receivers` order).
+        rho (Tensor): ``(P, R, B, T, d)``: each receiver's node-input
+                    gradient with respect to the stream it reads
+                    (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.receivers`
+                    order); ``B = 1``, or ``B = T`` with ``pairs``: row ``t``
+                    through the receiver's output at position ``t`` alone.
     """
 
     m: Tensor
@@ -212,6 +221,7 @@ def run_points(
     first_inputs: Tensor,
     target: FlowTarget,
     layout: FlowLayout,
+    pairs: bool = False,
 ) -> PointState:
     r"""
     The model at ``P`` path points: one forward, one backward and one batched
@@ -226,12 +236,14 @@ def run_points(
         target (FlowTarget): The target ``m``; the model computes the logits
                     of its position only (``logits_to_keep``).
         layout (FlowLayout): The graph's nodes.
+        pairs (bool, optional): Split each receiver's gradient by the
+                    position of its output. Default: False
 
     Returns:
         *PointState*. No hook stays on the model.
     """
     h0 = first_inputs.detach().clone().requires_grad_(True)
-    m, grad_final, rho, seen = _gradients(parts, input_ids, h0, target, layout)
+    m, grad_final, rho, seen = _gradients(parts, input_ids, h0, target, layout, pairs)
     # the forward's graph is freed here, before the writes are gathered
     return PointState(
         m=m, grad_final=grad_final, writes=_writes(parts, layout, seen, h0), rho=rho
@@ -244,6 +256,7 @@ def _gradients(
     h0: Tensor,
     target: FlowTarget,
     layout: FlowLayout,
+    pairs: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Dict[Tuple[str, int], Tensor]]:
     """The forward and backward of :func:`run_points`: ``m``, ``∇f``, the
     receivers' gradients and the detached states the writes are made of."""
@@ -261,9 +274,17 @@ def _gradients(
             [seen["out", n - 1]]
             + [r[name] for r in records for name in ("query", "key_rep", "value_rep")]
             + [seen["branch", layer] for layer in range(n)]
+            + ([seen["heads", layer] for layer in range(n)] if pairs else [])
         )
         grads = torch.autograd.grad(m.sum(), wanted, retain_graph=True)
-        rho = _receiver_gradients(layout, seen, records, attentions, grads[1:])
+        reads = [
+            _by_query_position(seen["heads", layer], r, grads[1 + 4 * n + layer])
+            if pairs
+            else tuple(g.unsqueeze(0) for g in grads[1 + 3 * layer : 4 + 3 * layer])
+            for layer, r in enumerate(records)
+        ]
+        branches = grads[1 + 3 * n : 1 + 4 * n]
+        rho = _receiver_gradients(layout, seen, records, attentions, reads, branches)
     states = {
         key: value.detach()
         for key, value in seen.items()
@@ -282,22 +303,39 @@ def target_logits(parts: ModelParts, ids: Tensor, position: int) -> Tensor:
     return parts.model(input_ids=ids, use_cache=False, **kwargs).logits[:, position]
 
 
+def _by_query_position(
+    heads: Tensor, record: Dict[str, Tensor], grad: Tensor
+) -> Tuple[Tensor, ...]:
+    """The gradients at the queries and the expanded keys and values
+    ``(T, P, H, T, e)`` through the heads' output ``heads`` ``(P, T, H · e)``
+    at each query position alone (``grad``: the gradient at that output)."""
+    length = grad.shape[1]
+    at = torch.eye(length, dtype=grad.dtype, device=grad.device)
+    upstream = at[:, None, :, None] * grad.unsqueeze(0)  # (T, P, T, H · e)
+    reads = [record["query"], record["key_rep"], record["value_rep"]]
+    return torch.autograd.grad(
+        heads, reads, upstream, retain_graph=True, is_grads_batched=True
+    )
+
+
 def _receiver_gradients(
     layout: FlowLayout,
     seen: Dict[Tuple[str, int], Tensor],
     records: List[Dict[str, Tensor]],
     attentions: List[Module],
-    grads: Tuple[Tensor, ...],
+    head_grads: List[Tuple[Tensor, ...]],
+    branch_grads: Tuple[Tensor, ...],
 ) -> Tensor:
-    """``(P, R, T, d)``: per block, each head's reads (through its query, key
-    and value alone), then the MLP's (through the MLP alone)."""
+    """``(P, R, B, T, d)``: per block, each head's reads (through its query,
+    key and value alone), then the MLP's (through the MLP alone); ``B`` is the
+    batch of ``head_grads`` (1, or one per query position)."""
     n = layout.n_layers
     rho: Optional[Tensor] = None
     per_block = layout.n_heads * layout.kinds + 1
     for layer in range(n):
         record = records[layer]
         reads = [record["query"], record["key"], record["value"]]
-        upstream = grads[3 * layer : 3 * layer + 3]
+        upstream = head_grads[layer]
         projections = projections_of(attentions[layer])
         if projections is None:
             per_head = batched_head_reads(
@@ -307,18 +345,22 @@ def _receiver_gradients(
             names = ("in", "x", *PROJECTIONS)
             mine = {name: seen[name, layer] for name in names}
             per_head = split_head_reads(reads, mine, projections, upstream, layout.qkv)
-        if rho is None:  # (P, R, T, d), filled block by block
-            p, t, d = per_head.shape[1:]
-            rho = per_head.new_empty(p, n * per_block, t, d)
+        if rho is None:  # (P, R, B, T, d), filled block by block
+            b, p, t, d = per_head.shape[1:]
+            rho = per_head.new_empty(p, n * per_block, b, t, d)
         first = layer * per_block
-        rho[:, first : first + per_block - 1] = per_head.transpose(0, 1).detach()
+        rho[:, first : first + per_block - 1] = per_head.permute(2, 0, 1, 3, 4).detach()
         (mlp,) = torch.autograd.grad(
             seen["branch", layer],
             seen["mid", layer],
-            grads[3 * n + layer],
+            branch_grads[layer],
             retain_graph=True,
         )
-        rho[:, first + per_block - 1] = mlp.detach()
+        if rho.shape[2] == 1:
+            rho[:, first + per_block - 1, 0] = mlp.detach()
+        else:  # an MLP at position t reads the stream at t alone
+            diagonal = torch.diag_embed(mlp.detach().transpose(1, 2))  # (P, d, T, T)
+            rho[:, first + per_block - 1] = diagonal.permute(0, 2, 3, 1)
     assert rho is not None
     return rho
 

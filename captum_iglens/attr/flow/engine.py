@@ -92,7 +92,10 @@ class FlowTotals:
         edges (Tensor): ``(R, S)`` float64: receiver by sender.
         direct (Tensor): ``(S, T)`` float64: into ``logits``, per sender position.
         input_edges (Tensor): ``(R, T)`` float64: out of ``input``, per position.
-        by_position (Tensor, optional): ``(R, S, T)`` float64, where asked.
+        by_position (Tensor, optional): ``(R, S, T)`` float64, by the
+                    sender's position, where asked.
+        by_pair (Tensor, optional): ``(R, S, T, T)`` float64, by the sender's
+                    and the receiver's positions ``[r, u, s, t]``, where asked.
         m (Tensor): ``(n_steps + 1,)`` float64: the target at the grid points.
     """
 
@@ -100,6 +103,7 @@ class FlowTotals:
     direct: Tensor
     input_edges: Tensor
     by_position: Optional[Tensor]
+    by_pair: Optional[Tensor]
     m: Tensor
 
 
@@ -113,6 +117,7 @@ def flow_totals(
     n_steps: int,
     method: str,
     per_position: bool,
+    receiver_positions: bool,
     internal_batch_size: int,
     max_chunk_bytes: int,
 ) -> FlowTotals:
@@ -124,7 +129,8 @@ def flow_totals(
     :func:`~captum_iglens.attr.flow.budget.points_at_once`), the previous
     point's state, and a step's terms computed for a group of receivers at a
     time within ``max_chunk_bytes``; with ``per_position`` also the graph's
-    ``(R, S, T)`` float64 flows.
+    ``(R, S, T)`` float64 flows, with ``receiver_positions`` its
+    ``(R, S, T, T)`` ones and each point's gradients ``T`` times over.
 
     Args:
         parts (ModelParts): The model's parts (:func:`check_flow_parts`).
@@ -138,6 +144,8 @@ def flow_totals(
         method (str): ``"prediction_aware"`` or ``"riemann_trapezoid"``
                     (:mod:`~captum_iglens.attr.flow.estimator`).
         per_position (bool): Keep every edge per sender position.
+        receiver_positions (bool): Also split those by the receiver's
+                    position (implies ``per_position``).
         internal_batch_size (int): Grid points per forward.
         max_chunk_bytes (int): The budget of a step's terms.
 
@@ -146,11 +154,12 @@ def flow_totals(
     """
     prompt_inputs = first_block_inputs(parts, input_ids)
     _, length, width = prompt_inputs.shape
+    split = length if receiver_positions else 1
     stepper = _Stepper(
         STEP_RULES[method],
         layout,
-        receivers_at_once(layout, length, width, max_chunk_bytes),
-        per_position,
+        receivers_at_once(layout, length, width, max_chunk_bytes, split),
+        per_position or receiver_positions,
     )
     alphas = torch.linspace(0, 1, n_steps + 1, dtype=torch.float64)
     prev: Optional[PointState] = None
@@ -159,7 +168,7 @@ def flow_totals(
         a = alphas[start : start + internal_batch_size].to(prompt_inputs.device)
         a = a.to(prompt_inputs.dtype).view(-1, 1, 1)
         points = base_inputs + a * (prompt_inputs - base_inputs)
-        cur = run_points(parts, input_ids, points, target, layout)
+        cur = run_points(parts, input_ids, points, target, layout, receiver_positions)
         values.append(cur.m)
         for j in range(len(a)):
             if prev is not None:
@@ -189,7 +198,7 @@ class _Stepper:
         dz = cur.writes[j].to(work) - prev.writes[0].to(work)  # (S, T, d)
         grad = (cur.grad_final[j].to(work) + prev.grad_final[0].to(work)) / 2
         direct = torch.einsum("td,std->st", grad, dz).double()
-        n_receivers, (n_senders, length, _) = cur.rho.shape[1], dz.shape
+        (n_receivers, split), (n_senders, length, _) = cur.rho.shape[1:3], dz.shape
         sums = torch.zeros(n_receivers, n_senders, dtype=torch.float64)
         inputs = torch.zeros(n_receivers, length, dtype=torch.float64)
         kept = (
@@ -197,44 +206,49 @@ class _Stepper:
             if self.per_position
             else None
         )
+        pairs = (
+            torch.zeros(n_receivers, n_senders, length, split, dtype=torch.float64)
+            if split > 1
+            else None
+        )
         for first in range(0, n_receivers, self.rows):
             rows = slice(first, first + self.rows)
             rho = (cur.rho[j, rows].to(work) + prev.rho[0, rows].to(work)) / 2
-            terms = torch.einsum("rtd,std->rst", rho, dz)  # (r, S, T)
+            by_pair = torch.einsum("rbsd,usd->rusb", rho, dz)  # (r, S, T, B)
+            terms = by_pair.sum(-1)  # (r, S, T)
             sums[rows] = terms.sum(-1, dtype=torch.float64).cpu()
             inputs[rows] = terms[:, 0].double().cpu()
             if kept is not None:
                 kept[rows] = terms.double().cpu()
+            if pairs is not None:
+                pairs[rows] = by_pair.double().cpu()
         step = StepTerms(sums, direct.cpu(), float(cur.m[j] - prev.m[0]))
         edges, direct = self.rule.split(step, self.layout, self.allowed)
-        by_position = None
         if kept is not None:
+            reads = self.layout.read_positions(length).unsqueeze(1)  # (R, 1, T, T)
             for first in range(0, n_receivers, self.rows):
                 rows = slice(first, first + self.rows)
-                kept[rows] = self.rule.positions(edges[rows], kept[rows])
-            by_position = kept
-        input_edges = self.rule.positions(edges[:, 0], inputs)
-        self._accumulate(edges, direct, input_edges, by_position)
+                kept[rows] = self.rule.positions(edges[rows], kept[rows], None)
+                if pairs is not None:
+                    pairs[rows] = self.rule.positions(
+                        kept[rows], pairs[rows], reads[rows]
+                    )
+        input_edges = self.rule.positions(edges[:, 0], inputs, None)
+        empty = torch.zeros(0)  # the target's values are set at the end
+        self._accumulate(FlowTotals(edges, direct, input_edges, kept, pairs, empty))
 
-    def _accumulate(
-        self,
-        edges: Tensor,
-        direct: Tensor,
-        input_edges: Tensor,
-        by_position: Optional[Tensor],
-    ) -> None:
+    def _accumulate(self, step: FlowTotals) -> None:
         if self.totals is None:
-            self.totals = FlowTotals(
-                edges, direct, input_edges, by_position, torch.zeros(0)
-            )
+            self.totals = step
             return
         totals = self.totals
-        totals.edges += edges
-        totals.direct += direct
-        totals.input_edges += input_edges
-        if totals.by_position is not None:
-            assert by_position is not None
-            totals.by_position += by_position
+        totals.edges += step.edges
+        totals.direct += step.direct
+        totals.input_edges += step.input_edges
+        for name in ("by_position", "by_pair"):
+            total, part = getattr(totals, name), getattr(step, name)
+            if total is not None:
+                total += part
 
 
 def _point(state: PointState, j: int) -> PointState:

@@ -32,7 +32,7 @@ shrink ``A − Σ t → 0``, so the flows converge to the integrals.
 """
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -117,20 +117,26 @@ def exact_step(
     return edges, exact_positions(out, terms.direct)
 
 
-def exact_positions(flows: Tensor, terms: Tensor) -> Tensor:
+def exact_positions(
+    flows: Tensor, terms: Tensor, allowed: Optional[Tensor] = None
+) -> Tensor:
     r"""
-    The exact split of summed flows over the sender's positions.
+    The exact split of flows over positions (an edge's over its sender's
+    positions, or a sender position's over the receiver's).
 
     Args:
         flows (Tensor): ``(...)`` float64: the step's flows.
         terms (Tensor): ``(..., T)`` float64: their first-order terms per
                     position.
+        allowed (Tensor, optional): ``(..., T)`` bool, broadcastable: the
+                    positions that may get a part. Default: None (all)
 
     Returns:
         *Tensor* ``(..., T)`` float64 that adds up to ``flows``.
     """
-    anywhere = torch.ones(terms.shape[-1], dtype=torch.bool, device=terms.device)
-    return allocate(flows, terms, anywhere)
+    if allowed is None:
+        allowed = torch.ones(terms.shape[-1], dtype=torch.bool, device=terms.device)
+    return allocate(flows, terms, allowed)
 
 
 def plain_step(
@@ -141,10 +147,12 @@ def plain_step(
     return terms.edges * allowed, terms.direct
 
 
-def plain_positions(flows: Tensor, terms: Tensor) -> Tensor:
+def plain_positions(
+    flows: Tensor, terms: Tensor, allowed: Optional[Tensor] = None
+) -> Tensor:
     r"""The plain flows per position: the terms themselves (same arguments and
     returns as :func:`exact_positions`)."""
-    return terms
+    return terms if allowed is None else terms * allowed
 
 
 class StepRule(NamedTuple):
@@ -153,12 +161,12 @@ class StepRule(NamedTuple):
 
     Args:
         split (Callable): The step's flows from its terms (:func:`exact_step`).
-        positions (Callable): Summed flows split over the sender's positions
+        positions (Callable): Flows split over positions
                     (:func:`exact_positions`).
     """
 
     split: Callable[[StepTerms, FlowLayout, Tensor], Tuple[Tensor, Tensor]]
-    positions: Callable[[Tensor, Tensor], Tensor]
+    positions: Callable[[Tensor, Tensor, Optional[Tensor]], Tensor]
 
 
 #: Each flow method's step rule, by the name ``method=`` takes

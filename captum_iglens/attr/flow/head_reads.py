@@ -54,28 +54,34 @@ def batched_head_reads(
                     keys and values ``(P, H_kv, T, e)``, as the attention got
                     them.
         h_in (Tensor): ``(P, T, d)``: the block's input.
-        grads (tuple[Tensor]): ``(P, H, T, e)`` each: the gradient of ``m``
-                    with respect to each query head's queries, keys and values.
+        grads (tuple[Tensor]): ``(B, P, H, T, e)`` each: ``B`` gradients
+                    (of ``m``, or of its part through one query position)
+                    with respect to each query head's queries, keys and
+                    values.
         separate (bool): One result per read kind (queries, keys, values).
 
     Returns:
-        *Tensor* ``(H · kinds, P, T, d)``, head-major.
+        *Tensor* ``(H · kinds, B, P, T, d)``, head-major.
     """
-    n_heads = grads[0].shape[1]
+    n_heads, batch = grads[0].shape[2], grads[0].shape[0]
     kinds = len(reads) if separate else 1
     upstream = []
     for kind, (read, grad) in enumerate(zip(reads, grads)):
         owner = _owner(n_heads, read.shape[1], grad.device, grad.dtype)
-        per_head = owner[:, None, :, None, None] * grad.transpose(0, 1)[:, :, None]
-        if separate:  # (H, kinds, P, ...): zero but at this kind
+        # (H, B, P, H_read, T, e): query head h's gradient in its group's slot
+        per_head = (
+            owner[:, None, None, :, None, None]
+            * grad.permute(2, 0, 1, 3, 4)[:, :, :, None]
+        )
+        if separate:  # (H, kinds, B, ...): zero but at this kind
             slots = per_head.new_zeros(n_heads, kinds, *per_head.shape[1:])
             slots[:, kind] = per_head
-            per_head = slots.flatten(0, 1)
-        upstream.append(per_head)
+            per_head = slots
+        upstream.append(per_head.flatten(0, 2 if separate else 1))
     (vjp,) = torch.autograd.grad(
         reads, h_in, upstream, retain_graph=True, is_grads_batched=True
     )
-    return vjp
+    return vjp.view(n_heads * kinds, batch, *vjp.shape[1:])
 
 
 def split_head_reads(
@@ -100,25 +106,32 @@ def split_head_reads(
         separate (bool): One result per read kind.
 
     Returns:
-        *Tensor* ``(H · kinds, P, T, d)``, head-major.
+        *Tensor* ``(H · kinds, B, P, T, d)``, head-major.
     """
-    n_heads = grads[0].shape[1]
+    batch, _, n_heads = grads[0].shape[:3]
     at_x = []
     for read, grad, name, proj in zip(reads, grads, PROJECTIONS, projections):
-        groups = n_heads // read.shape[1]
-        p, _, t, e = grad.shape
-        # (groups, P, H_read, T, e): batch j holds query head g·groups + j of group g
-        upstream = grad.view(p, read.shape[1], groups, t, e).permute(2, 0, 1, 3, 4)
+        n_read = read.shape[1]
+        groups = n_heads // n_read
+        p, t, e = grad.shape[1], grad.shape[3], grad.shape[4]
+        # (groups · B, P, H_read, T, e): batch (j, b) holds query head
+        # g·groups + j of group g
+        upstream = grad.view(batch, p, n_read, groups, t, e).permute(3, 0, 1, 2, 4, 5)
         (at_out,) = torch.autograd.grad(
-            read, seen[name], upstream, retain_graph=True, is_grads_batched=True
-        )  # (groups, P, T, H_read · e)
-        per_head = at_out.view(groups, p, t, read.shape[1], e).permute(1, 2, 3, 0, 4)
-        per_head = per_head.reshape(p, t, n_heads, e)  # head g·groups + j
-        weight = proj.weight.view(read.shape[1], e, -1).repeat_interleave(groups, 0)
-        at_x.append(torch.einsum("pthe,hed->hptd", per_head, weight.to(grad.dtype)))
-    stacked = torch.stack(at_x, 1)  # (H, 3, P, T, d)
-    upstream_x = stacked.flatten(0, 1) if separate else stacked.sum(1)
+            read,
+            seen[name],
+            upstream.flatten(0, 1),
+            retain_graph=True,
+            is_grads_batched=True,
+        )  # (groups · B, P, T, H_read · e)
+        per_head = at_out.view(groups, batch, p, t, n_read, e).permute(1, 2, 3, 4, 0, 5)
+        per_head = per_head.reshape(batch, p, t, n_heads, e)  # head g·groups + j
+        weight = proj.weight.view(n_read, e, -1).repeat_interleave(groups, 0)
+        at_x.append(torch.einsum("bpthe,hed->hbptd", per_head, weight.to(grad.dtype)))
+    stacked = torch.stack(at_x, 1)  # (H, 3, B, P, T, d)
+    kinds = stacked.shape[1] if separate else 1
+    upstream_x = stacked.flatten(0, 2) if separate else stacked.sum(1).flatten(0, 1)
     (vjp,) = torch.autograd.grad(
         seen["x"], seen["in"], upstream_x, retain_graph=True, is_grads_batched=True
     )
-    return vjp
+    return vjp.view(n_heads * kinds, batch, *vjp.shape[1:])

@@ -96,6 +96,24 @@ class FlowLayout:
         depth_r = torch.tensor(self._depths(sender=False))
         return depth_s.unsqueeze(0) < depth_r.unsqueeze(1)
 
+    def read_positions(self, length: int) -> Tensor:
+        r"""
+        Which stream positions each receiver reads at each of its positions.
+
+        Args:
+            length (int): The prompt's tokens ``T``.
+
+        Returns:
+            *Tensor* ``(R, T, T)`` bool, ``[r, s, t]``: whether receiver ``r``
+            at position ``t`` reads the stream at position ``s`` (a head at
+            every ``s ≤ t``, an MLP at ``t`` alone).
+        """
+        causal = torch.ones(length, length, dtype=torch.bool).triu()
+        own = torch.eye(length, dtype=torch.bool)
+        heads = self.n_heads * self.kinds
+        per_block = torch.stack([causal] * heads + [own])
+        return per_block.repeat(self.n_layers, 1, 1)
+
     def _depths(self, sender: bool) -> List[int]:
         """Depth of each node: block ``l``'s heads ``2l + 1``, its MLP ``2l + 2``."""
         depths = []

@@ -10,7 +10,13 @@ from typing import Any, Optional, Union, cast
 import torch
 from torch import Tensor
 
-from captum_iglens.attr.flow.budget import point_bytes, points_at_once
+from captum_iglens.attr.flow.budget import (
+    check_pair_memory,
+    free_memory,
+    pair_bytes,
+    point_bytes,
+    points_at_once,
+)
 from captum_iglens.attr.subject_noise import NOISE_SCALE
 from captum_iglens.attr.flow.capture import target_logits
 from captum_iglens.attr.flow.engine import (
@@ -96,6 +102,7 @@ class ProbabilityFlow:
         method: str = "prediction_aware",
         qkv: bool = False,
         per_position: bool = False,
+        receiver_positions: bool = False,
         internal_batch_size: Optional[int] = None,
         max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> FlowGraph:
@@ -143,6 +150,13 @@ class ProbabilityFlow:
                         key and value reads. Default: False
             per_position (bool, optional): Keep each edge's flow by its
                         sender's position. Default: False
+            receiver_positions (bool, optional): Also split each of those by
+                        the receiver's position, ``u@s → w@t`` (implies
+                        ``per_position``): the heads' gradients are taken
+                        through one query position at a time, so each point's
+                        gradients and the result grow by ``T``; meant for
+                        short prompts, and refused before the model runs where
+                        it would not fit the memory available. Default: False
             internal_batch_size (int, optional): Path points per forward;
                         more than one must fit ``max_chunk_bytes``. Default:
                         None (as many as fit it)
@@ -169,13 +183,16 @@ class ProbabilityFlow:
             target_kind,
             n_steps,
             method,
-            qkv,
-            per_position,
+            dict(
+                qkv=qkv,
+                per_position=per_position,
+                receiver_positions=receiver_positions,
+            ),
             internal_batch_size,
             max_chunk_bytes,
         )
         batch = self.check_budget(
-            ids, n_steps, qkv, internal_batch_size, max_chunk_bytes
+            ids, n_steps, qkv, internal_batch_size, max_chunk_bytes, receiver_positions
         )
         layout = FlowLayout(len(self.parts.blocks), self.n_heads, qkv)
         token = self._token(target, "target")
@@ -203,6 +220,7 @@ class ProbabilityFlow:
             n_steps=n_steps,
             method=method,
             per_position=per_position,
+            receiver_positions=receiver_positions,
             internal_batch_size=batch,
             max_chunk_bytes=max_chunk_bytes,
         )
@@ -249,6 +267,7 @@ class ProbabilityFlow:
         qkv: bool = False,
         internal_batch_size: Optional[int] = None,
         max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        receiver_positions: bool = False,
     ) -> int:
         r"""
         The path points of one forward of :meth:`attribute`, from the memory
@@ -260,12 +279,17 @@ class ProbabilityFlow:
 
         Raises:
             ValueError: If ``internal_batch_size`` points (more than one) do not
-                fit ``max_chunk_bytes``.
+                fit ``max_chunk_bytes``, or the flows by receiver position
+                would not fit the memory available.
         """
         length = self._ids(inputs, "inputs").shape[1]
         layout = FlowLayout(len(self.parts.blocks), self.n_heads, qkv)
-        point = point_bytes(self.parts, layout, length)
-        return points_at_once(point, n_steps + 1, internal_batch_size, max_chunk_bytes)
+        point = point_bytes(self.parts, layout, length, receiver_positions)
+        batch = points_at_once(point, n_steps + 1, internal_batch_size, max_chunk_bytes)
+        if receiver_positions:
+            needed = pair_bytes(layout, length) + 2 * batch * point
+            check_pair_memory(needed, free_memory())
+        return batch
 
     def _subject(
         self,
@@ -485,8 +509,7 @@ def _check_settings(
     target_kind: str,
     n_steps: int,
     method: str,
-    qkv: bool,
-    per_position: bool,
+    flags: dict,
     batch: Optional[int],
     max_chunk_bytes: int,
 ) -> None:
@@ -496,7 +519,7 @@ def _check_settings(
         raise ValueError(f"n_steps: expected an int >= 1, got {n_steps!r}")
     if method not in FLOW_METHODS:
         raise ValueError(f"method: expected one of {FLOW_METHODS}, got {method!r}")
-    for name, flag in (("qkv", qkv), ("per_position", per_position)):
+    for name, flag in flags.items():
         if not isinstance(flag, bool):
             raise ValueError(f"{name}: expected a bool, got {flag!r}")
     if batch is not None:
@@ -543,6 +566,11 @@ def build_graph(
     by_position = None
     if totals.by_position is not None:
         by_position = torch.cat([totals.by_position[index], totals.direct]).numpy()
+    by_pair = None
+    if totals.by_pair is not None:  # logits reads the target's position
+        direct = torch.zeros(*totals.direct.shape, len(tokens), dtype=torch.float64)
+        direct[..., settings["position"]] = totals.direct
+        by_pair = torch.cat([totals.by_pair[index], direct]).numpy()
     owner = layout.sender_of_receiver()
     inflow = torch.zeros(len(senders), dtype=torch.float64).index_add_(
         0, owner, totals.edges.sum(1)
@@ -558,6 +586,7 @@ def build_graph(
         tokens=tokens,
         input_flows=input_flows.numpy(),
         position_flows=by_position,
+        pair_flows=by_pair,
         counterfactual=counterfactual,
         settings=settings,
         m_prompt=m_prompt,
