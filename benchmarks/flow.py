@@ -15,7 +15,8 @@ Riemann sums at the same steps). ``convergence`` compares the exact estimator's
 edges at each step count with a many-step reference. ``cost`` times one graph
 of an IOI-sized prompt on SmolLM2 against its floor, ``n_steps + 1`` forward and
 backward passes of the model on the same points (the gradient of the target
-with respect to the embeddings, the same batching), from one run. ``plain``
+with respect to the embeddings, the same batching), and the same graph split by
+receiver position against it, from one run. ``plain``
 prints, per model and step count, what the plain trapezoid terms miss
 (``|Σ − Δm|``, the worst conservation error) and how far the exact estimator
 moves the embeddings' outflows from them (the plain ones are Captum's LIG): on
@@ -144,6 +145,7 @@ def cost(n_steps, batch):
     model, tok = load_embedded("smollm2", progress=False)
     flow = ProbabilityFlow(model, tok)
     flow.attribute(IOI[0], counterfactual=IOI[1], target=IOI[2], n_steps=1)  # warm
+    batch = batch or flow.check_budget(IOI[0], n_steps)  # the default's choice
     start = time.perf_counter()
     g = flow.attribute(
         IOI[0],
@@ -175,10 +177,21 @@ def cost(n_steps, batch):
         finally:
             handle.remove()
     floor_s = time.perf_counter() - start
+    start = time.perf_counter()
+    flow.attribute(
+        IOI[0],
+        counterfactual=IOI[1],
+        target=IOI[2],
+        n_steps=n_steps,
+        receiver_positions=True,
+    )
+    pairs_s = time.perf_counter() - start
     print(
         f"IOI prompt, {ids.shape[1]} tokens, SmolLM2, n_steps {n_steps}, "
+        f"{batch} points per forward, "
         f"{len(g.edges)} edges: graph {graph_s:.2f} s, floor ({n_steps + 1} forward "
-        f"and backward passes) {floor_s:.2f} s, ratio {graph_s / floor_s:.2f}"
+        f"and backward passes) {floor_s:.2f} s, ratio {graph_s / floor_s:.2f}; "
+        f"by receiver position {pairs_s:.2f} s, {pairs_s / graph_s:.2f} x the graph"
     )
 
 
@@ -252,7 +265,9 @@ def main():
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--reference", type=int, default=128)
     parser.add_argument("--n-steps", type=int, default=DEFAULT_STEPS)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument(
+        "--batch", type=int, help="cost: points per forward (default: as fit)"
+    )
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--qkv", action="store_true")
     parser.add_argument("--max-chunk-mib", type=int, default=256)

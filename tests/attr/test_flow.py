@@ -227,6 +227,26 @@ def test_flows_by_receiver_position(models, family):
         assert (graph.pair_flows[i][~reads] == 0).all(), edge
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_positions_before_the_first_change_are_skipped_exactly(
+    models, family, monkeypatch
+):
+    """The prompts agree up to position 2: the steps' terms start there, and
+    the graph is the one computed over every position."""
+    flow = ProbabilityFlow(models[family])
+    kwargs = dict(counterfactual=OTHER, n_steps=2, receiver_positions=True, qkv=True)
+    skipped = flow.attribute(IDS, **kwargs)
+    monkeypatch.setattr("captum_iglens.attr.flow.engine.first_moving", lambda *args: 0)
+    whole = flow.attribute(IDS, **kwargs)
+    scale = abs(whole.flows).max()
+    for name in ("flows", "position_flows", "pair_flows", "input_flows"):
+        gap = abs(getattr(skipped, name) - getattr(whole, name)).max()
+        assert gap <= 1e-6 * scale, name
+    assert (skipped.pair_flows[:, :2] == 0).all()
+    assert (skipped.pair_flows[:, :, :2] == 0).all()
+    assert abs(whole.pair_flows[:, :2]).max() <= 1e-6 * scale
+
+
 def test_receiver_positions_refused_where_memory_is_short(models, monkeypatch):
     monkeypatch.setattr(
         "captum_iglens.attr.flow.probability_flow.free_memory", lambda: 2**20

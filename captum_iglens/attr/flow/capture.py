@@ -122,8 +122,9 @@ class PointState:
         rho (Tensor): ``(P, R, B, T, d)``: each receiver's node-input
                     gradient with respect to the stream it reads
                     (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.receivers`
-                    order); ``B = 1``, or ``B = T`` with ``pairs``: row ``t``
-                    through the receiver's output at position ``t`` alone.
+                    order); ``B = 1``, or split from position ``f`` on,
+                    ``B = T − f``: row ``b`` through the receiver's output at
+                    position ``f + b`` alone.
     """
 
     m: Tensor
@@ -221,7 +222,7 @@ def run_points(
     first_inputs: Tensor,
     target: FlowTarget,
     layout: FlowLayout,
-    pairs: bool = False,
+    split_from: Optional[int] = None,
 ) -> PointState:
     r"""
     The model at ``P`` path points: one forward, one backward and one batched
@@ -236,14 +237,17 @@ def run_points(
         target (FlowTarget): The target ``m``; the model computes the logits
                     of its position only (``logits_to_keep``).
         layout (FlowLayout): The graph's nodes.
-        pairs (bool, optional): Split each receiver's gradient by the
-                    position of its output. Default: False
+        split_from (int, optional): Split each receiver's gradient by the
+                    position of its output, for the positions from this one
+                    on. Default: None (not split)
 
     Returns:
         *PointState*. No hook stays on the model.
     """
     h0 = first_inputs.detach().clone().requires_grad_(True)
-    m, grad_final, rho, seen = _gradients(parts, input_ids, h0, target, layout, pairs)
+    m, grad_final, rho, seen = _gradients(
+        parts, input_ids, h0, target, layout, split_from
+    )
     # the forward's graph is freed here, before the writes are gathered
     return PointState(
         m=m, grad_final=grad_final, writes=_writes(parts, layout, seen, h0), rho=rho
@@ -256,7 +260,7 @@ def _gradients(
     h0: Tensor,
     target: FlowTarget,
     layout: FlowLayout,
-    pairs: bool,
+    split_from: Optional[int],
 ) -> Tuple[Tensor, Tensor, Tensor, Dict[Tuple[str, int], Tensor]]:
     """The forward and backward of :func:`run_points`: ``m``, ``∇f``, the
     receivers' gradients and the detached states the writes are made of."""
@@ -269,7 +273,7 @@ def _gradients(
         records = [_RECORDS[a] for a in attentions]
         seen = hooks.seen
         hooks.remove()
-        n = layout.n_layers
+        n, pairs = layout.n_layers, split_from is not None
         wanted = (
             [seen["out", n - 1]]
             + [r[name] for r in records for name in ("query", "key_rep", "value_rep")]
@@ -278,13 +282,17 @@ def _gradients(
         )
         grads = torch.autograd.grad(m.sum(), wanted, retain_graph=True)
         reads = [
-            _by_query_position(seen["heads", layer], r, grads[1 + 4 * n + layer])
-            if pairs
+            _by_query_position(
+                seen["heads", layer], r, grads[1 + 4 * n + layer], split_from
+            )
+            if split_from is not None
             else tuple(g.unsqueeze(0) for g in grads[1 + 3 * layer : 4 + 3 * layer])
             for layer, r in enumerate(records)
         ]
         branches = grads[1 + 3 * n : 1 + 4 * n]
-        rho = _receiver_gradients(layout, seen, records, attentions, reads, branches)
+        rho = _receiver_gradients(
+            layout, seen, records, attentions, reads, branches, split_from
+        )
     states = {
         key: value.detach()
         for key, value in seen.items()
@@ -304,14 +312,15 @@ def target_logits(parts: ModelParts, ids: Tensor, position: int) -> Tensor:
 
 
 def _by_query_position(
-    heads: Tensor, record: Dict[str, Tensor], grad: Tensor
+    heads: Tensor, record: Dict[str, Tensor], grad: Tensor, first: int
 ) -> Tuple[Tensor, ...]:
     """The gradients at the queries and the expanded keys and values
-    ``(T, P, H, T, e)`` through the heads' output ``heads`` ``(P, T, H · e)``
-    at each query position alone (``grad``: the gradient at that output)."""
+    ``(T − first, P, H, T, e)`` through the heads' output ``heads``
+    ``(P, T, H · e)`` at each query position from ``first`` on alone
+    (``grad``: the gradient at that output)."""
     length = grad.shape[1]
-    at = torch.eye(length, dtype=grad.dtype, device=grad.device)
-    upstream = at[:, None, :, None] * grad.unsqueeze(0)  # (T, P, T, H · e)
+    at = torch.eye(length, dtype=grad.dtype, device=grad.device)[first:]
+    upstream = at[:, None, :, None] * grad.unsqueeze(0)  # (T − first, P, T, H · e)
     reads = [record["query"], record["key_rep"], record["value_rep"]]
     return torch.autograd.grad(
         heads, reads, upstream, retain_graph=True, is_grads_batched=True
@@ -325,10 +334,12 @@ def _receiver_gradients(
     attentions: List[Module],
     head_grads: List[Tuple[Tensor, ...]],
     branch_grads: Tuple[Tensor, ...],
+    split_from: Optional[int],
 ) -> Tensor:
     """``(P, R, B, T, d)``: per block, each head's reads (through its query,
     key and value alone), then the MLP's (through the MLP alone); ``B`` is the
-    batch of ``head_grads`` (1, or one per query position)."""
+    batch of ``head_grads`` (1, or one per query position from
+    ``split_from`` on)."""
     n = layout.n_layers
     rho: Optional[Tensor] = None
     per_block = layout.n_heads * layout.kinds + 1
@@ -356,11 +367,11 @@ def _receiver_gradients(
             branch_grads[layer],
             retain_graph=True,
         )
-        if rho.shape[2] == 1:
+        if split_from is None:
             rho[:, first + per_block - 1, 0] = mlp.detach()
         else:  # an MLP at position t reads the stream at t alone
             diagonal = torch.diag_embed(mlp.detach().transpose(1, 2))  # (P, d, T, T)
-            rho[:, first + per_block - 1] = diagonal.permute(0, 2, 3, 1)
+            rho[:, first + per_block - 1] = diagonal.permute(0, 2, 3, 1)[:, split_from:]
     assert rho is not None
     return rho
 

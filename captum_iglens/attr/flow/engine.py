@@ -154,12 +154,14 @@ def flow_totals(
     """
     prompt_inputs = first_block_inputs(parts, input_ids)
     _, length, width = prompt_inputs.shape
-    split = length if receiver_positions else 1
+    first = first_moving(prompt_inputs, base_inputs)
+    split = length - first if receiver_positions else 1
     stepper = _Stepper(
         STEP_RULES[method],
         layout,
-        receivers_at_once(layout, length, width, max_chunk_bytes, split),
+        receivers_at_once(layout, length - first, width, max_chunk_bytes, split),
         per_position or receiver_positions,
+        first,
     )
     alphas = torch.linspace(0, 1, n_steps + 1, dtype=torch.float64)
     prev: Optional[PointState] = None
@@ -168,7 +170,14 @@ def flow_totals(
         a = alphas[start : start + internal_batch_size].to(prompt_inputs.device)
         a = a.to(prompt_inputs.dtype).view(-1, 1, 1)
         points = base_inputs + a * (prompt_inputs - base_inputs)
-        cur = run_points(parts, input_ids, points, target, layout, receiver_positions)
+        cur = run_points(
+            parts,
+            input_ids,
+            points,
+            target,
+            layout,
+            split_from=first if receiver_positions else None,
+        )
         values.append(cur.m)
         for j in range(len(a)):
             if prev is not None:
@@ -176,27 +185,79 @@ def flow_totals(
             prev = _point(cur, j)
         del cur, points  # freed before the next forward
     assert stepper.totals is not None  # n_steps >= 1
-    stepper.totals.m = torch.cat(values)
-    return stepper.totals
+    totals = _from_position(stepper.totals, first, length)
+    totals.m = torch.cat(values)
+    return totals
+
+
+def first_moving(prompt_inputs: Tensor, base_inputs: Tensor) -> int:
+    r"""
+    The first position where the path's two ends differ. Every node's write
+    before it is the same at every point of the path (the model is causal),
+    so no flow leaves or crosses there, and the steps' terms are computed from
+    it on.
+
+    Args:
+        prompt_inputs (Tensor): ``(1, T, d)``: the first block's input on the
+                    prompt.
+        base_inputs (Tensor): ``(1, T, d)``: at the path's start.
+
+    Returns:
+        *int* in ``[0, T)`` (the last position where the ends are equal).
+    """
+    moved = (prompt_inputs != base_inputs).any(-1).any(0)  # (T,)
+    found = moved.nonzero()
+    return int(found[0]) if len(found) else prompt_inputs.shape[1] - 1
+
+
+def _from_position(totals: FlowTotals, first: int, length: int) -> FlowTotals:
+    """The totals of positions ``first`` on, with the earlier ones (zero)
+    put back in front."""
+
+    def padded(flows: Tensor, axes: int) -> Tensor:
+        if first == 0:
+            return flows
+        out = flows.new_zeros(*flows.shape[: flows.dim() - axes], *[length] * axes)
+        if axes == 1:
+            out[..., first:] = flows
+        else:
+            out[..., first:, first:] = flows
+        return out
+
+    by_position, by_pair = totals.by_position, totals.by_pair
+    return FlowTotals(
+        totals.edges,
+        padded(totals.direct, 1),
+        padded(totals.input_edges, 1),
+        None if by_position is None else padded(by_position, 1),
+        None if by_pair is None else padded(by_pair, 2),
+        totals.m,
+    )
 
 
 class _Stepper:
     """Adds the flows of each step to the totals, a group of receivers' terms
-    at a time."""
+    at a time, at the positions from ``first`` on."""
 
     def __init__(
-        self, rule: StepRule, layout: FlowLayout, rows: int, per_position: bool
+        self,
+        rule: StepRule,
+        layout: FlowLayout,
+        rows: int,
+        per_position: bool,
+        first: int,
     ) -> None:
         self.rule, self.layout, self.rows = rule, layout, rows
-        self.per_position = per_position
+        self.per_position, self.first = per_position, first
         self.allowed = layout.allowed()
         self.totals: Optional[FlowTotals] = None
 
     def add(self, prev: PointState, cur: PointState, j: int) -> None:
         r"""Adds the step from ``prev`` (one point) to point ``j`` of ``cur``."""
         work = torch.promote_types(cur.writes.dtype, torch.float32)
-        dz = cur.writes[j].to(work) - prev.writes[0].to(work)  # (S, T, d)
-        grad = (cur.grad_final[j].to(work) + prev.grad_final[0].to(work)) / 2
+        at = slice(self.first, None)
+        dz = cur.writes[j, :, at].to(work) - prev.writes[0, :, at].to(work)
+        grad = (cur.grad_final[j, at].to(work) + prev.grad_final[0, at].to(work)) / 2
         direct = torch.einsum("td,std->st", grad, dz).double()
         (n_receivers, split), (n_senders, length, _) = cur.rho.shape[1:3], dz.shape
         sums = torch.zeros(n_receivers, n_senders, dtype=torch.float64)
@@ -213,7 +274,9 @@ class _Stepper:
         )
         for first in range(0, n_receivers, self.rows):
             rows = slice(first, first + self.rows)
-            rho = (cur.rho[j, rows].to(work) + prev.rho[0, rows].to(work)) / 2
+            rho = (
+                cur.rho[j, rows, :, at].to(work) + prev.rho[0, rows, :, at].to(work)
+            ) / 2
             by_pair = torch.einsum("rbsd,usd->rusb", rho, dz)  # (r, S, T, B)
             terms = by_pair.sum(-1)  # (r, S, T)
             sums[rows] = terms.sum(-1, dtype=torch.float64).cpu()
