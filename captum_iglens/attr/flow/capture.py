@@ -12,8 +12,10 @@ and values is its own (the model keeps its grouped weights; nothing is
 ungrouped). Then, per block, the gradient through a head's query, key or value
 read alone is carried back to the block's input by one batched vector-Jacobian
 product through the graph of that forward (the input norm, the projection, the
-family's query/key norm and rotary embedding), and the gradient through the
-MLP alone from its output to the mid-block state.
+family's query/key norm and rotary embedding). The gradient through the MLP
+alone comes with the backward itself: the block's output is the mid-block
+state plus the MLP's write, so it is the gradient at the mid-block state minus
+the gradient at the block's output.
 
 Split by receiver position (``pairs``), a head's gradient is taken through its
 output at one query position ``t`` at a time: the gradient at the heads' output
@@ -207,8 +209,6 @@ def _install(
         hooks.keep_output(block, "out", layer)
         hooks.keep_input(parts.mid[layer], "mid", layer)
         hooks.keep_input(_listed(parts.attn_out)[layer], "heads", layer)
-        branch = parts.mlp_norm[layer] if parts.mlp_norm else parts.mlp_out[layer]
-        hooks.keep_output(branch, "branch", layer)
 
 
 def _listed(modules: Optional[List[Module]]) -> List[Module]:
@@ -226,7 +226,7 @@ def run_points(
 ) -> PointState:
     r"""
     The model at ``P`` path points: one forward, one backward and one batched
-    vector-Jacobian product per block for its heads (and one for its MLP).
+    vector-Jacobian product per block for its heads.
 
     Args:
         parts (ModelParts): The model's parts (checked by
@@ -277,21 +277,26 @@ def _gradients(
         wanted = (
             [seen["out", n - 1]]
             + [r[name] for r in records for name in ("query", "key_rep", "value_rep")]
-            + [seen["branch", layer] for layer in range(n)]
+            + [seen[name, layer] for name in ("mid", "out") for layer in range(n)]
             + ([seen["heads", layer] for layer in range(n)] if pairs else [])
         )
         grads = torch.autograd.grad(m.sum(), wanted, retain_graph=True)
         reads = [
             _by_query_position(
-                seen["heads", layer], r, grads[1 + 4 * n + layer], split_from
+                seen["heads", layer], r, grads[1 + 5 * n + layer], split_from
             )
             if split_from is not None
             else tuple(g.unsqueeze(0) for g in grads[1 + 3 * layer : 4 + 3 * layer])
             for layer, r in enumerate(records)
         ]
-        branches = grads[1 + 3 * n : 1 + 4 * n]
+        # the gradient through the MLP alone: the block's output is the
+        # mid-block state plus the MLP's write
+        mlps = [
+            mid - out
+            for mid, out in zip(grads[1 + 3 * n : 1 + 4 * n], grads[1 + 4 * n :])
+        ]
         rho = _receiver_gradients(
-            layout, seen, records, attentions, reads, branches, split_from
+            layout, seen, records, attentions, reads, mlps, split_from
         )
     states = {
         key: value.detach()
@@ -333,7 +338,7 @@ def _receiver_gradients(
     records: List[Dict[str, Tensor]],
     attentions: List[Module],
     head_grads: List[Tuple[Tensor, ...]],
-    branch_grads: Tuple[Tensor, ...],
+    mlp_grads: List[Tensor],
     split_from: Optional[int],
 ) -> Tensor:
     """``(P, R, B, T, d)``: per block, each head's reads (through its query,
@@ -361,12 +366,7 @@ def _receiver_gradients(
             rho = per_head.new_empty(p, n * per_block, b, t, d)
         first = layer * per_block
         rho[:, first : first + per_block - 1] = per_head.permute(2, 0, 1, 3, 4).detach()
-        (mlp,) = torch.autograd.grad(
-            seen["branch", layer],
-            seen["mid", layer],
-            branch_grads[layer],
-            retain_graph=True,
-        )
+        mlp = mlp_grads[layer]
         if split_from is None:
             rho[:, first + per_block - 1, 0] = mlp.detach()
         else:  # an MLP at position t reads the stream at t alone
