@@ -555,19 +555,19 @@ def _outer_sizes(value: Any, ndim: int, at: str) -> List[int]:
     return sizes
 
 
-def _leaves(value: Any, ndim: int, at: str) -> Iterable[Any]:
+def _leaves(value: Any, ndim: int, at: str) -> List[Any]:
     """The leaves ``ndim`` levels down, refusing lists below or leaves above."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if depth == ndim:
-            if isinstance(item, (list, dict)):
-                fail(at, f"expected {ndim}-level nested lists, found a deeper one")
-            yield item
-        elif not isinstance(item, list):
-            fail(at, f"expected {ndim}-level nested lists, found {item!r:.40}")
-        else:
-            stack.extend((child, depth + 1) for child in item)
+    level = [value]
+    for _ in range(ndim):
+        below: List[Any] = []
+        for item in level:
+            if not isinstance(item, list):
+                fail(at, f"expected {ndim}-level nested lists, found {item!r:.40}")
+            below.extend(item)
+        level = below
+    if any(isinstance(item, (list, dict)) for item in level):
+        fail(at, f"expected {ndim}-level nested lists, found a deeper one")
+    return level
 
 
 def _check_rectangular(value: Any, ndim: int, at: str) -> None:
