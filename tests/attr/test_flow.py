@@ -247,6 +247,17 @@ def test_positions_before_the_first_change_are_skipped_exactly(
     assert abs(whole.pair_flows[:, :2]).max() <= 1e-6 * scale
 
 
+def test_only_the_last_position_moves(models):
+    last = IDS.clone()
+    last[0, -1] = 41
+    graph = ProbabilityFlow(models["llama"]).attribute(
+        IDS, counterfactual=last, n_steps=2, receiver_positions=True
+    )
+    _check_exact(graph)
+    assert (graph.pair_flows[:, :-1] == 0).all()
+    assert abs(graph.pair_flows[:, -1, -1].sum() - graph.flows.sum()) <= 1e-12
+
+
 def test_receiver_positions_refused_where_memory_is_short(models, monkeypatch):
     monkeypatch.setattr(
         "captum_iglens.attr.flow.probability_flow.free_memory", lambda: 2**20

@@ -222,7 +222,8 @@ def run_points(
     first_inputs: Tensor,
     target: FlowTarget,
     layout: FlowLayout,
-    split_from: Optional[int] = None,
+    first: int = 0,
+    split: bool = False,
 ) -> PointState:
     r"""
     The model at ``P`` path points: one forward, one backward and one batched
@@ -237,21 +238,22 @@ def run_points(
         target (FlowTarget): The target ``m``; the model computes the logits
                     of its position only (``logits_to_keep``).
         layout (FlowLayout): The graph's nodes.
-        split_from (int, optional): Split each receiver's gradient by the
-                    position of its output, for the positions from this one
-                    on. Default: None (not split)
+        first (int, optional): The first position kept: the writes and
+                    gradients are those of positions ``first`` to ``T − 1``
+                    (``T' = T − first`` of them). Default: 0
+        split (bool, optional): Split each receiver's gradient by the position
+                    of its output (from ``first`` on). Default: False
 
     Returns:
         *PointState*. No hook stays on the model.
     """
     h0 = first_inputs.detach().clone().requires_grad_(True)
     m, grad_final, rho, seen = _gradients(
-        parts, input_ids, h0, target, layout, split_from
+        parts, input_ids, h0, target, layout, first, split
     )
     # the forward's graph is freed here, before the writes are gathered
-    return PointState(
-        m=m, grad_final=grad_final, writes=_writes(parts, layout, seen, h0), rho=rho
-    )
+    writes = _writes(parts, layout, seen, h0, first)
+    return PointState(m=m, grad_final=grad_final, writes=writes, rho=rho)
 
 
 def _gradients(
@@ -260,7 +262,8 @@ def _gradients(
     h0: Tensor,
     target: FlowTarget,
     layout: FlowLayout,
-    split_from: Optional[int],
+    first: int,
+    split: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Dict[Tuple[str, int], Tensor]]:
     """The forward and backward of :func:`run_points`: ``m``, ``∇f``, the
     receivers' gradients and the detached states the writes are made of."""
@@ -273,37 +276,33 @@ def _gradients(
         records = [_RECORDS[a] for a in attentions]
         seen = hooks.seen
         hooks.remove()
-        n, pairs = layout.n_layers, split_from is not None
+        n = layout.n_layers
         wanted = (
             [seen["out", n - 1]]
             + [r[name] for r in records for name in ("query", "key_rep", "value_rep")]
             + [seen[name, layer] for name in ("mid", "out") for layer in range(n)]
-            + ([seen["heads", layer] for layer in range(n)] if pairs else [])
+            + ([seen["heads", layer] for layer in range(n)] if split else [])
         )
         grads = torch.autograd.grad(m.sum(), wanted, retain_graph=True)
         reads = [
-            _by_query_position(
-                seen["heads", layer], r, grads[1 + 5 * n + layer], split_from
-            )
-            if split_from is not None
+            _by_query_position(seen["heads", layer], r, grads[1 + 5 * n + layer], first)
+            if split
             else tuple(g.unsqueeze(0) for g in grads[1 + 3 * layer : 4 + 3 * layer])
             for layer, r in enumerate(records)
         ]
         # the gradient through the MLP alone: the block's output is the
         # mid-block state plus the MLP's write
-        mlps = [
-            mid - out
-            for mid, out in zip(grads[1 + 3 * n : 1 + 4 * n], grads[1 + 4 * n :])
-        ]
+        at_mid, at_out = grads[1 + 3 * n : 1 + 4 * n], grads[1 + 4 * n : 1 + 5 * n]
+        mlps = [(mid - out)[:, first:] for mid, out in zip(at_mid, at_out)]
         rho = _receiver_gradients(
-            layout, seen, records, attentions, reads, mlps, split_from
+            layout, seen, records, attentions, reads, mlps, first, split
         )
     states = {
         key: value.detach()
         for key, value in seen.items()
         if key[0] in ("heads", "in", "mid", "out")
     }
-    return m.detach().double(), grads[0].detach(), rho, states
+    return m.detach().double(), grads[0][:, first:].detach(), rho, states
 
 
 def target_logits(parts: ModelParts, ids: Tensor, position: int) -> Tensor:
@@ -339,12 +338,13 @@ def _receiver_gradients(
     attentions: List[Module],
     head_grads: List[Tuple[Tensor, ...]],
     mlp_grads: List[Tensor],
-    split_from: Optional[int],
+    first: int,
+    split: bool,
 ) -> Tensor:
-    """``(P, R, B, T, d)``: per block, each head's reads (through its query,
-    key and value alone), then the MLP's (through the MLP alone); ``B`` is the
-    batch of ``head_grads`` (1, or one per query position from
-    ``split_from`` on)."""
+    """``(P, R, B, T', d)``: per block, each head's reads (through its query,
+    key and value alone), then the MLP's (through the MLP alone), at the
+    positions from ``first`` on; ``B`` is the batch of ``head_grads`` (1, or
+    one per query position from ``first`` on, with ``split``)."""
     n = layout.n_layers
     rho: Optional[Tensor] = None
     per_block = layout.n_heads * layout.kinds + 1
@@ -356,22 +356,24 @@ def _receiver_gradients(
         if projections is None:
             per_head = batched_head_reads(
                 reads, seen["in", layer], upstream, layout.qkv
-            )
+            )[..., first:, :]
         else:
             names = ("in", "x", *PROJECTIONS)
             mine = {name: seen[name, layer] for name in names}
-            per_head = split_head_reads(reads, mine, projections, upstream, layout.qkv)
+            per_head = split_head_reads(
+                reads, mine, projections, upstream, layout.qkv, first
+            )
         if rho is None:  # (P, R, B, T, d), filled block by block
             b, p, t, d = per_head.shape[1:]
             rho = per_head.new_empty(p, n * per_block, b, t, d)
-        first = layer * per_block
-        rho[:, first : first + per_block - 1] = per_head.permute(2, 0, 1, 3, 4).detach()
-        mlp = mlp_grads[layer]
-        if split_from is None:
-            rho[:, first + per_block - 1, 0] = mlp.detach()
+        row = layer * per_block
+        rho[:, row : row + per_block - 1] = per_head.permute(2, 0, 1, 3, 4).detach()
+        mlp = mlp_grads[layer].detach()
+        if not split:
+            rho[:, row + per_block - 1, 0] = mlp
         else:  # an MLP at position t reads the stream at t alone
-            diagonal = torch.diag_embed(mlp.detach().transpose(1, 2))  # (P, d, T, T)
-            rho[:, first + per_block - 1] = diagonal.permute(0, 2, 3, 1)[:, split_from:]
+            diagonal = torch.diag_embed(mlp.transpose(1, 2))  # (P, d, T', T')
+            rho[:, row + per_block - 1] = diagonal.permute(0, 2, 3, 1)
     assert rho is not None
     return rho
 
@@ -382,12 +384,16 @@ def _writes(
     layout: FlowLayout,
     seen: Dict[Tuple[str, int], Tensor],
     h0: Tensor,
+    first: int,
 ) -> Tensor:
-    r"""``(P, S, T, d)``: the embeddings; per block each head's write (its slice
-    of the output projection, times the post-norm's factor held at its real
-    value where the family normalises the attention output) and the MLP's
-    (the block's output minus the mid-block state)."""
+    r"""``(P, S, T', d)``, at the positions from ``first`` on: the embeddings;
+    per block each head's write (its slice of the output projection, times the
+    post-norm's factor held at its real value where the family normalises the
+    attention output) and the MLP's (the block's output minus the mid-block
+    state)."""
     attn_out = _listed(parts.attn_out)
+    seen = {key: value[:, first:] for key, value in seen.items()}
+    h0 = h0[:, first:]
     p, t, d = h0.shape
     per_block = layout.n_heads + 1
     out = h0.new_empty(p, 1 + layout.n_layers * per_block, t, d)
@@ -408,8 +414,8 @@ def _writes(
             per_head.sum(1).unsqueeze(2).float(),
             (mid - h_in).unsqueeze(2).float(),
         )
-        first = 1 + layer * per_block
+        row = 1 + layer * per_block
         heads = per_head * factor[:, :, 0].unsqueeze(1).to(per_head.dtype)
-        out[:, first : first + layout.n_heads] = heads
-        out[:, first + layout.n_heads] = seen["out", layer] - mid
+        out[:, row : row + layout.n_heads] = heads
+        out[:, row + layout.n_heads] = seen["out", layer] - mid
     return out

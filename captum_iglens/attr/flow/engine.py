@@ -160,8 +160,8 @@ def flow_totals(
         STEP_RULES[method],
         layout,
         receivers_at_once(layout, length - first, width, max_chunk_bytes, split),
-        per_position or receiver_positions,
-        first,
+        per_position,
+        receiver_positions,
     )
     alphas = torch.linspace(0, 1, n_steps + 1, dtype=torch.float64)
     prev: Optional[PointState] = None
@@ -171,12 +171,7 @@ def flow_totals(
         a = a.to(prompt_inputs.dtype).view(-1, 1, 1)
         points = base_inputs + a * (prompt_inputs - base_inputs)
         cur = run_points(
-            parts,
-            input_ids,
-            points,
-            target,
-            layout,
-            split_from=first if receiver_positions else None,
+            parts, input_ids, points, target, layout, first, receiver_positions
         )
         values.append(cur.m)
         for j in range(len(a)):
@@ -237,7 +232,8 @@ def _from_position(totals: FlowTotals, first: int, length: int) -> FlowTotals:
 
 class _Stepper:
     """Adds the flows of each step to the totals, a group of receivers' terms
-    at a time, at the positions from ``first`` on."""
+    at a time (at the positions the points hold), by sender position where
+    asked, and by receiver position too with ``pairs``."""
 
     def __init__(
         self,
@@ -245,19 +241,18 @@ class _Stepper:
         layout: FlowLayout,
         rows: int,
         per_position: bool,
-        first: int,
+        pairs: bool,
     ) -> None:
         self.rule, self.layout, self.rows = rule, layout, rows
-        self.per_position, self.first = per_position, first
+        self.per_position, self.pairs = per_position or pairs, pairs
         self.allowed = layout.allowed()
         self.totals: Optional[FlowTotals] = None
 
     def add(self, prev: PointState, cur: PointState, j: int) -> None:
         r"""Adds the step from ``prev`` (one point) to point ``j`` of ``cur``."""
         work = torch.promote_types(cur.writes.dtype, torch.float32)
-        at = slice(self.first, None)
-        dz = cur.writes[j, :, at].to(work) - prev.writes[0, :, at].to(work)
-        grad = (cur.grad_final[j, at].to(work) + prev.grad_final[0, at].to(work)) / 2
+        dz = cur.writes[j].to(work) - prev.writes[0].to(work)  # (S, T', d)
+        grad = (cur.grad_final[j].to(work) + prev.grad_final[0].to(work)) / 2
         direct = torch.einsum("td,std->st", grad, dz).double()
         (n_receivers, split), (n_senders, length, _) = cur.rho.shape[1:3], dz.shape
         sums = torch.zeros(n_receivers, n_senders, dtype=torch.float64)
@@ -269,14 +264,12 @@ class _Stepper:
         )
         pairs = (
             torch.zeros(n_receivers, n_senders, length, split, dtype=torch.float64)
-            if split > 1
+            if self.pairs
             else None
         )
         for first in range(0, n_receivers, self.rows):
             rows = slice(first, first + self.rows)
-            rho = (
-                cur.rho[j, rows, :, at].to(work) + prev.rho[0, rows, :, at].to(work)
-            ) / 2
+            rho = (cur.rho[j, rows].to(work) + prev.rho[0, rows].to(work)) / 2
             by_pair = torch.einsum("rbsd,usd->rusb", rho, dz)  # (r, S, T, B)
             terms = by_pair.sum(-1)  # (r, S, T)
             sums[rows] = terms.sum(-1, dtype=torch.float64).cpu()

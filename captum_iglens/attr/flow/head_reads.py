@@ -90,10 +90,12 @@ def split_head_reads(
     projections: List[Linear],
     grads: Tuple[Tensor, ...],
     separate: bool,
+    first: int = 0,
 ) -> Tensor:
     r"""
     :func:`batched_head_reads` through each head's own rows of the
-    projections.
+    projections, at the positions from ``first`` on (the input norm acts on
+    each position alone).
 
     Args:
         reads (list[Tensor]): As for :func:`batched_head_reads`.
@@ -104,9 +106,10 @@ def split_head_reads(
         projections (list[Linear]): The query, key and value projections.
         grads (tuple[Tensor]): As for :func:`batched_head_reads`.
         separate (bool): One result per read kind.
+        first (int, optional): The first position returned. Default: 0
 
     Returns:
-        *Tensor* ``(H · kinds, B, P, T, d)``, head-major.
+        *Tensor* ``(H · kinds, B, P, T − first, d)``, head-major.
     """
     batch, _, n_heads = grads[0].shape[:3]
     at_x = []
@@ -125,13 +128,15 @@ def split_head_reads(
             is_grads_batched=True,
         )  # (groups · B, P, T, H_read · e)
         per_head = at_out.view(groups, batch, p, t, n_read, e).permute(1, 2, 3, 4, 0, 5)
-        per_head = per_head.reshape(batch, p, t, n_heads, e)  # head g·groups + j
+        per_head = per_head.reshape(batch, p, t, n_heads, e)[:, :, first:]
         weight = proj.weight.view(n_read, e, -1).repeat_interleave(groups, 0)
         at_x.append(torch.einsum("bpthe,hed->hbptd", per_head, weight.to(grad.dtype)))
-    stacked = torch.stack(at_x, 1)  # (H, 3, B, P, T, d)
+    stacked = torch.stack(at_x, 1)  # (H, 3, B, P, T − first, d)
     kinds = stacked.shape[1] if separate else 1
-    upstream_x = stacked.flatten(0, 2) if separate else stacked.sum(1).flatten(0, 1)
+    kept = stacked.flatten(0, 2) if separate else stacked.sum(1).flatten(0, 1)
+    upstream_x = kept.new_zeros(*kept.shape[:2], *seen["x"].shape[1:])
+    upstream_x[:, :, first:] = kept
     (vjp,) = torch.autograd.grad(
         seen["x"], seen["in"], upstream_x, retain_graph=True, is_grads_batched=True
     )
-    return vjp.view(n_heads * kinds, batch, *vjp.shape[1:])
+    return vjp[:, :, first:].reshape(n_heads * kinds, batch, p, -1, vjp.shape[-1])
