@@ -15,8 +15,10 @@ Riemann sums at the same steps). ``convergence`` compares the exact estimator's
 edges at each step count with a many-step reference. ``cost`` times one graph
 of an IOI-sized prompt on SmolLM2 against its floor, ``n_steps + 1`` forward and
 backward passes of the model on the same points (the gradient of the target
-with respect to the embeddings, the same batching), and the same graph split by
-receiver position against it, from one run. ``plain``
+with respect to the embeddings, the same batching), the same graph split by
+receiver position against it, and the graph from the mean embedding (where
+every position moves, so none is skipped) against the floor, from one run (the
+median of ``--repeat`` timings of each, interleaved). ``plain``
 prints, per model and step count, what the plain trapezoid terms miss
 (``|Σ − Δm|``, the worst conservation error) and how far the exact estimator
 moves the embeddings' outflows from them (the plain ones are Captum's LIG): on
@@ -33,8 +35,10 @@ model's top token.
 
 import argparse
 import resource
+import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -141,25 +145,11 @@ def plain(models, steps):
             )
 
 
-def cost(n_steps, batch):
-    model, tok = load_embedded("smollm2", progress=False)
-    flow = ProbabilityFlow(model, tok)
-    flow.attribute(IOI[0], counterfactual=IOI[1], target=IOI[2], n_steps=1)  # warm
-    batch = batch or flow.check_budget(IOI[0], n_steps)  # the default's choice
-    start = time.perf_counter()
-    g = flow.attribute(
-        IOI[0],
-        counterfactual=IOI[1],
-        target=IOI[2],
-        n_steps=n_steps,
-        internal_batch_size=batch,
-    )
-    graph_s = time.perf_counter() - start
-    ids, other = (tok(t, return_tensors="pt").input_ids for t in IOI[:2])
-    parts = flow.parts
+def _floor(flow, ids, other, target, n_steps, batch):
+    """``n_steps + 1`` forward and backward passes of the model on the flow's
+    points and batches: the gradient of the target at the first block's input."""
+    parts, model = flow.parts, flow.parts.model
     x, x0 = first_block_inputs(parts, ids), first_block_inputs(parts, other)
-    target = FlowTarget("prob", g.settings["target"], ids.shape[1] - 1)
-    start = time.perf_counter()
     alphas = torch.linspace(0, 1, n_steps + 1)
     for first in range(0, n_steps + 1, batch):
         a = alphas[first : first + batch].view(-1, 1, 1)
@@ -176,22 +166,51 @@ def cost(n_steps, batch):
             torch.autograd.grad(target.of_row(logits[:, -1]).sum(), h0)
         finally:
             handle.remove()
-    floor_s = time.perf_counter() - start
-    start = time.perf_counter()
-    flow.attribute(
+
+
+def cost(n_steps, batch, repeat):
+    model, tok = load_embedded("smollm2", progress=False)
+    flow = ProbabilityFlow(model, tok)
+    flow.attribute(IOI[0], counterfactual=IOI[1], target=IOI[2], n_steps=1)  # warm
+    batch = batch or flow.check_budget(IOI[0], n_steps)  # the default's choice
+    ids, other = (tok(t, return_tensors="pt").input_ids for t in IOI[:2])
+    graph = partial(
+        flow.attribute,
         IOI[0],
-        counterfactual=IOI[1],
         target=IOI[2],
         n_steps=n_steps,
-        receiver_positions=True,
+        internal_batch_size=batch,
     )
-    pairs_s = time.perf_counter() - start
+    g = graph(counterfactual=IOI[1])
+    target = FlowTarget("prob", g.settings["target"], ids.shape[1] - 1)
+    runs = {
+        "graph": partial(graph, counterfactual=IOI[1]),
+        "floor": partial(_floor, flow, ids, other, target, n_steps, batch),
+        "pairs": partial(
+            flow.attribute,
+            IOI[0],
+            counterfactual=IOI[1],
+            target=IOI[2],
+            n_steps=n_steps,
+            receiver_positions=True,
+        ),
+        "mean": graph,  # from the mean embedding: every position moves
+    }
+    times = {name: [] for name in runs}
+    for _ in range(repeat):  # interleaved, so that a slow spell hits them all
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    t = {name: statistics.median(values) for name, values in times.items()}
     print(
         f"IOI prompt, {ids.shape[1]} tokens, SmolLM2, n_steps {n_steps}, "
-        f"{batch} points per forward, "
-        f"{len(g.edges)} edges: graph {graph_s:.2f} s, floor ({n_steps + 1} forward "
-        f"and backward passes) {floor_s:.2f} s, ratio {graph_s / floor_s:.2f}; "
-        f"by receiver position {pairs_s:.2f} s, {pairs_s / graph_s:.2f} x the graph"
+        f"{batch} points per forward, {len(g.edges)} edges, median of {repeat}: "
+        f"graph {t['graph']:.2f} s, floor ({n_steps + 1} forward and backward "
+        f"passes) {t['floor']:.2f} s, ratio {t['graph'] / t['floor']:.2f}; by "
+        f"receiver position {t['pairs']:.2f} s, {t['pairs'] / t['graph']:.2f} x "
+        f"the graph; from the mean embedding (every position moves) "
+        f"{t['mean']:.2f} s, ratio {t['mean'] / t['floor']:.2f}"
     )
 
 
@@ -270,6 +289,9 @@ def main():
     )
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--qkv", action="store_true")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="cost: timings per run (the median)"
+    )
     parser.add_argument("--max-chunk-mib", type=int, default=256)
     parser.add_argument("--dry-run", action="store_true", help="long: tiny model")
     parser.add_argument(
@@ -296,7 +318,7 @@ def main():
     elif args.what == "plain":
         plain(args.models, args.steps)
     elif args.what == "cost":
-        cost(args.n_steps, args.batch)
+        cost(args.n_steps, args.batch, args.repeat)
     elif args.dry_run:
         long(16, 2, True, 1, shape="tiny")
     else:
