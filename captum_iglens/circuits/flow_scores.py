@@ -5,6 +5,9 @@ path of the first block's input from the counterfactual prompt to the clean
 one (:func:`~captum_iglens.attr.flow.engine.flow_totals`, the exact
 ``"prediction_aware"`` estimator, with separate query, key and value
 receivers), on the batch's token ids as they are (nothing is retokenised).
+``SCORERS["flow-plain"]`` is the same path's first-order terms
+(``"riemann_trapezoid"``), which the exact estimator corrects: what the
+correction changes in a circuit.
 """
 
 from typing import List
@@ -53,7 +56,7 @@ def receiver_rows(graph: EdgeGraph, layout: FlowLayout) -> List[int]:
     return [rows[name] for name in graph.receivers[:-1]]
 
 
-def flow_scores(context: ScoringContext) -> Tensor:
+def flow_scores(context: ScoringContext, method: str = "prediction_aware") -> Tensor:
     r"""
     Exact flow: each edge's probability flow from the counterfactual to the
     clean prompt, averaged over pairs.
@@ -70,6 +73,9 @@ def flow_scores(context: ScoringContext) -> Tensor:
     Args:
 
         context (ScoringContext): The pairs, the metric and ``steps``.
+        method (str, optional): The flow's estimator
+                    (:data:`~captum_iglens.flow_options.FLOW_METHODS`).
+                    Default: ``"prediction_aware"``
 
     Returns:
         *Tensor*: ``(S, R)`` float64.
@@ -98,7 +104,7 @@ def flow_scores(context: ScoringContext) -> Tensor:
                 target,
                 layout,
                 n_steps=context.steps,
-                method="prediction_aware",
+                method=method,
                 per_position=False,
                 receiver_positions=False,
                 internal_batch_size=at_once,

@@ -11,7 +11,8 @@ A new method is one entry: ``SCORERS["name"] = function``.
 ``flow`` is the exact probability flow
 (:func:`~captum_iglens.circuits.flow_scores.flow_scores`, at
 :data:`~captum_iglens.flow_options.DEFAULT_STEPS` steps unless given,
-``"flow:8"``). ``joint`` and ``telescoping`` are IG-Lens's head maps of
+``"flow:8"``); ``flow-plain`` is its first-order terms alone, before the
+exact estimator's correction. ``joint`` and ``telescoping`` are IG-Lens's head maps of
 ``p(answer)`` on the clean prompt lifted to edges, a node's credit shared
 equally by its in-edges and each edge into ``logits`` given its sender's
 credit (:mod:`~captum_iglens.circuits.node_scores`): what a ranking knows
@@ -230,6 +231,7 @@ def _node_totals(
 #: correlations (:data:`GROUND_TRUTH`), the others are scored as circuits.
 SCORERS: Dict[str, Callable[[ScoringContext], Scores]] = {
     "flow": flow_scores,
+    "flow-plain": partial(flow_scores, method="riemann_trapezoid"),
     "joint": partial(lifted_scores, path="joint"),
     "telescoping": partial(lifted_scores, path="telescoping"),
     "eap": eap,
@@ -255,6 +257,7 @@ GROUND_TRUTH: Dict[
 #: Scorers that take a step count (``"eap-ig-inputs:20"``), with their default.
 STEPS: Dict[str, int] = {
     "flow": DEFAULT_STEPS,
+    "flow-plain": DEFAULT_STEPS,
     "eap-ig-inputs": 5,
     "eap-ig-activations": 5,
 }

@@ -81,10 +81,14 @@ def test_flows_into_the_logits_add_up_to_the_change_of_m_per_pair(pairs, metric)
         assert float(into) == pytest.approx(float(delta), rel=1e-3, abs=1e-8)
 
 
-def test_scores_are_the_public_flow_graphs_edges_averaged(pairs):
+@pytest.mark.parametrize(
+    "scorer, method",
+    [("flow", "prediction_aware"), ("flow-plain", "riemann_trapezoid")],
+)
+def test_scores_are_the_public_flow_graphs_edges_averaged(pairs, scorer, method):
     model, bound, batch = pairs
     context = ScoringContext(bound, None, [batch], 3, "prob_diff", steps=3)
-    got = bound.graph.scores_to_dict(SCORERS["flow"](context))
+    got = bound.graph.scores_to_dict(SCORERS[scorer](context))
     flow = ProbabilityFlow(model)
     expected = {name: 0.0 for name in got}
     for b in range(3):
@@ -96,6 +100,7 @@ def test_scores_are_the_public_flow_graphs_edges_averaged(pairs):
             target_kind="prob_diff",
             n_steps=3,
             qkv=True,
+            method=method,
         )
         for name, value in graph.edge_scores().items():
             expected[name] += value / 3
