@@ -113,19 +113,20 @@ def _register() -> None:
 @dataclass
 class PointState:
     r"""
-    What one batch of ``P`` path points leaves for the edges.
+    What one batch of ``P`` path points leaves for the edges, at the
+    ``T' = T − f`` positions from the first kept one ``f`` on.
 
     Args:
         m (Tensor): ``(P,)`` float64: the target at each point.
-        grad_final (Tensor): ``(P, T, d)``: ``∇f``, the gradient of ``m`` with
-                    respect to the last block's output.
-        writes (Tensor): ``(P, S, T, d)``: each sender's write to the stream
+        grad_final (Tensor): ``(P, T', d)``: ``∇f``, the gradient of ``m``
+                    with respect to the last block's output.
+        writes (Tensor): ``(P, S, T', d)``: each sender's write to the stream
                     (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.senders` order).
-        rho (Tensor): ``(P, R, B, T, d)``: each receiver's node-input
+        rho (Tensor): ``(P, R, B, T', d)``: each receiver's node-input
                     gradient with respect to the stream it reads
                     (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.receivers`
-                    order); ``B = 1``, or split from position ``f`` on,
-                    ``B = T − f``: row ``b`` through the receiver's output at
+                    order); ``B = 1``, or split by receiver position,
+                    ``B = T'``: row ``b`` through the receiver's output at
                     position ``f + b`` alone.
     """
 
@@ -363,7 +364,7 @@ def _receiver_gradients(
             per_head = split_head_reads(
                 reads, mine, projections, upstream, layout.qkv, first
             )
-        if rho is None:  # (P, R, B, T, d), filled block by block
+        if rho is None:  # (P, R, B, T', d), filled block by block
             b, p, t, d = per_head.shape[1:]
             rho = per_head.new_empty(p, n * per_block, b, t, d)
         row = layer * per_block

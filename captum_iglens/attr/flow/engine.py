@@ -281,11 +281,13 @@ class _Stepper:
         step = StepTerms(sums, direct.cpu(), float(cur.m[j] - prev.m[0]))
         edges, direct = self.rule.split(step, self.layout, self.allowed)
         if kept is not None:
-            reads = self.layout.read_positions(length).unsqueeze(1)  # (R, 1, T, T)
+            reads = (
+                self.layout.read_positions(length).unsqueeze(1) if self.pairs else None
+            )
             for first in range(0, n_receivers, self.rows):
                 rows = slice(first, first + self.rows)
                 kept[rows] = self.rule.positions(edges[rows], kept[rows], None)
-                if pairs is not None:
+                if pairs is not None and reads is not None:  # (R, 1, T', T')
                     pairs[rows] = self.rule.positions(
                         kept[rows], pairs[rows], reads[rows]
                     )
