@@ -224,18 +224,20 @@ class ProbabilityFlow:
             internal_batch_size=batch,
             max_chunk_bytes=max_chunk_bytes,
         )
-        settings = dict(
-            method=method,
-            n_steps=n_steps,
-            qkv=qkv,
-            target_kind=target_kind,
-            target=token,
-            foil=foil_id,
-            position=position,
+        settings = self._settings(goal, method=method, n_steps=n_steps, qkv=qkv)
+        return build_graph(totals, layout, self._texts(ids), origin, settings)
+
+    def _settings(self, goal: FlowTarget, **run: Any) -> dict:
+        """The graph's ``settings``: the run's, the target's and the model's."""
+        return dict(
+            **run,
+            target_kind=goal.kind,
+            target=goal.token,
+            foil=goal.foil,
+            position=goal.position,
             model=getattr(self.parts.model.config, "_name_or_path", "") or "",
             target_text=self._describe(goal),
         )
-        return build_graph(totals, layout, self._texts(ids), origin, settings)
 
     # ------------------------------------------------------------ arguments
 
