@@ -356,8 +356,8 @@ def _receiver_gradients(
         projections = projections_of(attentions[layer])
         if projections is None:
             per_head = batched_head_reads(
-                reads, seen["in", layer], upstream, layout.qkv
-            )[..., first:, :]
+                reads, seen["in", layer], upstream, layout.qkv, first
+            )
         else:
             names = ("in", "x", *PROJECTIONS)
             mine = {name: seen[name, layer] for name in names}

@@ -42,7 +42,11 @@ def _owner(
 
 
 def batched_head_reads(
-    reads: List[Tensor], h_in: Tensor, grads: Tuple[Tensor, ...], separate: bool
+    reads: List[Tensor],
+    h_in: Tensor,
+    grads: Tuple[Tensor, ...],
+    separate: bool,
+    first: int = 0,
 ) -> Tensor:
     r"""
     Per query head ``h`` (and read kind, if ``separate``), the gradient with
@@ -59,9 +63,10 @@ def batched_head_reads(
                     with respect to each query head's queries, keys and
                     values.
         separate (bool): One result per read kind (queries, keys, values).
+        first (int, optional): The first position returned. Default: 0
 
     Returns:
-        *Tensor* ``(H · kinds, B, P, T, d)``, head-major.
+        *Tensor* ``(H · kinds, B, P, T − first, d)``, head-major.
     """
     n_heads, batch = grads[0].shape[2], grads[0].shape[0]
     kinds = len(reads) if separate else 1
@@ -81,7 +86,7 @@ def batched_head_reads(
     (vjp,) = torch.autograd.grad(
         reads, h_in, upstream, retain_graph=True, is_grads_batched=True
     )
-    return vjp.view(n_heads * kinds, batch, *vjp.shape[1:])
+    return vjp.view(n_heads * kinds, batch, *vjp.shape[1:])[..., first:, :]
 
 
 def split_head_reads(
