@@ -772,6 +772,8 @@ def test_every_option_combination_works_or_is_refused_in_one_line(
         *([option, "nope", "p"] for option in ("--method", "--granularity")),
         *([option, "nope", "p"] for option in ("--path", "--positions")),
         ["validate", "--mode", "nope"],
+        ["graph", "--help"],
+        ["graph", "p", "--receiver-positions", "--n-steps", "0"],
     ],
 )
 def test_version_help_and_usage_errors_import_no_torch(args):

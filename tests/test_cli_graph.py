@@ -170,11 +170,19 @@ def test_graph_by_receiver_position(tmp_path, capsys):
 
 
 @pytest.mark.real_model
-def test_receiver_positions_over_the_memory_are_refused(monkeypatch, capsys):
-    monkeypatch.setattr(
-        "captum_iglens.attr.flow.probability_flow.free_memory", lambda: 2**20
-    )
+@pytest.mark.parametrize("model_files", [True, False])
+def test_receiver_positions_over_the_memory_are_refused(
+    monkeypatch, capsys, model_files
+):
+    """Before the model loads where its config and tokenizer files can be read;
+    else once it has loaded, before it runs."""
+    monkeypatch.setattr("captum_iglens.attr.flow.budget.free_memory", lambda: 2**20)
+    if model_files:
+        monkeypatch.setattr("captum_iglens.hf.models.load_embedded", _no_model)
+    else:
+        monkeypatch.setattr("captum_iglens.hf.model_files.read_config", lambda m: None)
     argv = ["graph", PROMPT, "--counterfactual", OTHER, "--receiver-positions"]
     assert main([*argv, "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert "--receiver-positions: the flows by sender and receiver position" in err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "--receiver-positions: the flows by sender and receiver position" in err[0]

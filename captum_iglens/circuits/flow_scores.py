@@ -58,15 +58,16 @@ def receiver_rows(graph: EdgeGraph, layout: FlowLayout) -> List[int]:
 
 def flow_scores(context: ScoringContext, method: str = "prediction_aware") -> Tensor:
     r"""
-    Exact flow: each edge's probability flow from the counterfactual to the
-    clean prompt, averaged over pairs.
+    The flow: each edge's probability flow from the counterfactual to the
+    clean prompt, averaged over pairs (exact, or the first-order terms with
+    ``method="riemann_trapezoid"``).
 
     Each pair runs on its own path (``context.steps`` equal steps,
     ``steps + 1`` forward and backward passes of the model), with the flow's
     target ``m`` the harness's metric at the last position: ``"prob"``
     (``p(answer)``), ``"prob_diff"`` (``p(answer) − p(foil)``) or
     ``"logit_diff"`` (``logit(answer) − logit(foil)``), answer and foil from
-    the pair. The estimator is exact, so for each pair the flows into
+    the pair. With the exact estimator, for each pair the flows into
     ``logits`` add up to ``Δm = m(clean) − m(counterfactual)`` at any step
     count, to float rounding.
 

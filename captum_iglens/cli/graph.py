@@ -180,7 +180,30 @@ def _check(args: argparse.Namespace) -> str:
     _device(args.device or "cpu")
     check_outputs(args, "json", "csv", "html")
     _device_map(args)
+    _check_receiver_positions(args, prompt.strip())
     return prompt.strip()
+
+
+def _check_receiver_positions(args: argparse.Namespace, prompt: str) -> None:
+    """``--receiver-positions`` against the memory available, from the model's
+    ``config.json`` and ``tokenizer.json`` where they can be read before the
+    load (the loaded model is checked again, with its path points)."""
+    if not args.receiver_positions:
+        return
+    from captum_iglens.hf.model_files import read_config, read_tokenizer
+
+    config, tokenizer = read_config(args.model), read_tokenizer(args.model)
+    if config is None or tokenizer is None:
+        return
+    text = config.get("text_config") or config  # multimodal: the text model's
+    blocks, heads = text.get("num_hidden_layers"), text.get("num_attention_heads")
+    if not (isinstance(blocks, int) and isinstance(heads, int)):
+        return
+    from captum_iglens.attr.flow.budget import check_pair_memory
+    from captum_iglens.attr.flow.nodes import FlowLayout
+
+    length = len(tokenizer(prompt)["input_ids"])
+    check_pair_memory(FlowLayout(blocks, heads, args.qkv), length)
 
 
 def _check_subject(args: argparse.Namespace, prompt: str) -> None:

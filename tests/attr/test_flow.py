@@ -259,9 +259,7 @@ def test_only_the_last_position_moves(models):
 
 
 def test_receiver_positions_refused_where_memory_is_short(models, monkeypatch):
-    monkeypatch.setattr(
-        "captum_iglens.attr.flow.probability_flow.free_memory", lambda: 2**20
-    )
+    monkeypatch.setattr("captum_iglens.attr.flow.budget.free_memory", lambda: 2**20)
     flow = ProbabilityFlow(models["llama"])
     with pytest.raises(ValueError, match="receiver_positions: the flows by sender"):
         flow.attribute(IDS, counterfactual=OTHER, receiver_positions=True)

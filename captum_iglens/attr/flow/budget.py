@@ -14,8 +14,8 @@ cannot run on less than one point.
 
 Split by receiver position, a point holds each receiver's gradient ``T`` times
 (one per position of its output) and the graph ``R × S × T × T`` flows: that
-is bounded by the memory the machine has free (:func:`check_pair_memory`), not
-by the budget, since it is the result.
+is bounded by the memory the machine has available (:func:`check_pair_memory`),
+not by the budget, since it is the result.
 """
 
 import os
@@ -148,18 +148,23 @@ def free_memory() -> Optional[int]:
         return None
 
 
-def check_pair_memory(needed: int, free: Optional[int]) -> None:
+def check_pair_memory(layout: FlowLayout, length: int, held: int = 0) -> None:
     r"""
-    Refuses a split by receiver position that would not fit in memory.
+    Refuses a split by receiver position whose flows (:func:`pair_bytes`) and
+    ``held`` other bytes would not fit in the memory available
+    (:func:`free_memory`; not checked where the system does not say).
 
     Args:
-        needed (int): Its bytes (:func:`pair_bytes` and two points).
-        free (int, optional): The machine's free bytes (:func:`free_memory`);
-                    None: not checked.
+        layout (FlowLayout): The graph's nodes.
+        length (int): The prompt's tokens ``T``.
+        held (int, optional): Bytes held beside them (the path points).
+                    Default: 0
 
     Raises:
         ValueError: Naming ``receiver_positions``.
     """
+    needed = pair_bytes(layout, length) + held
+    free = free_memory()
     if free is not None and needed > free:
         raise ValueError(
             f"receiver_positions: the flows by sender and receiver position need "

@@ -12,8 +12,6 @@ from torch import Tensor
 
 from captum_iglens.attr.flow.budget import (
     check_pair_memory,
-    free_memory,
-    pair_bytes,
     point_bytes,
     points_at_once,
 )
@@ -289,8 +287,7 @@ class ProbabilityFlow:
         point = point_bytes(self.parts, layout, length, receiver_positions)
         batch = points_at_once(point, n_steps + 1, internal_batch_size, max_chunk_bytes)
         if receiver_positions:
-            needed = pair_bytes(layout, length) + 2 * batch * point
-            check_pair_memory(needed, free_memory())
+            check_pair_memory(layout, length, 2 * batch * point)
         return batch
 
     def _subject(
