@@ -79,9 +79,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_args() -> argparse.Namespace:
-    """The command line."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
+def parse_args(
+    doc: str = __doc__, methods: str = "eap,eap-ig-inputs,random,patching"
+) -> argparse.Namespace:
+    """The command line, described by ``doc``'s second paragraph."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[1])
     parser.add_argument(
         "--models",
         nargs="+",
@@ -96,7 +98,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--generate", type=int, default=300, help="pairs generated before the filter"
     )
-    parser.add_argument("--methods", default="eap,eap-ig-inputs,random,patching")
+    parser.add_argument("--methods", default=methods)
     parser.add_argument("--metric", default="logit_diff")
     parser.add_argument("--sample", type=int, default=100)
     parser.add_argument("--out", required=True, help="folder of the runs")

@@ -212,3 +212,46 @@ def test_circuits_table_from_a_model_folder_and_a_task_file(tmp_path, tiny_folde
         method = row.split(" | ")[3]
         rho = result["correlations"]["patching-nodes"][method]
         assert row.split(" | ")[6] == f"— / {rho:+.2f} / —"
+
+
+@pytest.mark.slow
+def test_circuits_rules_match_the_two_methods_they_cross(tmp_path, tiny_folder):
+    """The ablation's ``product-left`` is EAP-IG-inputs and its
+    ``steps-trapezoid`` the flow's first-order terms, each written a second
+    time; the two crossed rules differ from both."""
+    import torch
+
+    from captum_iglens.circuits.graph import EdgeGraph
+
+    folder, pair = tiny_folder
+    pairs = [dict(pair), dict(pair, counterfactual="t9 t6 t7 t8")]
+    task = tmp_path / "mine.jsonl"
+    task.write_text("".join(json.dumps(p) + "\n" for p in pairs), encoding="utf-8")
+    methods = "eap-ig-inputs,flow-plain:5,product-left:5,product-trapezoid:5,"
+    methods += "steps-left:5,steps-trapezoid:5"
+    command = [sys.executable, str(ROOT / "benchmarks" / "circuits_rules.py")]
+    command += ["--models", str(folder), "--tasks", str(task), "--pairs", "2"]
+    command += ["--methods", methods, "--out", str(tmp_path / "r")]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if "| mine |" in line]
+    assert len(rows) == 6
+    saved = tmp_path / "r" / f"{folder.name}-mine" / "methods"
+
+    config = json.loads((folder / "config.json").read_text())
+    legal = EdgeGraph(config["num_hidden_layers"], config["num_attention_heads"]).legal
+
+    def scores(name):  # on the graph's edges
+        found = torch.load(saved / f"{name.replace(':', '-')}.pt", weights_only=True)
+        return found[legal]
+
+    def near(a, b):
+        return torch.allclose(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max()))
+
+    assert near(scores("product-left:5"), scores("eap-ig-inputs"))
+    assert near(scores("steps-trapezoid:5"), scores("flow-plain:5"))
+    for crossed in ("product-trapezoid:5", "steps-left:5"):
+        assert not near(scores(crossed), scores("eap-ig-inputs"))
+        assert not near(scores(crossed), scores("flow-plain:5"))
