@@ -117,8 +117,12 @@ def split_head_reads(
         *Tensor* ``(H · kinds, B, P, T − first, d)``, head-major.
     """
     batch, _, n_heads = grads[0].shape[:3]
-    at_x = []
-    for read, grad, name, proj in zip(reads, grads, PROJECTIONS, projections):
+    kinds = len(reads) if separate else 1
+    # (H, kinds, B, P, T, d): the gradient at the attention's input per head
+    upstream_x = grads[0].new_zeros(n_heads, kinds, batch, *seen["x"].shape)
+    for kind, (read, grad, name, proj) in enumerate(
+        zip(reads, grads, PROJECTIONS, projections)
+    ):
         n_read = read.shape[1]
         groups = n_heads // n_read
         p, t, e = grad.shape[1], grad.shape[3], grad.shape[4]
@@ -132,15 +136,13 @@ def split_head_reads(
             retain_graph=True,
             is_grads_batched=True,
         )  # (groups · B, P, T, H_read · e)
-        per_head = at_out.view(groups, batch, p, t, n_read, e).permute(1, 2, 3, 4, 0, 5)
-        per_head = per_head.reshape(batch, p, t, n_heads, e)[:, :, first:]
-        weight = proj.weight.view(n_read, e, -1).repeat_interleave(groups, 0)
-        at_x.append(torch.einsum("bpthe,hed->hbptd", per_head, weight.to(grad.dtype)))
-    stacked = torch.stack(at_x, 1)  # (H, 3, B, P, T − first, d)
-    kinds = stacked.shape[1] if separate else 1
-    kept = stacked.flatten(0, 2) if separate else stacked.sum(1).flatten(0, 1)
-    upstream_x = kept.new_zeros(*kept.shape[:2], *seen["x"].shape[1:])
-    upstream_x[:, :, first:] = kept
+        at_out = at_out.view(groups, batch, p, t, n_read, e)[:, :, :, first:]
+        weight = proj.weight.view(n_read, e, -1).to(grad.dtype)
+        # query head g·groups + j, through its group's rows of the projection
+        per_head = torch.einsum("jbptge,ged->gjbptd", at_out, weight)
+        slot = upstream_x[:, kind if separate else 0, :, :, first:]
+        slot += per_head.reshape(n_heads, *per_head.shape[2:])
+    upstream_x = upstream_x.flatten(0, 2)
     (vjp,) = torch.autograd.grad(
         seen["x"], seen["in"], upstream_x, retain_graph=True, is_grads_batched=True
     )
