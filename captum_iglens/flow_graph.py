@@ -72,6 +72,17 @@ FLOW_SCHEMA = Record(
 #: The ways :meth:`FlowGraph.prune` keeps edges.
 PRUNE_BY = ("share", "top")
 
+#: The columns of :meth:`FlowGraph.to_csv`'s tables.
+_EDGE_COLUMNS = ("edge", "sender", "receiver", "flow", "share")
+_PAIR_COLUMNS = (
+    "edge",
+    "sender_position",
+    "receiver_position",
+    "sender_token",
+    "receiver_token",
+    "flow",
+)
+
 
 def edge_ends(edge: str) -> Tuple[str, str]:
     r"""The sender and receiver *nodes* of an edge name (a head's read,
@@ -295,22 +306,29 @@ class FlowGraph(JsonDocument, Viewable):
             for e, s, t in zip(edge, sender, receiver)
         ]
 
-    def to_csv(self, path: Union[str, Path]) -> None:
+    def to_csv(self, path: Union[str, Path], pairs: bool = False) -> None:
         r"""
-        Writes :meth:`edges_table` as CSV, atomically.
+        Writes :meth:`edges_table` as CSV, atomically; with ``pairs``,
+        :meth:`pairs_table` instead (every edge and position pair that carried
+        flow).
 
         Args:
             path (str or Path): The file to write.
+            pairs (bool, optional): Write the flows by sender and receiver
+                        position. Default: False
+
+        Raises:
+            ValueError: With ``pairs``, if the graph has no ``pair_flows``.
         """
         path = check_writable(path, "path")
+        rows = self.pairs_table() if pairs else self.edges_table()
+        columns = _PAIR_COLUMNS if pairs else _EDGE_COLUMNS
         out = io.StringIO()
-        writer = csv.DictWriter(
-            out, ["edge", "sender", "receiver", "flow", "share"], lineterminator="\n"
-        )
+        writer = csv.DictWriter(out, columns, lineterminator="\n")
         writer.writeheader()
-        for row in self.edges_table():
+        for row in rows:  # floats as repr: read back exactly
             writer.writerow(
-                {**row, "flow": repr(row["flow"]), "share": repr(row["share"])}
+                {k: repr(v) if isinstance(v, float) else v for k, v in row.items()}
             )
         write_atomic(path, out.getvalue())
 

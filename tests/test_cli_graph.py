@@ -1,6 +1,7 @@
 """``captum-iglens graph``: every option checked before the model loads, and
 one real run that writes JSON, CSV and HTML."""
 
+import csv
 import json
 
 import pytest
@@ -26,6 +27,15 @@ def _no_model(*args, **kwargs):
         (["--counterfactual", OTHER, "--baseline", "pad"], "--baseline: give either"),
         (["--json", "/no/such/folder/g.json"], "--json: the folder /no/such/folder"),
         (["--json", "same.json", "--csv", "same.json"], "--csv: the same path as"),
+        (["--pairs-csv", "p.csv"], "--pairs-csv: needs --receiver-positions"),
+        (
+            ["--receiver-positions", "--pairs-csv", "/no/such/folder/p.csv"],
+            "--pairs-csv: the folder /no/such/folder",
+        ),
+        (
+            ["--receiver-positions", "--csv", "p.csv", "--pairs-csv", "p.csv"],
+            "--pairs-csv: the same path as --csv",
+        ),
         (["--device", "nonsense"], "--device: expected a torch device"),
         (["--device-map", "auto"], "--device-map: graph runs the model on one"),
         (
@@ -152,9 +162,10 @@ def test_batch_over_the_budget_is_refused(capsys):
 
 @pytest.mark.real_model
 def test_graph_by_receiver_position(tmp_path, capsys):
-    out = tmp_path / "g.json"
+    out, table = tmp_path / "g.json", tmp_path / "pairs.csv"
     argv = ["graph", PROMPT, "--counterfactual", OTHER, "--n-steps", "1"]
-    status = main([*argv, "--receiver-positions", "--quiet", "--json", str(out)])
+    argv += ["--receiver-positions", "--quiet", "--pairs-csv", str(table)]
+    status = main([*argv, "--json", str(out)])
     assert status == 0
     assert "edge, by position (sender@s -> receiver@t)" in capsys.readouterr().out
     graph = FlowGraph.load(out)
@@ -167,6 +178,15 @@ def test_graph_by_receiver_position(tmp_path, capsys):
     others = [s for s in range(length) if s != france]
     assert (graph.pair_flows[out_of_input][:, others] == 0).all()
     assert abs(graph.pair_flows[out_of_input][:, france]).sum() > 0
+    with open(table, encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == int((graph.pair_flows != 0).sum())
+    first = rows[0]
+    e = graph.edges.index(first["edge"])
+    s, t = int(first["sender_position"]), int(first["receiver_position"])
+    assert float(first["flow"]) == graph.pair_flows[e, s, t]
+    assert abs(graph.pair_flows[e, s, t]) == abs(graph.pair_flows).max()
+    assert first["receiver_token"] == graph.tokens[t]
 
 
 @pytest.mark.real_model

@@ -128,8 +128,19 @@ def test_flows_by_position_pair(tmp_path):
     assert "input@0->a0.h0<q>@1" in loaded.format_table(3)
     kept = loaded.prune(0.5)
     assert kept.pair_flows.shape == (1, 2, 2) and kept.pair_flows[0, 0, 1] == 0.2
+    loaded.to_csv(tmp_path / "pairs.csv", pairs=True)
+    with open(tmp_path / "pairs.csv") as handle:
+        read = list(csv.DictReader(handle))
+    assert [(r["edge"], r["sender_position"], r["flow"]) for r in read[2:4]] == [
+        ("input->a0.h0<q>", "0", "0.2"),
+        ("a0.h0->m0", "1", "0.1"),
+    ]
+    assert read[2]["sender_token"] == "The" and len(read) == 5
     with pytest.raises(ValueError, match="receiver_positions=True"):
         _graph().pairs_table()
+    with pytest.raises(ValueError, match="receiver_positions=True"):
+        _graph().to_csv(tmp_path / "none.csv", pairs=True)
+    assert not (tmp_path / "none.csv").exists()
 
 
 def test_flows_by_position_pair_refused_when_inconsistent(tmp_path):

@@ -409,7 +409,8 @@ def check_outputs(args: argparse.Namespace, *options: str) -> None:
     distinct_outputs(args, *options)
     for name in options:
         if getattr(args, name, None) is not None:
-            check_writable(getattr(args, name), f"--{name}", OUTPUT_SUFFIXES.get(name))
+            option = "--" + name.replace("_", "-")
+            check_writable(getattr(args, name), option, OUTPUT_SUFFIXES.get(name))
 
 
 def distinct_outputs(args: argparse.Namespace, *options: str) -> None:
@@ -420,12 +421,13 @@ def distinct_outputs(args: argparse.Namespace, *options: str) -> None:
     for name in options:
         if getattr(args, name, None):
             path = os.path.realpath(getattr(args, name))
+            option = "--" + name.replace("_", "-")
             if path in seen:
                 raise CommandError(
-                    f"--{name}: the same path as --{seen[path]} ({path}); give each "
-                    "output its own path"
+                    f"{option}: the same path as {seen[path]} ({path}); give "
+                    "each output its own path"
                 )
-            seen[path] = name
+            seen[path] = option
 
 
 def read_prompt(args: argparse.Namespace) -> str:

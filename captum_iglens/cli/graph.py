@@ -147,6 +147,12 @@ def _add_outputs(graph: argparse.ArgumentParser) -> None:
     graph.add_argument("--json", metavar="PATH", help="write the graph as JSON")
     graph.add_argument("--csv", metavar="PATH", help="write the edge table as CSV")
     graph.add_argument(
+        "--pairs-csv",
+        metavar="PATH",
+        help="write the flows by sender and receiver position as CSV (with "
+        "--receiver-positions)",
+    )
+    graph.add_argument(
         "--html",
         metavar="PATH",
         help="write the viewer's graph page, one self-contained HTML file",
@@ -178,7 +184,9 @@ def _check(args: argparse.Namespace) -> str:
     if args.device_map is not None:
         raise CommandError("--device-map: graph runs the model on one --device")
     _device(args.device or "cpu")
-    check_outputs(args, "json", "csv", "html")
+    if args.pairs_csv and not args.receiver_positions:
+        raise CommandError("--pairs-csv: needs --receiver-positions")
+    check_outputs(args, "json", "csv", "pairs_csv", "html")
     _device_map(args)
     _check_receiver_positions(args, prompt.strip())
     return prompt.strip()
@@ -270,6 +278,8 @@ def prepare(args: argparse.Namespace) -> Job:
             kept.save(args.json)
         if args.csv:
             kept.to_csv(args.csv)
+        if args.pairs_csv:
+            kept.to_csv(args.pairs_csv, pairs=True)
         if args.html:
             kept.to_html(args.html)
         return 0
