@@ -8,7 +8,7 @@ result class is imported.
 """
 
 import re
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from captum_iglens.viewer._payload import RESIDUAL_DIGITS, model_name, sig
 DEFAULT_KEEP = 0.5
 #: The most edges the page draws; the rest of the kept set is counted, not drawn.
 MAX_DRAWN = 3000
+#: Where a graph has its flows by sender and receiver position, the largest
+#: of them the page keeps per node, into it and out of it.
+PAIRS_PER_NODE = 8
 
 _HEAD = re.compile(r"^a(\d+)\.h(\d+)$")
 _MLP = re.compile(r"^m(\d+)$")
@@ -93,6 +96,47 @@ def _about(graph: Any) -> Dict[str, str]:
     return {key: value for key, value in about.items() if value}
 
 
+def top_pairs(graph: Any, order: np.ndarray) -> Optional[Dict[str, List[Any]]]:
+    r"""
+    The largest flows by sender and receiver position into and out of each
+    node (:data:`PAIRS_PER_NODE` each), where the graph has ``pair_flows``.
+
+    Args:
+
+        graph (FlowGraph): The graph.
+        order (np.ndarray): The page's edge order (graph edge indices).
+
+    Returns:
+        *dict* or None: parallel arrays ``edge`` (the page's edge index),
+        ``s``, ``t`` (positions) and ``flow``, largest ``|flow|`` first.
+    """
+    pairs = getattr(graph, "pair_flows", None)
+    if pairs is None:
+        return None
+    by_node: Dict[str, List[int]] = {}
+    for i, edge in enumerate(graph.edges):
+        sender, receiver = edge.split("->")
+        by_node.setdefault("out " + sender, []).append(i)
+        by_node.setdefault("in " + receiver.split("<")[0], []).append(i)
+    chosen = set()
+    for edges in by_node.values():
+        flat = np.abs(pairs[edges]).reshape(-1)
+        top = np.argpartition(-flat, min(PAIRS_PER_NODE, flat.size) - 1)
+        top = top[:PAIRS_PER_NODE]
+        for k in top[flat[top] > 0]:
+            e, s, t = np.unravel_index(k, (len(edges), *pairs.shape[1:]))
+            chosen.add((edges[e], int(s), int(t)))
+    rows = sorted(chosen, key=lambda r: (-abs(pairs[r]), r))
+    page_index = np.empty(len(order), dtype=np.int64)
+    page_index[order] = np.arange(len(order))
+    return {
+        "edge": [int(page_index[e]) for e, _, _ in rows],
+        "s": [s for _, s, _ in rows],
+        "t": [t for _, _, t in rows],
+        "flow": [float(pairs[r]) for r in rows],
+    }
+
+
 def graph_page(graph: Any) -> Dict[str, Any]:
     r"""
     The page data of a probability-flow graph.
@@ -110,8 +154,8 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         the order of ``FlowGraph.prune`` (largest ``|flow|`` first, ties in
         the graph's order); ``tokens`` and ``input_flows`` (per position),
         ``m_prompt``, ``m_base``, ``delta_m``, ``completeness_error``,
-        ``conservation_error``, ``keep`` (the share kept on opening) and
-        ``max_drawn``.
+        ``conservation_error``, ``keep`` (the share kept on opening),
+        ``max_drawn`` and ``pairs`` (:func:`top_pairs`, or None).
     """
     flows = np.asarray(graph.flows, dtype=np.float64)
     order = np.argsort(-np.abs(flows), kind="stable")
@@ -141,4 +185,5 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         "conservation_error": sig(graph.conservation_error, RESIDUAL_DIGITS),
         "keep": DEFAULT_KEEP,
         "max_drawn": MAX_DRAWN,
+        "pairs": top_pairs(graph, order),
     }

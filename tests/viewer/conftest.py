@@ -124,13 +124,13 @@ def learned_result():
 @pytest.fixture(scope="session")
 def tiny_flow_graph():
     """The probability flow of a tiny Llama (grouped key-value heads), queries,
-    keys and values separate."""
+    keys and values separate, split by sender and receiver position."""
     from captum_iglens.attr.flow import ProbabilityFlow
 
     ids = torch.tensor([[1, 5, 9, 17, 33, 7, 40]])
     other = torch.tensor([[1, 5, 10, 18, 33, 7, 41]])
     return ProbabilityFlow(tiny_model("llama")).attribute(
-        ids, counterfactual=other, n_steps=2, qkv=True
+        ids, counterfactual=other, n_steps=2, qkv=True, receiver_positions=True
     )
 
 

@@ -4,6 +4,7 @@ overflow, its slider keeps ``FlowGraph.prune``'s edge set and redraws, a
 hovered edge or node shows its numbers, a clicked node highlights its in- and
 out-flow. Skipped only where Chromium is not installed, as the map's tests."""
 
+import json
 import re
 
 import pytest
@@ -174,6 +175,17 @@ def test_clicking_a_node_highlights_its_edges_and_clicking_again_clears(
     assert float(opacity) < 0.1
     panel = browser.find_element("id", "node").text
     assert panel.startswith(node) and "largest in-flows" in panel
+    # where it reads: its largest in-flow by sender and receiver position
+    top = next(r for r in graph.pairs_table() if edge_ends(r["edge"])[1] == node)
+    sender, receiver = top["edge"].split("->")
+
+    def token(position):
+        return json.dumps(graph.tokens[position], ensure_ascii=False)
+
+    s, t = top["sender_position"], top["receiver_position"]
+    row = f"{sender}@{s} {token(s)} → {receiver}@{t} {token(t)}"
+    lines = panel.splitlines()
+    assert lines[lines.index("largest in-flows by position") + 1].startswith(row)
     circle.click()
     assert "focus" not in (svg.get_attribute("class") or "")
     assert browser.find_elements("css selector", "#graph path.edge.hl") == []

@@ -12,7 +12,7 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from captum_iglens.viewer._graph import MAX_DRAWN, node_places
+from captum_iglens.viewer._graph import MAX_DRAWN, PAIRS_PER_NODE, node_places
 from captum_iglens.viewer._page import result_html
 from tests.viewer.conftest import HOSTILE
 from tests.viewer.test_html import SVG_NAMESPACE, page_data
@@ -46,6 +46,31 @@ def test_the_page_embeds_every_edge_unrounded_as_arrays(qkv):
     for receiver, node in zip(data["receivers"], data["receiver_node"]):
         assert data["nodes"][node] == receiver.split("<")[0]
     assert data["max_drawn"] == MAX_DRAWN and 0 < data["keep"] <= 1
+    assert data["pairs"] is None  # the graph has no flows by position pair
+
+
+def test_the_page_keeps_each_nodes_largest_flows_by_position(tiny_flow_graph):
+    """Per node, its largest in- and out-flows by sender and receiver position,
+    as ``pairs_table`` ranks them."""
+    graph = tiny_flow_graph
+    data = page_data(result_html(graph))
+    pairs, names = data["pairs"], _edge_names(data)
+    kept = [
+        (names[e], s, t, flow)
+        for e, s, t, flow in zip(pairs["edge"], pairs["s"], pairs["t"], pairs["flow"])
+    ]
+    assert np.all(np.diff(np.abs([row[3] for row in kept])) <= 0)
+    table = graph.pairs_table()
+    for node in ("a1.h2", "m0", "input", "logits"):
+        for end in (0, 1):  # out of the node, into it
+            expected = [
+                (r["edge"], r["sender_position"], r["receiver_position"], r["flow"])
+                for r in table
+                if r["edge"].split("->")[end].split("<")[0] == node
+            ][:PAIRS_PER_NODE]
+            found = [r for r in kept if r[0].split("->")[end].split("<")[0] == node]
+            assert found[:PAIRS_PER_NODE] == expected, (node, end)
+    assert any(row[0].startswith("input->") for row in kept)
 
 
 def test_the_header_holds_the_run_and_its_checks_and_no_local_path():

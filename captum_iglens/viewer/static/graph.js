@@ -136,7 +136,8 @@
     return lines;
   }
 
-  // The largest in- and out-edges of node k, over the whole graph.
+  // The largest in- and out-edges of node k, over the whole graph, and where the
+  // graph has them its largest flows by sender and receiver position.
   function nodePanel(panel, d, lib, k, totals) {
     panel.textContent = '';
     lib.add(panel, lib.h('h3', null, d.nodes[k] + ': ' + nodeLines(d, lib, totals, k).slice(1).join('; ')));
@@ -145,14 +146,29 @@
       var list = d.receiver_node[e.receiver[i]] === k ? lists['largest in-flows'] : e.sender[i] === k ? lists['largest out-flows'] : null;
       if (list && list.length < 8) list.push(i);
     }
+    var rows = {};
     Object.keys(lists).forEach(function (title) {
-      if (!lists[title].length) return;
+      rows[title] = lists[title].map(function (i) {
+        return [d.nodes[e.sender[i]] + ' → ' + d.receivers[e.receiver[i]], e.flow[i]];
+      });
+    });
+    var p = d.pairs, at = function (s) { return '@' + s + ' ' + JSON.stringify(d.tokens[s]); };
+    if (p) {
+      var into = rows['largest in-flows by position'] = [], from = rows['largest out-flows by position'] = [];
+      for (var j = 0; j < p.flow.length; j++) {
+        var i = p.edge[j], row = [d.nodes[e.sender[i]] + at(p.s[j]) + ' → ' + d.receivers[e.receiver[i]] + at(p.t[j]), p.flow[j]];
+        if (d.receiver_node[e.receiver[i]] === k && into.length < 8) into.push(row);
+        if (e.sender[i] === k && from.length < 8) from.push(row);
+      }
+    }
+    Object.keys(rows).forEach(function (title) {
+      if (!rows[title].length) return;
       var table = lib.add(panel, lib.h('table', 'top'));
       lib.add(lib.add(table, lib.h('tr')), lib.h('td', null, title));
-      lists[title].forEach(function (i) {
+      rows[title].forEach(function (row) {
         var tr = lib.add(table, lib.h('tr'));
-        lib.add(tr, lib.h('td', null, d.nodes[e.sender[i]] + ' → ' + d.receivers[e.receiver[i]]));
-        lib.add(tr, lib.h('td', 'p', lib.fmt(e.flow[i], true)));
+        lib.add(tr, lib.h('td', null, row[0]));
+        lib.add(tr, lib.h('td', 'p', lib.fmt(row[1], true)));
       });
     });
   }
