@@ -270,10 +270,6 @@ class _Stepper:
         for first in range(0, n_receivers, self.rows):
             rows = slice(first, first + self.rows)
             rho = (cur.rho[j, rows].to(work) + prev.rho[0, rows].to(work)) / 2
-            if kept is None:  # over the positions at once: one product
-                sums[rows] = torch.einsum("rbsd,usd->ru", rho, dz).double().cpu()
-                inputs[rows] = torch.einsum("rbsd,sd->rs", rho, dz[0]).double().cpu()
-                continue
             by_pair = torch.einsum("rbsd,usd->rusb", rho, dz)  # (r, S, T, B)
             terms = by_pair.sum(-1)  # (r, S, T)
             sums[rows] = terms.sum(-1, dtype=torch.float64).cpu()
