@@ -218,40 +218,47 @@ def test_circuits_table_from_a_model_folder_and_a_task_file(tmp_path, tiny_folde
 def test_circuits_rules_match_the_two_methods_they_cross(tmp_path, tiny_folder):
     """The ablation's ``product-left`` is EAP-IG-inputs and its
     ``steps-trapezoid`` the flow's first-order terms, each written a second
-    time; the two crossed rules differ from both."""
+    time, on each of two tasks of one run; the two crossed rules differ from
+    both."""
     import torch
 
     from captum_iglens.circuits.graph import EdgeGraph
 
     folder, pair = tiny_folder
-    pairs = [dict(pair), dict(pair, counterfactual="t9 t6 t7 t8")]
-    task = tmp_path / "mine.jsonl"
-    task.write_text("".join(json.dumps(p) + "\n" for p in pairs), encoding="utf-8")
+    tasks = {
+        "mine": [pair, dict(pair, counterfactual="t9 t6 t7 t8")],
+        "other": [dict(pair, counterfactual="t5 t6 t9 t8")] * 2,
+    }
+    for name, pairs in tasks.items():
+        lines = "".join(json.dumps(p) + "\n" for p in pairs)
+        (tmp_path / f"{name}.jsonl").write_text(lines, encoding="utf-8")
     methods = "eap-ig-inputs,flow-plain:5,product-left:5,product-trapezoid:5,"
     methods += "steps-left:5,steps-trapezoid:5"
     command = [sys.executable, str(ROOT / "benchmarks" / "circuits_rules.py")]
-    command += ["--models", str(folder), "--tasks", str(task), "--pairs", "2"]
+    command += ["--models", str(folder), "--pairs", "2", "--tasks"]
+    command += [str(tmp_path / f"{name}.jsonl") for name in tasks]
     command += ["--methods", methods, "--out", str(tmp_path / "r")]
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=600, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line for line in done.stdout.splitlines() if "| mine |" in line]
-    assert len(rows) == 6
-    saved = tmp_path / "r" / f"{folder.name}-mine" / "methods"
-
     config = json.loads((folder / "config.json").read_text())
     legal = EdgeGraph(config["num_hidden_layers"], config["num_attention_heads"]).legal
-
-    def scores(name):  # on the graph's edges
-        found = torch.load(saved / f"{name.replace(':', '-')}.pt", weights_only=True)
-        return found[legal]
 
     def near(a, b):
         return torch.allclose(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max()))
 
-    assert near(scores("product-left:5"), scores("eap-ig-inputs"))
-    assert near(scores("steps-trapezoid:5"), scores("flow-plain:5"))
-    for crossed in ("product-trapezoid:5", "steps-left:5"):
-        assert not near(scores(crossed), scores("eap-ig-inputs"))
-        assert not near(scores(crossed), scores("flow-plain:5"))
+    for task in tasks:
+        rows = [line for line in done.stdout.splitlines() if f"| {task} |" in line]
+        assert len(rows) == 6
+        saved = tmp_path / "r" / f"{folder.name}-{task}" / "methods"
+
+        def scores(name):  # on the graph's edges
+            path = saved / f"{name.replace(':', '-')}.pt"
+            return torch.load(path, weights_only=True)[legal]
+
+        assert near(scores("product-left:5"), scores("eap-ig-inputs"))
+        assert near(scores("steps-trapezoid:5"), scores("flow-plain:5"))
+        for crossed in ("product-trapezoid:5", "steps-left:5"):
+            assert not near(scores(crossed), scores("eap-ig-inputs"))
+            assert not near(scores(crossed), scores("flow-plain:5"))
