@@ -52,7 +52,9 @@ def _rows(result: Dict[str, Any], model: str, task: str) -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs every model × task and prints the table."""
+    """Runs every model × task and prints the table, headed by the commit the
+    run started at (the code it loaded) and the date."""
+    commit, date = _commit(), datetime.date.today().isoformat()
     out = Path(args.out)
     out.mkdir(exist_ok=True)
     table = [
@@ -73,8 +75,7 @@ def run(args: argparse.Namespace) -> int:
                 return status
             result = json.loads((out / f"{name}.json").read_text(encoding="utf-8"))
             table += _rows(result, Path(model).name, Path(task).stem)
-    date = datetime.date.today().isoformat()
-    print(f"\n`python {' '.join(sys.argv)}` (commit {_commit()}, {date})\n")
+    print(f"\n`python {' '.join(sys.argv)}` (commit {commit}, {date})\n")
     print("\n".join(table))
     return 0
 
