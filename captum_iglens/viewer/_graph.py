@@ -96,44 +96,45 @@ def _about(graph: Any) -> Dict[str, str]:
     return {key: value for key, value in about.items() if value}
 
 
-def top_pairs(graph: Any, order: np.ndarray) -> Optional[Dict[str, List[Any]]]:
+def top_pairs(
+    pairs: Optional[np.ndarray], order: np.ndarray, ends: List[Tuple[int, int]]
+) -> Optional[Dict[str, List[Any]]]:
     r"""
     The largest flows by sender and receiver position into and out of each
-    node (:data:`PAIRS_PER_NODE` each), where the graph has ``pair_flows``.
+    node (:data:`PAIRS_PER_NODE` each), where the graph has them.
 
     Args:
 
-        graph (FlowGraph): The graph.
+        pairs (np.ndarray, optional): The graph's ``pair_flows``, ``(E, T, T)``.
         order (np.ndarray): The page's edge order (graph edge indices).
+        ends (list[tuple[int, int]]): Each page edge's sender and receiver
+                    node indices.
 
     Returns:
         *dict* or None: parallel arrays ``edge`` (the page's edge index),
         ``s``, ``t`` (positions) and ``flow``, largest ``|flow|`` first.
     """
-    pairs = getattr(graph, "pair_flows", None)
     if pairs is None:
         return None
-    by_node: Dict[str, List[int]] = {}
-    for i, edge in enumerate(graph.edges):
-        sender, receiver = edge.split("->")
-        by_node.setdefault("out " + sender, []).append(i)
-        by_node.setdefault("in " + receiver.split("<")[0], []).append(i)
+    by_node: Dict[Tuple[str, int], List[int]] = {}
+    for i, (sender, receiver) in enumerate(ends):
+        by_node.setdefault(("out", sender), []).append(i)
+        by_node.setdefault(("in", receiver), []).append(i)
     chosen = set()
     for edges in by_node.values():
-        flat = np.abs(pairs[edges]).reshape(-1)
+        flat = np.abs(pairs[order[edges]]).reshape(-1)
         top = np.argpartition(-flat, min(PAIRS_PER_NODE, flat.size) - 1)
         top = top[:PAIRS_PER_NODE]
         for k in top[flat[top] > 0]:
             e, s, t = np.unravel_index(k, (len(edges), *pairs.shape[1:]))
             chosen.add((edges[e], int(s), int(t)))
-    rows = sorted(chosen, key=lambda r: (-abs(pairs[r]), r))
-    page_index = np.empty(len(order), dtype=np.int64)
-    page_index[order] = np.arange(len(order))
+    flows = {row: float(pairs[order[row[0]], row[1], row[2]]) for row in chosen}
+    rows = sorted(chosen, key=lambda row: (-abs(flows[row]), row))
     return {
-        "edge": [int(page_index[e]) for e, _, _ in rows],
+        "edge": [e for e, _, _ in rows],
         "s": [s for _, s, _ in rows],
         "t": [t for _, _, t in rows],
-        "flow": [float(pairs[r]) for r in rows],
+        "flow": [flows[row] for row in rows],
     }
 
 
@@ -167,6 +168,8 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         sender, receiver = graph.edges[i].split("->")
         senders.append(index[sender])
         reads.append(receivers.setdefault(receiver, len(receivers)))
+    receiver_node = [index[name.split("<")[0]] for name in receivers]
+    ends = [(s, receiver_node[r]) for s, r in zip(senders, reads)]
     return {
         "kind": "graph",
         "title": f"Probability flow of {_about(graph).get('target', 'a target')}",
@@ -174,7 +177,7 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         "nodes": nodes,
         "places": [list(place) for place in node_places(nodes)],
         "receivers": list(receivers),
-        "receiver_node": [index[name.split("<")[0]] for name in receivers],
+        "receiver_node": receiver_node,
         "edges": {"sender": senders, "receiver": reads, "flow": flows[order].tolist()},
         "tokens": list(graph.tokens),
         "input_flows": sig(graph.input_flows),
@@ -185,5 +188,5 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         "conservation_error": sig(graph.conservation_error, RESIDUAL_DIGITS),
         "keep": DEFAULT_KEEP,
         "max_drawn": MAX_DRAWN,
-        "pairs": top_pairs(graph, order),
+        "pairs": top_pairs(graph.pair_flows, order, ends),
     }
