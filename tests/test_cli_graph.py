@@ -200,7 +200,9 @@ def test_receiver_positions_over_the_memory_are_refused(
     if model_files:
         monkeypatch.setattr("captum_iglens.hf.models.load_embedded", _no_model)
     else:
-        monkeypatch.setattr("captum_iglens.hf.model_files.read_config", lambda m: None)
+        monkeypatch.setattr(
+            "captum_iglens.hf.model_files.read_text_config", lambda m: None
+        )
     argv = ["graph", PROMPT, "--counterfactual", OTHER, "--receiver-positions"]
     assert main([*argv, "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -474,7 +474,7 @@ def load(args: argparse.Namespace, settings: "Settings") -> Tuple[Any, Any]:
 
     model, tokenizer = load_model_of(args, _device_map(args))
     check_config(
-        model.config.to_dict(),
+        model.config.get_text_config().to_dict(),
         settings.layers,
         settings.top_k,
         settings.steps,
@@ -508,12 +508,12 @@ def load_model_of(
 def check_model_files(args: argparse.Namespace) -> None:
     r"""The settings options checked against the model's files where they can
     be read before the load (its ``config.json``,
-    :func:`~captum_iglens.hf.model_files.read_config`) and ``--device`` spelled
+    :func:`~captum_iglens.hf.model_files.read_text_config`) and ``--device`` spelled
     as a torch device, without importing torch: such errors answer at once."""
-    from captum_iglens.hf.model_files import read_config
+    from captum_iglens.hf.model_files import read_text_config
 
     check_config(
-        read_config(args.model),
+        read_text_config(args.model),
         args.layers,
         args.top_k,
         args.n_steps,
@@ -530,16 +530,15 @@ def check_config(
     n_steps: Optional[int],
     max_chunk_bytes: int,
 ) -> None:
-    r"""``--layers``, ``--top-k`` and ``--n-steps`` against a model's config
-    (checked from its file before the load, where there is one, and from the
-    loaded model): the blocks exist, the vocabulary has ``top_k`` tokens, and
+    r"""``--layers``, ``--top-k`` and ``--n-steps`` against a model's text
+    config (checked from its file before the load, where there is one, and
+    from the loaded model): the blocks exist, the vocabulary has ``top_k`` tokens, and
     one segment's ``n_steps`` points (a float32 hidden state each) fit in one
     readout chunk of ``max_chunk_bytes``."""
     if config is None:
         return
-    text = config.get("text_config") or config  # multimodal: the text model's
-    blocks, vocab = text.get("num_hidden_layers"), text.get("vocab_size")
-    width = text.get("hidden_size")
+    blocks, vocab = config.get("num_hidden_layers"), config.get("vocab_size")
+    width = config.get("hidden_size")
     if isinstance(blocks, int) and layers is not None:
         for layer in layers:
             if not -blocks <= layer < blocks:

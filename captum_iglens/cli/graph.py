@@ -198,13 +198,13 @@ def _check_receiver_positions(args: argparse.Namespace, prompt: str) -> None:
     load (the loaded model is checked again, with its path points)."""
     if not args.receiver_positions:
         return
-    from captum_iglens.hf.model_files import read_config, read_tokenizer
+    from captum_iglens.hf.model_files import read_text_config, read_tokenizer
 
-    config, tokenizer = read_config(args.model), read_tokenizer(args.model)
+    config, tokenizer = read_text_config(args.model), read_tokenizer(args.model)
     if config is None or tokenizer is None:
         return
-    text = config.get("text_config") or config  # multimodal: the text model's
-    blocks, heads = text.get("num_hidden_layers"), text.get("num_attention_heads")
+    blocks = config.get("num_hidden_layers")
+    heads = config.get("num_attention_heads")
     if not (isinstance(blocks, int) and isinstance(heads, int)):
         return
     from captum_iglens.attr.flow.budget import check_pair_memory

@@ -74,10 +74,11 @@ def model_folder(model: Optional[str]) -> Path:
     return Path(model)
 
 
-def read_config(model: Optional[str]) -> Optional[Dict[str, Any]]:
+def read_text_config(model: Optional[str]) -> Optional[Dict[str, Any]]:
     r"""
-    The ``config.json`` of ``model`` (:func:`model_folder`) where one can be
-    read before the load.
+    The text model's settings in the ``config.json`` of ``model``
+    (:func:`model_folder`) where one can be read before the load: the file's
+    object, or its ``text_config`` where it has one (a multimodal model).
 
     Returns:
         *dict* or None: None where there is no readable JSON object (a
@@ -88,7 +89,10 @@ def read_config(model: Optional[str]) -> Optional[Dict[str, Any]]:
         config = json.loads(text)
     except (OSError, ValueError):
         return None
-    return config if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return None
+    inner = config.get("text_config")
+    return inner if isinstance(inner, dict) and inner else config
 
 
 class FileTokenizer:
