@@ -399,6 +399,12 @@ def settings_from(args: argparse.Namespace) -> "Settings":
 OUTPUT_SUFFIXES = {"png": ".png"}
 
 
+def flag(dest: str) -> str:
+    """The option an argparse destination is typed as: ``pairs_csv`` is
+    ``--pairs-csv``."""
+    return "--" + dest.replace("_", "-")
+
+
 def check_outputs(args: argparse.Namespace, *options: str) -> None:
     r"""Checks that the given output options (e.g. ``"json"``), where given
     (an empty path included), name files that can be written, each a different
@@ -409,8 +415,7 @@ def check_outputs(args: argparse.Namespace, *options: str) -> None:
     distinct_outputs(args, *options)
     for name in options:
         if getattr(args, name, None) is not None:
-            option = "--" + name.replace("_", "-")
-            check_writable(getattr(args, name), option, OUTPUT_SUFFIXES.get(name))
+            check_writable(getattr(args, name), flag(name), OUTPUT_SUFFIXES.get(name))
 
 
 def distinct_outputs(args: argparse.Namespace, *options: str) -> None:
@@ -421,13 +426,12 @@ def distinct_outputs(args: argparse.Namespace, *options: str) -> None:
     for name in options:
         if getattr(args, name, None):
             path = os.path.realpath(getattr(args, name))
-            option = "--" + name.replace("_", "-")
             if path in seen:
                 raise CommandError(
-                    f"{option}: the same path as {seen[path]} ({path}); give "
+                    f"{flag(name)}: the same path as {seen[path]} ({path}); give "
                     "each output its own path"
                 )
-            seen[path] = option
+            seen[path] = flag(name)
 
 
 def read_prompt(args: argparse.Namespace) -> str:

@@ -14,6 +14,7 @@ from captum_iglens.cli.common import (
     check_outputs,
     distinct_outputs,
     deferred,
+    flag,
     Job,
     load,
     model_parent,
@@ -65,9 +66,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         'strings or {"text": ...} (default: sampled from the model)',
     )
     for field, (kind, text) in _FIELDS.items():
-        fit.add_argument(
-            f"--{field.replace('_', '-')}", type=kind, help=deferred(_help(text, field))
-        )
+        fit.add_argument(flag(field), type=kind, help=deferred(_help(text, field)))
     fit.add_argument(
         "--curve",
         metavar="N,N",
@@ -109,7 +108,7 @@ def _options(args: argparse.Namespace) -> "FitOptions":
         options.check()
     except ValueError as err:
         name, _, rest = str(err).partition(":")
-        raise CommandError(f"--{name.replace('_', '-')}:{rest}") from None
+        raise CommandError(f"{flag(name)}:{rest}") from None
     return options
 
 
