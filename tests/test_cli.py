@@ -774,6 +774,9 @@ def test_every_option_combination_works_or_is_refused_in_one_line(
         ["validate", "--mode", "nope"],
         ["graph", "--help"],
         ["graph", "p", "--receiver-positions", "--n-steps", "0"],
+        ["graph", "p", "--pairs-csv", "p.csv"],
+        ["graph", "p", "--counterfactual", " "],
+        ["graph", "p", "--json", "same.json", "--csv", "same.json"],
     ],
 )
 def test_version_help_and_usage_errors_import_no_torch(args):

@@ -183,10 +183,10 @@ def _check(args: argparse.Namespace) -> str:
             raise CommandError(f"--{name}: expected a token's text")
     if args.device_map is not None:
         raise CommandError("--device-map: graph runs the model on one --device")
-    _device(args.device or "cpu")
     if args.pairs_csv and not args.receiver_positions:
         raise CommandError("--pairs-csv: needs --receiver-positions")
     check_outputs(args, "json", "csv", "pairs_csv", "html")
+    _device(args.device or "cpu")  # imports torch: after the checks that need none
     _device_map(args)
     _check_receiver_positions(args, prompt.strip())
     return prompt.strip()
@@ -236,9 +236,9 @@ def _check_subject(args: argparse.Namespace, prompt: str) -> None:
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks every option, loads the model; the job computes the graph,
     prints its largest edges and writes the outputs."""
+    prompt = _check(args)  # before torch is imported: input errors answer at once
     from captum_iglens.attr.flow import ProbabilityFlow
 
-    prompt = _check(args)
     model, tokenizer = load_model_of(args)
     flow = ProbabilityFlow(model, tokenizer)
     flow.check_prompts(
