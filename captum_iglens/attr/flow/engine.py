@@ -243,9 +243,10 @@ class _Stepper:
         per_position: bool,
         pairs: bool,
     ) -> None:
-        self.rule, self.layout, self.rows = rule, layout, rows
+        self.rule, self.layout = rule, layout
         self.per_position, self.pairs = per_position or pairs, pairs
         self.allowed = layout.allowed()
+        self.bands = _bands(self.allowed, rows)
         self.totals: Optional[FlowTotals] = None
 
     def add(self, prev: PointState, cur: PointState, j: int) -> None:
@@ -267,25 +268,28 @@ class _Stepper:
             if self.pairs
             else None
         )
-        for first in range(0, n_receivers, self.rows):
-            rows = slice(first, first + self.rows)
+        for rows, read in self.bands:
             rho = (cur.rho[j, rows].to(work) + prev.rho[0, rows].to(work)) / 2
-            by_pair = torch.einsum("rbsd,usd->rusb", rho, dz)  # (r, S, T, B)
-            terms = by_pair.sum(-1)  # (r, S, T)
-            sums[rows] = terms.sum(-1, dtype=torch.float64).cpu()
+            if kept is None:  # B = 1: one product over positions and width
+                product = rho.flatten(1) @ dz[:read].flatten(1).T  # (r, read)
+                sums[rows, :read] = product.double().cpu()
+                into = torch.einsum("rbsd,sd->rs", rho, dz[0])
+                inputs[rows] = into.double().cpu()
+                continue
+            by_pair = torch.einsum("rbsd,usd->rusb", rho, dz[:read])
+            terms = by_pair.sum(-1)  # (r, read, T)
+            sums[rows, :read] = terms.sum(-1, dtype=torch.float64).cpu()
             inputs[rows] = terms[:, 0].double().cpu()
-            if kept is not None:
-                kept[rows] = terms.double().cpu()
+            kept[rows, :read] = terms.double().cpu()
             if pairs is not None:
-                pairs[rows] = by_pair.double().cpu()
+                pairs[rows, :read] = by_pair.double().cpu()
         step = StepTerms(sums, direct.cpu(), float(cur.m[j] - prev.m[0]))
         edges, direct = self.rule.split(step, self.layout, self.allowed)
         if kept is not None:
             reads = (
                 self.layout.read_positions(length).unsqueeze(1) if self.pairs else None
             )
-            for first in range(0, n_receivers, self.rows):
-                rows = slice(first, first + self.rows)
+            for rows, _ in self.bands:
                 kept[rows] = self.rule.positions(edges[rows], kept[rows], None)
                 if pairs is not None and reads is not None:  # (R, 1, T', T')
                     pairs[rows] = self.rule.positions(
@@ -307,6 +311,26 @@ class _Stepper:
             total, part = getattr(totals, name), getattr(step, name)
             if total is not None:
                 total += part
+
+
+#: Bands the receivers' step terms are computed in (at most): a receiver
+#: reads only the senders before it, so each band takes its products with the
+#: senders its last receiver reads, about half of all ``(R, S)`` products.
+BANDS = 8
+
+
+def _bands(allowed: Tensor, rows: int) -> List[Tuple[slice, int]]:
+    """Slices of at most ``rows`` receivers (and about :data:`BANDS` of them),
+    each with the number of senders its receivers read (the senders are in
+    depth order, so a band reads a prefix of them)."""
+    n_receivers = allowed.shape[0]
+    size = min(rows, -(-n_receivers // BANDS))
+    bands = []
+    for first in range(0, n_receivers, size):
+        rows_of = slice(first, first + size)
+        read = int(allowed[rows_of].any(0).nonzero().max()) + 1
+        bands.append((rows_of, read))
+    return bands
 
 
 def _point(state: PointState, j: int) -> PointState:

@@ -89,6 +89,16 @@ def batched_head_reads(
     return vjp.view(n_heads * kinds, batch, *vjp.shape[1:])[..., first:, :]
 
 
+def _padded(grad: Tensor, groups: int) -> Tensor:
+    """``(groups · B, P, H_read, T, e)``: ``grad`` ``(B, P, H_read, n, T, e)``
+    with its ``n`` heads per group moved to the front, then zeros."""
+    moved = grad.permute(3, 0, 1, 2, 4, 5)
+    if moved.shape[0] < groups:
+        zeros = moved.new_zeros(groups - moved.shape[0], *moved.shape[1:])
+        moved = torch.cat([moved, zeros])
+    return moved.flatten(0, 1)
+
+
 def split_head_reads(
     reads: List[Tensor],
     seen: Dict[str, Tensor],
@@ -118,26 +128,32 @@ def split_head_reads(
     """
     batch, _, n_heads = grads[0].shape[:3]
     kinds = len(reads) if separate else 1
+    groups = [n_heads // read.shape[1] for read in reads]
+    # (groups · B, P, H_read, T, e) per read: batch (j, b) holds query head
+    # g·groups + j of group g; one batched product for the three reads, so
+    # the queries' (one head per group) are padded with zeros to the keys'
+    upstream = [
+        _padded(
+            grad.view(batch, grad.shape[1], n_read, n, *grad.shape[3:]),
+            max(groups),
+        )
+        for grad, n_read, n in zip(grads, (r.shape[1] for r in reads), groups)
+    ]
+    at_outs = torch.autograd.grad(
+        reads,
+        [seen[name] for name in PROJECTIONS],
+        upstream,
+        retain_graph=True,
+        is_grads_batched=True,
+    )  # (groups · B, P, T, H_read · e) each
     # (H, kinds, B, P, T, d): the gradient at the attention's input per head
     upstream_x = grads[0].new_zeros(n_heads, kinds, batch, *seen["x"].shape)
-    for kind, (read, grad, name, proj) in enumerate(
-        zip(reads, grads, PROJECTIONS, projections)
+    for kind, (at_out, grad, n, proj) in enumerate(
+        zip(at_outs, grads, groups, projections)
     ):
-        n_read = read.shape[1]
-        groups = n_heads // n_read
         p, t, e = grad.shape[1], grad.shape[3], grad.shape[4]
-        # (groups · B, P, H_read, T, e): batch (j, b) holds query head
-        # g·groups + j of group g
-        upstream = grad.view(batch, p, n_read, groups, t, e).permute(3, 0, 1, 2, 4, 5)
-        (at_out,) = torch.autograd.grad(
-            read,
-            seen[name],
-            upstream.flatten(0, 1),
-            retain_graph=True,
-            is_grads_batched=True,
-        )  # (groups · B, P, T, H_read · e)
-        at_out = at_out.view(groups, batch, p, t, n_read, e)[:, :, :, first:]
-        weight = proj.weight.view(n_read, e, -1).to(grad.dtype)
+        at_out = at_out[: n * batch].view(n, batch, p, t, -1, e)[:, :, :, first:]
+        weight = proj.weight.view(at_out.shape[4], e, -1).to(grad.dtype)
         # query head g·groups + j, through its group's rows of the projection
         per_head = torch.einsum("jbptge,ged->gjbptd", at_out, weight)
         slot = upstream_x[:, kind if separate else 0, :, :, first:]
