@@ -277,6 +277,13 @@ def test_split_rule_by_hand():
         torch.tensor([True, False, True]),
     )
     assert parts.tolist() == pytest.approx([0.45, 0.0, 0.45], abs=1e-15)
+    # rows apart: one in proportion, one all zero
+    parts = allocate(
+        torch.tensor([0.6, 0.9], dtype=torch.float64),
+        torch.tensor([[1.0, 2.0], [0.0, 0.0]], dtype=torch.float64),
+        torch.tensor([True, True]),
+    )
+    assert parts.flatten().tolist() == pytest.approx([0.2, 0.4, 0.45, 0.45])
 
 
 def test_exact_step_by_hand():

@@ -55,12 +55,15 @@ def allocate(amount: Tensor, terms: Tensor, allowed: Tensor) -> Tensor:
         axis, zero where not allowed.
     """
     terms = terms * allowed
+    magnitude = terms.abs()
+    size = magnitude.sum(-1, keepdim=True)
     rest = amount.unsqueeze(-1) - terms.sum(-1, keepdim=True)
-    size = terms.abs().sum(-1, keepdim=True)
+    if bool((size > 0).all()):  # no row needs the equal split
+        return terms + rest * (magnitude / size)
     count = allowed.to(terms.dtype).expand_as(terms)
     equal = count / count.sum(-1, keepdim=True).clamp_min(1)
     weights = torch.where(
-        size > 0, terms.abs() / size.clamp_min(torch.finfo(terms.dtype).tiny), equal
+        size > 0, magnitude / size.clamp_min(torch.finfo(terms.dtype).tiny), equal
     )
     return terms + rest * weights
 

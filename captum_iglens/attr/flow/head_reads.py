@@ -5,11 +5,10 @@ read), per query head.
 
 Where the attention module has separate ``q_proj``, ``k_proj`` and ``v_proj``
 linear projections (Llama, Qwen, Mistral, Gemma families), the gradient is
-carried to the projections' outputs by one vector-Jacobian product (queries)
-and one batched over the query heads of a key-value group (keys, values), then
-through each head's own rows of the projection, then through the block's input
-norm, batched over the heads: the projections' backward is paid once, not once
-per head. Otherwise, one vector-Jacobian product batched over the heads goes
+carried to the three projections' outputs by one vector-Jacobian product
+batched over the query heads of a key-value group, then through each head's
+own rows of the projection, then through the block's input norm, batched over
+the heads: the projections' backward is paid once, not once per head. Otherwise, one vector-Jacobian product batched over the heads goes
 through the whole graph from the block's input (:func:`batched_head_reads`).
 """
 
