@@ -179,7 +179,8 @@ class FlowGraph(JsonDocument, Viewable):
         FLOW_SCHEMA.check({f.name: getattr(self, f.name) for f in fields(self)})
         known = set(self.nodes)
         for edge in self.edges:
-            if edge.count("->") != 1 or not set(edge_ends(edge)) <= known:
+            sender, _, receiver = edge.partition("->")
+            if sender not in known or receiver.partition("<")[0] not in known:
                 raise ValueError(f"edges: {edge!r} does not join two of the nodes")
         if self.pair_flows is not None:
             self._check_pairs(self.pair_flows, self.position_flows)

@@ -47,6 +47,16 @@ def test_node_flows_fold_reads_into_their_head():
     assert flows["logits"] == pytest.approx((0.1, 0.0))
 
 
+@pytest.mark.parametrize(
+    "edge",
+    ["input-m0", "input->m0->logits", "input->m9", "x->m0", "->m0", "input->"],
+)
+def test_refuses_an_edge_that_does_not_join_two_nodes(edge):
+    edges = ["input->a0.h0<q>", edge, "a0.h0->m0", "m0->logits"]
+    with pytest.raises(ValueError, match="does not join two of the nodes"):
+        _graph(edges=edges)
+
+
 def test_save_and_load(tmp_path):
     graph = _graph(position_flows=np.array([[0.5, 0], [0, -0.3], [0.1, 0], [0, 0.1]]))
     graph.save(tmp_path / "g.json")

@@ -8,8 +8,9 @@ linear projections (Llama, Qwen, Mistral, Gemma families), the gradient is
 carried to the three projections' outputs by one vector-Jacobian product
 batched over the query heads of a key-value group, then through each head's
 own rows of the projection, then through the block's input norm, batched over
-the heads: the projections' backward is paid once, not once per head. Otherwise, one vector-Jacobian product batched over the heads goes
-through the whole graph from the block's input (:func:`batched_head_reads`).
+the heads: the projections' backward is paid once, not once per head.
+Otherwise, one vector-Jacobian product batched over the heads goes through the
+whole graph from the block's input (:func:`batched_head_reads`).
 """
 
 from typing import Dict, List, Optional, Tuple

@@ -556,11 +556,11 @@ def build_graph(
         *FlowGraph*.
     """
     senders, receivers = layout.senders(), layout.receivers()
-    allowed = layout.allowed()
-    pairs = allowed.nonzero().tolist()  # (receiver, sender)
+    index = layout.allowed().nonzero(as_tuple=True)  # (receiver, sender)
+    # two flat lists of ints, not one small list per edge
+    pairs = zip(index[0].tolist(), index[1].tolist())
     edges = [edge_name(senders[s], receivers[r]) for r, s in pairs]
     edges += [edge_name(u, LOGITS) for u in senders]
-    index = allowed.nonzero(as_tuple=True)
     flows = torch.cat([totals.edges[index], totals.direct.sum(-1)])
     by_position = None
     if totals.by_position is not None:
