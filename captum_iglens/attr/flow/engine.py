@@ -327,9 +327,9 @@ def _bands(allowed: Tensor, rows: int) -> List[Tuple[slice, int]]:
     size = min(rows, -(-n_receivers // BANDS))
     bands = []
     for first in range(0, n_receivers, size):
-        rows_of = slice(first, first + size)
-        read = int(allowed[rows_of].any(0).nonzero().max()) + 1
-        bands.append((rows_of, read))
+        band = slice(first, first + size)
+        read = int(allowed[band].any(0).nonzero().max()) + 1
+        bands.append((band, read))
     return bands
 
 

@@ -133,11 +133,8 @@ def split_head_reads(
     # g·groups + j of group g; one batched product for the three reads, so
     # the queries' (one head per group) are padded with zeros to the keys'
     upstream = [
-        _padded(
-            grad.view(batch, grad.shape[1], n_read, n, *grad.shape[3:]),
-            max(groups),
-        )
-        for grad, n_read, n in zip(grads, (r.shape[1] for r in reads), groups)
+        _padded(grad.view(batch, p, n_read, n, t, e), max(groups))
+        for grad, (p, n_read, t, e), n in zip(grads, (r.shape for r in reads), groups)
     ]
     at_outs = torch.autograd.grad(
         reads,
@@ -148,12 +145,12 @@ def split_head_reads(
     )  # (groups · B, P, T, H_read · e) each
     # (H, kinds, B, P, T, d): the gradient at the attention's input per head
     upstream_x = grads[0].new_zeros(n_heads, kinds, batch, *seen["x"].shape)
-    for kind, (at_out, grad, n, proj) in enumerate(
-        zip(at_outs, grads, groups, projections)
+    for kind, (at_out, read, n, proj) in enumerate(
+        zip(at_outs, reads, groups, projections)
     ):
-        p, t, e = grad.shape[1], grad.shape[3], grad.shape[4]
-        at_out = at_out[: n * batch].view(n, batch, p, t, -1, e)[:, :, :, first:]
-        weight = proj.weight.view(at_out.shape[4], e, -1).to(grad.dtype)
+        p, n_read, t, e = read.shape
+        at_out = at_out[: n * batch].view(n, batch, p, t, n_read, e)[:, :, :, first:]
+        weight = proj.weight.view(n_read, e, -1).to(at_out.dtype)
         # query head g·groups + j, through its group's rows of the projection
         per_head = torch.einsum("jbptge,ged->gjbptd", at_out, weight)
         slot = upstream_x[:, kind if separate else 0, :, :, first:]
