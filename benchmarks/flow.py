@@ -16,9 +16,12 @@ edges at each step count with a many-step reference. ``cost`` times one graph
 of an IOI-sized prompt on SmolLM2 against its floor, ``n_steps + 1`` forward and
 backward passes of the model on the same points (the gradient of the target
 with respect to the embeddings, the same batching), the same graph split by
-receiver position against it, and the graph from the mean embedding (where
-every position moves, so none is skipped) against the floor, from one run (the
-median of ``--repeat`` timings of each, interleaved). ``plain``
+receiver position against it, the graph from the mean embedding (where
+every position moves, so none is skipped) against the floor, and the graph
+with queries, keys and values separate (MIB's edges) against the circuit
+harness's EAP-IG-inputs on the same pair, edges and ``p(y)`` at ``n_steps``
+points, from one run (the median of ``--repeat`` timings of each,
+interleaved). ``plain``
 prints, per model and step count, what the plain trapezoid terms miss
 (``|Σ − Δm|``, the worst conservation error) and how far the exact estimator
 moves the embeddings' outflows from them (the plain ones are Captum's LIG): on
@@ -45,6 +48,10 @@ import torch
 from captum.attr import LayerIntegratedGradients
 
 from captum_iglens.attr.flow import DEFAULT_STEPS, ProbabilityFlow
+from captum_iglens.circuits.batches import Batch
+from captum_iglens.circuits.context import ScoringContext
+from captum_iglens.circuits.patching import CircuitModel
+from captum_iglens.circuits.scorers import eap_ig_inputs
 from captum_iglens.attr.flow.engine import first_block_inputs
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.hf.models import load_embedded
@@ -168,6 +175,15 @@ def _floor(flow, ids, other, target, n_steps, batch):
             handle.remove()
 
 
+def _eap_ig_inputs(model, ids, other, answer, n_steps):
+    """The circuit harness's EAP-IG-inputs on one pair, ``p(answer)``, at
+    ``n_steps`` points (its left rule), as a call to time."""
+    one = torch.tensor([answer])
+    pair = Batch(ids, other, one, one, torch.tensor([0]))
+    context = ScoringContext(CircuitModel(model), None, [pair], 1, "prob", n_steps)
+    return partial(eap_ig_inputs, context)
+
+
 def cost(n_steps, batch, repeat):
     model, tok = load_embedded("smollm2", progress=False)
     flow = ProbabilityFlow(model, tok)
@@ -194,6 +210,8 @@ def cost(n_steps, batch, repeat):
             receiver_positions=True,
         ),
         "mean": graph,  # from the mean embedding: every position moves
+        "qkv": partial(graph, counterfactual=IOI[1], qkv=True),
+        "eap-ig": _eap_ig_inputs(model, ids, other, target.token, n_steps),
     }
     times = {name: [] for name in runs}
     for _ in range(repeat):  # interleaved, so that a slow spell hits them all
@@ -209,7 +227,10 @@ def cost(n_steps, batch, repeat):
         f"passes) {t['floor']:.2f} s, ratio {t['graph'] / t['floor']:.2f}; by "
         f"receiver position {t['pairs']:.2f} s, {t['pairs'] / t['graph']:.2f} x "
         f"the graph; from the mean embedding (every position moves) "
-        f"{t['mean']:.2f} s, ratio {t['mean'] / t['floor']:.2f}"
+        f"{t['mean']:.2f} s, ratio {t['mean'] / t['floor']:.2f}; with queries, "
+        f"keys and values separate {t['qkv']:.2f} s against EAP-IG-inputs' "
+        f"{t['eap-ig']:.2f} s ({n_steps} points, the same edges), ratio "
+        f"{t['qkv'] / t['eap-ig']:.2f}"
     )
 
 
