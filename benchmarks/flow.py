@@ -210,7 +210,14 @@ def cost(n_steps, batch, repeat):
             receiver_positions=True,
         ),
         "mean": graph,  # from the mean embedding: every position moves
-        "qkv": partial(graph, counterfactual=IOI[1], qkv=True),
+        "qkv": partial(
+            flow.attribute,
+            IOI[0],
+            counterfactual=IOI[1],
+            target=IOI[2],
+            n_steps=n_steps,
+            qkv=True,
+        ),
         "eap-ig": _eap_ig_inputs(model, ids, other, target.token, n_steps),
     }
     times = {name: [] for name in runs}
