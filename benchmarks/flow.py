@@ -198,26 +198,16 @@ def cost(n_steps, batch, repeat):
     )
     g = graph(counterfactual=IOI[1])  # also warms up
     target = FlowTarget("prob", g.settings["target"], ids.shape[1] - 1)
+    # the pair with the budget's points per forward
+    pair = partial(
+        flow.attribute, IOI[0], counterfactual=IOI[1], target=IOI[2], n_steps=n_steps
+    )
     runs = {
         "graph": partial(graph, counterfactual=IOI[1]),
         "floor": partial(_floor, flow, ids, other, target, n_steps, batch),
-        "pairs": partial(
-            flow.attribute,
-            IOI[0],
-            counterfactual=IOI[1],
-            target=IOI[2],
-            n_steps=n_steps,
-            receiver_positions=True,
-        ),
+        "pairs": partial(pair, receiver_positions=True),
         "mean": graph,  # from the mean embedding: every position moves
-        "qkv": partial(
-            flow.attribute,
-            IOI[0],
-            counterfactual=IOI[1],
-            target=IOI[2],
-            n_steps=n_steps,
-            qkv=True,
-        ),
+        "qkv": partial(pair, qkv=True),
         "eap-ig": _eap_ig_inputs(model, ids, other, target.token, n_steps),
     }
     times = {name: [] for name in runs}
