@@ -86,9 +86,10 @@ _PAIR_COLUMNS = (
 
 def edge_ends(edge: str) -> Tuple[str, str]:
     r"""The sender and receiver *nodes* of an edge name (a head's read,
-    ``a0.h1<q>``, is the head ``a0.h1``)."""
-    sender, receiver = edge.split("->")
-    return sender, receiver.split("<")[0]
+    ``a0.h1<q>``, is the head ``a0.h1``); a name with another ``->`` keeps it
+    in its receiver, which is then no node."""
+    sender, _, receiver = edge.partition("->")
+    return sender, receiver.partition("<")[0]
 
 
 _BLOCK_NODE = re.compile(r"^(a|m)(\d+)(\.h\d+)?$")
@@ -179,8 +180,8 @@ class FlowGraph(JsonDocument, Viewable):
         FLOW_SCHEMA.check({f.name: getattr(self, f.name) for f in fields(self)})
         known = set(self.nodes)
         for edge in self.edges:
-            sender, _, receiver = edge.partition("->")
-            if sender not in known or receiver.partition("<")[0] not in known:
+            sender, receiver = edge_ends(edge)
+            if sender not in known or receiver not in known:
                 raise ValueError(f"edges: {edge!r} does not join two of the nodes")
         if self.pair_flows is not None:
             self._check_pairs(self.pair_flows, self.position_flows)
