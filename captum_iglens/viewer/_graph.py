@@ -156,7 +156,9 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         the graph's order); ``tokens`` and ``input_flows`` (per position),
         ``m_prompt``, ``m_base``, ``delta_m``, ``completeness_error``,
         ``conservation_error``, ``keep`` (the share kept on opening),
-        ``max_drawn`` and ``pairs`` (:func:`top_pairs`, or None).
+        ``max_drawn``, ``pairs`` (:func:`top_pairs`, or None) and
+        ``pairs_per_node`` (:data:`PAIRS_PER_NODE`, the rows of a node's lists
+        by position).
     """
     flows = np.asarray(graph.flows, dtype=np.float64)
     order = np.argsort(-np.abs(flows), kind="stable")
@@ -189,4 +191,5 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         "keep": DEFAULT_KEEP,
         "max_drawn": MAX_DRAWN,
         "pairs": top_pairs(graph.pair_flows, order, ends),
+        "pairs_per_node": PAIRS_PER_NODE,
     }

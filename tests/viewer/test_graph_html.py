@@ -47,6 +47,7 @@ def test_the_page_embeds_every_edge_unrounded_as_arrays(qkv):
         assert data["nodes"][node] == receiver.split("<")[0]
     assert data["max_drawn"] == MAX_DRAWN and 0 < data["keep"] <= 1
     assert data["pairs"] is None  # the graph has no flows by position pair
+    assert data["pairs_per_node"] == PAIRS_PER_NODE
 
 
 def test_the_page_keeps_each_nodes_largest_flows_by_position(tiny_flow_graph):

@@ -157,8 +157,8 @@
       var into = rows['largest in-flows by position'] = [], from = rows['largest out-flows by position'] = [];
       for (var j = 0; j < p.flow.length; j++) {
         var i = p.edge[j], row = [d.nodes[e.sender[i]] + at(p.s[j]) + ' → ' + d.receivers[e.receiver[i]] + at(p.t[j]), p.flow[j]];
-        if (d.receiver_node[e.receiver[i]] === k && into.length < 8) into.push(row);
-        if (e.sender[i] === k && from.length < 8) from.push(row);
+        if (d.receiver_node[e.receiver[i]] === k && into.length < d.pairs_per_node) into.push(row);
+        if (e.sender[i] === k && from.length < d.pairs_per_node) from.push(row);
       }
     }
     Object.keys(rows).forEach(function (title) {
