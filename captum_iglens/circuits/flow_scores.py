@@ -25,7 +25,7 @@ from captum_iglens.attr.flow.nodes import FlowLayout
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.circuits.context import ScoringContext
 from captum_iglens.circuits.graph import EdgeGraph
-from captum_iglens.flow_options import DEFAULT_CHUNK_BYTES
+from captum_iglens.attr.flow.options import DEFAULT_CHUNK_BYTES
 
 
 def receiver_rows(graph: EdgeGraph, layout: FlowLayout) -> List[int]:
@@ -75,7 +75,7 @@ def flow_scores(context: ScoringContext, method: str = "prediction_aware") -> Te
 
         context (ScoringContext): The pairs, the metric and ``steps``.
         method (str, optional): The flow's estimator
-                    (:data:`~captum_iglens.flow_options.FLOW_METHODS`).
+                    (:data:`~captum_iglens.attr.flow.options.FLOW_METHODS`).
                     Default: ``"prediction_aware"``
 
     Returns:

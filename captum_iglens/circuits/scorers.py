@@ -10,7 +10,7 @@ A new method is one entry: ``SCORERS["name"] = function``.
 
 ``flow`` is the exact probability flow
 (:func:`~captum_iglens.circuits.flow_scores.flow_scores`, at
-:data:`~captum_iglens.flow_options.DEFAULT_STEPS` steps unless given,
+:data:`~captum_iglens.attr.flow.options.DEFAULT_STEPS` steps unless given,
 ``"flow:8"``); ``flow-plain`` is its first-order terms alone, before the
 exact estimator's correction. ``joint`` and ``telescoping`` are IG-Lens's head maps of
 ``p(answer)`` on the clean prompt lifted to edges, a node's credit shared
@@ -54,7 +54,7 @@ from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
 from captum_iglens.circuits.flow_scores import flow_scores
 from captum_iglens.circuits.graph import EdgeGraph
 from captum_iglens.circuits.node_scores import lifted_scores
-from captum_iglens.flow_options import DEFAULT_STEPS
+from captum_iglens.attr.flow.options import DEFAULT_STEPS
 
 
 def _receiver_grads(

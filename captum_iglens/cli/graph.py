@@ -18,7 +18,7 @@ from captum_iglens.cli.common import (
     prompt_parent,
     read_prompt,
 )
-from captum_iglens.flow_options import BASELINES, DEFAULT_STEPS, FLOW_METHODS, TARGETS
+from captum_iglens.attr.flow.options import BASELINES, DEFAULT_STEPS, FLOW_METHODS, TARGETS
 
 
 def _share(text: str) -> float:
@@ -153,6 +153,13 @@ def _add_outputs(graph: argparse.ArgumentParser) -> None:
         "--receiver-positions)",
     )
     graph.add_argument(
+        "--eap-json",
+        metavar="PATH",
+        help="write the graph as EAP-IG's graph file, which MIB's circuit "
+        "evaluation reads: flows as scores, --keep's edges (or all) in the "
+        "graph (with --qkv)",
+    )
+    graph.add_argument(
         "--html",
         metavar="PATH",
         help="write the viewer's graph page, one self-contained HTML file",
@@ -185,7 +192,12 @@ def _check(args: argparse.Namespace) -> str:
         raise CommandError("--device-map: graph runs the model on one --device")
     if args.pairs_csv and not args.receiver_positions:
         raise CommandError("--pairs-csv: needs --receiver-positions")
-    check_outputs(args, "json", "csv", "pairs_csv", "html")
+    if args.eap_json and not args.qkv:
+        raise CommandError(
+            "--eap-json: EAP-IG's graph has separate query, key and value "
+            "receivers; add --qkv"
+        )
+    check_outputs(args, "json", "csv", "pairs_csv", "eap_json", "html")
     _device(args.device or "cpu")  # imports torch: after the checks that need none
     _device_map(args)
     _check_receiver_positions(args, prompt.strip())
@@ -208,10 +220,10 @@ def _check_receiver_positions(args: argparse.Namespace, prompt: str) -> None:
     if not (isinstance(blocks, int) and isinstance(heads, int)):
         return
     from captum_iglens.attr.flow.budget import check_pair_memory
-    from captum_iglens.attr.flow.nodes import FlowLayout
+    from captum_iglens.graph.model_graph import model_graph
 
     length = len(tokenizer(prompt)["input_ids"])
-    check_pair_memory(FlowLayout(blocks, heads, args.qkv), length)
+    check_pair_memory(model_graph(blocks, heads, args.qkv), length)
 
 
 def _check_subject(args: argparse.Namespace, prompt: str) -> None:
@@ -280,6 +292,8 @@ def prepare(args: argparse.Namespace) -> Job:
             kept.to_csv(args.csv)
         if args.pairs_csv:
             kept.to_csv(args.pairs_csv, pairs=True)
+        if args.eap_json:
+            kept.to_eap_json(args.eap_json)
         if args.html:
             kept.to_html(args.html)
         return 0

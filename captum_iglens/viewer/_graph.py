@@ -1,17 +1,17 @@
 r"""
 The page data of a probability-flow graph
-(:class:`~captum_iglens.flow_graph.FlowGraph`): its nodes placed in columns by
+(:class:`~captum_iglens.attr.flow.graph.FlowGraph`): its nodes placed in columns by
 block, and its edges as parallel arrays sorted by ``|flow|``, so that the page
 keeps the smallest edge set carrying a share of ``|flow|`` as
 ``FlowGraph.prune(keep, by="share")`` does. Read from the graph's fields; no
 result class is imported.
 """
 
-import re
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from captum_iglens.graph.model_graph import ModelGraph
 from captum_iglens.viewer._payload import RESIDUAL_DIGITS, model_name, sig
 
 #: The share of ``|flow|`` the page keeps when it opens.
@@ -22,43 +22,24 @@ MAX_DRAWN = 3000
 #: of them the page keeps per node, into it and out of it.
 PAIRS_PER_NODE = 8
 
-_HEAD = re.compile(r"^a(\d+)\.h(\d+)$")
-_MLP = re.compile(r"^m(\d+)$")
-
-
-def node_places(nodes: List[str]) -> List[Tuple[int, int]]:
+def node_places(graph: ModelGraph) -> List[Tuple[int, int]]:
     r"""
     Where the page draws each node: a column and a row.
 
     Args:
 
-        nodes (list[str]): ``input``, ``a{l}.h{h}``, ``m{l}`` and ``logits``.
+        graph (ModelGraph): The model's graph.
 
     Returns:
-        *list[tuple[int, int]]*: per node, its column (``input`` 0, block ``l``
-        ``l + 1``, ``logits`` one after the last block) and row (head ``h`` at
-        ``h``, an MLP one below its block's last head, ``input`` and
-        ``logits`` -1: the middle).
-
-    Raises:
-        ValueError: For a node of another name.
+        *list[tuple[int, int]]*: per node of ``graph.nodes``, its column
+        (``input`` 0, block ``l`` ``l + 1``, ``logits`` one after the last
+        block) and row (head ``h`` at ``h``, an MLP one below its block's last
+        head, ``input`` and ``logits`` -1: the middle).
     """
-    heads = [_HEAD.match(n) for n in nodes]
-    mlps = [_MLP.match(n) for n in nodes]
-    layers = [int(m.group(1)) for m in heads + mlps if m]
-    n_heads = 1 + max([int(m.group(2)) for m in heads if m], default=-1)
-    last = 1 + max(layers, default=-1)
-    places = []
-    for name, head, mlp in zip(nodes, heads, mlps):
-        if head:
-            places.append((int(head.group(1)) + 1, int(head.group(2))))
-        elif mlp:
-            places.append((int(mlp.group(1)) + 1, n_heads))
-        elif name in ("input", "logits"):
-            places.append((0 if name == "input" else last + 1, -1))
-        else:
-            raise ValueError(f"nodes: {name!r} is not a node of a flow graph")
-    return places
+    places = [(0, -1)]
+    for layer in range(graph.n_layers):
+        places += [(layer + 1, h) for h in range(graph.n_heads + 1)]
+    return places + [(graph.n_layers + 1, -1)]
 
 
 def _origin(counterfactual: Dict[str, Any]) -> str:
@@ -81,7 +62,7 @@ def _about(graph: Any) -> Dict[str, str]:
     model (its name, never a local folder) and the run's settings."""
     settings = graph.settings
     run = f"{settings.get('method', '?')}, n_steps = {settings.get('n_steps', '?')}"
-    if settings.get("qkv"):
+    if graph.cfg["qkv"]:
         run += ", queries, keys and values separate"
     pruned = settings.get("pruned")
     if pruned:
@@ -160,25 +141,21 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         ``pairs_per_node`` (:data:`PAIRS_PER_NODE`, the rows of a node's lists
         by position).
     """
+    model = graph.graph
     flows = np.asarray(graph.flows, dtype=np.float64)
-    order = np.argsort(-np.abs(flows), kind="stable")
-    nodes = list(graph.nodes)
-    index = {name: i for i, name in enumerate(nodes)}
-    receivers: Dict[str, int] = {}
-    senders, reads = [], []
-    for i in order:
-        sender, receiver = graph.edges[i].split("->")
-        senders.append(index[sender])
-        reads.append(receivers.setdefault(receiver, len(receivers)))
-    receiver_node = [index[name.split("<")[0]] for name in receivers]
+    kept = graph.kept
+    order = kept[np.argsort(-np.abs(flows[kept]), kind="stable")]
+    senders = model.edge_senders[order].tolist()
+    reads = model.edge_receivers[order].tolist()
+    receiver_node = model.receiver_node.tolist()
     ends = [(s, receiver_node[r]) for s, r in zip(senders, reads)]
     return {
         "kind": "graph",
         "title": f"Probability flow of {_about(graph).get('target', 'a target')}",
         "about": _about(graph),
-        "nodes": nodes,
-        "places": [list(place) for place in node_places(nodes)],
-        "receivers": list(receivers),
+        "nodes": model.nodes,
+        "places": [list(place) for place in node_places(model)],
+        "receivers": model.receivers,
         "receiver_node": receiver_node,
         "edges": {"sender": senders, "receiver": reads, "flow": flows[order].tolist()},
         "tokens": list(graph.tokens),

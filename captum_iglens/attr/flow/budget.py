@@ -22,7 +22,7 @@ import os
 from typing import Optional
 
 from captum_iglens.attr._utils.block_parts import projection_weight
-from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.graph.model_graph import ModelGraph
 from captum_iglens.hf.parts import ModelParts
 
 #: ``T × T`` float32 arrays per query head and block that the eager attention
@@ -38,7 +38,7 @@ MLP_ARRAYS = 4
 
 
 def point_bytes(
-    parts: ModelParts, layout: FlowLayout, length: int, pairs: bool = False
+    parts: ModelParts, graph: ModelGraph, length: int, pairs: bool = False
 ) -> int:
     r"""
     Estimated bytes one path point of a ``length``-token prompt holds at its
@@ -46,8 +46,8 @@ def point_bytes(
 
     Args:
         parts (ModelParts): The model's parts (checked by
-                    :func:`~captum_iglens.attr.flow.engine.check_flow_parts`).
-        layout (FlowLayout): The graph's nodes.
+                    :func:`~captum_iglens.attr.flow.engine.flow_graph_of`).
+        graph (ModelGraph): The graph's nodes.
         length (int): The prompt's tokens ``T``.
         pairs (bool, optional): Gradients split by receiver position.
                     Default: False
@@ -60,14 +60,14 @@ def point_bytes(
     size = next(parts.blocks[0].parameters()).element_size()
     width = projection_weight(parts.mlp_out[0]).shape[0]
     split = length if pairs else 1
-    nodes = len(layout.senders()) + len(layout.receivers()) * split + 1
+    nodes = len(graph.senders) + (len(graph.receivers) - 1) * split + 1
     kept = nodes * length * width * size
-    attention = ATTENTION_ARRAYS * layout.n_heads * length * length * 4
+    attention = ATTENTION_ARRAYS * graph.n_heads * length * length * 4
     hidden = (HIDDEN_ARRAYS * width + MLP_ARRAYS * inner) * length * size
     # with pairs, one block's backward batched over the query positions
-    reads = layout.n_heads * layout.kinds * length * width * size
+    reads = graph.n_heads * len(graph.kinds) * length * width * size
     batched = split * (attention + reads) if pairs else 0
-    return kept + layout.n_layers * (attention + hidden) + batched
+    return kept + graph.n_layers * (attention + hidden) + batched
 
 
 def points_at_once(
@@ -105,7 +105,7 @@ def points_at_once(
 
 
 def receivers_at_once(
-    layout: FlowLayout, length: int, width: int, budget: int, split: int = 1
+    graph: ModelGraph, length: int, width: int, budget: int, split: int = 1
 ) -> int:
     r"""
     Receivers whose step terms are computed at once: per receiver, its mean
@@ -116,11 +116,11 @@ def receivers_at_once(
     Returns:
         *int*, at least one.
     """
-    per_row = split * length * (2 * width * 4 + len(layout.senders()) * (4 + 8))
+    per_row = split * length * (2 * width * 4 + len(graph.senders) * (4 + 8))
     return max(1, budget // per_row)
 
 
-def pair_bytes(layout: FlowLayout, length: int) -> int:
+def pair_bytes(graph: ModelGraph, length: int) -> int:
     r"""
     Bytes of the flows split by sender and receiver position: the graph's
     ``(R, S, T, T)`` float64 totals and one step's.
@@ -128,7 +128,7 @@ def pair_bytes(layout: FlowLayout, length: int) -> int:
     Returns:
         *int*.
     """
-    edges = len(layout.receivers()) * len(layout.senders())
+    edges = (len(graph.receivers) - 1) * len(graph.senders)
     return 2 * edges * length * length * 8
 
 
@@ -148,14 +148,14 @@ def free_memory() -> Optional[int]:
         return None
 
 
-def check_pair_memory(layout: FlowLayout, length: int, held: int = 0) -> None:
+def check_pair_memory(graph: ModelGraph, length: int, held: int = 0) -> None:
     r"""
     Refuses a split by receiver position whose flows (:func:`pair_bytes`) and
     ``held`` other bytes would not fit in the memory available
     (:func:`free_memory`; not checked where the system does not say).
 
     Args:
-        layout (FlowLayout): The graph's nodes.
+        graph (ModelGraph): The graph's nodes.
         length (int): The prompt's tokens ``T``.
         held (int, optional): Bytes held beside them (the path points).
                     Default: 0
@@ -163,7 +163,7 @@ def check_pair_memory(layout: FlowLayout, length: int, held: int = 0) -> None:
     Raises:
         ValueError: Naming ``receiver_positions``.
     """
-    needed = pair_bytes(layout, length) + held
+    needed = pair_bytes(graph, length) + held
     free = free_memory()
     if free is not None and needed > free:
         raise ValueError(

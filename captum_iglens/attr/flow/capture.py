@@ -53,7 +53,7 @@ from captum_iglens.attr.flow.head_reads import (
     projections_of,
     split_head_reads,
 )
-from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.graph.model_graph import ModelGraph
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.hf.parts import ModelParts
 
@@ -121,10 +121,10 @@ class PointState:
         grad_final (Tensor): ``(P, T', d)``: ``∇f``, the gradient of ``m``
                     with respect to the last block's output.
         writes (Tensor): ``(P, S, T', d)``: each sender's write to the stream
-                    (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.senders` order).
+                    (:attr:`~captum_iglens.graph.model_graph.ModelGraph.senders` order).
         rho (Tensor): ``(P, R, B, T', d)``: each receiver's node-input
                     gradient with respect to the stream it reads
-                    (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.receivers`
+                    (:attr:`~captum_iglens.graph.model_graph.ModelGraph.receivers`
                     order); ``B = 1``, or split by receiver position,
                     ``B = T'``: row ``b`` through the receiver's output at
                     position ``f + b`` alone.
@@ -176,7 +176,7 @@ def _flow_forward(parts: ModelParts, hooks: _Hooks) -> Iterator[List[Module]]:
     """Switches the model to :data:`FLOW_IMPLEMENTATION` and records each attention
     module's query, keys and values; restores everything on exit."""
     attn_out = parts.attn_out
-    assert attn_out is not None  # checked by check_flow_parts
+    assert attn_out is not None  # checked by flow_graph_of
     attentions = [attention_of(b, o) for b, o in zip(parts.blocks, attn_out)]
     _register()
     with _lock_of(parts.blocks[0]), _SWITCH:
@@ -222,7 +222,7 @@ def run_points(
     input_ids: Tensor,
     first_inputs: Tensor,
     target: FlowTarget,
-    layout: FlowLayout,
+    graph: ModelGraph,
     first: int = 0,
     split: bool = False,
 ) -> PointState:
@@ -232,13 +232,13 @@ def run_points(
 
     Args:
         parts (ModelParts): The model's parts (checked by
-                    :func:`~captum_iglens.attr.flow.engine.check_flow_parts`).
+                    :func:`~captum_iglens.attr.flow.engine.flow_graph_of`).
         input_ids (Tensor): ``(1, T)`` long: the prompt's tokens.
         first_inputs (Tensor): ``(P, T, d)``: the first block's input at each
                     point.
         target (FlowTarget): The target ``m``; the model computes the logits
                     of its position only (``logits_to_keep``).
-        layout (FlowLayout): The graph's nodes.
+        graph (ModelGraph): The graph's nodes.
         first (int, optional): The first position kept: the writes and
                     gradients are those of positions ``first`` to ``T − 1``
                     (``T' = T − first`` of them). Default: 0
@@ -250,10 +250,10 @@ def run_points(
     """
     h0 = first_inputs.detach().clone().requires_grad_(True)
     m, grad_final, rho, seen = _gradients(
-        parts, input_ids, h0, target, layout, first, split
+        parts, input_ids, h0, target, graph, first, split
     )
     # the forward's graph is freed here, before the writes are gathered
-    writes = _writes(parts, layout, seen, h0, first)
+    writes = _writes(parts, graph, seen, h0, first)
     return PointState(m=m, grad_final=grad_final, writes=writes, rho=rho)
 
 
@@ -262,7 +262,7 @@ def _gradients(
     input_ids: Tensor,
     h0: Tensor,
     target: FlowTarget,
-    layout: FlowLayout,
+    graph: ModelGraph,
     first: int,
     split: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Dict[Tuple[str, int], Tensor]]:
@@ -277,7 +277,7 @@ def _gradients(
         records = [_RECORDS[a] for a in attentions]
         seen = hooks.seen
         hooks.remove()
-        n = layout.n_layers
+        n = graph.n_layers
         wanted = (
             [seen["out", n - 1]]
             + [r[name] for r in records for name in ("query", "key_rep", "value_rep")]
@@ -296,7 +296,7 @@ def _gradients(
         at_mid, at_out = grads[1 + 3 * n : 1 + 4 * n], grads[1 + 4 * n : 1 + 5 * n]
         mlps = [(mid - out)[:, first:] for mid, out in zip(at_mid, at_out)]
         rho = _receiver_gradients(
-            layout, seen, records, attentions, reads, mlps, first, split
+            graph, seen, records, attentions, reads, mlps, first, split
         )
     states = {
         key: value.detach()
@@ -333,7 +333,7 @@ def _by_query_position(
 
 
 def _receiver_gradients(
-    layout: FlowLayout,
+    graph: ModelGraph,
     seen: Dict[Tuple[str, int], Tensor],
     records: List[Dict[str, Tensor]],
     attentions: List[Module],
@@ -346,9 +346,9 @@ def _receiver_gradients(
     key and value alone), then the MLP's (through the MLP alone), at the
     positions from ``first`` on; ``B`` is the batch of ``head_grads`` (1, or
     one per query position from ``first`` on, with ``split``)."""
-    n = layout.n_layers
+    n = graph.n_layers
     rho: Optional[Tensor] = None
-    per_block = layout.n_heads * layout.kinds + 1
+    per_block = graph.n_heads * len(graph.kinds) + 1
     for layer in range(n):
         record = records[layer]
         reads = [record["query"], record["key"], record["value"]]
@@ -356,13 +356,13 @@ def _receiver_gradients(
         projections = projections_of(attentions[layer])
         if projections is None:
             per_head = batched_head_reads(
-                reads, seen["in", layer], upstream, layout.qkv, first
+                reads, seen["in", layer], upstream, graph.qkv, first
             )
         else:
             names = ("in", "x", *PROJECTIONS)
             mine = {name: seen[name, layer] for name in names}
             per_head = split_head_reads(
-                reads, mine, projections, upstream, layout.qkv, first
+                reads, mine, projections, upstream, graph.qkv, first
             )
         if rho is None:  # (P, R, B, T', d), filled block by block
             b, p, t, d = per_head.shape[1:]
@@ -382,7 +382,7 @@ def _receiver_gradients(
 @torch.no_grad()
 def _writes(
     parts: ModelParts,
-    layout: FlowLayout,
+    graph: ModelGraph,
     seen: Dict[Tuple[str, int], Tensor],
     h0: Tensor,
     first: int,
@@ -396,16 +396,16 @@ def _writes(
     seen = {key: value[:, first:] for key, value in seen.items()}
     h0 = h0[:, first:]
     p, t, d = h0.shape
-    per_block = layout.n_heads + 1
-    out = h0.new_empty(p, 1 + layout.n_layers * per_block, t, d)
+    per_block = graph.n_heads + 1
+    out = h0.new_empty(p, 1 + graph.n_layers * per_block, t, d)
     out[:, 0] = h0.detach()
-    for layer in range(layout.n_layers):
+    for layer in range(graph.n_layers):
         heads_in = seen["heads", layer]
         weight = projection_weight(attn_out[layer]).detach()
         per_head = torch.einsum(
             "pthe,dhe->phtd",
-            heads_in.view(p, t, layout.n_heads, -1),
-            weight.view(d, layout.n_heads, -1).to(heads_in.dtype),
+            heads_in.view(p, t, graph.n_heads, -1),
+            weight.view(d, graph.n_heads, -1).to(heads_in.dtype),
         )
         h_in, mid = seen["in", layer], seen["mid", layer]
         norms = [parts.attn_norm[layer]] if parts.attn_norm else None
@@ -417,6 +417,6 @@ def _writes(
         )
         row = 1 + layer * per_block
         heads = per_head * factor[:, :, 0].unsqueeze(1).to(per_head.dtype)
-        out[:, row : row + layout.n_heads] = heads
-        out[:, row + layout.n_heads] = seen["out", layer] - mid
+        out[:, row : row + graph.n_heads] = heads
+        out[:, row + graph.n_heads] = seen["out", layer] - mid
     return out

@@ -15,24 +15,31 @@ from captum_iglens.attr._utils.capture import hidden_of
 from captum_iglens.attr.flow.capture import PointState, run_points
 from captum_iglens.attr.flow.budget import receivers_at_once
 from captum_iglens.attr.flow.estimator import STEP_RULES, StepRule, StepTerms
-from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.attr.flow.reads import allowed, read_positions
+from captum_iglens.graph.model_graph import ModelGraph, model_graph
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.hf.parts import ModelParts
 
 
-def check_flow_parts(parts: ModelParts) -> int:
+def flow_graph_of(parts: ModelParts, qkv: bool) -> ModelGraph:
     r"""
-    Checks that the model's blocks can be split into heads and MLPs.
+    The graph of the flow through a model, whose blocks must split into heads
+    and one MLP.
+
+    Args:
+        parts (ModelParts): The model's parts.
+        qkv (bool): Separate query, key and value receivers.
 
     Returns:
-        *int*: the number of query heads per block.
+        *ModelGraph*.
 
     Raises:
         ValueError: If the architecture has no attention output projection,
             no mid-block module or MLP output projection, parallel blocks or
             mixture-of-experts MLPs.
     """
-    model_type = getattr(getattr(parts.model, "config", None), "model_type", None)
+    config = getattr(parts.model, "config", None)
+    model_type = getattr(config, "model_type", None)
     missing = [
         name for name in ("attn_out", "mid", "mlp_out") if getattr(parts, name) is None
     ]
@@ -47,7 +54,10 @@ def check_flow_parts(parts: ModelParts) -> int:
             f"heads and one MLP; model_type {model_type!r} is not supported ({why})"
         )
     assert parts.n_heads is not None
-    return parts.n_heads
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kv = getattr(text, "num_key_value_heads", None)
+    grouped = kv if isinstance(kv, int) and kv != parts.n_heads else None
+    return model_graph(len(parts.blocks), parts.n_heads, qkv, grouped)
 
 
 class _Reached(Exception):
@@ -112,7 +122,7 @@ def flow_totals(
     input_ids: Tensor,
     base_inputs: Tensor,
     target: FlowTarget,
-    layout: FlowLayout,
+    graph: ModelGraph,
     *,
     n_steps: int,
     method: str,
@@ -133,12 +143,12 @@ def flow_totals(
     ``(R, S, T, T)`` ones and each point's gradients ``T`` times over.
 
     Args:
-        parts (ModelParts): The model's parts (:func:`check_flow_parts`).
+        parts (ModelParts): The model's parts (:func:`flow_graph_of`).
         input_ids (Tensor): ``(1, T)`` long: the prompt.
         base_inputs (Tensor): ``(1, T, d)``: the first block's input at the
                     path's start (a counterfactual prompt's, or a baseline).
         target (FlowTarget): What is attributed.
-        layout (FlowLayout): The graph's nodes.
+        graph (ModelGraph): The graph's nodes.
         n_steps (int): Steps of the path (``n_steps + 1`` forward and backward
                     passes).
         method (str): ``"prediction_aware"`` or ``"riemann_trapezoid"``
@@ -158,8 +168,8 @@ def flow_totals(
     split = length - first if receiver_positions else 1
     stepper = _Stepper(
         STEP_RULES[method],
-        layout,
-        receivers_at_once(layout, length - first, width, max_chunk_bytes, split),
+        graph,
+        receivers_at_once(graph, length - first, width, max_chunk_bytes, split),
         per_position,
         receiver_positions,
     )
@@ -171,7 +181,7 @@ def flow_totals(
         a = a.to(prompt_inputs.dtype).view(-1, 1, 1)
         points = base_inputs + a * (prompt_inputs - base_inputs)
         cur = run_points(
-            parts, input_ids, points, target, layout, first, receiver_positions
+            parts, input_ids, points, target, graph, first, receiver_positions
         )
         values.append(cur.m)
         for j in range(len(a)):
@@ -238,14 +248,14 @@ class _Stepper:
     def __init__(
         self,
         rule: StepRule,
-        layout: FlowLayout,
+        graph: ModelGraph,
         rows: int,
         per_position: bool,
         pairs: bool,
     ) -> None:
-        self.rule, self.layout = rule, layout
+        self.rule, self.graph = rule, graph
         self.per_position, self.pairs = per_position or pairs, pairs
-        self.allowed = layout.allowed()
+        self.allowed = allowed(graph)
         self.bands = _bands(self.allowed, rows)
         self.totals: Optional[FlowTotals] = None
 
@@ -284,10 +294,10 @@ class _Stepper:
             if pairs is not None:
                 pairs[rows, :read] = by_pair.double().cpu()
         step = StepTerms(sums, direct.cpu(), float(cur.m[j] - prev.m[0]))
-        edges, direct = self.rule.split(step, self.layout, self.allowed)
+        edges, direct = self.rule.split(step, self.graph, self.allowed)
         if kept is not None:
             reads = (
-                self.layout.read_positions(length).unsqueeze(1) if self.pairs else None
+                read_positions(self.graph, length).unsqueeze(1) if self.pairs else None
             )
             for rows, _ in self.bands:
                 kept[rows] = self.rule.positions(edges[rows], kept[rows], None)

@@ -37,7 +37,8 @@ from typing import Callable, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.attr.flow.reads import owners
+from captum_iglens.graph.model_graph import ModelGraph
 
 
 def allocate(amount: Tensor, terms: Tensor, allowed: Tensor) -> Tensor:
@@ -86,16 +87,16 @@ class StepTerms:
 
 
 def exact_step(
-    terms: StepTerms, layout: FlowLayout, allowed: Tensor
+    terms: StepTerms, graph: ModelGraph, allowed: Tensor
 ) -> Tuple[Tensor, Tensor]:
     r"""
     The prediction-aware split of one step.
 
     Args:
         terms (StepTerms): The step's terms.
-        layout (FlowLayout): The graph's nodes.
+        graph (ModelGraph): The graph's nodes.
         allowed (Tensor): ``(R, S)`` bool: which senders each receiver reads
-                    (:meth:`~captum_iglens.attr.flow.nodes.FlowLayout.allowed`).
+                    (:func:`~captum_iglens.attr.flow.reads.allowed`).
 
     Returns:
         2-element tuple of **edges** ``(R, S)`` (summed over the positions;
@@ -107,16 +108,20 @@ def exact_step(
     out = allocate(torch.tensor(terms.dm, dtype=torch.float64), direct_sums, everyone)
     outflow = out.clone()
     edges = torch.zeros_like(edge_sums)
-    owner = layout.sender_of_receiver()
-    for heads, mlp in reversed(layout.slices()):
+    owner = owners(graph)
+    n, k, s = graph.n_heads, len(graph.kinds), edge_sums.shape[1]
+
+    def by_head(rows: Tensor) -> Tensor:  # (k · n, S) kind-major -> (n, k · S)
+        return rows.reshape(k, n, s).transpose(0, 1).reshape(n, k * s)
+
+    for heads, mlp in reversed(graph.blocks()):
         edges[mlp] = allocate(outflow[owner[mlp]], edge_sums[mlp], allowed[mlp])
         outflow += edges[mlp]
-        n, k = layout.n_heads, layout.kinds
-        pooled = edge_sums[heads].reshape(n, k * edge_sums.shape[1])
-        mask = allowed[heads].reshape(n, -1)
-        split = allocate(outflow[owner[heads]][::k], pooled, mask)
-        edges[heads] = split.reshape(n * k, -1)
-        outflow += edges[heads].sum(0)
+        split = allocate(
+            outflow[owner[heads]][:n], by_head(edge_sums[heads]), by_head(allowed[heads])
+        )
+        edges[heads] = split.reshape(n, k, s).transpose(0, 1).reshape(k * n, s)
+        outflow += split.reshape(n * k, s).sum(0)  # summed head by head
     return edges, exact_positions(out, terms.direct)
 
 
@@ -143,7 +148,7 @@ def exact_positions(
 
 
 def plain_step(
-    terms: StepTerms, layout: FlowLayout, allowed: Tensor
+    terms: StepTerms, graph: ModelGraph, allowed: Tensor
 ) -> Tuple[Tensor, Tensor]:
     r"""The plain split of one step: the first-order terms themselves (same
     arguments and returns as :func:`exact_step`)."""
@@ -168,12 +173,12 @@ class StepRule(NamedTuple):
                     (:func:`exact_positions`).
     """
 
-    split: Callable[[StepTerms, FlowLayout, Tensor], Tuple[Tensor, Tensor]]
+    split: Callable[[StepTerms, ModelGraph, Tensor], Tuple[Tensor, Tensor]]
     positions: Callable[[Tensor, Tensor, Optional[Tensor]], Tensor]
 
 
 #: Each flow method's step rule, by the name ``method=`` takes
-#: (:data:`~captum_iglens.flow_options.FLOW_METHODS`).
+#: (:data:`~captum_iglens.attr.flow.options.FLOW_METHODS`).
 STEP_RULES = {
     "prediction_aware": StepRule(exact_step, exact_positions),
     "riemann_trapezoid": StepRule(plain_step, plain_positions),

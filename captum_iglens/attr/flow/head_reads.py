@@ -66,7 +66,8 @@ def batched_head_reads(
         first (int, optional): The first position returned. Default: 0
 
     Returns:
-        *Tensor* ``(H · kinds, B, P, T − first, d)``, head-major.
+        *Tensor* ``(kinds · H, B, P, T − first, d)``, kind-major (every
+        head's queries, then keys, then values: the graph's receiver order).
     """
     n_heads, batch = grads[0].shape[2], grads[0].shape[0]
     kinds = len(reads) if separate else 1
@@ -78,9 +79,9 @@ def batched_head_reads(
             owner[:, None, None, :, None, None]
             * grad.permute(2, 0, 1, 3, 4)[:, :, :, None]
         )
-        if separate:  # (H, kinds, B, ...): zero but at this kind
-            slots = per_head.new_zeros(n_heads, kinds, *per_head.shape[1:])
-            slots[:, kind] = per_head
+        if separate:  # (kinds, H, B, ...): zero but at this kind
+            slots = per_head.new_zeros(kinds, *per_head.shape)
+            slots[kind] = per_head
             per_head = slots
         upstream.append(per_head.flatten(0, 2 if separate else 1))
     (vjp,) = torch.autograd.grad(
@@ -124,7 +125,8 @@ def split_head_reads(
         first (int, optional): The first position returned. Default: 0
 
     Returns:
-        *Tensor* ``(H · kinds, B, P, T − first, d)``, head-major.
+        *Tensor* ``(kinds · H, B, P, T − first, d)``, kind-major (every
+        head's queries, then keys, then values: the graph's receiver order).
     """
     batch, _, n_heads = grads[0].shape[:3]
     kinds = len(reads) if separate else 1
@@ -143,8 +145,8 @@ def split_head_reads(
         retain_graph=True,
         is_grads_batched=True,
     )  # (groups · B, P, T, H_read · e) each
-    # (H, kinds, B, P, T, d): the gradient at the attention's input per head
-    upstream_x = grads[0].new_zeros(n_heads, kinds, batch, *seen["x"].shape)
+    # (kinds, H, B, P, T, d): the gradient at the attention's input per head
+    upstream_x = grads[0].new_zeros(kinds, n_heads, batch, *seen["x"].shape)
     for kind, (at_out, read, n, proj) in enumerate(
         zip(at_outs, reads, groups, projections)
     ):
@@ -153,7 +155,7 @@ def split_head_reads(
         weight = proj.weight.view(n_read, e, -1).to(at_out.dtype)
         # query head g·groups + j, through its group's rows of the projection
         per_head = torch.einsum("jbptge,ged->gjbptd", at_out, weight)
-        slot = upstream_x[:, kind if separate else 0, :, :, first:]
+        slot = upstream_x[kind if separate else 0, :, :, :, first:]
         slot += per_head.reshape(n_heads, *per_head.shape[2:])
     upstream_x = upstream_x.flatten(0, 2)
     (vjp,) = torch.autograd.grad(

@@ -1,6 +1,6 @@
 r"""
 :class:`ProbabilityFlow`: Captum-style entry point of the probability flow
-(``../METHOD.md``, "Probability flow"): edges between the embeddings,
+(docs/flow.md): edges between the embeddings,
 attention heads and MLPs whose flows add up exactly to the change of a
 token's probability between a counterfactual (or baseline) and the prompt.
 """
@@ -19,15 +19,14 @@ from captum_iglens.attr.subject_noise import NOISE_SCALE
 from captum_iglens.attr.flow.capture import target_logits
 from captum_iglens.attr.flow.engine import (
     FlowTotals,
-    check_flow_parts,
     first_block_inputs,
+    flow_graph_of,
     flow_totals,
 )
-from captum_iglens.attr.flow.nodes import LOGITS, FlowLayout, edge_name
 from captum_iglens.attr.flow.subject_start import noised_start, subject_positions
 from captum_iglens.attr.flow.targets import FlowTarget
-from captum_iglens.flow_graph import FlowGraph
-from captum_iglens.flow_options import (
+from captum_iglens.attr.flow.graph import FlowGraph, graph_of
+from captum_iglens.attr.flow.options import (
     BASELINES,
     DEFAULT_CHUNK_BYTES,
     DEFAULT_STEPS,
@@ -81,7 +80,7 @@ class ProbabilityFlow:
 
     def __init__(self, model: Any, tokenizer: Any = None) -> None:
         self.parts = model_parts(model)
-        self.n_heads = check_flow_parts(self.parts)
+        flow_graph_of(self.parts, qkv=False)  # refuses an unsupported model
         self.tokenizer = tokenizer
 
     def attribute(
@@ -138,7 +137,7 @@ class ProbabilityFlow:
                         Default: -1
             n_steps (int, optional): Steps of the path; it costs
                         ``n_steps + 1`` forward and backward passes.
-                        Default: :data:`~captum_iglens.flow_options.DEFAULT_STEPS`
+                        Default: :data:`~captum_iglens.attr.flow.options.DEFAULT_STEPS`
             method (str, optional): ``"prediction_aware"`` (exact at any
                         ``n_steps``) or ``"riemann_trapezoid"`` (the
                         first-order terms; the input's outflows are Captum's
@@ -192,7 +191,7 @@ class ProbabilityFlow:
         batch = self.check_budget(
             ids, n_steps, qkv, internal_batch_size, max_chunk_bytes, receiver_positions
         )
-        layout = FlowLayout(len(self.parts.blocks), self.n_heads, qkv)
+        graph = flow_graph_of(self.parts, qkv)
         token = self._token(target, "target")
         foil_id = self._token(foil, "foil")
         _check_foil(target_kind, foil_id, start)
@@ -214,7 +213,7 @@ class ProbabilityFlow:
             ids,
             base,
             goal,
-            layout,
+            graph,
             n_steps=n_steps,
             method=method,
             per_position=per_position,
@@ -222,8 +221,16 @@ class ProbabilityFlow:
             internal_batch_size=batch,
             max_chunk_bytes=max_chunk_bytes,
         )
-        settings = self._settings(goal, method=method, n_steps=n_steps, qkv=qkv)
-        return build_graph(totals, layout, self._texts(ids), origin, settings)
+        settings = self._settings(goal, method=method, n_steps=n_steps)
+        cfg = dict(
+            n_layers=graph.n_layers,
+            n_heads=graph.n_heads,
+            n_kv_heads=graph.n_kv_heads,
+            d_model=self._embeddings().embedding_dim,
+            qkv=qkv,
+            parallel_attn_mlp=graph.parallel,
+        )
+        return build_graph(totals, cfg, self._texts(ids), origin, settings)
 
     def _settings(self, goal: FlowTarget, **run: Any) -> dict:
         """The graph's ``settings``: the run's, the target's and the model's."""
@@ -283,11 +290,11 @@ class ProbabilityFlow:
                 would not fit the memory available.
         """
         length = self._ids(inputs, "inputs").shape[1]
-        layout = FlowLayout(len(self.parts.blocks), self.n_heads, qkv)
-        point = point_bytes(self.parts, layout, length, receiver_positions)
+        graph = flow_graph_of(self.parts, qkv)
+        point = point_bytes(self.parts, graph, length, receiver_positions)
         batch = points_at_once(point, n_steps + 1, internal_batch_size, max_chunk_bytes)
         if receiver_positions:
-            check_pair_memory(layout, length, 2 * batch * point)
+            check_pair_memory(graph, length, 2 * batch * point)
         return batch
 
     def _subject(
@@ -535,19 +542,20 @@ def _check_count(name: str, value: int) -> None:
 
 def build_graph(
     totals: FlowTotals,
-    layout: FlowLayout,
+    cfg: dict,
     tokens: list,
     counterfactual: dict,
     settings: dict,
 ) -> FlowGraph:
     r"""
-    The :class:`~captum_iglens.flow_graph.FlowGraph` of summed flows, with its
-    checks: completeness ``|Σ_u F(u→logits) − Δm|`` and the worst
-    ``|inflow − outflow|`` over the nodes, both re-summed from the edges.
+    The :class:`~captum_iglens.attr.flow.graph.FlowGraph` of summed flows
+    (which checks, on its own, that they add up).
 
     Args:
-        totals (FlowTotals): The engine's sums.
-        layout (FlowLayout): The graph's nodes.
+        totals (FlowTotals): The engine's sums, receivers in the order of
+                    the graph of ``cfg``.
+        cfg (dict): The graph's configuration
+                    (:data:`~captum_iglens.attr.flow.graph.GRAPH_CFG`).
         tokens (list[str]): The prompt's tokens.
         counterfactual (dict): The path's start.
         settings (dict): The run's settings.
@@ -555,32 +563,28 @@ def build_graph(
     Returns:
         *FlowGraph*.
     """
-    senders, receivers = layout.senders(), layout.receivers()
-    index = layout.allowed().nonzero(as_tuple=True)  # (receiver, sender)
-    # two flat lists of ints, not one small list per edge
-    pairs = zip(index[0].tolist(), index[1].tolist())
-    edges = [edge_name(senders[s], receivers[r]) for r, s in pairs]
-    edges += [edge_name(u, LOGITS) for u in senders]
-    flows = torch.cat([totals.edges[index], totals.direct.sum(-1)])
+    graph = graph_of(cfg)
+    senders = torch.from_numpy(graph.edge_senders)
+    receivers = torch.from_numpy(graph.edge_receivers)
+
+    def by_edge(edges: Tensor, direct: Tensor) -> Tensor:
+        """``(E, ...)``: the receiver × sender ``edges`` and the ``direct``
+        flows into ``logits`` (the last receiver), in the graph's edge order."""
+        matrix = torch.cat([edges.transpose(0, 1), direct.unsqueeze(1)], 1)
+        return matrix[senders, receivers]
+
+    flows = by_edge(totals.edges, totals.direct.sum(-1))
     by_position = None
     if totals.by_position is not None:
-        by_position = torch.cat([totals.by_position[index], totals.direct]).numpy()
+        by_position = by_edge(totals.by_position, totals.direct).numpy()
     by_pair = None
     if totals.by_pair is not None:  # logits reads the target's position
         direct = torch.zeros(*totals.direct.shape, len(tokens), dtype=torch.float64)
         direct[..., settings["position"]] = totals.direct
-        by_pair = torch.cat([totals.by_pair[index], direct]).numpy()
-    owner = layout.sender_of_receiver()
-    inflow = torch.zeros(len(senders), dtype=torch.float64).index_add_(
-        0, owner, totals.edges.sum(1)
-    )
-    outflow = totals.edges.sum(0) + totals.direct.sum(-1)
-    m_base, m_prompt = float(totals.m[0]), float(totals.m[-1])
-    completeness = abs(float(totals.direct.sum()) - (m_prompt - m_base))
+        by_pair = by_edge(totals.by_pair, direct).numpy()
     input_flows = totals.input_edges.sum(0) + totals.direct[0]
     return FlowGraph(
-        nodes=senders + [LOGITS],
-        edges=edges,
+        cfg=cfg,
         flows=flows.numpy(),
         tokens=tokens,
         input_flows=input_flows.numpy(),
@@ -588,8 +592,6 @@ def build_graph(
         pair_flows=by_pair,
         counterfactual=counterfactual,
         settings=settings,
-        m_prompt=m_prompt,
-        m_base=m_base,
-        completeness_error=completeness,
-        conservation_error=float((inflow - outflow)[1:].abs().max()),
+        m_prompt=float(totals.m[-1]),
+        m_base=float(totals.m[0]),
     )

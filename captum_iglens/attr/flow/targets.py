@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from captum_iglens.flow_options import TARGETS
+from captum_iglens.attr.flow.options import TARGETS
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class FlowTarget:
     The target ``m`` of the flow.
 
     Args:
-        kind (str): One of :data:`~captum_iglens.flow_options.TARGETS`.
+        kind (str): One of :data:`~captum_iglens.attr.flow.options.TARGETS`.
         token (int): The token ``y``.
         position (int): The position ``t`` whose logits are read (non-negative).
         foil (int, optional): The foil token, for the differences. Default: None

@@ -5,7 +5,7 @@ the facts and corruptions of a restoration study (``ig_lens_flow``).
 For each fact and corruption the flow runs the whole model from the corrupted
 prompt to the prompt (:class:`~captum_iglens.attr.flow.ProbabilityFlow`, exact
 estimator). The flow that crosses the residual stream at one depth adds up to
-``Δp`` over the positions (:meth:`~captum_iglens.flow_graph.FlowGraph.crossings`),
+``Δp`` over the positions (:meth:`~captum_iglens.attr.flow.graph.FlowGraph.crossings`),
 so the share of ``Δp`` that crossed the attributed position's state after
 block ``L`` is an exact quantity of the graph: the integrated counterpart of
 restoring that state, which is what the study's causal tracing does. Its onset
@@ -33,7 +33,7 @@ from torch.nn import Module
 from captum_iglens._utils.tokens import decode_tokens
 from captum_iglens.attr.flow import DEFAULT_STEPS, ProbabilityFlow
 from captum_iglens.attr.flow.subject_start import noised_start
-from captum_iglens.flow_graph import FlowGraph
+from captum_iglens.attr.flow.graph import FlowGraph
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.studies.validation.restoration_study import (
     counterfactual_subjects,

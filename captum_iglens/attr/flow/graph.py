@@ -1,21 +1,24 @@
 r"""
-:class:`FlowGraph`, the result of the probability flow: edges between the
-model's nodes whose flows add up exactly to the change of the target, with
-:data:`FLOW_SCHEMA`, the declaration its files are loaded with.
+:class:`FlowGraph`, the result of the probability flow: the edges of the
+model's :class:`~captum_iglens.graph.model_graph.ModelGraph` with flows that
+add up exactly to the change of the target, and :data:`FLOW_SCHEMA`, the
+declaration its files are loaded with.
 
-Node and edge names follow EAP-IG and MIB (:mod:`captum_iglens.attr.flow.nodes`):
-``input``, ``a{l}.h{h}``, ``m{l}``, ``logits``; an edge is
-``"{sender}->{receiver}"``, with a head's reads ``a{l}.h{h}<q>``, ``<k>``,
-``<v>`` as receivers where queries, keys and values were asked separately.
-:meth:`FlowGraph.edge_scores` gives the plain ``{edge: flow}`` dictionary that
-circuit tools score.
+A file holds the graph's configuration (``cfg``) and one flow per edge of the
+graph that configuration implies, in its order; node and edge names are
+derived from it, never stored or parsed. A circuit is an ``in_graph`` mask
+over those edges (:meth:`FlowGraph.prune`). On load, the flows are checked
+against each other: with the exact estimator they must add up to ``Δm`` and
+be conserved at every node; the errors shown are recomputed, never read.
+:meth:`FlowGraph.to_eap_json` writes EAP-IG's and MIB's graph file.
 """
 
 import csv
 import io
+import json
 import math
-import re
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -24,6 +27,7 @@ import numpy as np
 from captum_iglens._utils.schema import (
     Array,
     Either,
+    Flag,
     Integer,
     Json,
     ListOf,
@@ -39,14 +43,26 @@ from captum_iglens._utils.serialization import (
     plain,
     write_atomic,
 )
+from captum_iglens.graph.eap_json import eap_document
+from captum_iglens.graph.model_graph import ModelGraph, model_graph
 from captum_iglens.viewer import Viewable
 from captum_iglens.viewer._graph import graph_page
 
-#: What a :class:`FlowGraph` holds: ``N`` nodes, ``E`` edges, ``T`` positions.
+#: The configuration a graph's nodes and edges are derived from (EAP-IG's
+#: ``cfg``, with the key/value heads and whether a head's reads are separate).
+GRAPH_CFG = Record(
+    n_layers=Integer(low=1),
+    n_heads=Integer(low=1),
+    n_kv_heads=Maybe(Integer(low=1)),
+    d_model=Integer(low=1),
+    qkv=Flag(),
+    parallel_attn_mlp=Flag(),
+)
+#: What a :class:`FlowGraph` holds: ``E`` edges, ``T`` positions.
 FLOW_SCHEMA = Record(
-    nodes=Texts("N", nonempty=True),
-    edges=Texts("E"),
+    cfg=GRAPH_CFG,
     flows=Array("float", "E", numpy=True),
+    in_graph=Maybe(Array("bool", "E", numpy=True)),
     tokens=Texts("T", nonempty=True),
     input_flows=Array("float", "T", numpy=True),
     position_flows=Maybe(Array("float", "E", "T", numpy=True)),
@@ -66,11 +82,17 @@ FLOW_SCHEMA = Record(
     settings=Json(),
     m_prompt=Number(),
     m_base=Number(),
-    completeness_error=Number(low=0),
-    conservation_error=Number(low=0),
 )
 #: The ways :meth:`FlowGraph.prune` keeps edges.
 PRUNE_BY = ("share", "top")
+#: The estimators whose flows add up exactly, checked on load.
+EXACT_METHODS = ("prediction_aware",)
+#: How far an exact graph's sums may be from their totals, relative to the
+#: flows' magnitude (float64 rounding over tens of thousands of edges).
+EXACT_RTOL = 1e-9
+#: The same for the plain first-order terms, float32 products summed per
+#: position and over positions.
+PLAIN_RTOL = 1e-5
 
 #: The columns of :meth:`FlowGraph.to_csv`'s tables.
 _EDGE_COLUMNS = ("edge", "sender", "receiver", "flow", "share")
@@ -84,57 +106,51 @@ _PAIR_COLUMNS = (
 )
 
 
-def edge_ends(edge: str) -> Tuple[str, str]:
-    r"""The sender and receiver *nodes* of an edge name (a head's read,
-    ``a0.h1<q>``, is the head ``a0.h1``); a name with another ``->`` keeps it
-    in its receiver, which is then no node."""
-    sender, _, receiver = edge.partition("->")
-    return sender, receiver.partition("<")[0]
-
-
-_BLOCK_NODE = re.compile(r"^(a|m)(\d+)(\.h\d+)?$")
-
-
-def node_depth(node: str) -> float:
-    r"""
-    Where a node sits in the residual stream: ``input`` 0, the heads of block
-    ``l`` ``2l + 1``, its MLP ``2l + 2``, ``logits`` infinity. A node reads what
-    the nodes of smaller depth wrote; the stream after block ``l`` lies between
-    depths ``2l + 2`` and ``2l + 3``.
-
-    Raises:
-        ValueError: For a name that is not a flow graph's node.
-    """
-    if node in ("input", "logits"):
-        return 0.0 if node == "input" else math.inf
-    found = _BLOCK_NODE.match(node)
-    if found is None or (found.group(1) == "a") != bool(found.group(3)):
-        raise ValueError(f"nodes: {node!r} is not a node of a flow graph")
-    layer = int(found.group(2))
-    return 2.0 * layer + (1 if found.group(1) == "a" else 2)
+def graph_of(cfg: Dict[str, Any]) -> ModelGraph:
+    """The :class:`ModelGraph` a graph configuration (:data:`GRAPH_CFG`) implies."""
+    return model_graph(
+        cfg["n_layers"],
+        cfg["n_heads"],
+        cfg["qkv"],
+        cfg.get("n_kv_heads"),
+        cfg["parallel_attn_mlp"],
+    )
 
 
 @dataclass
 class FlowGraph(JsonDocument, Viewable):
     r"""
-    A probability-flow graph: what each edge carried of the change of the
-    target ``Δm = m(prompt) − m(base)``.
+    A probability-flow graph: what each edge of the model's graph carried of
+    the change of the target ``Δm = m(prompt) − m(base)``.
 
     The flows into ``logits`` add up to ``Δm`` and, at every other node but
     ``input``, the flows in add up to the flows out (with the exact estimator,
-    to float rounding: ``completeness_error``, ``conservation_error``).
+    to float rounding: :attr:`completeness_error`,
+    :attr:`conservation_error`, recomputed from the flows, never stored).
     The flows out of ``input`` are Integrated Gradients on the embeddings,
     per position in ``input_flows``. ``to_html`` writes the viewer's graph
     page (Jupyter shows it inline).
 
     Args:
-        nodes (list[str]): ``N`` node names, ``input`` first, ``logits`` last.
-        edges (list[str]): ``E`` edge names ``"{sender}->{receiver}"``.
+        cfg (dict): The graph's configuration: ``n_layers``, ``n_heads``,
+                    ``n_kv_heads`` (or None), ``d_model``, ``qkv`` and
+                    ``parallel_attn_mlp``; its nodes and ``E`` edges are those
+                    of :attr:`graph`.
         flows (ndarray): ``(E,)`` float64: each edge's flow, summed over
-                    positions.
+                    positions, in the graph's edge order.
         tokens (list[str]): ``T`` prompt tokens (text, or ids as text).
         input_flows (ndarray): ``(T,)`` float64: the flow out of ``input``
                     at each position.
+        counterfactual (dict): The path's start: ``kind`` (``"prompt"``,
+                    ``"subject_noise"``, ``"pad"``, ``"mean"`` or
+                    ``"tensor"``); for a prompt its ``tokens``, for a noised
+                    subject its ``subject``, ``positions``, ``noise_scale``,
+                    ``noise_std`` and ``seed``.
+        settings (dict): ``method``, ``n_steps``, ``target_kind``,
+                    ``target``, ``foil``, ``position``, ``model`` (and
+                    ``pruned``, on a pruned graph).
+        m_prompt (float): ``m`` on the prompt.
+        m_base (float): ``m`` at the path's start.
         position_flows (ndarray, optional): ``(E, T)`` float64: each edge's
                     flow by the position where its sender wrote it (where
                     asked). Default: None
@@ -144,26 +160,13 @@ class FlowGraph(JsonDocument, Viewable):
                     (a head at ``t`` reads every ``s ≤ t``, an MLP its own
                     position, ``logits`` the attributed one); it adds up over
                     ``t`` to ``position_flows`` (where asked). Default: None
-        counterfactual (dict): The path's start: ``kind`` (``"prompt"``,
-                    ``"subject_noise"``, ``"pad"``, ``"mean"`` or
-                    ``"tensor"``); for a prompt its ``tokens``, for a noised
-                    subject its ``subject``, ``positions``, ``noise_scale``,
-                    ``noise_std`` and ``seed``.
-        settings (dict): ``method``, ``n_steps``, ``qkv``, ``target_kind``,
-                    ``target``, ``foil``, ``position``, ``model`` (and
-                    ``pruned``, on a pruned graph).
-        m_prompt (float): ``m`` on the prompt.
-        m_base (float): ``m`` at the path's start.
-        completeness_error (float): ``|Σ_u F(u→logits) − Δm|`` of the whole
-                    graph.
-        conservation_error (float): The largest ``|inflow − outflow|`` over
-                    the nodes of the whole graph.
+        in_graph (ndarray, optional): ``(E,)`` bool: the circuit, the edges
+                    kept by :meth:`prune`. Default: None (every edge)
     """
 
     KIND = "flow_graph"
 
-    nodes: List[str]
-    edges: List[str]
+    cfg: Dict[str, Any]
     flows: np.ndarray
     tokens: List[str]
     input_flows: np.ndarray
@@ -171,48 +174,114 @@ class FlowGraph(JsonDocument, Viewable):
     settings: Dict[str, Any]
     m_prompt: float
     m_base: float
-    completeness_error: float
-    conservation_error: float
     position_flows: Optional[np.ndarray] = None
     pair_flows: Optional[np.ndarray] = None
+    in_graph: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         FLOW_SCHEMA.check({f.name: getattr(self, f.name) for f in fields(self)})
-        known = set(self.nodes)
-        for edge in self.edges:
-            sender, receiver = edge_ends(edge)
-            if sender not in known or receiver not in known:
-                raise ValueError(f"edges: {edge!r} does not join two of the nodes")
-        if self.pair_flows is not None:
-            self._check_pairs(self.pair_flows, self.position_flows)
+        if len(self.flows) != self.graph.n_edges:
+            raise ValueError(
+                f"flows: {len(self.flows)} edges, but the graph of cfg "
+                f"({self.graph.describe()}) has {self.graph.n_edges}"
+            )
+        position = self.settings.get("position")
+        if position is not None and not (
+            isinstance(position, int) and 0 <= position < len(self.tokens)
+        ):
+            raise ValueError(
+                f"settings.position: expected an int in [0, {len(self.tokens)}), "
+                f"got {position!r}"
+            )
+        self._check_sums()
 
-    @staticmethod
-    def _check_pairs(pairs: np.ndarray, by_sender: Optional[np.ndarray]) -> None:
-        """The flows by position pair add up to the flows by sender position."""
-        if by_sender is None:
-            raise ValueError(
-                "pair_flows: given without position_flows, which they add up to"
+    def _check_sums(self) -> None:
+        """The flows against each other: by position against the totals, and
+        with an exact estimator, completeness and conservation."""
+        exact = self.settings.get("method") in EXACT_METHODS
+        # the plain terms are the model's float32 products, summed two ways
+        scale = float(np.abs(self.flows).sum()) + abs(self.delta_m) + 1e-300
+        scale *= EXACT_RTOL if exact else PLAIN_RTOL
+        if self.position_flows is not None:
+            _close("position_flows", self.position_flows.sum(-1), self.flows, scale)
+        if self.pair_flows is not None:
+            if self.position_flows is None:
+                raise ValueError(
+                    "pair_flows: given without position_flows, which they add up to"
+                )
+            _close(
+                "pair_flows", self.pair_flows.sum(-1), self.position_flows, scale
             )
-        gap = float(np.abs(pairs.sum(-1) - by_sender).max(initial=0.0))
-        scale = float(np.abs(by_sender).max(initial=0.0))
-        if gap > 1e-9 * max(scale, 1e-12):
+        out_of_input = self.flows[self.graph.edge_senders == 0].sum()
+        _close("input_flows", self.input_flows.sum(), out_of_input, scale)
+        if not exact:
+            return
+        worst = max(self.completeness_error, self.conservation_error)
+        if worst > scale:
             raise ValueError(
-                f"pair_flows: they add up over the receiver's positions to "
-                f"position_flows only within {gap:.3g}; the file is inconsistent"
+                f"flows: an exact graph's flows miss Δm or conservation by "
+                f"{worst:.3g} (completeness {self.completeness_error:.3g}, "
+                f"conservation {self.conservation_error:.3g}); the file is "
+                "inconsistent"
             )
+
+    # ---------------------------------------------------------- the graph
+
+    @property
+    def graph(self) -> ModelGraph:
+        """The :class:`ModelGraph` of :attr:`cfg`."""
+        return graph_of(self.cfg)
+
+    @property
+    def nodes(self) -> List[str]:
+        """``N`` node names, ``input`` first, ``logits`` last."""
+        return self.graph.nodes
+
+    @property
+    def edges(self) -> List[str]:
+        """``E`` edge names, in the order of :attr:`flows`."""
+        return self.graph.edges
+
+    @property
+    def kept(self) -> np.ndarray:
+        """The indices of the edges in the circuit (every edge, unpruned)."""
+        if self.in_graph is None:
+            return np.arange(len(self.flows))
+        return np.flatnonzero(self.in_graph)
 
     @property
     def delta_m(self) -> float:
         """``Δm = m_prompt − m_base``."""
         return self.m_prompt - self.m_base
 
+    @cached_property
+    def _node_sums(self) -> Tuple[np.ndarray, np.ndarray]:
+        """Per node, the inflow and the outflow over every edge."""
+        graph, n = self.graph, len(self.graph.nodes)
+        receiver = graph.receiver_node[graph.edge_receivers]
+        into = np.bincount(receiver, weights=self.flows, minlength=n)
+        out = np.bincount(graph.edge_senders, weights=self.flows, minlength=n)
+        return into, out
+
+    @property
+    def completeness_error(self) -> float:
+        """``|Σ_u F(u→logits) − Δm|`` over every edge."""
+        return abs(float(self._node_sums[0][-1]) - self.delta_m)
+
+    @property
+    def conservation_error(self) -> float:
+        """The largest ``|inflow − outflow|`` over the nodes but ``input``
+        and ``logits``, over every edge."""
+        into, out = self._node_sums
+        return float(np.abs(into - out)[1:-1].max(initial=0.0))
+
     # ------------------------------------------------------------- plain data
 
     def edge_scores(self) -> Dict[str, float]:
         r"""
-        The flow of each edge, summed over positions, keyed by its EAP-IG/MIB
-        name: the plain dictionary a circuit harness ranks and patches
-        (``|F|`` ranks edges as EAP-IG's scores do).
+        The flow of each kept edge, summed over positions, keyed by its
+        EAP-IG/MIB name: the plain dictionary a circuit harness ranks and
+        patches (``|F|`` ranks edges as EAP-IG's scores do).
 
         Returns:
             *dict[str, float]*: ``{"{sender}->{receiver}": flow}``.
@@ -222,42 +291,44 @@ class FlowGraph(JsonDocument, Viewable):
             >>> scores = graph.edge_scores()
             >>> scores["a3.h1->logits"], scores["input->a0.h2<v>"]
         """
-        return {edge: float(flow) for edge, flow in zip(self.edges, self.flows)}
+        edges = self.edges
+        return {edges[i]: float(self.flows[i]) for i in self.kept}
 
     def node_flows(self) -> Dict[str, Tuple[float, float]]:
         r"""
         Returns:
             *dict[str, tuple[float, float]]*: per node, its inflow and outflow
-            over this graph's edges.
+            over the kept edges.
         """
-        into = {node: 0.0 for node in self.nodes}
-        out = dict(into)
-        for edge, flow in zip(self.edges, self.flows):
-            sender, receiver = edge_ends(edge)
-            out[sender] += float(flow)
-            into[receiver] += float(flow)
-        return {node: (into[node], out[node]) for node in self.nodes}
+        graph, kept = self.graph, self.kept
+        n, flows = len(graph.nodes), self.flows[kept]
+        receiver = graph.receiver_node[graph.edge_receivers[kept]]
+        into = np.bincount(receiver, weights=flows, minlength=n)
+        out = np.bincount(graph.edge_senders[kept], weights=flows, minlength=n)
+        return {
+            node: (float(into[i]), float(out[i])) for i, node in enumerate(graph.nodes)
+        }
 
     def edges_table(self) -> List[Dict[str, Any]]:
         r"""
-        One row per edge, largest ``|flow|`` first: ``edge``, ``sender``,
+        One row per kept edge, largest ``|flow|`` first: ``edge``, ``sender``,
         ``receiver`` (the receiving node or head read), ``flow`` and
-        ``share`` (of the graph's total ``|flow|``).
+        ``share`` (of the kept edges' total ``|flow|``).
 
         Returns:
             *list[dict]*.
         """
-        total = float(np.abs(self.flows).sum()) or 1.0
-        order = np.argsort(-np.abs(self.flows), kind="stable")
+        graph, kept = self.graph, self.kept
+        flows = self.flows[kept]
+        total = float(np.abs(flows).sum()) or 1.0
         rows = []
-        for i in order:
-            sender, receiver = self.edges[i].split("->")
+        for i in kept[np.argsort(-np.abs(flows), kind="stable")]:
             flow = float(self.flows[i])
             rows.append(
                 dict(
-                    edge=self.edges[i],
-                    sender=sender,
-                    receiver=receiver,
+                    edge=graph.edges[i],
+                    sender=graph.senders[graph.edge_senders[i]],
+                    receiver=graph.receivers[graph.edge_receivers[i]],
                     flow=flow,
                     share=abs(flow) / total,
                 )
@@ -292,18 +363,21 @@ class FlowGraph(JsonDocument, Viewable):
                 "pair_flows: this graph has none; build it with "
                 "receiver_positions=True (CLI: --receiver-positions)"
             )
-        flat = self.pair_flows.reshape(-1)
+        kept = self.kept
+        pairs = self.pair_flows[kept]
+        flat = pairs.reshape(-1)
         order = np.argsort(-np.abs(flat), kind="stable")
         order = order[flat[order] != 0][:top]
-        edge, sender, receiver = np.unravel_index(order, self.pair_flows.shape)
+        edge, sender, receiver = np.unravel_index(order, pairs.shape)
+        edges = self.edges
         return [
             dict(
-                edge=self.edges[e],
+                edge=edges[kept[e]],
                 sender_position=int(s),
                 receiver_position=int(t),
                 sender_token=self.tokens[s],
                 receiver_token=self.tokens[t],
-                flow=float(self.pair_flows[e, s, t]),
+                flow=float(pairs[e, s, t]),
             )
             for e, s, t in zip(edge, sender, receiver)
         ]
@@ -373,32 +447,32 @@ class FlowGraph(JsonDocument, Viewable):
                 "position_flows: this graph has none; build it with "
                 "per_position=True (CLI: --per-position)"
             )
-        ends = [edge_ends(edge) for edge in self.edges]
-        sender = np.array([node_depth(s) for s, _ in ends])
-        receiver = np.array([node_depth(r) for _, r in ends])
-        blocks = [node_depth(n) for n in self.nodes if n.startswith("m")]
-        cuts = np.array([0.0] + sorted(blocks))[:, None]  # (L + 1, 1)
+        graph, kept = self.graph, self.kept
+        sender = graph.node_depth[graph.edge_senders[kept]]
+        receiver = graph.node_depth[graph.receiver_node[graph.edge_receivers[kept]]]
+        blocks = graph.node_depth[[graph.node_index[f"m{i}"] for i in range(graph.n_layers)]]
+        cuts = np.concatenate([[0.0], np.sort(blocks)])[:, None]  # (L + 1, 1)
         crossing = (sender[None] <= cuts) & (receiver[None] > cuts)  # (L + 1, E)
-        return crossing.astype(np.float64) @ self.position_flows
+        return crossing.astype(np.float64) @ self.position_flows[kept]
 
     # ---------------------------------------------------------------- pruning
 
     def prune(self, keep: float, by: str = "share") -> "FlowGraph":
         r"""
-        The graph with fewer edges.
+        The circuit of the edges with the largest ``|flow|``: the same graph
+        (its arrays shared, not copied) with an ``in_graph`` mask.
 
         Args:
             keep (float): With ``by="share"``, the share of the total ``|flow|``
                     to keep, in ``(0, 1]``: the smallest set of edges (the
-                    largest ``|flow|`` first) that carries it. With
-                    ``by="top"``, the percentage of edges to keep, in
-                    ``(0, 100]`` (at least one edge).
+                    largest ``|flow|`` first, ties in the graph's order) that
+                    carries it. With ``by="top"``, the percentage of edges to
+                    keep, in ``(0, 100]`` (at least one edge).
             by (str, optional): ``"share"`` or ``"top"``. Default: ``"share"``
 
         Returns:
-            *FlowGraph*: the kept edges (and their nodes' names unchanged);
-            ``settings["pruned"]`` records ``keep`` and ``by``. The error fields
-            stay those of the whole graph.
+            *FlowGraph*: with ``in_graph`` set; ``settings["pruned"]`` records
+            ``keep`` and ``by``. The errors stay those of the whole graph.
 
         Raises:
             ValueError: If ``by`` is unknown or ``keep`` out of its range.
@@ -421,24 +495,40 @@ class FlowGraph(JsonDocument, Viewable):
         else:
             carried = np.cumsum(magnitude[order])
             count = int(np.searchsorted(carried, keep * carried[-1] * (1 - 1e-12))) + 1
-        kept = np.sort(order[: min(count, len(order))])
+        mask = np.zeros(len(order), dtype=bool)
+        mask[order[: min(count, len(order))]] = True
         return replace(
             self,
-            edges=[self.edges[i] for i in kept],
-            flows=self.flows[kept],
-            position_flows=None
-            if self.position_flows is None
-            else self.position_flows[kept],
-            pair_flows=None if self.pair_flows is None else self.pair_flows[kept],
+            in_graph=mask,
             settings={**self.settings, "pruned": {"keep": keep, "by": by}},
         )
+
+    def to_eap_json(self, path: Union[str, Path]) -> None:
+        r"""
+        Writes the graph as EAP-IG's graph file (:mod:`~captum_iglens.graph.eap_json`),
+        atomically: each edge's flow as its ``score``, the circuit (or every
+        edge) as ``in_graph``. MIB's circuit evaluation and EAP-IG's
+        ``Graph.from_json`` read it.
+
+        Args:
+            path (str or Path): The file to write.
+
+        Raises:
+            ValueError: If the graph's queries, keys and values are not
+                separate receivers (EAP-IG's always are).
+        """
+        path = check_writable(path, "path")
+        document = eap_document(
+            self.graph, self.cfg["d_model"], self.flows, self.in_graph
+        )
+        write_atomic(path, json.dumps(document, allow_nan=False))
 
     # ------------------------------------------------------------------- files
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dictionary of every field."""
         values = {f.name: plain(getattr(self, f.name)) for f in fields(self)}
-        for name in ("position_flows", "pair_flows"):
+        for name in ("position_flows", "pair_flows", "in_graph"):
             if values[name] is None:
                 del values[name]
         return FLOW_SCHEMA.dump(values)
@@ -480,15 +570,24 @@ class FlowGraph(JsonDocument, Viewable):
                 f"{'edge, by position (sender@s -> receiver@t)':<44} {'flow':>12}"
             )
             for row in self.pairs_table(top):
-                sender, receiver = row["edge"].split("->")
-                where = (
-                    f"{sender}@{row['sender_position']}"
-                    f"->{receiver}@{row['receiver_position']}"
-                )
+                at = f"@{row['sender_position']}->"
+                where = row["edge"].replace("->", at, 1)
+                where += f"@{row['receiver_position']}"
                 lines.append(f"{where:<44} {row['flow']:>+12.4e}")
         lines.append(
             f"completeness: |Σ F(u->logits) - Δm| = {self.completeness_error:.2e}; "
             f"worst conservation error: {self.conservation_error:.2e} "
-            f"({len(self.edges)} edges)"
+            f"({len(self.kept)} of {len(self.flows)} edges)"
         )
         return "\n".join(lines)
+
+
+def _close(name: str, found: np.ndarray, expected: np.ndarray, scale: float) -> None:
+    """Refuses ``name`` where its sums ``found`` miss ``expected`` by more
+    than ``scale``."""
+    gap = float(np.abs(np.asarray(found) - expected).max(initial=0.0))
+    if gap > scale:
+        raise ValueError(
+            f"{name}: its sums miss the flows they add up to by {gap:.3g}; the "
+            "file is inconsistent"
+        )
