@@ -7,7 +7,7 @@ import json
 import pytest
 
 from captum_iglens.cli import main
-from captum_iglens.flow_graph import FlowGraph
+from captum_iglens.attr.flow.graph import FlowGraph
 from tests.viewer.test_html import page_data
 
 PROMPT = "The capital of France is"

@@ -63,3 +63,21 @@ def test_embeddings_outflows_are_captum_lig(embedded_model):
     assert expected.abs().max() > 1e-3
     got = torch.from_numpy(graph.input_flows)
     assert (got - expected).abs().max() <= 1e-5
+
+
+def test_smollm2_graph_as_eap_igs_file(default_model, tmp_path):
+    """SmolLM2's 9 query heads over 3 key/value heads: EAP-IG's graph has a
+    ``<k>`` and ``<v>`` read per query head (MIB's 123,211 edges), each query
+    head's own read of its group's keys and values."""
+    from tests.test_eap_json import read_like_eap_ig
+
+    model, tokenizer = default_model
+    graph = ProbabilityFlow(model, tokenizer).attribute(
+        PROMPT, counterfactual=OTHER, target=" Paris", n_steps=1, qkv=True
+    )
+    assert graph.cfg["n_kv_heads"] == 3 and graph.cfg["n_heads"] == 9
+    graph.to_eap_json(tmp_path / "g.json")
+    data = read_like_eap_ig(tmp_path / "g.json")
+    assert len(data["edges"]) == 123_211
+    assert {n: e["score"] for n, e in data["edges"].items()} == graph.edge_scores()
+    assert all(e["in_graph"] for e in data["edges"].values())

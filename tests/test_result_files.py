@@ -10,7 +10,7 @@ import torch
 
 from captum_iglens import IGLensResult
 from captum_iglens.circuits.study import CircuitsResult
-from captum_iglens.flow_graph import FlowGraph
+from captum_iglens.attr.flow.graph import FlowGraph
 from captum_iglens._utils.serialization import JsonDocument
 from captum_iglens.studies.comparison import ComparisonResult, compare
 from captum_iglens.studies.validation import (

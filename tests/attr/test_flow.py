@@ -10,8 +10,7 @@ from captum.attr import LayerIntegratedGradients
 
 from captum_iglens.attr.flow import DEFAULT_STEPS, ProbabilityFlow
 from captum_iglens.attr.flow.capture import run_points
-from captum_iglens.attr.flow.engine import first_block_inputs
-from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.attr.flow.engine import first_block_inputs, flow_graph_of
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.hf.architectures import model_parts
 from tests.helpers import hook_snapshot
@@ -130,7 +129,7 @@ def test_writes_rebuild_the_residual_stream(models, family):
             model(IDS)
     finally:
         handle.remove()
-    layout = FlowLayout(len(parts.blocks), parts.n_heads)
+    layout = flow_graph_of(parts, qkv=False)
     state = run_points(
         parts, IDS, first_block_inputs(parts, IDS), FlowTarget("prob", 3, 6), layout
     )

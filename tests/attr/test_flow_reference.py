@@ -13,7 +13,8 @@ import torch
 
 from captum_iglens.attr.flow import ProbabilityFlow
 from captum_iglens.attr.flow.estimator import StepTerms, allocate, exact_step
-from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.attr.flow.reads import allowed
+from captum_iglens.graph.model_graph import model_graph
 
 IDS = torch.tensor([[1, 5, 9, 17, 33, 7]])
 OTHER = torch.tensor([[1, 5, 10, 18, 33, 7]])
@@ -293,10 +294,10 @@ def test_exact_step_by_hand():
     (0.125, 0.25, 0.125). m0 sends 0.125 and splits it over its terms
     (input 0.3, a0.h0 0.2): (0.075, 0.05). a0.h0 sends 0.25 + 0.05 = 0.3 and
     takes it all from input."""
-    layout = FlowLayout(n_layers=1, n_heads=1)
+    layout = model_graph(n_layers=1, n_heads=1, qkv=False)
     edges = torch.tensor([[0.7, 0.0, 0.0], [0.3, 0.2, 0.0]], dtype=torch.float64)
     direct = torch.tensor([[0.1], [0.2], [0.1]], dtype=torch.float64)
-    flows, out = exact_step(StepTerms(edges, direct, 0.5), layout, layout.allowed())
+    flows, out = exact_step(StepTerms(edges, direct, 0.5), layout, allowed(layout))
     assert out[:, 0].tolist() == pytest.approx([0.125, 0.25, 0.125], abs=1e-15)
     assert flows[1].tolist() == pytest.approx([0.075, 0.05, 0.0], abs=1e-15)
     assert flows[0].tolist() == pytest.approx([0.3, 0.0, 0.0], abs=1e-15)

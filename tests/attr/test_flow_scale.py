@@ -11,7 +11,7 @@ from captum_iglens.attr.subject_noise import NOISE_SCALE, noise_draw
 from captum_iglens.attr.flow import ProbabilityFlow
 from captum_iglens.attr.flow.budget import point_bytes, points_at_once
 from captum_iglens.attr.flow.engine import first_block_inputs
-from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.graph.model_graph import model_graph
 from captum_iglens.attr.flow.subject_start import noised_start, subject_positions
 from captum_iglens.studies.validation.options import StudyOptions
 from tests.tiny_models import tiny_model, tiny_tokenizer
@@ -44,11 +44,11 @@ def test_points_at_once_from_the_budget():
 
 def test_point_bytes_grow_with_the_prompt(llama):
     parts = ProbabilityFlow(llama).parts
-    layout = FlowLayout(len(parts.blocks), 4, qkv=True)
+    layout = model_graph(len(parts.blocks), 4, qkv=True)
     short, long = point_bytes(parts, layout, 10), point_bytes(parts, layout, 1000)
     assert long > 100 * short  # the attention's T × T arrays: faster than T
     # by receiver position, every receiver's gradient is kept T times
-    receivers = len(layout.receivers()) * 10 * llama.config.hidden_size * 4
+    receivers = (len(layout.receivers) - 1) * 10 * llama.config.hidden_size * 4
     paired = point_bytes(parts, layout, 10, pairs=True)
     assert paired >= short + 9 * receivers
 

@@ -112,7 +112,7 @@ def test_scores_are_the_public_flow_graphs_edges_averaged(pairs, scorer, method)
 
 def test_flow_takes_a_step_count_defaulting_to_the_flows():
     from captum_iglens.circuits.study import parse_method
-    from captum_iglens.flow_options import DEFAULT_STEPS
+    from captum_iglens.attr.flow.options import DEFAULT_STEPS
 
     assert parse_method("flow")["steps"] == DEFAULT_STEPS == STEPS["flow"]
     assert parse_method("flow:4")["steps"] == 4

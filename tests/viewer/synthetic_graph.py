@@ -7,7 +7,7 @@ from typing import List
 
 import numpy as np
 
-from captum_iglens.flow_graph import FlowGraph
+from captum_iglens.attr.flow.graph import FlowGraph
 
 
 def _edges(layers: int, heads: int, qkv: bool) -> List[str]:

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from captum_iglens.flow_graph import edge_ends
+from captum_iglens.attr.flow.graph import edge_ends
 from captum_iglens.viewer._graph import MAX_DRAWN
 from tests.viewer.conftest import HOSTILE, NEEDS_CHROMIUM
 from tests.viewer.synthetic_graph import synthetic_graph
