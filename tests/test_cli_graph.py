@@ -28,6 +28,7 @@ def _no_model(*args, **kwargs):
         (["--json", "/no/such/folder/g.json"], "--json: the folder /no/such/folder"),
         (["--json", "same.json", "--csv", "same.json"], "--csv: the same path as"),
         (["--pairs-csv", "p.csv"], "--pairs-csv: needs --receiver-positions"),
+        (["--eap-json", "g.json"], "--eap-json: EAP-IG's graph has separate query"),
         (
             ["--receiver-positions", "--pairs-csv", "/no/such/folder/p.csv"],
             "--pairs-csv: the folder /no/such/folder",
@@ -87,7 +88,7 @@ def test_argument_types_refused(monkeypatch, capsys, extra):
 
 @pytest.mark.real_model
 def test_graph_writes_json_csv_html(tmp_path, capsys):
-    out = [tmp_path / name for name in ("g.json", "g.csv", "g.html")]
+    out = [tmp_path / name for name in ("g.json", "g.csv", "g.html", "eap.json")]
     status = main(
         [
             "graph",
@@ -97,6 +98,7 @@ def test_graph_writes_json_csv_html(tmp_path, capsys):
             "--n-steps",
             "1",
             "--quiet",
+            "--qkv",
             "--keep",
             "0.9",
             "--json",
@@ -105,6 +107,8 @@ def test_graph_writes_json_csv_html(tmp_path, capsys):
             str(out[1]),
             "--html",
             str(out[2]),
+            "--eap-json",
+            str(out[3]),
         ]
     )
     assert status == 0
@@ -116,8 +120,12 @@ def test_graph_writes_json_csv_html(tmp_path, capsys):
     assert graph.completeness_error <= 1e-6 and graph.conservation_error <= 1e-6
     assert out[1].read_text().splitlines()[0] == "edge,sender,receiver,flow,share"
     page = page_data(out[2].read_text())
-    assert page["kind"] == "graph" and len(page["edges"]["flow"]) == len(graph.edges)
+    kept = graph.edge_scores()
+    assert page["kind"] == "graph" and len(page["edges"]["flow"]) == len(kept)
     assert json.loads(out[0].read_text())["kind"] == "flow_graph"
+    eap = json.loads(out[3].read_text())["edges"]
+    assert {name for name, edge in eap.items() if edge["in_graph"]} == set(kept)
+    assert len(eap) == len(graph.edges) == 123_211
 
 
 @pytest.mark.real_model

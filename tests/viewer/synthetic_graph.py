@@ -1,27 +1,31 @@
 """A synthetic probability-flow graph for the viewer's graph page: every edge a
-model of ``L`` blocks and ``H`` heads has (the receivers of
-:mod:`captum_iglens.attr.flow.nodes`), heavy-tailed random flows, made without a
-model, of any size."""
-
-from typing import List
+model of ``L`` blocks and ``H`` heads has, heavy-tailed random flows made
+without a model, of any size, that add up as a real graph's do (each node's
+outflow split among its out-edges)."""
 
 import numpy as np
 
 from captum_iglens.attr.flow.graph import FlowGraph
+from captum_iglens.graph.model_graph import model_graph
 
 
-def _edges(layers: int, heads: int, qkv: bool) -> List[str]:
-    """Each sender feeds every receiver after it: a block's heads read what was
-    written before the block, its MLP also the block's heads, logits all."""
-    written, edges = ["input"], []
-    reads = ["<q>", "<k>", "<v>"] if qkv else [""]
-    for layer in range(layers):
-        block = [f"a{layer}.h{h}" for h in range(heads)]
-        edges += [f"{s}->{r}{x}" for r in block for x in reads for s in written]
-        written += block
-        edges += [f"{s}->m{layer}" for s in written]
-        written.append(f"m{layer}")
-    return edges + [f"{s}->logits" for s in written]
+def _conserved(raw: np.ndarray, graph) -> np.ndarray:
+    """Flows from ``raw`` that are conserved at every node: from the last
+    node back, each node's inflow is its outflow (so ``raw`` only sets how it
+    is shared)."""
+    flows = raw.copy()
+    node_of = graph.receiver_node[graph.edge_receivers]
+    for node in range(len(graph.nodes) - 2, 0, -1):
+        out = flows[graph.edge_senders == node].sum()
+        into = node_of == node
+        flows[into] *= out / flows[into].sum()
+    return flows
+
+
+def tied(graph) -> np.ndarray:
+    """The two edges whose ``|flow|`` is one: the first two into ``logits``
+    (which no conservation rescales)."""
+    return np.flatnonzero(graph.edge_receivers == len(graph.receivers) - 1)[:2]
 
 
 def synthetic_graph(
@@ -29,35 +33,41 @@ def synthetic_graph(
 ) -> FlowGraph:
     r"""
     A graph with every edge of a ``layers`` x ``heads`` model and random
-    flows of both signs over several orders of magnitude; two edges share
-    one ``|flow|`` (a tie ``prune`` breaks by the graph's order).
+    flows over several orders of magnitude, conserved at every node; two
+    edges share one ``|flow|`` (:func:`tied`; ``prune`` breaks the tie by the
+    graph's order).
     """
     rng = np.random.default_rng(seed)
-    nodes = ["input"]
-    for layer in range(layers):
-        nodes += [f"a{layer}.h{h}" for h in range(heads)] + [f"m{layer}"]
-    edges = _edges(layers, heads, qkv)
-    size = len(edges)
-    flows = rng.standard_normal(size) * np.exp(2 * rng.standard_normal(size))
-    flows[1] = -flows[0]
+    graph = model_graph(layers, heads, qkv)
+    size = graph.n_edges
+    raw = np.abs(rng.standard_normal(size)) * np.exp(2 * rng.standard_normal(size))
+    raw *= rng.choice([-1.0, 1.0], size)
+    raw[tied(graph)] = raw[tied(graph)[0]] * np.array([1.0, -1.0])
+    flows = _conserved(raw, graph)
+    into_logits = flows[graph.edge_receivers == len(graph.receivers) - 1].sum()
+    flows *= 0.8 / into_logits  # Δm = 0.8
     tokens = ["When", " Mary", " and", " John"]
+    out_of_input = flows[graph.edge_senders == 0].sum()
     return FlowGraph(
-        nodes=nodes + ["logits"],
-        edges=edges,
+        cfg=dict(
+            n_layers=layers,
+            n_heads=heads,
+            n_kv_heads=None,
+            d_model=8,
+            qkv=qkv,
+            parallel_attn_mlp=False,
+        ),
         flows=flows,
         tokens=tokens,
-        input_flows=rng.standard_normal(len(tokens)),
+        input_flows=np.full(len(tokens), out_of_input / len(tokens)),
         counterfactual={"kind": "prompt", "tokens": ["When", " John", " and", " Mary"]},
         settings={
             "method": "prediction_aware",
             "n_steps": 4,
-            "qkv": qkv,
             "target_kind": "prob",
             "target_text": "p(' Mary')",
             "model": "/home/someone/.cache/models/SmolLM2-135M",
         },
         m_prompt=0.9,
         m_base=0.1,
-        completeness_error=1e-16,
-        conservation_error=2e-15,
     )

@@ -9,7 +9,6 @@ import re
 
 import pytest
 
-from captum_iglens.attr.flow.graph import edge_ends
 from captum_iglens.viewer._graph import MAX_DRAWN
 from tests.viewer.conftest import HOSTILE, NEEDS_CHROMIUM
 from tests.viewer.synthetic_graph import synthetic_graph
@@ -24,6 +23,12 @@ from tests.viewer.test_browser import (
 
 pytestmark = NEEDS_CHROMIUM
 WIDTHS = [1280, 1920]
+
+
+def _ends(edge):
+    """An edge name's sender and receiving node (a head's read is its head)."""
+    sender, _, receiver = edge.partition("->")
+    return sender, receiver.partition("<")[0]
 
 
 @pytest.fixture(params=WIDTHS)
@@ -87,7 +92,7 @@ def test_the_slider_keeps_prunes_edges_and_redraws(browser, graph_page):
     for keep in (0.1, 0.5, 0.9, 1.0):
         value = _set_keep(browser, keep)
         drawn = _drawn(browser)
-        assert sorted(drawn) == sorted(graph.prune(value).edges), value
+        assert sorted(drawn) == sorted(graph.prune(value).edge_scores()), value
         counts.append(len(drawn))
     assert counts == sorted(counts) and len(set(counts)) == 4
     note = browser.find_element("id", "drawn").text
@@ -103,7 +108,7 @@ def test_the_keyboard_moves_the_slider(browser, graph_page):
     slider.send_keys(Keys.ARROW_RIGHT * 30)
     value = float(slider.get_attribute("value"))
     assert value == pytest.approx(0.8)
-    assert sorted(_drawn(browser)) == sorted(graph.prune(value).edges)
+    assert sorted(_drawn(browser)) == sorted(graph.prune(value).edge_scores())
 
 
 def test_hovering_an_edge_shows_its_flow_and_share(browser, graph_page):
@@ -143,8 +148,8 @@ def test_hovering_a_node_shows_its_in_and_out_flow(browser, graph_page):
         lines = _tip(browser).splitlines()
         assert lines[0] == node
         shown = {line.split()[0]: line.split()[1:] for line in lines[1:]}
-        into = [e for e in graph.edges if edge_ends(e)[1] == node]
-        out = [e for e in graph.edges if edge_ends(e)[0] == node]
+        into = [e for e in graph.edges if _ends(e)[1] == node]
+        out = [e for e in graph.edges if _ends(e)[0] == node]
         assert ("in-flow" in shown) == bool(into)
         assert ("out-flow" in shown) == bool(out)
         for key, edges, flow in zip(("in-flow", "out-flow"), (into, out), flows[node]):
@@ -167,7 +172,7 @@ def test_clicking_a_node_highlights_its_edges_and_clicking_again_clears(
         p.get_attribute("data-edge")
         for p in browser.find_elements("css selector", "#graph path.edge.hl")
     }
-    touching = {e for e in _drawn(browser) if node in edge_ends(e)}
+    touching = {e for e in _drawn(browser) if node in _ends(e)}
     assert lit == touching and len(touching) >= 2
     opacity = browser.find_element(
         "css selector", "#graph path.edge:not(.hl)"
@@ -202,7 +207,7 @@ def test_a_large_graph_draws_at_most_the_cap_and_says_how_many_are_hidden(
     browser.set_window_size(width, 900)
     graph.to_html(tmp_path / "g.html")
     open_page(browser, tmp_path / "g.html")
-    kept = len(graph.prune(1.0).edges)
+    kept = len(graph.prune(1.0).edge_scores())
     assert kept > MAX_DRAWN
     _set_keep(browser, 1.0)
     assert len(_drawn(browser)) == MAX_DRAWN
