@@ -68,3 +68,33 @@ def test_the_docs_name_every_granularity():
 def test_no_page_includes_a_slice_of_another_file(page):
     text = page.read_text(encoding="utf-8")
     assert ":start-after:" not in text and ":end-before:" not in text
+
+
+def _layout_rows() -> list:
+    """The paths named in the first column of docs/extending.md's package
+    layout table (a folder ends with ``/``)."""
+    table = (DOCS / "extending.md").read_text().split("## Package layout")[1]
+    cells = re.findall(r"^\| ([^|]*) \|", table, flags=re.M)
+    return [path for cell in cells for path in re.findall(r"`(captum_iglens/[^`]*)`", cell)]
+
+
+def test_the_layout_table_names_every_module_and_nothing_else():
+    package = DOCS.parent / "captum_iglens"
+    rows = _layout_rows()
+    assert len(rows) > 20  # the table was found
+    stale = [row for row in rows if not (DOCS.parent / row).exists()]
+    assert not stale, f"rows for paths that do not exist: {stale}"
+    modules = [
+        path.relative_to(DOCS.parent).as_posix()
+        for path in package.rglob("*.py")
+        if path.name != "__init__.py" and "__pycache__" not in path.parts
+    ]
+    missing = [
+        module
+        for module in modules
+        if not any(
+            module == row or (row.endswith("/") and module.startswith(row))
+            for row in rows
+        )
+    ]
+    assert not missing, f"modules without a row in docs/extending.md: {missing}"
