@@ -21,7 +21,6 @@ from captum_iglens.attr._utils.path_math import (
     residual_shares,
     row_groups,
     segment_layers,
-    split_weights,
     values_and_gradients,
 )
 from captum_iglens.attr.estimators.base import Estimator, Integration, Segments
@@ -116,9 +115,9 @@ class Adaptive(Estimator):
 
     def components(self, integration: Integration, segments: Segments) -> Tensor:
         r"""The credits of :func:`adaptive_components` (its own panels:
-        ``fractions`` is not read); per dimension, ``u_{c,i} Ḡ_i`` (``Ḡ`` the
-        K7 integral of ``∇f``) plus the rest of the component's credit spread
-        in proportion to ``|u_{c,i} Ḡ_i|``."""
+        ``fractions`` is not read); per dimension, split by
+        :meth:`~captum_iglens.attr.estimators.base.Segments.per_dimension` with
+        the K7 integral of ``∇f``."""
         return self.components_and_errors(integration, segments)[0]
 
     def components_and_errors(
@@ -136,11 +135,7 @@ class Adaptive(Estimator):
         )
         if not integration.per_dimension:
             return credits, errors
-        components = segments.components[:]  # all rows (built here if on demand)
-        linear = components * mean_gradient.unsqueeze(1)
-        rest = credits - linear.sum(-1)
-        spread = split_weights(linear.abs().sqrt(), components)
-        return linear + rest.unsqueeze(-1) * spread, None
+        return segments.per_dimension(credits, mean_gradient), None
 
 
 @lru_cache(maxsize=None)

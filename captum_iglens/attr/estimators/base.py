@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from torch import Tensor
 
+from captum_iglens.attr._utils.path_math import split_weights
 from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import TokenScore
 
@@ -54,6 +55,26 @@ class Segments:
     layers: Optional[Tensor] = None
     parents: Optional[Tensor] = None
     fractions: Optional[Tensor] = None
+
+    def per_dimension(self, credits: Tensor, mean_gradient: Tensor) -> Tensor:
+        r"""
+        Each component's credit split across the dimensions: ``u_{c,i} Ḡ_i``
+        (``Ḡ`` an estimator's mean gradient along the segment) plus the rest of
+        the credit in proportion to ``|u_{c,i} Ḡ_i|``.
+
+        Args:
+
+            credits (Tensor): ``(M, C)``: the components' credits.
+            mean_gradient (Tensor): ``(M, d)``: ``Ḡ`` of each segment.
+
+        Returns:
+            *Tensor* ``(M, C, d)`` float32.
+        """
+        components = self.components[:]  # all rows (built here if on demand)
+        linear = components * mean_gradient.unsqueeze(1)
+        rest = credits - linear.sum(-1)
+        spread = split_weights(linear.abs().sqrt(), components)
+        return linear + rest.unsqueeze(-1) * spread
 
 
 class Estimator(ABC):

@@ -79,9 +79,9 @@ class PredictionAware(Estimator):
 
     def components(self, integration: Integration, segments: Segments) -> Tensor:
         r"""
-        :func:`prediction_aware_components`; per dimension, ``u_{c,i} Ĝ_i``
-        (``Ĝ`` the trapezoid mean gradient) plus the rest of the component's
-        credit spread in proportion to ``|u_{c,i} Ĝ_i|``.
+        :func:`prediction_aware_components`; per dimension, split by
+        :meth:`~captum_iglens.attr.estimators.base.Segments.per_dimension` with
+        the trapezoid mean gradient.
         """
         credits, mean_gradient = prediction_aware_components(
             integration.readout,
@@ -92,11 +92,7 @@ class PredictionAware(Estimator):
         )
         if not integration.per_dimension:
             return credits
-        components = segments.components[:]  # all rows (built here if on demand)
-        linear = components * mean_gradient.unsqueeze(1)
-        rest = credits - linear.sum(-1)
-        spread = split_weights(linear.abs().sqrt(), components)
-        return linear + rest.unsqueeze(-1) * spread
+        return segments.per_dimension(credits, mean_gradient)
 
 
 def prediction_aware_attributions(
