@@ -17,7 +17,13 @@ from captum_iglens import IGLensResult, LayerIGLens, register_architecture
 from captum_iglens._utils.registry import Home, Registry
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.path_math import path_values
-from captum_iglens.attr.estimators import ESTIMATORS, Estimator, Integration
+from captum_iglens.attr.estimators import (
+    ESTIMATORS,
+    Estimator,
+    Integration,
+    Segments,
+    SplitChains,
+)
 from captum_iglens.attr.granularities import GRANULARITIES, Blocks, PathGranularity
 from captum_iglens.attr.paths import PATHS, IntegrationPath
 from captum_iglens.hf import model_parts, supported_model_types
@@ -66,19 +72,10 @@ class SquaredShares(Estimator):
         shares = _shares(values.diff(dim=-1).flatten(), steps)
         return shares.view(n, k_plus_1 - 1, d).to(values.dtype)
 
-    def components(
-        self,
-        integration: Integration,
-        ends: Tensor,
-        components: Tensor,
-        targets: TokenScore,
-        end_values: Tensor,
-        layers: Optional[Tensor] = None,
-        parents: Optional[Tensor] = None,
-        fractions: Optional[Tensor] = None,
-    ) -> Tensor:
-        parts = components[:]  # a tensor, or components built on demand
-        shares = _shares(end_values[:, 1] - end_values[:, 0], parts).float()
+    def components(self, integration: Integration, segments: Segments) -> Tensor:
+        parts = segments.components[:]  # a tensor, or components built on demand
+        change = segments.end_values[:, 1] - segments.end_values[:, 0]
+        shares = _shares(change, parts).float()
         return shares if integration.per_dimension else shares.sum(-1)
 
 
@@ -119,23 +116,14 @@ class EqualShares(IntegrationPath):
         return _equal(values, n).expand(-1, n)
 
     def split_segments(
-        self,
-        integration: Integration,
-        stream: Tensor,
-        components: Tensor,
-        targets: TokenScore,
-        values: Tensor,
-        split: Sequence[int],
-        whole: Sequence[int],
-        parents: Optional[Tensor] = None,
-        blocks: Optional[Sequence[int]] = None,
+        self, integration: Integration, chains: SplitChains
     ) -> Tuple[Tensor, Tensor]:
         if integration.per_dimension:
             raise NotImplementedError("the toy path has a map only")
-        c = components.shape[1]
-        share = _equal(values, len(split) * c + len(whole))
-        parts = share.expand(-1, len(split) * c).reshape(-1, c)
-        return parts, share.expand(-1, len(whole)).flatten()
+        c, n_split = chains.components.shape[1], len(chains.split)
+        share = _equal(chains.values, n_split * c + len(chains.whole))
+        parts = share.expand(-1, n_split * c).reshape(-1, c)
+        return parts, share.expand(-1, len(chains.whole)).flatten()
 
 
 def _equal(values: Tensor, n: int) -> Tensor:

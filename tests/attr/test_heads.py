@@ -1,10 +1,13 @@
 """Head resolution: each block's attention credit split across its heads."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from captum_iglens import LayerIGLens
+from captum_iglens.attr.estimators import Segments
 from captum_iglens.attr.estimators.prediction_aware import (
     prediction_aware_components,
 )
@@ -372,15 +375,13 @@ def test_prediction_aware_heads_converge_to_the_integrals():
         ends_values = readout(torch.stack([start, end])).float().softmax(-1)[:, target]
     errors = []
     for n_steps in (2, 8, 32, 128):
-        credits, _ = prediction_aware_components(
-            readout,
+        segment = Segments(
             torch.stack([start, end])[None],
             u[None],
             TokenScore.build(torch.tensor([target])),
             ends_values[None],
-            n_steps,
-            4096,
         )
+        credits, _ = prediction_aware_components(readout, segment, n_steps, 4096)
         assert abs(credits.sum() - (ends_values[1] - ends_values[0])) <= FP32_TOL
         errors.append((credits[0] - reference).abs().max().item())
     assert reference.abs().max() > 1e-3  # the test has something to measure
@@ -408,9 +409,8 @@ def test_cancelling_contributions_do_not_blow_up():
     ends = torch.stack([start, end])[None]
     with torch.no_grad():
         values = readout(ends[0]).softmax(-1)[:, 0]
-    credits, _ = prediction_aware_components(
-        readout, ends, u[None], TokenScore.build(torch.tensor([0])), values[None], 8, 64
-    )
+    segment = Segments(ends, u[None], TokenScore.build(torch.tensor([0])), values[None])
+    credits, _ = prediction_aware_components(readout, segment, 8, 64)
     assert torch.isfinite(credits).all()
     assert abs(credits.sum() - (values[1] - values[0])) <= FP32_TOL
     # ∇f · u: ±3 ∂f/∂x_0, each well inside the size of its own first-order term.
@@ -423,15 +423,8 @@ def test_cancelling_contributions_do_not_blow_up():
     flat = Readout(head=torch.nn.Linear(4, 3, bias=False))
     with torch.no_grad():
         flat.head.weight.zero_()
-    credits, _ = prediction_aware_components(
-        flat,
-        ends,
-        u[None],
-        TokenScore.build(torch.tensor([0])),
-        torch.tensor([[0.1, 0.4]]),
-        4,
-        64,
-    )
+    segment = replace(segment, end_values=torch.tensor([[0.1, 0.4]]))
+    credits, _ = prediction_aware_components(flat, segment, 4, 64)
     share = u.square().sum(-1) / u.square().sum()
     torch.testing.assert_close(credits[0], 0.3 * share)
 

@@ -12,7 +12,12 @@ from captum_iglens._utils.registry import Home, Registry, registered
 
 if TYPE_CHECKING:
     from captum_iglens.attr.estimators.adaptive import Adaptive
-    from captum_iglens.attr.estimators.base import Estimator, Integration
+    from captum_iglens.attr.estimators.base import (
+        Estimator,
+        Integration,
+        Segments,
+        SplitChains,
+    )
     from captum_iglens.attr.estimators.captum_rules import CaptumRule
     from captum_iglens.attr.estimators.prediction_aware import PredictionAware
 
@@ -56,6 +61,8 @@ __getattr__, __dir__ = lazy_exports(
         "Adaptive": "captum_iglens.attr.estimators.adaptive",
         "Estimator": "captum_iglens.attr.estimators.base",
         "Integration": "captum_iglens.attr.estimators.base",
+        "Segments": "captum_iglens.attr.estimators.base",
+        "SplitChains": "captum_iglens.attr.estimators.base",
         "CaptumRule": "captum_iglens.attr.estimators.captum_rules",
         "PredictionAware": "captum_iglens.attr.estimators.prediction_aware",
     },
@@ -68,5 +75,7 @@ __all__ = [
     "Estimator",
     "Integration",
     "PredictionAware",
+    "Segments",
+    "SplitChains",
     "estimator",
 ]

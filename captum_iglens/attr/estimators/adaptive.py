@@ -21,10 +21,9 @@ from captum_iglens.attr._utils.path_math import (
     residual_shares,
     row_groups,
     segment_layers,
-    split_weights,
     values_and_gradients,
 )
-from captum_iglens.attr.estimators.base import Estimator, Integration
+from captum_iglens.attr.estimators.base import Estimator, Integration, Segments
 from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import TokenScore
 
@@ -90,8 +89,7 @@ class Adaptive(Estimator):
         )[0]
         values[:, -1] = end_values
         pairs = torch.stack([points[:, :-1], points[:, 1:]], dim=2).flatten(0, 1)
-        out = self.components(
-            integration,
+        segments = Segments(
             pairs,
             pairs.float().diff(dim=1),  # each segment its own one component
             targets.repeat_interleave(k),
@@ -100,6 +98,7 @@ class Adaptive(Estimator):
                 0, 1
             ),
         )
+        out = self.components(integration, segments)
         return out.view(n, k, d)
 
     def credits(
@@ -114,58 +113,29 @@ class Adaptive(Estimator):
         gradient (a segment's components add up to its change)."""
         return values.diff(dim=-1)
 
-    def components(
-        self,
-        integration: Integration,
-        ends: Tensor,
-        components: Tensor,
-        targets: TokenScore,
-        end_values: Tensor,
-        layers: Optional[Tensor] = None,
-        parents: Optional[Tensor] = None,
-        fractions: Optional[Tensor] = None,
-    ) -> Tensor:
+    def components(self, integration: Integration, segments: Segments) -> Tensor:
         r"""The credits of :func:`adaptive_components` (its own panels:
-        ``fractions`` is not read); per dimension, ``u_{c,i} Ḡ_i`` (``Ḡ`` the
-        K7 integral of ``∇f``) plus the rest of the component's credit spread
-        in proportion to ``|u_{c,i} Ḡ_i|``."""
-        return self.components_and_errors(
-            integration, ends, components, targets, end_values, layers, parents
-        )[0]
+        ``fractions`` is not read); per dimension, split by
+        :meth:`~captum_iglens.attr.estimators.base.Segments.per_dimension` with
+        the K7 integral of ``∇f``."""
+        return self.components_and_errors(integration, segments)[0]
 
     def components_and_errors(
-        self,
-        integration: Integration,
-        ends: Tensor,
-        components: Tensor,
-        targets: TokenScore,
-        end_values: Tensor,
-        layers: Optional[Tensor] = None,
-        parents: Optional[Tensor] = None,
-        fractions: Optional[Tensor] = None,
+        self, integration: Integration, segments: Segments
     ) -> Tuple[Tensor, Optional[Tensor]]:
         r"""As :meth:`components`, with each credit's error estimate ``(M,
         C)`` (None per dimension)."""
         self.check_multiply_by_inputs(integration.multiply_by_inputs)
         credits, errors, mean_gradient = adaptive_components(
             integration.readout,
-            ends,
-            components,
-            targets,
-            end_values,
+            segments,
             integration.n_steps,
             integration.chunk_rows,
             integration.grad_kwargs,
-            layers,
-            parents,
         )
         if not integration.per_dimension:
             return credits, errors
-        components = components[:]  # all rows (built here if built on demand)
-        linear = components * mean_gradient.unsqueeze(1)
-        rest = credits - linear.sum(-1)
-        spread = split_weights(linear.abs().sqrt(), components)
-        return linear + rest.unsqueeze(-1) * spread, None
+        return segments.per_dimension(credits, mean_gradient), None
 
 
 @lru_cache(maxsize=None)
@@ -248,41 +218,35 @@ def logit_range(ends: Tensor) -> Tensor:
 
 def adaptive_components(
     readout: PathReadout,
-    ends: Tensor,
-    components: Any,
-    targets: TokenScore,
-    end_values: Tensor,
+    segments: Segments,
     n_steps: int,
     chunk_rows: int,
     grad_kwargs: Optional[Dict[str, Any]] = None,
-    layers: Optional[Tensor] = None,
-    parents: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     r"""
     Adaptive, exact credits of the components of one straight segment per row
-    (see :class:`Adaptive`).
+    (see :class:`Adaptive`). With ``parents`` the residual is shared among the
+    groups first; ``fractions`` is not read (the panels are the rule's own).
 
     Args:
 
-        ends (Tensor): ``(M, 2, d)``: each segment's start and end.
-        components (Tensor): ``(M, C, d)`` float32, or an object read as
-                    components (:mod:`~captum_iglens.attr._utils.component_reads`).
-        targets (TokenScore): ``M`` rows.
-        end_values (Tensor): ``(M, 2)``: ``f`` at the start and the end.
+        readout (PathReadout): What reads the points.
+        segments (Segments): ``M`` segments and their components.
         n_steps (int): Gradient evaluations per row (panels of 7 from 7 on,
                     see :func:`panel_rule`).
-        layers (Tensor, optional): Broadcastable to ``(M, 2)``: the path
-                    points of the ends. Default: None
-        parents (Tensor, optional): ``(C,)`` long: a group per component; the
-                    residual is shared among the groups first. Default: None
+        chunk_rows (int): The most rows read at once.
+        grad_kwargs (dict, optional): Passed to ``torch.autograd.grad``.
+                    Default: None
 
     Returns:
         3-element tuple of **credits** ``(M, C)``, **errors** ``(M, C)`` and
         **mean_gradient** ``(M, d)`` (the K7 integral of ``∇f``), float32.
     """
+    ends, components, parents = segments.ends, segments.components, segments.parents
+    targets, end_values = segments.targets, segments.end_values
     m, _, d = ends.shape
     c = components.shape[1]
-    path_layers = layer_grid(layers, ends)
+    path_layers = layer_grid(segments.layers, ends)
     rule = panel_rule(n_steps)
     width = len(rule[0])
     first = max(1, min(FIRST_PANELS, n_steps // width))

@@ -1,5 +1,6 @@
 r"""The interface of an IG-Lens estimator: how the credit of each straight
-segment of a path is computed."""
+segment of a path is computed; and the records of the segments the estimators
+(:class:`Segments`) and the paths (:class:`SplitChains`) credit."""
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
@@ -7,8 +8,73 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from torch import Tensor
 
+from captum_iglens.attr._utils.path_math import split_weights
 from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import TokenScore
+
+
+@dataclass(frozen=True)
+class Segments:
+    r"""
+    One straight segment per row and the components ``u_c`` it is split into,
+    ``Σ_c u_c = end - start`` (the heads of ``granularity="head"``, the
+    per-(head, source) terms of ``"source"``, the columns of the joint path):
+    what :meth:`Estimator.components` credits.
+
+    Args:
+
+        ends (Tensor): ``(M, 2, d)``: each segment's start and end.
+        components (Tensor): ``(M, C, d)`` float32: the components ``u_c``
+                    (or an object whose ``[rows]`` builds those rows'
+                    ``(g, C, d)`` components, and with a ``shape``; see
+                    :mod:`~captum_iglens.attr._utils.component_reads`).
+        targets (TokenScore): ``M`` rows: the score ``f`` of each.
+        end_values (Tensor): ``(M, 2)``: ``f`` at the start and the end, used
+                    in place of the readout's evaluations there, so that the
+                    credits telescope with the other segments' values.
+        layers (Tensor, optional): Broadcastable to ``(M, 2)``: the path points
+                    of the ends (see
+                    :func:`~captum_iglens.attr._utils.path_math.layer_grid`).
+                    Default: None, a path from its start
+        parents (Tensor, optional): ``(C,)`` long: a group per component (the
+                    head of a (head, source) term). Where the estimator is not
+                    linear in the components, each group's credit is the one
+                    the group's summed component would get, split among its
+                    members by the same rule. Default: None, no groups
+        fractions (Tensor, optional): ``(M, n_steps + 1)``, increasing from 0
+                    to 1: where an estimator that steps along the segment ends
+                    its steps (a path may place them where ``f`` changes).
+                    Estimators with their own nodes (Captum's rules, the
+                    adaptive panels) keep them. Default: None, equal steps
+    """
+
+    ends: Tensor
+    components: Tensor
+    targets: TokenScore
+    end_values: Tensor
+    layers: Optional[Tensor] = None
+    parents: Optional[Tensor] = None
+    fractions: Optional[Tensor] = None
+
+    def per_dimension(self, credits: Tensor, mean_gradient: Tensor) -> Tensor:
+        r"""
+        Each component's credit split across the dimensions: ``u_{c,i} Ḡ_i``
+        (``Ḡ`` an estimator's mean gradient along the segment) plus the rest of
+        the credit in proportion to ``|u_{c,i} Ḡ_i|``.
+
+        Args:
+
+            credits (Tensor): ``(M, C)``: the components' credits.
+            mean_gradient (Tensor): ``(M, d)``: ``Ḡ`` of each segment.
+
+        Returns:
+            *Tensor* ``(M, C, d)`` float32.
+        """
+        components = self.components[:]  # all rows (built here if on demand)
+        linear = components * mean_gradient.unsqueeze(1)
+        rest = credits - linear.sum(-1)
+        spread = split_weights(linear.abs().sqrt(), components)
+        return linear + rest.unsqueeze(-1) * spread
 
 
 class Estimator(ABC):
@@ -134,43 +200,17 @@ class Estimator(ABC):
         ).sum(-1)
 
     @abstractmethod
-    def components(
-        self,
-        integration: "Integration",
-        ends: Tensor,
-        components: Tensor,
-        targets: TokenScore,
-        end_values: Tensor,
-        layers: Optional[Tensor] = None,
-        parents: Optional[Tensor] = None,
-        fractions: Optional[Tensor] = None,
-    ) -> Tensor:
+    def components(self, integration: "Integration", segments: Segments) -> Tensor:
         r"""
-        The credits of the components ``u_c`` of one straight segment per row,
-        ``Σ_c u_c = end - start`` (the heads of ``granularity="head"``, the
-        per-(head, source) terms of ``"source"``).
+        The credits of the components of each straight segment of
+        ``segments``.
 
         Args:
 
             integration (Integration): As for :meth:`attributions`; its
                         ``per_dimension`` asks for per-dimension attributions
                         in place of scalar credits.
-            ends (Tensor): ``(M, 2, d)``: each segment's start and end.
-            components (Tensor): ``(M, C, d)`` float32: the components ``u_c``
-                        (or an object whose ``[rows]`` builds those rows'
-                        ``(g, C, d)`` components, and with a ``shape``).
-            end_values (Tensor): ``(M, 2)``: ``f`` at the start and the end.
-            parents (Tensor, optional): ``(C,)`` long: a group per component
-                        (the head of a (head, source) term). Where the
-                        estimator is not linear in the components, each
-                        group's credit is the one the group's summed component
-                        would get, split among its members by the same rule.
-                        Default: None, no groups
-            fractions (Tensor, optional): ``(M, n_steps + 1)``, increasing
-                        from 0 to 1: where an estimator that steps along the
-                        segment ends its steps (a path may place them where
-                        ``f`` changes). Estimators with their own nodes
-                        (Captum's rules) keep them. Default: None, equal steps
+            segments (Segments): ``M`` segments and their ``C`` components.
 
         Returns:
             *Tensor* ``(M, C)``, or ``(M, C, d)`` with ``per_dimension``,
@@ -178,15 +218,7 @@ class Estimator(ABC):
         """
 
     def components_and_errors(
-        self,
-        integration: "Integration",
-        ends: Tensor,
-        components: Tensor,
-        targets: TokenScore,
-        end_values: Tensor,
-        layers: Optional[Tensor] = None,
-        parents: Optional[Tensor] = None,
-        fractions: Optional[Tensor] = None,
+        self, integration: "Integration", segments: Segments
     ) -> Tuple[Tensor, Optional[Tensor]]:
         r"""
         :meth:`components`, and where the estimator ``estimates_error`` (and
@@ -196,17 +228,43 @@ class Estimator(ABC):
             2-element tuple: the credits of :meth:`components`, and an
             ``(M, C)`` float32 error estimate or None.
         """
-        found = self.components(
-            integration,
-            ends,
-            components,
-            targets,
-            end_values,
-            layers,
-            parents,
-            fractions,
-        )
-        return found, None
+        return self.components(integration, segments), None
+
+
+@dataclass(frozen=True)
+class SplitChains:
+    r"""
+    The chains of a granularity's path with some of their segments split into
+    components that add up to them: what
+    :meth:`~captum_iglens.attr.paths.IntegrationPath.split_segments` credits.
+
+    Args:
+
+        stream (Tensor): ``(N, K + 1, d)``: the path points of ``N`` chains.
+        components (Tensor): ``(N·len(split), C, d)`` float32: each split
+                    segment's components, as :class:`Segments` takes them.
+        targets (TokenScore): ``N`` rows.
+        values (Tensor): ``(N, K + 1)``: ``f`` at the points, the last the
+                    model's own; or ``(N, K, 2)`` at both ends of every
+                    segment (a learned readout per layer, see
+                    :func:`~captum_iglens.attr._utils.path_math.segment_ends`).
+        split (list[int]): The segments split into components.
+        whole (list[int]): The segments credited whole.
+        parents (Tensor, optional): ``(C,)``: a group per component, as
+                    :class:`Segments` takes it. Default: None
+        blocks (list[int], optional): ``K``: the path block of each segment,
+                    as :meth:`~captum_iglens.attr.paths.IntegrationPath.segments`
+                    takes it. Default: None
+    """
+
+    stream: Tensor
+    components: Tensor
+    targets: TokenScore
+    values: Tensor
+    split: Sequence[int]
+    whole: Sequence[int]
+    parents: Optional[Tensor] = None
+    blocks: Optional[Sequence[int]] = None
 
 
 class SegmentJoin(Protocol):
@@ -229,16 +287,7 @@ class SegmentJoin(Protocol):
     ) -> Tensor: ...
 
     def split_segments(
-        self,
-        integration: "Integration",
-        stream: Tensor,
-        components: Tensor,
-        targets: TokenScore,
-        values: Tensor,
-        split: Sequence[int],
-        whole: Sequence[int],
-        parents: Optional[Tensor] = None,
-        blocks: Optional[Sequence[int]] = None,
+        self, integration: "Integration", chains: SplitChains
     ) -> Tuple[Tensor, Tensor]: ...
 
 

@@ -15,7 +15,7 @@ from captum_iglens.attr._utils.path_math import (
     values_and_gradients,
     work_dtype,
 )
-from captum_iglens.attr.estimators.base import Estimator, Integration
+from captum_iglens.attr.estimators.base import Estimator, Integration, Segments
 from captum_iglens.readout.scores import TokenScore
 
 
@@ -61,22 +61,15 @@ class CaptumRule(Estimator):
         work = averaged.dtype
         return (points[:, 1:].to(work) - points[:, :-1].to(work)) * averaged
 
-    def components(
-        self,
-        integration: Integration,
-        ends: Tensor,
-        components: Tensor,
-        targets: TokenScore,
-        end_values: Tensor,
-        layers: Optional[Tensor] = None,
-        parents: Optional[Tensor] = None,
-        fractions: Optional[Tensor] = None,
-    ) -> Tensor:
+    def components(self, integration: Integration, segments: Segments) -> Tensor:
         r"""``u_c · Σ_s w_s ∇f(a_s)`` along the segment (per dimension:
         ``u_{c,i} Σ_s w_s ∂_i f``); linear in the components, so ``parents``
         changes nothing, and at Captum's own alphas, so ``fractions`` is not
         read. The components are read a group of rows at a time."""
-        averaged = self.integrated_gradients(integration, ends, targets, layers)
+        ends, components = segments.ends, segments.components
+        averaged = self.integrated_gradients(
+            integration, ends, segments.targets, segments.layers
+        )
         averaged = averaged[:, 0].float()
         per_dimension, chunk_rows = integration.per_dimension, integration.chunk_rows
         m, c, d = components.shape

@@ -20,7 +20,7 @@ from captum_iglens.attr._utils.path_math import (
     values_and_gradients,
     work_dtype,
 )
-from captum_iglens.attr.estimators.base import Estimator, Integration
+from captum_iglens.attr.estimators.base import Estimator, Integration, Segments
 from captum_iglens.readout.interface import PathReadout
 from captum_iglens.readout.scores import TokenScore
 
@@ -77,42 +77,22 @@ class PredictionAware(Estimator):
         gradient (the per-dimension split of a segment sums to its change)."""
         return values.diff(dim=-1)
 
-    def components(
-        self,
-        integration: Integration,
-        ends: Tensor,
-        components: Tensor,
-        targets: TokenScore,
-        end_values: Tensor,
-        layers: Optional[Tensor] = None,
-        parents: Optional[Tensor] = None,
-        fractions: Optional[Tensor] = None,
-    ) -> Tensor:
+    def components(self, integration: Integration, segments: Segments) -> Tensor:
         r"""
-        :func:`prediction_aware_components`; per dimension, ``u_{c,i} Ĝ_i``
-        (``Ĝ`` the trapezoid mean gradient) plus the rest of the component's
-        credit spread in proportion to ``|u_{c,i} Ĝ_i|``.
+        :func:`prediction_aware_components`; per dimension, split by
+        :meth:`~captum_iglens.attr.estimators.base.Segments.per_dimension` with
+        the trapezoid mean gradient.
         """
         credits, mean_gradient = prediction_aware_components(
             integration.readout,
-            ends,
-            components,
-            targets,
-            end_values,
+            segments,
             integration.n_steps,
             integration.chunk_rows,
             integration.grad_kwargs,
-            layers,
-            parents,
-            fractions,
         )
         if not integration.per_dimension:
             return credits
-        components = components[:]  # all rows (built here if built on demand)
-        linear = components * mean_gradient.unsqueeze(1)
-        rest = credits - linear.sum(-1)
-        spread = split_weights(linear.abs().sqrt(), components)
-        return linear + rest.unsqueeze(-1) * spread
+        return segments.per_dimension(credits, mean_gradient)
 
 
 def prediction_aware_attributions(
@@ -174,16 +154,10 @@ def prediction_aware_attributions(
 
 def prediction_aware_components(
     readout: PathReadout,
-    ends: Tensor,
-    components: Tensor,
-    targets: TokenScore,
-    end_values: Tensor,
+    segments: Segments,
     n_steps: int,
     chunk_rows: int,
     grad_kwargs: Optional[Dict[str, Any]] = None,
-    layers: Optional[Tensor] = None,
-    parents: Optional[Tensor] = None,
-    fractions: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     r"""
     Prediction-aware credits of the components of one straight segment per row.
@@ -199,92 +173,70 @@ def prediction_aware_components(
     where every ``t_{s,c}`` is zero). Where the contributions agree in sign this
     is the split of ``c_s`` in proportion to ``t_{s,c}``; where they cancel, no
     share exceeds ``|t_{s,c}| + |r_s|``. The shares of a step sum to ``c_s``, so a
-    row's credits sum to ``f(b) - f(a)``; as ``n_steps`` grows they converge to
-    ``∫ ∇f · u_c``, since ``r_s = O(n^{-3})``.
+    row's credits sum to ``f(b) - f(a)``, whatever the steps; as ``n_steps``
+    grows they converge to ``∫ ∇f · u_c``, since ``r_s = O(n^{-3})``. With
+    ``parents``, each step is split twice by the same rule: among the groups
+    (each group's first-order term the sum of its members'), then each group's
+    share among its members, so that a group's credits are those of its summed
+    component and its members' credits add up to them.
 
     Args:
 
-        ends (Tensor): ``(M, 2, d)``: each segment's start and end.
-        components (Tensor): ``(M, C, d)`` float32: the components ``u_c``.
-        targets (TokenScore): ``M`` rows.
-        end_values (Tensor): ``(M, 2)``: ``f`` at the start and the end, used in
-                    place of the readout's evaluations there, so that the credits
-                    telescope with the other segments' values.
-        layers (Tensor, optional): Broadcastable to ``(M, 2)``: the path points
-                    of the ends. Default: None
-        parents (Tensor, optional): ``(C,)`` long, a group per component. Each
-                    step is then split twice by the same rule: among the
-                    groups (each group's first-order term the sum of its
-                    members'), then each group's share among its members, so
-                    that a group's credits are those of its summed component
-                    and its members' credits add up to them. Default: None
-        fractions (Tensor, optional): ``(M, n_steps + 1)``, increasing from 0
-                    to 1: where along each segment the steps end (a path can
-                    put them where ``f`` changes; the credits add up whatever
-                    the steps). Default: None, equal steps
+        readout (PathReadout): What reads the points.
+        segments (Segments): ``M`` segments and their components.
+        n_steps (int): Steps per segment.
+        chunk_rows (int): The most rows read at once.
+        grad_kwargs (dict, optional): Passed to ``torch.autograd.grad``.
+                    Default: None
 
     Returns:
         2-element tuple of **credits** ``(M, C)`` and **mean_gradient** ``(M, d)``
         (the trapezoid average of ``∇f`` over the steps), float32.
     """
-    m, _, d = ends.shape
-    path_layers = layer_grid(layers, ends)
-    c = components.shape[1]
-    credits = torch.empty(m, c, device=ends.device)
-    mean_gradient = torch.empty(m, d, device=ends.device)
+    m, _, d = segments.ends.shape
+    c = segments.components.shape[1]
+    device = segments.ends.device
+    credits = torch.empty(m, c, device=device)
+    mean_gradient = torch.empty(m, d, device=device)
     # a group's split holds a few (g, n + 1, C) arrays: within the budget too
     split_rows = readout.max_chunk_bytes // ((n_steps + 1) * c * _SPLIT_ENTRY_BYTES)
     for rows in row_groups(m, n_steps + 1, min(chunk_rows, split_rows * (n_steps + 1))):
         # one call per group: its arrays are freed before the next group's readout
         credits[rows], mean_gradient[rows] = _group_components(
-            readout,
-            ends[rows],
-            components,
-            rows,
-            targets[rows],
-            end_values[rows],
-            n_steps,
-            chunk_rows,
-            grad_kwargs,
-            path_layers[rows],
-            parents,
-            None if fractions is None else fractions[rows].float(),
+            readout, segments, rows, n_steps, chunk_rows, grad_kwargs
         )
     return credits, mean_gradient
 
 
 def _group_components(
     readout: PathReadout,
-    ends: Tensor,
-    components: Tensor,
+    segments: Segments,
     rows: slice,
-    targets: TokenScore,
-    end_values: Tensor,
     n_steps: int,
     chunk_rows: int,
     grad_kwargs: Optional[Dict[str, Any]],
-    layers: Tensor,
-    parents: Optional[Tensor],
-    fractions: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor]:
-    """:func:`prediction_aware_components` of one group of rows: the rows
-    ``rows`` of ``components``, and the group's ``ends``, ``targets``,
-    ``end_values``, ``layers`` and ``fractions``."""
-    if fractions is None:
+    """:func:`prediction_aware_components` of the rows ``rows`` of
+    ``segments``."""
+    ends, components = segments.ends[rows], segments.components
+    layers = layer_grid(segments.layers, segments.ends)[rows]
+    if segments.fractions is None:
         steps = torch.arange(n_steps + 1, device=ends.device, dtype=torch.float32)
         steps, widths = (steps / n_steps).view(1, -1), None
     else:
-        steps, widths = fractions, fractions.diff(dim=1).unsqueeze(-1)
+        steps = segments.fractions[rows].float()
+        widths = steps.diff(dim=1).unsqueeze(-1)
     start = ends[:, 0].float().unsqueeze(1)
     grid = start + steps.unsqueeze(-1) * (ends[:, 1].float().unsqueeze(1) - start)
     values, grads = values_and_gradients(
         readout,
         grid.flatten(0, 1).to(ends.dtype),
-        targets.repeat_interleave(n_steps + 1),
+        segments.targets[rows].repeat_interleave(n_steps + 1),
         segment_layers(layers, n_steps + 1, with_end=False),
         chunk_rows,
         grad_kwargs,
     )
+    end_values = segments.end_values[rows]
     values = values.view(-1, n_steps + 1)
     values[:, 0], values[:, -1] = end_values[:, 0], end_values[:, 1]
     grads = grads.view(-1, n_steps + 1, ends.shape[-1]).float()  # as the components
@@ -294,6 +246,7 @@ def _group_components(
     first_order = _trapezoid(along, widths, n_steps).double()
     del along
     residual = values.double().diff(dim=1) - first_order.sum(-1)  # (g, n)
+    parents = segments.parents
     norm, square, group = component_norms(components, rows, parents)
     norms = (
         norm.double(),

@@ -43,7 +43,7 @@ from captum_iglens.attr._utils.block_parts import (
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.checks import qualified_names
 from captum_iglens.attr._utils.path_math import interleave
-from captum_iglens.attr.estimators import Integration
+from captum_iglens.attr.estimators import Integration, SplitChains
 from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.readout.scores import TokenScore
 from captum_iglens.attr.granularities.components import (
@@ -284,8 +284,8 @@ def head_attributions(
                     model's own; or ``(N, 2k + 1, 2)`` at both ends of each
                     segment (``segment_ends`` of the path maths).
         parents (Tensor, optional): ``(C,)``: a group per component, as
-                    :meth:`~captum_iglens.attr.estimators.base.Estimator.components`
-                    takes it. Default: None
+                    :class:`~captum_iglens.attr.estimators.base.Segments` takes
+                    it. Default: None
         parallel (bool, optional): The blocks add attention and MLP in
                     parallel. Default: False
         blocks (list[int], optional): The path block of each segment, for the
@@ -304,14 +304,16 @@ def head_attributions(
         attn = list(range(1, k_points - 1, 2))
     attn_out, plain_out = integration.path.split_segments(
         integration,
-        stream,
-        components.flatten(0, 1),  # (N·k, C, d)
-        targets,
-        values,
-        attn,
-        plain,
-        parents,
-        blocks,
+        SplitChains(
+            stream,
+            components.flatten(0, 1),  # (N·k, C, d)
+            targets,
+            values,
+            attn,
+            plain,
+            parents,
+            blocks,
+        ),
     )
     attn_out = attn_out.view(n, k, c, -1)
     if parallel:

@@ -31,7 +31,7 @@ from captum_iglens.attr._utils.block_parts import (
 )
 from captum_iglens.attr._utils.capture import PathPoint
 from captum_iglens.attr._utils.float32 import float32_parts
-from captum_iglens.attr.estimators import Integration
+from captum_iglens.attr.estimators import Integration, SplitChains
 from captum_iglens.attr.tracing import TracedPath
 from captum_iglens.readout.scores import TokenScore
 from captum_iglens.attr.granularities.components import (
@@ -267,15 +267,18 @@ def neuron_attributions(
     k = (k_points - 1) // 2
     split, plain = integration.path.split_segments(
         integration,
-        stream,
-        # NeuronComponents builds its (M, C, d) rows on demand: the estimators
-        # only index it and read its shape, as documented for ``components``
-        components,  # type: ignore[arg-type]
-        targets,
-        values,
-        list(range(1, k_points, 2)),
-        list(range(0, k_points - 1, 2)),
-        blocks=blocks,
+        SplitChains(
+            stream,
+            # NeuronComponents builds its (M, C, d) rows on demand: the
+            # estimators only index it and read its shape, as documented for
+            # the components of ``Segments``
+            components,  # type: ignore[arg-type]
+            targets,
+            values,
+            list(range(1, k_points, 2)),
+            list(range(0, k_points - 1, 2)),
+            blocks=blocks,
+        ),
     )
     c = components.shape[1]
     plain = plain.float().view(n, k, 1, -1)

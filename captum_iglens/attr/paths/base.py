@@ -9,7 +9,7 @@ from typing import ClassVar, Optional, Sequence, Tuple, Type
 
 from torch import Tensor
 
-from captum_iglens.attr.estimators import Estimator, Integration
+from captum_iglens.attr.estimators import Estimator, Integration, SplitChains
 from captum_iglens.attr.granularities.base import PathGranularity
 from captum_iglens.readout.scores import TokenScore
 
@@ -118,41 +118,17 @@ class IntegrationPath(ABC):
 
     @abstractmethod
     def split_segments(
-        self,
-        integration: Integration,
-        stream: Tensor,
-        components: Tensor,
-        targets: TokenScore,
-        values: Tensor,
-        split: Sequence[int],
-        whole: Sequence[int],
-        parents: Optional[Tensor] = None,
-        blocks: Optional[Sequence[int]] = None,
+        self, integration: Integration, chains: SplitChains
     ) -> Tuple[Tensor, Tensor]:
         r"""
-        The credits of the segments ``split`` of every chain, split into their
-        components, and of the segments ``whole``.
+        The credits of the segments ``chains.split`` of every chain, split into
+        their components, and of the segments ``chains.whole``.
 
         Args:
 
             integration (Integration): Its ``per_dimension`` asks for
                         per-dimension attributions.
-            stream (Tensor): ``(N, K + 1, d)`` path points.
-            components (Tensor): ``(N·len(split), C, d)`` float32: each split
-                        segment's components, adding up to it (or an object
-                        whose ``[rows]`` builds those rows, with a ``shape``).
-            targets (TokenScore): ``N`` rows.
-            values (Tensor): ``(N, K + 1)``: ``f`` at the points, the last
-                        the model's own; or ``(N, K, 2)`` at both ends of every
-                        segment (a learned readout per layer, see
-                        :func:`~captum_iglens.attr._utils.path_math.segment_ends`).
-            split (list[int]): The segments split into components.
-            whole (list[int]): The segments credited whole.
-            parents (Tensor, optional): ``(C,)``: a group per component, as
-                        :meth:`~captum_iglens.attr.estimators.base.Estimator.components`
-                        takes it. Default: None
-            blocks (list[int], optional): ``K``: the path block of each
-                        segment, as for :meth:`segments`. Default: None
+            chains (SplitChains): ``N`` chains, the segments split and whole.
 
         Returns:
             2-element tuple: the components' columns ``(N·len(split), C)`` and

@@ -20,7 +20,12 @@ from torch import Tensor
 
 from captum_iglens.attr._utils.component_reads import component_dots, component_norms
 from captum_iglens.attr._utils.path_math import chunks, path_values
-from captum_iglens.attr.estimators import Estimator, Integration
+from captum_iglens.attr.estimators import (
+    Estimator,
+    Integration,
+    Segments,
+    SplitChains,
+)
 from captum_iglens.attr.granularities.base import PathGranularity
 from captum_iglens.attr.paths.base import IntegrationPath
 from captum_iglens.readout.scores import TokenScore
@@ -110,36 +115,30 @@ class Joint(IntegrationPath):
         return credits
 
     def split_segments(
-        self,
-        integration: Integration,
-        stream: Tensor,
-        components: Tensor,
-        targets: TokenScore,
-        values: Tensor,
-        split: Sequence[int],
-        whole: Sequence[int],
-        parents: Optional[Tensor] = None,
-        blocks: Optional[Sequence[int]] = None,
+        self, integration: Integration, chains: SplitChains
     ) -> Tuple[Tensor, Tensor]:
         r"""Every split segment's components and every whole segment's update,
         as the columns of one integral (:class:`JointColumns`), grouped by
-        ``blocks`` where given, else by segment. Where ``integration.errors``
-        collects error estimates and the estimator gives them, each scalar
-        credit comes as the pair ``(credit, error)`` (a trailing dimension of
-        2), so that a granularity arranging its columns along the leading
-        dimensions carries each error with its credit (the component
-        granularities' ``credits`` take the pairs apart)."""
-        n, n_split, c = stream.shape[0], len(split), components.shape[1]
+        ``chains.blocks`` where given, else by segment. Where
+        ``integration.errors`` collects error estimates and the estimator gives
+        them, each scalar credit comes as the pair ``(credit, error)`` (a
+        trailing dimension of 2), so that a granularity arranging its columns
+        along the leading dimensions carries each error with its credit (the
+        component granularities' ``credits`` take the pairs apart)."""
+        stream, blocks = chains.stream, chains.blocks
+        n, n_split, c = stream.shape[0], len(chains.split), chains.components.shape[1]
         k = stream.shape[1] - 1
         groups = torch.tensor(list(range(k) if blocks is None else blocks))
-        columns = JointColumns(stream, components, split, whole, groups)
+        columns = JointColumns(
+            stream, chains.components, chains.split, chains.whole, groups
+        )
         out, errors = self._integrate(
             integration,
             stream,
             columns.rows,
             columns.n_columns,
-            targets,
-            values,
+            chains.targets,
+            chains.values,
             columns.parents,
         )
         if errors is not None and integration.errors is not None:
@@ -186,12 +185,14 @@ class Joint(IntegrationPath):
         found = [
             integration.rule.components_and_errors(
                 integration,
-                ends[rows],
-                columns(rows),
-                targets[rows],
-                end_values[rows],
-                parents=groups,
-                fractions=fractions[rows],
+                Segments(
+                    ends[rows],
+                    columns(rows),
+                    targets[rows],
+                    end_values[rows],
+                    parents=groups,
+                    fractions=fractions[rows],
+                ),
             )
             for rows in chunks(n, rows_per_call)
         ]

@@ -6,7 +6,7 @@ from typing import Optional, Sequence, Tuple
 from torch import Tensor
 
 from captum_iglens.attr._utils.path_math import segment_ends, segment_pairs
-from captum_iglens.attr.estimators import Integration
+from captum_iglens.attr.estimators import Integration, Segments, SplitChains
 from captum_iglens.attr.paths.base import IntegrationPath
 from captum_iglens.readout.scores import TokenScore
 
@@ -39,30 +39,24 @@ class Telescoping(IntegrationPath):
         return rule.credits(integration, points, targets, values)
 
     def split_segments(
-        self,
-        integration: Integration,
-        stream: Tensor,
-        components: Tensor,
-        targets: TokenScore,
-        values: Tensor,
-        split: Sequence[int],
-        whole: Sequence[int],
-        parents: Optional[Tensor] = None,
-        blocks: Optional[Sequence[int]] = None,
+        self, integration: Integration, chains: SplitChains
     ) -> Tuple[Tensor, Tensor]:
         r"""The estimator's ``components`` of each split segment along its own
         straight line, and its credits of each whole one (each segment on its
         own: ``blocks`` changes nothing)."""
-        rule = integration.rule
+        rule, split, whole = integration.rule, chains.split, chains.whole
+        stream, targets, values = chains.stream, chains.targets, chains.values
         pairs, layers = segment_pairs(stream, split)
         parts = rule.components(
             integration,
-            pairs,
-            components,
-            targets.repeat_interleave(len(split)),
-            segment_ends(values, split).flatten(0, 1),
-            layers=layers,
-            parents=parents,
+            Segments(
+                pairs,
+                chains.components,
+                targets.repeat_interleave(len(split)),
+                segment_ends(values, split).flatten(0, 1),
+                layers=layers,
+                parents=chains.parents,
+            ),
         )
         pairs, layers = segment_pairs(stream, whole)
         ends = segment_ends(values, whole)
