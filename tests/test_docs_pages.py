@@ -75,7 +75,9 @@ def _layout_rows() -> list:
     layout table (a folder ends with ``/``)."""
     table = (DOCS / "extending.md").read_text().split("## Package layout")[1]
     cells = re.findall(r"^\| ([^|]*) \|", table, flags=re.M)
-    return [path for cell in cells for path in re.findall(r"`(captum_iglens/[^`]*)`", cell)]
+    return [
+        path for cell in cells for path in re.findall(r"`(captum_iglens/[^`]*)`", cell)
+    ]
 
 
 def test_the_layout_table_names_every_module_and_nothing_else():

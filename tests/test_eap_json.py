@@ -59,7 +59,9 @@ def test_round_trip_through_eap_igs_format(flow_graph, tmp_path):
     kept = flow_graph.prune(0.5)
     kept.to_eap_json(tmp_path / "g.json")
     data = read_like_eap_ig(tmp_path / "g.json")
-    assert data["cfg"] == dict(n_layers=2, n_heads=4, parallel_attn_mlp=False, d_model=32)
+    assert data["cfg"] == dict(
+        n_layers=2, n_heads=4, parallel_attn_mlp=False, d_model=32
+    )
     flows = flow_graph.edge_scores()
     assert {name: e["score"] for name, e in data["edges"].items()} == flows
     circuit = set(kept.edge_scores())
@@ -86,7 +88,10 @@ def test_a_graph_without_separate_reads_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "edit, match",
     [
-        (lambda d: d["cfg"].update(n_layers=3), "cfg.n_layers is 3, but the model has 2"),
+        (
+            lambda d: d["cfg"].update(n_layers=3),
+            "cfg.n_layers is 3, but the model has 2",
+        ),
         (lambda d: d["cfg"].update(n_heads=8), "cfg.n_heads is 8"),
         (lambda d: d["cfg"].update(parallel_attn_mlp=True), "cfg.parallel_attn_mlp"),
         (lambda d: d["cfg"].update(d_model=7), "cfg.d_model is 7"),

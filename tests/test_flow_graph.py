@@ -23,8 +23,14 @@ EDGES = [
     "m0->logits",
 ]
 FLOWS = [0.5, -0.3, 0.0, 0.4, 0.1, 0.1]
-CFG = dict(n_layers=1, n_heads=1, n_kv_heads=None, d_model=8, qkv=False,
-           parallel_attn_mlp=False)
+CFG = dict(
+    n_layers=1,
+    n_heads=1,
+    n_kv_heads=None,
+    d_model=8,
+    qkv=False,
+    parallel_attn_mlp=False,
+)
 
 
 def _graph(**changes):
@@ -130,7 +136,9 @@ def test_a_pruned_graph_saves_its_mask(tmp_path):
 def test_tables_and_csv(tmp_path):
     rows = _graph().edges_table()
     assert [r["edge"] for r in rows][:3] == ["input->a0.h0", "a0.h0->m0", "input->m0"]
-    assert rows[0]["receiver"] == "a0.h0" and rows[0]["share"] == pytest.approx(0.5 / 1.4)
+    assert rows[0]["receiver"] == "a0.h0" and rows[0]["share"] == pytest.approx(
+        0.5 / 1.4
+    )
     _graph().to_csv(tmp_path / "e.csv")
     with open(tmp_path / "e.csv") as handle:
         read = list(csv.DictReader(handle))

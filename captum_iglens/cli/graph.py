@@ -18,7 +18,12 @@ from captum_iglens.cli.common import (
     prompt_parent,
     read_prompt,
 )
-from captum_iglens.attr.flow.options import BASELINES, DEFAULT_STEPS, FLOW_METHODS, TARGETS
+from captum_iglens.attr.flow.options import (
+    BASELINES,
+    DEFAULT_STEPS,
+    FLOW_METHODS,
+    TARGETS,
+)
 
 
 def _share(text: str) -> float:

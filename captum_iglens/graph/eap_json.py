@@ -127,7 +127,9 @@ def read_eap_json(
             raise ValueError(
                 f"{where}: cfg.{key} is {cfg.get(key)!r}, but the model has {value!r}"
             )
-    full = ModelGraph(graph.n_layers, graph.n_heads, True, graph.n_kv_heads, graph.parallel)
+    full = ModelGraph(
+        graph.n_layers, graph.n_heads, True, graph.n_kv_heads, graph.parallel
+    )
     return _edges(data["edges"], full, where)
 
 

@@ -81,7 +81,9 @@ class ModelGraph:
                 raise ValueError(f"{name}: expected a positive int, got {value!r}")
         kv = self.n_kv_heads
         if kv is not None and (
-            isinstance(kv, bool) or not isinstance(kv, int) or kv < 1
+            isinstance(kv, bool)
+            or not isinstance(kv, int)
+            or kv < 1
             or self.n_heads % kv
         ):
             raise ValueError(
@@ -89,7 +91,9 @@ class ModelGraph:
             )
         for name in ("qkv", "parallel"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"{name}: expected a bool, got {getattr(self, name)!r}"
+                )
 
     # ------------------------------------------------------------------ nodes
 
@@ -198,8 +202,10 @@ class ModelGraph:
         receiver index."""
         per_block = self.n_heads * len(self.kinds) + 1
         return [
-            (slice(layer * per_block, (layer + 1) * per_block - 1),
-             (layer + 1) * per_block - 1)
+            (
+                slice(layer * per_block, (layer + 1) * per_block - 1),
+                (layer + 1) * per_block - 1,
+            )
             for layer in range(self.n_layers)
         ]
 
@@ -208,9 +214,7 @@ class ModelGraph:
         kv = "" if self.n_kv_heads is None else f" ({self.n_kv_heads} key/value)"
         kind = "parallel" if self.parallel else "sequential"
         reads = "q/k/v reads separate" if self.qkv else "one read per head"
-        return (
-            f"{self.n_layers} {kind} blocks of {self.n_heads} heads{kv}, {reads}"
-        )
+        return f"{self.n_layers} {kind} blocks of {self.n_heads} heads{kv}, {reads}"
 
 
 @lru_cache(maxsize=32)

@@ -22,6 +22,7 @@ MAX_DRAWN = 3000
 #: of them the page keeps per node, into it and out of it.
 PAIRS_PER_NODE = 8
 
+
 def node_places(graph: ModelGraph) -> List[Tuple[int, int]]:
     r"""
     Where the page draws each node: a column and a row.

@@ -89,8 +89,12 @@ def test_the_header_holds_the_run_and_its_checks_and_no_local_path():
     }
     assert "/home/someone" not in page
     assert data["delta_m"] == pytest.approx(0.8)
-    assert data["completeness_error"] == pytest.approx(graph.completeness_error, rel=1e-2)
-    assert data["conservation_error"] == pytest.approx(graph.conservation_error, rel=1e-2)
+    assert data["completeness_error"] == pytest.approx(
+        graph.completeness_error, rel=1e-2
+    )
+    assert data["conservation_error"] == pytest.approx(
+        graph.conservation_error, rel=1e-2
+    )
     assert graph.conservation_error < 1e-12
     assert data["tokens"] == graph.tokens
     assert data["input_flows"] == pytest.approx(graph.input_flows, rel=1e-3)
@@ -123,7 +127,16 @@ def test_the_page_is_self_contained_and_its_tokens_stay_data():
 
 def test_node_places_put_blocks_in_columns_and_heads_in_rows():
     graph = model_graph(2, 2)
-    assert graph.nodes == ["input", "a0.h0", "a0.h1", "m0", "a1.h0", "a1.h1", "m1", "logits"]
+    assert graph.nodes == [
+        "input",
+        "a0.h0",
+        "a0.h1",
+        "m0",
+        "a1.h0",
+        "a1.h1",
+        "m1",
+        "logits",
+    ]
     assert node_places(graph) == [
         (0, -1),
         (1, 0),

@@ -54,7 +54,7 @@ def flow_graph_of(parts: ModelParts, qkv: bool) -> ModelGraph:
             f"heads and one MLP; model_type {model_type!r} is not supported ({why})"
         )
     assert parts.n_heads is not None
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text: Any = getattr(config, "get_text_config", lambda: config)()
     kv = getattr(text, "num_key_value_heads", None)
     grouped = kv if isinstance(kv, int) and kv != parts.n_heads else None
     return model_graph(len(parts.blocks), parts.n_heads, qkv, grouped)

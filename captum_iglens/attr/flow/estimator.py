@@ -118,7 +118,9 @@ def exact_step(
         edges[mlp] = allocate(outflow[owner[mlp]], edge_sums[mlp], allowed[mlp])
         outflow += edges[mlp]
         split = allocate(
-            outflow[owner[heads]][:n], by_head(edge_sums[heads]), by_head(allowed[heads])
+            outflow[owner[heads]][:n],
+            by_head(edge_sums[heads]),
+            by_head(allowed[heads]),
         )
         edges[heads] = split.reshape(n, k, s).transpose(0, 1).reshape(k * n, s)
         outflow += split.reshape(n * k, s).sum(0)  # summed head by head

@@ -209,9 +209,7 @@ class FlowGraph(JsonDocument, Viewable):
                 raise ValueError(
                     "pair_flows: given without position_flows, which they add up to"
                 )
-            _close(
-                "pair_flows", self.pair_flows.sum(-1), self.position_flows, scale
-            )
+            _close("pair_flows", self.pair_flows.sum(-1), self.position_flows, scale)
         out_of_input = self.flows[self.graph.edge_senders == 0].sum()
         _close("input_flows", self.input_flows.sum(), out_of_input, scale)
         if not exact:
@@ -450,7 +448,9 @@ class FlowGraph(JsonDocument, Viewable):
         graph, kept = self.graph, self.kept
         sender = graph.node_depth[graph.edge_senders[kept]]
         receiver = graph.node_depth[graph.receiver_node[graph.edge_receivers[kept]]]
-        blocks = graph.node_depth[[graph.node_index[f"m{i}"] for i in range(graph.n_layers)]]
+        blocks = graph.node_depth[
+            [graph.node_index[f"m{i}"] for i in range(graph.n_layers)]
+        ]
         cuts = np.concatenate([[0.0], np.sort(blocks)])[:, None]  # (L + 1, 1)
         crossing = (sender[None] <= cuts) & (receiver[None] > cuts)  # (L + 1, E)
         return crossing.astype(np.float64) @ self.position_flows[kept]
