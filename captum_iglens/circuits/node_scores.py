@@ -98,8 +98,8 @@ def sender_columns(lens: LayerIGLens, graph: ModelGraph, names: list) -> Dict[in
         block = str(column.block)  # named by every column but input's
         if column.kind == "input":
             sender = INPUT
-        elif column.kind == "head":
-            sender = head_name(lens.layer_names.index(block), int(column.index))
+        elif column.kind == "head" and column.index is not None:
+            sender = head_name(lens.layer_names.index(block), column.index)
         elif column.kind == "sublayer" and column.part == "mlp":
             sender = mlp_name(lens.layer_names.index(block))
         else:
