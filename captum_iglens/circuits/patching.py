@@ -107,6 +107,12 @@ class CircuitModel:
         model (Module): A ``*ForCausalLM`` model of a supported family (see
                     the module's docstring), float32 or not, on one device.
 
+    Attributes:
+
+        graph (ModelGraph): The model's graph, with separate query, key and
+                    value reads (one per query head).
+        d_model (int): The residual stream's width.
+
     Raises:
         ValueError: If the model's blocks are not of a supported form.
     """
@@ -127,7 +133,6 @@ class CircuitModel:
         self.parts = parts
         self.n_heads = parts.n_heads
         d = config.hidden_size
-        #: The residual stream's width.
         self.d_model: int = d
         self.layers: List[_Layer] = []
         for i, block in enumerate(parts.blocks):

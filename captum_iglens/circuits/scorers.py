@@ -340,21 +340,19 @@ for _name, _scorer in (
         Scorer(
             patching,
             "exact single-edge patching of --sample edges",
-            None,
-            _sampled_edges,
+            truth=_sampled_edges,
         ),
     ),
     (
         "patching-nodes",
-        Scorer(node_patching, "exact patching of each node alone", None, _node_totals),
+        Scorer(node_patching, "exact patching of each node alone", truth=_node_totals),
     ),
     (
         "patching-nodes-denoising",
         Scorer(
             partial(node_patching, denoising=True),
             "each node's clean writes alone in the counterfactual run",
-            None,
-            _node_totals,
+            truth=_node_totals,
         ),
     ),
 ):
