@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from captum_iglens.circuits.generators import GENERATORS
-from captum_iglens.circuits.scorers import GROUND_TRUTH
+from captum_iglens.circuits.scorers import SCORERS
 from captum_iglens.cli import main
+
+#: The ground-truth scorers, one column of rank correlations each.
+GROUND_TRUTH = [name for name, scorer in SCORERS.items() if scorer.truth]
 
 
 def _commit() -> str:

@@ -19,15 +19,17 @@ from scipy.stats import spearmanr
 from torch import Tensor
 
 from captum_iglens.circuits.faithfulness import PERCENTS, circuits
-from captum_iglens.circuits.graph import EdgeGraph
+from captum_iglens.graph.circuit import legal_edges
+from captum_iglens.graph.model_graph import ModelGraph, model_graph
 
 
-def graph_of(scores: Tensor) -> EdgeGraph:
-    """The graph of ``(S, R)`` scores: ``S - 1 = L (H + 1)``, ``R - S = 2 L H``."""
+def graph_of(scores: Tensor) -> ModelGraph:
+    """The graph of ``(S, R)`` scores: ``S - 1 = L (H + 1)``, ``R - S = 2 L H``
+    (grouped key/value heads change no edge)."""
     S, R = scores.shape
     heads_total = (R - S) // 2
     layers = S - 1 - heads_total
-    return EdgeGraph(layers, heads_total // layers)
+    return model_graph(layers, heads_total // layers)
 
 
 def compare(folder: Path, methods: List[str]) -> str:
@@ -37,7 +39,7 @@ def compare(folder: Path, methods: List[str]) -> str:
         for m in methods
     )
     graph = graph_of(first)
-    legal = graph.legal
+    legal = legal_edges(graph)
     rho = float(spearmanr(first[legal].numpy(), second[legal].numpy()).statistic)
     jaccard = [
         float((a & b).sum()) / max(float((a | b).sum()), 1.0)

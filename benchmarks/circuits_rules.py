@@ -30,7 +30,7 @@ from torch import Tensor
 
 from captum_iglens.circuits.context import ScoringContext
 from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
-from captum_iglens.circuits.scorers import SCORERS, STEPS
+from captum_iglens.circuits.scorers import Scorer, register
 
 import circuits
 
@@ -54,8 +54,7 @@ def rule_scores(context: ScoringContext) -> Dict[str, Tensor]:
     graph, n = context.model.graph, context.steps
     m = METRIC_FUNCTIONS[context.metric]
     scores = {
-        rule: torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
-        for rule in RULES
+        rule: torch.zeros(graph.legal.shape, dtype=torch.float64) for rule in RULES
     }
 
     def dot(z: Tensor, rho: Tensor) -> Tensor:
@@ -100,7 +99,6 @@ def _rule(context: ScoringContext, rule: str) -> Tensor:
 
 if __name__ == "__main__":
     for rule in RULES:
-        SCORERS[rule] = partial(_rule, rule=rule)
-        STEPS[rule] = 5
+        register(rule, Scorer(partial(_rule, rule=rule), f"the {rule} rule", 5))
     every = ",".join(f"{rule}:5" for rule in RULES)
     sys.exit(circuits.run(circuits.parse_args(__doc__, every)))

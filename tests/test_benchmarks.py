@@ -222,7 +222,8 @@ def test_circuits_rules_match_the_two_methods_they_cross(tmp_path, tiny_folder):
     both."""
     import torch
 
-    from captum_iglens.circuits.graph import EdgeGraph
+    from captum_iglens.graph.circuit import legal_edges
+    from captum_iglens.graph.model_graph import model_graph
 
     folder, pair = tiny_folder
     tasks = {
@@ -243,7 +244,8 @@ def test_circuits_rules_match_the_two_methods_they_cross(tmp_path, tiny_folder):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     config = json.loads((folder / "config.json").read_text())
-    legal = EdgeGraph(config["num_hidden_layers"], config["num_attention_heads"]).legal
+    graph = model_graph(config["num_hidden_layers"], config["num_attention_heads"])
+    legal = legal_edges(graph)
 
     def near(a, b):
         return torch.allclose(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max()))

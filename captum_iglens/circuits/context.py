@@ -5,7 +5,7 @@ scorers so that a scorer in a module of its own can take it.
 """
 
 from dataclasses import dataclass
-from typing import Dict, Sequence, Union
+from typing import Dict, Optional, Sequence, Union
 
 from torch import Tensor
 
@@ -34,6 +34,8 @@ class ScoringContext:
         steps (int): The step count of integrated-gradient methods.
         seed (int): The seed of random choices.
         sample (int): Edges exactly patched by ``patching``.
+        path (str, optional): The file of a method that reads one
+                    (``eap-json:PATH``).
     """
 
     model: CircuitModel
@@ -44,3 +46,4 @@ class ScoringContext:
     steps: int = 5
     seed: int = 0
     sample: int = 100
+    path: Optional[str] = None

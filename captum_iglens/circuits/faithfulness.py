@@ -20,8 +20,9 @@ import torch
 from torch import Tensor
 
 from captum_iglens.circuits.batches import Batch
-from captum_iglens.circuits.graph import EdgeGraph
 from captum_iglens.circuits.patching import CircuitModel
+from captum_iglens.graph.circuit import top_edges
+from captum_iglens.graph.model_graph import ModelGraph
 
 #: MIB's circuit sizes, in percent of the edges.
 PERCENTS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
@@ -54,13 +55,13 @@ METRIC_FUNCTIONS: Dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
 }
 
 
-def circuits(graph: EdgeGraph, scores: Tensor, absolute: bool) -> List[Tensor]:
+def circuits(graph: ModelGraph, scores: Tensor, absolute: bool) -> List[Tensor]:
     r"""
     The pruned top-``k%`` circuits of one scoring, for ``k`` in :data:`PERCENTS`.
 
     Args:
 
-        graph (EdgeGraph): The model's graph.
+        graph (ModelGraph): The model's graph.
         scores (Tensor): ``(S, R)`` edge scores.
         absolute (bool): Rank by ``|score|`` (CMD) or signed (CPR).
 
@@ -68,7 +69,7 @@ def circuits(graph: EdgeGraph, scores: Tensor, absolute: bool) -> List[Tensor]:
         *list[Tensor]*: one ``(S, R)`` bool circuit per size.
     """
     return [
-        graph.top_edges(scores, int(pct / 100 * graph.n_edges), absolute)
+        top_edges(graph, scores, int(pct / 100 * graph.n_edges), absolute)
         for pct in PERCENTS
     ]
 

@@ -4,56 +4,25 @@ The exact probability flow as an edge scorer of the circuit harness
 path of the first block's input from the counterfactual prompt to the clean
 one (:func:`~captum_iglens.attr.flow.engine.flow_totals`, the exact
 ``"prediction_aware"`` estimator, with separate query, key and value
-receivers), on the batch's token ids as they are (nothing is retokenised).
+receivers, the flow's graph the harness's: the flows' receivers are in its
+order), on the batch's token ids as they are (nothing is retokenised).
 ``SCORERS["flow-plain"]`` is the same path's first-order terms
 (``"riemann_trapezoid"``), which the exact estimator corrects: what the
 correction changes in a circuit.
 """
-
-from typing import List
 
 import torch
 from torch import Tensor
 
 from captum_iglens.attr.flow.budget import point_bytes, points_at_once
 from captum_iglens.attr.flow.engine import (
-    check_flow_parts,
     first_block_inputs,
+    flow_graph_of,
     flow_totals,
 )
-from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.attr.flow.options import DEFAULT_CHUNK_BYTES
 from captum_iglens.attr.flow.targets import FlowTarget
 from captum_iglens.circuits.context import ScoringContext
-from captum_iglens.circuits.graph import EdgeGraph
-from captum_iglens.attr.flow.options import DEFAULT_CHUNK_BYTES
-
-
-def receiver_rows(graph: EdgeGraph, layout: FlowLayout) -> List[int]:
-    r"""
-    For each receiver of the harness's graph but ``logits``, its row in the
-    flow's edges, matched by name: the flow lists a head's ``<q>``, ``<k>``,
-    ``<v>`` together, the harness every head's ``<q>``, then ``<k>``, then
-    ``<v>``.
-
-    Args:
-
-        graph (EdgeGraph): The harness's graph.
-        layout (FlowLayout): The flow's nodes, with ``qkv``.
-
-    Returns:
-        *list[int]*: ``R - 1`` rows.
-
-    Raises:
-        ValueError: If the two do not name the same senders and receivers.
-    """
-    rows = {name: i for i, name in enumerate(layout.receivers())}
-    if layout.senders() != graph.senders or set(rows) != set(graph.receivers[:-1]):
-        raise ValueError(
-            "model: the flow's nodes are not the circuit graph's "
-            f"({layout.n_layers} blocks of {layout.n_heads} heads, "
-            f"against {graph.n_layers} of {graph.n_heads})"
-        )
-    return [rows[name] for name in graph.receivers[:-1]]
 
 
 def flow_scores(context: ScoringContext, method: str = "prediction_aware") -> Tensor:
@@ -80,15 +49,21 @@ def flow_scores(context: ScoringContext, method: str = "prediction_aware") -> Te
 
     Returns:
         *Tensor*: ``(S, R)`` float64.
+
+    Raises:
+        ValueError: If the flow's graph of the model is not the harness's.
     """
-    model, graph = context.model, context.model.graph
-    parts = model.parts
-    layout = FlowLayout(graph.n_layers, check_flow_parts(parts), qkv=True)
-    rows = receiver_rows(graph, layout)
-    scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
+    graph, parts = context.model.graph, context.model.parts
+    flow_graph = flow_graph_of(parts, qkv=True)
+    if flow_graph != graph:
+        raise ValueError(
+            f"model: the flow's graph ({flow_graph.describe()}) is not the "
+            f"circuit harness's ({graph.describe()})"
+        )
+    scores = torch.zeros(graph.legal.shape, dtype=torch.float64)
     for batch in context.batches:
         position = batch.clean.shape[1] - 1
-        point = point_bytes(parts, layout, batch.clean.shape[1])
+        point = point_bytes(parts, graph, batch.clean.shape[1])
         at_once = points_at_once(point, context.steps + 1, None, DEFAULT_CHUNK_BYTES)
         for b in range(len(batch.index)):
             answer, foil = int(batch.answer[b]), int(batch.foil[b])
@@ -103,7 +78,7 @@ def flow_scores(context: ScoringContext, method: str = "prediction_aware") -> Te
                 batch.clean[b : b + 1],
                 first_block_inputs(parts, batch.counterfactual[b : b + 1]),
                 target,
-                layout,
+                graph,
                 n_steps=context.steps,
                 method=method,
                 per_position=False,
@@ -111,6 +86,6 @@ def flow_scores(context: ScoringContext, method: str = "prediction_aware") -> Te
                 internal_batch_size=at_once,
                 max_chunk_bytes=DEFAULT_CHUNK_BYTES,
             )
-            scores[:, :-1] += totals.edges[rows].T.cpu()
+            scores[:, :-1] += totals.edges.T.cpu()
             scores[:, -1] += totals.direct.sum(-1).cpu()
     return scores / context.n_pairs

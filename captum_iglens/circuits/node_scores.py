@@ -30,11 +30,18 @@ from torch import Tensor
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.circuits.context import ScoringContext
-from captum_iglens.circuits.graph import EdgeGraph
 from captum_iglens.columns import Column
+from captum_iglens.graph.circuit import legal_edges
+from captum_iglens.graph.model_graph import (
+    INPUT,
+    LOGITS,
+    ModelGraph,
+    head_name,
+    mlp_name,
+)
 
 
-def lift_to_edges(graph: EdgeGraph, credits: Tensor) -> Tensor:
+def lift_to_edges(graph: ModelGraph, credits: Tensor) -> Tensor:
     r"""
     Node credits as edge scores: an edge ``u -> w`` into a head or an MLP
     gets ``credit(w) / in_degree(w)`` (a head's in-edges are those of its
@@ -44,28 +51,28 @@ def lift_to_edges(graph: EdgeGraph, credits: Tensor) -> Tensor:
 
     Args:
 
-        graph (EdgeGraph): The harness's graph.
+        graph (ModelGraph): The harness's graph.
         credits (Tensor): ``(S,)``, one credit per sender.
 
     Returns:
         *Tensor*: ``(S, R)`` float64, zero off the edges.
     """
     credits = credits.to(torch.float64)
-    legal = graph.legal.to(torch.float64)
-    node = torch.tensor(graph.receiver_node)
-    has = node >= 0
-    in_degree = torch.zeros(graph.n_senders, dtype=torch.float64)
+    legal = legal_edges(graph).to(torch.float64)
+    node = torch.from_numpy(graph.receiver_node)
+    has = node < len(graph.senders)  # every receiver but logits
+    in_degree = torch.zeros(len(graph.senders), dtype=torch.float64)
     in_degree.index_add_(0, node[has], legal[:, has].sum(0))
     share = credits.clone()
     share[in_degree > 0] /= in_degree[in_degree > 0]
     scores = torch.zeros_like(legal)
     scores[:, has] = legal[:, has] * share[node[has]][None, :]
-    logits = graph.receivers.index("logits")
+    logits = graph.receivers.index(LOGITS)
     scores[:, logits] = legal[:, logits] * credits
     return scores
 
 
-def sender_columns(lens: LayerIGLens, graph: EdgeGraph, names: list) -> Dict[int, int]:
+def sender_columns(lens: LayerIGLens, graph: ModelGraph, names: list) -> Dict[int, int]:
     r"""
     For each sender of the graph, its column in a ``"head"`` map, matched by
     name (``input``; ``<b>.attn.h<i>`` is ``a<l>.h<i>``, ``<b>.mlp`` is
@@ -74,7 +81,7 @@ def sender_columns(lens: LayerIGLens, graph: EdgeGraph, names: list) -> Dict[int
     Args:
 
         lens (LayerIGLens): The lens over every block.
-        graph (EdgeGraph): The harness's graph.
+        graph (ModelGraph): The harness's graph.
         names (list[str]): The map's column names.
 
     Returns:
@@ -84,21 +91,21 @@ def sender_columns(lens: LayerIGLens, graph: EdgeGraph, names: list) -> Dict[int
         ValueError: If a column is no sender (an attention bias) or a sender
                     has no column.
     """
-    senders = {name: i for i, name in enumerate(graph.senders)}
+    senders = graph.node_index
     out: Dict[int, int] = {}
     for j, name in enumerate(names):
         column = Column.parse(name)
         block = str(column.block)  # named by every column but input's
         if column.kind == "input":
-            sender = "input"
-        elif column.kind == "head":
-            sender = f"a{lens.layer_names.index(block)}.h{column.index}"
+            sender = INPUT
+        elif column.kind == "head" and column.index is not None:
+            sender = head_name(lens.layer_names.index(block), column.index)
         elif column.kind == "sublayer" and column.part == "mlp":
-            sender = f"m{lens.layer_names.index(block)}"
+            sender = mlp_name(lens.layer_names.index(block))
         else:
             raise ValueError(f"model: the head map's column {name!r} is no node")
         out[senders[sender]] = j
-    if len(out) != graph.n_senders:
+    if len(out) != len(graph.senders):
         raise ValueError("model: the head map does not credit every node")
     return out
 
@@ -128,7 +135,7 @@ def node_credits(context: ScoringContext, path: str) -> Tensor:
             path=path,
         )
         columns = sender_columns(lens, graph, list(result.layer_names))
-        order = torch.tensor([columns[s] for s in range(graph.n_senders)])
+        order = torch.tensor([columns[s] for s in range(len(graph.senders))])
         rows.append(result.attributions[:, 0, order].to(torch.float64).cpu())
     return torch.cat(rows)
 

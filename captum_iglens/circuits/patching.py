@@ -1,7 +1,7 @@
 r"""
-A model run node by node, so that every receiver of the edge graph
-(:class:`~captum_iglens.circuits.graph.EdgeGraph`) can read its own residual
-stream: MIB's edge patching.
+A model run node by node, so that every receiver of the model's graph
+(:class:`~captum_iglens.graph.model_graph.ModelGraph`, with separate query,
+key and value reads) can read its own residual stream: MIB's edge patching.
 
 In a patched run, receiver ``w`` reads
 
@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens.attr._utils.attention import attention_of
-from captum_iglens.circuits.graph import EdgeGraph
+from captum_iglens.graph.model_graph import ModelGraph, model_graph
 from captum_iglens.hf.architectures import model_parts
 
 
@@ -107,6 +107,12 @@ class CircuitModel:
         model (Module): A ``*ForCausalLM`` model of a supported family (see
                     the module's docstring), float32 or not, on one device.
 
+    Attributes:
+
+        graph (ModelGraph): The model's graph, with separate query, key and
+                    value reads (one per query head).
+        d_model (int): The residual stream's width.
+
     Raises:
         ValueError: If the model's blocks are not of a supported form.
     """
@@ -126,8 +132,8 @@ class CircuitModel:
         self.model: Any = model
         self.parts = parts
         self.n_heads = parts.n_heads
-        self.graph = EdgeGraph(len(parts.blocks), self.n_heads)
         d = config.hidden_size
+        self.d_model: int = d
         self.layers: List[_Layer] = []
         for i, block in enumerate(parts.blocks):
             attn: Any = attention_of(block, parts.attn_out[i])
@@ -160,8 +166,18 @@ class CircuitModel:
                     window=getattr(attn, "sliding_window", None),
                 )
             )
+        self.graph = self._graph()
         self.softcap = getattr(config, "attn_logit_softcapping", None)
         self._positions: Dict[Tuple[int, str], List[Any]] = {}
+
+    def _graph(self) -> ModelGraph:
+        """The model's graph, with separate query, key and value reads and
+        the key/value heads read from the first block's projections where
+        they are grouped."""
+        attn = self.layers[0].attn
+        n_kv = attn.k_proj.out_features // attn.head_dim
+        grouped = n_kv if n_kv != self.n_heads else None
+        return model_graph(len(self.layers), self.n_heads, True, grouped)
 
     def _position_embeddings(self, ids: Tensor) -> List[Any]:
         """Each block's rotary ``(cos, sin)`` for ``T`` positions, as the model

@@ -1,12 +1,14 @@
 r"""
-The edge scorers of the circuit harness, by name (:data:`SCORERS`).
+The edge scorers of the circuit harness, one :class:`Scorer` record each in
+one registry (:data:`SCORERS`, read-only; :func:`register` adds one).
 
-A scorer is a callable ``(context: ScoringContext) -> scores``, where scores
-are either an ``(S, R)`` tensor over the graph's senders × receivers
-(:class:`~captum_iglens.circuits.graph.EdgeGraph`) or a dict from edge name
-(``"a3.h1->m5"``, ``"input->a0.h2<q>"``) to score. Larger is more important;
-CPR's circuits take the largest signed scores, CMD's the largest ``|score|``.
-A new method is one entry: ``SCORERS["name"] = function``.
+A scorer's function is a callable ``(context: ScoringContext) -> scores``,
+where scores are either an ``(S, R)`` tensor over the graph's senders ×
+receivers (:class:`~captum_iglens.graph.model_graph.ModelGraph`) or a dict
+from edge name (``"a3.h1->m5"``, ``"input->a0.h2<q>"``) to score. Larger is
+more important; CPR's circuits take the largest signed scores, CMD's the
+largest ``|score|``. Its record says whether it takes a step count (and its
+default), reads a file, or is a ground truth (and how it is compared).
 
 ``flow`` is the exact probability flow
 (:func:`~captum_iglens.circuits.flow_scores.flow_scores`, at
@@ -29,6 +31,8 @@ The baselines, written from their papers:
   ``α = k / steps`` for ``k = 1 … steps``, and the gradients at every
   receiver score that group's edges;
 - ``random``: uniform scores under the context's seed;
+- ``eap-json:PATH``: the edge scores of an EAP-IG graph file
+  (:mod:`~captum_iglens.circuits.eap_json_scores`), whoever wrote it;
 - ``patching``: exact single-edge patching, ``m(N) − m(N \ e)``, on a random
   subsample of edges (NaN elsewhere);
 - ``patching-nodes``: exact patching of each node alone, ``m(N) − m(N \ u)``
@@ -38,23 +42,27 @@ The baselines, written from their papers:
   ``m(∅ ∪ u) − m(∅)``, the counterfactual run with ``u``'s clean writes.
 
 The last three are the ground truth of the rank correlations, not circuits
-(:data:`GROUND_TRUTH` says how each is compared: edge by edge on the sampled
-edges, or node by node on each sender's total over its out-edges).
+(their record's ``truth`` says how each is compared: edge by edge on the
+sampled edges, or node by node on each sender's total over its out-edges).
 """
 
+from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Dict, List, Optional, Tuple
+from types import MappingProxyType
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from captum_iglens.attr.flow.options import DEFAULT_STEPS
 from captum_iglens.circuits.batches import Batch
 from captum_iglens.circuits.context import Scores, ScoringContext
+from captum_iglens.circuits.eap_json_scores import eap_json_scores
 from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
 from captum_iglens.circuits.flow_scores import flow_scores
-from captum_iglens.circuits.graph import EdgeGraph
 from captum_iglens.circuits.node_scores import lifted_scores
-from captum_iglens.attr.flow.options import DEFAULT_STEPS
+from captum_iglens.graph.circuit import legal_edges
+from captum_iglens.graph.model_graph import ModelGraph
 
 
 def _receiver_grads(
@@ -92,7 +100,7 @@ def _edge_scores(diff: Tensor, grads: Tensor) -> Tensor:
 def eap(context: ScoringContext) -> Tensor:
     """EAP: the activation difference times the gradient at the clean input."""
     graph = context.model.graph
-    scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
+    scores = torch.zeros(graph.legal.shape, dtype=torch.float64)
     for batch in context.batches:
         clean, other = _writes(context, batch)
         scores += _edge_scores(clean - other, _receiver_grads(context, batch))
@@ -112,11 +120,13 @@ def _group_slices(context: ScoringContext) -> List[slice]:
 def eap_ig_inputs(context: ScoringContext) -> Tensor:
     """EAP-IG-inputs: gradients averaged along the embeddings' straight path."""
     graph = context.model.graph
-    scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
+    scores = torch.zeros(graph.legal.shape, dtype=torch.float64)
     for batch in context.batches:
         clean, other = _writes(context, batch)
         grads = (
-            torch.zeros_like(clean[:, :1]).expand(-1, graph.n_receivers, -1, -1).clone()
+            torch.zeros_like(clean[:, :1])
+            .expand(-1, len(graph.receivers), -1, -1)
+            .clone()
         )
         for k in range(context.steps):
             embed = other[:, :1] + k / context.steps * (clean[:, :1] - other[:, :1])
@@ -128,7 +138,7 @@ def eap_ig_inputs(context: ScoringContext) -> Tensor:
 def eap_ig_activations(context: ScoringContext) -> Tensor:
     """EAP-IG-activations: each sender group's writes interpolated alone."""
     graph = context.model.graph
-    scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=torch.float64)
+    scores = torch.zeros(graph.legal.shape, dtype=torch.float64)
     for batch in context.batches:
         clean, other = _writes(context, batch)
         for group, senders in enumerate(_group_slices(context)):
@@ -149,20 +159,16 @@ def random_scores(context: ScoringContext) -> Tensor:
     """Uniform random scores in ``[0, 1)``, under the context's seed."""
     graph = context.model.graph
     generator = torch.Generator().manual_seed(context.seed)
-    return torch.rand(
-        graph.n_senders, graph.n_receivers, generator=generator, dtype=torch.float64
-    )
+    return torch.rand(graph.legal.shape, generator=generator, dtype=torch.float64)
 
 
 def patching(context: ScoringContext) -> Tensor:
     """Exact single-edge patching on a random subsample of edges (NaN elsewhere)."""
-    graph = context.model.graph
-    edges = graph.legal.nonzero()
+    legal = legal_edges(context.model.graph)
+    edges = legal.nonzero()
     generator = torch.Generator().manual_seed(context.seed)
     chosen = edges[torch.randperm(len(edges), generator=generator)[: context.sample]]
-    scores = torch.full(
-        (graph.n_senders, graph.n_receivers), float("nan"), dtype=torch.float64
-    )
+    scores = torch.full(legal.shape, float("nan"), dtype=torch.float64)
     scores[chosen[:, 0], chosen[:, 1]] = 0.0
     m = METRIC_FUNCTIONS[context.metric]
     with torch.no_grad():
@@ -170,7 +176,7 @@ def patching(context: ScoringContext) -> Tensor:
             other = context.model.run(batch.counterfactual, return_writes=True).writes
             full = m(context.model.run(batch.clean).logits, batch.answer, batch.foil)
             for s, r in chosen.tolist():
-                keep = graph.legal.clone()
+                keep = legal.clone()
                 keep[s, r] = False
                 run = context.model.run(batch.clean, keep=keep, counterfactual=other)
                 scores[s, r] += float(
@@ -189,7 +195,7 @@ def node_patching(context: ScoringContext, denoising: bool = False) -> Tensor:
     """
     graph = context.model.graph
     m = METRIC_FUNCTIONS[context.metric]
-    effects = torch.zeros(graph.n_senders, dtype=torch.float64)
+    effects = torch.zeros(len(graph.senders), dtype=torch.float64)
     with torch.no_grad():
         for batch in context.batches:
             clean, other = _writes(context, batch)
@@ -204,12 +210,12 @@ def node_patching(context: ScoringContext, denoising: bool = False) -> Tensor:
                     run = context.model.run(ids, override=(group, mixed))
                     patched = m(run.logits, batch.answer, batch.foil)
                     effects[node] += sign * float((unpatched - patched).sum())
-    legal = graph.legal.double()
+    legal = legal_edges(graph).double()
     return legal * (effects / context.n_pairs / legal.sum(1)).unsqueeze(1)
 
 
 def _sampled_edges(
-    graph: EdgeGraph, scores: Tensor, truth: Tensor
+    graph: ModelGraph, scores: Tensor, truth: Tensor
 ) -> Tuple[Tensor, Tensor]:
     """Edge by edge, on the edges the ground truth scored."""
     sampled = torch.isfinite(truth)
@@ -217,47 +223,137 @@ def _sampled_edges(
 
 
 def _node_totals(
-    graph: EdgeGraph, scores: Tensor, truth: Tensor
+    graph: ModelGraph, scores: Tensor, truth: Tensor
 ) -> Tuple[Tensor, Tensor]:
     """Node by node: each sender's total over its out-edges."""
+    legal = legal_edges(graph)
 
     def totals(x: Tensor) -> Tensor:
-        return torch.where(graph.legal, x, 0.0).sum(1)
+        return torch.where(legal, x, 0.0).sum(1)
 
     return totals(scores), totals(truth)
 
 
-#: The scorers by name. The ``patching`` ones are the ground truth of rank
-#: correlations (:data:`GROUND_TRUTH`), the others are scored as circuits.
-SCORERS: Dict[str, Callable[[ScoringContext], Scores]] = {
-    "flow": flow_scores,
-    "flow-plain": partial(flow_scores, method="riemann_trapezoid"),
-    "joint": partial(lifted_scores, path="joint"),
-    "telescoping": partial(lifted_scores, path="telescoping"),
-    "eap": eap,
-    "eap-ig-inputs": eap_ig_inputs,
-    "eap-ig-activations": eap_ig_activations,
-    "random": random_scores,
-    "patching": patching,
-    "patching-nodes": node_patching,
-    "patching-nodes-denoising": partial(node_patching, denoising=True),
-}
+#: How a ground truth is compared with a method: ``(graph, scores, truth) ->
+#: (a, b)``, the two vectors whose Spearman correlation is reported.
+Comparison = Callable[[ModelGraph, Tensor, Tensor], Tuple[Tensor, Tensor]]
 
-#: The ground-truth scorers, for rank correlations only, each with what it
-#: compares: ``(graph, scores, truth) -> (a, b)``, the two vectors whose
-#: Spearman correlation is reported.
-GROUND_TRUTH: Dict[
-    str, Callable[[EdgeGraph, Tensor, Tensor], Tuple[Tensor, Tensor]]
-] = {
-    "patching": _sampled_edges,
-    "patching-nodes": _node_totals,
-    "patching-nodes-denoising": _node_totals,
-}
 
-#: Scorers that take a step count (``"eap-ig-inputs:20"``), with their default.
-STEPS: Dict[str, int] = {
-    "flow": DEFAULT_STEPS,
-    "flow-plain": DEFAULT_STEPS,
-    "eap-ig-inputs": 5,
-    "eap-ig-activations": 5,
-}
+@dataclass(frozen=True)
+class Scorer:
+    r"""
+    One edge scorer of the harness.
+
+    Args:
+        function (callable): ``(context: ScoringContext) -> scores``.
+        summary (str): What it is, in a few words (the command's help).
+        steps (int, optional): Its default step count where it takes one
+                    (``NAME:STEPS``). Default: None (it takes none)
+        truth (callable, optional): Where it is a ground truth of the rank
+                    correlations rather than a method scored as circuits,
+                    how it is compared (:data:`Comparison`). Default: None
+        reads_file (bool, optional): Its argument is a file it reads
+                    (``NAME:PATH``, in ``context.path``); before the model's
+                    first forward it is called once on a context without
+                    pairs, where it reads the file and checks it against the
+                    model (a ``ValueError`` refuses the file). Default: False
+
+    Raises:
+        ValueError: If ``steps`` is not a positive int, or is given with
+            ``reads_file``.
+        TypeError: If ``function`` or ``truth`` is not callable.
+    """
+
+    function: Callable[[ScoringContext], Scores]
+    summary: str
+    steps: Optional[int] = None
+    truth: Optional[Comparison] = None
+    reads_file: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("function", "truth"):
+            value = getattr(self, name)
+            if not callable(value) and not (name == "truth" and value is None):
+                raise TypeError(f"{name}: expected a callable, got {value!r}")
+        steps = self.steps
+        if steps is not None and (
+            isinstance(steps, bool) or not isinstance(steps, int) or steps < 1
+        ):
+            raise ValueError(f"steps: expected a positive int or None, got {steps!r}")
+        if steps is not None and self.reads_file:
+            raise ValueError("steps: a scorer that reads a file takes no step count")
+
+
+_REGISTRY: Dict[str, Scorer] = {}
+#: The scorers by name, read-only (:func:`register` adds one), in the order
+#: they were registered.
+SCORERS: Mapping[str, Scorer] = MappingProxyType(_REGISTRY)
+
+
+def register(name: str, scorer: Scorer) -> None:
+    r"""
+    Adds a scorer to :data:`SCORERS`.
+
+    Args:
+        name (str): Its name on the command line: not empty, no ``:`` or
+                    ``,``, not yet registered.
+        scorer (Scorer): Its record.
+
+    Raises:
+        ValueError: If the name is empty, holds ``:`` or ``,``, or is taken.
+        TypeError: If ``scorer`` is not a :class:`Scorer`.
+    """
+    if not isinstance(scorer, Scorer):
+        raise TypeError(f"scorer: expected a Scorer, got {type(scorer).__name__}")
+    if not name or ":" in name or "," in name:
+        raise ValueError(f"name: expected a name without ':' or ',', got {name!r}")
+    if name in _REGISTRY:
+        raise ValueError(f"name: a scorer {name!r} is already registered")
+    _REGISTRY[name] = scorer
+
+
+for _name, _scorer in (
+    ("flow", Scorer(flow_scores, "the exact probability flow", DEFAULT_STEPS)),
+    (
+        "flow-plain",
+        Scorer(
+            partial(flow_scores, method="riemann_trapezoid"),
+            "the flow's first-order terms",
+            DEFAULT_STEPS,
+        ),
+    ),
+    ("joint", Scorer(partial(lifted_scores, path="joint"), "IG-Lens joint map")),
+    (
+        "telescoping",
+        Scorer(partial(lifted_scores, path="telescoping"), "IG-Lens telescoping map"),
+    ),
+    ("eap", Scorer(eap, "EAP")),
+    ("eap-ig-inputs", Scorer(eap_ig_inputs, "EAP-IG on the inputs", 5)),
+    ("eap-ig-activations", Scorer(eap_ig_activations, "EAP-IG on the activations", 5)),
+    ("random", Scorer(random_scores, "uniform random scores")),
+    (
+        "eap-json",
+        Scorer(eap_json_scores, "an EAP-IG graph file's scores", reads_file=True),
+    ),
+    (
+        "patching",
+        Scorer(
+            patching,
+            "exact single-edge patching of --sample edges",
+            truth=_sampled_edges,
+        ),
+    ),
+    (
+        "patching-nodes",
+        Scorer(node_patching, "exact patching of each node alone", truth=_node_totals),
+    ),
+    (
+        "patching-nodes-denoising",
+        Scorer(
+            partial(node_patching, denoising=True),
+            "each node's clean writes alone in the counterfactual run",
+            truth=_node_totals,
+        ),
+    ),
+):
+    register(_name, _scorer)

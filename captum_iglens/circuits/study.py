@@ -8,8 +8,8 @@ intervals, rank correlations with exact patching and costs gathered in a
 With an output folder the run resumes: ``run.json`` records what defines the
 run (the task's pairs, the model's weights, the metric and every option), a
 rerun with anything else is refused, and each method's record
-(``methods/NAME.json`` and its scores ``methods/NAME.pt``) is written as soon
-as it is done and reused by a rerun.
+(``methods/STEM.json`` and its scores ``methods/STEM.pt``,
+:func:`method_stem`) is written as soon as it is done and reused by a rerun.
 """
 
 import hashlib
@@ -48,8 +48,9 @@ from captum_iglens.circuits.faithfulness import (
 )
 from captum_iglens.circuits.patching import CircuitModel
 from captum_iglens.circuits.context import ScoringContext
-from captum_iglens.circuits.scorers import GROUND_TRUTH, SCORERS, STEPS
+from captum_iglens.circuits.scorers import SCORERS
 from captum_iglens.circuits.tasks import Encoded
+from captum_iglens.graph.circuit import circuit_edges, scores_from_dict, top_edges
 
 #: The record of what a folder's run is.
 RUN_RECORD = "run.json"
@@ -57,27 +58,91 @@ RUN_RECORD = "run.json"
 
 def parse_method(text: str) -> Dict[str, Any]:
     r"""
-    A method of the command line: a scorer's name, optionally with a step
-    count for the integrated-gradient ones (``"eap-ig-inputs:20"``).
+    A method of the command line: a scorer's name, with a step count for the
+    scorers that take one (``"eap-ig-inputs:20"``, else their default) or a
+    file for those that read one (``"eap-json:PATH"``; the path may hold
+    ``:``). Nothing is read.
+
+    Args:
+        text (str): The method.
 
     Returns:
-        *dict* with ``name`` (the text), ``scorer`` and ``steps``.
+        *dict* with ``name`` (the text), ``scorer``, ``steps`` (0 for a
+        scorer without steps) and ``path`` (None but for a file).
 
     Raises:
-        ValueError: If the scorer is unknown or the step count is not a
-                    positive int or is given to a method without steps.
+        ValueError: If the scorer is unknown, a step count is not a positive
+            int or is given to a scorer without steps, or a file scorer has
+            no path.
     """
-    scorer, _, steps = text.partition(":")
+    scorer, _, argument = text.partition(":")
     if scorer not in SCORERS:
         raise ValueError(
             f"--methods: expected names from {list(SCORERS)}, got {scorer!r}"
         )
-    if steps and scorer not in STEPS:
+    record = SCORERS[scorer]
+    if record.reads_file:
+        if not argument:
+            raise ValueError(
+                f"--methods: {scorer} scores a file, expected {scorer}:PATH, "
+                f"got {text!r}"
+            )
+        return dict(name=text, scorer=scorer, steps=0, path=argument)
+    if argument and record.steps is None:
         raise ValueError(f"--methods: {scorer} takes no step count, got {text!r}")
-    if steps and (not steps.isdigit() or int(steps) < 1):
+    if argument and (not argument.isdigit() or int(argument) < 1):
         raise ValueError(f"--methods: expected a positive step count in {text!r}")
-    default = STEPS.get(scorer, 0)
-    return dict(name=text, scorer=scorer, steps=int(steps) if steps else default)
+    steps = int(argument) if argument else record.steps or 0
+    return dict(name=text, scorer=scorer, steps=steps, path=None)
+
+
+def method_stem(method: Dict[str, Any]) -> str:
+    r"""
+    The file stem of a method's record in a resumable folder: its text with
+    ``:`` as ``-``; for a method that reads a file, the scorer's name and the
+    sha256 of the text and the file's bytes, so that a changed file is scored
+    again, never resumed.
+
+    Args:
+        method (dict): :func:`parse_method`'s dict.
+
+    Returns:
+        *str*.
+    """
+    if method["path"] is None:
+        return str(method["name"]).replace(":", "-")
+    digest = hashlib.sha256(method["name"].encode() + b"\0")
+    digest.update(Path(method["path"]).read_bytes())
+    return f"{method['scorer']}-{digest.hexdigest()[:16]}"
+
+
+def check_method_files(
+    model: CircuitModel, tokenizer: Any, methods: Sequence[str], metric: str
+) -> None:
+    r"""
+    Reads the file of every method that reads one and checks it against the
+    model, before any forward: each such scorer is called on a context
+    without pairs (:class:`~captum_iglens.circuits.scorers.Scorer`).
+
+    Args:
+        model (CircuitModel): The bound model.
+        tokenizer (Any): Its tokenizer.
+        methods (list[str]): Method texts (:func:`parse_method`).
+        metric (str): The name of ``m``.
+
+    Raises:
+        ValueError: ``--methods:`` and the scorer's message (the file and
+            the field that does not match the model).
+    """
+    for text in methods:
+        method = parse_method(text)
+        if method["path"] is None:
+            continue
+        context = ScoringContext(model, tokenizer, [], 0, metric, path=method["path"])
+        try:
+            SCORERS[method["scorer"]].function(context)
+        except ValueError as error:
+            raise ValueError(f"--methods: {error}") from None
 
 
 #: One method's curve in a saved :class:`CircuitsResult` (``K`` sizes).
@@ -128,8 +193,8 @@ class CircuitsResult(JsonDocument):
         correlations (dict[str, dict[str, float]]): Per ground-truth
                     scorer that was run, Spearman's rank
                     correlation of each method's scores with its scores, as
-                    :data:`~captum_iglens.circuits.scorers.GROUND_TRUTH`
-                    compares them.
+                    its record's ``truth`` compares them
+                    (:class:`~captum_iglens.circuits.scorers.Scorer`).
         seconds (dict[str, float]): Wall time per stage.
         best (dict[str, list[str]]): Per method, the edges of its circuit
                     (absolute ranking) at its :func:`best_size`.
@@ -272,14 +337,14 @@ def score_method(
     """
     model, graph, n = context.model, context.model.graph, context.n_pairs
     start = time.perf_counter()
-    found = SCORERS[scorer](context)
+    found = SCORERS[scorer].function(context)
     if isinstance(found, Tensor):
         scores = found.double().cpu()
     else:
-        scores = graph.scores_from_dict(found, text)
+        scores = scores_from_dict(graph, found, text)
     seconds = {"score": time.perf_counter() - start}
     record: Dict[str, Any] = dict(name=text, curve=None, seconds=seconds)
-    if scorer not in GROUND_TRUTH:
+    if SCORERS[scorer].truth is None:
         start = time.perf_counter()
         signed, absolute = circuits(graph, scores, False), circuits(graph, scores, True)
         keeps = signed + absolute
@@ -345,16 +410,15 @@ def run_circuits(
     records: List[Dict[str, Any]] = []
     for text in methods:
         method = parse_method(text)
-        stem = text.replace(":", "-")
-        if out is not None and (out / "methods" / f"{stem}.json").exists():
-            resumed = json.loads(
-                (out / "methods" / f"{stem}.json").read_text(encoding="utf-8")
-            )
-            resumed["scores"] = torch.load(
-                out / "methods" / f"{stem}.pt", weights_only=True
-            )
+        saved = None
+        if out is not None:
+            stem = out / "methods" / method_stem(method)
+            saved = (Path(f"{stem}.json"), Path(f"{stem}.pt"))
+        if saved is not None and saved[0].exists():
+            resumed = json.loads(saved[0].read_text(encoding="utf-8"))
+            resumed["scores"] = torch.load(saved[1], weights_only=True)
             records.append(resumed)
-            report(f"{text}: resumed from {out / 'methods'}")
+            report(f"{text}: resumed from {saved[0].parent}")
             continue
         context = ScoringContext(
             model,
@@ -365,13 +429,14 @@ def run_circuits(
             steps=method["steps"],
             seed=seed,
             sample=sample,
+            path=method["path"],
         )
         record = score_method(context, text, method["scorer"], n_boot)
         seconds = record["seconds"]
-        if out is not None:
-            torch.save(record["scores"], out / "methods" / f"{stem}.pt")
+        if saved is not None:
+            torch.save(record["scores"], saved[1])
             kept = {k: v for k, v in record.items() if k != "scores"}
-            write_atomic(out / "methods" / f"{stem}.json", json.dumps(plain(kept)))
+            write_atomic(saved[0], json.dumps(plain(kept)))
         records.append(record)
         report(f"{text}: " + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items()))
     return records
@@ -418,7 +483,8 @@ def gather(
     curves = [Curve(**r["curve"]) for r in records if r["curve"] is not None]
     correlations: Dict[str, Dict[str, float]] = {}
     for truth in (r for r in records if r["curve"] is None):
-        compared = GROUND_TRUTH[truth["name"]]
+        compared = SCORERS[parse_method(truth["name"])["scorer"]].truth
+        assert compared is not None  # a record without a curve is a ground truth
         correlations[truth["name"]] = {
             r["name"]: spearman(*compared(graph, r["scores"], truth["scores"]))
             for r in records
@@ -429,11 +495,8 @@ def gather(
         if r["curve"] is None:
             continue
         k = best_size(r["curve"]["f_abs"])
-        keep = graph.top_edges(r["scores"], int(k / 100 * graph.n_edges), True)
-        best[r["name"]] = [
-            f"{graph.senders[s]}->{graph.receivers[t]}"
-            for s, t in keep.nonzero().tolist()
-        ]
+        keep = top_edges(graph, r["scores"], int(k / 100 * graph.n_edges), True)
+        best[r["name"]] = circuit_edges(graph, keep)
     return CircuitsResult(
         task=task,
         model=model_name,

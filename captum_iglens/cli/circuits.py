@@ -2,6 +2,7 @@ r"""``captum-iglens circuits``: MIB's circuit faithfulness (CPR, CMD) of edge
 scoring methods on a task, offline (see :mod:`captum_iglens.circuits`)."""
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,16 +32,15 @@ def _task_help() -> str:
 
 
 def _methods_help() -> str:
-    from captum_iglens.circuits.scorers import SCORERS, STEPS
+    from captum_iglens.circuits.scorers import SCORERS
 
-    return (
-        f"comma-separated scorers: {', '.join(SCORERS)} (patching: exact "
-        "single-edge patching on --sample edges; patching-nodes, "
-        "patching-nodes-denoising: every node patched alone, from the clean or "
-        "the counterfactual run; all for rank correlations); "
-        f"{', '.join(STEPS)} take a step count, e.g. {next(iter(STEPS))}:20 "
-        f"(default: {DEFAULT_METHODS})"
-    )
+    forms = []
+    for name, scorer in SCORERS.items():
+        form = f"{name}[:STEPS, default {scorer.steps}]" if scorer.steps else name
+        form = f"{name}:PATH" if scorer.reads_file else form
+        truth = ", a ground truth for rank correlations" if scorer.truth else ""
+        forms.append(f"{form} ({scorer.summary}{truth})")
+    return f"comma-separated methods: {'; '.join(forms)} (default: {DEFAULT_METHODS})"
 
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
@@ -121,7 +121,8 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
 
 
 def _check_options(args: argparse.Namespace) -> List[str]:
-    """The methods, the counts and the output files, checked; the methods."""
+    """The methods (a method's file exists and is readable), the counts and
+    the output files, checked; the methods."""
     from captum_iglens._utils.output_paths import check_writable
     from captum_iglens.circuits.study import parse_method
 
@@ -131,7 +132,9 @@ def _check_options(args: argparse.Namespace) -> List[str]:
     if len(set(methods)) != len(methods):
         raise CommandError(f"--methods: a method is named twice in {args.methods!r}")
     for method in methods:
-        parse_method(method)
+        path = parse_method(method)["path"]
+        if path is not None and not (Path(path).is_file() and os.access(path, os.R_OK)):
+            raise CommandError(f"--methods: {method}: no readable file {path!r}")
     _positive(args, "pairs", "generate", "batch-size", "sample", "bootstrap")
     for option in ("json", "png", "html"):
         if getattr(args, option):
@@ -157,13 +160,18 @@ class _Prepared:
 
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the methods, the task (every line), the options and the
-    outputs, loads the model, tokenizes every pair (equal lengths checked)
-    and checks a resumed folder, all before the model's first forward; the
+    outputs, loads the model, reads the methods' files (checked against its
+    graph), tokenizes every pair (equal lengths checked) and checks a resumed
+    folder, all before the model's first forward; the
     job filters the pairs and scores the methods."""
     from captum_iglens._utils.output_paths import check_folder
     from captum_iglens.circuits.generators import GENERATORS, generate
     from captum_iglens.circuits.patching import CircuitModel
-    from captum_iglens.circuits.study import check_folder_run, run_identity
+    from captum_iglens.circuits.study import (
+        check_folder_run,
+        check_method_files,
+        run_identity,
+    )
     from captum_iglens.circuits.tasks import encode_pairs, read_task
     from captum_iglens.hf.checksum import weights_checksum
     from captum_iglens.settings import Settings
@@ -176,6 +184,7 @@ def prepare(args: argparse.Namespace) -> Job:
     parts, tokenizer = load(args, Settings())
     stages = {"load": time.perf_counter() - start}
     model = CircuitModel(parts.model)  # refuses an unsupported block here
+    check_method_files(model, tokenizer, methods, args.metric)
     counts: Dict[str, int] = {}
     if pairs is None:
         generated = generate(args.task, tokenizer, n=args.generate, seed=args.seed)

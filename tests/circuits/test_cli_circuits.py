@@ -114,7 +114,8 @@ def test_both_ground_truths_are_correlated_end_to_end(tmp_path, capsys, tiny_fol
     import torch
     from scipy.stats import spearmanr
 
-    from captum_iglens.circuits.graph import EdgeGraph
+    from captum_iglens.graph.circuit import legal_edges
+    from captum_iglens.graph.model_graph import model_graph
 
     folder, pair = tiny_folder
     task = _task(tmp_path, [json.dumps(pair)] * 2)
@@ -133,7 +134,7 @@ def test_both_ground_truths_are_correlated_end_to_end(tmp_path, capsys, tiny_fol
         name: torch.load(out / "methods" / f"{name}.pt", weights_only=True)
         for name in ("eap", "random", "patching-nodes", "patching")
     }
-    legal = EdgeGraph(2, 4).legal
+    legal = legal_edges(model_graph(2, 4))
     assert legal.shape == saved["eap"].shape
 
     def totals(x):

@@ -1,34 +1,33 @@
-"""The exact-flow scorer of the circuit harness: its receivers mapped by name
-(the flow orders q, k, v per head, the harness per layer), its scores equal to
-the public ProbabilityFlow's edge flows, and for each pair the flows into
-``logits`` adding up to Δm under every metric."""
+"""The exact-flow scorer of the circuit harness: the flow's graph is the
+harness's, its scores equal the public ProbabilityFlow's edge flows, and for
+each pair the flows into ``logits`` add up to Δm under every metric."""
 
 import pytest
 import torch
 
-from captum_iglens.attr.flow.nodes import FlowLayout
+from captum_iglens.attr.flow.engine import flow_graph_of
 from captum_iglens.attr.flow.probability_flow import ProbabilityFlow
 from captum_iglens.circuits.batches import Batch
 from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
-from captum_iglens.circuits.flow_scores import receiver_rows
-from captum_iglens.circuits.graph import EdgeGraph
 from captum_iglens.circuits.patching import CircuitModel
-from captum_iglens.circuits.scorers import SCORERS, STEPS, ScoringContext
+from captum_iglens.circuits.scorers import SCORERS, ScoringContext
+from captum_iglens.graph.circuit import legal_edges, scores_to_dict
 from tests.tiny_models import tiny_model
 
 
-def test_receiver_rows_match_names_across_the_two_orders():
-    graph, layout = EdgeGraph(2, 3), FlowLayout(2, 3, qkv=True)
-    rows = receiver_rows(graph, layout)
-    assert sorted(rows) == list(range(graph.n_receivers - 1))
-    assert rows != sorted(rows)  # the orders differ
-    flow_names = layout.receivers()
-    assert [flow_names[i] for i in rows] == graph.receivers[:-1]
-    assert graph.receivers[1] == "a0.h1<q>" and flow_names[rows[1]] == "a0.h1<q>"
-    with pytest.raises(ValueError, match="the flow's nodes are not the circuit"):
-        receiver_rows(graph, FlowLayout(2, 3, qkv=False))
-    with pytest.raises(ValueError, match="3 blocks of 3 heads, against 2 of 3"):
-        receiver_rows(graph, FlowLayout(3, 3, qkv=True))
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_the_flows_graph_is_the_harnesss(family):
+    """Built apart (the harness from the attention's projections, the flow from
+    the config), they agree, grouped key/value heads included; a harness graph
+    of another model is refused by the scorer."""
+    bound = CircuitModel(tiny_model(family))
+    assert flow_graph_of(bound.parts, qkv=True) == bound.graph
+    assert bound.graph.qkv
+    other = CircuitModel(tiny_model(family))
+    other.graph = flow_graph_of(other.parts, qkv=False)
+    context = ScoringContext(other, None, [], 1, "prob")
+    with pytest.raises(ValueError, match="model: the flow's graph .* is not the"):
+        SCORERS["flow"].function(context)
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3_text"])
@@ -68,7 +67,7 @@ def test_flows_into_the_logits_add_up_to_the_change_of_m_per_pair(pairs, metric)
     for b in range(3):
         pair = _one_pair(batch, b)
         context = ScoringContext(bound, None, [pair], 1, metric, steps=2)
-        scores = SCORERS["flow"](context)
+        scores = SCORERS["flow"].function(context)
         with torch.no_grad():
             delta = m(model(input_ids=pair.clean).logits[:, -1], pair.answer, pair.foil)
             delta -= m(
@@ -76,7 +75,7 @@ def test_flows_into_the_logits_add_up_to_the_change_of_m_per_pair(pairs, metric)
                 pair.answer,
                 pair.foil,
             )
-        into = scores[bound.graph.legal[:, logits], logits].sum()
+        into = scores[legal_edges(bound.graph)[:, logits], logits].sum()
         assert abs(float(delta)) > 1e-6  # the counterfactual matters
         assert float(into) == pytest.approx(float(delta), rel=1e-3, abs=1e-8)
 
@@ -88,7 +87,7 @@ def test_flows_into_the_logits_add_up_to_the_change_of_m_per_pair(pairs, metric)
 def test_scores_are_the_public_flow_graphs_edges_averaged(pairs, scorer, method):
     model, bound, batch = pairs
     context = ScoringContext(bound, None, [batch], 3, "prob_diff", steps=3)
-    got = bound.graph.scores_to_dict(SCORERS[scorer](context))
+    got = scores_to_dict(bound.graph, SCORERS[scorer].function(context))
     flow = ProbabilityFlow(model)
     expected = {name: 0.0 for name in got}
     for b in range(3):
@@ -114,5 +113,5 @@ def test_flow_takes_a_step_count_defaulting_to_the_flows():
     from captum_iglens.circuits.study import parse_method
     from captum_iglens.attr.flow.options import DEFAULT_STEPS
 
-    assert parse_method("flow")["steps"] == DEFAULT_STEPS == STEPS["flow"]
+    assert parse_method("flow")["steps"] == DEFAULT_STEPS == SCORERS["flow"].steps
     assert parse_method("flow:4")["steps"] == 4

@@ -8,31 +8,31 @@ import torch
 
 from captum_iglens import LayerIGLens
 from captum_iglens.circuits.batches import Batch
-from captum_iglens.circuits.graph import EdgeGraph
 from captum_iglens.circuits.node_scores import lift_to_edges
 from captum_iglens.circuits.patching import CircuitModel
-from captum_iglens.circuits.scorers import SCORERS, STEPS, ScoringContext
+from captum_iglens.circuits.scorers import SCORERS, ScoringContext
+from captum_iglens.graph.circuit import legal_edges, scores_to_dict
+from captum_iglens.graph.model_graph import model_graph
 from tests.tiny_models import tiny_model
 
 
 def test_the_lift_shares_a_nodes_credit_by_its_in_degree():
-    graph = EdgeGraph(2, 3)
-    credits = torch.arange(1.0, graph.n_senders + 1)  # sender i: credit i + 1
+    graph = model_graph(2, 3)
+    credits = torch.arange(1.0, len(graph.senders) + 1)  # sender i: credit i + 1
     scores = lift_to_edges(graph, credits)
     assert scores.dtype == torch.float64
-    assert (scores[~graph.legal] == 0).all()
-    edge = graph.edge_index()
-    flat = scores.reshape(-1)
+    assert (scores[~legal_edges(graph)] == 0).all()
+    by_name = scores_to_dict(graph, scores)
     # a0.h0 (sender 1) reads input alone, through q, k and v: 3 in-edges
     for letter in "qkv":
-        assert float(flat[edge[f"input->a0.h0<{letter}>"]]) == pytest.approx(2 / 3)
+        assert by_name[f"input->a0.h0<{letter}>"] == pytest.approx(2 / 3)
     # m0 (sender 4) reads input and the three heads of block 0
-    assert float(flat[edge["a0.h2->m0"]]) == pytest.approx(5 / 4)
+    assert by_name["a0.h2->m0"] == pytest.approx(5 / 4)
     # a1.h0 (sender 5) reads input, a0.h0-2 and m0, through q, k and v
-    assert float(flat[edge["m0->a1.h0<k>"]]) == pytest.approx(6 / 15)
+    assert by_name["m0->a1.h0<k>"] == pytest.approx(6 / 15)
     # an edge into logits carries its sender's credit
-    assert float(flat[edge["a1.h2->logits"]]) == 8.0
-    assert float(flat[edge["input->logits"]]) == 1.0
+    assert by_name["a1.h2->logits"] == 8.0
+    assert by_name["input->logits"] == 1.0
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3_text"])
@@ -72,6 +72,7 @@ def _credits(model, graph, clean, answer, path):
 def test_scores_into_each_node_add_up_to_its_credit(pairs, path):
     model, bound, batch = pairs
     graph = bound.graph
+    legal = legal_edges(graph)
     node_of = torch.tensor(graph.receiver_node)
     logits = graph.receivers.index("logits")
     for b in range(3):
@@ -84,15 +85,15 @@ def test_scores_into_each_node_add_up_to_its_credit(pairs, path):
             torch.zeros(1, dtype=torch.long),
         )
         context = ScoringContext(bound, None, [pair], 1, "logit_diff")
-        scores = SCORERS[path](context)
+        scores = SCORERS[path].function(context)
         credits, base = _credits(model, graph, pair.clean, int(pair.answer[0]), path)
         assert max(abs(v) for v in credits.values()) > 1e-4  # not all zero
         for s, name in enumerate(graph.senders[1:], start=1):
-            into = graph.legal & (node_of == s)[None, :]
+            into = legal & (node_of == s)[None, :]
             edges = scores[into]
             assert float(edges.sum()) == pytest.approx(credits[name], abs=1e-7)
             assert torch.allclose(edges, edges[0].expand_as(edges))  # equal shares
-        into_logits = scores[graph.legal[:, logits], logits]
+        into_logits = scores[legal[:, logits], logits]
         expected = torch.tensor(
             [credits[n] for n in graph.senders], dtype=torch.float64
         )
@@ -107,9 +108,11 @@ def test_scores_into_each_node_add_up_to_its_credit(pairs, path):
 @pytest.mark.parametrize("path", ["joint", "telescoping"])
 def test_pairs_are_averaged_and_the_metric_is_not_used(pairs, path):
     _, bound, batch = pairs
-    together = SCORERS[path](ScoringContext(bound, None, [batch], 3, "logit_diff"))
+    together = SCORERS[path].function(
+        ScoringContext(bound, None, [batch], 3, "logit_diff")
+    )
     alone = [
-        SCORERS[path](
+        SCORERS[path].function(
             ScoringContext(
                 bound,
                 None,
@@ -130,4 +133,4 @@ def test_pairs_are_averaged_and_the_metric_is_not_used(pairs, path):
     ]
     assert torch.allclose(together, sum(alone) / 3, atol=1e-8)
     assert not torch.allclose(alone[0], alone[1])
-    assert path not in STEPS  # no step count
+    assert SCORERS[path].steps is None  # no step count
