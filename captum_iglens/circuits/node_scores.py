@@ -30,10 +30,9 @@ from torch import Tensor
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.circuits.context import ScoringContext
-from captum_iglens.columns import Column
+from captum_iglens.columns import INPUT, Column
 from captum_iglens.graph.circuit import legal_edges
 from captum_iglens.graph.model_graph import (
-    INPUT,
     LOGITS,
     ModelGraph,
     head_name,

@@ -12,7 +12,8 @@ from typing import Dict, List, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from captum_iglens.graph.model_graph import INPUT, ModelGraph
+from captum_iglens.columns import INPUT
+from captum_iglens.graph.model_graph import ModelGraph
 
 
 def legal_edges(graph: ModelGraph) -> Tensor:
@@ -87,20 +88,9 @@ def scores_from_dict(
         ValueError: If a name is not an edge of the graph, an edge has no
             score, or a score is not finite.
     """
-    index = graph.edge_index
-    unknown = [name for name in scores if name not in index]
-    if unknown:
-        raise ValueError(
-            f"{what}: {len(unknown)} scores name no edge of this model's graph, "
-            f"e.g. {unknown[0]!r} (expected e.g. {graph.edges[0]!r})"
-        )
-    if len(scores) != len(index):
-        missing = next(name for name in index if name not in scores)
-        raise ValueError(
-            f"{what}: no score for {len(index) - len(scores)} edges, e.g. {missing!r}"
-        )
+    positions = graph.edge_positions(scores, what)
     values = torch.empty(graph.n_edges, dtype=torch.float64)
-    values[[index[name] for name in scores]] = torch.tensor(
+    values[positions] = torch.tensor(
         [float(v) for v in scores.values()], dtype=torch.float64
     )
     if not torch.isfinite(values).all():

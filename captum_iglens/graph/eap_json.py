@@ -137,22 +137,10 @@ def _edges(edges: Any, graph: ModelGraph, where: str) -> Tuple[np.ndarray, np.nd
     """The scores and ``in_graph`` flags of every edge of ``graph``."""
     if not isinstance(edges, dict):
         raise ValueError(f"{where}: 'edges' is not an object")
-    index = graph.edge_index
-    extra = [name for name in edges if name not in index]
-    if extra:
-        raise ValueError(
-            f"{where}: {len(extra)} edges the model's graph does not have, "
-            f"e.g. {extra[0]!r} ({graph.describe()})"
-        )
-    if len(edges) != len(index):
-        missing = next(name for name in index if name not in edges)
-        raise ValueError(
-            f"{where}: {len(index) - len(edges)} of the model's {len(index)} edges "
-            f"missing, e.g. {missing!r}"
-        )
-    scores = np.empty(len(index))
-    kept = np.empty(len(index), bool)
-    for name, entry in edges.items():
+    positions = graph.edge_positions(edges, where)
+    scores = np.empty(graph.n_edges)
+    kept = np.empty(graph.n_edges, bool)
+    for position, (name, entry) in zip(positions, edges.items()):
         score = entry.get("score") if isinstance(entry, dict) else None
         flag = entry.get("in_graph", True) if isinstance(entry, dict) else None
         if isinstance(score, bool) or not isinstance(score, (int, float)):
@@ -161,5 +149,5 @@ def _edges(edges: Any, graph: ModelGraph, where: str) -> Tuple[np.ndarray, np.nd
             raise ValueError(f"{where}: edges[{name!r}].score is not finite")
         if not isinstance(flag, bool):
             raise ValueError(f"{where}: edges[{name!r}].in_graph is not a bool")
-        scores[index[name]], kept[index[name]] = score, flag
+        scores[position], kept[position] = score, flag
     return scores, kept

@@ -20,14 +20,15 @@ refused.
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
+from captum_iglens.columns import INPUT
+
 #: The read kinds of a head when queries, keys and values are separate.
 QKV = ("q", "k", "v")
-#: The first sender and the last receiver.
-INPUT = "input"
+#: The last receiver (the first sender is :data:`~captum_iglens.columns.INPUT`).
 LOGITS = "logits"
 
 
@@ -196,6 +197,43 @@ class ModelGraph:
     def edge_index(self) -> Dict[str, int]:
         """Edge name -> its index in :attr:`edges`."""
         return {name: i for i, name in enumerate(self.edges)}
+
+    def edge_positions(self, names: Iterable[str], what: str) -> np.ndarray:
+        r"""
+        The positions in :attr:`edges` of names that must be every edge of the
+        graph, once each.
+
+        Args:
+            names (Iterable[str]): Edge names.
+            what (str): Whose names, for messages.
+
+        Returns:
+            *np.ndarray* ``(E,)`` int: the position of each name, in the
+            order given.
+
+        Raises:
+            ValueError: Naming ``what``, for a name that is no edge of this
+                graph, or an edge that is not named.
+        """
+        index = self.edge_index
+        names = list(names)
+        unknown = [name for name in names if name not in index]
+        if unknown:
+            raise ValueError(
+                f"{what}: {len(unknown)} edges the model's graph does not have, "
+                f"e.g. {unknown[0]!r} ({self.describe()}; its edges are named "
+                f"e.g. {self.edges[0]!r})"
+            )
+        positions = np.array([index[name] for name in names], dtype=np.int64)
+        count = self.n_edges - len(np.unique(positions))
+        if count:
+            named = set(names)
+            missing = next(name for name in self.edges if name not in named)
+            raise ValueError(
+                f"{what}: {count} of the model's {self.n_edges} edges missing, "
+                f"e.g. {missing!r}"
+            )
+        return positions
 
     def blocks(self) -> List[Tuple[slice, int]]:
         """Per block, the slice of its heads' receivers and its MLP's

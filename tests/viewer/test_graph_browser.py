@@ -181,7 +181,7 @@ def test_clicking_a_node_highlights_its_edges_and_clicking_again_clears(
     panel = browser.find_element("id", "node").text
     assert panel.startswith(node) and "largest in-flows" in panel
     # where it reads: its largest in-flow by sender and receiver position
-    top = next(r for r in graph.pairs_table() if edge_ends(r["edge"])[1] == node)
+    top = next(r for r in graph.pairs_table() if _ends(r["edge"])[1] == node)
     sender, receiver = top["edge"].split("->")
 
     def token(position):
