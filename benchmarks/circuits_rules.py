@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from captum_iglens.circuits.context import ScoringContext
-from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
+from captum_iglens.graph.target import metric
 from captum_iglens.circuits.scorers import Scorer, register
 
 import circuits
@@ -52,7 +52,7 @@ def rule_scores(context: ScoringContext) -> Dict[str, Tensor]:
     if _LAST.get("batches") is context.batches and _LAST.get("key") == key:
         return _LAST["scores"]
     graph, n = context.model.graph, context.steps
-    m = METRIC_FUNCTIONS[context.metric]
+    m = partial(metric, context.metric)
     scores = {
         rule: torch.zeros(graph.legal.shape, dtype=torch.float64) for rule in RULES
     }

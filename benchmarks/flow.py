@@ -49,7 +49,7 @@ from captum.attr import LayerIntegratedGradients
 
 from captum_iglens.attr.flow import DEFAULT_STEPS, ProbabilityFlow
 from captum_iglens.attr.flow.engine import first_block_inputs
-from captum_iglens.attr.flow.targets import FlowTarget
+from captum_iglens.graph.target import Target
 from captum_iglens.circuits.batches import Batch
 from captum_iglens.circuits.context import ScoringContext
 from captum_iglens.circuits.patching import CircuitModel
@@ -88,10 +88,10 @@ def exactness(models):
             counterfactual=SHORT[1],
             target=SHORT[2],
             n_steps=n,
-            method="riemann_trapezoid",
+            method="first_order",
         )
         ids, other = (tok(t, return_tensors="pt").input_ids for t in SHORT[:2])
-        target = FlowTarget("prob", g.settings["target"], ids.shape[1] - 1)
+        target = Target("prob", g.settings["target"], ids.shape[1] - 1)
         lig = LayerIntegratedGradients(
             lambda x: target(model(x).logits), model.get_input_embeddings()
         )
@@ -143,7 +143,7 @@ def plain(models, steps):
                     n_steps=n,
                     method=method,
                 )
-                for method in ("prediction_aware", "riemann_trapezoid")
+                for method in ("exact", "first_order")
             )
             moved = abs(exact.input_flows - first_order.input_flows).max()
             print(
@@ -187,7 +187,7 @@ def _eap_ig_inputs(model, ids, other, answer, n_steps):
 def cost(n_steps, batch, repeat):
     model, tok = load_embedded("smollm2", progress=False)
     flow = ProbabilityFlow(model, tok)
-    batch = batch or flow.check_budget(IOI[0], n_steps)  # the default's choice
+    batch = batch or flow.plan(IOI[0], n_steps=n_steps).batch  # the default's choice
     ids, other = (tok(t, return_tensors="pt").input_ids for t in IOI[:2])
     graph = partial(
         flow.attribute,
@@ -197,7 +197,7 @@ def cost(n_steps, batch, repeat):
         internal_batch_size=batch,
     )
     g = graph(counterfactual=IOI[1])  # also warms up
-    target = FlowTarget("prob", g.settings["target"], ids.shape[1] - 1)
+    target = Target("prob", g.settings["target"], ids.shape[1] - 1)
     # the pair with the budget's points per forward
     pair = partial(
         flow.attribute, IOI[0], counterfactual=IOI[1], target=IOI[2], n_steps=n_steps
@@ -269,7 +269,7 @@ def long(tokens, n_steps, qkv, chunk_mib, shape=None, dtype="float32"):
         target, name = SHORT[2], "SmolLM2"
     flow = ProbabilityFlow(model, tok)
     budget = chunk_mib * 2**20
-    batch = flow.check_budget(ids, n_steps, qkv, None, budget)
+    batch = flow.plan(ids, n_steps=n_steps, qkv=qkv, max_chunk_bytes=budget).batch
     loaded, _ = _resident_gib()
     start = time.perf_counter()
     g = flow.attribute(

@@ -21,8 +21,8 @@ def _no_model(*args, **kwargs):
 @pytest.mark.parametrize(
     "extra, named",
     [
-        (["--target-kind", "prob_diff"], "--foil: --target-kind prob_diff needs"),
-        (["--foil", " Rome"], "--foil: --target-kind prob takes no foil"),
+        (["--target-kind", "prob_diff"], "--foil: --target-kind 'prob_diff' needs"),
+        (["--foil", " Rome"], "--foil: --target-kind 'prob' takes no foil"),
         (["--counterfactual", "  "], "--counterfactual: expected a non-empty"),
         (["--counterfactual", OTHER, "--baseline", "pad"], "--baseline: give either"),
         (["--json", "/no/such/folder/g.json"], "--json: the folder /no/such/folder"),
@@ -54,7 +54,7 @@ def _no_model(*args, **kwargs):
         (["--corrupt-subject", " "], "--corrupt-subject: expected the subject's"),
         (
             ["--corrupt-subject", "France", "--target-kind", "prob_diff"],
-            "--foil: --target-kind prob_diff needs",
+            "--foil: --target-kind 'prob_diff' needs",
         ),
     ],
 )
@@ -141,7 +141,26 @@ def test_counterfactual_of_another_length_is_refused(capsys):
     )
     assert status == 2
     err = capsys.readouterr().err
-    assert "counterfactual: 7 tokens, but the prompt has 5" in err
+    assert "--counterfactual: 7 tokens, but the prompt has 5" in err
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        (["--position", "99"], "--position: expected an int in [-5, 5), got 99"),
+        (["--target", " Parisian Frenchman"], "--target: ' Parisian Frenchman' is"),
+        (
+            ["--corrupt-subject", "France", "--noise-seed", "9" * 23],
+            "--noise-seed: expected an int in [0, 2**63)",
+        ),
+    ],
+)
+def test_arguments_the_model_resolves_are_refused_before_the_job(capsys, extra, named):
+    """Refused in one line after the load, before any path point runs."""
+    assert main(["graph", PROMPT, "--quiet", *extra]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.real_model

@@ -40,7 +40,7 @@ def _graph(**changes):
         tokens=["The", " cat"],
         input_flows=np.array([0.05, 0.15]),
         counterfactual={"kind": "prompt", "tokens": ["A", " dog"]},
-        settings={"method": "prediction_aware", "n_steps": 4, "target_kind": "prob"},
+        settings={"method": "exact", "n_steps": 4, "target_kind": "prob"},
         m_prompt=0.3,
         m_base=0.1,
     )
@@ -72,7 +72,7 @@ def test_node_flows_and_errors_are_recomputed():
         (dict(input_flows=np.array([0.5, 0.15])), "input_flows: its sums miss"),
         (dict(cfg={**CFG, "n_heads": 2}), "flows: 6 edges, but the graph"),
         (dict(cfg={**CFG, "qkv": True}), "flows: 6 edges, but the graph"),
-        (dict(settings={"method": "prediction_aware", "position": 9}), "position"),
+        (dict(settings={"method": "exact", "position": 9}), "position"),
     ],
 )
 def test_refuses_what_cannot_be_true(changes, match):
@@ -81,7 +81,7 @@ def test_refuses_what_cannot_be_true(changes, match):
 
 
 def test_plain_flows_are_not_held_to_completeness():
-    plain = {"method": "riemann_trapezoid", "n_steps": 4, "target_kind": "prob"}
+    plain = {"method": "first_order", "n_steps": 4, "target_kind": "prob"}
     assert _graph(settings=plain, m_prompt=0.5).completeness_error == pytest.approx(0.2)
 
 
@@ -159,7 +159,7 @@ def _paired():
         position_flows=pairs.sum(-1),
         pair_flows=pairs,
         input_flows=np.array([0.2, 0.0]),
-        settings={"method": "prediction_aware", "position": 1},
+        settings={"method": "exact", "position": 1},
     )
 
 

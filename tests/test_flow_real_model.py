@@ -9,7 +9,7 @@ import torch
 from captum.attr import LayerIntegratedGradients
 
 from captum_iglens.attr.flow import ProbabilityFlow
-from captum_iglens.attr.flow.targets import FlowTarget
+from captum_iglens.graph.target import Target
 
 pytestmark = pytest.mark.real_model
 
@@ -47,11 +47,11 @@ def test_embeddings_outflows_are_captum_lig(embedded_model):
         counterfactual=OTHER,
         target=" Paris",
         n_steps=n_steps,
-        method="riemann_trapezoid",
+        method="first_order",
     )
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids
     other = tokenizer(OTHER, return_tensors="pt").input_ids
-    target = FlowTarget("prob", graph.settings["target"], ids.shape[1] - 1)
+    target = Target("prob", graph.settings["target"], ids.shape[1] - 1)
     lig = LayerIntegratedGradients(
         lambda x: target(model(x).logits), model.get_input_embeddings()
     )

@@ -30,7 +30,7 @@ class ScoringContext:
         batches (list[Batch]): The pairs kept by the filter, in batches.
         n_pairs (int): Their number.
         metric (str): The name of ``m`` in
-                    :data:`~captum_iglens.circuits.faithfulness.METRIC_FUNCTIONS`.
+                    :data:`~captum_iglens.graph.target.TARGETS`.
         steps (int): The step count of integrated-gradient methods.
         seed (int): The seed of random choices.
         sample (int): Edges exactly patched by ``patching``.

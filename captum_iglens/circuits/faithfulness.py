@@ -14,7 +14,8 @@ intervals resample pairs (bootstrap percentiles).
 """
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Sequence, Tuple
+from functools import partial
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -23,36 +24,10 @@ from captum_iglens.circuits.batches import Batch
 from captum_iglens.circuits.patching import CircuitModel
 from captum_iglens.graph.circuit import top_edges
 from captum_iglens.graph.model_graph import ModelGraph
+from captum_iglens.graph.target import metric as metric_of
 
 #: MIB's circuit sizes, in percent of the edges.
 PERCENTS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
-
-
-def prob(logits: Tensor, answer: Tensor, foil: Tensor) -> Tensor:
-    """``p(answer)``, ``(B,)``."""
-    return torch.softmax(logits.float(), -1).gather(1, answer[:, None])[:, 0]
-
-
-def prob_diff(logits: Tensor, answer: Tensor, foil: Tensor) -> Tensor:
-    """``p(answer) - p(foil)``, ``(B,)``."""
-    p = torch.softmax(logits.float(), -1)
-    return p.gather(1, answer[:, None])[:, 0] - p.gather(1, foil[:, None])[:, 0]
-
-
-def logit_diff(logits: Tensor, answer: Tensor, foil: Tensor) -> Tensor:
-    """``logit(answer) - logit(foil)``, ``(B,)`` (MIB's ``m``)."""
-    logits = logits.float()
-    return (
-        logits.gather(1, answer[:, None])[:, 0] - logits.gather(1, foil[:, None])[:, 0]
-    )
-
-
-#: The metrics ``m`` by name: ``(logits (B, V), answer (B,), foil (B,)) -> (B,)``.
-METRIC_FUNCTIONS: Dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
-    "prob": prob,
-    "prob_diff": prob_diff,
-    "logit_diff": logit_diff,
-}
 
 
 def circuits(graph: ModelGraph, scores: Tensor, absolute: bool) -> List[Tensor]:
@@ -92,14 +67,15 @@ def patched_metrics(
         model (CircuitModel): The bound model.
         batches (list[Batch]): The pairs.
         keeps (list[Tensor]): Circuits, each ``(S, R)`` bool.
-        metric (str): A name of :data:`METRIC_FUNCTIONS`.
+        metric (str): The kind of ``m``
+                    (:data:`~captum_iglens.graph.target.TARGETS`).
         n_pairs (int): The number of pairs (the batches' indices are below it).
 
     Returns:
         3-element tuple of **full** ``(N,)``, **empty** ``(N,)`` and
         **circuit** ``(len(keeps), N)``, float64.
     """
-    m = METRIC_FUNCTIONS[metric]
+    m = partial(metric_of, metric)
     full = torch.zeros(n_pairs, dtype=torch.float64)
     empty = torch.zeros(n_pairs, dtype=torch.float64)
     circuit = torch.zeros(len(keeps), n_pairs, dtype=torch.float64)

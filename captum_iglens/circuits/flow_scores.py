@@ -2,34 +2,30 @@ r"""
 The exact probability flow as an edge scorer of the circuit harness
 (``SCORERS["flow"]``): for each pair, the flow of ``m`` along the straight
 path of the first block's input from the counterfactual prompt to the clean
-one (:func:`~captum_iglens.attr.flow.engine.flow_totals`, the exact
-``"prediction_aware"`` estimator, with separate query, key and value
-receivers, the flow's graph the harness's: the flows' receivers are in its
-order), on the batch's token ids as they are (nothing is retokenised).
-``SCORERS["flow-plain"]`` is the same path's first-order terms
-(``"riemann_trapezoid"``), which the exact estimator corrects: what the
-correction changes in a circuit.
+one, through the same front door as ``captum-iglens graph``
+(:meth:`~captum_iglens.attr.flow.probability_flow.ProbabilityFlow.plan` and
+``run``: the exact step rule, separate query, key and value receivers, the
+flow's graph the harness's), on the batch's token ids as they are (nothing is
+retokenised). ``SCORERS["flow-plain"]`` is the same path's first-order terms
+(``"first_order"``), which the exact rule corrects: what the correction
+changes in a circuit.
 """
 
 import torch
 from torch import Tensor
 
-from captum_iglens.attr.flow.budget import point_bytes, points_at_once
-from captum_iglens.attr.flow.engine import (
-    first_block_inputs,
-    flow_graph_of,
-    flow_totals,
-)
-from captum_iglens.attr.flow.options import DEFAULT_CHUNK_BYTES
-from captum_iglens.attr.flow.targets import FlowTarget
+from captum_iglens.attr.flow.engine import flow_graph_of
+from captum_iglens.attr.flow.probability_flow import ProbabilityFlow
 from captum_iglens.circuits.context import ScoringContext
+from captum_iglens.graph.circuit import edge_matrix
+from captum_iglens.graph.target import takes_foil
 
 
-def flow_scores(context: ScoringContext, method: str = "prediction_aware") -> Tensor:
+def flow_scores(context: ScoringContext, method: str = "exact") -> Tensor:
     r"""
     The flow: each edge's probability flow from the counterfactual to the
     clean prompt, averaged over pairs (exact, or the first-order terms with
-    ``method="riemann_trapezoid"``).
+    ``method="first_order"``).
 
     Each pair runs on its own path (``context.steps`` equal steps,
     ``steps + 1`` forward and backward passes of the model), with the flow's
@@ -45,7 +41,7 @@ def flow_scores(context: ScoringContext, method: str = "prediction_aware") -> Te
         context (ScoringContext): The pairs, the metric and ``steps``.
         method (str, optional): The flow's estimator
                     (:data:`~captum_iglens.attr.flow.options.FLOW_METHODS`).
-                    Default: ``"prediction_aware"``
+                    Default: ``"exact"``
 
     Returns:
         *Tensor*: ``(S, R)`` float64.
@@ -53,8 +49,9 @@ def flow_scores(context: ScoringContext, method: str = "prediction_aware") -> Te
     Raises:
         ValueError: If the flow's graph of the model is not the harness's.
     """
-    graph, parts = context.model.graph, context.model.parts
-    flow_graph = flow_graph_of(parts, qkv=True)
+    graph = context.model.graph
+    flow = ProbabilityFlow(context.model.model)
+    flow_graph = flow_graph_of(context.model.parts, qkv=True)
     if flow_graph != graph:
         raise ValueError(
             f"model: the flow's graph ({flow_graph.describe()}) is not the "
@@ -62,30 +59,17 @@ def flow_scores(context: ScoringContext, method: str = "prediction_aware") -> Te
         )
     scores = torch.zeros(graph.legal.shape, dtype=torch.float64)
     for batch in context.batches:
-        position = batch.clean.shape[1] - 1
-        point = point_bytes(parts, graph, batch.clean.shape[1])
-        at_once = points_at_once(point, context.steps + 1, None, DEFAULT_CHUNK_BYTES)
         for b in range(len(batch.index)):
-            answer, foil = int(batch.answer[b]), int(batch.foil[b])
-            target = FlowTarget(
-                context.metric,
-                answer,
-                position,
-                None if context.metric == "prob" else foil,
-            )
-            totals = flow_totals(
-                parts,
+            plan = flow.plan(
                 batch.clean[b : b + 1],
-                first_block_inputs(parts, batch.counterfactual[b : b + 1]),
-                target,
-                graph,
+                counterfactual=batch.counterfactual[b : b + 1],
+                target=int(batch.answer[b]),
+                target_kind=context.metric,
+                foil=int(batch.foil[b]) if takes_foil(context.metric) else None,
                 n_steps=context.steps,
                 method=method,
-                per_position=False,
-                receiver_positions=False,
-                internal_batch_size=at_once,
-                max_chunk_bytes=DEFAULT_CHUNK_BYTES,
+                qkv=True,
             )
-            scores[:, :-1] += totals.edges.T.cpu()
-            scores[:, -1] += totals.direct.sum(-1).cpu()
+            flows = torch.from_numpy(flow.run(plan).flows)
+            scores += edge_matrix(graph, flows).nan_to_num(0.0)
     return scores / context.n_pairs

@@ -58,7 +58,7 @@ from captum_iglens.attr.flow.options import DEFAULT_STEPS
 from captum_iglens.circuits.batches import Batch
 from captum_iglens.circuits.context import Scores, ScoringContext
 from captum_iglens.circuits.eap_json_scores import eap_json_scores
-from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
+from captum_iglens.graph.target import metric
 from captum_iglens.circuits.flow_scores import flow_scores
 from captum_iglens.circuits.node_scores import lifted_scores
 from captum_iglens.graph.circuit import legal_edges
@@ -77,7 +77,7 @@ def _receiver_grads(
     there: a group's writes reach no earlier receiver).
     """
     run = context.model.run(batch.clean, override=override, receiver_grads=True)
-    value = METRIC_FUNCTIONS[context.metric](run.logits, batch.answer, batch.foil).sum()
+    value = metric(context.metric, run.logits, batch.answer, batch.foil).sum()
     wanted = run.inputs[first:]
     grads = torch.autograd.grad(value, wanted, materialize_grads=True)
     before = [torch.zeros_like(x) for x in run.inputs[:first]]
@@ -170,7 +170,7 @@ def patching(context: ScoringContext) -> Tensor:
     chosen = edges[torch.randperm(len(edges), generator=generator)[: context.sample]]
     scores = torch.full(legal.shape, float("nan"), dtype=torch.float64)
     scores[chosen[:, 0], chosen[:, 1]] = 0.0
-    m = METRIC_FUNCTIONS[context.metric]
+    m = partial(metric, context.metric)
     with torch.no_grad():
         for batch in context.batches:
             other = context.model.run(batch.counterfactual, return_writes=True).writes
@@ -194,7 +194,7 @@ def node_patching(context: ScoringContext, denoising: bool = False) -> Tensor:
     the counterfactual run with ``u``'s clean writes.
     """
     graph = context.model.graph
-    m = METRIC_FUNCTIONS[context.metric]
+    m = partial(metric, context.metric)
     effects = torch.zeros(len(graph.senders), dtype=torch.float64)
     with torch.no_grad():
         for batch in context.batches:
@@ -317,7 +317,7 @@ for _name, _scorer in (
     (
         "flow-plain",
         Scorer(
-            partial(flow_scores, method="riemann_trapezoid"),
+            partial(flow_scores, method="first_order"),
             "the flow's first-order terms",
             DEFAULT_STEPS,
         ),

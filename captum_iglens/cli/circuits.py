@@ -12,11 +12,12 @@ from typing import Any, Dict, List, Optional
 from captum_iglens.cli.common import (
     CommandError,
     Job,
-    Names,
     deferred,
     load,
     model_parent,
 )
+
+from captum_iglens.graph.target import TARGETS
 
 #: The methods run when ``--methods`` is not given.
 DEFAULT_METHODS = "eap,eap-ig-inputs,random"
@@ -71,7 +72,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     )
     parser.add_argument(
         "--metric",
-        choices=Names("captum_iglens.circuits.faithfulness", "METRIC_FUNCTIONS"),
+        choices=TARGETS,
         metavar="METRIC",
         default="logit_diff",
         help="m, one of %(choices)s: the answer's probability, minus the foil's, "

@@ -18,12 +18,8 @@ from captum_iglens.cli.common import (
     prompt_parent,
     read_prompt,
 )
-from captum_iglens.attr.flow.options import (
-    BASELINES,
-    DEFAULT_STEPS,
-    FLOW_METHODS,
-    TARGETS,
-)
+from captum_iglens.attr.flow.options import BASELINES, DEFAULT_STEPS, FLOW_METHODS
+from captum_iglens.graph.target import TARGETS, check_foil
 
 
 def _share(text: str) -> float:
@@ -81,9 +77,8 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     graph.add_argument(
         "--method",
         choices=FLOW_METHODS,
-        default="prediction_aware",
-        help="the exact estimator, or the plain first-order terms "
-        "(default: prediction_aware)",
+        default="exact",
+        help="the exact estimator, or the plain first-order terms (default: exact)",
     )
     graph.add_argument(
         "--qkv",
@@ -182,14 +177,13 @@ def _check(args: argparse.Namespace) -> str:
                 "--baseline: give either --counterfactual or --baseline, not both"
             )
     _check_subject(args, prompt)
-    if (args.target_kind == "prob") != (args.foil is None):
-        if args.foil is not None:
-            raise CommandError("--foil: --target-kind prob takes no foil")
-        if args.counterfactual is None:
-            raise CommandError(
-                f"--foil: --target-kind {args.target_kind} needs --foil or a "
-                "--counterfactual whose prediction is the foil"
-            )
+    names = dict(kind="--target-kind", foil="--foil", counterfactual="--counterfactual")
+    try:
+        check_foil(
+            args.target_kind, args.foil is not None, bool(args.counterfactual), names
+        )
+    except ValueError as error:
+        raise CommandError(str(error)) from None
     for name in ("target", "foil"):
         if getattr(args, name) == "":
             raise CommandError(f"--{name}: expected a token's text")
@@ -250,6 +244,18 @@ def _check_subject(args: argparse.Namespace, prompt: str) -> None:
         )
 
 
+def _as_options(message: str) -> str:
+    """A Python argument's name at the head of ``message`` as the option."""
+    name, sep, rest = message.partition(": ")
+    renamed = {
+        "inputs": "prompt",
+        "baselines": "--baseline",
+        "max_chunk_bytes": "--max-chunk-mib",
+    }
+    option = renamed.get(name, "--" + name.replace("_", "-"))
+    return option + sep + rest if sep and name.isidentifier() else message
+
+
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks every option, loads the model; the job computes the graph,
     prints its largest edges and writes the outputs."""
@@ -258,20 +264,8 @@ def prepare(args: argparse.Namespace) -> Job:
 
     model, tokenizer = load_model_of(args)
     flow = ProbabilityFlow(model, tokenizer)
-    flow.check_prompts(
-        prompt, args.counterfactual, args.corrupt_subject, args.noise_seed
-    )
-    flow.check_budget(
-        prompt,
-        args.n_steps,
-        args.qkv,
-        args.internal_batch_size,
-        args.max_chunk_mib * 2**20,
-        args.receiver_positions,
-    )
-
-    def job() -> int:
-        graph = flow.attribute(
+    try:  # every argument against the model and the budget, before the job
+        plan = flow.plan(
             prompt,
             counterfactual=args.counterfactual,
             corrupt_subject=args.corrupt_subject,
@@ -289,6 +283,11 @@ def prepare(args: argparse.Namespace) -> Job:
             internal_batch_size=args.internal_batch_size,
             max_chunk_bytes=args.max_chunk_mib * 2**20,
         )
+    except (ValueError, TypeError) as error:
+        raise CommandError(_as_options(str(error))) from None
+
+    def job() -> int:
+        graph = flow.run(plan)
         print(graph.format_table(args.top))
         kept = graph if args.keep is None else graph.prune(args.keep)
         if args.json:

@@ -11,7 +11,7 @@ from captum.attr import LayerIntegratedGradients
 from captum_iglens.attr.flow import DEFAULT_STEPS, ProbabilityFlow
 from captum_iglens.attr.flow.capture import run_points
 from captum_iglens.attr.flow.engine import first_block_inputs, flow_graph_of
-from captum_iglens.attr.flow.targets import FlowTarget
+from captum_iglens.graph.target import Target
 from captum_iglens.hf.architectures import model_parts
 from tests.helpers import hook_snapshot
 from tests.tiny_models import tiny_model
@@ -95,9 +95,9 @@ def test_input_outflows_are_captum_lig(models, family):
         counterfactual=OTHER,
         target=11,
         n_steps=n_steps,
-        method="riemann_trapezoid",
+        method="first_order",
     )
-    target = FlowTarget("prob", 11, IDS.shape[1] - 1)
+    target = Target("prob", 11, IDS.shape[1] - 1)
     lig = LayerIntegratedGradients(
         lambda ids: target(model(ids).logits), model.get_input_embeddings()
     )
@@ -131,7 +131,7 @@ def test_writes_rebuild_the_residual_stream(models, family):
         handle.remove()
     layout = flow_graph_of(parts, qkv=False)
     state = run_points(
-        parts, IDS, first_block_inputs(parts, IDS), FlowTarget("prob", 3, 6), layout
+        parts, IDS, first_block_inputs(parts, IDS), Target("prob", 3, 6), layout
     )
     rebuilt = state.writes[0].sum(0)
     assert torch.allclose(rebuilt, kept["h"][0], atol=1e-5 * kept["h"].abs().max())

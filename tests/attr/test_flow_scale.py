@@ -53,7 +53,7 @@ def test_point_bytes_grow_with_the_prompt(llama):
     assert paired >= short + 9 * receivers
 
 
-@pytest.mark.parametrize("method", ["prediction_aware", "riemann_trapezoid"])
+@pytest.mark.parametrize("method", ["exact", "first_order"])
 def test_same_flows_whatever_the_budget(llama, method):
     flow = ProbabilityFlow(llama)
     common = dict(counterfactual=OTHER, n_steps=5, qkv=True, per_position=True)
@@ -62,7 +62,7 @@ def test_same_flows_whatever_the_budget(llama, method):
     # float32 rounding of forwards batched differently, nothing more
     assert abs(wide.flows - tight.flows).max() <= 1e-6
     assert abs(wide.position_flows - tight.position_flows).max() <= 1e-6
-    if method == "prediction_aware":
+    if method == "exact":
         _check_exact(tight)
 
 

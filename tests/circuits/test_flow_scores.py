@@ -2,13 +2,15 @@
 harness's, its scores equal the public ProbabilityFlow's edge flows, and for
 each pair the flows into ``logits`` add up to Δm under every metric."""
 
+from functools import partial
+
 import pytest
 import torch
 
 from captum_iglens.attr.flow.engine import flow_graph_of
 from captum_iglens.attr.flow.probability_flow import ProbabilityFlow
 from captum_iglens.circuits.batches import Batch
-from captum_iglens.circuits.faithfulness import METRIC_FUNCTIONS
+from captum_iglens.graph.target import metric as target_metric
 from captum_iglens.circuits.patching import CircuitModel
 from captum_iglens.circuits.scorers import SCORERS, ScoringContext
 from captum_iglens.graph.circuit import legal_edges, scores_to_dict
@@ -62,7 +64,7 @@ def _one_pair(batch, b):
 @pytest.mark.parametrize("metric", ["prob", "prob_diff", "logit_diff"])
 def test_flows_into_the_logits_add_up_to_the_change_of_m_per_pair(pairs, metric):
     model, bound, batch = pairs
-    m = METRIC_FUNCTIONS[metric]
+    m = partial(target_metric, metric)
     logits = bound.graph.receivers.index("logits")
     for b in range(3):
         pair = _one_pair(batch, b)
@@ -82,7 +84,7 @@ def test_flows_into_the_logits_add_up_to_the_change_of_m_per_pair(pairs, metric)
 
 @pytest.mark.parametrize(
     "scorer, method",
-    [("flow", "prediction_aware"), ("flow-plain", "riemann_trapezoid")],
+    [("flow", "exact"), ("flow-plain", "first_order")],
 )
 def test_scores_are_the_public_flow_graphs_edges_averaged(pairs, scorer, method):
     model, bound, batch = pairs

@@ -62,7 +62,7 @@ def synthetic_graph(
         input_flows=np.full(len(tokens), out_of_input / len(tokens)),
         counterfactual={"kind": "prompt", "tokens": ["When", " John", " and", " Mary"]},
         settings={
-            "method": "prediction_aware",
+            "method": "exact",
             "n_steps": 4,
             "target_kind": "prob",
             "target_text": "p(' Mary')",

@@ -85,7 +85,7 @@ def test_the_header_holds_the_run_and_its_checks_and_no_local_path():
         "from": "counterfactual prompt 'When John and Mary'",
         "target": "p(' Mary')",
         "model": "SmolLM2-135M",
-        "run": "prediction_aware, n_steps = 4",
+        "run": "exact, n_steps = 4",
     }
     assert "/home/someone" not in page
     assert data["delta_m"] == pytest.approx(0.8)
@@ -106,7 +106,7 @@ def test_a_baseline_and_a_pruned_graph_say_so():
     about = page_data(result_html(graph))["about"]
     assert about["from"] == "baseline: pad-token embeddings"
     assert about["run"] == (
-        "prediction_aware, n_steps = 4, queries, keys and values separate; "
+        "exact, n_steps = 4, queries, keys and values separate; "
         "pruned to keep = 0.9 (by share)"
     )
 

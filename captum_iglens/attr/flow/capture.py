@@ -54,7 +54,7 @@ from captum_iglens.attr.flow.head_reads import (
     split_head_reads,
 )
 from captum_iglens.graph.model_graph import ModelGraph
-from captum_iglens.attr.flow.targets import FlowTarget
+from captum_iglens.graph.target import Target
 from captum_iglens.hf.parts import ModelParts
 
 #: The name our attention implementation is registered under.
@@ -221,7 +221,7 @@ def run_points(
     parts: ModelParts,
     input_ids: Tensor,
     first_inputs: Tensor,
-    target: FlowTarget,
+    target: Target,
     graph: ModelGraph,
     first: int = 0,
     split: bool = False,
@@ -236,7 +236,7 @@ def run_points(
         input_ids (Tensor): ``(1, T)`` long: the prompt's tokens.
         first_inputs (Tensor): ``(P, T, d)``: the first block's input at each
                     point.
-        target (FlowTarget): The target ``m``; the model computes the logits
+        target (Target): The target ``m``; the model computes the logits
                     of its position only (``logits_to_keep``).
         graph (ModelGraph): The graph's nodes.
         first (int, optional): The first position kept: the writes and
@@ -261,7 +261,7 @@ def _gradients(
     parts: ModelParts,
     input_ids: Tensor,
     h0: Tensor,
-    target: FlowTarget,
+    target: Target,
     graph: ModelGraph,
     first: int,
     split: bool,

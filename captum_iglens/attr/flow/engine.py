@@ -17,7 +17,7 @@ from captum_iglens.attr.flow.budget import receivers_at_once
 from captum_iglens.attr.flow.estimator import STEP_RULES, StepRule, StepTerms
 from captum_iglens.attr.flow.reads import allowed, read_positions
 from captum_iglens.graph.model_graph import ModelGraph, model_graph
-from captum_iglens.attr.flow.targets import FlowTarget
+from captum_iglens.graph.target import Target
 from captum_iglens.hf.parts import ModelParts
 
 
@@ -121,7 +121,7 @@ def flow_totals(
     parts: ModelParts,
     input_ids: Tensor,
     base_inputs: Tensor,
-    target: FlowTarget,
+    target: Target,
     graph: ModelGraph,
     *,
     n_steps: int,
@@ -147,11 +147,11 @@ def flow_totals(
         input_ids (Tensor): ``(1, T)`` long: the prompt.
         base_inputs (Tensor): ``(1, T, d)``: the first block's input at the
                     path's start (a counterfactual prompt's, or a baseline).
-        target (FlowTarget): What is attributed.
+        target (Target): What is attributed.
         graph (ModelGraph): The graph's nodes.
         n_steps (int): Steps of the path (``n_steps + 1`` forward and backward
                     passes).
-        method (str): ``"prediction_aware"`` or ``"riemann_trapezoid"``
+        method (str): ``"exact"`` or ``"first_order"``
                     (:mod:`~captum_iglens.attr.flow.estimator`).
         per_position (bool): Keep every edge per sender position.
         receiver_positions (bool): Also split those by the receiver's

@@ -7,13 +7,17 @@ Between grid points ``a_{s-1}`` and ``a_s``, sender ``u`` changed its write by
 first-order edge term is ``ρ̄_w · δz_u`` (per position: the dot product at one
 position of the stream), and the direct term into the logits is ``∇̄f · δz_u``.
 
-- ``"prediction_aware"`` (exact): the step's observed change ``δm`` is split
+The flow's step rules are named for what they do, not for the estimators of
+``LayerIGLens`` they resemble (``method=``, :data:`STEP_RULES`):
+
+- ``"exact"`` (the prediction-aware rule on the graph): the step's observed
+  change ``δm`` is split
   among the direct terms; then, from the last node to the first, each node's
   step outflow is split among its in-edges in proportion to their terms (a
   head's query, key and value reads share one split). Completeness
   (``Σ_u F(u→logits) = δm``) and conservation at every node hold at every step,
   so at any step count, to float rounding.
-- ``"riemann_trapezoid"`` (plain): the terms themselves. The input's outflows
+- ``"first_order"``: the terms themselves. The input's outflows
   are then Captum's ``LayerIntegratedGradients`` on the embeddings with
   ``method="riemann_trapezoid"`` and ``n_steps + 1`` points; completeness and
   conservation hold only as the steps shrink.
@@ -182,6 +186,6 @@ class StepRule(NamedTuple):
 #: Each flow method's step rule, by the name ``method=`` takes
 #: (:data:`~captum_iglens.attr.flow.options.FLOW_METHODS`).
 STEP_RULES = {
-    "prediction_aware": StepRule(exact_step, exact_positions),
-    "riemann_trapezoid": StepRule(plain_step, plain_positions),
+    "exact": StepRule(exact_step, exact_positions),
+    "first_order": StepRule(plain_step, plain_positions),
 }

@@ -86,7 +86,7 @@ FLOW_SCHEMA = Record(
 #: The ways :meth:`FlowGraph.prune` keeps edges.
 PRUNE_BY = ("share", "top")
 #: The estimators whose flows add up exactly, checked on load.
-EXACT_METHODS = ("prediction_aware",)
+EXACT_METHODS = ("exact",)
 #: How far an exact graph's sums may be from their totals, relative to the
 #: flows' magnitude (float64 rounding over tens of thousands of edges).
 EXACT_RTOL = 1e-9

@@ -9,9 +9,7 @@ DEFAULT_STEPS = 16
 #: The default memory budget of one forward's path points and of a step's
 #: terms, in bytes (the layer maps' readout chunk, 256 MiB).
 DEFAULT_CHUNK_BYTES = 256 * 2**20
-#: The targets: ``p(y)``, ``p(y) − p(foil)``, ``logit(y) − logit(foil)``.
-TARGETS = ("prob", "prob_diff", "logit_diff")
 #: The estimators (:mod:`captum_iglens.attr.flow.estimator`).
-FLOW_METHODS = ("prediction_aware", "riemann_trapezoid")
+FLOW_METHODS = ("exact", "first_order")
 #: The baselines that need no counterfactual prompt.
 BASELINES = ("pad", "mean")

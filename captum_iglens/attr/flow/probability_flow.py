@@ -5,7 +5,8 @@ attention heads and MLPs whose flows add up exactly to the change of a
 token's probability between a counterfactual (or baseline) and the prompt.
 """
 
-from typing import Any, Optional, Union, cast
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -24,20 +25,69 @@ from captum_iglens.attr.flow.engine import (
     flow_totals,
 )
 from captum_iglens.attr.flow.subject_start import noised_start, subject_positions
-from captum_iglens.attr.flow.targets import FlowTarget
+from captum_iglens.graph.target import (
+    Target,
+    check_foil,
+    check_kind,
+    resolve_token,
+    takes_foil,
+)
 from captum_iglens.attr.flow.graph import FlowGraph, graph_of
 from captum_iglens.attr.flow.options import (
     BASELINES,
     DEFAULT_CHUNK_BYTES,
     DEFAULT_STEPS,
     FLOW_METHODS,
-    TARGETS,
 )
+from captum_iglens.graph.model_graph import ModelGraph
 from captum_iglens.hf.architectures import model_parts
 
 
 Prompt = Union[str, Tensor]
 TokenSpec = Union[None, int, str]
+
+
+@dataclass(frozen=True)
+class FlowPlan:
+    r"""
+    A call of :meth:`ProbabilityFlow.attribute`, resolved and checked once
+    (:meth:`ProbabilityFlow.plan`).
+
+    Args:
+        ids (Tensor): ``(1, T)`` long: the prompt, on the model's device.
+        start (str or Tensor): The path's start: a counterfactual's ids
+                    ``(1, T)``, a baseline's name or the first block's input
+                    ``(1, T, d)``.
+        subject (tuple, optional): With ``corrupt_subject``: its text, the
+                    positions it noises (``(T,)`` bool) and the noise's seed.
+        graph (ModelGraph): The graph's nodes and edges.
+        target_kind (str): The kind of ``m``.
+        token (int, optional): The target token (None: the greedy prediction).
+        foil (int, optional): The foil (None: none, or the counterfactual's
+                    prediction).
+        position (int): The position whose logits are read, in ``[0, T)``.
+        n_steps (int): Steps of the path.
+        method (str): The step rule.
+        per_position (bool): Keep each edge by its sender's position.
+        receiver_positions (bool): Also by the receiver's.
+        batch (int): Path points per forward.
+        max_chunk_bytes (int): The memory budget.
+    """
+
+    ids: Tensor
+    start: Union[str, Tensor]
+    subject: Optional[Tuple[str, Tensor, int]]
+    graph: ModelGraph
+    target_kind: str
+    token: Optional[int]
+    foil: Optional[int]
+    position: int
+    n_steps: int
+    method: str
+    per_position: bool
+    receiver_positions: bool
+    batch: int
+    max_chunk_bytes: int
 
 
 class ProbabilityFlow:
@@ -48,7 +98,7 @@ class ProbabilityFlow:
     block's input from a counterfactual prompt (or a baseline) to the prompt;
     edge ``u→w`` is credited ``∫ ρ_w · dz_u``, where ``z_u`` is the sender's
     write to the residual stream and ``ρ_w`` the gradient of the target through
-    the receiver alone. With the exact estimator (``"prediction_aware"``)
+    the receiver alone. With the exact estimator (``"exact"``)
     the flows into ``logits`` add up to ``Δm = m(prompt) − m(base)`` and flow is
     conserved at every node, to float rounding, at any ``n_steps``.
 
@@ -96,7 +146,7 @@ class ProbabilityFlow:
         foil: TokenSpec = None,
         position: int = -1,
         n_steps: int = DEFAULT_STEPS,
-        method: str = "prediction_aware",
+        method: str = "exact",
         qkv: bool = False,
         per_position: bool = False,
         receiver_positions: bool = False,
@@ -138,11 +188,11 @@ class ProbabilityFlow:
             n_steps (int, optional): Steps of the path; it costs
                         ``n_steps + 1`` forward and backward passes.
                         Default: :data:`~captum_iglens.attr.flow.options.DEFAULT_STEPS`
-            method (str, optional): ``"prediction_aware"`` (exact at any
-                        ``n_steps``) or ``"riemann_trapezoid"`` (the
+            method (str, optional): ``"exact"`` (exact at any
+                        ``n_steps``) or ``"first_order"`` (the
                         first-order terms; the input's outflows are Captum's
                         ``LayerIntegratedGradients`` on the embeddings).
-                        Default: ``"prediction_aware"``
+                        Default: ``"exact"``
             qkv (bool, optional): Separate receivers for each head's query,
                         key and value reads. Default: False
             per_position (bool, optional): Keep each edge's flow by its
@@ -171,68 +221,151 @@ class ProbabilityFlow:
             ValueError: If an argument is invalid (checked before the model
                 runs), naming it.
         """
+        return self.run(
+            self.plan(
+                inputs,
+                counterfactual=counterfactual,
+                corrupt_subject=corrupt_subject,
+                noise_seed=noise_seed,
+                baselines=baselines,
+                target=target,
+                target_kind=target_kind,
+                foil=foil,
+                position=position,
+                n_steps=n_steps,
+                method=method,
+                qkv=qkv,
+                per_position=per_position,
+                receiver_positions=receiver_positions,
+                internal_batch_size=internal_batch_size,
+                max_chunk_bytes=max_chunk_bytes,
+            )
+        )
+
+    def plan(
+        self,
+        inputs: Prompt,
+        *,
+        counterfactual: Optional[Prompt] = None,
+        corrupt_subject: Optional[str] = None,
+        noise_seed: int = 0,
+        baselines: Union[str, Tensor] = "mean",
+        target: TokenSpec = None,
+        target_kind: str = "prob",
+        foil: TokenSpec = None,
+        position: int = -1,
+        n_steps: int = DEFAULT_STEPS,
+        method: str = "exact",
+        qkv: bool = False,
+        per_position: bool = False,
+        receiver_positions: bool = False,
+        internal_batch_size: Optional[int] = None,
+        max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> "FlowPlan":
+        r"""
+        Every argument of :meth:`attribute` resolved and checked once, without
+        running the model: the prompt's ids, the path's start, the graph, the
+        target's tokens and position, the step rule and the path points per
+        forward from the memory budget. :meth:`run` computes the graph; the
+        command line plans before its job, so that a bad argument is refused
+        at once.
+
+        Returns:
+            *FlowPlan*.
+
+        Raises:
+            ValueError: If an argument is invalid, naming it.
+            TypeError: Naming ``noise_seed``, ``internal_batch_size`` or
+                ``max_chunk_bytes`` where it is not an int.
+        """
         ids = self._ids(inputs, "inputs")
         length = ids.shape[1]
         start = self._start(counterfactual, baselines, length)
         subject = self._subject(inputs, corrupt_subject, counterfactual, noise_seed)
-        position = _position(position, length)
-        _check_settings(
-            target_kind,
-            n_steps,
-            method,
-            dict(
-                qkv=qkv,
-                per_position=per_position,
-                receiver_positions=receiver_positions,
-            ),
-            internal_batch_size,
-            max_chunk_bytes,
+        flags = dict(
+            qkv=qkv, per_position=per_position, receiver_positions=receiver_positions
         )
-        batch = self.check_budget(
-            ids, n_steps, qkv, internal_batch_size, max_chunk_bytes, receiver_positions
+        _check_settings(
+            target_kind, n_steps, method, flags, internal_batch_size, max_chunk_bytes
         )
         graph = flow_graph_of(self.parts, qkv)
-        token = self._token(target, "target")
+        point = point_bytes(self.parts, graph, length, receiver_positions)
+        batch = points_at_once(point, n_steps + 1, internal_batch_size, max_chunk_bytes)
+        if receiver_positions:
+            check_pair_memory(graph, length, 2 * batch * point)
         foil_id = self._token(foil, "foil")
-        _check_foil(target_kind, foil_id, start)
-        if subject is None:
+        prompt_start = isinstance(start, Tensor) and not start.is_floating_point()
+        check_foil(target_kind, foil_id is not None, prompt_start)
+        return FlowPlan(
+            ids=ids,
+            start=start,
+            subject=None
+            if subject is None or corrupt_subject is None
+            else (corrupt_subject, subject, noise_seed),
+            graph=graph,
+            target_kind=target_kind,
+            token=self._token(target, "target"),
+            foil=foil_id,
+            position=_position(position, length),
+            n_steps=n_steps,
+            method=method,
+            per_position=per_position,
+            receiver_positions=receiver_positions,
+            batch=batch,
+            max_chunk_bytes=max_chunk_bytes,
+        )
+
+    def run(self, plan: "FlowPlan") -> FlowGraph:
+        r"""
+        The graph of a :meth:`plan`: the path's start, the target (the greedy
+        predictions where no token was given), the flows.
+
+        Args:
+            plan (FlowPlan): From :meth:`plan`, on this model.
+
+        Returns:
+            *FlowGraph*.
+        """
+        ids, start = plan.ids, plan.start
+        if plan.subject is None:
             base, origin = self._base_inputs(ids, start), self._origin(start)
         else:
-            base, origin = noised_start(
-                self.parts, ids, subject, NOISE_SCALE, noise_seed
-            )
-            origin["subject"] = corrupt_subject
+            text, positions, seed = plan.subject
+            base, origin = noised_start(self.parts, ids, positions, NOISE_SCALE, seed)
+            origin["subject"] = text
+        token, foil = plan.token, plan.foil
         if token is None:
-            token = self._greedy(ids, position)
-        if foil_id is None and target_kind != "prob":
+            token = self._greedy(ids, plan.position)
+        if foil is None and takes_foil(plan.target_kind):
             assert isinstance(start, Tensor)
-            foil_id = self._greedy(start, position)
-        goal = FlowTarget(target_kind, token, position, foil_id)
+            foil = self._greedy(start, plan.position)
+        goal = Target(plan.target_kind, token, plan.position, foil)
         totals = flow_totals(
             self.parts,
             ids,
             base,
             goal,
-            graph,
-            n_steps=n_steps,
-            method=method,
-            per_position=per_position,
-            receiver_positions=receiver_positions,
-            internal_batch_size=batch,
-            max_chunk_bytes=max_chunk_bytes,
+            plan.graph,
+            n_steps=plan.n_steps,
+            method=plan.method,
+            per_position=plan.per_position,
+            receiver_positions=plan.receiver_positions,
+            internal_batch_size=plan.batch,
+            max_chunk_bytes=plan.max_chunk_bytes,
         )
-        settings = self._settings(goal, method=method, n_steps=n_steps)
+        settings = self._settings(goal, method=plan.method, n_steps=plan.n_steps)
+        graph = plan.graph
         cfg = dict(
             n_layers=graph.n_layers,
             n_heads=graph.n_heads,
             n_kv_heads=graph.n_kv_heads,
             d_model=self._embeddings().embedding_dim,
-            qkv=qkv,
+            qkv=graph.qkv,
             parallel_attn_mlp=graph.parallel,
         )
         return build_graph(totals, cfg, self._texts(ids), origin, settings)
 
-    def _settings(self, goal: FlowTarget, **run: Any) -> dict:
+    def _settings(self, goal: Target, **run: Any) -> dict:
         """The graph's ``settings``: the run's, the target's and the model's."""
         return dict(
             **run,
@@ -245,57 +378,6 @@ class ProbabilityFlow:
         )
 
     # ------------------------------------------------------------ arguments
-
-    def check_prompts(
-        self,
-        inputs: Prompt,
-        counterfactual: Optional[Prompt] = None,
-        corrupt_subject: Optional[str] = None,
-        noise_seed: int = 0,
-    ) -> None:
-        r"""
-        Checks a prompt and the path's start as :meth:`attribute` does (token
-        ids in the vocabulary, one sequence, equal token lengths, the subject
-        in the prompt), without running the model.
-
-        Raises:
-            ValueError: Naming ``inputs``, ``counterfactual``,
-                ``corrupt_subject`` or ``noise_seed``.
-            TypeError: Naming ``noise_seed``.
-        """
-        length = self._ids(inputs, "inputs").shape[1]
-        self._start(counterfactual, "mean", length)
-        self._subject(inputs, corrupt_subject, counterfactual, noise_seed)
-
-    def check_budget(
-        self,
-        inputs: Prompt,
-        n_steps: int = DEFAULT_STEPS,
-        qkv: bool = False,
-        internal_batch_size: Optional[int] = None,
-        max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        receiver_positions: bool = False,
-    ) -> int:
-        r"""
-        The path points of one forward of :meth:`attribute`, from the memory
-        budget (:mod:`~captum_iglens.attr.flow.budget`), without running the
-        model.
-
-        Returns:
-            *int*.
-
-        Raises:
-            ValueError: If ``internal_batch_size`` points (more than one) do not
-                fit ``max_chunk_bytes``, or the flows by receiver position
-                would not fit the memory available.
-        """
-        length = self._ids(inputs, "inputs").shape[1]
-        graph = flow_graph_of(self.parts, qkv)
-        point = point_bytes(self.parts, graph, length, receiver_positions)
-        batch = points_at_once(point, n_steps + 1, internal_batch_size, max_chunk_bytes)
-        if receiver_positions:
-            check_pair_memory(graph, length, 2 * batch * point)
-        return batch
 
     def _subject(
         self,
@@ -314,8 +396,8 @@ class ProbabilityFlow:
             )
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"noise_seed: expected an int, got {type(seed).__name__}")
-        if seed < 0:
-            raise ValueError(f"noise_seed: expected an int >= 0, got {seed}")
+        if not 0 <= seed < 2**63:
+            raise ValueError(f"noise_seed: expected an int in [0, 2**63), got {seed}")
         length = self._ids(inputs, "inputs").shape[1]
         return subject_positions(self.tokenizer, inputs, subject, length)
 
@@ -384,27 +466,8 @@ class ProbabilityFlow:
         return baselines
 
     def _token(self, token: TokenSpec, name: str) -> Optional[int]:
-        if token is None:
-            return None
-        if isinstance(token, str):
-            if self.tokenizer is None:
-                raise ValueError(f"{name}: text needs a tokenizer; pass a token id")
-            found = self.tokenizer.encode(token, add_special_tokens=False)
-            if len(found) != 1:
-                raise ValueError(
-                    f"{name}: {token!r} is {len(found)} tokens, expected one"
-                )
-            return int(found[0])
         vocab = self._embeddings().num_embeddings
-        if (
-            isinstance(token, bool)
-            or not isinstance(token, int)
-            or not 0 <= token < vocab
-        ):
-            raise ValueError(
-                f"{name}: expected a token id in [0, {vocab}) or text, got {token!r}"
-            )
-        return token
+        return resolve_token(token, name, self.tokenizer, vocab)
 
     # ------------------------------------------------------------ the model
 
@@ -468,22 +531,10 @@ class ProbabilityFlow:
             return {"kind": "tensor"}
         return {"kind": "prompt", "tokens": self._texts(start)}
 
-    def _describe(self, goal: FlowTarget) -> str:
-        def text(token: Optional[int]) -> str:
-            if token is None:
-                return ""
-            return (
-                repr(self.tokenizer.decode([token]))
-                if self.tokenizer is not None
-                else str(token)
-            )
-
-        kinds = {
-            "prob": "p({y})",
-            "prob_diff": "p({y}) - p({f})",
-            "logit_diff": "logit({y}) - logit({f})",
-        }
-        return kinds[goal.kind].format(y=text(goal.token), f=text(goal.foil))
+    def _describe(self, goal: Target) -> str:
+        if self.tokenizer is None:
+            return goal.describe(str)
+        return goal.describe(lambda token: repr(self.tokenizer.decode([token])))
 
 
 def _position(position: int, length: int) -> int:
@@ -498,19 +549,6 @@ def _position(position: int, length: int) -> int:
     return position % length
 
 
-def _check_foil(
-    target_kind: str, foil: Optional[int], start: Union[str, Tensor]
-) -> None:
-    prompt_start = isinstance(start, Tensor) and not start.is_floating_point()
-    if target_kind == "prob" and foil is not None:
-        raise ValueError("foil: target_kind 'prob' takes no foil")
-    if target_kind != "prob" and foil is None and not prompt_start:
-        raise ValueError(
-            f"foil: target_kind {target_kind!r} needs a foil token, or a "
-            "counterfactual prompt whose prediction is the foil"
-        )
-
-
 def _check_settings(
     target_kind: str,
     n_steps: int,
@@ -519,8 +557,7 @@ def _check_settings(
     batch: Optional[int],
     max_chunk_bytes: int,
 ) -> None:
-    if target_kind not in TARGETS:
-        raise ValueError(f"target_kind: expected one of {TARGETS}, got {target_kind!r}")
+    check_kind(target_kind)
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
         raise ValueError(f"n_steps: expected an int >= 1, got {n_steps!r}")
     if method not in FLOW_METHODS:
