@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
-from captum_iglens.circuits.generators import GENERATORS
-from captum_iglens.circuits.scorers import SCORERS
+from captum_iglens.studies.circuits.generators import GENERATORS
+from captum_iglens.studies.circuits.scorers import SCORERS
 from captum_iglens.cli import main
 
 #: The ground-truth scorers, one column of rank correlations each.

@@ -18,7 +18,7 @@ import torch
 from scipy.stats import spearmanr
 from torch import Tensor
 
-from captum_iglens.circuits.faithfulness import PERCENTS, circuits
+from captum_iglens.studies.circuits.faithfulness import PERCENTS, circuits
 from captum_iglens.graph.circuit import legal_edges
 from captum_iglens.graph.model_graph import ModelGraph, model_graph
 

@@ -28,9 +28,9 @@ from typing import Any, Dict
 import torch
 from torch import Tensor
 
-from captum_iglens.circuits.context import ScoringContext
+from captum_iglens.studies.circuits.context import ScoringContext
 from captum_iglens.graph.target import metric
-from captum_iglens.circuits.scorers import Scorer, register
+from captum_iglens.studies.circuits.scorers import Scorer, register
 
 import circuits
 

@@ -50,10 +50,10 @@ from captum.attr import LayerIntegratedGradients
 from captum_iglens.attr.flow import DEFAULT_STEPS, ProbabilityFlow
 from captum_iglens.attr.flow.engine import first_block_inputs
 from captum_iglens.graph.target import Target
-from captum_iglens.circuits.batches import Batch
-from captum_iglens.circuits.context import ScoringContext
-from captum_iglens.circuits.patching import CircuitModel
-from captum_iglens.circuits.scorers import eap_ig_inputs
+from captum_iglens.studies.circuits.batches import Batch
+from captum_iglens.studies.circuits.context import ScoringContext
+from captum_iglens.studies.circuits.patching import CircuitModel
+from captum_iglens.studies.circuits.scorers import eap_ig_inputs
 from captum_iglens.hf.models import load_embedded
 
 SHORT = ("The capital of France is", "The capital of Italy is", " Paris")

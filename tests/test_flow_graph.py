@@ -68,7 +68,7 @@ def test_node_flows_and_errors_are_recomputed():
     [
         (dict(flows=np.array(FLOWS[:5])), "flows: 5 edges, but the graph"),
         (dict(flows=2 * np.array(FLOWS)), "the file is inconsistent"),
-        (dict(m_prompt=0.5), "flows: an exact graph's flows miss"),
+        (dict(m_prompt=0.5), "m_prompt, m_base, flows: the flows into logits add up"),
         (dict(input_flows=np.array([0.5, 0.15])), "input_flows: its sums miss"),
         (dict(cfg={**CFG, "n_heads": 2}), "flows: 6 edges, but the graph"),
         (dict(cfg={**CFG, "qkv": True}), "flows: 6 edges, but the graph"),

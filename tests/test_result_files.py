@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from captum_iglens import IGLensResult
-from captum_iglens.circuits.study import CircuitsResult
+from captum_iglens.studies.circuits.study import CircuitsResult
 from captum_iglens.attr.flow.graph import FlowGraph
 from captum_iglens._utils.serialization import JsonDocument
 from captum_iglens.studies.comparison import ComparisonResult, compare

@@ -1,5 +1,5 @@
 r"""``captum-iglens circuits``: MIB's circuit faithfulness (CPR, CMD) of edge
-scoring methods on a task, offline (see :mod:`captum_iglens.circuits`)."""
+scoring methods on a task, offline (see :mod:`captum_iglens.studies.circuits`)."""
 
 import argparse
 import os
@@ -24,7 +24,7 @@ DEFAULT_METHODS = "eap,eap-ig-inputs,random"
 
 
 def _task_help() -> str:
-    from captum_iglens.circuits.generators import GENERATORS
+    from captum_iglens.studies.circuits.generators import GENERATORS
 
     return (
         "a JSON Lines file of {clean, counterfactual, answer, foil}, or a shipped "
@@ -33,7 +33,7 @@ def _task_help() -> str:
 
 
 def _methods_help() -> str:
-    from captum_iglens.circuits.scorers import SCORERS
+    from captum_iglens.studies.circuits.scorers import SCORERS
 
     forms = []
     for name, scorer in SCORERS.items():
@@ -125,7 +125,7 @@ def _check_options(args: argparse.Namespace) -> List[str]:
     """The methods (a method's file exists and is readable), the counts and
     the output files, checked; the methods."""
     from captum_iglens._utils.output_paths import check_writable
-    from captum_iglens.circuits.study import parse_method
+    from captum_iglens.studies.circuits.study import parse_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
@@ -166,14 +166,14 @@ def prepare(args: argparse.Namespace) -> Job:
     folder, all before the model's first forward; the
     job filters the pairs and scores the methods."""
     from captum_iglens._utils.output_paths import check_folder
-    from captum_iglens.circuits.generators import GENERATORS, generate
-    from captum_iglens.circuits.patching import CircuitModel
-    from captum_iglens.circuits.study import (
+    from captum_iglens.studies.circuits.generators import GENERATORS, generate
+    from captum_iglens.studies.circuits.patching import CircuitModel
+    from captum_iglens.studies.circuits.study import (
         check_folder_run,
         check_method_files,
         run_identity,
     )
-    from captum_iglens.circuits.tasks import encode_pairs, read_task
+    from captum_iglens.studies.circuits.tasks import encode_pairs, read_task
     from captum_iglens.hf.checksum import weights_checksum
     from captum_iglens.settings import Settings
 
@@ -217,8 +217,8 @@ def prepare(args: argparse.Namespace) -> Job:
 def _run(job: _Prepared) -> int:
     """Filters the pairs, scores every method, prints the table and writes
     the outputs."""
-    from captum_iglens.circuits.batches import filter_pairs
-    from captum_iglens.circuits.study import gather, run_circuits
+    from captum_iglens.studies.circuits.batches import filter_pairs
+    from captum_iglens.studies.circuits.study import gather, run_circuits
     from captum_iglens.cli.common import save_figure
 
     args, stages = job.args, job.stages

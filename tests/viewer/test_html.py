@@ -155,7 +155,8 @@ def test_comparison_page(comparison_result, tmp_path):
     assert [m["name"] for m in seq["methods"]] == list(comparison_result.methods)
     for m in seq["methods"]:
         method = comparison_result.methods[m["name"]]
-        residual = (method.scores[0].sum(-1) - method.prob_change[0]).abs()
+        scores, change = method.scores[0].double(), method.prob_change[0].double()
+        residual = (scores.sum(-1) - change).abs()
         for got, want in zip(m["resid"], residual.tolist()):
             assert close_to(got, want, 3) or abs(got - want) < 1e-9
     assert "<iframe" in comparison_result._repr_html_()

@@ -214,13 +214,19 @@ class FlowGraph(JsonDocument, Viewable):
         _close("input_flows", self.input_flows.sum(), out_of_input, scale)
         if not exact:
             return
-        worst = max(self.completeness_error, self.conservation_error)
-        if worst > scale:
+        if self.completeness_error > scale:
+            into = self._node_sums[0][-1]
             raise ValueError(
-                f"flows: an exact graph's flows miss Δm or conservation by "
-                f"{worst:.3g} (completeness {self.completeness_error:.3g}, "
-                f"conservation {self.conservation_error:.3g}); the file is "
-                "inconsistent"
+                f"m_prompt, m_base, flows: the flows into logits add up to "
+                f"{into:.6g}, not Δm = m_prompt - m_base = {self.delta_m:.6g}; "
+                "the file is inconsistent"
+            )
+        if self.conservation_error > scale:
+            into, out = self._node_sums
+            worst = 1 + int(np.abs(into - out)[1:-1].argmax())
+            raise ValueError(
+                f"flows: not conserved at {self.nodes[worst]} (in {into[worst]:.6g}, "
+                f"out {out[worst]:.6g}); the file is inconsistent"
             )
 
     # ---------------------------------------------------------- the graph

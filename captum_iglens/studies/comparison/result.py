@@ -138,8 +138,11 @@ class MethodResult:
 
     @property
     def residual(self) -> Tensor:
-        """``(B, P)``: the telescoping residual in probability, ``|Σ_layers − Δp|``."""
-        return (self.layer_sum - self.prob_change).abs()
+        """``(B, P)``: the telescoping residual in probability, ``|Σ_layers − Δp|``,
+        summed in float64 so that it measures the stored scores, not the sum's
+        own rounding."""
+        exact = self.scores.double().sum(-1) - self.prob_change.double()
+        return exact.abs().to(self.scores.dtype)
 
 
 @dataclass

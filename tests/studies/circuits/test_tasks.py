@@ -5,8 +5,12 @@ import json
 
 import pytest
 
-from captum_iglens.circuits.generators import GENERATORS, generate, single_token_names
-from captum_iglens.circuits.tasks import Pair, encode_pairs, read_task
+from captum_iglens.studies.circuits.generators import (
+    GENERATORS,
+    generate,
+    single_token_names,
+)
+from captum_iglens.studies.circuits.tasks import Pair, encode_pairs, read_task
 from tests.tiny_models import tiny_tokenizer
 
 GOOD = {"clean": "t5 t6 t7", "counterfactual": "t5 t8 t7", "answer": "t9", "foil": "t4"}

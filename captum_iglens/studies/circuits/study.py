@@ -1,6 +1,6 @@
 r"""
 One task on one model, every method scored: the scorers of
-:data:`~captum_iglens.circuits.scorers.SCORERS` run on the filtered pairs, each
+:data:`~captum_iglens.studies.circuits.scorers.SCORERS` run on the filtered pairs, each
 scoring's circuits evaluated by edge patching, and the curves, CPR, CMD,
 intervals, rank correlations with exact patching and costs gathered in a
 :class:`CircuitsResult`.
@@ -38,18 +38,18 @@ from captum_iglens._utils.serialization import (
     plain,
     write_atomic,
 )
-from captum_iglens.circuits.batches import make_batches
-from captum_iglens.circuits.faithfulness import (
+from captum_iglens.studies.circuits.batches import make_batches
+from captum_iglens.studies.circuits.faithfulness import (
     PERCENTS,
     Curve,
     circuits,
     curve,
     patched_metrics,
 )
-from captum_iglens.circuits.patching import CircuitModel
-from captum_iglens.circuits.context import ScoringContext
-from captum_iglens.circuits.scorers import SCORERS
-from captum_iglens.circuits.tasks import Encoded
+from captum_iglens.studies.circuits.patching import CircuitModel
+from captum_iglens.studies.circuits.context import ScoringContext
+from captum_iglens.studies.circuits.scorers import SCORERS
+from captum_iglens.studies.circuits.tasks import Encoded
 from captum_iglens.graph.circuit import circuit_edges, scores_from_dict, top_edges
 
 #: The record of what a folder's run is.
@@ -122,7 +122,7 @@ def check_method_files(
     r"""
     Reads the file of every method that reads one and checks it against the
     model, before any forward: each such scorer is called on a context
-    without pairs (:class:`~captum_iglens.circuits.scorers.Scorer`).
+    without pairs (:class:`~captum_iglens.studies.circuits.scorers.Scorer`).
 
     Args:
         model (CircuitModel): The bound model.
@@ -194,14 +194,14 @@ class CircuitsResult(JsonDocument):
                     scorer that was run, Spearman's rank
                     correlation of each method's scores with its scores, as
                     its record's ``truth`` compares them
-                    (:class:`~captum_iglens.circuits.scorers.Scorer`).
+                    (:class:`~captum_iglens.studies.circuits.scorers.Scorer`).
         seconds (dict[str, float]): Wall time per stage.
         best (dict[str, list[str]]): Per method, the edges of its circuit
                     (absolute ranking) at its :func:`best_size`.
         options (dict[str, Any]): The run's options.
     """
 
-    KIND = "captum_iglens.circuits"
+    KIND = "captum_iglens.studies.circuits"
 
     task: str
     model: str
@@ -233,14 +233,15 @@ class CircuitsResult(JsonDocument):
         return cls(**data)
 
     def plot(self) -> Tuple[Any, Any]:
-        """The curves (:func:`~captum_iglens.circuits.page.plot`): ``(fig, axes)``."""
-        from captum_iglens.circuits.page import plot
+        """The curves (:func:`~captum_iglens.studies.circuits.page.plot`):
+        ``(fig, axes)``."""
+        from captum_iglens.studies.circuits.page import plot
 
         return plot(self)
 
     def to_html(self, path: str) -> None:
-        """Writes the page (:func:`~captum_iglens.circuits.page.to_html`)."""
-        from captum_iglens.circuits.page import to_html
+        """Writes the page (:func:`~captum_iglens.studies.circuits.page.to_html`)."""
+        from captum_iglens.studies.circuits.page import to_html
 
         to_html(self, path)
 

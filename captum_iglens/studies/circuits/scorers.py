@@ -11,13 +11,13 @@ largest ``|score|``. Its record says whether it takes a step count (and its
 default), reads a file, or is a ground truth (and how it is compared).
 
 ``flow`` is the exact probability flow
-(:func:`~captum_iglens.circuits.flow_scores.flow_scores`, at
+(:func:`~captum_iglens.studies.circuits.flow_scores.flow_scores`, at
 :data:`~captum_iglens.attr.flow.options.DEFAULT_STEPS` steps unless given,
 ``"flow:8"``); ``flow-plain`` is its first-order terms alone, before the
 exact estimator's correction. ``joint`` and ``telescoping`` are IG-Lens's head maps of
 ``p(answer)`` on the clean prompt lifted to edges, a node's credit shared
 equally by its in-edges and each edge into ``logits`` given its sender's
-credit (:mod:`~captum_iglens.circuits.node_scores`): what a ranking knows
+credit (:mod:`~captum_iglens.studies.circuits.node_scores`): what a ranking knows
 without the edges. They attribute ``p(answer)`` whatever the run's metric.
 The baselines, written from their papers:
 
@@ -32,7 +32,7 @@ The baselines, written from their papers:
   receiver score that group's edges;
 - ``random``: uniform scores under the context's seed;
 - ``eap-json:PATH``: the edge scores of an EAP-IG graph file
-  (:mod:`~captum_iglens.circuits.eap_json_scores`), whoever wrote it;
+  (:mod:`~captum_iglens.studies.circuits.eap_json_scores`), whoever wrote it;
 - ``patching``: exact single-edge patching, ``m(N) − m(N \ e)``, on a random
   subsample of edges (NaN elsewhere);
 - ``patching-nodes``: exact patching of each node alone, ``m(N) − m(N \ u)``
@@ -55,12 +55,12 @@ import torch
 from torch import Tensor
 
 from captum_iglens.attr.flow.options import DEFAULT_STEPS
-from captum_iglens.circuits.batches import Batch
-from captum_iglens.circuits.context import Scores, ScoringContext
-from captum_iglens.circuits.eap_json_scores import eap_json_scores
+from captum_iglens.studies.circuits.batches import Batch
+from captum_iglens.studies.circuits.context import Scores, ScoringContext
+from captum_iglens.studies.circuits.eap_json_scores import eap_json_scores
 from captum_iglens.graph.target import metric
-from captum_iglens.circuits.flow_scores import flow_scores
-from captum_iglens.circuits.node_scores import lifted_scores
+from captum_iglens.studies.circuits.flow_scores import flow_scores
+from captum_iglens.studies.circuits.node_scores import lifted_scores
 from captum_iglens.graph.circuit import legal_edges
 from captum_iglens.graph.model_graph import ModelGraph
 

@@ -1,5 +1,5 @@
 r"""
-What a scorer of :data:`~captum_iglens.circuits.scorers.SCORERS` gets
+What a scorer of :data:`~captum_iglens.studies.circuits.scorers.SCORERS` gets
 (:class:`ScoringContext`) and what it returns (:data:`Scores`), apart from the
 scorers so that a scorer in a module of its own can take it.
 """
@@ -9,8 +9,8 @@ from typing import Dict, Optional, Sequence, Union
 
 from torch import Tensor
 
-from captum_iglens.circuits.batches import Batch
-from captum_iglens.circuits.patching import CircuitModel
+from captum_iglens.studies.circuits.batches import Batch
+from captum_iglens.studies.circuits.patching import CircuitModel
 
 #: An ``(S, R)`` tensor over the graph's senders × receivers, or a score per
 #: edge name.

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Callable, Dict, List, Set, Tuple
 
-from captum_iglens.circuits.tasks import Pair, first_token
+from captum_iglens.studies.circuits.tasks import Pair, first_token
 
 #: First names, filtered per tokenizer to those that are one token after a space.
 NAMES = (

@@ -9,10 +9,10 @@ import torch
 
 from captum_iglens.attr.flow.engine import flow_graph_of
 from captum_iglens.attr.flow.probability_flow import ProbabilityFlow
-from captum_iglens.circuits.batches import Batch
+from captum_iglens.studies.circuits.batches import Batch
 from captum_iglens.graph.target import metric as target_metric
-from captum_iglens.circuits.patching import CircuitModel
-from captum_iglens.circuits.scorers import SCORERS, ScoringContext
+from captum_iglens.studies.circuits.patching import CircuitModel
+from captum_iglens.studies.circuits.scorers import SCORERS, ScoringContext
 from captum_iglens.graph.circuit import legal_edges, scores_to_dict
 from tests.tiny_models import tiny_model
 
@@ -112,7 +112,7 @@ def test_scores_are_the_public_flow_graphs_edges_averaged(pairs, scorer, method)
 
 
 def test_flow_takes_a_step_count_defaulting_to_the_flows():
-    from captum_iglens.circuits.study import parse_method
+    from captum_iglens.studies.circuits.study import parse_method
     from captum_iglens.attr.flow.options import DEFAULT_STEPS
 
     assert parse_method("flow")["steps"] == DEFAULT_STEPS == SCORERS["flow"].steps

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from captum_iglens.circuits.tasks import Encoded
+from captum_iglens.studies.circuits.tasks import Encoded
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ edges of its scores.
 import torch
 from torch import Tensor
 
-from captum_iglens.circuits.context import ScoringContext
-from captum_iglens.circuits.patching import CircuitModel
+from captum_iglens.studies.circuits.context import ScoringContext
+from captum_iglens.studies.circuits.patching import CircuitModel
 from captum_iglens.graph.circuit import edge_matrix
 from captum_iglens.graph.eap_json import read_eap_json
 

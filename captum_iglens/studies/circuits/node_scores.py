@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
-from captum_iglens.circuits.context import ScoringContext
+from captum_iglens.studies.circuits.context import ScoringContext
 from captum_iglens.columns import INPUT, Column
 from captum_iglens.graph.circuit import legal_edges
 from captum_iglens.graph.model_graph import (

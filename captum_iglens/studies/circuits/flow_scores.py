@@ -16,7 +16,7 @@ from torch import Tensor
 
 from captum_iglens.attr.flow.engine import flow_graph_of
 from captum_iglens.attr.flow.probability_flow import ProbabilityFlow
-from captum_iglens.circuits.context import ScoringContext
+from captum_iglens.studies.circuits.context import ScoringContext
 from captum_iglens.graph.circuit import edge_matrix
 from captum_iglens.graph.target import takes_foil
 

@@ -5,8 +5,8 @@ a hand-patched residual, and a hand-built 2-layer model whose circuit is known."
 import pytest
 import torch
 
-from captum_iglens.circuits.batches import Batch
-from captum_iglens.circuits.faithfulness import (
+from captum_iglens.studies.circuits.batches import Batch
+from captum_iglens.studies.circuits.faithfulness import (
     PERCENTS,
     areas,
     circuits,
@@ -14,8 +14,8 @@ from captum_iglens.circuits.faithfulness import (
     faithfulness,
     patched_metrics,
 )
-from captum_iglens.circuits.patching import CircuitModel
-from captum_iglens.circuits.scorers import SCORERS, ScoringContext
+from captum_iglens.studies.circuits.patching import CircuitModel
+from captum_iglens.studies.circuits.scorers import SCORERS, ScoringContext
 from captum_iglens.graph.circuit import (
     legal_edges,
     node_circuit,
@@ -319,7 +319,7 @@ def test_node_patching_keeps_every_edge_out_of_the_kept_nodes(known):
 
 
 def test_best_size_is_the_smallest_faithful_enough():
-    from captum_iglens.circuits.study import best_size
+    from captum_iglens.studies.circuits.study import best_size
 
     nan = float("nan")
     assert best_size([0.1, 0.5, 0.85, 0.9, 1, 1, 1, 1, 1, 1]) == 0.5

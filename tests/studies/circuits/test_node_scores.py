@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from captum_iglens import LayerIGLens
-from captum_iglens.circuits.batches import Batch
-from captum_iglens.circuits.node_scores import lift_to_edges
-from captum_iglens.circuits.patching import CircuitModel
-from captum_iglens.circuits.scorers import SCORERS, ScoringContext
+from captum_iglens.studies.circuits.batches import Batch
+from captum_iglens.studies.circuits.node_scores import lift_to_edges
+from captum_iglens.studies.circuits.patching import CircuitModel
+from captum_iglens.studies.circuits.scorers import SCORERS, ScoringContext
 from captum_iglens.graph.circuit import legal_edges, scores_to_dict
 from captum_iglens.graph.model_graph import model_graph
 from tests.tiny_models import tiny_model

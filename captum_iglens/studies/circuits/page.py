@@ -1,5 +1,5 @@
 r"""The figure and the HTML page of a
-:class:`~captum_iglens.circuits.study.CircuitsResult`."""
+:class:`~captum_iglens.studies.circuits.study.CircuitsResult`."""
 
 import base64
 import html
@@ -15,7 +15,7 @@ MAX_LISTED = 300
 def plot(result: Any) -> Tuple[Any, Any]:
     r"""
     The faithfulness curves of a
-    :class:`~captum_iglens.circuits.study.CircuitsResult`: ``f(k)`` against
+    :class:`~captum_iglens.studies.circuits.study.CircuitsResult`: ``f(k)`` against
     the circuit size (log scale),
     the signed ranking (CPR) on the left and the absolute one (CMD) on the right.
 

@@ -20,8 +20,8 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from captum_iglens.circuits.batches import Batch
-from captum_iglens.circuits.patching import CircuitModel
+from captum_iglens.studies.circuits.batches import Batch
+from captum_iglens.studies.circuits.patching import CircuitModel
 from captum_iglens.graph.circuit import top_edges
 from captum_iglens.graph.model_graph import ModelGraph
 from captum_iglens.graph.target import metric as metric_of

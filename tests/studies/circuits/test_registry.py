@@ -4,9 +4,9 @@ methods parsed from the records."""
 
 import pytest
 
-from captum_iglens.circuits import scorers
-from captum_iglens.circuits.scorers import SCORERS, Scorer, register
-from captum_iglens.circuits.study import parse_method
+from captum_iglens.studies.circuits import scorers
+from captum_iglens.studies.circuits.scorers import SCORERS, Scorer, register
+from captum_iglens.studies.circuits.study import parse_method
 
 
 def _constant(context):
