@@ -2,13 +2,15 @@ r"""
 The one check of every output path, file or folder, made before any work and
 without importing torch (so that the command line refuses a bad path at once):
 not empty, in an existing folder that can be written, not a folder where a file
-is expected (nor a file where a folder is), and with the suffix its format needs.
+is expected (nor a file where a folder is), not a device, FIFO or socket, not one
+of the run's inputs, and with the suffix its format needs. A symbolic link is
+followed: the file it points to is what gets written.
 """
 
 import os
 import secrets
 from pathlib import Path
-from typing import Optional, Union
+from typing import Mapping, Optional, Sequence, Union
 
 PathLike = Union[str, Path]
 
@@ -37,15 +39,69 @@ def check_writable(path: PathLike, what: str, suffix: Optional[str] = None) -> P
     path = _non_empty(path, what, "a file path such as out.json")
     if path.is_dir():
         raise ValueError(f"{what}: {path} is a folder; expected a file path")
+    if path.exists() and not path.is_file():
+        raise ValueError(
+            f"{what}: {path} exists and is not a regular file (a device, FIFO or "
+            "socket); expected a file path"
+        )
     if suffix is not None and path.suffix and path.suffix.lower() != suffix:
         raise ValueError(
             f"{what}: {path} ends in {path.suffix}, expected a {suffix} file; "
             f"name it e.g. {path.with_suffix(suffix).name}"
         )
-    _check_folder_exists(path.parent, what)
+    _check_folder_exists(Path(os.path.realpath(path)).parent, what)
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"{what}: {path} exists and is read-only")
     return path
+
+
+def check_not_input(
+    path: PathLike,
+    what: str,
+    inputs: Mapping[str, PathLike],
+    written: Sequence[str] = (),
+) -> None:
+    r"""
+    Refuses an output that would replace one of the run's inputs: the same
+    file as an input file, a file that exists inside an input folder (a model's
+    config, a lens's weights), or any path inside an input folder the run also
+    writes (a resumed run's records). Paths are compared as real paths, so a
+    link and its target are one file; inputs that do not exist as paths (an
+    embedded model's name, say) are skipped.
+
+    Args:
+
+        path (str or Path): The output file.
+        what (str): The output's argument name, for the error, e.g. ``"--json"``.
+        inputs (Mapping[str, str or Path]): The run's inputs, by argument name,
+                    e.g. ``{"--task": "t.jsonl", "--model": "folder"}``.
+        written (Sequence[str], optional): The names in ``inputs`` of folders
+                    the run writes in too, e.g. ``("--out",)``.
+                    Default: ()
+
+    Raises:
+        ValueError: Naming ``what`` and the input, if ``path`` is one of them or
+                    lies inside one as above.
+    """
+    real = Path(os.path.realpath(path))
+    for name, given in inputs.items():
+        source = Path(os.path.realpath(given))
+        if real == source:
+            raise ValueError(
+                f"{what}: {path} is the run's input {name}; writing it would replace "
+                "it, so give the output another path"
+            )
+        if source.is_dir() and source in real.parents:
+            if name in written:
+                raise ValueError(
+                    f"{what}: {path} is inside {name} ({given}), the folder the run "
+                    "keeps its records in; give the output a path outside it"
+                )
+            if real.exists():
+                raise ValueError(
+                    f"{what}: {path} is a file in the folder of {name} ({given}), "
+                    "which the run reads; give the output a path outside it"
+                )
 
 
 def check_folder(path: PathLike, what: str) -> Path:

@@ -9,7 +9,7 @@ import math
 import os
 import secrets
 from pathlib import Path
-from typing import Any, ClassVar, Dict, Type, TypeVar
+from typing import Any, ClassVar, Dict, Type, TypeVar, Union
 
 import numpy as np
 from torch import Tensor
@@ -39,16 +39,20 @@ def plain(value: Any) -> Any:
     return value
 
 
-def write_atomic(path: PathLike, text: str) -> None:
-    r"""Writes ``text`` to ``path`` through a new temporary file in the same
-    folder (created with the usual permissions, those the umask leaves), renamed
-    over ``path`` only when complete."""
-    path = Path(path)
+def write_atomic(path: PathLike, data: Union[str, bytes]) -> None:
+    r"""Writes ``data`` (text as UTF-8, or bytes) to ``path`` through a new
+    temporary file in the same folder (created with the usual permissions, those
+    the umask leaves), renamed over ``path`` only when complete. A link is
+    followed, so the file it points to is replaced and the link stays; a path
+    that exists and is not a regular file (a device, a FIFO) is refused."""
+    path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        raise ValueError(f"path: {path} exists and is not a regular file")
     partial = path.parent / f".{path.name}.{secrets.token_hex(8)}"
     handle = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
+        with os.fdopen(handle, "wb") as out:
+            out.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 from captum_iglens.cli.common import (
     CommandError,
     Job,
+    check_outputs,
     deferred,
     load,
     model_parent,
@@ -124,7 +125,6 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
 def _check_options(args: argparse.Namespace) -> List[str]:
     """The methods (a method's file exists and is readable), the counts and
     the output files, checked; the methods."""
-    from captum_iglens._utils.output_paths import check_writable
     from captum_iglens.studies.circuits.study import parse_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -137,9 +137,7 @@ def _check_options(args: argparse.Namespace) -> List[str]:
         if path is not None and not (Path(path).is_file() and os.access(path, os.R_OK)):
             raise CommandError(f"--methods: {method}: no readable file {path!r}")
     _positive(args, "pairs", "generate", "batch-size", "sample", "bootstrap")
-    for option in ("json", "png", "html"):
-        if getattr(args, option):
-            check_writable(getattr(args, option), f"--{option}")
+    check_outputs(args, "json", "png", "html")
     return methods
 
 

@@ -15,6 +15,7 @@ import copy
 import json
 import math
 import importlib
+import io
 import os
 import sys
 import time
@@ -405,17 +406,33 @@ def flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+#: The options, in any command, that name what the run reads: a file, or a
+#: folder (a model's, a lens's; ``--out``, where the run also keeps its records).
+INPUT_OPTIONS = ("prompts", "task", "corpus", "model", "lens", "out")
+
+
 def check_outputs(args: argparse.Namespace, *options: str) -> None:
     r"""Checks that the given output options (e.g. ``"json"``), where given
     (an empty path included), name files that can be written, each a different
-    one (:func:`distinct_outputs`), with the suffix their format needs
+    one (:func:`distinct_outputs`), none of them a device or FIFO, one of the
+    run's inputs or inside an input folder (:data:`INPUT_OPTIONS` that name
+    existing paths), with the suffix their format needs
     (:data:`OUTPUT_SUFFIXES`)."""
-    from captum_iglens._utils.output_paths import check_writable
+    from captum_iglens._utils.output_paths import check_not_input, check_writable
 
     distinct_outputs(args, *options)
+    inputs = {
+        flag(name): getattr(args, name)
+        for name in INPUT_OPTIONS
+        if name not in options
+        and isinstance(getattr(args, name, None), str)
+        and os.path.exists(getattr(args, name))
+    }
     for name in options:
         if getattr(args, name, None) is not None:
-            check_writable(getattr(args, name), flag(name), OUTPUT_SUFFIXES.get(name))
+            path = getattr(args, name)
+            check_writable(path, flag(name), OUTPUT_SUFFIXES.get(name))
+            check_not_input(path, flag(name), inputs, written=("--out",))
 
 
 def distinct_outputs(args: argparse.Namespace, *options: str) -> None:
@@ -754,8 +771,12 @@ class Stages:
 
 def save_figure(fig: Any, path: str) -> None:
     r"""Writes ``fig`` as the PNG of ``--png``, at ``path`` as given (no
-    suffix appended to a name without one)."""
-    fig.savefig(path, dpi=120, bbox_inches="tight", format="png")
+    suffix appended to a name without one), atomically."""
+    from captum_iglens._utils.serialization import write_atomic
+
+    image = io.BytesIO()
+    fig.savefig(image, dpi=120, bbox_inches="tight", format="png")
+    write_atomic(path, image.getvalue())
 
 
 def write_outputs(result: Any, args: argparse.Namespace) -> None:
