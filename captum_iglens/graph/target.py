@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 #: The kinds of ``m``: ``p(y)``, ``p(y) − p(foil)``, ``logit(y) − logit(foil)``.
 TARGETS = ("prob", "prob_diff", "logit_diff")
-#: How :func:`describe` writes each kind, ``{y}`` and ``{f}`` the tokens' texts.
+#: How ``Target.describe`` writes each kind, ``{y}`` and ``{f}`` the tokens' texts.
 FORMULAS = {
     "prob": "p({y})",
     "prob_diff": "p({y}) - p({f})",

@@ -233,7 +233,7 @@ class FlowGraph(JsonDocument, Viewable):
 
     @property
     def graph(self) -> ModelGraph:
-        """The :class:`ModelGraph` of :attr:`cfg`."""
+        """The :class:`ModelGraph` of ``cfg``."""
         return graph_of(self.cfg)
 
     @property
@@ -243,7 +243,7 @@ class FlowGraph(JsonDocument, Viewable):
 
     @property
     def edges(self) -> List[str]:
-        """``E`` edge names, in the order of :attr:`flows`."""
+        """``E`` edge names, in the order of ``flows``."""
         return self.graph.edges
 
     @property
