@@ -37,6 +37,7 @@ def _no_model(*args, **kwargs):
             ["--receiver-positions", "--csv", "p.csv", "--pairs-csv", "p.csv"],
             "--pairs-csv: the same path as --csv",
         ),
+        (["--n-steps", "100000"], "--n-steps: expected at most 1024, got 100000"),
         (["--device", "nonsense"], "--device: expected a torch device"),
         (["--device-map", "auto"], "--device-map: graph runs the model on one"),
         (
@@ -142,6 +143,12 @@ def test_counterfactual_of_another_length_is_refused(capsys):
     assert status == 2
     err = capsys.readouterr().err
     assert "--counterfactual: 7 tokens, but the prompt has 5" in err
+
+
+@pytest.mark.real_model
+def test_the_counterfactual_is_stripped_as_the_prompt_is(capsys):
+    argv = ["graph", PROMPT + " ", "--counterfactual", OTHER + " ", "--n-steps", "1"]
+    assert main([*argv, "--quiet"]) == 0, capsys.readouterr().err
 
 
 @pytest.mark.real_model

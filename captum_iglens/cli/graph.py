@@ -18,7 +18,13 @@ from captum_iglens.cli.common import (
     prompt_parent,
     read_prompt,
 )
-from captum_iglens.attr.flow.options import BASELINES, DEFAULT_STEPS, FLOW_METHODS
+from captum_iglens.attr.flow.options import (
+    BASELINES,
+    DEFAULT_STEPS,
+    FLOW_METHODS,
+    MAX_STEPS,
+    check_steps,
+)
 from captum_iglens.graph.target import TARGETS, check_foil
 
 
@@ -72,7 +78,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         "--n-steps",
         type=at_least(1),
         default=DEFAULT_STEPS,
-        help=f"steps of the path (default: {DEFAULT_STEPS})",
+        help=f"steps of the path, at most {MAX_STEPS} (default: {DEFAULT_STEPS})",
     )
     graph.add_argument(
         "--method",
@@ -177,6 +183,10 @@ def _check(args: argparse.Namespace) -> str:
                 "--baseline: give either --counterfactual or --baseline, not both"
             )
     _check_subject(args, prompt)
+    try:
+        check_steps(args.n_steps, "--n-steps")
+    except ValueError as error:
+        raise CommandError(str(error)) from None
     names = dict(kind="--target-kind", foil="--foil", counterfactual="--counterfactual")
     try:
         check_foil(
@@ -267,7 +277,8 @@ def prepare(args: argparse.Namespace) -> Job:
     try:  # every argument against the model and the budget, before the job
         plan = flow.plan(
             prompt,
-            counterfactual=args.counterfactual,
+            # stripped as the prompt is, so that equal prompts have equal lengths
+            counterfactual=args.counterfactual and args.counterfactual.strip(),
             corrupt_subject=args.corrupt_subject,
             noise_seed=args.noise_seed,
             baselines=args.baseline or "mean",

@@ -153,6 +153,7 @@ def test_model_left_as_it_was(models):
     [
         (dict(counterfactual=torch.tensor([[1, 5, 9]])), "counterfactual: 3 tokens"),
         (dict(n_steps=0), "n_steps"),
+        (dict(n_steps=10**5), "n_steps: expected at most 1024, got 100000"),
         (dict(method="gausslegendre"), "method"),
         (dict(target_kind="kl"), "target_kind"),
         (dict(target_kind="prob_diff"), "foil"),
@@ -176,6 +177,15 @@ def test_arguments_refused_before_the_model_runs(models, kwargs, named):
         handle.remove()
     assert named in str(error.value)
     assert calls == []
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_baselines_that_are_not_finite_are_refused_by_name(models, value):
+    model = models["llama"]
+    start = torch.zeros(1, IDS.shape[1], model.get_input_embeddings().embedding_dim)
+    start[0, 2, 1] = value
+    with pytest.raises(ValueError, match="baselines: the tensor holds NaN or inf"):
+        ProbabilityFlow(model).attribute(IDS, baselines=start)
 
 
 def test_refuses_models_it_cannot_split():

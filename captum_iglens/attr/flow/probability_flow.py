@@ -37,6 +37,7 @@ from captum_iglens.attr.flow.options import (
     BASELINES,
     DEFAULT_CHUNK_BYTES,
     DEFAULT_STEPS,
+    check_steps,
     FLOW_METHODS,
 )
 from captum_iglens.graph.model_graph import ModelGraph
@@ -463,6 +464,11 @@ class ProbabilityFlow:
                 "baselines: expected 'pad', 'mean' or a float tensor "
                 f"(1, {length}, {d})"
             )
+        if not bool(torch.isfinite(baselines).all()):
+            raise ValueError(
+                "baselines: the tensor holds NaN or infinite values; the path "
+                "starts from it, so every value must be finite"
+            )
         return baselines
 
     def _token(self, token: TokenSpec, name: str) -> Optional[int]:
@@ -558,8 +564,7 @@ def _check_settings(
     max_chunk_bytes: int,
 ) -> None:
     check_kind(target_kind)
-    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
-        raise ValueError(f"n_steps: expected an int >= 1, got {n_steps!r}")
+    check_steps(n_steps, "n_steps")
     if method not in FLOW_METHODS:
         raise ValueError(f"method: expected one of {FLOW_METHODS}, got {method!r}")
     for name, flag in flags.items():
