@@ -228,7 +228,7 @@ def test_circuits_rules_match_the_two_methods_they_cross(tmp_path, tiny_folder):
     folder, pair = tiny_folder
     tasks = {
         "mine": [pair, dict(pair, counterfactual="t9 t6 t7 t8")],
-        "other": [dict(pair, counterfactual="t5 t6 t9 t8")] * 2,
+        "other": [dict(pair, counterfactual=f"t5 t6 {t} t8") for t in ("t9", "t4")],
     }
     for name, pairs in tasks.items():
         lines = "".join(json.dumps(p) + "\n" for p in pairs)

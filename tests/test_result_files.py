@@ -79,7 +79,7 @@ def documents(tmp_path_factory):
 
 def _circuits(folder):
     """A circuits result of the command line on the tiny Llama saved as a
-    model folder, on three copies of a pair."""
+    model folder, on a pair with three foils."""
     from captum_iglens.cli import main
     from tests.tiny_models import tiny_tokenizer
 
@@ -88,7 +88,8 @@ def _circuits(folder):
     tiny_tokenizer().save_pretrained(folder / "model")
     pair = {"clean": "t5 t6 t7 t8", "counterfactual": "t5 t9 t7 t8"}
     pair.update(answer="t4", foil="t9")
-    (folder / "task.jsonl").write_text("\n".join([json.dumps(pair)] * 3))
+    rows = [json.dumps(dict(pair, foil=foil)) for foil in ("t9", "t8", "t7")]
+    (folder / "task.jsonl").write_text("\n".join(rows))
     args = ["circuits", "--task", str(folder / "task.jsonl"), "--pairs", "3"]
     args += ["--model", str(folder / "model"), "--methods", "random,eap"]
     args += ["--bootstrap", "5", "--json", str(folder / "c.json")]

@@ -39,7 +39,6 @@ from typing import (
 )
 
 import numpy as np
-import torch
 
 #: The deepest nesting of lists and objects a result file may hold.
 MAX_DEPTH = 32
@@ -222,6 +221,13 @@ class Json(Spec):
         return value
 
 
+def _torch_dtype(name: str) -> Any:
+    """The torch dtype of an :class:`Array` leaf type (float32, long, bool)."""
+    import torch
+
+    return {"float": torch.float32, "int": torch.long, "bool": torch.bool}[name]
+
+
 class Array(Spec):
     r"""
     A rectangular nested list of ``dtype`` leaves (``"float"``, ``"int"`` or
@@ -231,7 +237,6 @@ class Array(Spec):
     those are given (floats up to :data:`ROUNDING`).
     """
 
-    _TORCH = {"float": torch.float32, "int": torch.long, "bool": torch.bool}
     _NUMPY = {"float": np.float64, "int": np.int64, "bool": np.bool_}
 
     def __init__(
@@ -267,16 +272,20 @@ class Array(Spec):
             fail(at, f"expected a rectangular nested list of shape {shape}")
         if self.numpy:
             return self._values(array, at)
-        return self._values(torch.from_numpy(array).to(self._TORCH[self.dtype]), at)
+        import torch  # on use: reading a schema's plain fields imports no torch
+
+        return self._values(torch.from_numpy(array).to(_torch_dtype(self.dtype)), at)
 
     def check(self, value: Any, at: str, ctx: Context) -> Any:
         r"""A tensor (a NumPy array with ``numpy``) of the declared dtype, whose
         sizes agree with those set so far; raises ``TypeError`` for another
         type or dtype."""
+        import torch
+
         kind, name, dtype = (
             (np.ndarray, "NumPy array", self._NUMPY[self.dtype])
             if self.numpy
-            else (torch.Tensor, "tensor", self._TORCH[self.dtype])
+            else (torch.Tensor, "tensor", _torch_dtype(self.dtype))
         )
         if not isinstance(value, kind):
             fail(at, f"expected a {name}, got {_kind(value)}", TypeError)
@@ -297,7 +306,7 @@ class Array(Spec):
         if self.dtype == "float":
             if self.numpy and np.isinf(value).any():
                 fail(at, "expected finite numbers")
-            if not self.numpy and not torch.isfinite(value).all():
+            if not self.numpy and not value.isfinite().all():
                 fail(at, "expected finite float32 numbers, found NaN or inf")
         slack = ROUNDING if self.dtype == "float" else 0
         below = self.low is not None and bool((value < self.low - slack).any())

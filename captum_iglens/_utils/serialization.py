@@ -8,11 +8,11 @@ import json
 import math
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Any, ClassVar, Dict, Type, TypeVar, Union
 
 import numpy as np
-from torch import Tensor
 
 from captum_iglens._utils.output_paths import PathLike, check_writable
 from captum_iglens._utils.schema import SURROGATE, MAX_DEPTH, check_plain
@@ -26,7 +26,10 @@ D = TypeVar("D", bound="JsonDocument")
 def plain(value: Any) -> Any:
     r"""JSON-ready: tensors and arrays as nested lists, NaN and inf as None,
     NumPy scalars as Python numbers, tuples as lists."""
-    if isinstance(value, (Tensor, np.ndarray)):
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    if isinstance(value, np.ndarray) or (
+        torch is not None and isinstance(value, torch.Tensor)
+    ):
         return plain(value.tolist())
     if isinstance(value, np.generic):
         return plain(value.item())

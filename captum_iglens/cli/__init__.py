@@ -12,7 +12,8 @@ Every subcommand is prepared before any expensive work: its arguments are turned
 into :class:`~captum_iglens.Settings`, its input and output paths are checked,
 the model is loaded and the settings are checked against it. An error there is an
 input error: one line on stderr and exit status 2. Errors after that are internal
-and keep their traceback.
+and keep their traceback, but for a ``CommandError`` of what only the job can
+see (no pair of a task left once the model has read them).
 
 Each subcommand lives in its own module (:mod:`~captum_iglens.cli.attribute`,
 :mod:`~captum_iglens.cli.compare`, :mod:`~captum_iglens.cli.batch`,
@@ -116,6 +117,15 @@ def _warning_line(message: Any, category: Any, *args: Any, **kwargs: Any) -> str
     return f"captum-iglens: warning: {message}\n"
 
 
+def _refused(args: argparse.Namespace, err: Exception) -> int:
+    """Prints an input error as one line on stderr; exit status 2."""
+    text = str(err).strip()
+    message = text.splitlines()[0] if text else type(err).__name__
+    message = args.parser.in_option_names(message)
+    print(f"captum-iglens: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``captum-iglens`` and ``python -m captum_iglens``."""
     warnings.formatwarning = _warning_line
@@ -126,12 +136,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             job = args.prepare(args)
         except (CommandError, *INPUT_ERRORS) as err:
-            text = str(err).strip()
-            message = text.splitlines()[0] if text else type(err).__name__
-            message = args.parser.in_option_names(message)
-            print(f"captum-iglens: error: {message}", file=sys.stderr)
-            return 2
-        return job()
+            return _refused(args, err)
+        try:
+            return job()
+        except CommandError as err:  # what only the job can see (no pair left)
+            return _refused(args, err)
     except KeyboardInterrupt:
         print("captum-iglens: interrupted", file=sys.stderr)
         return 130

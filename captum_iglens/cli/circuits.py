@@ -34,7 +34,7 @@ def _task_help() -> str:
 
 
 def _methods_help() -> str:
-    from captum_iglens.studies.circuits.scorers import SCORERS
+    from captum_iglens.studies.circuits.methods import SCORERS
 
     forms = []
     for name, scorer in SCORERS.items():
@@ -125,7 +125,7 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
 def _check_options(args: argparse.Namespace) -> List[str]:
     """The methods (a method's file exists and is readable), the counts and
     the output files, checked; the methods."""
-    from captum_iglens.studies.circuits.study import parse_method
+    from captum_iglens.studies.circuits.methods import parse_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
@@ -158,27 +158,44 @@ class _Prepared:
 
 
 def prepare(args: argparse.Namespace) -> Job:
-    r"""Checks the methods, the task (every line), the options and the
-    outputs, loads the model, reads the methods' files (checked against its
-    graph), tokenizes every pair (equal lengths checked) and checks a resumed
-    folder, all before the model's first forward; the
-    job filters the pairs and scores the methods."""
+    r"""Checks the methods, the task (every line), the options, the outputs and
+    a resumed folder's method records, all before torch is imported; loads the
+    model, reads the methods' files (checked against its graph), tokenizes
+    every pair (equal lengths and the model's context checked) and checks the
+    resumed folder's run and scores, all before the model's first forward;
+    the job filters the pairs and scores the methods."""
     from captum_iglens._utils.output_paths import check_folder
-    from captum_iglens.studies.circuits.generators import GENERATORS, generate
-    from captum_iglens.studies.circuits.patching import CircuitModel
-    from captum_iglens.studies.circuits.study import (
-        check_folder_run,
-        check_method_files,
-        run_identity,
-    )
-    from captum_iglens.studies.circuits.tasks import encode_pairs, read_task
-    from captum_iglens.hf.checksum import weights_checksum
-    from captum_iglens.settings import Settings
+    from captum_iglens.studies.circuits.generators import GENERATORS
+    from captum_iglens.studies.circuits.methods import check_record
+    from captum_iglens.studies.circuits.tasks import read_task
 
     methods = _check_options(args)
     shipped = args.task in GENERATORS and not Path(args.task).exists()
     pairs = None if shipped else read_task(args.task)
     out = check_folder(args.out, "--out") if args.out else None
+    if out is not None:
+        for method in methods:
+            check_record(out, method)
+    return _load(args, methods, pairs, out)
+
+
+def _load(
+    args: argparse.Namespace, methods: List[str], pairs: Any, out: Optional[Path]
+) -> Job:
+    """The rest of :func:`prepare`, from loading the model on."""
+    from captum_iglens.studies.circuits.generators import generate
+    from captum_iglens.studies.circuits.patching import CircuitModel
+    from captum_iglens.studies.circuits.study import (
+        check_folder_run,
+        check_method_files,
+        check_record_scores,
+        run_identity,
+    )
+    from captum_iglens.studies.circuits.tasks import encode_pairs
+    from captum_iglens.hf.checksum import weights_checksum
+    from captum_iglens.settings import Settings
+
+    shipped = pairs is None
     start = time.perf_counter()
     parts, tokenizer = load(args, Settings())
     stages = {"load": time.perf_counter() - start}
@@ -189,7 +206,10 @@ def prepare(args: argparse.Namespace) -> Job:
         generated = generate(args.task, tokenizer, n=args.generate, seed=args.seed)
         pairs = generated.pairs
         counts.update({f"dropped ({k})": v for k, v in generated.dropped.items()})
-    encoded = encode_pairs(pairs, tokenizer)
+        if not pairs:
+            raise CommandError(f"--task: {args.task}: {_none_left(counts)}")
+    context = getattr(parts.model.config, "max_position_embeddings", None)
+    encoded = encode_pairs(pairs, tokenizer, context)
     options = dict(
         task=args.task,
         metric=args.metric,
@@ -206,10 +226,28 @@ def prepare(args: argparse.Namespace) -> Job:
     if out is not None:
         out.mkdir(exist_ok=True)
         check_folder_run(out, identity)
+        check_record_scores(out, methods, model.graph)
     prepared = _Prepared(
         args, methods, model, tokenizer, encoded, counts, options, identity, out, stages
     )
     return lambda: _run(prepared)
+
+
+def _none_left(counts: Dict[str, int]) -> str:
+    """Why no pair is left to score, from the counts of those dropped
+    (``"dropped (unequal lengths)"``) and filtered (``"prefers foil"``)."""
+    why = {
+        k.removeprefix("dropped (").removesuffix(")"): v
+        for k, v in counts.items()
+        if v and k.startswith("dropped (")
+    }
+    if counts.get("prefers foil"):
+        why["the model prefers the foil on the clean prompt"] = counts["prefers foil"]
+    total = counts.get("pairs", 0) + sum(
+        v for k, v in counts.items() if k.startswith("dropped (")
+    )
+    reasons = ", ".join(f"{v} {reason}" for reason, v in why.items())
+    return f"0 of {total} pairs left to score ({reasons}); use another task or model"
 
 
 def _run(job: _Prepared) -> int:
@@ -225,6 +263,8 @@ def _run(job: _Prepared) -> int:
     kept, filtered = filter_pairs(model.model, job.encoded, args.batch_size)
     job.counts.update(filtered)
     stages["filter"] = time.perf_counter() - start
+    if not kept:
+        raise CommandError(f"--task: {args.task}: {_none_left(job.counts)}")
     if len(kept) < args.pairs:
         print(
             f"captum-iglens: warning: {len(kept)} pairs kept, "

@@ -1,6 +1,10 @@
 r"""
-The edge scorers of the circuit harness, one :class:`Scorer` record each in
-one registry (:data:`SCORERS`, read-only; :func:`register` adds one).
+The edge scorers of the circuit harness, each named by its
+:class:`~captum_iglens.studies.circuits.methods.Scorer` record in the one
+registry, :data:`~captum_iglens.studies.circuits.methods.SCORERS` (read-only;
+:func:`~captum_iglens.studies.circuits.methods.register` adds one), which this
+module re-exports; the registry imports no torch, and a record's function is
+imported on its first call.
 
 A scorer's function is a callable ``(context: ScoringContext) -> scores``,
 where scores are either an ``(S, R)`` tensor over the graph's senders ×
@@ -46,23 +50,23 @@ The last three are the ground truth of the rank correlations, not circuits
 sampled edges, or node by node on each sender's total over its out-edges).
 """
 
-from dataclasses import dataclass
 from functools import partial
-from types import MappingProxyType
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from captum_iglens.attr.flow.options import DEFAULT_STEPS
 from captum_iglens.studies.circuits.batches import Batch
-from captum_iglens.studies.circuits.context import Scores, ScoringContext
-from captum_iglens.studies.circuits.eap_json_scores import eap_json_scores
+from captum_iglens.studies.circuits.context import ScoringContext
 from captum_iglens.graph.target import metric
-from captum_iglens.studies.circuits.flow_scores import flow_scores
-from captum_iglens.studies.circuits.node_scores import lifted_scores
 from captum_iglens.graph.circuit import legal_edges
 from captum_iglens.graph.model_graph import ModelGraph
+from captum_iglens.studies.circuits.methods import (  # noqa: F401 (re-exported)
+    SCORERS,
+    Comparison,
+    Scorer,
+    register,
+)
 
 
 def _receiver_grads(
@@ -214,7 +218,7 @@ def node_patching(context: ScoringContext, denoising: bool = False) -> Tensor:
     return legal * (effects / context.n_pairs / legal.sum(1)).unsqueeze(1)
 
 
-def _sampled_edges(
+def sampled_edges(
     graph: ModelGraph, scores: Tensor, truth: Tensor
 ) -> Tuple[Tensor, Tensor]:
     """Edge by edge, on the edges the ground truth scored."""
@@ -222,7 +226,7 @@ def _sampled_edges(
     return scores[sampled], truth[sampled]
 
 
-def _node_totals(
+def node_totals(
     graph: ModelGraph, scores: Tensor, truth: Tensor
 ) -> Tuple[Tensor, Tensor]:
     """Node by node: each sender's total over its out-edges."""
@@ -232,128 +236,3 @@ def _node_totals(
         return torch.where(legal, x, 0.0).sum(1)
 
     return totals(scores), totals(truth)
-
-
-#: How a ground truth is compared with a method: ``(graph, scores, truth) ->
-#: (a, b)``, the two vectors whose Spearman correlation is reported.
-Comparison = Callable[[ModelGraph, Tensor, Tensor], Tuple[Tensor, Tensor]]
-
-
-@dataclass(frozen=True)
-class Scorer:
-    r"""
-    One edge scorer of the harness.
-
-    Args:
-        function (callable): ``(context: ScoringContext) -> scores``.
-        summary (str): What it is, in a few words (the command's help).
-        steps (int, optional): Its default step count where it takes one
-                    (``NAME:STEPS``). Default: None (it takes none)
-        truth (callable, optional): Where it is a ground truth of the rank
-                    correlations rather than a method scored as circuits,
-                    how it is compared (:data:`Comparison`). Default: None
-        reads_file (bool, optional): Its argument is a file it reads
-                    (``NAME:PATH``, in ``context.path``); before the model's
-                    first forward it is called once on a context without
-                    pairs, where it reads the file and checks it against the
-                    model (a ``ValueError`` refuses the file). Default: False
-
-    Raises:
-        ValueError: If ``steps`` is not a positive int, or is given with
-            ``reads_file``.
-        TypeError: If ``function`` or ``truth`` is not callable.
-    """
-
-    function: Callable[[ScoringContext], Scores]
-    summary: str
-    steps: Optional[int] = None
-    truth: Optional[Comparison] = None
-    reads_file: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("function", "truth"):
-            value = getattr(self, name)
-            if not callable(value) and not (name == "truth" and value is None):
-                raise TypeError(f"{name}: expected a callable, got {value!r}")
-        steps = self.steps
-        if steps is not None and (
-            isinstance(steps, bool) or not isinstance(steps, int) or steps < 1
-        ):
-            raise ValueError(f"steps: expected a positive int or None, got {steps!r}")
-        if steps is not None and self.reads_file:
-            raise ValueError("steps: a scorer that reads a file takes no step count")
-
-
-_REGISTRY: Dict[str, Scorer] = {}
-#: The scorers by name, read-only (:func:`register` adds one), in the order
-#: they were registered.
-SCORERS: Mapping[str, Scorer] = MappingProxyType(_REGISTRY)
-
-
-def register(name: str, scorer: Scorer) -> None:
-    r"""
-    Adds a scorer to :data:`SCORERS`.
-
-    Args:
-        name (str): Its name on the command line: not empty, no ``:`` or
-                    ``,``, not yet registered.
-        scorer (Scorer): Its record.
-
-    Raises:
-        ValueError: If the name is empty, holds ``:`` or ``,``, or is taken.
-        TypeError: If ``scorer`` is not a :class:`Scorer`.
-    """
-    if not isinstance(scorer, Scorer):
-        raise TypeError(f"scorer: expected a Scorer, got {type(scorer).__name__}")
-    if not name or ":" in name or "," in name:
-        raise ValueError(f"name: expected a name without ':' or ',', got {name!r}")
-    if name in _REGISTRY:
-        raise ValueError(f"name: a scorer {name!r} is already registered")
-    _REGISTRY[name] = scorer
-
-
-for _name, _scorer in (
-    ("flow", Scorer(flow_scores, "the exact probability flow", DEFAULT_STEPS)),
-    (
-        "flow-plain",
-        Scorer(
-            partial(flow_scores, method="first_order"),
-            "the flow's first-order terms",
-            DEFAULT_STEPS,
-        ),
-    ),
-    ("joint", Scorer(partial(lifted_scores, path="joint"), "IG-Lens joint map")),
-    (
-        "telescoping",
-        Scorer(partial(lifted_scores, path="telescoping"), "IG-Lens telescoping map"),
-    ),
-    ("eap", Scorer(eap, "EAP")),
-    ("eap-ig-inputs", Scorer(eap_ig_inputs, "EAP-IG on the inputs", 5)),
-    ("eap-ig-activations", Scorer(eap_ig_activations, "EAP-IG on the activations", 5)),
-    ("random", Scorer(random_scores, "uniform random scores")),
-    (
-        "eap-json",
-        Scorer(eap_json_scores, "an EAP-IG graph file's scores", reads_file=True),
-    ),
-    (
-        "patching",
-        Scorer(
-            patching,
-            "exact single-edge patching of --sample edges",
-            truth=_sampled_edges,
-        ),
-    ),
-    (
-        "patching-nodes",
-        Scorer(node_patching, "exact patching of each node alone", truth=_node_totals),
-    ),
-    (
-        "patching-nodes-denoising",
-        Scorer(
-            partial(node_patching, denoising=True),
-            "each node's clean writes alone in the counterfactual run",
-            truth=_node_totals,
-        ),
-    ),
-):
-    register(_name, _scorer)

@@ -9,11 +9,13 @@ With an output folder the run resumes: ``run.json`` records what defines the
 run (the task's pairs, the model's weights, the metric and every option), a
 rerun with anything else is refused, and each method's record
 (``methods/STEM.json`` and its scores ``methods/STEM.pt``,
-:func:`method_stem`) is written as soon as it is done and reused by a rerun.
+:func:`~captum_iglens.studies.circuits.methods.method_stem`) is written as
+soon as it is done and reused by a rerun.
 """
 
 import hashlib
 import json
+import pickle
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,72 +50,19 @@ from captum_iglens.studies.circuits.faithfulness import (
 )
 from captum_iglens.studies.circuits.patching import CircuitModel
 from captum_iglens.studies.circuits.context import ScoringContext
-from captum_iglens.studies.circuits.scorers import SCORERS
+from captum_iglens.studies.circuits.methods import (
+    CURVE,
+    SCORERS,
+    parse_method,
+    record_error,
+    record_paths,
+)
 from captum_iglens.studies.circuits.tasks import Encoded
 from captum_iglens.graph.circuit import circuit_edges, scores_from_dict, top_edges
+from captum_iglens.graph.model_graph import ModelGraph
 
 #: The record of what a folder's run is.
 RUN_RECORD = "run.json"
-
-
-def parse_method(text: str) -> Dict[str, Any]:
-    r"""
-    A method of the command line: a scorer's name, with a step count for the
-    scorers that take one (``"eap-ig-inputs:20"``, else their default) or a
-    file for those that read one (``"eap-json:PATH"``; the path may hold
-    ``:``). Nothing is read.
-
-    Args:
-        text (str): The method.
-
-    Returns:
-        *dict* with ``name`` (the text), ``scorer``, ``steps`` (0 for a
-        scorer without steps) and ``path`` (None but for a file).
-
-    Raises:
-        ValueError: If the scorer is unknown, a step count is not a positive
-            int or is given to a scorer without steps, or a file scorer has
-            no path.
-    """
-    scorer, _, argument = text.partition(":")
-    if scorer not in SCORERS:
-        raise ValueError(
-            f"--methods: expected names from {list(SCORERS)}, got {scorer!r}"
-        )
-    record = SCORERS[scorer]
-    if record.reads_file:
-        if not argument:
-            raise ValueError(
-                f"--methods: {scorer} scores a file, expected {scorer}:PATH, "
-                f"got {text!r}"
-            )
-        return dict(name=text, scorer=scorer, steps=0, path=argument)
-    if argument and record.steps is None:
-        raise ValueError(f"--methods: {scorer} takes no step count, got {text!r}")
-    if argument and (not argument.isdigit() or int(argument) < 1):
-        raise ValueError(f"--methods: expected a positive step count in {text!r}")
-    steps = int(argument) if argument else record.steps or 0
-    return dict(name=text, scorer=scorer, steps=steps, path=None)
-
-
-def method_stem(method: Dict[str, Any]) -> str:
-    r"""
-    The file stem of a method's record in a resumable folder: its text with
-    ``:`` as ``-``; for a method that reads a file, the scorer's name and the
-    sha256 of the text and the file's bytes, so that a changed file is scored
-    again, never resumed.
-
-    Args:
-        method (dict): :func:`parse_method`'s dict.
-
-    Returns:
-        *str*.
-    """
-    if method["path"] is None:
-        return str(method["name"]).replace(":", "-")
-    digest = hashlib.sha256(method["name"].encode() + b"\0")
-    digest.update(Path(method["path"]).read_bytes())
-    return f"{method['scorer']}-{digest.hexdigest()[:16]}"
 
 
 def check_method_files(
@@ -145,18 +94,6 @@ def check_method_files(
             raise ValueError(f"--methods: {error}") from None
 
 
-#: One method's curve in a saved :class:`CircuitsResult` (``K`` sizes).
-_CURVE = Record(
-    method=Text(nonempty=True),
-    n_edges=ListOf(Integer(low=0), "K"),
-    f=ListOf(Number(), "K"),
-    f_abs=ListOf(Number(), "K"),
-    cpr=Number(),
-    cmd=Number(low=0),
-    cpr_ci=ListOf(Number(), "I"),
-    cmd_ci=ListOf(Number(), "I"),
-    seconds=Default(MapOf(Number(low=0))),
-)
 #: What a saved :class:`CircuitsResult` holds, one declaration per field (see
 #: :mod:`captum_iglens._utils.schema`), checked when a file loads.
 CIRCUITS_SCHEMA = Record(
@@ -166,7 +103,7 @@ CIRCUITS_SCHEMA = Record(
     counts=MapOf(Integer(low=0)),
     n_edges=Integer(low=1),
     percents=ListOf(Number(low=0), "K", nonempty=True),
-    curves=ListOf(_CURVE),
+    curves=ListOf(CURVE),
     correlations=Default(MapOf(MapOf(Number()))),
     seconds=Default(MapOf(Number(low=0))),
     best=Default(MapOf(ListOf(Text()))),
@@ -319,6 +256,32 @@ def check_folder_run(out: Path, identity: Dict[str, Any]) -> None:
             )
 
 
+def check_record_scores(out: Path, methods: Sequence[str], graph: ModelGraph) -> None:
+    r"""
+    Refuses a method's record in the resumable folder ``out`` whose scores
+    are not an ``(S, R)`` tensor of ``graph``'s shape, before any forward (the
+    files are checked before the model loads,
+    :func:`~captum_iglens.studies.circuits.methods.check_record`).
+
+    Raises:
+        ValueError: Naming the file and to delete it.
+    """
+    shape = tuple(graph.legal.shape)
+    for text in methods:
+        saved, path = record_paths(out, parse_method(text))
+        if not saved.exists():
+            continue
+        try:
+            scores = torch.load(path, weights_only=True)
+        except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as error:
+            problem = f"not a torch file of scores ({str(error).splitlines()[0]})"
+            raise record_error(path, problem, text) from None
+        found = tuple(scores.shape) if isinstance(scores, Tensor) else None
+        if found != shape:
+            problem = f"expected scores of shape {shape} for this model, got {found}"
+            raise record_error(path, problem, text)
+
+
 def score_method(
     context: ScoringContext, text: str, scorer: str, n_boot: int
 ) -> Dict[str, Any]:
@@ -411,10 +374,7 @@ def run_circuits(
     records: List[Dict[str, Any]] = []
     for text in methods:
         method = parse_method(text)
-        saved = None
-        if out is not None:
-            stem = out / "methods" / method_stem(method)
-            saved = (Path(f"{stem}.json"), Path(f"{stem}.pt"))
+        saved = None if out is None else record_paths(out, method)
         if saved is not None and saved[0].exists():
             resumed = json.loads(saved[0].read_text(encoding="utf-8"))
             resumed["scores"] = torch.load(saved[1], weights_only=True)

@@ -13,7 +13,7 @@ the model runs.
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from captum_iglens._utils.serialization import parse_json
 
@@ -84,9 +84,43 @@ def parse_pair(data: Any, where: str, line: int = 0) -> Pair:
     return Pair(line=line, **{name: data[name] for name in FIELDS})
 
 
+#: The longest task line read, in bytes: a longer one is refused by number
+#: before it is read whole (prompt pairs are sentences, not documents).
+MAX_LINE_BYTES = 1_000_000
+
+
+def _lines(path: Path) -> Iterator[Tuple[int, str]]:
+    r"""The file's lines with their numbers, read one at a time, each at most
+    :data:`MAX_LINE_BYTES` long and decoded as UTF-8.
+
+    Raises:
+        ValueError: Naming the line (and the byte offset in the file) that is
+            too long or not UTF-8.
+    """
+    offset = 0
+    with path.open("rb") as lines:
+        for number, raw in enumerate(
+            iter(lambda: lines.readline(MAX_LINE_BYTES + 1), b""), 1
+        ):
+            if len(raw) > MAX_LINE_BYTES:
+                raise ValueError(
+                    f"--task: {path}:{number}: a line longer than {MAX_LINE_BYTES:,} "
+                    "bytes; expected one prompt pair a line"
+                )
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"--task: {path}:{number}: not UTF-8 (byte {offset + error.start} "
+                    f"of the file is {raw[error.start]:#04x}); save the file as UTF-8"
+                ) from None
+            offset += len(raw)
+
+
 def read_task(path: Union[str, Path]) -> List[Pair]:
     r"""
-    Reads a task file (JSON Lines of :data:`FIELDS`; blank lines skipped).
+    Reads a task file (JSON Lines of :data:`FIELDS`, UTF-8; blank lines
+    skipped), one line at a time.
 
     Args:
 
@@ -97,19 +131,32 @@ def read_task(path: Union[str, Path]) -> List[Pair]:
 
     Raises:
         FileNotFoundError: If there is no such file.
-        ValueError: Naming the first bad line and what was expected, or if
+        ValueError: If the path is a folder; naming the first bad line and
+                    what was expected (a line longer than
+                    :data:`MAX_LINE_BYTES`, not UTF-8, not a pair, or the
+                    same pair as an earlier line: copies would make the
+                    bootstrap's intervals narrower than the task's); or if
                     the file has no pair.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--task: {path} is a folder; expected a JSON Lines file")
     if not path.is_file():
         raise FileNotFoundError(f"--task: no such file: {path}")
-    pairs = []
-    with path.open(encoding="utf-8") as lines:
-        for number, text in enumerate(lines, 1):
-            if not text.strip():
-                continue
-            where = f"{path.name}:{number}"
-            pairs.append(parse_pair(parse_json(text, where), where, number))
+    pairs: List[Pair] = []
+    seen: Dict[Tuple[str, ...], int] = {}
+    for number, text in _lines(path):
+        if not text.strip():
+            continue
+        where = f"{path.name}:{number}"
+        pair = parse_pair(parse_json(text, where), where, number)
+        first = seen.setdefault(tuple(pair.to_dict().values()), number)
+        if first != number:
+            raise ValueError(
+                f"--task: {path}: lines {first} and {number} are the same pair; "
+                "remove the duplicates (copies overstate the bootstrap's confidence)"
+            )
+        pairs.append(pair)
     if not pairs:
         raise ValueError(f"--task: {path} holds no pair")
     return pairs
@@ -144,7 +191,9 @@ class Encoded:
     foil: int
 
 
-def encode_pairs(pairs: Sequence[Pair], tokenizer: Any) -> List[Encoded]:
+def encode_pairs(
+    pairs: Sequence[Pair], tokenizer: Any, context: Optional[int] = None
+) -> List[Encoded]:
     r"""
     Tokenizes every pair for one model, checking them all before any forward.
 
@@ -153,14 +202,16 @@ def encode_pairs(pairs: Sequence[Pair], tokenizer: Any) -> List[Encoded]:
         pairs (list[Pair]): The task's pairs.
         tokenizer (Any): The model's tokenizer (called as ``tokenizer(text)``,
                     with its special tokens, as the model reads a prompt).
+        context (int, optional): The most tokens the model reads (its
+                    ``max_position_embeddings``). Default: None (no limit)
 
     Returns:
         *list[Encoded]*, in the order of ``pairs``.
 
     Raises:
-        ValueError: For the first pair whose prompts differ in token count, or
-                    whose answer and foil start with the same token, naming
-                    its line.
+        ValueError: For the first pair whose prompts differ in token count,
+                    are longer than ``context``, or whose answer and foil
+                    start with the same token, naming its line.
     """
     out = []
     for index, pair in enumerate(pairs):
@@ -172,6 +223,11 @@ def encode_pairs(pairs: Sequence[Pair], tokenizer: Any) -> List[Encoded]:
                 f"--task: {where}: the clean prompt has {len(clean)} tokens and the "
                 f"counterfactual {len(other)}; expected equal lengths for this "
                 "model's tokenizer"
+            )
+        if context is not None and len(clean) > context:
+            raise ValueError(
+                f"--task: {where}: the prompts have {len(clean)} tokens, more than "
+                f"the model's context of {context}; shorten them"
             )
         answer = first_token(tokenizer, pair.answer)
         foil = first_token(tokenizer, pair.foil)

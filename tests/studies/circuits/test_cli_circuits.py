@@ -2,18 +2,42 @@
 before the model runs; a small real run writes its outputs and resumes."""
 
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+import captum_iglens
 from captum_iglens.cli import main
 
 GOOD = {"clean": "a b", "counterfactual": "a c", "answer": " d", "foil": " e"}
+#: Runs the command, then prints which of torch and transformers it imported.
+_IMPORTS = """
+import sys
+from captum_iglens.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as stop:
+    code = stop.code
+print(sorted({"torch", "transformers"} & set(sys.modules)))
+sys.exit(code)
+"""
 
 
 def _task(tmp_path, lines):
     path = tmp_path / "task.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return str(path)
+
+
+def _distinct(pair, n):
+    """``n`` distinct rows of ``pair``, each with another foil among t4-t9 (the
+    tiny model prefers the answer to each)."""
+    foils = [f"t{i}" for i in range(4, 10) if f"t{i}" != pair["answer"]]
+    return [json.dumps(dict(pair, foil=foil)) for foil in foils[:n]]
 
 
 def _error(capsys):
@@ -32,6 +56,11 @@ def _error(capsys):
         (["--methods", "eap-ig-inputs:0"], "--methods: expected a positive step count"),
         (["--methods", "eap,eap"], "--methods: a method is named twice"),
         (["--pairs", "0"], "--pairs: expected an int >= 1, got 0"),
+        (
+            ["--methods", "flow:\u00b2"],
+            "--methods: expected a positive step count in ASCII digits in "
+            "'flow:\u00b2'",
+        ),
     ],
 )
 def test_bad_options_are_refused_before_loading(tmp_path, capsys, options, expected):
@@ -48,6 +77,112 @@ def test_a_bad_task_line_is_refused_by_number_before_loading(tmp_path, capsys):
     assert "--task: no such file: no-such-task" in _error(capsys)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--task", "TASK", "--methods", "nope", "--model", "/nonexistent"]],
+)
+def test_help_and_refusals_import_no_torch_and_answer_at_once(tmp_path, argv):
+    task = _task(tmp_path, [json.dumps(GOOD)])
+    root = str(Path(captum_iglens.__file__).parents[1])
+    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path)
+    argv = ["circuits", *(task if a == "TASK" else a for a in argv)]
+    start = time.perf_counter()
+    ran = subprocess.run(
+        [sys.executable, "-c", _IMPORTS, *argv], capture_output=True, text=True, env=env
+    )
+    seconds = time.perf_counter() - start
+    assert ran.returncode == (0 if "--help" in argv else 2), ran.stderr
+    assert ran.stdout.splitlines()[-1] == "[]"  # neither torch nor transformers
+    assert seconds < 2.0
+    if "--help" in argv:
+        assert "eap-ig-inputs[:STEPS, default 5]" in ran.stdout
+        assert "ioi" in ran.stdout
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b"\xff\xfe{", "task.jsonl:1: not UTF-8 (byte 0 of the file is 0xff)"),
+        (
+            (json.dumps(GOOD) + "\n" + json.dumps(GOOD)).encode(),
+            "task.jsonl: lines 1 and 2 are the same pair; remove the duplicates",
+        ),
+        (b"{" + b" " * 1_000_000 + b"}", "task.jsonl:1: a line longer than 1,000,000"),
+        (None, "is a folder; expected a JSON Lines file"),
+    ],
+)
+def test_bad_task_files_are_refused_before_loading(tmp_path, capsys, content, expected):
+    task = tmp_path / "task.jsonl"
+    task.mkdir() if content is None else task.write_bytes(content)
+    assert main(["circuits", "--task", str(task), "--model", "/nonexistent"]) == 2
+    assert expected in _error(capsys)
+
+
+def _record(out, name, text=None, scores=True):
+    """Writes a method's record in ``out``: its .json ``text`` (a valid one
+    by default) and, with ``scores``, its .pt."""
+    import torch
+
+    methods = out / "methods"
+    methods.mkdir(parents=True, exist_ok=True)
+    record = dict(name=name, curve=None, seconds={})
+    (methods / f"{name}.json").write_text(text or json.dumps(record))
+    if scores:
+        torch.save(torch.zeros(3, 2, dtype=torch.float64), methods / f"{name}.pt")
+    return methods
+
+
+@pytest.mark.parametrize(
+    "corrupt, expected",
+    [
+        (lambda out: _record(out, "eap", "{oops"), "eap.json: not a JSON file"),
+        (lambda out: _record(out, "eap"), "eap.json: expected the record of eap"),
+        (
+            lambda out: _record(out, "patching", scores=False),
+            "patching.pt: missing, the scores of its .json",
+        ),
+        (
+            lambda out: (
+                lambda m: m.joinpath("patching.pt").write_bytes(
+                    m.joinpath("patching.pt").read_bytes()[:-50]
+                )
+            )(_record(out, "patching")),
+            "patching.pt: not a complete torch file",
+        ),
+    ],
+)
+def test_a_corrupt_record_is_refused_before_loading(
+    tmp_path, capsys, corrupt, expected
+):
+    task, out = _task(tmp_path, [json.dumps(GOOD)]), tmp_path / "out"
+    corrupt(out)
+    command = ["circuits", "--task", task, "--model", "/nonexistent", "--out", str(out)]
+    assert main([*command, "--methods", "eap,patching"]) == 2
+    message = _error(capsys)
+    assert expected in message and "to score" in message and "again" in message
+
+
+def test_scores_of_another_shape_and_no_pair_left_are_one_line(
+    tmp_path, capsys, tiny_folder
+):
+    folder, pair = tiny_folder
+    task = _task(tmp_path, _distinct(pair, 2))
+    out = tmp_path / "out"
+    command = ["circuits", "--task", task, "--model", str(folder), "--out", str(out)]
+    assert main([*command, "--methods", "random", "--bootstrap", "5"]) == 0
+    capsys.readouterr()
+    _record(out, "patching")  # (3, 2) scores: not the tiny model's graph
+    assert main([*command, "--methods", "random,patching", "--bootstrap", "5"]) == 2
+    assert "patching.pt: expected scores of shape (" in _error(capsys)
+    swapped = [dict(pair, answer=pair["foil"], foil=pair["answer"])]
+    task = _task(tmp_path, [json.dumps(swapped[0])])
+    command = ["circuits", "--task", task, "--model", str(folder), "--bootstrap", "5"]
+    assert main(command) == 2
+    assert "--task: " in (message := _error(capsys))
+    assert "0 of 1 pairs left to score (1 the model prefers the foil" in message
+
+
 @pytest.mark.real_model
 def test_unequal_lengths_are_refused_before_any_forward(tmp_path, capsys):
     lines = [json.dumps(GOOD), json.dumps(dict(GOOD, counterfactual="a c c c"))]
@@ -57,7 +192,7 @@ def test_unequal_lengths_are_refused_before_any_forward(tmp_path, capsys):
 
 def test_a_user_task_runs_end_to_end_and_resumes(tmp_path, capsys, tiny_folder):
     folder, pair = tiny_folder
-    task = _task(tmp_path, [json.dumps(pair)] * 3)
+    task = _task(tmp_path, _distinct(pair, 3))
     out, page = tmp_path / "out", tmp_path / "c.html"
     common = ["circuits", "--task", task, "--model", str(folder), "--pairs", "3"]
     common += ["--methods", "random,eap,flow:2", "--bootstrap", "20"]
@@ -88,7 +223,7 @@ def test_a_user_task_runs_end_to_end_and_resumes(tmp_path, capsys, tiny_folder):
 
 def test_the_lifted_node_maps_run_end_to_end(tmp_path, capsys, tiny_folder):
     folder, pair = tiny_folder
-    task = _task(tmp_path, [json.dumps(pair)] * 2)
+    task = _task(tmp_path, _distinct(pair, 2))
     out = tmp_path / "out"
     command = ["circuits", "--task", task, "--model", str(folder), "--pairs", "2"]
     command += ["--methods", "joint,telescoping", "--bootstrap", "20"]
@@ -118,7 +253,7 @@ def test_both_ground_truths_are_correlated_end_to_end(tmp_path, capsys, tiny_fol
     from captum_iglens.graph.model_graph import model_graph
 
     folder, pair = tiny_folder
-    task = _task(tmp_path, [json.dumps(pair)] * 2)
+    task = _task(tmp_path, _distinct(pair, 2))
     out = tmp_path / "out"
     command = ["circuits", "--task", task, "--model", str(folder), "--pairs", "2"]
     command += ["--methods", "eap,random,patching-nodes,patching", "--sample", "30"]

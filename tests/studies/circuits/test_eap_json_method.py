@@ -71,7 +71,9 @@ def eap_run(tmp_path_factory, tiny_folder):
     folder, pair = tiny_folder
     tmp = tmp_path_factory.mktemp("eap")
     task = tmp / "task.jsonl"
-    task.write_text((json.dumps(pair) + "\n") * 2, encoding="utf-8")
+    other = next(f"t{i}" for i in range(4, 10) if f"t{i}" not in pair.values())
+    rows = [pair, dict(pair, foil=other)]  # two pairs: another foil
+    task.write_text("".join(json.dumps(p) + "\n" for p in rows), encoding="utf-8")
     common = ["circuits", "--task", str(task), "--model", str(folder)]
     common += ["--pairs", "2", "--bootstrap", "20"]
     assert main([*common, "--methods", "eap", "--out", str(tmp / "eap")]) == 0

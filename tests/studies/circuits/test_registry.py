@@ -4,7 +4,9 @@ methods parsed from the records."""
 
 import pytest
 
-from captum_iglens.studies.circuits import scorers
+import importlib
+
+from captum_iglens.studies.circuits import methods, scorers
 from captum_iglens.studies.circuits.scorers import SCORERS, Scorer, register
 from captum_iglens.studies.circuits.study import parse_method
 
@@ -29,10 +31,22 @@ def test_the_registry_is_read_only_and_register_refuses_bad_entries(monkeypatch)
         Scorer(_constant, "mine", steps=3, reads_file=True)
     with pytest.raises(TypeError, match="truth: expected a callable"):
         Scorer(_constant, "mine", truth=3)  # type: ignore[arg-type]
-    monkeypatch.setattr(scorers, "_REGISTRY", dict(scorers._REGISTRY))
-    monkeypatch.setattr(scorers, "SCORERS", scorers.MappingProxyType(scorers._REGISTRY))
+    monkeypatch.setattr(methods, "_REGISTRY", dict(methods._REGISTRY))
+    monkeypatch.setattr(methods, "SCORERS", methods.MappingProxyType(methods._REGISTRY))
     register("mine", Scorer(_constant, "mine", steps=7))
-    assert scorers.SCORERS["mine"].steps == 7 and "mine" not in SCORERS
+    assert methods.SCORERS["mine"].steps == 7 and "mine" not in SCORERS
+
+
+def test_the_torch_free_registry_is_the_scorers_and_names_real_functions():
+    """One registry: the scorers' module re-exports the torch-free one, and
+    each shipped record's function and truth, imported on first call, exist."""
+    assert scorers.SCORERS is methods.SCORERS and scorers.Scorer is methods.Scorer
+    for name, record in SCORERS.items():
+        for later in (record.function, record.truth):
+            if later is None:
+                continue
+            module = importlib.import_module(f"{methods.__package__}.{later.module}")
+            assert callable(getattr(module, later.name)), (name, later)
 
 
 def test_methods_are_parsed_from_the_records():

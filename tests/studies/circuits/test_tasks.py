@@ -10,6 +10,7 @@ from captum_iglens.studies.circuits.generators import (
     generate,
     single_token_names,
 )
+from captum_iglens.studies.circuits import tasks
 from captum_iglens.studies.circuits.tasks import Pair, encode_pairs, read_task
 from tests.tiny_models import tiny_tokenizer
 
@@ -55,6 +56,42 @@ def test_read_task_refuses_an_empty_or_missing_file(tmp_path):
         read_task(_write(tmp_path, [""]))
     with pytest.raises(FileNotFoundError, match="--task"):
         read_task(tmp_path / "none.jsonl")
+
+
+def test_read_task_refuses_a_file_not_in_utf8_by_line_and_byte(tmp_path):
+    path = tmp_path / "task.jsonl"
+    lines = [json.dumps(GOOD), json.dumps(dict(GOOD, clean="t5 \u00fc t7"))]
+    text = "\n".join(lines).replace("\\u00fc", "\u00fc")
+    byte = len(lines[0]) + 1 + lines[1].index("\\u00fc")
+    for encoding, expected in (
+        ("latin-1", f"task.jsonl:2: not UTF-8 (byte {byte} of the file is 0xfc)"),
+        ("utf-16", "task.jsonl:1: not UTF-8 (byte 0 of the file is 0xff)"),
+    ):
+        path.write_bytes(text.encode(encoding))
+        with pytest.raises(ValueError, match="^--task: ") as error:
+            read_task(path)
+        assert expected in str(error.value)
+        assert str(error.value).endswith("save the file as UTF-8")
+
+
+def test_read_task_refuses_a_folder_duplicates_and_a_huge_line(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="is a folder; expected a JSON Lines file"):
+        read_task(tmp_path)
+    other = json.dumps(dict(GOOD, foil="t6"))
+    path = _write(tmp_path, [json.dumps(GOOD), other, "", json.dumps(GOOD)])
+    with pytest.raises(ValueError, match="lines 1 and 4 are the same pair; remove"):
+        read_task(path)
+    path = _write(tmp_path, [json.dumps(GOOD), json.dumps(dict(GOOD, clean="t5" * 60))])
+    monkeypatch.setattr(tasks, "MAX_LINE_BYTES", 100)
+    with pytest.raises(ValueError, match="task.jsonl:2: a line longer than 100 bytes"):
+        read_task(path)
+
+
+def test_encode_pairs_refuses_prompts_longer_than_the_context():
+    pair = Pair(**dict(GOOD, clean="t5 " * 9, counterfactual="t6 " * 9), line=3)
+    with pytest.raises(ValueError, match="line 3: the prompts have 10 tokens, more"):
+        encode_pairs([pair], tiny_tokenizer(), context=8)
+    assert len(encode_pairs([pair], tiny_tokenizer(), context=10)) == 1
 
 
 def test_encode_pairs_refuses_unequal_lengths_by_line():

@@ -1,0 +1,345 @@
+r"""
+The methods of the circuit harness, without torch: the one registry of edge
+scorers (:data:`SCORERS`, read-only; :func:`register` adds one), a method's
+text on the command line (:func:`parse_method`) and its record in a resumable
+folder (:func:`method_stem`, :func:`check_record`).
+
+The shipped records name their functions in
+:mod:`~captum_iglens.studies.circuits.scorers` (and the modules it uses), which
+are imported on a function's first call, so that the command's help and its
+refusals of bad methods or records answer before torch loads.
+"""
+
+import hashlib
+import importlib
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple
+
+from captum_iglens._utils.schema import (
+    Default,
+    Integer,
+    ListOf,
+    MapOf,
+    Number,
+    Record,
+    Text,
+)
+from captum_iglens._utils.serialization import parse_json
+from captum_iglens.attr.flow.options import DEFAULT_STEPS
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from captum_iglens.graph.model_graph import ModelGraph
+    from captum_iglens.studies.circuits.context import Scores, ScoringContext
+
+#: How a ground truth is compared with a method: ``(graph, scores, truth) ->
+#: (a, b)``, the two vectors whose Spearman correlation is reported.
+Comparison = Callable[["ModelGraph", "Tensor", "Tensor"], Tuple["Tensor", "Tensor"]]
+
+
+#: One method's curve as saved, in its record and in a result (``K`` sizes).
+CURVE = Record(
+    method=Text(nonempty=True),
+    n_edges=ListOf(Integer(low=0), "K"),
+    f=ListOf(Number(), "K"),
+    f_abs=ListOf(Number(), "K"),
+    cpr=Number(),
+    cmd=Number(low=0),
+    cpr_ci=ListOf(Number(), "I"),
+    cmd_ci=ListOf(Number(), "I"),
+    seconds=Default(MapOf(Number(low=0))),
+)
+
+
+class _Later:
+    r"""The function ``name`` of the module ``module`` of this package, imported
+    on its first call, with ``keywords`` bound as by ``functools.partial``."""
+
+    def __init__(self, module: str, name: str, **keywords: Any) -> None:
+        self.module, self.name, self.keywords = module, name, keywords
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = importlib.import_module(f"{__package__}.{self.module}")
+        return getattr(module, self.name)(*args, **self.keywords, **kwargs)
+
+    def __repr__(self) -> str:
+        bound = "".join(f", {k}={v!r}" for k, v in self.keywords.items())
+        return f"{self.module}.{self.name}({bound[2:]})"
+
+
+@dataclass(frozen=True)
+class Scorer:
+    r"""
+    One edge scorer of the harness.
+
+    Args:
+        function (callable): ``(context: ScoringContext) -> scores``.
+        summary (str): What it is, in a few words (the command's help).
+        steps (int, optional): Its default step count where it takes one
+                    (``NAME:STEPS``). Default: None (it takes none)
+        truth (callable, optional): Where it is a ground truth of the rank
+                    correlations rather than a method scored as circuits,
+                    how it is compared (:data:`Comparison`). Default: None
+        reads_file (bool, optional): Its argument is a file it reads
+                    (``NAME:PATH``, in ``context.path``); before the model's
+                    first forward it is called once on a context without
+                    pairs, where it reads the file and checks it against the
+                    model (a ``ValueError`` refuses the file). Default: False
+
+    Raises:
+        ValueError: If ``steps`` is not a positive int, or is given with
+            ``reads_file``.
+        TypeError: If ``function`` or ``truth`` is not callable.
+    """
+
+    function: Callable[["ScoringContext"], "Scores"]
+    summary: str
+    steps: Optional[int] = None
+    truth: Optional[Comparison] = None
+    reads_file: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("function", "truth"):
+            value = getattr(self, name)
+            if not callable(value) and not (name == "truth" and value is None):
+                raise TypeError(f"{name}: expected a callable, got {value!r}")
+        steps = self.steps
+        if steps is not None and (
+            isinstance(steps, bool) or not isinstance(steps, int) or steps < 1
+        ):
+            raise ValueError(f"steps: expected a positive int or None, got {steps!r}")
+        if steps is not None and self.reads_file:
+            raise ValueError("steps: a scorer that reads a file takes no step count")
+
+
+_REGISTRY: Dict[str, Scorer] = {}
+#: The scorers by name, read-only (:func:`register` adds one), in the order
+#: they were registered.
+SCORERS: Mapping[str, Scorer] = MappingProxyType(_REGISTRY)
+
+
+def register(name: str, scorer: Scorer) -> None:
+    r"""
+    Adds a scorer to :data:`SCORERS`.
+
+    Args:
+        name (str): Its name on the command line: not empty, no ``:`` or
+                    ``,``, not yet registered.
+        scorer (Scorer): Its record.
+
+    Raises:
+        ValueError: If the name is empty, holds ``:`` or ``,``, or is taken.
+        TypeError: If ``scorer`` is not a :class:`Scorer`.
+    """
+    if not isinstance(scorer, Scorer):
+        raise TypeError(f"scorer: expected a Scorer, got {type(scorer).__name__}")
+    if not name or ":" in name or "," in name:
+        raise ValueError(f"name: expected a name without ':' or ',', got {name!r}")
+    if name in _REGISTRY:
+        raise ValueError(f"name: a scorer {name!r} is already registered")
+    _REGISTRY[name] = scorer
+
+
+def _scorer(name: str, **keywords: Any) -> _Later:
+    return _Later("scorers", name, **keywords)
+
+
+for _name, _record in (
+    (
+        "flow",
+        Scorer(
+            _Later("flow_scores", "flow_scores"),
+            "the exact probability flow",
+            DEFAULT_STEPS,
+        ),
+    ),
+    (
+        "flow-plain",
+        Scorer(
+            _Later("flow_scores", "flow_scores", method="first_order"),
+            "the flow's first-order terms",
+            DEFAULT_STEPS,
+        ),
+    ),
+    (
+        "joint",
+        Scorer(
+            _Later("node_scores", "lifted_scores", path="joint"), "IG-Lens joint map"
+        ),
+    ),
+    (
+        "telescoping",
+        Scorer(
+            _Later("node_scores", "lifted_scores", path="telescoping"),
+            "IG-Lens telescoping map",
+        ),
+    ),
+    ("eap", Scorer(_scorer("eap"), "EAP")),
+    ("eap-ig-inputs", Scorer(_scorer("eap_ig_inputs"), "EAP-IG on the inputs", 5)),
+    (
+        "eap-ig-activations",
+        Scorer(_scorer("eap_ig_activations"), "EAP-IG on the activations", 5),
+    ),
+    ("random", Scorer(_scorer("random_scores"), "uniform random scores")),
+    (
+        "eap-json",
+        Scorer(
+            _Later("eap_json_scores", "eap_json_scores"),
+            "an EAP-IG graph file's scores",
+            reads_file=True,
+        ),
+    ),
+    (
+        "patching",
+        Scorer(
+            _scorer("patching"),
+            "exact single-edge patching of --sample edges",
+            truth=_scorer("sampled_edges"),
+        ),
+    ),
+    (
+        "patching-nodes",
+        Scorer(
+            _scorer("node_patching"),
+            "exact patching of each node alone",
+            truth=_scorer("node_totals"),
+        ),
+    ),
+    (
+        "patching-nodes-denoising",
+        Scorer(
+            _scorer("node_patching", denoising=True),
+            "each node's clean writes alone in the counterfactual run",
+            truth=_scorer("node_totals"),
+        ),
+    ),
+):
+    register(_name, _record)
+
+
+def parse_method(text: str) -> Dict[str, Any]:
+    r"""
+    A method of the command line: a scorer's name, with a step count for the
+    scorers that take one (``"eap-ig-inputs:20"``, else their default) or a
+    file for those that read one (``"eap-json:PATH"``; the path may hold
+    ``:``). Nothing is read.
+
+    Args:
+        text (str): The method.
+
+    Returns:
+        *dict* with ``name`` (the text), ``scorer``, ``steps`` (0 for a
+        scorer without steps) and ``path`` (None but for a file).
+
+    Raises:
+        ValueError: If the scorer is unknown, a step count is not a positive
+            int in ASCII digits or is given to a scorer without steps, or a
+            file scorer has no path.
+    """
+    scorer, _, argument = text.partition(":")
+    if scorer not in SCORERS:
+        raise ValueError(
+            f"--methods: expected names from {list(SCORERS)}, got {scorer!r}"
+        )
+    record = SCORERS[scorer]
+    if record.reads_file:
+        if not argument:
+            raise ValueError(
+                f"--methods: {scorer} scores a file, expected {scorer}:PATH, "
+                f"got {text!r}"
+            )
+        return dict(name=text, scorer=scorer, steps=0, path=argument)
+    if argument and record.steps is None:
+        raise ValueError(f"--methods: {scorer} takes no step count, got {text!r}")
+    digits = argument.isascii() and argument.isdigit()
+    if argument and (not digits or int(argument) < 1):
+        raise ValueError(
+            f"--methods: expected a positive step count in ASCII digits in {text!r}"
+        )
+    steps = int(argument) if argument else record.steps or 0
+    return dict(name=text, scorer=scorer, steps=steps, path=None)
+
+
+def method_stem(method: Dict[str, Any]) -> str:
+    r"""
+    The file stem of a method's record in a resumable folder: its text with
+    ``:`` as ``-``; for a method that reads a file, the scorer's name and the
+    sha256 of the text and the file's bytes, so that a changed file is scored
+    again, never resumed.
+
+    Args:
+        method (dict): :func:`parse_method`'s dict.
+
+    Returns:
+        *str*.
+    """
+    if method["path"] is None:
+        return str(method["name"]).replace(":", "-")
+    digest = hashlib.sha256(method["name"].encode() + b"\0")
+    digest.update(Path(method["path"]).read_bytes())
+    return f"{method['scorer']}-{digest.hexdigest()[:16]}"
+
+
+def record_paths(out: Path, method: Dict[str, Any]) -> Tuple[Path, Path]:
+    """A method's record in the folder ``out``: ``(its .json, its .pt)``."""
+    stem = out / "methods" / method_stem(method)
+    return Path(f"{stem}.json"), Path(f"{stem}.pt")
+
+
+def record_error(path: Path, problem: str, text: str) -> ValueError:
+    r"""The refusal of a file of the record of the method ``text`` that a rerun
+    cannot resume: the file, what is wrong, and to delete the record."""
+    stem = path.with_suffix("").name
+    return ValueError(
+        f"--out: {path}: {problem}; delete {stem}.json and {stem}.pt in "
+        f"{path.parent} to score {text} again"
+    )
+
+
+def check_record(out: Path, text: str) -> None:
+    r"""
+    Refuses a method's record in the resumable folder ``out`` that a rerun
+    could not resume, before the model loads: its ``.json`` not a JSON object
+    of ``name``, ``curve`` (an object with :data:`CURVE`'s fields; null for a
+    ground truth) and ``seconds``, or its ``.pt`` missing or not a complete
+    archive. A method without a record passes.
+
+    Args:
+        out (Path): The folder.
+        text (str): The method's text (:func:`parse_method`).
+
+    Raises:
+        ValueError: Naming the file, what is wrong, and to delete it.
+    """
+    method = parse_method(text)
+    saved, scores = record_paths(out, method)
+    if not saved.exists():
+        return
+    try:
+        data = parse_json(saved.read_text(encoding="utf-8"), "")
+    except (ValueError, UnicodeDecodeError) as error:
+        problem = str(error).splitlines()[0].removeprefix(": ")
+        raise record_error(saved, problem, text) from None
+    truth = SCORERS[method["scorer"]].truth is not None
+    curve = data.get("curve", ...) if isinstance(data, dict) else ...
+    if truth:
+        good_curve = curve is None
+    else:
+        good_curve = isinstance(curve, dict) and set(CURVE.fields) <= set(curve)
+    if not isinstance(data, dict) or data.get("name") != text or not good_curve:
+        expected = "null" if truth else f"an object of {list(CURVE.fields)}"
+        problem = f"expected the record of {text}: name, curve ({expected}), seconds"
+        raise record_error(saved, problem, text)
+    if not scores.is_file():
+        raise record_error(scores, "missing, the scores of its .json", text)
+    try:
+        with zipfile.ZipFile(scores) as archive:
+            broken = archive.testzip()
+    except (zipfile.BadZipFile, OSError):
+        broken = scores.name
+    if broken is not None:
+        raise record_error(scores, "not a complete torch file", text)
