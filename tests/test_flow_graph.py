@@ -114,6 +114,12 @@ def test_prune_by_share_and_top():
     assert list(kept.edge_scores()) == ["input->a0.h0", "input->m0", "a0.h0->m0"]
     assert kept.flows is graph.flows and kept.in_graph.dtype == bool  # a view
     assert kept.edges == graph.edges and kept.completeness_error < 1e-15
+    assert graph.kept_into_logits is None  # unpruned: Δm, to completeness_error
+    assert kept.kept_into_logits == 0.0  # none of the three goes into logits
+    assert graph.prune(1.0).kept_into_logits == pytest.approx(0.2)
+    assert graph.prune(0.86).kept_into_logits == pytest.approx(0.1)
+    table = graph.prune(0.86).format_table(3)
+    assert "the 4 kept edges carry Σ F(u->logits) = 0.1 of Δm = 0.2" in table
     assert len(graph.prune(0.86).edge_scores()) == 4
     assert len(graph.prune(1.0).edge_scores()) == 5  # the zero flow adds nothing
     top = graph.prune(20, by="top")

@@ -136,11 +136,12 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         indices), ``receiver`` (receiver indices) and ``flow`` (unrounded), in
         the order of ``FlowGraph.prune`` (largest ``|flow|`` first, ties in
         the graph's order); ``tokens`` and ``input_flows`` (per position),
-        ``m_prompt``, ``m_base``, ``delta_m``, ``completeness_error``,
-        ``conservation_error``, ``keep`` (the share kept on opening),
-        ``max_drawn``, ``pairs`` (:func:`top_pairs`, or None) and
-        ``pairs_per_node`` (:data:`PAIRS_PER_NODE`, the rows of a node's lists
-        by position).
+        ``m_prompt``, ``m_base``, ``delta_m``, ``completeness_error`` and
+        ``conservation_error`` (over every edge), ``kept_into_logits`` (what
+        a pruned graph's kept edges carry into ``logits``, or None), ``keep``
+        (the share kept on opening), ``max_drawn``, ``pairs``
+        (:func:`top_pairs`, or None) and ``pairs_per_node``
+        (:data:`PAIRS_PER_NODE`, the rows of a node's lists by position).
     """
     model = graph.graph
     flows = np.asarray(graph.flows, dtype=np.float64)
@@ -166,6 +167,7 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         "delta_m": sig(graph.m_prompt - graph.m_base),
         "completeness_error": sig(graph.completeness_error, RESIDUAL_DIGITS),
         "conservation_error": sig(graph.conservation_error, RESIDUAL_DIGITS),
+        "kept_into_logits": sig(graph.kept_into_logits),
         "keep": DEFAULT_KEEP,
         "max_drawn": MAX_DRAWN,
         "pairs": top_pairs(graph.pair_flows, order, ends),

@@ -103,7 +103,10 @@ def test_the_header_holds_the_run_and_its_checks_and_no_local_path():
 def test_a_baseline_and_a_pruned_graph_say_so():
     graph = synthetic_graph(qkv=True).prune(0.9)
     graph.counterfactual = {"kind": "pad"}
-    about = page_data(result_html(graph))["about"]
+    data = page_data(result_html(graph))
+    assert data["kept_into_logits"] == pytest.approx(graph.kept_into_logits, rel=1e-3)
+    assert page_data(result_html(synthetic_graph()))["kept_into_logits"] is None
+    about = data["about"]
     assert about["from"] == "baseline: pad-token embeddings"
     assert about["run"] == (
         "exact, n_steps = 4, queries, keys and values separate; "

@@ -279,6 +279,17 @@ class FlowGraph(JsonDocument, Viewable):
         into, out = self._node_sums
         return float(np.abs(into - out)[1:-1].max(initial=0.0))
 
+    @property
+    def kept_into_logits(self) -> Optional[float]:
+        """``Σ F(u→logits)`` over the kept edges of a pruned graph (how much of
+        ``Δm`` its circuit carries into the logits); None unpruned, where it is
+        ``Δm`` to within :attr:`completeness_error`."""
+        if self.in_graph is None:
+            return None
+        graph = self.graph
+        into_logits = graph.receiver_node[graph.edge_receivers] == len(graph.nodes) - 1
+        return float(self.flows[into_logits & self.in_graph].sum())
+
     # ------------------------------------------------------------- plain data
 
     def edge_scores(self) -> Dict[str, float]:
@@ -478,7 +489,8 @@ class FlowGraph(JsonDocument, Viewable):
 
         Returns:
             *FlowGraph*: with ``in_graph`` set; ``settings["pruned"]`` records
-            ``keep`` and ``by``. The errors stay those of the whole graph.
+            ``keep`` and ``by``. The errors stay those of the whole graph;
+            :attr:`kept_into_logits` is what the kept edges carry.
 
         Raises:
             ValueError: If ``by`` is unknown or ``keep`` out of its range.
@@ -583,8 +595,13 @@ class FlowGraph(JsonDocument, Viewable):
         lines.append(
             f"completeness: |Σ F(u->logits) - Δm| = {self.completeness_error:.2e}; "
             f"worst conservation error: {self.conservation_error:.2e} "
-            f"({len(self.kept)} of {len(self.flows)} edges)"
+            f"(over all {len(self.flows)} edges)"
         )
+        if self.kept_into_logits is not None:
+            lines.append(
+                f"the {len(self.kept)} kept edges carry Σ F(u->logits) = "
+                f"{self.kept_into_logits:.6g} of Δm = {self.delta_m:.6g} into logits"
+            )
         return "\n".join(lines)
 
 

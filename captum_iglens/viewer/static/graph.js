@@ -106,7 +106,9 @@
     checks.id = 'checks';
     checks.textContent = 'm(prompt) = ' + lib.fmt(d.m_prompt) + ', m(base) = ' + lib.fmt(d.m_base) +
       ', Δm = ' + lib.fmt(d.delta_m, true) + ';  |Σ F(u→logits) − Δm| = ' + lib.fmt(d.completeness_error, false, 2) +
-      ';  worst conservation error = ' + lib.fmt(d.conservation_error, false, 2) + ';  ' + count(d.edges.flow.length) + ' edges';
+      ';  worst conservation error = ' + lib.fmt(d.conservation_error, false, 2) + ';  both over every edge;  ' + count(d.edges.flow.length) + ' edges' +
+      (d.kept_into_logits === null ? '' :
+        ' kept, whose flows into logits add up to ' + lib.fmt(d.kept_into_logits, true));
     var line = lib.add(root, lib.h('div', 'about tokflows'));
     lib.add(line, lib.h('b', null, 'input flow by position: '));
     var big = 0;
