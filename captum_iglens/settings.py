@@ -6,7 +6,9 @@ and the command line), so that each of them offers every option, and a new optio
 is added in one place.
 """
 
+import os
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import PurePath
 from typing import Any, Dict, Optional, Tuple, Union
 
 import captum
@@ -216,12 +218,33 @@ class Settings:
         return cls(**data)
 
 
+def model_name(model: str) -> str:
+    r"""
+    The model as results record it and pages show it: its name, never a local
+    folder, which would tell whoever a file is shared with the user's paths.
+
+    Args:
+
+        model (str): What a result records, its config's ``_name_or_path``:
+                    a hub id (``"org/name"``, kept), or a local folder.
+
+    Returns:
+        *str*: ``model``, or the last part of a local path (absolute, or
+        starting with ``~``, ``./`` or ``../``): ``/home/u/.cache/x/Model`` is
+        ``Model``.
+    """
+    local = os.path.isabs(model) or model.startswith(("~", "./", "../"))
+    return PurePath(model).name if local else model
+
+
 def provenance(model: Any, settings: Settings) -> Dict[str, Any]:
     r"""What a result records about how it was made: the settings, the model and
     the package versions."""
     return {
         "settings": settings.to_dict(),
-        "model": getattr(getattr(model, "config", None), "_name_or_path", "")
+        "model": model_name(
+            getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+        )
         or type(model).__name__,
         "versions": {
             "captum_iglens": __version__,

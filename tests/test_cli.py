@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from captum_iglens import IGLensResult
-from captum_iglens.cli import main
+from captum_iglens.cli import build_parser, main
 from tests.helpers import word_tokenizer
 
 PROMPT = "What is the capital of Vietnam?"
@@ -852,3 +852,21 @@ def test_every_subcommand_help_shows_its_deferred_texts(name, capsys):
         assert "prediction_aware" in out and "'source_head'" in out
     else:
         assert "fitting tokens (default: 8192)" in out
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_first_runs_conversion_is_said_into_a_log_unless_quiet(
+    monkeypatch, capsys, quiet
+):
+    """stderr is captured here, not a terminal: the conversion's line is still
+    asked for (the bars are left out by the loader), and --quiet drops it."""
+    from captum_iglens.cli.common import load_model_of
+
+    asked = {}
+    monkeypatch.setattr(
+        "captum_iglens.hf.models.load_embedded",
+        lambda name, **options: asked.update(options),
+    )
+    args = build_parser().parse_args(["graph", "p", *(["--quiet"] if quiet else [])])
+    load_model_of(args)
+    assert asked["progress"] is not quiet

@@ -519,7 +519,8 @@ def load_model_of(
         dtype=getattr(torch, args.dtype),
         device=None if device_map is not None else _device(args.device or "cpu"),
         device_map=device_map,
-        progress=progress(args),
+        # the first use's conversion is said even into a log; bars need a terminal
+        progress=not args.quiet,
     )
     if args.model is None or args.model in EMBEDDED_MODELS:
         return load_embedded(args.model or "smollm2", **options)

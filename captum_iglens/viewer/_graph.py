@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from captum_iglens.graph.model_graph import ModelGraph
-from captum_iglens.viewer._payload import RESIDUAL_DIGITS, model_name, sig
+from captum_iglens.settings import model_name
+from captum_iglens.viewer._payload import RESIDUAL_DIGITS, sig
 
 #: The share of ``|flow|`` the page keeps when it opens.
 DEFAULT_KEEP = 0.5

@@ -14,13 +14,12 @@ result class.
 """
 
 import math
-import os
-from pathlib import PurePath
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
+from captum_iglens.settings import model_name
 from captum_iglens.viewer._columns import column_groups
 
 #: Significant digits of every number in a page (and shown by it).
@@ -163,25 +162,6 @@ def about(result: Any) -> Dict[str, str]:
         checksum = str(getattr(result, "readout_checksum", ""))[:16]
         about["readout"] = f"{kind} lens per layer (checksum {checksum})"
     return {key: value for key, value in about.items() if isinstance(value, str)}
-
-
-def model_name(model: str) -> str:
-    r"""
-    The model as a page shows it: its name, never a local folder, which would
-    tell whoever the page is shared with the user's paths.
-
-    Args:
-
-        model (str): What a result records, its config's ``_name_or_path``:
-                    a hub id (``"org/name"``, kept), or a local folder.
-
-    Returns:
-        *str*: ``model``, or the last part of a local path (absolute, or
-        starting with ``~``, ``./`` or ``../``): ``/home/u/.cache/x/Model`` is
-        ``Model``.
-    """
-    local = os.path.isabs(model) or model.startswith(("~", "./", "../"))
-    return PurePath(model).name if local else model
 
 
 def batch_payload(

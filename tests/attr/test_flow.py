@@ -75,6 +75,16 @@ def test_targets_and_baselines(models, start, kind, foil):
             assert y_foil == int(model(OTHER).logits[0, -1].argmax())
 
 
+def test_a_graph_records_the_models_name_not_its_local_folder(monkeypatch):
+    model = tiny_model("llama")
+    monkeypatch.setattr(model.config, "_name_or_path", "/home/u/.cache/m/SmolLM2")
+    graph = ProbabilityFlow(model).attribute(IDS, baselines="pad", n_steps=1)
+    assert graph.settings["model"] == "SmolLM2"
+    monkeypatch.setattr(model.config, "_name_or_path", "HuggingFaceTB/SmolLM2")
+    graph = ProbabilityFlow(model).attribute(IDS, baselines="pad", n_steps=1)
+    assert graph.settings["model"] == "HuggingFaceTB/SmolLM2"
+
+
 def test_baselines_keep_bos_and_change_the_rest(models):
     model = models["llama"]
     flow = ProbabilityFlow(model)

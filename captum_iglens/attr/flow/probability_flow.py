@@ -42,6 +42,7 @@ from captum_iglens.attr.flow.options import (
 )
 from captum_iglens.graph.model_graph import ModelGraph
 from captum_iglens.hf.architectures import model_parts
+from captum_iglens.settings import model_name
 
 
 Prompt = Union[str, Tensor]
@@ -374,7 +375,7 @@ class ProbabilityFlow:
             target=goal.token,
             foil=goal.foil,
             position=goal.position,
-            model=getattr(self.parts.model.config, "_name_or_path", "") or "",
+            model=model_name(getattr(self.parts.model.config, "_name_or_path", "")),
             target_text=self._describe(goal),
         )
 
