@@ -3,6 +3,7 @@ read back by a reader written here from EAP-IG's documented format (not from
 the package's graph), its scores the flows and its ``in_graph`` the pruned
 mask; a file of another model refused field by field."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -74,6 +75,21 @@ def test_round_trip_through_eap_igs_format(flow_graph, tmp_path):
     scores, in_graph = read_eap_json(tmp_path / "g.json", graph, data["cfg"]["d_model"])
     assert np.array_equal(scores, flow_graph.flows)
     assert np.array_equal(in_graph, kept.in_graph)
+
+
+def test_the_effects_as_scores(flow_graph, tmp_path):
+    flow_graph.to_eap_json(tmp_path / "e.json", score="effect")
+    data = read_like_eap_ig(tmp_path / "e.json")
+    names = flow_graph.edges
+    assert {n: e["score"] for n, e in data["edges"].items()} == dict(
+        zip(names, flow_graph.effects.tolist())
+    )
+    with pytest.raises(ValueError, match="score: expected one of"):
+        flow_graph.to_eap_json(tmp_path / "x.json", score="effects")
+    without = dataclasses.replace(flow_graph, effects=None)
+    with pytest.raises(ValueError, match="score: this graph has no effects"):
+        without.to_eap_json(tmp_path / "x.json", score="effect")
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_a_graph_without_separate_reads_is_refused(tmp_path):

@@ -152,6 +152,23 @@ def test_tables_and_csv(tmp_path):
     assert "Δm = +0.2" in _graph().format_table()
 
 
+def test_effects_go_in_the_table_the_csv_and_the_file(tmp_path):
+    effects = np.array([0.4, -0.1, 0.05, 0.3, 0.2, 0.15])
+    graph = _graph(effects=effects)
+    rows = graph.edges_table()
+    assert [r["effect"] for r in rows][:3] == [0.4, 0.3, -0.1]  # by |flow|
+    graph.to_csv(tmp_path / "e.csv")
+    with open(tmp_path / "e.csv") as handle:
+        read = list(csv.DictReader(handle))
+    assert [float(r["effect"]) for r in read][:3] == [0.4, 0.3, -0.1]
+    graph.save(tmp_path / "g.json")
+    assert np.array_equal(FlowGraph.load(tmp_path / "g.json").effects, effects)
+    with pytest.raises(ValueError, match="effects"):
+        _graph(effects=effects[:5])
+    _graph().to_csv(tmp_path / "plain.csv")
+    assert "effect" not in (tmp_path / "plain.csv").read_text().splitlines()[0]
+
+
 def _paired():
     """Edges by (sender position, receiver position): the head at position 1
     reads input at 0 and 1; the MLP and logits read their own position."""

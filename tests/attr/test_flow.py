@@ -4,6 +4,7 @@ Captum's LayerIntegratedGradients on the embeddings, the residual stream
 rebuilt from the node writes, hooks and settings left as they were, and
 arguments refused before the model runs."""
 
+import numpy as np
 import pytest
 import torch
 from captum.attr import LayerIntegratedGradients
@@ -73,6 +74,38 @@ def test_targets_and_baselines(models, start, kind, foil):
     if "counterfactual" in start and foil is None:  # the counterfactual's prediction
         with torch.no_grad():
             assert y_foil == int(model(OTHER).logits[0, -1].argmax())
+
+
+@pytest.mark.parametrize("split", [{}, {"receiver_positions": True}])
+def test_effects_are_the_product_form_of_an_independent_walk(models, split):
+    """``E(u→w) = Δz_u · mean_k ρ_w`` on the trapezoid grid, against the circuit
+    harness's node-by-node runs (another implementation of the same model)."""
+    from captum_iglens.graph.circuit import edge_values
+    from captum_iglens.graph.target import metric
+    from captum_iglens.studies.circuits.patching import CircuitModel
+
+    model, n = models["llama"], 4
+    graph = ProbabilityFlow(model).attribute(
+        IDS, counterfactual=OTHER, target=11, n_steps=n, qkv=True, **split
+    )
+    harness = CircuitModel(model)
+    assert harness.graph == graph.graph
+    with torch.no_grad():
+        ends = [harness.run(ids, return_writes=True).writes for ids in (OTHER, IDS)]
+    grads = []
+    for k in range(n + 1):
+        start = ends[0][:, :1] + k / n * (ends[1][:, :1] - ends[0][:, :1])
+        run = harness.run(IDS, override=(0, start), receiver_grads=True)
+        answer = torch.tensor([11])
+        value = metric("prob", run.logits, answer, answer).sum()
+        grads.append(torch.cat(torch.autograd.grad(value, run.inputs), 1).double())
+    mean = (sum(grads) - (grads[0] + grads[n]) / 2) / n  # trapezoid weights
+    change = (ends[1] - ends[0]).double()
+    product = torch.einsum("bstd,brtd->sr", change, mean)
+    expected = edge_values(harness.graph, product).numpy()
+    assert np.abs(graph.effects - expected).max() <= 1e-6 * np.abs(expected).max()
+    gap = np.abs(graph.effects - graph.flows).max()
+    assert gap > 0.05 * np.abs(graph.flows).max()  # another quantity
 
 
 def test_a_graph_records_the_models_name_not_its_local_folder(monkeypatch):

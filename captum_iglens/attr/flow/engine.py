@@ -107,6 +107,12 @@ class FlowTotals:
         by_pair (Tensor, optional): ``(R, S, T, T)`` float64, by the sender's
                     and the receiver's positions ``[r, u, s, t]``, where asked.
         m (Tensor): ``(n_steps + 1,)`` float64: the target at the grid points.
+        effects (Tensor, optional): ``(R, S)`` float64: each edge's own effect
+                    to first order, the sender's whole change times the
+                    receiver's gradient averaged over the grid (trapezoid
+                    weights), ``Δz_u · mean_k ρ_w``. Default: None
+        direct_effects (Tensor, optional): ``(S,)`` float64: the same into
+                    ``logits``, ``Δz_u · mean_k ∇f``. Default: None
     """
 
     edges: Tensor
@@ -115,6 +121,8 @@ class FlowTotals:
     by_position: Optional[Tensor]
     by_pair: Optional[Tensor]
     m: Tensor
+    effects: Optional[Tensor] = None
+    direct_effects: Optional[Tensor] = None
 
 
 def flow_totals(
@@ -189,9 +197,10 @@ def flow_totals(
                 stepper.add(prev, cur, j)
             prev = _point(cur, j)
         del cur, points  # freed before the next forward
-    assert stepper.totals is not None  # n_steps >= 1
+    assert stepper.totals is not None and prev is not None  # n_steps >= 1
     totals = _from_position(stepper.totals, first, length)
     totals.m = torch.cat(values)
+    totals.effects, totals.direct_effects = stepper.effects(prev, n_steps)
     return totals
 
 
@@ -258,12 +267,23 @@ class _Stepper:
         self.allowed = allowed(graph)
         self.bands = _bands(self.allowed, rows)
         self.totals: Optional[FlowTotals] = None
+        # for the edges' own effects: the first point's writes and the sums of
+        # the steps' mean gradients (over receiver positions), (R, T', d), (T', d)
+        self.start: Optional[Tensor] = None
+        self.rho_sum: Optional[Tensor] = None
+        self.grad_sum: Optional[Tensor] = None
 
     def add(self, prev: PointState, cur: PointState, j: int) -> None:
         r"""Adds the step from ``prev`` (one point) to point ``j`` of ``cur``."""
         work = torch.promote_types(cur.writes.dtype, torch.float32)
         dz = cur.writes[j].to(work) - prev.writes[0].to(work)  # (S, T', d)
         grad = (cur.grad_final[j].to(work) + prev.grad_final[0].to(work)) / 2
+        if self.start is None:
+            self.start = prev.writes[0].to(work)
+            self.rho_sum = torch.zeros_like(cur.rho[j, :, 0], dtype=work)
+            self.grad_sum = torch.zeros_like(grad)
+        assert self.rho_sum is not None and self.grad_sum is not None
+        self.grad_sum += grad
         direct = torch.einsum("td,std->st", grad, dz).double()
         (n_receivers, split), (n_senders, length, _) = cur.rho.shape[1:3], dz.shape
         sums = torch.zeros(n_receivers, n_senders, dtype=torch.float64)
@@ -280,6 +300,7 @@ class _Stepper:
         )
         for rows, read in self.bands:
             rho = (cur.rho[j, rows].to(work) + prev.rho[0, rows].to(work)) / 2
+            self.rho_sum[rows] += rho.sum(1)
             if kept is None:  # B = 1: one product over positions and width
                 product = rho.flatten(1) @ dz[:read].flatten(1).T  # (r, read)
                 sums[rows, :read] = product.double().cpu()
@@ -308,6 +329,27 @@ class _Stepper:
         input_edges = self.rule.positions(edges[:, 0], inputs, None)
         empty = torch.zeros(0)  # the target's values are set at the end
         self._accumulate(FlowTotals(edges, direct, input_edges, kept, pairs, empty))
+
+    def effects(self, last: PointState, n_steps: int) -> Tuple[Tensor, Tensor]:
+        r"""
+        Each edge's own effect to first order, from the walk's sums: the
+        sender's whole change from the first point to ``last`` times the
+        receiver's gradient averaged over the grid, ``Δz_u · mean_k ρ_w``
+        (EAP-IG's product form, on the flow's trapezoid grid).
+
+        Returns:
+            *(Tensor, Tensor)*: ``(R, S)`` and, into ``logits``, ``(S,)``,
+            float64 on the CPU.
+        """
+        assert self.start is not None and self.rho_sum is not None
+        assert self.grad_sum is not None
+        change = last.writes[0].to(self.start.dtype) - self.start  # (S, T', d)
+        edges = torch.zeros(self.rho_sum.shape[0], len(change), dtype=torch.float64)
+        for rows, read in self.bands:
+            mean = self.rho_sum[rows].flatten(1) / n_steps
+            edges[rows, :read] = (mean @ change[:read].flatten(1).T).double().cpu()
+        direct = torch.einsum("td,std->s", self.grad_sum / n_steps, change)
+        return edges, direct.double().cpu()
 
     def _accumulate(self, step: FlowTotals) -> None:
         if self.totals is None:

@@ -62,6 +62,7 @@ GRAPH_CFG = Record(
 FLOW_SCHEMA = Record(
     cfg=GRAPH_CFG,
     flows=Array("float", "E", numpy=True),
+    effects=Maybe(Array("float", "E", numpy=True)),
     in_graph=Maybe(Array("bool", "E", numpy=True)),
     tokens=Texts("T", nonempty=True),
     input_flows=Array("float", "T", numpy=True),
@@ -96,6 +97,8 @@ PLAIN_RTOL = 1e-5
 
 #: The columns of :meth:`FlowGraph.to_csv`'s tables.
 _EDGE_COLUMNS = ("edge", "sender", "receiver", "flow", "share")
+#: What an edge can be scored by: its flow, or its own effect.
+SCORES = ("flow", "effect")
 _PAIR_COLUMNS = (
     "edge",
     "sender_position",
@@ -162,6 +165,13 @@ class FlowGraph(JsonDocument, Viewable):
                     ``t`` to ``position_flows`` (where asked). Default: None
         in_graph (ndarray, optional): ``(E,)`` bool: the circuit, the edges
                     kept by :meth:`prune`. Default: None (every edge)
+        effects (ndarray, optional): ``(E,)`` float64: each edge's own effect
+                    to first order, from the same walk: the sender's whole
+                    change times the receiver's gradient averaged over the
+                    grid, ``E(u→w) = Δz_u · mean_k ρ_w`` (EAP-IG's product form
+                    on the flow's grid). What patching one edge alone would
+                    change, where the flow is what each edge carried of
+                    ``Δm``; the effects do not add up to ``Δm``. Default: None
     """
 
     KIND = "flow_graph"
@@ -177,6 +187,7 @@ class FlowGraph(JsonDocument, Viewable):
     position_flows: Optional[np.ndarray] = None
     pair_flows: Optional[np.ndarray] = None
     in_graph: Optional[np.ndarray] = None
+    effects: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         FLOW_SCHEMA.check({f.name: getattr(self, f.name) for f in fields(self)})
@@ -328,7 +339,8 @@ class FlowGraph(JsonDocument, Viewable):
         r"""
         One row per kept edge, largest ``|flow|`` first: ``edge``, ``sender``,
         ``receiver`` (the receiving node or head read), ``flow`` and
-        ``share`` (of the kept edges' total ``|flow|``).
+        ``share`` (of the kept edges' total ``|flow|``), and ``effect`` where
+        the graph has :attr:`effects`.
 
         Returns:
             *list[dict]*.
@@ -339,15 +351,16 @@ class FlowGraph(JsonDocument, Viewable):
         rows = []
         for i in kept[np.argsort(-np.abs(flows), kind="stable")]:
             flow = float(self.flows[i])
-            rows.append(
-                dict(
-                    edge=graph.edges[i],
-                    sender=graph.senders[graph.edge_senders[i]],
-                    receiver=graph.receivers[graph.edge_receivers[i]],
-                    flow=flow,
-                    share=abs(flow) / total,
-                )
+            row = dict(
+                edge=graph.edges[i],
+                sender=graph.senders[graph.edge_senders[i]],
+                receiver=graph.receivers[graph.edge_receivers[i]],
+                flow=flow,
+                share=abs(flow) / total,
             )
+            if self.effects is not None:
+                row["effect"] = float(self.effects[i])
+            rows.append(row)
         return rows
 
     def pairs_table(self, top: Optional[int] = None) -> List[Dict[str, Any]]:
@@ -413,7 +426,9 @@ class FlowGraph(JsonDocument, Viewable):
         """
         path = check_writable(path, "path")
         rows = self.pairs_table() if pairs else self.edges_table()
-        columns = _PAIR_COLUMNS if pairs else _EDGE_COLUMNS
+        columns: Tuple[str, ...] = _PAIR_COLUMNS if pairs else _EDGE_COLUMNS
+        if not pairs and self.effects is not None:
+            columns += ("effect",)
         out = io.StringIO()
         writer = csv.DictWriter(out, columns, lineterminator="\n")
         writer.writeheader()
@@ -521,32 +536,47 @@ class FlowGraph(JsonDocument, Viewable):
             settings={**self.settings, "pruned": {"keep": keep, "by": by}},
         )
 
-    def to_eap_json(self, path: Union[str, Path]) -> None:
+    def to_eap_json(self, path: Union[str, Path], score: str = "flow") -> None:
         r"""
         Writes the graph as EAP-IG's graph file (:mod:`~captum_iglens.graph.eap_json`),
-        atomically: each edge's flow as its ``score``, the circuit (or every
-        edge) as ``in_graph``. MIB's circuit evaluation and EAP-IG's
+        atomically: each edge's flow (or effect) as its ``score``, the circuit
+        (or every edge) as ``in_graph``. MIB's circuit evaluation and EAP-IG's
         ``Graph.from_json`` read it.
 
         Args:
             path (str or Path): The file to write.
+            score (str, optional): ``"flow"`` or ``"effect"`` (:attr:`effects`).
+                        Default: ``"flow"``
 
         Raises:
             ValueError: If the graph's queries, keys and values are not
-                separate receivers (EAP-IG's always are).
+                separate receivers (EAP-IG's always are), or ``score`` is
+                ``"effect"`` on a graph without effects.
         """
+        scores = self._scores(score)
         path = check_writable(path, "path")
-        document = eap_document(
-            self.graph, self.cfg["d_model"], self.flows, self.in_graph
-        )
+        document = eap_document(self.graph, self.cfg["d_model"], scores, self.in_graph)
         write_atomic(path, json.dumps(document, allow_nan=False))
+
+    def _scores(self, score: str) -> np.ndarray:
+        """The ``(E,)`` scores ``score`` names: the flows or the effects."""
+        if score not in SCORES:
+            raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
+        if score == "flow":
+            return self.flows
+        if self.effects is None:
+            raise ValueError(
+                "score: this graph has no effects (a file written before they "
+                "were computed); recompute the graph"
+            )
+        return self.effects
 
     # ------------------------------------------------------------------- files
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-serialisable dictionary of every field."""
         values = {f.name: plain(getattr(self, f.name)) for f in fields(self)}
-        for name in ("position_flows", "pair_flows", "in_graph"):
+        for name in ("position_flows", "pair_flows", "in_graph", "effects"):
             if values[name] is None:
                 del values[name]
         return FLOW_SCHEMA.dump(values)

@@ -626,9 +626,13 @@ def build_graph(
         direct[..., settings["position"]] = totals.direct
         by_pair = by_edge(totals.by_pair, direct).numpy()
     input_flows = totals.input_edges.sum(0) + totals.direct[0]
+    effects = None
+    if totals.effects is not None and totals.direct_effects is not None:
+        effects = by_edge(totals.effects, totals.direct_effects).numpy()
     return FlowGraph(
         cfg=cfg,
         flows=flows.numpy(),
+        effects=effects,
         tokens=tokens,
         input_flows=input_flows.numpy(),
         position_flows=by_position,
