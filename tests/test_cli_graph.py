@@ -110,6 +110,8 @@ def test_graph_writes_json_csv_html(tmp_path, capsys):
             str(out[2]),
             "--eap-json",
             str(out[3]),
+            "--eap-score",
+            "effect",
         ]
     )
     assert status == 0
@@ -119,7 +121,8 @@ def test_graph_writes_json_csv_html(tmp_path, capsys):
     assert graph.counterfactual["kind"] == "prompt"
     assert graph.settings["pruned"] == {"keep": 0.9, "by": "share"}
     assert graph.completeness_error <= 1e-6 and graph.conservation_error <= 1e-6
-    assert out[1].read_text().splitlines()[0] == "edge,sender,receiver,flow,share"
+    header = out[1].read_text().splitlines()[0]
+    assert header == "edge,sender,receiver,flow,share,effect"
     page = page_data(out[2].read_text())
     kept = graph.edge_scores()
     assert page["kind"] == "graph" and len(page["edges"]["flow"]) == len(kept)
@@ -127,6 +130,8 @@ def test_graph_writes_json_csv_html(tmp_path, capsys):
     eap = json.loads(out[3].read_text())["edges"]
     assert {name for name, edge in eap.items() if edge["in_graph"]} == set(kept)
     assert len(eap) == len(graph.edges) == 123_211
+    effects = dict(zip(graph.edges, graph.effects.tolist()))
+    assert {name: edge["score"] for name, edge in eap.items()} == effects
 
 
 @pytest.mark.real_model

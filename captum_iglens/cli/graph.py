@@ -23,6 +23,7 @@ from captum_iglens.attr.flow.options import (
     DEFAULT_STEPS,
     FLOW_METHODS,
     MAX_STEPS,
+    SCORES,
     check_steps,
 )
 from captum_iglens.graph.target import TARGETS, check_foil
@@ -164,6 +165,15 @@ def _add_outputs(graph: argparse.ArgumentParser) -> None:
         help="write the graph as EAP-IG's graph file, which MIB's circuit "
         "evaluation reads: flows as scores, --keep's edges (or all) in the "
         "graph (with --qkv)",
+    )
+    graph.add_argument(
+        "--eap-score",
+        choices=SCORES,
+        default="flow",
+        help="what --eap-json scores each edge by: its flow (what it carried of "
+        "Δm; the default) or its own effect (the sender's whole change times the "
+        "receiver's mean gradient, what patching the edge alone changes to first "
+        "order)",
     )
     graph.add_argument(
         "--html",
@@ -308,7 +318,7 @@ def prepare(args: argparse.Namespace) -> Job:
         if args.pairs_csv:
             kept.to_csv(args.pairs_csv, pairs=True)
         if args.eap_json:
-            kept.to_eap_json(args.eap_json)
+            kept.to_eap_json(args.eap_json, score=args.eap_score)
         if args.html:
             kept.to_html(args.html)
         return 0

@@ -134,7 +134,8 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         lines), ``nodes`` (names), ``places`` (see :func:`node_places`),
         ``receivers`` (the receiver names, a head's reads included) and
         ``receiver_node`` (each one's node), ``edges``: ``sender`` (node
-        indices), ``receiver`` (receiver indices) and ``flow`` (unrounded), in
+        indices), ``receiver`` (receiver indices), ``flow`` and ``effect``
+        (unrounded; None without :attr:`FlowGraph.effects`), in
         the order of ``FlowGraph.prune`` (largest ``|flow|`` first, ties in
         the graph's order); ``tokens`` and ``input_flows`` (per position),
         ``m_prompt``, ``m_base``, ``delta_m``, ``completeness_error`` and
@@ -160,7 +161,12 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         "places": [list(place) for place in node_places(model)],
         "receivers": model.receivers,
         "receiver_node": receiver_node,
-        "edges": {"sender": senders, "receiver": reads, "flow": flows[order].tolist()},
+        "edges": {
+            "sender": senders,
+            "receiver": reads,
+            "flow": flows[order].tolist(),
+            "effect": None if graph.effects is None else graph.effects[order].tolist(),
+        },
         "tokens": list(graph.tokens),
         "input_flows": sig(graph.input_flows),
         "m_prompt": sig(graph.m_prompt),

@@ -7,6 +7,7 @@ out-flow. Skipped only where Chromium is not installed, as the map's tests."""
 import json
 import re
 
+import numpy as np
 import pytest
 
 from captum_iglens.viewer._graph import MAX_DRAWN
@@ -134,9 +135,31 @@ def test_hovering_an_edge_shows_its_flow_and_share(browser, graph_page):
     assert lines[0] == f"{sender} → {receiver}"
     flow = graph.edge_scores()[name]
     assert lines[1].startswith("flow ") and close_to(lines[1][5:], flow)
+    effect = graph.effects[graph.edges.index(name)]
+    assert lines[2].startswith("effect ") and close_to(lines[2][7:], effect)
     share = abs(flow) / abs(graph.flows).sum()
-    assert lines[2].startswith("share of |flow| ")
-    assert close_to(lines[2].split()[-2], 100 * share, 2)
+    assert lines[3].startswith("share of |flow| ")
+    assert close_to(lines[3].split()[-2], 100 * share, 2)
+
+
+def test_the_edges_can_be_ranked_and_drawn_by_their_own_effect(browser, graph_page):
+    from selenium.webdriver.support.ui import Select
+
+    graph, _ = graph_page
+    Select(browser.find_element("id", "score")).select_by_value("effect")
+    value = _set_keep(browser, 0.5)
+    by_flow = np.argsort(-np.abs(graph.flows), kind="stable")
+    order = by_flow[np.argsort(-np.abs(graph.effects[by_flow]), kind="stable")]
+    carried = np.cumsum(np.abs(graph.effects[order]))
+    count = int(np.searchsorted(carried, value * carried[-1] * (1 - 1e-12))) + 1
+    expected = [graph.edges[i] for i in order[:count]]
+    assert sorted(_drawn(browser)) == sorted(expected)
+    assert expected != sorted(graph.prune(value).edge_scores())  # another set
+    note = browser.find_element("id", "drawn").text
+    assert note.startswith(f"{count} of {len(graph.edges)} edges carry")
+    assert note.endswith("of |effect|")
+    widest = browser.find_element("css selector", "#graph path.edge:last-of-type")
+    assert widest.get_attribute("data-edge") == expected[0]  # drawn on top
 
 
 def test_hovering_a_node_shows_its_in_and_out_flow(browser, graph_page):

@@ -35,7 +35,8 @@ def test_the_page_embeds_every_edge_unrounded_as_arrays(qkv):
     graph = synthetic_graph(3, 2, qkv=qkv)
     data = page_data(result_html(graph))
     assert data["kind"] == "graph" and data["nodes"] == graph.nodes
-    assert set(data["edges"]) == {"sender", "receiver", "flow"}  # arrays, not rows
+    assert set(data["edges"]) == {"sender", "receiver", "flow", "effect"}  # arrays
+    assert data["edges"]["effect"] is None  # a graph without effects
     names = _edge_names(data)
     assert sorted(names) == sorted(graph.edges)
     scores = graph.edge_scores()
@@ -98,6 +99,14 @@ def test_the_header_holds_the_run_and_its_checks_and_no_local_path():
     assert graph.conservation_error < 1e-12
     assert data["tokens"] == graph.tokens
     assert data["input_flows"] == pytest.approx(graph.input_flows, rel=1e-3)
+
+
+def test_the_effects_come_in_the_order_of_the_flows():
+    graph = synthetic_graph()
+    graph.effects = np.linspace(-1.0, 1.0, len(graph.flows))
+    data = page_data(result_html(graph))
+    effects = dict(zip(graph.edges, graph.effects.tolist()))
+    assert data["edges"]["effect"] == [effects[n] for n in _edge_names(data)]
 
 
 def test_a_baseline_and_a_pruned_graph_say_so():

@@ -43,6 +43,7 @@ from captum_iglens._utils.serialization import (
     plain,
     write_atomic,
 )
+from captum_iglens.attr.flow.options import SCORES
 from captum_iglens.graph.eap_json import eap_document
 from captum_iglens.graph.model_graph import ModelGraph, model_graph
 from captum_iglens.viewer import Viewable
@@ -97,8 +98,6 @@ PLAIN_RTOL = 1e-5
 
 #: The columns of :meth:`FlowGraph.to_csv`'s tables.
 _EDGE_COLUMNS = ("edge", "sender", "receiver", "flow", "share")
-#: What an edge can be scored by: its flow, or its own effect.
-SCORES = ("flow", "effect")
 _PAIR_COLUMNS = (
     "edge",
     "sender_position",
@@ -553,13 +552,26 @@ class FlowGraph(JsonDocument, Viewable):
                 separate receivers (EAP-IG's always are), or ``score`` is
                 ``"effect"`` on a graph without effects.
         """
-        scores = self._scores(score)
+        scores = self.scores(score)
         path = check_writable(path, "path")
         document = eap_document(self.graph, self.cfg["d_model"], scores, self.in_graph)
         write_atomic(path, json.dumps(document, allow_nan=False))
 
-    def _scores(self, score: str) -> np.ndarray:
-        """The ``(E,)`` scores ``score`` names: the flows or the effects."""
+    def scores(self, score: str = "flow") -> np.ndarray:
+        r"""
+        The edges' scores by name.
+
+        Args:
+            score (str, optional): ``"flow"`` (:attr:`flows`) or ``"effect"``
+                        (:attr:`effects`). Default: ``"flow"``
+
+        Returns:
+            *ndarray*: ``(E,)`` float64, in the graph's edge order.
+
+        Raises:
+            ValueError: If ``score`` is unknown, or ``"effect"`` on a graph
+                without effects.
+        """
         if score not in SCORES:
             raise ValueError(f"score: expected one of {SCORES}, got {score!r}")
         if score == "flow":

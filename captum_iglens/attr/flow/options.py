@@ -17,6 +17,8 @@ MAX_STEPS = 1024
 DEFAULT_CHUNK_BYTES = 256 * 2**20
 #: The estimators (:mod:`captum_iglens.attr.flow.estimator`).
 FLOW_METHODS = ("exact", "first_order")
+#: What an edge can be scored by: its flow, or its own effect.
+SCORES = ("flow", "effect")
 #: The baselines that need no counterfactual prompt.
 BASELINES = ("pad", "mean")
 

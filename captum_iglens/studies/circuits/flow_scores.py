@@ -8,7 +8,10 @@ one, through the same front door as ``captum-iglens graph``
 flow's graph the harness's), on the batch's token ids as they are (nothing is
 retokenised). ``SCORERS["flow-plain"]`` is the same path's first-order terms
 (``"first_order"``), which the exact rule corrects: what the correction
-changes in a circuit.
+changes in a circuit. ``SCORERS["effect"]`` is each edge's own effect from
+the same walk, ``Δz_u · mean_k ρ_w`` (:attr:`FlowGraph.effects
+<captum_iglens.attr.flow.graph.FlowGraph.effects>`): what patching the edge
+alone changes, to first order.
 """
 
 import torch
@@ -21,11 +24,14 @@ from captum_iglens.graph.circuit import edge_matrix
 from captum_iglens.graph.target import takes_foil
 
 
-def flow_scores(context: ScoringContext, method: str = "exact") -> Tensor:
+def flow_scores(
+    context: ScoringContext, method: str = "exact", score: str = "flow"
+) -> Tensor:
     r"""
     The flow: each edge's probability flow from the counterfactual to the
     clean prompt, averaged over pairs (exact, or the first-order terms with
-    ``method="first_order"``).
+    ``method="first_order"``); or, with ``score="effect"``, each edge's own
+    effect from the same walk.
 
     Each pair runs on its own path (``context.steps`` equal steps,
     ``steps + 1`` forward and backward passes of the model), with the flow's
@@ -42,6 +48,9 @@ def flow_scores(context: ScoringContext, method: str = "exact") -> Tensor:
         method (str, optional): The flow's estimator
                     (:data:`~captum_iglens.attr.flow.options.FLOW_METHODS`).
                     Default: ``"exact"``
+        score (str, optional): ``"flow"`` or ``"effect"``
+                    (:meth:`~captum_iglens.attr.flow.graph.FlowGraph.scores`).
+                    Default: ``"flow"``
 
     Returns:
         *Tensor*: ``(S, R)`` float64.
@@ -70,6 +79,6 @@ def flow_scores(context: ScoringContext, method: str = "exact") -> Tensor:
                 method=method,
                 qkv=True,
             )
-            flows = torch.from_numpy(flow.run(plan).flows)
+            flows = torch.from_numpy(flow.run(plan).scores(score))
             scores += edge_matrix(graph, flows).nan_to_num(0.0)
     return scores / context.n_pairs

@@ -166,6 +166,14 @@ for _name, _record in (
         ),
     ),
     (
+        "effect",
+        Scorer(
+            _Later("flow_scores", "flow_scores", score="effect"),
+            "each edge's own effect from the flow's walk",
+            DEFAULT_STEPS,
+        ),
+    ),
+    (
         "joint",
         Scorer(
             _Later("node_scores", "lifted_scores", path="joint"), "IG-Lens joint map"

@@ -121,13 +121,29 @@
     });
   }
 
-  // The tooltip's lines for an edge (sorted index i) or a node (index k).
-  function edgeLines(d, lib, i, total) {
+  // The tooltip's lines for edge i (in the order by |flow|), ranked by the
+  // score drawn (rank.of[i]), or for a node (index k).
+  function edgeLines(d, lib, i, rank) {
     var e = d.edges, name = d.receivers[e.receiver[i]], m = /<(.)>$/.exec(name);
-    var lines = [d.nodes[e.sender[i]] + ' → ' + name, 'flow ' + lib.fmt(e.flow[i], true),
-      'share of |flow| ' + percent(Math.abs(e.flow[i]) / total), 'rank ' + count(i + 1) + ' of ' + count(e.flow.length)];
+    var lines = [d.nodes[e.sender[i]] + ' → ' + name, 'flow ' + lib.fmt(e.flow[i], true)];
+    if (e.effect) lines.push('effect ' + lib.fmt(e.effect[i], true));
+    lines.push('share of |' + rank.score + '| ' + percent(Math.abs(rank.value[i]) / rank.total),
+      'rank by |' + rank.score + '| ' + count(rank.of[i] + 1) + ' of ' + count(e.flow.length));
     if (m) lines.push('read: ' + READS[m[1]]);
     return lines;
+  }
+
+  // The edges ranked by |score| ('flow' or 'effect'; ties in the order by
+  // |flow|, which is the graph's order among equal flows): the order, each
+  // edge's rank, the running sums of |score| and the largest.
+  function ranking(d, score) {
+    var value = d.edges[score], n = value.length, order = [], of = new Int32Array(n);
+    for (var i = 0; i < n; i++) order.push(i);
+    if (score !== 'flow') order.sort(function (a, b) { return Math.abs(value[b]) - Math.abs(value[a]) || a - b; });
+    var cumulative = new Float64Array(n), sum = 0;
+    order.forEach(function (i, q) { of[i] = q; sum += Math.abs(value[i]); cumulative[q] = sum; });
+    return { score: score, value: value, order: order, of: of, cumulative: cumulative, total: sum || 1,
+      biggest: n ? Math.abs(value[order[0]]) : 1 };
   }
   function nodeLines(d, lib, totals, k) {
     var lines = [d.nodes[k]];
@@ -177,12 +193,16 @@
 
   function pageGraph(root, d, lib) {
     header(root, d, lib);
-    var e = d.edges, n = e.flow.length, cumulative = new Float64Array(n), sum = 0;
-    for (var i = 0; i < n; i++) { sum += Math.abs(e.flow[i]); cumulative[i] = sum; }
-    var total = sum || 1, biggest = n ? Math.abs(e.flow[0]) : 1, totals = nodeTotals(d);
+    var e = d.edges, n = e.flow.length, totals = nodeTotals(d), rank = ranking(d, 'flow');
     var state = { keep: d.keep, selected: -1 };
 
     var controls = lib.add(root, lib.h('div', 'controls'));
+    if (e.effect) {  // rank and draw the edges by their flow or their own effect
+      var by = lib.add(lib.add(controls, lib.h('label', null, 'edges by ')), lib.h('select'));
+      by.id = 'score';
+      ['flow', 'effect'].forEach(function (score) { lib.add(by, lib.h('option', null, score)).value = score; });
+      by.addEventListener('change', function () { rank = ranking(d, by.value); draw(); });
+    }
     var label = lib.add(controls, lib.h('label', null, 'share of |flow| kept '));
     var slider = lib.add(label, lib.h('input'));
     slider.type = 'range'; slider.id = 'keep'; slider.min = '0.01'; slider.max = '1'; slider.step = '0.01';
@@ -190,8 +210,7 @@
     var shown = lib.add(controls, lib.h('b'));
     var note = lib.add(controls, lib.h('span'));
     note.id = 'drawn';
-    lib.add(controls, lib.h('span', 'hint', 'green: flow that raises m, red: lowers it; width ∝ |flow| (widest ' +
-      lib.fmt(biggest, false, 3) + '). Hover for numbers; click a node for its in- and out-flow.'));
+    var hint = lib.add(controls, lib.h('span', 'hint'));
 
     var main = lib.add(root, lib.h('div', 'graph'));
     var panel = lib.add(root, lib.h('div', 'panel hint', 'Click a node to list its largest in- and out-flows.'));
@@ -211,11 +230,15 @@
     }
 
     function draw() {
-      var kept = keptCount(cumulative, state.keep);
+      var kept = keptCount(rank.cumulative, state.keep), word = '|' + rank.score + '|';
       drawn = Math.min(kept, d.max_drawn);
+      label.firstChild.textContent = 'share of ' + word + ' kept ';
       shown.textContent = percent(state.keep);
-      note.textContent = count(kept) + ' of ' + count(n) + ' edges carry ' + percent(kept ? cumulative[kept - 1] / total : 0) +
-        ' of |flow|' + (drawn < kept ? '; drawing the largest ' + count(drawn) + ', ' + count(kept - drawn) + ' hidden' : '');
+      note.textContent = count(kept) + ' of ' + count(n) + ' edges carry ' +
+        percent(kept ? rank.cumulative[kept - 1] / rank.total : 0) + ' of ' + word +
+        (drawn < kept ? '; drawing the largest ' + count(drawn) + ', ' + count(kept - drawn) + ' hidden' : '');
+      hint.textContent = 'green: ' + rank.score + ' that raises m, red: lowers it; width ∝ ' + word + ' (widest ' +
+        lib.fmt(rank.biggest, false, 3) + '). Hover for numbers; click a node for its in- and out-flow.';
       var top = main.getBoundingClientRect().top + window.scrollY;
       var at = placeNodes(d, main.clientWidth, window.innerHeight - top - 12);
       if (svg) main.removeChild(svg);
@@ -223,11 +246,12 @@
         'data-kept': kept, 'data-drawn': drawn }));
       labels(lib, svg, d, at);
       var used = {};
-      for (var j = drawn - 1; j >= 0; j--) {  // the largest on top
-        var r = e.receiver[j], w = Math.max(MIN_WIDTH, MAX_WIDTH * Math.abs(e.flow[j]) / biggest);
+      for (var q = drawn - 1; q >= 0; q--) {  // the largest on top
+        var j = rank.order[q], v = rank.value[j], r = e.receiver[j];
+        var w = Math.max(MIN_WIDTH, MAX_WIDTH * Math.abs(v) / rank.biggest);
         used[e.sender[j]] = used[d.receiver_node[r]] = true;
         svg.appendChild(lib.sv('path', { d: edgePath(at.pos[e.sender[j]], at.reads[r], at.rowHeight), 'stroke-width': w.toFixed(2),
-          'class': 'edge ' + (e.flow[j] >= 0 ? 'up' : 'down'), 'data-i': j,
+          'class': 'edge ' + (v >= 0 ? 'up' : 'down'), 'data-i': j,
           'data-edge': d.nodes[e.sender[j]] + '->' + d.receivers[r] }));
       }
       var scale = 0;
@@ -252,7 +276,7 @@
     }
     root.addEventListener('mouseover', function (ev) {
       var t = ev.target;
-      if (t.hasAttribute && t.hasAttribute('data-i')) showTip(ev, edgeLines(d, lib, Number(t.getAttribute('data-i')), total));
+      if (t.hasAttribute && t.hasAttribute('data-i')) showTip(ev, edgeLines(d, lib, Number(t.getAttribute('data-i')), rank));
       else if (t.hasAttribute && t.hasAttribute('data-k')) showTip(ev, nodeLines(d, lib, totals, Number(t.getAttribute('data-k'))));
       else if (t.hasAttribute && t.hasAttribute('data-pos')) {
         var p = Number(t.getAttribute('data-pos'));

@@ -83,10 +83,14 @@ def test_flows_into_the_logits_add_up_to_the_change_of_m_per_pair(pairs, metric)
 
 
 @pytest.mark.parametrize(
-    "scorer, method",
-    [("flow", "exact"), ("flow-plain", "first_order")],
+    "scorer, method, score",
+    [
+        ("flow", "exact", "flow"),
+        ("flow-plain", "first_order", "flow"),
+        ("effect", "exact", "effect"),
+    ],
 )
-def test_scores_are_the_public_flow_graphs_edges_averaged(pairs, scorer, method):
+def test_scores_are_the_public_flow_graphs_edges_averaged(pairs, scorer, method, score):
     model, bound, batch = pairs
     context = ScoringContext(bound, None, [batch], 3, "prob_diff", steps=3)
     got = scores_to_dict(bound.graph, SCORERS[scorer].function(context))
@@ -103,7 +107,7 @@ def test_scores_are_the_public_flow_graphs_edges_averaged(pairs, scorer, method)
             qkv=True,
             method=method,
         )
-        for name, value in graph.edge_scores().items():
+        for name, value in zip(graph.edges, graph.scores(score).tolist()):
             expected[name] += value / 3
     assert set(expected) == set(got)
     worst = max(abs(got[n] - expected[n]) for n in got)
