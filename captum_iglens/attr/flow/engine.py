@@ -110,9 +110,9 @@ class FlowTotals:
         effects (Tensor, optional): ``(R, S)`` float64: each edge's own effect
                     to first order, the sender's whole change times the
                     receiver's gradient averaged over the grid (trapezoid
-                    weights), ``Δz_u · mean_k ρ_w``. Default: None
+                    weights), ``Δz_u · mean_k ρ_w``; None until the walk ends.
         direct_effects (Tensor, optional): ``(S,)`` float64: the same into
-                    ``logits``, ``Δz_u · mean_k ∇f``. Default: None
+                    ``logits``, ``Δz_u · mean_k ∇f``; None until the walk ends.
     """
 
     edges: Tensor
@@ -121,8 +121,8 @@ class FlowTotals:
     by_position: Optional[Tensor]
     by_pair: Optional[Tensor]
     m: Tensor
-    effects: Optional[Tensor] = None
-    direct_effects: Optional[Tensor] = None
+    effects: Optional[Tensor]
+    direct_effects: Optional[Tensor]
 
 
 def flow_totals(
@@ -246,6 +246,8 @@ def _from_position(totals: FlowTotals, first: int, length: int) -> FlowTotals:
         None if by_position is None else padded(by_position, 1),
         None if by_pair is None else padded(by_pair, 2),
         totals.m,
+        None,
+        None,
     )
 
 
@@ -328,7 +330,10 @@ class _Stepper:
                     )
         input_edges = self.rule.positions(edges[:, 0], inputs, None)
         empty = torch.zeros(0)  # the target's values are set at the end
-        self._accumulate(FlowTotals(edges, direct, input_edges, kept, pairs, empty))
+        step_totals = FlowTotals(
+            edges, direct, input_edges, kept, pairs, empty, None, None
+        )
+        self._accumulate(step_totals)
 
     def effects(self, last: PointState, n_steps: int) -> Tuple[Tensor, Tensor]:
         r"""

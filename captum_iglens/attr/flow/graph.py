@@ -339,7 +339,7 @@ class FlowGraph(JsonDocument, Viewable):
         One row per kept edge, largest ``|flow|`` first: ``edge``, ``sender``,
         ``receiver`` (the receiving node or head read), ``flow`` and
         ``share`` (of the kept edges' total ``|flow|``), and ``effect`` where
-        the graph has :attr:`effects`.
+        the graph has ``effects``.
 
         Returns:
             *list[dict]*.
@@ -544,7 +544,7 @@ class FlowGraph(JsonDocument, Viewable):
 
         Args:
             path (str or Path): The file to write.
-            score (str, optional): ``"flow"`` or ``"effect"`` (:attr:`effects`).
+            score (str, optional): ``"flow"`` or ``"effect"`` (``effects``).
                         Default: ``"flow"``
 
         Raises:
@@ -562,8 +562,8 @@ class FlowGraph(JsonDocument, Viewable):
         The edges' scores by name.
 
         Args:
-            score (str, optional): ``"flow"`` (:attr:`flows`) or ``"effect"``
-                        (:attr:`effects`). Default: ``"flow"``
+            score (str, optional): ``"flow"`` (``flows``) or ``"effect"``
+                        (``effects``). Default: ``"flow"``
 
         Returns:
             *ndarray*: ``(E,)`` float64, in the graph's edge order.

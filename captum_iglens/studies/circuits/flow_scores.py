@@ -9,9 +9,8 @@ flow's graph the harness's), on the batch's token ids as they are (nothing is
 retokenised). ``SCORERS["flow-plain"]`` is the same path's first-order terms
 (``"first_order"``), which the exact rule corrects: what the correction
 changes in a circuit. ``SCORERS["effect"]`` is each edge's own effect from
-the same walk, ``Δz_u · mean_k ρ_w`` (:attr:`FlowGraph.effects
-<captum_iglens.attr.flow.graph.FlowGraph.effects>`): what patching the edge
-alone changes, to first order.
+the same walk, ``Δz_u · mean_k ρ_w`` (``FlowGraph.effects``): what patching
+the edge alone changes, to first order.
 """
 
 import torch

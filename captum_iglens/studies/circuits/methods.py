@@ -31,14 +31,17 @@ from captum_iglens._utils.serialization import parse_json
 from captum_iglens.attr.flow.options import DEFAULT_STEPS
 
 if TYPE_CHECKING:
-    from torch import Tensor
+    import torch
 
     from captum_iglens.graph.model_graph import ModelGraph
     from captum_iglens.studies.circuits.context import Scores, ScoringContext
 
 #: How a ground truth is compared with a method: ``(graph, scores, truth) ->
 #: (a, b)``, the two vectors whose Spearman correlation is reported.
-Comparison = Callable[["ModelGraph", "Tensor", "Tensor"], Tuple["Tensor", "Tensor"]]
+Comparison = Callable[
+    ["ModelGraph", "torch.Tensor", "torch.Tensor"],
+    Tuple["torch.Tensor", "torch.Tensor"],
+]
 
 
 #: One method's curve as saved, in its record and in a result (``K`` sizes).
