@@ -794,10 +794,10 @@ def _traced_lines(result: "RestorationResult") -> List[str]:
         return []
     threshold = result.settings["recovery_threshold"]
     return [
-        f"{', '.join(result.traced_methods)}: run from each corrupted start; "
-        "onset: the first block where its share of the clean effect (for "
-        "ig_lens_flow, of Δp crossing the attributed position, pooled over the "
-        f"noise draws) reaches {threshold}, as the causal onset's recovery."
+        f"{', '.join(result.traced_methods)}: run from each corrupted start of "
+        "each fact; onset: the first block where the share of the clean effect "
+        "reached through the attributed position (pooled over the noise draws) "
+        f"reaches {threshold}, as the causal onset's recovery does."
     ]
 
 
