@@ -213,6 +213,9 @@ def fact_trace(
     if corruption == "counterfactual" and swap is None:
         return None
     device = next(parts.model.parameters()).device
+    counterfactual = (
+        None if corruption == "noise" or swap is None else swap[None].to(device)
+    )
     return Trace(
         parts,
         tokenizer,
@@ -223,7 +226,7 @@ def fact_trace(
         subject,
         study.noise_scale,
         range(study.seed, study.seed + study.noise_seeds),
-        None if corruption == "noise" else swap[None].to(device),  # type: ignore[index]
+        counterfactual,
     )
 
 
