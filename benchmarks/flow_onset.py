@@ -7,34 +7,30 @@ the restoration study's methods, on the embedded models' shipped facts:
     python benchmarks/flow_onset.py --dry-run       # a tiny random model (CI)
 
 It runs the restoration study (both corruptions, ``--noise-seeds`` draws, the
-methods of ``METHODS``), then one flow graph per fact and draw (noise) and per
-fact (counterfactual subject), and prints, per corruption, each method's onset
-against the causal onset (the share within ±2 blocks, mean lateness, mean
-|Δonset|, with BCa 95% intervals over the tokens the corruption affects) and
-what each part cost: the flows beside restoration's ``L × seeds`` forwards
-(a line per fact while the flows run).
-``--json`` writes the study (``RestorationResult``) and the flow's shares and
-onsets beside it (``PATH`` and ``PATH`` with ``.flow.json``).
+methods of ``METHODS`` with ``ig_lens_flow``: one flow graph per fact and draw
+under the noise, per fact under the counterfactual subject), as
+``captum-iglens validate --test restoration --methods ...,ig_lens_flow`` does,
+and prints its table: per corruption, each method's onset against the causal
+onset (the share within ±2 blocks, mean lateness, mean |Δonset|, with BCa 95%
+intervals over the tokens the corruption affects), then what each part cost:
+the flows beside restoration's ``L × seeds`` forwards.
+``--json`` writes the study (``RestorationResult``, the flow's shares and
+onsets in ``traced_shares`` and ``traced_onsets``).
 """
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
-
-import numpy as np
 
 from captum_iglens._utils.output_paths import check_writable
 from captum_iglens.attr.flow import DEFAULT_STEPS
 from captum_iglens.studies.validation import (
     StudyOptions,
-    flow_onsets,
     load_facts,
     run_restoration,
 )
 
-METHODS = ("ig_lens", "ig_lens_abs", "ig_lens_joint", "dla", "random")
+METHODS = ("ig_lens", "ig_lens_abs", "ig_lens_joint", "dla", "random", "ig_lens_flow")
 
 
 def main() -> None:
@@ -43,7 +39,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=50, help="first N facts")
     parser.add_argument("--noise-seeds", type=int, default=3)
     parser.add_argument("--n-steps", type=int, default=DEFAULT_STEPS)
-    parser.add_argument("--json", type=Path, help="write the study and the flows")
+    parser.add_argument("--json", type=Path, help="write the study")
     parser.add_argument("--dry-run", action="store_true", help="a tiny model")
     args = parser.parse_args()
     if args.json is not None:
@@ -58,52 +54,19 @@ def main() -> None:
 
         model, tokenizer = load_embedded(args.model, progress=False)
         facts = load_facts()
-    study = StudyOptions(noise_seeds=args.noise_seeds)
-    tick = time.perf_counter()
+    study = StudyOptions(noise_seeds=args.noise_seeds, flow_steps=args.n_steps)
     result = run_restoration(
         model,
         tokenizer,
         facts[: args.limit],
         methods=METHODS,
         study=study,
-        progress=False,
+        progress=not args.dry_run,
     )
-    study_seconds = time.perf_counter() - tick
-    found = flow_onsets(model, tokenizer, result, n_steps=args.n_steps, progress=True)
-    print(found.format_table(result))
-    parts = result.settings["seconds_by_part"]
-    print(f"\ncost, {len(result.facts)} facts, {len(result.layer_names)} blocks")
-    print(
-        f"  restoration study, all methods and both corruptions: {study_seconds:.0f} s"
-    )
-    for c in result.corruptions:
-        graphs = found.settings["graphs"][c]
-        print(
-            f"  {c}: restoration {parts[c]:.1f} s; flows {found.seconds[c]:.1f} s "
-            f"({graphs} graphs, {found.seconds[c] / max(graphs, 1):.2f} s each, "
-            f"{found.seconds[c] / max(parts[c], 1e-9):.1f}× restoration)"
-        )
+    print(result.format_table())
     if args.json is not None:
         result.save(args.json)
-        flows = args.json.with_suffix(".flow.json")
-        flows.write_text(
-            json.dumps(
-                dict(
-                    shares={c: _rows(v) for c, v in found.shares.items()},
-                    onsets={c: _rows(v) for c, v in found.onsets.items()},
-                    summary=found.summary,
-                    seconds=found.seconds,
-                    settings=found.settings,
-                ),
-                indent=1,
-            )
-        )
-        print(f"wrote {args.json} and {flows}")
-
-
-def _rows(values: np.ndarray) -> list:
-    """JSON: NaN as null."""
-    return np.where(np.isnan(values), None, values).tolist()
+        print(f"wrote {args.json}")
 
 
 def _tiny():

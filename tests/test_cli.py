@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -665,6 +666,79 @@ def test_validate_restoration_writes_its_viewer(tmp_path, capsys, monkeypatch):
 
     data = page_data(page.read_text(encoding="utf-8"))
     assert data["kind"] == "restoration" and len(data["facts"]) == 2
+
+
+def test_validate_restoration_runs_the_flow_as_a_method(tmp_path, capsys, monkeypatch):
+    """ig_lens_flow is one more --methods name of the restoration study: in
+    its JSON (per corruption, every fact within --limit, every noise draw
+    run), the page, the table and the cost line, from the study's own noise
+    draws and counterfactual subjects."""
+    from captum_iglens.studies.validation import RestorationResult
+    from captum_iglens.studies.validation import facts as facts_module
+    from tests.tiny_models import VOCAB, tiny_model
+    from tests.viewer.test_html import page_data
+
+    monkeypatch.setitem(
+        facts_module.SUBJECT_PATTERNS, "tiny", r"^w4 (?P<subject>.+) w5 w6$"
+    )
+    tiny_model("llama", num_hidden_layers=4).save_pretrained(tmp_path)
+    word_tokenizer(VOCAB).save_pretrained(tmp_path)
+    prompts = tmp_path / "facts.jsonl"
+    lines = ["w4 w10 w11 w5 w6", "w4 w20 w21 w5 w6", "w4 w30 w5 w6", "w4 w40 w5 w6"]
+    prompts.write_text(
+        "".join(
+            json.dumps(
+                {"id": f"t{i}", "relation": "tiny", "prompt": p, "answer": f"a{i}"}
+            )
+            + "\n"
+            for i, p in enumerate(lines)
+        )
+    )
+    out = {ext: tmp_path / f"r.{ext}" for ext in ("json", "html", "png")}
+    status = main(
+        ["validate", "--test", "restoration", "--model", str(tmp_path)]
+        + ["--prompts", str(prompts), "--methods", "ig_lens,ig_lens_flow"]
+        + ["--limit", "3", "--noise-seeds", "2"]
+        + [f"--{ext}={path}" for ext, path in out.items()]
+    )
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    result = RestorationResult.load(out["json"])
+    assert result.methods == ["ig_lens", "ig_lens_flow"]
+    assert "ig_lens_flow" not in result.scores  # scored per corruption
+    onsets = result.traced_onsets
+    # t2 has no counterfactual: t3 (its pair) is beyond --limit
+    assert not np.isnan(onsets["noise"]["ig_lens_flow"]).any()
+    assert np.isnan(onsets["counterfactual"]["ig_lens_flow"]).tolist() == [
+        False,
+        False,
+        True,
+    ]
+    runs = result.settings["traced_runs"]["ig_lens_flow"]
+    assert runs["noise"]["runs"] == 3 * 2 and runs["counterfactual"]["runs"] == 2
+    shares = result.traced_shares["noise"]["ig_lens_flow"]
+    assert np.allclose(shares[:, -1], 1.0, atol=1e-9)  # all of Δp after the last
+    data = page_data(out["html"].read_text(encoding="utf-8"))
+    assert "ig_lens_flow" in data["methods"]
+    trace = data["facts"][0]["traces"]["counterfactual"]
+    assert (
+        trace["onsets"]["ig_lens_flow"] == onsets["counterfactual"]["ig_lens_flow"][0]
+    )
+    assert len(trace["shares"]["ig_lens_flow"]) == 4
+    assert "ig_lens_flow" in data["summary"]["noise"]["all"]
+    assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = captured.out
+    assert re.search(r"^ig_lens_flow +\d", table, re.M)  # a row per corruption
+    assert re.search(
+        r"^  ig_lens_flow \(n_steps=16\): noise [\d.]+ s, 6 runs", table, re.M
+    )
+
+
+def test_validate_ablation_refuses_the_flow(capsys):
+    status = main(["validate", "--methods", "ig_lens,ig_lens_flow"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1
+    assert "--methods: ig_lens_flow" in err[0] and "--test restoration" in err[0]
 
 
 def test_restoration_facts_without_subjects_refused_before_the_model_loads(

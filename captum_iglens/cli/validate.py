@@ -70,7 +70,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     validate.add_argument(
         "--methods",
         type=names,
-        help=deferred(lambda: f"comma-separated, from {','.join(_scored())}"),
+        help=deferred(_methods_help),
     )
     validate.add_argument(
         "--limit", type=int, help="use only the first N prompts (a quick look)"
@@ -103,6 +103,33 @@ def _scored() -> "tuple[str, ...]":
     return SCORED_METHODS
 
 
+def _methods_help() -> str:
+    from captum_iglens.studies.methods.registry import TRACED_METHODS
+    from captum_iglens.studies.validation.options import StudyOptions
+
+    return (
+        f"comma-separated, from {','.join(_scored())} (default: all of them); "
+        f"restoration also runs {','.join(TRACED_METHODS)} (the probability "
+        "flow from each corrupted start of each fact, "
+        f"{StudyOptions().flow_steps} steps a flow)"
+    )
+
+
+def _known(args: argparse.Namespace) -> "tuple[str, ...]":
+    r"""The methods ``--methods`` may name for this ``--test`` and ``--lens``."""
+    from captum_iglens.studies.methods.registry import (
+        LEARNED_METHODS,
+        TRACED_METHODS,
+    )
+
+    restoration = args.test == "restoration"
+    return (
+        _scored()
+        + (LEARNED_METHODS if args.lens else ())
+        + (TRACED_METHODS if restoration else ())
+    )
+
+
 def _seeds_help() -> str:
     from captum_iglens.studies.validation.options import StudyOptions
 
@@ -123,7 +150,7 @@ def _lens_help() -> str:
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks the methods, limit and outputs, reads the facts and loads the
     model; the job runs the study and writes its outputs."""
-    from captum_iglens.studies.methods import LEARNED_METHODS
+    from captum_iglens.studies.methods import TRACED_METHODS
     from captum_iglens.studies.validation import (
         StudyOptions,
         load_facts,
@@ -135,8 +162,15 @@ def prepare(args: argparse.Namespace) -> Job:
     _check_lens(args)
     if args.methods is None:
         args.methods = _scored()
-    known = _scored() + (LEARNED_METHODS if args.lens else ())
+    known = _known(args)
     unknown = [m for m in args.methods if m not in known]
+    restoration = [m for m in unknown if m in TRACED_METHODS]
+    if restoration:
+        raise CommandError(
+            f"--methods: {','.join(restoration)} runs from the corrupted prompts "
+            "of validate --test restoration only; add --test restoration or "
+            "leave it out"
+        )
     if unknown or not args.methods:
         raise CommandError(
             f"--methods: expected names from {','.join(known)}, got "
@@ -222,6 +256,7 @@ def _check_test(
         study,
         _WHAT[args.test],
         learned=args.lens is not None,
+        traced=args.test == "restoration",
     )
     if args.test == "restoration":
         traced_facts(prompts, CORRUPTIONS, methods, settings)

@@ -3,8 +3,10 @@ The methods the studies run, shared by the comparison
 (:mod:`~captum_iglens.studies.comparison`) and the validation and restoration
 studies (:mod:`~captum_iglens.studies.validation`): the registry
 (:mod:`~captum_iglens.studies.methods.registry`) and its runners over layers
-(:mod:`~captum_iglens.studies.methods.runners`) and over source tokens
-(:mod:`~captum_iglens.studies.methods.source_runners`). No study is imported
+(:mod:`~captum_iglens.studies.methods.runners`), over source tokens
+(:mod:`~captum_iglens.studies.methods.source_runners`) and from each
+corruption of the restoration study
+(:mod:`~captum_iglens.studies.methods.traced_runners`). No study is imported
 here.
 """
 
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
         METHODS,
         SCORED_METHODS,
         SOURCE_METHODS,
+        TRACED_METHODS,
         StudyMethod,
         outcome,
     )
@@ -33,6 +36,7 @@ __getattr__, __dir__ = lazy_exports(
         "METHODS": "captum_iglens.studies.methods.registry",
         "SCORED_METHODS": "captum_iglens.studies.methods.registry",
         "SOURCE_METHODS": "captum_iglens.studies.methods.registry",
+        "TRACED_METHODS": "captum_iglens.studies.methods.registry",
         "StudyMethod": "captum_iglens.studies.methods.registry",
         "outcome": "captum_iglens.studies.methods.registry",
         "Outcome": "captum_iglens.studies.methods.runners",
@@ -46,6 +50,7 @@ __all__ = [
     "METHODS",
     "SCORED_METHODS",
     "SOURCE_METHODS",
+    "TRACED_METHODS",
     "Outcome",
     "StudyMethod",
     "Work",

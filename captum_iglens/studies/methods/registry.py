@@ -1,10 +1,12 @@
 r"""
 The one registry of the methods the studies score: :func:`compare` runs those
 marked ``compared`` (by default those over layers; those over source tokens on
-request), the validation and restoration studies those marked ``scored``. A
-method is one :class:`StudyMethod` entry; a new one is a runner in
+request), the validation and restoration studies those marked ``scored``, and
+the restoration study those with a ``traced`` runner on request. A method is
+one :class:`StudyMethod` entry; a new one is a runner in
 :mod:`~captum_iglens.studies.methods.runners` (or
-:mod:`~captum_iglens.studies.methods.source_runners`) and one line here.
+:mod:`~captum_iglens.studies.methods.source_runners`, or
+:mod:`~captum_iglens.studies.methods.traced_runners`) and one line here.
 """
 
 from dataclasses import dataclass, replace
@@ -13,7 +15,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
 from captum_iglens._utils.registry import imported
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from captum_iglens.studies.methods.runners import Outcome, Work
+    from captum_iglens.studies.methods.traced_runners import Trace
 
 #: A runner or a check: the function, or where it lives, ``"module:function"``
 #: under :mod:`captum_iglens.studies.methods`, imported when it is first called
@@ -56,6 +61,14 @@ class StudyMethod:
         granularity (str, optional): The IG-Lens granularity it runs at, whose
                     needs (consecutive blocks) are checked before any method
                     runs. Default: None (the settings' own).
+        traced (str or Callable[[Trace], ndarray], optional): Restoration
+                    only: the share of the clean effect reached after each
+                    block ``(k,)``, of one fact under one corruption (a
+                    :class:`~captum_iglens.studies.methods.traced_runners.Trace`),
+                    or where that function lives; the study runs it from each
+                    corrupted start instead of ``runner`` (None), and its onset
+                    is the first block where the share reaches the recovery
+                    threshold, as the causal onset's. Default: None
     """
 
     name: str
@@ -67,11 +80,18 @@ class StudyMethod:
     axis: str = "layers"
     missing: Optional[Function] = None
     granularity: Optional[str] = None
+    traced: Optional[Function] = None
 
     @property
     def run(self) -> Optional[Callable[["Work"], "Outcome"]]:
-        r"""Its runner (imported on first use), or None for ``"random"``."""
+        r"""Its runner (imported on first use), or None for ``"random"`` and
+        the traced methods."""
         return _function(self.runner)
+
+    @property
+    def trace(self) -> Optional[Callable[["Trace"], "np.ndarray"]]:
+        r"""Its traced runner (imported on first use), or None."""
+        return _function(self.traced)
 
     def why_not(self) -> Optional[str]:
         r"""Why the method cannot run in this version, or None."""
@@ -192,6 +212,13 @@ METHODS: Dict[str, StudyMethod] = {
             scored=False,
             learned=True,
         ),
+        StudyMethod(
+            "ig_lens_flow",
+            None,
+            compared=False,
+            scored=False,
+            traced="traced_runners:ig_lens_flow",
+        ),
     )
 }
 
@@ -214,3 +241,10 @@ SCORED_METHODS: Tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.score
 #: The methods that read a learned readout per layer, which the restoration
 #: study scores beside :data:`SCORED_METHODS` when given a lens.
 LEARNED_METHODS: Tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.learned)
+
+#: The methods the restoration study runs from each corrupted start, on
+#: request (the probability flow's onset): neither the validation study nor
+#: :func:`~captum_iglens.studies.compare` runs them.
+TRACED_METHODS: Tuple[str, ...] = tuple(
+    n for n, m in METHODS.items() if m.traced is not None
+)

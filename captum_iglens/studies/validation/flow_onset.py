@@ -1,6 +1,6 @@
 r"""
-The onset by the probability flow through the attributed position, scored on
-the facts and corruptions of a restoration study (``ig_lens_flow``).
+The onset by the probability flow through the attributed position
+(``ig_lens_flow``) on a restoration study's result, after the fact.
 
 For each fact and corruption the flow runs the whole model from the corrupted
 prompt to the prompt (:class:`~captum_iglens.attr.flow.ProbabilityFlow`, exact
@@ -12,41 +12,41 @@ restoring that state, which is what the study's causal tracing does. Its onset
 is the first block where the share reaches the study's recovery threshold, as
 the causal onset is the first block where the recovery does.
 
-Under the noise, the share is pooled over the study's draws as the study pools
-the restored probabilities: ``Σ crossing / Σ Δp`` over the seeds. The
-counterfactual prompt is the study's (the next fact of the same relation whose
-subject has as many tokens).
-
-The flow's start depends on the corruption, while the study's other methods
-score a fact once; so this runs beside :func:`run_restoration`, on its result,
-rather than as one of its methods.
+The study runs it as one of its methods
+(``run_restoration(..., methods=[..., "ig_lens_flow"])``: its traced runner,
+:func:`~captum_iglens.studies.methods.traced_runners.ig_lens_flow`);
+:func:`flow_onsets` runs the same runner on the facts, noise draws and
+counterfactual subjects of a result that was run without it.
 """
 
 import time
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import numpy as np
+import torch
+from torch import Tensor
 from torch.nn import Module
 
 from captum_iglens._utils.tokens import decode_tokens
-from captum_iglens.attr.flow import DEFAULT_STEPS, ProbabilityFlow
-from captum_iglens.attr.flow.subject_start import noised_start
-from captum_iglens.attr.flow.graph import FlowGraph
+from captum_iglens.attr.flow import DEFAULT_STEPS
 from captum_iglens.hf.architectures import model_parts
+from captum_iglens.hf.forward import causal_lm_logits
+from captum_iglens.hf.parts import ModelParts
+from captum_iglens.studies.methods.registry import METHODS
+from captum_iglens.studies.validation.options import StudyOptions
 from captum_iglens.studies.validation.restoration_study import (
     counterfactual_subjects,
+    fact_trace,
     gain_spearman,
+    share_gains,
+    share_onsets,
     subject_tokens,
 )
 from captum_iglens.studies.validation.result import RestorationResult
-from captum_iglens.studies.validation.stats import (
-    causal_onset,
-    onset_agreement,
-)
+from captum_iglens.studies.validation.stats import onset_agreement
 
-#: The method's name in tables.
+#: The method's name in tables and results.
 FLOW_METHOD = "ig_lens_flow"
 
 
@@ -77,44 +77,6 @@ class FlowOnsets:
     seconds: Dict[str, float]
     settings: Dict[str, Any]
 
-    def format_table(self, result: RestorationResult) -> str:
-        r"""
-        The flow's onset agreement beside the study's methods, per corruption,
-        over the tokens the corruption affects.
-
-        Args:
-
-            result (RestorationResult): The study the flows were run on.
-
-        Returns:
-            *str*.
-        """
-        metrics = ("within_2", "mean_lateness", "mean_abs_diff", "gain_spearman")
-        lines: List[str] = []
-        for c, rows in self.summary.items():
-            table = {FLOW_METHOD: rows, **result.summary[c]["all"]}
-            lines += ["", f"[{c}] onsets against the causal onset"]
-            lines.append(
-                f"{'method':<22}{'n':>4}  " + "".join(f"{m:<26}" for m in metrics)
-            )
-            for method, row in table.items():
-                cells = [_cell(row[m]) for m in metrics]
-                lines.append(
-                    f"{method:<22}{row['within_2']['n']:>4}  "
-                    + "".join(f"{cell:<26}" for cell in cells)
-                )
-            lines.append(
-                f"{FLOW_METHOD}: {self.settings['graphs'][c]} graphs at "
-                f"n_steps={self.settings['n_steps']}, {self.seconds[c]:.0f} s"
-            )
-        return "\n".join(lines[1:])
-
-
-def _cell(stats: Dict[str, Any]) -> str:
-    if not stats["n"] or stats["mean"] is None or np.isnan(stats["mean"]):
-        return "-"
-    return f"{stats['mean']:+.3f} [{stats['lo']:+.3f}, {stats['hi']:+.3f}]"
-
 
 def flow_onsets(
     model: Module,
@@ -126,7 +88,8 @@ def flow_onsets(
 ) -> FlowOnsets:
     r"""
     The onset by the flow through the attributed position, on the facts,
-    corruptions, noise draws and counterfactual prompts of ``result``.
+    corruptions, noise draws and counterfactual prompts of ``result``: what
+    ``run_restoration`` gives as ``ig_lens_flow`` when asked for it.
 
     Args:
 
@@ -146,51 +109,43 @@ def flow_onsets(
             ``result`` attributed (another model or tokenizer).
     """
     parts = model_parts(model)
-    flow = ProbabilityFlow(parts.model, tokenizer)
-    layers = [int(name) + 1 for name in result.layer_names]  # crossing rows
+    run = METHODS[FLOW_METHOD].trace
+    assert run is not None  # a traced method
+    layers = [int(name) for name in result.layer_names]
     encoded, subjects = zip(*(subject_tokens(tokenizer, f) for f in result.facts))
     swaps = counterfactual_subjects(result.facts, encoded, subjects)
-    settings = result.settings
-    seeds = range(settings["seed"], settings["seed"] + settings["noise_seeds"])
+    study = _study(result, n_steps)
     n, k = len(result.facts), len(layers)
     shares = {c: np.full((n, k), np.nan) for c in result.corruptions}
     seconds = {c: 0.0 for c in result.corruptions}
     graphs = {c: 0 for c in result.corruptions}
-    device = next(parts.model.parameters()).device
     for i, ids in enumerate(encoded):
-        ids, swap = ids[None].to(device), swaps[i]
+        target = _target(parts, tokenizer, ids, result, i)
         for c in result.corruptions:
+            trace = fact_trace(
+                parts, tokenizer, ids, target, subjects[i], swaps[i], c, layers, study
+            )
+            if trace is None:
+                continue
             tick = time.perf_counter()
-            graph = partial(flow.attribute, ids, n_steps=n_steps, per_position=True)
-            if c == "noise":
-                scale = settings["noise_scale"]
-                found = [
-                    graph(baselines=noised_start(parts, ids, subjects[i], scale, s)[0])
-                    for s in seeds
-                ]
-            else:
-                found = [] if swap is None else [graph(counterfactual=swap[None])]
+            shares[c][i] = run(trace)
             seconds[c] += time.perf_counter() - tick
-            graphs[c] += len(found)
-            if found:
-                _check_target(tokenizer, found[0], result, i)
-                crossed = sum(g.crossings()[layers, -1] for g in found)
-                shares[c][i] = crossed / sum(g.delta_m for g in found)
+            graphs[c] += trace.runs
         if progress:
             print(f"flow onsets: fact {i + 1}/{n}", flush=True)
-    threshold = settings["recovery_threshold"]
-    onsets = {c: _onsets(rows, threshold) for c, rows in shares.items()}
+    threshold = study.recovery_threshold
+    onsets = {c: share_onsets(rows, threshold) for c, rows in shares.items()}
     summary = {
         c: onset_agreement(
             onsets[c],
             result.causal_onsets[c],
             gain_spearman(
-                np.diff(shares[c], axis=1, prepend=0.0),  # the share's gains
+                share_gains(shares[c]),
                 result.recovery(c),
                 ~np.isnan(result.causal_onsets[c]),
             ),
-            settings["n_bootstrap"],
-            settings["seed"],
+            study.n_bootstrap,
+            study.seed,
         )
         for c in result.corruptions
     }
@@ -203,10 +158,29 @@ def flow_onsets(
     )
 
 
-def _check_target(
-    tokenizer: Any, graph: FlowGraph, result: RestorationResult, i: int
-) -> None:
-    token = decode_tokens(tokenizer, [graph.settings["target"]])[0]
+def _study(result: RestorationResult, n_steps: int) -> StudyOptions:
+    """The study options of ``result`` that the flows use, with ``n_steps``."""
+    s = result.settings
+    return StudyOptions(
+        n_bootstrap=s["n_bootstrap"],
+        seed=s["seed"],
+        noise_scale=s["noise_scale"],
+        noise_seeds=s["noise_seeds"],
+        recovery_threshold=s["recovery_threshold"],
+        flow_steps=n_steps,
+    )
+
+
+def _target(
+    parts: ModelParts, tokenizer: Any, ids: Tensor, result: RestorationResult, i: int
+) -> int:
+    """The model's greedy next token of fact ``i``, checked against the one
+    ``result`` attributed."""
+    device = next(parts.model.parameters()).device
+    with torch.inference_mode():
+        logits = causal_lm_logits(parts.model, input_ids=ids[None].to(device))
+    target = int(logits[0, -1].argmax())
+    token = decode_tokens(tokenizer, [target])[0]
     if token != result.target_tokens[i]:
         raise ValueError(
             f"result: fact {result.facts[i].id} attributed "
@@ -214,15 +188,7 @@ def _check_target(
             f"{token!r}; pass the model and "
             "tokenizer the study was run with"
         )
-
-
-def _onsets(shares: np.ndarray, threshold: float) -> np.ndarray:
-    out = np.full(len(shares), np.nan)
-    for i, row in enumerate(shares):
-        if not np.isnan(row).any():
-            onset = causal_onset(row, threshold)
-            out[i] = np.nan if onset < 0 else onset
-    return out
+    return target
 
 
 __all__ = ["FLOW_METHOD", "FlowOnsets", "flow_onsets"]

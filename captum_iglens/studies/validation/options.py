@@ -4,6 +4,8 @@ command line's help and choices read them)."""
 from dataclasses import dataclass
 from typing import Tuple
 
+from captum_iglens.attr.flow.options import DEFAULT_STEPS
+
 #: Ablation modes accepted by
 #: :func:`~captum_iglens.studies.validation.ablation.ablate`.
 MODES: Tuple[str, ...] = ("skip", "mean", "zero-at-position")
@@ -39,6 +41,9 @@ class StudyOptions:
                     Default: 0.2.
         recovery_threshold (float): Restoration: the causal onset is the first
                     block whose recovery reaches it. Default: 0.5.
+        flow_steps (int): Restoration: the steps of each probability flow of
+                    ``ig_lens_flow``. Default:
+                    :data:`~captum_iglens.attr.flow.options.DEFAULT_STEPS`.
     """
 
     n_bootstrap: int = 1000
@@ -52,9 +57,16 @@ class StudyOptions:
     noise_seeds: int = 3
     min_effect: float = 0.2
     recovery_threshold: float = 0.5
+    flow_steps: int = DEFAULT_STEPS
 
     def __post_init__(self) -> None:
-        for name in ("n_bootstrap", "batch_size", "conductance_steps", "noise_seeds"):
+        for name in (
+            "n_bootstrap",
+            "batch_size",
+            "conductance_steps",
+            "noise_seeds",
+            "flow_steps",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")

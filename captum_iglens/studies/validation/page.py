@@ -62,8 +62,9 @@ def restoration_page(result: Any) -> Dict[str, Any]:
         scores ``(k,)`` and onsets of each method that ran on it, the IG-Lens
         share of the credit reached by each block ``(k,)`` and, per corruption
         that was traced on it, ``p_clean``, ``p_corrupt``, the recovery
-        ``r(L)`` of restoring each block ``(k,)`` and the causal onset; the
-        summary table ``summary[corruption][group][method][metric]``.
+        ``r(L)`` of restoring each block ``(k,)``, the causal onset, and each
+        traced method's shares ``(k,)`` and onset under it; the summary table
+        ``summary[corruption][group][method][metric]``.
     """
     facts = []
     for i, fact in enumerate(result.facts):
@@ -103,11 +104,15 @@ def _traces(result: Any, i: int) -> Dict[str, Any]:
         probs = result.probs[c][i]
         if np.isnan(probs[0]):
             continue
+        traced = result.traced_shares.get(c, {})
+        ran = [m for m, shares in traced.items() if not np.isnan(shares[i]).any()]
         traces[c] = {
             "clean": sig(probs[0]),
             "corrupt": sig(probs[1]),
             "recovery": sig(result.recovery(c)[i]),
             "onset": _index(result.causal_onsets[c][i]),
+            "shares": {m: sig(traced[m][i]) for m in ran},
+            "onsets": {m: _index(result.traced_onsets[c][m][i]) for m in ran},
         }
     return traces
 

@@ -130,7 +130,9 @@ def plot_restoration(
     block's output at the attributed position, and the IG-Lens trajectory as the
     share of the credit reached by each block, ``(f(h_L) − f(h_0)) / (p − f(h_0))``
     (both 0 before the first block and 1 at the last), with the causal and IG-Lens
-    onsets marked. Works headless.
+    onsets marked; and each traced method's share under the corruption (e.g.
+    ``ig_lens_flow``: of ``Δp`` crossing the attributed position), its onset
+    dotted. Works headless.
 
     Args:
 
@@ -179,6 +181,7 @@ def plot_restoration(
         onset = result.onsets["ig_lens"][i]
         if not np.isnan(onset):
             ax.axvline(onset, color=UP_COLOR, linestyle="--", linewidth=0.8)
+        _draw_traced(ax, result, corruption, i)
         ax.axhline(0.5, color="grey", linestyle=":", linewidth=0.8)
         ax.set_title(
             textwrap.fill(
@@ -191,3 +194,17 @@ def plot_restoration(
         ax.legend(fontsize=7)
         axes[f"example {col}"] = ax
     return fig, axes
+
+
+def _draw_traced(ax: "Axes", result: Any, corruption: str, i: int) -> None:
+    """Token ``i``'s share of each traced method under ``corruption``, its
+    onset dotted (where it was traced)."""
+    layers = np.arange(len(result.layer_names))
+    for n, (m, shares) in enumerate(result.traced_shares.get(corruption, {}).items()):
+        if np.isnan(shares[i]).any():
+            continue
+        color = f"C{n + 2}"
+        ax.plot(layers, shares[i], ".-", color=color, label=f"{m}: share")
+        onset = result.traced_onsets[corruption][m][i]
+        if not np.isnan(onset):
+            ax.axvline(onset, color=color, linestyle=":", linewidth=0.8)

@@ -3,7 +3,9 @@ Does the IG-Lens onset agree with the causal onset found by restoring the
 attributed position? :func:`run_restoration` traces each fact's answer under two
 corruptions (:mod:`~captum_iglens.studies.validation.restoration`) and compares
 the causal onsets and per-block recovery gains with every method's onset and
-scores, on the common loop of :mod:`~captum_iglens.studies.validation.study`.
+scores, on the common loop of :mod:`~captum_iglens.studies.validation.study`;
+the traced methods (:data:`TRACED_METHODS`, the probability flow's onset) run
+from each corrupted start of each fact, beside its restoration.
 """
 
 import time
@@ -23,8 +25,14 @@ from captum_iglens.hf.text import encode_prompt, left_pad, pad_token_id
 from captum_iglens.onset import DEFAULT_ONSET_RULE, ONSET_RULES
 from captum_iglens.readout.layer_readout import LensType, readout_record
 from captum_iglens.settings import Settings
-from captum_iglens.studies.methods.registry import LEARNED_METHODS, SCORED_METHODS
+from captum_iglens.studies.methods.registry import (
+    LEARNED_METHODS,
+    METHODS,
+    SCORED_METHODS,
+    TRACED_METHODS,
+)
 from captum_iglens.studies.methods.runners import Work
+from captum_iglens.studies.methods.traced_runners import Trace
 from captum_iglens.studies.validation.facts import Fact
 from captum_iglens.studies.validation.restoration import (
     CORRUPTIONS,
@@ -51,18 +59,22 @@ from captum_iglens.studies.validation.study import (
 class Restorations(CausalTest):
     r"""
     Each fact's clean, corrupted and restored probabilities of its answer under
-    each corruption (:func:`~captum_iglens.studies.validation.restoration.restore`).
+    each corruption (:func:`~captum_iglens.studies.validation.restoration.restore`),
+    and the traced methods' shares from the same corruptions.
 
     Args:
 
         parts (ModelParts): The causal LM's parts.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
         corruptions (list[str]): From :data:`CORRUPTIONS`.
         subjects (list[Tensor]): Per fact, ``(T_i,)`` bool: its subject's tokens.
         swaps (list[Tensor or None]): Per fact, its counterfactual ids, or None.
         noise_std (float): The noise's standard deviation.
         settings (Settings): The blocks.
-        study (StudyOptions): The seed and number of noise draws.
-        k (int): The number of blocks.
+        study (StudyOptions): The seed and number of noise draws, the flow's
+                    steps.
+        layers (list[int]): The study's blocks.
+        traced (list[str]): The methods of :data:`TRACED_METHODS` to run.
     """
 
     desc = "restoration"
@@ -70,20 +82,32 @@ class Restorations(CausalTest):
     def __init__(
         self,
         parts: ModelParts,
+        tokenizer: Any,
         corruptions: List[str],
         subjects: Sequence[Tensor],
         swaps: Sequence[Optional[Tensor]],
         noise_std: float,
         settings: Settings,
         study: StudyOptions,
-        k: int,
+        layers: List[int],
+        traced: List[str],
     ) -> None:
-        self.parts, self.subjects, self.swaps = parts, subjects, swaps
+        self.parts, self.tokenizer = parts, tokenizer
+        self.subjects, self.swaps = subjects, swaps
         self.noise_std, self.settings, self.study = noise_std, settings, study
-        n = len(subjects)
+        self.layers = layers
+        n, k = len(subjects), len(layers)
         # Per corruption, (n, k + 2): clean, corrupted, restored at each block.
         self.probs = {c: np.full((n, k + 2), np.nan) for c in corruptions}
         self.seconds = {c: 0.0 for c in CORRUPTIONS}
+        # Per corruption and traced method, (n, k): its shares.
+        self.shares = {
+            c: {m: np.full((n, k), np.nan) for m in traced} for c in corruptions
+        }
+        # Per traced method and corruption, its time and corrupted starts.
+        self.runs = {
+            m: {c: {"seconds": 0.0, "runs": 0} for c in corruptions} for m in traced
+        }
 
     def measure(self, rows: np.ndarray, ids: Tensor, mask: Tensor, work: Work) -> None:
         targets = work.targets[:, 0]
@@ -119,6 +143,119 @@ class Restorations(CausalTest):
             )
             self.probs["counterfactual"][picked] = _columns(traced)
             self.seconds["counterfactual"] += time.perf_counter() - tick
+        for c in self.shares:
+            self._trace(c, rows, ids, mask, targets)
+
+    def _trace(
+        self,
+        corruption: str,
+        rows: np.ndarray,
+        ids: Tensor,
+        mask: Tensor,
+        targets: Tensor,
+    ) -> None:
+        """Each traced method's shares of the batch's facts under ``corruption``."""
+        for r, i in enumerate(rows):
+            trace = fact_trace(
+                self.parts,
+                self.tokenizer,
+                ids[r, mask[r].bool()],
+                int(targets[r]),
+                self.subjects[i],
+                self.swaps[i],
+                corruption,
+                self.layers,
+                self.study,
+            )
+            if trace is None:
+                continue
+            for m, shares in self.shares[corruption].items():
+                tick = time.perf_counter()
+                shares[i] = METHODS[m].trace(trace)  # type: ignore[misc]
+                record = self.runs[m][corruption]
+                record["seconds"] += time.perf_counter() - tick
+                record["runs"] += trace.runs
+
+
+def fact_trace(
+    parts: ModelParts,
+    tokenizer: Any,
+    ids: Tensor,
+    target: int,
+    subject: Tensor,
+    swap: Optional[Tensor],
+    corruption: str,
+    layers: List[int],
+    study: StudyOptions,
+) -> Optional[Trace]:
+    r"""
+    One fact under one of the study's corruptions, as the traced methods run it:
+    the study's noise draws on its subject, or its counterfactual subject.
+
+    Args:
+
+        parts (ModelParts): The causal LM's parts.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
+        ids (Tensor): ``(T,)`` the fact's prompt (:func:`subject_tokens`).
+        target (int): Its attributed token.
+        subject (Tensor): ``(T,)`` bool: its subject's tokens.
+        swap (Tensor, optional): ``(T,)`` its counterfactual prompt
+                    (:func:`counterfactual_subjects`), None where none fits.
+        corruption (str): From :data:`CORRUPTIONS`.
+        layers (list[int]): The study's blocks.
+        study (StudyOptions): The noise's scale, seed and draws; the flow's
+                    steps.
+
+    Returns:
+        :class:`~captum_iglens.studies.methods.traced_runners.Trace`, or None
+        where the corruption is counterfactual and no counterfactual fits.
+    """
+    if corruption == "counterfactual" and swap is None:
+        return None
+    device = next(parts.model.parameters()).device
+    counterfactual = (
+        None if corruption == "noise" or swap is None else swap[None].to(device)
+    )
+    return Trace(
+        parts,
+        tokenizer,
+        ids[None].to(device),
+        target,
+        layers,
+        study.flow_steps,
+        subject,
+        study.noise_scale,
+        range(study.seed, study.seed + study.noise_seeds),
+        counterfactual,
+    )
+
+
+def share_onsets(shares: np.ndarray, threshold: float) -> np.ndarray:
+    r"""
+    A traced method's onsets: the first block where its share reaches the
+    recovery threshold, as the causal onset is the first where the recovery
+    does.
+
+    Args:
+
+        shares (np.ndarray): ``(N, k)`` shares, NaN rows where not traced.
+        threshold (float): The study's ``recovery_threshold``.
+
+    Returns:
+        *np.ndarray* ``(N,)``: NaN where not traced or never reached.
+    """
+    out = np.full(len(shares), np.nan)
+    for i, row in enumerate(shares):
+        if not np.isnan(row).any():
+            onset = causal_onset(row, threshold)
+            out[i] = np.nan if onset < 0 else onset
+    return out
+
+
+def share_gains(shares: np.ndarray) -> np.ndarray:
+    r"""``(N, k)``: a traced method's per-block gains of its ``(N, k)`` shares,
+    the share before block 0 being 0 (as the recovery's gains)."""
+    return np.diff(shares, axis=1, prepend=0.0)
 
 
 def run_restoration(
@@ -163,7 +300,12 @@ def run_restoration(
                     the table.
         corruptions (list[str], optional): From :data:`CORRUPTIONS`.
                     Default: both.
-        methods (list[str], optional): As in :func:`run_validation`; so are
+        methods (list[str], optional): As in :func:`run_validation`, and
+                    those of :data:`TRACED_METHODS` (``"ig_lens_flow"``: the
+                    probability flow from each of the fact's corrupted starts,
+                    ``study.flow_steps`` steps; its onset is the first block
+                    where the share of ``Δp`` crossing the attributed
+                    position reaches ``study.recovery_threshold``); so are
                     ``settings``, ``study``, ``progress`` and ``**options``
                     (``settings.chat`` must be False: the subject is found in the
                     raw prompt).
@@ -188,6 +330,7 @@ def run_restoration(
         study,
         "restoration restores whole blocks' outputs",
         learned=lens is not None,
+        traced=True,
     )
     facts = traced_facts(prompts, corruptions, methods, settings)
     started = time.perf_counter()
@@ -201,20 +344,22 @@ def run_restoration(
     noise_std = study.noise_scale * embedding_std(model)
     test = Restorations(
         parts,
+        tokenizer,
         list(corruptions),
         subjects,
         counterfactual_subjects(facts, encoded, subjects),
         noise_std,
         settings,
         study,
-        len(ig_lens.layer_names),
+        [int(name) for name in ig_lens.layer_names],
+        [m for m in methods if m in TRACED_METHODS],
     )
     scored = score_prompts(
         parts,
         ig_lens,
         encoded,
         pad_token_id(tokenizer),
-        methods,
+        [m for m in methods if m not in TRACED_METHODS],
         settings,
         study,
         test,
@@ -247,8 +392,17 @@ def _restoration_result(
         for rule in ONSET_RULES
     }
     onsets = by_rule[DEFAULT_ONSET_RULE]
+    traced_onsets = {
+        c: {
+            m: share_onsets(shares, test.study.recovery_threshold)
+            for m, shares in by_method.items()
+        }
+        for c, by_method in test.shares.items()
+    }
     depth = scored.nonmonotone_depth()
-    summary, causal = _summary(test.probs, scored, onsets, depth, test.study)
+    summary, causal = _summary(
+        test, scored, methods, onsets, traced_onsets, depth, test.study
+    )
     rules = _rule_summary(test.probs, scored, by_rule, causal, test.study)
     run["onset_rule"] = DEFAULT_ONSET_RULE
     run["subjects_not_found"] = [
@@ -270,6 +424,8 @@ def _restoration_result(
         summary=summary,
         settings=run,
         rules=rules,
+        traced_shares=test.shares,
+        traced_onsets=traced_onsets,
     )
 
 
@@ -299,6 +455,8 @@ def _run_record(
         seconds=time.perf_counter() - started,
         seconds_by_part=dict(lens=scored.seconds["lens"], **test.seconds),
         readout=_readout_record(learned),
+        flow_steps=study.flow_steps,
+        traced_runs=test.runs,
     )
 
 
@@ -351,17 +509,20 @@ def traced_facts(
 
 
 def _summary(
-    probs: Dict[str, np.ndarray],
+    test: Restorations,
     scored: Scores,
+    methods: List[str],
     onsets: Dict[str, np.ndarray],
+    traced_onsets: Dict[str, Dict[str, np.ndarray]],
     depth: np.ndarray,
     study: StudyOptions,
 ) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
-    """Per corruption, the onset agreement of each method with the causal onsets,
-    over the groups of tokens the corruption affects; and those causal onsets."""
+    """Per corruption, the onset agreement of each method (traced ones by their
+    shares under it) with the causal onsets, over the groups of tokens the
+    corruption affects; and those causal onsets."""
     monotone = depth <= study.nonmonotone_threshold
     summary, causal = {}, {}
-    for c, columns in probs.items():
+    for c, columns in test.probs.items():
         recovery, effective = _recovery(columns), _effective(columns, study)
         causal[c] = np.array(
             [
@@ -377,16 +538,19 @@ def _summary(
         }
         if scored.conductance.any():
             groups["conductance_subset"] = effective & scored.conductance
+        onset = {**onsets, **traced_onsets[c]}
+        score = {**scored.scores}
+        score.update({m: share_gains(v) for m, v in test.shares[c].items()})
         summary[c] = {
             g: {
                 m: onset_agreement(
-                    np.where(members, onsets[m], np.nan),
+                    np.where(members, onset[m], np.nan),
                     causal[c],
-                    gain_spearman(scored.scores[m], recovery, members),
+                    gain_spearman(score[m], recovery, members),
                     study.n_bootstrap,
                     study.seed,
                 )
-                for m in onsets
+                for m in methods
             }
             for g, members in groups.items()
         }

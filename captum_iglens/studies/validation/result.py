@@ -397,8 +397,15 @@ RESTORATION_SCHEMA = Record(
     probs=MapOf(
         Array("float", "N", "k+2", numpy=True, nullable=True), keys="corruptions"
     ),
-    scores=MapOf(Array("float", "N", "k", numpy=True, nullable=True), keys="methods"),
-    onsets=MapOf(Array("float", "N", numpy=True, nullable=True), keys="methods"),
+    # every method's but the traced ones' (checked on construction)
+    scores=MapOf(
+        Array("float", "N", "k", numpy=True, nullable=True),
+        keys="methods",
+        every=False,
+    ),
+    onsets=MapOf(
+        Array("float", "N", numpy=True, nullable=True), keys="methods", every=False
+    ),
     causal_onsets=MapOf(
         Array("float", "N", numpy=True, nullable=True), keys="corruptions"
     ),
@@ -414,7 +421,33 @@ RESTORATION_SCHEMA = Record(
     # files written before the onset rules hold none (then {}, written back as {})
     rules=Default(
         MapOf(
-            MapOf(MapOf(_ONSET_ROW, keys="methods"), keys=tuple(ONSET_RULES)),
+            MapOf(
+                MapOf(_ONSET_ROW, keys="methods", every=False),  # not the traced
+                keys=tuple(ONSET_RULES),
+            ),
+            keys="corruptions",
+            every=False,
+        )
+    ),
+    # files written before the traced methods hold none (then {})
+    traced_shares=Default(
+        MapOf(
+            MapOf(
+                Array("float", "N", "k", numpy=True, nullable=True),
+                keys="methods",
+                every=False,
+            ),
+            keys="corruptions",
+            every=False,
+        )
+    ),
+    traced_onsets=Default(
+        MapOf(
+            MapOf(
+                Array("float", "N", numpy=True, nullable=True),
+                keys="methods",
+                every=False,
+            ),
             keys="corruptions",
             every=False,
         )
@@ -452,9 +485,10 @@ class RestorationResult(JsonDocument, Viewable):
         probs (dict[str, np.ndarray]): ``(N, k + 2)`` per corruption: ``p_clean``,
                     ``p_corrupt``, then ``p`` with block ``L_j`` restored; NaN
                     rows where the corruption was not applied.
-        scores (dict[str, np.ndarray]): ``(N, k)`` per method, NaN rows where not
-                    run.
-        onsets (dict[str, np.ndarray]): ``(N,)`` per method, NaN where none.
+        scores (dict[str, np.ndarray]): ``(N, k)`` per method but the traced
+                    ones, NaN rows where not run.
+        onsets (dict[str, np.ndarray]): ``(N,)`` per method but the traced
+                    ones, NaN where none.
         causal_onsets (dict[str, np.ndarray]): ``(N,)`` per corruption, NaN where
                     the corruption did not lower ``p`` enough.
         conductance (np.ndarray): ``(N,)`` bool: Layer Conductance's subset.
@@ -466,6 +500,15 @@ class RestorationResult(JsonDocument, Viewable):
                     agreement over all the tokens counted, under each onset
                     rule of :data:`~captum_iglens.onset.ONSET_RULES`; empty in
                     files written before it. Default: empty.
+        traced_shares (dict): ``traced_shares[corruption][method]``: ``(N, k)``
+                    per traced method
+                    (:data:`~captum_iglens.studies.methods.registry.TRACED_METHODS`,
+                    run from each corrupted start): the share of the clean
+                    effect reached after each block, NaN rows where not
+                    traced. Default: empty.
+        traced_onsets (dict): ``traced_onsets[corruption][method]``: ``(N,)``,
+                    the first block where that share reaches the recovery
+                    threshold, NaN where none. Default: empty.
     """
 
     corruptions: List[str]
@@ -483,6 +526,8 @@ class RestorationResult(JsonDocument, Viewable):
     summary: Dict[str, Any]
     settings: Dict[str, Any]
     rules: Dict[str, Any] = field(default_factory=dict)
+    traced_shares: Dict[str, Dict[str, np.ndarray]] = field(default_factory=dict)
+    traced_onsets: Dict[str, Dict[str, np.ndarray]] = field(default_factory=dict)
 
     KIND = "RestorationResult"
 
@@ -496,21 +541,30 @@ class RestorationResult(JsonDocument, Viewable):
             shapes[f"probs.{c}"] = (n, k + 2)
             shapes[f"causal_onsets.{c}"] = (n,)
         for m in self.methods:
-            shapes[f"scores.{m}"] = (n, k)
-            shapes[f"onsets.{m}"] = (n,)
+            if m not in self.traced_methods:
+                shapes[f"scores.{m}"] = (n, k)
+                shapes[f"onsets.{m}"] = (n,)
+            for c in self.corruptions if m in self.traced_methods else ():
+                shapes[f"traced_shares.{c}.{m}"] = (n, k)
+                shapes[f"traced_onsets.{c}.{m}"] = (n,)
         for name, shape in shapes.items():
-            field, _, key = name.partition(".")
-            value = getattr(self, field)
-            found = np.shape(value[key] if key else value)
+            found = _shape(self, name)
             if found != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {found}")
-        for field in ("onsets", "causal_onsets"):
-            for key, onsets in getattr(self, field).items():
-                given = onsets[~np.isnan(onsets)]
-                if ((given != np.round(given)) | (given < 0) | (given >= k)).any():
-                    raise ValueError(
-                        f"{field}.{key}: expected block indices in [0, {k}) or null"
-                    )
+        onsets = {f"onsets.{m}": v for m, v in self.onsets.items()}
+        for tree in ("causal_onsets", "traced_onsets"):
+            onsets.update(_leaves(getattr(self, tree), tree))
+        for name, values in onsets.items():
+            given = values[~np.isnan(values)]
+            if ((given != np.round(given)) | (given < 0) | (given >= k)).any():
+                raise ValueError(f"{name}: expected block indices in [0, {k}) or null")
+
+    @property
+    def traced_methods(self) -> List[str]:
+        r"""The methods run from each corrupted start (those of
+        ``traced_shares``), in the order of :attr:`methods`."""
+        traced = {m for by_method in self.traced_shares.values() for m in by_method}
+        return [m for m in self.methods if m in traced]
 
     def recovery(self, corruption: str) -> np.ndarray:
         r"""``(N, k)`` recoveries ``r(L)`` under ``corruption`` (NaN where not
@@ -595,6 +649,8 @@ class RestorationResult(JsonDocument, Viewable):
             "averaged over tokens. Intervals: BCa bootstrap over tokens, "
             f"{s['n_bootstrap']} resamples.",
         ]
+        lines += _traced_lines(self)
+        lines += _cost_lines(self)
         return "\n".join(lines)
 
     def _most_frequent(self, onsets: np.ndarray) -> str:
@@ -640,6 +696,8 @@ class RestorationResult(JsonDocument, Viewable):
                 summary=_nulls(self.summary),
                 settings=self.settings,
                 rules=_nulls(self.rules),
+                traced_shares=_nulls(self.traced_shares),
+                traced_onsets=_nulls(self.traced_onsets),
             )
         )
 
@@ -711,6 +769,8 @@ def _rules_table(result: "RestorationResult") -> List[str]:
         )
         for method in result.methods:
             for rule, rows in by_rule.items():
+                if method not in rows:  # a traced method: its onset has no rules
+                    continue
                 cells = [_onset_cell(rows[method], m) for m in _RULE_METRICS]
                 lines.append(
                     f"{method:<20}{rule:<10}" + "".join(f"{c:<26}" for c in cells)
@@ -726,6 +786,61 @@ def _rules_table(result: "RestorationResult") -> List[str]:
             + (rule or f"none is on every corruption; the onsets above keep {kept}"),
         ]
     return lines
+
+
+def _traced_lines(result: "RestorationResult") -> List[str]:
+    """What a traced method's onset is, where one ran."""
+    if not result.traced_methods:
+        return []
+    threshold = result.settings["recovery_threshold"]
+    return [
+        f"{', '.join(result.traced_methods)}: run from each corrupted start of "
+        "each fact; onset: the first block where the share of the clean effect "
+        "reached through the attributed position (pooled over the noise draws) "
+        f"reaches {threshold}, as the causal onset's recovery does."
+    ]
+
+
+def _cost_lines(result: "RestorationResult") -> List[str]:
+    """The study's cost: the IG-Lens pass with the methods run on it, each
+    corruption's restoration and each traced method's runs beside it."""
+    parts = result.settings.get("seconds_by_part")
+    if not parts:  # files written before the parts were timed
+        return []
+    restored = ", ".join(f"{c} {parts[c]:.1f} s" for c in result.corruptions)
+    lines = [
+        "",
+        f"cost: {result.settings['seconds']:.1f} s; IG-Lens and the methods on "
+        f"its pass {parts['lens']:.1f} s; restoration: {restored}",
+    ]
+    steps = result.settings.get("flow_steps")
+    for m, by_corruption in result.settings.get("traced_runs", {}).items():
+        cells = [
+            f"{c} {run['seconds']:.1f} s, {run['runs']} runs "
+            f"({run['seconds'] / max(parts[c], 1e-9):.1f}× restoration)"
+            for c, run in by_corruption.items()
+        ]
+        lines.append(f"  {m} (n_steps={steps}): " + "; ".join(cells))
+    return lines
+
+
+def _shape(result: "RestorationResult", name: str) -> Optional[Tuple[int, ...]]:
+    """The shape of the array at the dotted ``name`` of ``result``, or None
+    where there is none."""
+    first, *keys = name.split(".")
+    value = getattr(result, first)
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return None if value is None else np.shape(value)
+
+
+def _leaves(tree: Dict[str, Any], at: str) -> Dict[str, np.ndarray]:
+    """The arrays of a nested dict by their dotted names under ``at``."""
+    out: Dict[str, np.ndarray] = {}
+    for key, value in tree.items():
+        name = f"{at}.{key}"
+        out.update(_leaves(value, name) if isinstance(value, dict) else {name: value})
+    return out
 
 
 def _nulls(value: Any) -> Any:

@@ -28,6 +28,7 @@ from captum_iglens.studies.methods.registry import (
     LEARNED_METHODS,
     METHODS,
     SCORED_METHODS,
+    TRACED_METHODS,
 )
 from captum_iglens.studies.methods.runners import Work, default_baseline_token
 from captum_iglens.studies.validation.scoring import (
@@ -49,6 +50,7 @@ def check_arguments(
     study: StudyOptions,
     what: str,
     learned: bool = False,
+    traced: bool = False,
 ) -> Tuple[Settings, List[str]]:
     r"""
     The checks both studies make.
@@ -63,6 +65,9 @@ def check_arguments(
         what (str): Why the settings must be per block and for the answer.
         learned (bool, optional): A learned readout is given, so the methods of
                     :data:`LEARNED_METHODS` may be asked for too. Default: False
+        traced (bool, optional): The study traces corruptions (restoration),
+                    so the methods of :data:`TRACED_METHODS` may be asked for
+                    too. Default: False
 
     Returns:
         2-element tuple of the settings and the methods without repeats.
@@ -77,11 +82,18 @@ def check_arguments(
         )
     if not isinstance(study, StudyOptions):
         raise TypeError(f"study: expected a StudyOptions, got {type(study).__name__}")
-    known = SCORED_METHODS + (LEARNED_METHODS if learned else ())
+    known = (
+        SCORED_METHODS
+        + (LEARNED_METHODS if learned else ())
+        + (TRACED_METHODS if traced else ())
+    )
     unknown = [m for m in methods if m not in known]
     if unknown or not methods or isinstance(methods, str):
         needs = [m for m in unknown if m in LEARNED_METHODS]
         hint = f" ({', '.join(needs)} need a fitted lens: lens=)" if needs else ""
+        restoration = [m for m in unknown if m in TRACED_METHODS]
+        if restoration:
+            hint += f" ({', '.join(restoration)}: only run_restoration runs them)"
         raise ValueError(
             f"methods: expected names from {list(known)}, got {methods!r}{hint}"
         )

@@ -950,12 +950,15 @@
       trajBody.className = '';
       add(trajBody, h('div', null, fact.prompt + ' → ' + visible(fact.token)));
       var series = [{ cls: 'share', values: fact.share, name: 'IG-Lens share' }];
+      var traced = t && t.shares ? Object.keys(t.shares) : [];
+      traced.forEach(function (m) { series.push({ cls: 'traced', values: t.shares[m], name: m + ' share' }); });
       if (t) series.unshift({ cls: 'recovery', values: t.recovery, name: 'recovery, ' + state.corruption });
       add(trajBody, chart({ labels: d.layers, series: series }));
       var onset = function (j) { return j === null || j === undefined ? 'none' : d.layers[j]; };
       add(trajBody, h('div', 'hint', t
         ? 'p_clean = ' + fmt(t.clean) + ', p_corrupt = ' + fmt(t.corrupt) + '; causal onset: ' + onset(t.onset) +
-          ', IG-Lens onset: ' + onset(fact.onsets.ig_lens)
+          ', IG-Lens onset: ' + onset(fact.onsets.ig_lens) +
+          traced.map(function (m) { return ', ' + m + ' onset: ' + onset(t.onsets[m]); }).join('')
         : 'not traced under ' + state.corruption + '; IG-Lens onset: ' + onset(fact.onsets.ig_lens)));
     }
     main.addEventListener('mouseover', function (ev) {

@@ -12,7 +12,7 @@ from captum_iglens.studies.comparison import (
     SOURCE_METHODS,
     compare,
 )
-from captum_iglens.studies.methods.registry import outcome
+from captum_iglens.studies.methods.registry import TRACED_METHODS, outcome
 from captum_iglens.studies.methods.runners import Work
 from captum_iglens.studies.validation.scoring import study_work
 from tests.helpers import left_padded
@@ -61,7 +61,11 @@ def test_both_studies_list_methods_from_the_one_registry():
     )
     assert all(m.run is not None for n, m in METHODS.items() if m.compared)
     assert [n for n, m in METHODS.items() if m.costly] == ["layer_conductance"]
-    assert [n for n, m in METHODS.items() if m.run is None] == ["random"]
+    assert [n for n, m in METHODS.items() if m.run is None and m.trace is None] == [
+        "random"
+    ]
+    assert TRACED_METHODS == ("ig_lens_flow",)
+    assert not any(METHODS[n].scored or METHODS[n].compared for n in TRACED_METHODS)
     assert [n for n, m in METHODS.items() if m.why_not() is not None] == []
 
 

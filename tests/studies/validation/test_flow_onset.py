@@ -1,6 +1,8 @@
 """The flow's onset on a restoration study's facts (``ig_lens_flow``), checked
 against flows and statistics computed here."""
 
+import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -11,8 +13,10 @@ from scipy.stats import spearmanr
 from captum_iglens.attr.flow import ProbabilityFlow
 from captum_iglens.studies.validation import (
     Fact,
+    RestorationResult,
     StudyOptions,
     run_restoration,
+    run_validation,
 )
 from captum_iglens.studies.validation import facts as facts_module
 from captum_iglens.studies.validation.flow_onset import FLOW_METHOD, flow_onsets
@@ -97,9 +101,59 @@ def test_flow_onsets_by_hand(llama4, study):
         ]
         assert row["gain_spearman"]["mean"] == pytest.approx(np.mean(gains))
     assert found.settings["graphs"] == {"noise": 8, "counterfactual": 4}
-    table = found.format_table(result)
-    assert FLOW_METHOD in table and "dla" in table and "[noise]" in table
-    assert "gain_spearman" in table
+
+
+def test_the_study_runs_the_flow_as_flow_onsets_does(llama4, study, tmp_path):
+    """ig_lens_flow as a method of the study gives the shares, onsets and
+    agreement that flow_onsets gives on the study's result after the fact."""
+    tokenizer, result = study
+    found = flow_onsets(llama4, tokenizer, result, n_steps=4)
+    options = StudyOptions(n_bootstrap=50, min_effect=1e-9, noise_seeds=2)
+    ran = run_restoration(
+        llama4,
+        tokenizer,
+        result.facts,
+        methods=("ig_lens", "dla", FLOW_METHOD),
+        study=replace(options, flow_steps=4),
+        progress=False,
+    )
+    assert ran.methods == ["ig_lens", "dla", FLOW_METHOD]
+    assert np.array_equal(ran.probs["noise"], result.probs["noise"], equal_nan=True)
+    for c in result.corruptions:
+        shares = ran.traced_shares[c][FLOW_METHOD]
+        assert np.allclose(shares, found.shares[c], atol=1e-12, equal_nan=True)
+        onsets = ran.traced_onsets[c][FLOW_METHOD]
+        assert np.array_equal(onsets, found.onsets[c], equal_nan=True)
+        same = json.dumps  # NaN (an undefined interval) equal to itself
+        assert same(ran.summary[c]["all"][FLOW_METHOD]) == same(found.summary[c])
+        assert same(ran.summary[c]["all"]["dla"]) == same(
+            result.summary[c]["all"]["dla"]
+        )
+        assert FLOW_METHOD not in ran.rules[c]["abs"]  # no onset rules
+    runs = ran.settings["traced_runs"][FLOW_METHOD]
+    assert {c: r["runs"] for c, r in runs.items()} == found.settings["graphs"]
+    table = ran.format_table()
+    assert re.search(rf"^{FLOW_METHOD} +4 ", table, re.M)
+    assert f"{FLOW_METHOD} (n_steps=4): noise" in table
+    ran.save(tmp_path / "r.json")
+    loaded = RestorationResult.load(tmp_path / "r.json")
+    assert np.array_equal(
+        loaded.traced_onsets["noise"][FLOW_METHOD],
+        ran.traced_onsets["noise"][FLOW_METHOD],
+        equal_nan=True,
+    )
+    assert loaded.format_table() == table
+    fig, axes = ran.plot(corruption="counterfactual")
+    labels = axes["example 0"].get_legend_handles_labels()[1]
+    assert f"{FLOW_METHOD}: share" in labels
+
+
+def test_the_ablation_study_refuses_the_flow(llama4, study):
+    tokenizer, result = study
+    with pytest.raises(ValueError, match="only run_restoration runs them"):
+        run_validation(
+            llama4, tokenizer, result.facts, methods=("ig_lens", FLOW_METHOD)
+        )
 
 
 def test_flow_onsets_refuse_a_result_of_another_model(llama4, study):
