@@ -9,7 +9,8 @@ import pexpect
 import pytest
 
 from captum_iglens import IGLensResult
-from tests.helpers import word_tokenizer
+from captum_iglens.attr.flow.graph import FlowGraph
+from tests.helpers import hook_snapshot, word_tokenizer
 
 PROMPT = "iglens> "
 LEGEND = "lens@top: last readout; onset"
@@ -130,6 +131,98 @@ def test_no_result_to_write_yet(tiny_folder, tmp_path):
     shell.sendline(":quit")
     _finish(shell)
     assert not (tmp_path / "x.html").exists()
+
+
+def test_graph_of_the_last_prompt_and_its_files(tiny_folder, tmp_path):
+    shell = _spawn(tmp_path, "--model", tiny_folder, "--no-chat")
+    shell.sendline("w5 w6")
+    shell.expect_exact(LEGEND)
+    shell.expect_exact(PROMPT)
+    shell.sendline(":graph  w5 w7 ")
+    shell.expect(r"Δm = ([0-9.e+-]+)")
+    shell.expect(r"edge +flow +share")
+    shell.expect(r"completeness: \|Σ F\(u->logits\) - Δm\| = ([0-9.e+-]+)")
+    assert float(shell.match.group(1)) <= 1e-6
+    shell.expect_exact(PROMPT)
+    saved, page, table = (tmp_path / name for name in ("g.json", "g.html", "g.csv"))
+    for kind, path in (("json", saved), ("html", page), ("csv", table)):
+        shell.sendline(f":{kind} {path}")
+        shell.expect_exact(f"wrote {path}")
+    shell.sendline(f":png {tmp_path / 'g.png'}")
+    shell.expect_exact("error: :png: the last result is a graph")
+    shell.sendline(':json ""')
+    shell.expect_exact("error: --json: the path is empty")
+    shell.sendline(":set target-kind kl")
+    shell.expect_exact("error: --target-kind: invalid choice: 'kl'")
+    shell.sendline(":set foil w9")
+    shell.expect_exact(PROMPT)
+    shell.sendline(":graph w5 w7")
+    shell.expect_exact("error: --foil: --target-kind 'prob' takes no foil")
+    shell.sendline(":set target-kind logit_diff")
+    shell.expect_exact(PROMPT)
+    shell.sendline(":set qkv on")
+    shell.expect_exact(PROMPT)
+    shell.sendline(":graph w5 w7")
+    shell.expect_exact("completeness: |Σ F(u->logits) - Δm|")
+    shell.expect_exact(PROMPT)
+    with_qkv = tmp_path / "qkv.json"
+    shell.sendline(f":json {with_qkv}")
+    shell.expect_exact(f"wrote {with_qkv}")
+    shell.sendline(":quit")
+    _finish(shell)
+
+    graph = FlowGraph.load(saved)
+    assert graph.counterfactual["kind"] == "prompt"
+    assert graph.completeness_error < 1e-6
+    assert sum(
+        flow for edge, flow in graph.edge_scores().items() if edge.endswith("->logits")
+    ) == pytest.approx(graph.delta_m, abs=1e-6)
+    assert not any("<q>" in edge for edge in graph.edges)
+    assert page.read_text().startswith("<!DOCTYPE html>")
+    assert table.read_text().splitlines()[0] == "edge,sender,receiver,flow,share"
+    contrast = FlowGraph.load(with_qkv)
+    assert contrast.settings["target_kind"] == "logit_diff"
+    assert contrast.completeness_error < 1e-6
+    assert any("<q>" in edge for edge in contrast.edges)
+
+
+def test_graph_errors_are_one_line_and_the_session_goes_on(tiny_folder, tmp_path):
+    shell = _spawn(tmp_path, "--model", tiny_folder, "--no-chat")
+    shell.sendline(":graph w5 w7")
+    shell.expect_exact("error: :graph: no prompt yet; type a prompt first")
+    shell.sendline("w5 w6")
+    shell.expect_exact(LEGEND)
+    shell.expect_exact(PROMPT)
+    shell.sendline(":graph")
+    shell.expect_exact("error: :graph: expected the counterfactual prompt")
+    shell.sendline(":graph w5 w6 w7")
+    shell.expect(r"error: --counterfactual: (\d+) tokens, but the prompt has (\d+)")
+    assert int(shell.match.group(1)) == int(shell.match.group(2)) + 1
+    shell.expect_exact(PROMPT)
+    shell.sendline(":graph it's w7")  # a quote is text, not shell syntax
+    shell.expect_exact("error: --counterfactual:")
+    shell.expect_exact(PROMPT)
+    shell.sendline(":graph w5 w7")
+    shell.expect_exact("completeness: |Σ F(u->logits) - Δm|")
+    shell.expect_exact(PROMPT)
+    shell.sendline(":quit")
+    rest = _finish(shell)
+    assert "error" not in rest
+
+
+def test_graph_leaves_no_hook_on_the_model(tiny_folder, capsys):
+    from captum_iglens.cli import build_parser
+    from captum_iglens.cli.shell import Session
+
+    args = build_parser().parse_args(["shell", "--model", tiny_folder, "--no-chat"])
+    session = Session(args)
+    session.handle("w5 w6")
+    session.handle(":set qkv on")
+    session.handle(":graph w5 w7")
+    assert "completeness: |Σ F(u->logits) - Δm|" in capsys.readouterr().out
+    assert isinstance(session.last, FlowGraph)
+    for name, hooks in hook_snapshot(session.parts.model).items():
+        assert not any(hooks), name
 
 
 @pytest.mark.real_model

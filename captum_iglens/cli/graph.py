@@ -4,6 +4,7 @@ change of the target (see
 :class:`~captum_iglens.attr.flow.ProbabilityFlow`)."""
 
 import argparse
+from typing import TYPE_CHECKING, Any, Callable
 
 from captum_iglens.cli.common import (
     CommandError,
@@ -28,6 +29,9 @@ from captum_iglens.attr.flow.options import (
 )
 from captum_iglens.graph.target import TARGETS, check_foil
 
+if TYPE_CHECKING:  # imported when the graph is computed, after the checks
+    from captum_iglens.attr.flow.graph import FlowGraph
+
 
 def _share(text: str) -> float:
     try:
@@ -43,7 +47,7 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     r"""Adds the subcommand ``name`` to ``commands``."""
     graph = commands.add_parser(
         name,
-        parents=[prompt_parent(), model_parent()],
+        parents=[prompt_parent(), model_parent(), graph_options_parent()],
         help="probability flow: edges between embeddings, heads and MLPs that add "
         "up exactly to the change of the target",
         description="The probability flow from a counterfactual prompt of the same "
@@ -51,6 +55,58 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         "the prompt: edge credits that add up "
         "exactly to the change of the target, conserved at every node.",
     )
+    _add_options(graph)
+    graph.set_defaults(prepare=prepare)
+
+
+def graph_options_parent() -> argparse.ArgumentParser:
+    r"""The options of the graph that ``shell`` takes too, for its ``:graph``:
+    the target's kind and the receivers (``--foil`` is the main job's there)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--target-kind",
+        choices=TARGETS,
+        default="prob",
+        help="p(y), p(y) - p(foil) or logit(y) - logit(foil) (default: prob)",
+    )
+    parent.add_argument(
+        "--qkv",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="queries, keys and values as separate receivers (a0.h1<q>, ...)",
+    )
+    return parent
+
+
+def graph_args(**values: Any) -> argparse.Namespace:
+    r"""
+    ``graph``'s options at their defaults, with ``values`` in their place: the
+    options of a graph computed without ``graph``'s command line (``shell``'s
+    ``:graph``), checked by :func:`check_options` as the command's are.
+
+    Args:
+
+        **values (Any): Options by their destination, e.g. ``prompt="..."``,
+                    ``counterfactual="..."``, ``qkv=True``.
+
+    Returns:
+        *argparse.Namespace*.
+    """
+    parser = argparse.ArgumentParser(
+        add_help=False,
+        parents=[prompt_parent(), model_parent(), graph_options_parent()],
+    )
+    _add_options(parser)
+    args = parser.parse_args([])
+    unknown = set(values) - set(vars(args))
+    if unknown:
+        raise TypeError(f"graph_args: not options of graph: {sorted(unknown)}")
+    return argparse.Namespace(**{**vars(args), **values})
+
+
+def _add_options(graph: argparse.ArgumentParser) -> None:
+    """``graph``'s own options, beyond the prompt, the model and
+    :func:`graph_options_parent`."""
     _add_start(graph)
     graph.add_argument(
         "--target",
@@ -62,12 +118,6 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         metavar="TEXT",
         help="the foil token of the "
         "differences (default: the counterfactual's prediction)",
-    )
-    graph.add_argument(
-        "--target-kind",
-        choices=TARGETS,
-        default="prob",
-        help="p(y), p(y) - p(foil) or logit(y) - logit(foil) (default: prob)",
     )
     graph.add_argument(
         "--position",
@@ -88,11 +138,6 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         help="the exact estimator, or the plain first-order terms (default: exact)",
     )
     graph.add_argument(
-        "--qkv",
-        action="store_true",
-        help="queries, keys and values as separate receivers (a0.h1<q>, ...)",
-    )
-    graph.add_argument(
         "--per-position",
         action="store_true",
         help="keep each edge's flow per sender position (in --json)",
@@ -110,7 +155,6 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         "point may exceed it)",
     )
     _add_outputs(graph)
-    graph.set_defaults(prepare=prepare)
 
 
 def _add_start(graph: argparse.ArgumentParser) -> None:
@@ -182,8 +226,9 @@ def _add_outputs(graph: argparse.ArgumentParser) -> None:
     )
 
 
-def _check(args: argparse.Namespace) -> str:
-    """Every option that can be checked without the model."""
+def check_options(args: argparse.Namespace) -> str:
+    r"""Every option of ``graph`` that can be checked without the model; the
+    prompt, stripped. A bad option raises :class:`CommandError`."""
     prompt = read_prompt(args)
     if args.counterfactual is not None:
         if not args.counterfactual.strip():
@@ -279,12 +324,52 @@ def _as_options(message: str) -> str:
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks every option, loads the model; the job computes the graph,
     prints its largest edges and writes the outputs."""
-    prompt = _check(args)  # before torch is imported: input errors answer at once
+    prompt = check_options(args)  # before torch: input errors answer at once
+    model, tokenizer = load_model_of(args)
+    compute = plan_graph(model, tokenizer, prompt, args)
+
+    def job() -> int:
+        graph = compute()
+        kept = graph if args.keep is None else graph.prune(args.keep)
+        if args.json:
+            kept.save(args.json)
+        if args.csv:
+            kept.to_csv(args.csv)
+        if args.pairs_csv:
+            kept.to_csv(args.pairs_csv, pairs=True)
+        if args.eap_json:
+            kept.to_eap_json(args.eap_json, score=args.eap_score)
+        if args.html:
+            kept.to_html(args.html)
+        return 0
+
+    return job
+
+
+def plan_graph(
+    model: Any, tokenizer: Any, prompt: str, args: argparse.Namespace
+) -> Callable[[], "FlowGraph"]:
+    r"""
+    The graph of ``graph``'s options on a loaded model, planned: every argument
+    is checked against the model and the budget now (a bad one raises
+    :class:`CommandError`, named as its option), and the function returned
+    computes the graph and prints its ``--top`` largest edges.
+
+    Args:
+
+        model (nn.Module or ModelParts): The model.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
+        prompt (str): The prompt, from :func:`check_options`.
+        args (argparse.Namespace): ``graph``'s options, checked by
+                    :func:`check_options`.
+
+    Returns:
+        *Callable[[], FlowGraph]*: The graph's computation.
+    """
     from captum_iglens.attr.flow import ProbabilityFlow
 
-    model, tokenizer = load_model_of(args)
     flow = ProbabilityFlow(model, tokenizer)
-    try:  # every argument against the model and the budget, before the job
+    try:
         plan = flow.plan(
             prompt,
             # stripped as the prompt is, so that equal prompts have equal lengths
@@ -307,20 +392,9 @@ def prepare(args: argparse.Namespace) -> Job:
     except (ValueError, TypeError) as error:
         raise CommandError(_as_options(str(error))) from None
 
-    def job() -> int:
+    def compute() -> "FlowGraph":
         graph = flow.run(plan)
         print(graph.format_table(args.top))
-        kept = graph if args.keep is None else graph.prune(args.keep)
-        if args.json:
-            kept.save(args.json)
-        if args.csv:
-            kept.to_csv(args.csv)
-        if args.pairs_csv:
-            kept.to_csv(args.pairs_csv, pairs=True)
-        if args.eap_json:
-            kept.to_eap_json(args.eap_json, score=args.eap_score)
-        if args.html:
-            kept.to_html(args.html)
-        return 0
+        return graph
 
-    return job
+    return compute

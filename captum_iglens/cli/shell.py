@@ -8,11 +8,15 @@ or writes the last result:
     iglens> What is the capital of France?
     iglens> :set granularity head
     iglens> :html out.html
+    iglens> :graph What is the capital of Italy?
+    iglens> :json graph.json
 
 The session takes the main job's options (:mod:`~captum_iglens.cli.attribute`),
-checked as the main job checks them; the model's options are fixed when it
-starts. It ends on ``:quit``, end of input (Ctrl-D) or Ctrl-C at the prompt; a
-Ctrl-C while a prompt is being worked on abandons that prompt only.
+and ``graph``'s ``--target-kind`` and ``--qkv`` for ``:graph``
+(:mod:`~captum_iglens.cli.graph`), checked as those commands check them; the
+model's options are fixed when it starts. It ends on ``:quit``, end of input
+(Ctrl-D) or Ctrl-C at the prompt; a Ctrl-C while a prompt or a graph is being
+worked on abandons that one only.
 """
 
 import argparse
@@ -43,19 +47,51 @@ from captum_iglens.cli.common import (
     option_first,
     settings_parent,
 )
+from captum_iglens.cli.graph import (
+    check_options as check_graph_options,
+    graph_args,
+    graph_options_parent,
+    plan_graph,
+)
 
 PROMPT = "iglens> "
 #: The files the last result can be written to, by command (``:html PATH``).
 OUTPUTS = ("json", "csv", "png", "html")
+#: The :class:`~captum_iglens.attr.flow.graph.FlowGraph` method that writes
+#: each file a graph can be written to.
+GRAPH_WRITERS = {"json": "save", "csv": "to_csv", "html": "to_html"}
+#: The session's options that ``:graph`` passes on to ``graph``'s: the model's,
+#: the budget's, the target's and the receivers'.
+GRAPH_OPTIONS = (
+    "model",
+    "device",
+    "device_map",
+    "dtype",
+    "trust_remote_code",
+    "quiet",
+    "internal_batch_size",
+    "max_chunk_mib",
+    "target_kind",
+    "foil",
+    "qkv",
+)
 COMMANDS = f"""\
 commands (anything else is a prompt):
+  :graph COUNTERFACTUAL
+                      the probability flow graph of the last prompt (as typed,
+                      without the chat template) from COUNTERFACTUAL, a prompt
+                      of the same token length, as captum-iglens graph computes
+                      it; it takes :set target-kind prob|prob_diff|logit_diff,
+                      :set foil TEXT and :set qkv on|off
   :set OPTION VALUE   one of the main job's options, as on the command line:
                       :set granularity head, :set layers 0,10,20, :set top-k 5,
                       :set chat off, :set foil ' Lyon'
   :unset OPTION       the option back to its default, e.g. :unset foil
   :show               every option and its value
   {" ".join(":" + name for name in OUTPUTS)} PATH
-                      write the last result (the viewer, for :html)
+                      write the last result, the map of the last prompt or the
+                      last :graph, whichever came last (the viewer, for :html;
+                      a graph has no :png)
   :help               this list
   :quit               end the session (also Ctrl-D, or Ctrl-C at the prompt)"""
 
@@ -64,13 +100,19 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
     r"""Adds the subcommand ``name`` to ``commands``."""
     shell = commands.add_parser(
         name,
-        parents=[settings_parent(), model_parent(), options_parent()],
+        parents=[
+            settings_parent(),
+            model_parent(),
+            options_parent(),
+            graph_options_parent(),
+        ],
         help="an interactive session: load the model once, then type prompts",
         description="An interactive session: the model is loaded once, then "
         "each line typed is a prompt, answered and attributed as the main job "
         "does. The options are the main job's; in the session, ':set OPTION "
-        "VALUE' changes one (':set granularity head') and ':html PATH' writes "
-        "the last result's viewer.",
+        "VALUE' changes one (':set granularity head'), ':graph COUNTERFACTUAL' "
+        "computes the last prompt's flow graph and ':html PATH' writes the last "
+        "result's viewer.",
         epilog=COMMANDS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -104,7 +146,7 @@ class Session:
         self.options = _OptionParser(
             prog=":set",
             add_help=False,
-            parents=[settings_parent(), options_parent()],
+            parents=[settings_parent(), options_parent(), graph_options_parent()],
         )
         self.fixed = {
             option.lstrip("-")
@@ -114,6 +156,7 @@ class Session:
         settings, _ = check_options(args)
         self.args = args
         self.parts, self.tokenizer = load(args, settings)
+        self.prompt: Optional[str] = None
         self.last: Optional[Any] = None
         self._readouts: Dict[Tuple[str, int], Any] = {}
 
@@ -151,6 +194,9 @@ class Session:
             self.attribute(line)
             return True
         command, _, rest = line[1:].partition(" ")
+        if command == "graph":  # the rest is a prompt, quotes and all
+            self.graph(rest.strip())
+            return True
         words = shlex.split(rest)
         if command in ("quit", "q", "exit"):
             return False
@@ -169,8 +215,10 @@ class Session:
         return True
 
     def attribute(self, prompt: str) -> None:
-        r"""Answers, attributes and prints ``prompt`` under the current options."""
+        r"""Answers, attributes and prints ``prompt`` under the current options;
+        ``prompt`` is the one ``:graph`` reads from then on."""
         settings, folder = check_options(self.args)
+        self.prompt = prompt
         key = (str(folder), settings.max_chunk_bytes)
         if key not in self._readouts:
             self._readouts[key] = lens_readout(
@@ -195,6 +243,27 @@ class Session:
             report(*maps, self.args)
             print(stages.summary())
             self.last = maps[0]
+
+    def graph(self, counterfactual: str) -> None:
+        r"""``:graph COUNTERFACTUAL``: the flow graph of the last prompt, computed
+        and printed as ``graph`` does, with the session's ``--target-kind``,
+        ``--foil`` and ``--qkv`` and ``graph``'s defaults for the rest."""
+        if not counterfactual:
+            raise CommandError(
+                ":graph: expected the counterfactual prompt, of the last prompt's "
+                "token length: :graph COUNTERFACTUAL"
+            )
+        if self.prompt is None:
+            raise CommandError(
+                ":graph: no prompt yet; type a prompt first, then :graph COUNTERFACTUAL"
+            )
+        args = graph_args(
+            prompt=self.prompt,
+            counterfactual=counterfactual,
+            **{name: getattr(self.args, name) for name in GRAPH_OPTIONS},
+        )
+        prompt = check_graph_options(args)
+        self.last = plan_graph(self.parts, self.tokenizer, prompt, args)()
 
     def set(self, words: List[str]) -> None:
         r"""``:set OPTION VALUE...`` (or ``:set --option VALUE ...``)."""
@@ -237,11 +306,20 @@ class Session:
             raise CommandError(f":{kind}: expected one path, e.g. :{kind} out.{kind}")
         if self.last is None:
             raise CommandError(f":{kind}: no result yet; type a prompt first")
+        graph = _is_graph(self.last)
+        if graph and kind not in GRAPH_WRITERS:
+            raise CommandError(
+                f":{kind}: the last result is a graph, written by "
+                f"{', '.join(':' + name for name in GRAPH_WRITERS)}"
+            )
         target = copy.copy(self.args)
         for name in OUTPUTS:
             setattr(target, name, words[0] if name == kind else None)
         check_outputs(target, kind)
-        write_files(self.last, target)
+        if graph:
+            getattr(self.last, GRAPH_WRITERS[kind])(words[0])
+        else:
+            write_files(self.last, target)
         print(f"wrote {words[0]}")
 
     def _apply(self, changed: argparse.Namespace) -> None:
@@ -261,6 +339,14 @@ class Session:
 
     def _is_switch(self, name: str) -> bool:
         return isinstance(self._action(name), argparse.BooleanOptionalAction)
+
+
+def _is_graph(result: Any) -> bool:
+    """Whether ``result`` is a flow graph (else a map); imports torch, which a
+    result has loaded already."""
+    from captum_iglens.attr.flow.graph import FlowGraph
+
+    return isinstance(result, FlowGraph)
 
 
 def _start_history() -> Optional[Path]:
