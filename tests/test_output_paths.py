@@ -74,6 +74,13 @@ def test_an_output_may_not_be_an_input_or_inside_an_input_folder(tmp_path):
     with pytest.raises(ValueError, match="a file in the folder of --model"):
         check_not_input(model / "config.json", "--html", inputs)
     check_not_input(model / "new.html", "--html", inputs)  # replaces nothing
+    (model / "old.html").write_text("<html>")  # an earlier run's page
+    check_not_input(model / "old.html", "--html", inputs)
+    (model / "old.json").write_text('{"kind": "iglens_result", "format": 1}')
+    check_not_input(model / "old.json", "--json", inputs)
+    (model / "tokenizer.json").write_text('{"version": "1.0"}')
+    with pytest.raises(ValueError, match="not one this package wrote"):
+        check_not_input(model / "tokenizer.json", "--json", inputs)
     check_not_input(tmp_path / "out.json", "--json", inputs)
     records = {"--out": str(model)}
     with pytest.raises(ValueError, match="inside --out .*keeps its records"):

@@ -63,11 +63,12 @@ def check_not_input(
 ) -> None:
     r"""
     Refuses an output that would replace one of the run's inputs: the same
-    file as an input file, a file that exists inside an input folder (a model's
-    config, a lens's weights), or any path inside an input folder the run also
-    writes (a resumed run's records). Paths are compared as real paths, so a
-    link and its target are one file; inputs that do not exist as paths (an
-    embedded model's name, say) are skipped.
+    file as an input file, a file that exists inside an input folder and is not
+    an earlier output (a model's config, a lens's weights; a page, a table, a
+    picture or a result file is replaced), or any path inside an input folder
+    the run also writes (a resumed run's records). Paths are compared as real
+    paths, so a link and its target are one file; inputs that do not exist as
+    paths (an embedded model's name, say) are skipped.
 
     Args:
 
@@ -97,11 +98,26 @@ def check_not_input(
                     f"{what}: {path} is inside {name} ({given}), the folder the run "
                     "keeps its records in; give the output a path outside it"
                 )
-            if real.exists():
+            if real.exists() and not _an_output(real):
                 raise ValueError(
                     f"{what}: {path} is a file in the folder of {name} ({given}), "
-                    "which the run reads; give the output a path outside it"
+                    "which the run reads, and not one this package wrote; give the "
+                    "output a path outside it"
                 )
+
+
+#: The suffixes of outputs no model or lens loader reads.
+_PAGES = (".html", ".csv", ".png")
+
+
+def _an_output(path: Path) -> bool:
+    """Whether ``path`` is what an earlier run wrote (a page, a table, a
+    picture, or a result file, whose JSON starts with its ``kind``), so that
+    replacing it loses no input."""
+    if path.suffix.lower() in _PAGES:
+        return True
+    with open(path, "rb") as handle:
+        return handle.read(8) == b'{"kind":'
 
 
 def check_folder(path: PathLike, what: str) -> Path:
