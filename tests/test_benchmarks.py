@@ -203,7 +203,8 @@ def test_circuits_table_from_a_model_folder_and_a_task_file(tmp_path, tiny_folde
     per method, with a rank correlation per ground truth where it was run."""
     folder, pair = tiny_folder
     task = tmp_path / "mine.jsonl"
-    task.write_text((json.dumps(pair) + "\n") * 2, encoding="utf-8")
+    pairs = [pair, dict(pair, counterfactual="t9 t6 t7 t8")]
+    task.write_text("".join(json.dumps(p) + "\n" for p in pairs), encoding="utf-8")
     command = [sys.executable, str(ROOT / "benchmarks" / "circuits.py")]
     command += ["--models", str(folder), "--tasks", str(task), "--pairs", "2"]
     command += ["--methods", "eap,random,patching-nodes", "--out", str(tmp_path / "r")]

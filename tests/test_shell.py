@@ -179,7 +179,7 @@ def test_graph_of_the_last_prompt_and_its_files(tiny_folder, tmp_path):
     ) == pytest.approx(graph.delta_m, abs=1e-6)
     assert not any("<q>" in edge for edge in graph.edges)
     assert page.read_text().startswith("<!DOCTYPE html>")
-    assert table.read_text().splitlines()[0] == "edge,sender,receiver,flow,share"
+    assert table.read_text().splitlines()[0] == "edge,sender,receiver,flow,share,effect"
     contrast = FlowGraph.load(with_qkv)
     assert contrast.settings["target_kind"] == "logit_diff"
     assert contrast.completeness_error < 1e-6

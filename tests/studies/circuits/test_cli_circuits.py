@@ -96,7 +96,7 @@ def test_help_and_refusals_import_no_torch_and_answer_at_once(tmp_path, argv):
     assert ran.stdout.splitlines()[-1] == "[]"  # neither torch nor transformers
     assert seconds < 2.0
     if "--help" in argv:
-        assert "eap-ig-inputs[:STEPS, default 5]" in ran.stdout
+        assert "eap-ig-inputs[:STEPS, default 5]" in " ".join(ran.stdout.split())
         assert "ioi" in ran.stdout
 
 
