@@ -13,7 +13,8 @@ queries, keys and values separate) and the plain trapezoid terms against
 Captum's LayerIntegratedGradients on the embeddings (mean of its left and right
 Riemann sums at the same steps). ``convergence`` compares the exact estimator's
 edges at each step count with a many-step reference. ``cost`` times one graph
-of an IOI-sized prompt on SmolLM2 against its floor, ``n_steps + 1`` forward and
+of an IOI-sized prompt on SmolLM2 against its floor and against the same graph
+without the sums of each edge's own effect, ``n_steps + 1`` forward and
 backward passes of the model on the same points (the gradient of the target
 with respect to the embeddings, the same batching), the same graph split by
 receiver position against it, the graph from the mean embedding (where
@@ -48,7 +49,8 @@ import torch
 from captum.attr import LayerIntegratedGradients
 
 from captum_iglens.attr.flow import DEFAULT_STEPS, ProbabilityFlow
-from captum_iglens.attr.flow.engine import first_block_inputs
+from captum_iglens.attr.flow import engine
+from captum_iglens.attr.flow.engine import EffectSums, first_block_inputs
 from captum_iglens.graph.target import Target
 from captum_iglens.studies.circuits.batches import Batch
 from captum_iglens.studies.circuits.context import ScoringContext
@@ -184,6 +186,27 @@ def _eap_ig_inputs(model, ids, other, answer, n_steps):
     return partial(eap_ig_inputs, context)
 
 
+class _NoEffects(EffectSums):
+    """The walk without the sums of each edge's own effect (their cost only)."""
+
+    def start(self, prev, grad, n_receivers):
+        pass
+
+    def add(self, rows, rho):
+        pass
+
+    def effects(self, last, n_steps):
+        return None, None
+
+
+def _without_effects(run):
+    kept, engine.EffectSums = engine.EffectSums, _NoEffects
+    try:
+        return run()
+    finally:
+        engine.EffectSums = kept
+
+
 def cost(n_steps, batch, repeat):
     model, tok = load_embedded("smollm2", progress=False)
     flow = ProbabilityFlow(model, tok)
@@ -204,6 +227,7 @@ def cost(n_steps, batch, repeat):
     )
     runs = {
         "graph": partial(graph, counterfactual=IOI[1]),
+        "no-effects": partial(_without_effects, partial(graph, counterfactual=IOI[1])),
         "floor": partial(_floor, flow, ids, other, target, n_steps, batch),
         "pairs": partial(pair, receiver_positions=True),
         "mean": graph,  # from the mean embedding: every position moves
@@ -227,7 +251,9 @@ def cost(n_steps, batch, repeat):
         f"{t['mean']:.2f} s, ratio {t['mean'] / t['floor']:.2f}; with queries, "
         f"keys and values separate {t['qkv']:.2f} s against EAP-IG-inputs' "
         f"{t['eap-ig']:.2f} s ({n_steps} points, the same edges), ratio "
-        f"{t['qkv'] / t['eap-ig']:.2f}"
+        f"{t['qkv'] / t['eap-ig']:.2f}; each edge's own effect costs "
+        f"{t['graph'] / t['no-effects']:.3f} x the graph without it "
+        f"({t['no-effects']:.2f} s)"
     )
 
 

@@ -200,7 +200,7 @@ def flow_totals(
     assert stepper.totals is not None and prev is not None  # n_steps >= 1
     totals = _from_position(stepper.totals, first, length)
     totals.m = torch.cat(values)
-    totals.effects, totals.direct_effects = stepper.effects(prev, n_steps)
+    totals.effects, totals.direct_effects = stepper.effects.effects(prev, n_steps)
     return totals
 
 
@@ -269,23 +269,14 @@ class _Stepper:
         self.allowed = allowed(graph)
         self.bands = _bands(self.allowed, rows)
         self.totals: Optional[FlowTotals] = None
-        # for the edges' own effects: the first point's writes and the sums of
-        # the steps' mean gradients (over receiver positions), (R, T', d), (T', d)
-        self.start: Optional[Tensor] = None
-        self.rho_sum: Optional[Tensor] = None
-        self.grad_sum: Optional[Tensor] = None
+        self.effects = EffectSums(self.bands)
 
     def add(self, prev: PointState, cur: PointState, j: int) -> None:
         r"""Adds the step from ``prev`` (one point) to point ``j`` of ``cur``."""
         work = torch.promote_types(cur.writes.dtype, torch.float32)
         dz = cur.writes[j].to(work) - prev.writes[0].to(work)  # (S, T', d)
         grad = (cur.grad_final[j].to(work) + prev.grad_final[0].to(work)) / 2
-        if self.start is None:
-            self.start = prev.writes[0].to(work)
-            self.rho_sum = torch.zeros_like(cur.rho[j, :, 0], dtype=work)
-            self.grad_sum = torch.zeros_like(grad)
-        assert self.rho_sum is not None and self.grad_sum is not None
-        self.grad_sum += grad
+        self.effects.start(prev, grad, cur.rho.shape[1])
         direct = torch.einsum("td,std->st", grad, dz).double()
         (n_receivers, split), (n_senders, length, _) = cur.rho.shape[1:3], dz.shape
         sums = torch.zeros(n_receivers, n_senders, dtype=torch.float64)
@@ -302,7 +293,7 @@ class _Stepper:
         )
         for rows, read in self.bands:
             rho = (cur.rho[j, rows].to(work) + prev.rho[0, rows].to(work)) / 2
-            self.rho_sum[rows] += rho.sum(1)
+            self.effects.add(rows, rho)
             if kept is None:  # B = 1: one product over positions and width
                 product = rho.flatten(1) @ dz[:read].flatten(1).T  # (r, read)
                 sums[rows, :read] = product.double().cpu()
@@ -335,27 +326,6 @@ class _Stepper:
         )
         self._accumulate(step_totals)
 
-    def effects(self, last: PointState, n_steps: int) -> Tuple[Tensor, Tensor]:
-        r"""
-        Each edge's own effect to first order, from the walk's sums: the
-        sender's whole change from the first point to ``last`` times the
-        receiver's gradient averaged over the grid, ``Δz_u · mean_k ρ_w``
-        (EAP-IG's product form, on the flow's trapezoid grid).
-
-        Returns:
-            *(Tensor, Tensor)*: ``(R, S)`` and, into ``logits``, ``(S,)``,
-            float64 on the CPU.
-        """
-        assert self.start is not None and self.rho_sum is not None
-        assert self.grad_sum is not None
-        change = last.writes[0].to(self.start.dtype) - self.start  # (S, T', d)
-        edges = torch.zeros(self.rho_sum.shape[0], len(change), dtype=torch.float64)
-        for rows, read in self.bands:
-            mean = self.rho_sum[rows].flatten(1) / n_steps
-            edges[rows, :read] = (mean @ change[:read].flatten(1).T).double().cpu()
-        direct = torch.einsum("td,std->s", self.grad_sum / n_steps, change)
-        return edges, direct.double().cpu()
-
     def _accumulate(self, step: FlowTotals) -> None:
         if self.totals is None:
             self.totals = step
@@ -368,6 +338,62 @@ class _Stepper:
             total, part = getattr(totals, name), getattr(step, name)
             if total is not None:
                 total += part
+
+
+class EffectSums:
+    r"""
+    What the walk keeps for each edge's own effect to first order,
+    ``Δz_u · mean_k ρ_w`` (EAP-IG's product form on the flow's trapezoid
+    grid): the first point's writes and the sums of the steps' mean gradients,
+    ``(R, T', d)`` over receiver positions and ``(T', d)`` into ``logits``.
+
+    Args:
+        bands (list): The receivers' bands and the senders each reads
+                    (:func:`_bands`).
+    """
+
+    def __init__(self, bands: List[Tuple[slice, int]]) -> None:
+        self.bands = bands
+        self.first: Optional[Tensor] = None
+        self.rho: Optional[Tensor] = None
+        self.grad: Optional[Tensor] = None
+
+    def start(self, prev: PointState, grad: Tensor, n_receivers: int) -> None:
+        r"""Adds a step's mean final gradient ``grad`` ``(T', d)``; on the
+        first step, keeps ``prev``'s writes, the path's start."""
+        if self.first is None:
+            width = grad.shape[-1]
+            self.first = prev.writes[0].to(grad.dtype)
+            self.rho = grad.new_zeros(n_receivers, *self.first.shape[1:-1], width)
+            self.grad = torch.zeros_like(grad)
+        assert self.grad is not None
+        self.grad += grad
+
+    def add(self, rows: slice, rho: Tensor) -> None:
+        r"""Adds a band's mean receiver gradients ``(r, B, T', d)`` of a step,
+        summed over the receiver positions ``B``."""
+        assert self.rho is not None
+        self.rho[rows] += rho.sum(1)
+
+    def effects(self, last: PointState, n_steps: int) -> Tuple[Tensor, Tensor]:
+        r"""
+        Each edge's own effect: the sender's whole change from the first
+        point to ``last`` times the receiver's gradient averaged over the
+        ``n_steps`` steps.
+
+        Returns:
+            *(Tensor, Tensor)*: ``(R, S)`` and, into ``logits``, ``(S,)``,
+            float64 on the CPU.
+        """
+        assert self.first is not None and self.rho is not None
+        assert self.grad is not None
+        change = last.writes[0].to(self.first.dtype) - self.first  # (S, T', d)
+        edges = torch.zeros(self.rho.shape[0], len(change), dtype=torch.float64)
+        for rows, read in self.bands:
+            mean = self.rho[rows].flatten(1) / n_steps
+            edges[rows, :read] = (mean @ change[:read].flatten(1).T).double().cpu()
+        direct = torch.einsum("td,std->s", self.grad / n_steps, change)
+        return edges, direct.double().cpu()
 
 
 #: Bands the receivers' step terms are computed in (at most): a receiver
