@@ -3,8 +3,14 @@ link is written through, and no output replaces one of the run's inputs or anoth
 output, in the library and in every command, before the model loads."""
 
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+
+import captum_iglens
 
 from captum_iglens._utils.output_paths import check_not_input, check_writable
 from captum_iglens._utils.serialization import write_atomic
@@ -131,3 +137,37 @@ def test_circuits_refuses_outputs_that_would_replace_its_inputs(
         [*base, "--out", str(records), "--json", str(records / "c.json")],
         "inside --out",
     )
+
+
+_REFUSED = """
+import sys
+from captum_iglens.cli import main
+code = main(sys.argv[1:])
+print(sorted({"torch", "transformers"} & set(sys.modules)))
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["graph", PROMPT, "--json", "/dev/full"], "--json: /dev/full exists and is"),
+        (["graph", PROMPT, "--n-steps", "100000"], "--n-steps: expected at most"),
+        (["circuits", "--task", "ioi", "--html", "FIFO"], "--html: "),
+    ],
+)
+def test_output_and_step_refusals_answer_at_once_without_torch(tmp_path, argv, named):
+    os.mkfifo(tmp_path / "pipe.html")
+    argv = [str(tmp_path / "pipe.html") if a == "FIFO" else a for a in argv]
+    root = str(Path(captum_iglens.__file__).parents[1])
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    )
+    start = time.perf_counter()
+    ran = subprocess.run(
+        [sys.executable, "-c", _REFUSED, *argv], capture_output=True, text=True, env=env
+    )
+    assert time.perf_counter() - start < 2.0
+    assert ran.returncode == 2 and named in ran.stderr, ran.stderr
+    assert len(ran.stderr.strip().splitlines()) == 1
+    assert ran.stdout.splitlines()[-1] == "[]"  # neither torch nor transformers
