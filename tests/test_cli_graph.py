@@ -235,7 +235,8 @@ def test_receiver_positions_over_the_memory_are_refused(
 ):
     """Before the model loads where its config and tokenizer files can be read;
     else once it has loaded, before it runs."""
-    monkeypatch.setattr("captum_iglens.attr.flow.budget.free_memory", lambda: 2**20)
+    short = "captum_iglens.attr.flow.pair_memory.free_memory"
+    monkeypatch.setattr(short, lambda: 2**20)
     if model_files:
         monkeypatch.setattr("captum_iglens.hf.models.load_embedded", _no_model)
     else:

@@ -148,15 +148,23 @@ sys.exit(code)
 """
 
 
+_LONG = "word " * 3000
+
+
 @pytest.mark.parametrize(
     "argv, named",
     [
         (["graph", PROMPT, "--json", "/dev/full"], "--json: /dev/full exists and is"),
+        pytest.param(
+            ["graph", _LONG, "--receiver-positions"],
+            "--receiver-positions: the flows by sender and receiver position need",
+            marks=pytest.mark.real_model,  # the embedded model's tokenizer file
+        ),
         (["graph", PROMPT, "--n-steps", "100000"], "--n-steps: expected at most"),
         (["circuits", "--task", "ioi", "--html", "FIFO"], "--html: "),
     ],
 )
-def test_output_and_step_refusals_answer_at_once_without_torch(tmp_path, argv, named):
+def test_refusals_before_the_model_answer_at_once_without_torch(tmp_path, argv, named):
     os.mkfifo(tmp_path / "pipe.html")
     argv = [str(tmp_path / "pipe.html") if a == "FIFO" else a for a in argv]
     root = str(Path(captum_iglens.__file__).parents[1])

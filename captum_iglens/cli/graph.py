@@ -262,9 +262,9 @@ def check_options(args: argparse.Namespace) -> str:
             "receivers; add --qkv"
         )
     check_outputs(args, "json", "csv", "pairs_csv", "eap_json", "html")
+    _check_receiver_positions(args, prompt.strip())
     _device(args.device or "cpu")  # imports torch: after the checks that need none
     _device_map(args)
-    _check_receiver_positions(args, prompt.strip())
     return prompt.strip()
 
 
@@ -283,7 +283,7 @@ def _check_receiver_positions(args: argparse.Namespace, prompt: str) -> None:
     heads = config.get("num_attention_heads")
     if not (isinstance(blocks, int) and isinstance(heads, int)):
         return
-    from captum_iglens.attr.flow.budget import check_pair_memory
+    from captum_iglens.attr.flow.pair_memory import check_pair_memory
     from captum_iglens.graph.model_graph import model_graph
 
     length = len(tokenizer(prompt)["input_ids"])

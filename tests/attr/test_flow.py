@@ -311,7 +311,8 @@ def test_only_the_last_position_moves(models):
 
 
 def test_receiver_positions_refused_where_memory_is_short(models, monkeypatch):
-    monkeypatch.setattr("captum_iglens.attr.flow.budget.free_memory", lambda: 2**20)
+    short = "captum_iglens.attr.flow.pair_memory.free_memory"
+    monkeypatch.setattr(short, lambda: 2**20)
     flow = ProbabilityFlow(models["llama"])
     with pytest.raises(ValueError, match="receiver_positions: the flows by sender"):
         flow.attribute(IDS, counterfactual=OTHER, receiver_positions=True)

@@ -14,11 +14,11 @@ cannot run on less than one point.
 
 Split by receiver position, a point holds each receiver's gradient ``T`` times
 (one per position of its output) and the graph ``R × S × T × T`` flows: that
-is bounded by the memory the machine has available (:func:`check_pair_memory`),
-not by the budget, since it is the result.
+is bounded by the memory the machine has available
+(:func:`~captum_iglens.attr.flow.pair_memory.check_pair_memory`), not by the
+budget, since it is the result.
 """
 
-import os
 from typing import Optional
 
 from captum_iglens.attr._utils.block_parts import projection_weight
@@ -118,57 +118,3 @@ def receivers_at_once(
     """
     per_row = split * length * (2 * width * 4 + len(graph.senders) * (4 + 8))
     return max(1, budget // per_row)
-
-
-def pair_bytes(graph: ModelGraph, length: int) -> int:
-    r"""
-    Bytes of the flows split by sender and receiver position: the graph's
-    ``(R, S, T, T)`` float64 totals and one step's.
-
-    Returns:
-        *int*.
-    """
-    edges = (len(graph.receivers) - 1) * len(graph.senders)
-    return 2 * edges * length * length * 8
-
-
-def free_memory() -> Optional[int]:
-    """The bytes of memory available on this machine (Linux's
-    ``MemAvailable``, else the free pages), where the system says."""
-    try:
-        with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def check_pair_memory(graph: ModelGraph, length: int, held: int = 0) -> None:
-    r"""
-    Refuses a split by receiver position whose flows (:func:`pair_bytes`) and
-    ``held`` other bytes would not fit in the memory available
-    (:func:`free_memory`; not checked where the system does not say).
-
-    Args:
-        graph (ModelGraph): The graph's nodes.
-        length (int): The prompt's tokens ``T``.
-        held (int, optional): Bytes held beside them (the path points).
-                    Default: 0
-
-    Raises:
-        ValueError: Naming ``receiver_positions``.
-    """
-    needed = pair_bytes(graph, length) + held
-    free = free_memory()
-    if free is not None and needed > free:
-        raise ValueError(
-            f"receiver_positions: the flows by sender and receiver position need "
-            f"about {needed / 2**30:,.1f} GiB (R x S x T x T), more than the "
-            f"{free / 2**30:,.1f} GiB available; shorten the prompt, or leave "
-            "receiver_positions off (per_position keeps the sender's positions)"
-        )

@@ -11,11 +11,7 @@ from typing import Any, Optional, Tuple, Union, cast
 import torch
 from torch import Tensor
 
-from captum_iglens.attr.flow.budget import (
-    check_pair_memory,
-    point_bytes,
-    points_at_once,
-)
+from captum_iglens.attr.flow.budget import point_bytes, points_at_once
 from captum_iglens.attr.subject_noise import NOISE_SCALE
 from captum_iglens.attr.flow.capture import target_logits
 from captum_iglens.attr.flow.engine import (
@@ -33,6 +29,7 @@ from captum_iglens.graph.target import (
     takes_foil,
 )
 from captum_iglens.attr.flow.graph import FlowGraph, graph_of
+from captum_iglens.attr.flow.pair_memory import check_pair_memory
 from captum_iglens.attr.flow.options import (
     BASELINES,
     DEFAULT_CHUNK_BYTES,
