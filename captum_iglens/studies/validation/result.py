@@ -562,7 +562,7 @@ class RestorationResult(JsonDocument, Viewable):
     @property
     def traced_methods(self) -> List[str]:
         r"""The methods run from each corrupted start (those of
-        ``traced_shares``), in the order of :attr:`methods`."""
+        ``traced_shares``), in the order of ``methods``."""
         traced = {m for by_method in self.traced_shares.values() for m in by_method}
         return [m for m in self.methods if m in traced]
 
