@@ -349,7 +349,7 @@ class EffectSums:
 
     Args:
         bands (list): The receivers' bands and the senders each reads
-                    (:func:`_bands`).
+                    (``_bands``).
     """
 
     def __init__(self, bands: List[Tuple[slice, int]]) -> None:
