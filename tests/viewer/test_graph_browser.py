@@ -117,14 +117,19 @@ def test_hovering_an_edge_shows_its_flow_and_share(browser, graph_page):
 
     graph, _ = graph_page
     svg = browser.find_element("id", "graph")
-    # A point on the widest edge's stroke; whichever edge is on top there.
+    # A point on the widest edge's stroke where an edge, not the route, is on
+    # top; whichever edge that is.
     name = browser.execute_script(
-        "var p = document.querySelector('#graph path[data-i=\"0\"]');"
-        "var m = p.getPointAtLength(p.getTotalLength() / 2);"
-        "var at = m.matrixTransform(p.getScreenCTM());"
         "var svg = document.getElementById('graph').getBoundingClientRect();"
-        "window.__at = [at.x - svg.left, at.y - svg.top];"
-        "return document.elementFromPoint(at.x, at.y).getAttribute('data-edge')"
+        "var paths = document.querySelectorAll('#graph path.edge');"
+        "for (var i = paths.length - 1; i >= 0; i--) {"
+        "  var p = paths[i], m = p.getPointAtLength(p.getTotalLength() / 2);"
+        "  var at = m.matrixTransform(p.getScreenCTM());"
+        "  var top = document.elementFromPoint(at.x, at.y);"
+        "  if (!top.hasAttribute('data-i')) continue;"
+        "  window.__at = [at.x - svg.left, at.y - svg.top];"
+        "  return top.getAttribute('data-edge');"
+        "}"
     )
     x, y = browser.execute_script("return window.__at")
     ActionChains(browser).move_to_element_with_offset(
@@ -158,7 +163,7 @@ def test_the_edges_can_be_ranked_and_drawn_by_their_own_effect(browser, graph_pa
     note = browser.find_element("id", "drawn").text
     assert note.startswith(f"{count} of {len(graph.edges)} edges carry")
     assert note.endswith("of |effect|")
-    widest = browser.find_element("css selector", "#graph path.edge:last-of-type")
+    widest = browser.find_elements("css selector", "#graph path.edge")[-1]
     assert widest.get_attribute("data-edge") == expected[0]  # drawn on top
 
 
