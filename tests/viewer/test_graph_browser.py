@@ -10,9 +10,9 @@ import re
 import numpy as np
 import pytest
 
-from captum_iglens.viewer._graph import MAX_DRAWN
+from captum_iglens.viewer._graph import MAX_DRAWN, OPEN_EDGES
 from tests.viewer.conftest import HOSTILE, NEEDS_CHROMIUM
-from tests.viewer.synthetic_graph import synthetic_graph
+from tests.viewer.synthetic_graph import even_graph, synthetic_graph
 from tests.viewer.test_browser import (
     close_to,
     console_errors,
@@ -45,6 +45,19 @@ def graph_page(request, browser, tmp_path, tiny_flow_graph):
 def _drawn(browser) -> list:
     paths = browser.find_elements("css selector", "#graph path.edge")
     return [p.get_attribute("data-edge") for p in paths]
+
+
+def _route(browser) -> list:
+    """The route's hops as drawn, and whether they lie on top of every edge."""
+    return browser.execute_script(
+        "var paths = Array.prototype.slice.call(document.querySelectorAll("
+        "'#graph path')), classes = paths.map(function (p) { return p.className"
+        ".baseVal; }), first = classes.indexOf('route');"
+        "return [paths.filter(function (p, i) { return classes[i] === 'route'; })"
+        ".map(function (p) { return p.getAttribute('data-edge'); }),"
+        "first >= 0 && classes.slice(first).every(function (c) "
+        "{ return c === 'route'; })]"
+    )
 
 
 def _set_keep(browser, value: float) -> float:
@@ -85,6 +98,53 @@ def test_the_page_opens_offline_and_fits_the_window(browser, graph_page):
     assert close_to(shown["− Δm|"], graph.completeness_error, 2)
     assert close_to(shown["conservation error"], graph.conservation_error, 2)
     screenshot(browser, f"graph-{width}.png")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_page_opens_on_at_most_100_edges_and_draws_the_route_at_any_share(
+    browser, tmp_path, width
+):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    graph = even_graph()  # half of |flow| is some 300 of its 813 edges
+    browser.set_window_size(width, 900)
+    graph.to_html(tmp_path / "g.html")
+    open_page(browser, tmp_path / "g.html")
+    keep = float(browser.find_element("id", "keep").get_attribute("value"))
+    drawn = _drawn(browser)
+    assert sorted(drawn) == sorted(graph.prune(keep).edge_scores())
+    assert len(drawn) <= OPEN_EDGES < len(graph.prune(round(keep + 0.01, 2)).kept)
+    route = graph.route()
+    hops = [f"{u}->{w}" for u, w in zip(route.nodes, route.nodes[1:])]
+    assert _route(browser) == [hops, True]
+    legend = browser.find_element("id", "route").text
+    assert legend.startswith(
+        "route carrying the most of Δm: " + " → ".join(route.nodes) + ", bottleneck +"
+    )
+    assert close_to(legend.split("bottleneck ")[1].split()[0], route.bottleneck, 2)
+    screenshot(browser, f"graph-route-{width}.png")
+    # hovering a hop shows its flow, the q, k, v reads summed
+    path = browser.find_elements("css selector", "#graph path.route")[-1]
+    svg = browser.find_element("id", "graph")
+    x, y = browser.execute_script(
+        "var p = arguments[0], m = p.getPointAtLength(p.getTotalLength() / 2);"
+        "var at = m.matrixTransform(p.getScreenCTM()), box = arguments[1]"
+        ".getBoundingClientRect(); return [at.x - box.left, at.y - box.top]",
+        path,
+        svg,
+    )
+    ActionChains(browser).move_to_element_with_offset(
+        svg, int(x - svg.rect["width"] / 2), int(y - svg.rect["height"] / 2)
+    ).perform()
+    lines = _tip(browser).splitlines()
+    assert (
+        lines[0] == hops[-1].replace("->", " → ") + ", on the route carrying the most"
+    )
+    assert close_to(lines[1].split()[1], route.flows[-1])
+    for keep in (0.01, 1.0, 0.3):  # the route stays, whatever the share
+        _set_keep(browser, keep)
+        assert _route(browser) == [hops, True], keep
+    assert console_errors(browser) == []
 
 
 def test_the_slider_keeps_prunes_edges_and_redraws(browser, graph_page):
