@@ -195,8 +195,9 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         ``conservation_error`` (over every edge), ``kept_into_logits`` (what
         a pruned graph's kept edges carry into ``logits``, or None), ``keep``
         (the share kept on opening, :func:`opening_keep`), ``keep_step``
-        (:data:`KEEP_STEP`), ``route`` (:func:`route_data`), ``max_drawn``, ``pairs``
-        (:func:`top_pairs`, or None) and ``pairs_per_node``
+        (:data:`KEEP_STEP`), ``open_edges`` (:data:`OPEN_EDGES`), ``route``
+        (:func:`route_data`), ``max_drawn``, ``pairs`` (:func:`top_pairs`, or
+        None) and ``pairs_per_node``
         (:data:`PAIRS_PER_NODE`, the rows of a node's lists by position).
     """
     model = graph.graph
@@ -231,6 +232,7 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         "kept_into_logits": sig(graph.kept_into_logits),
         "keep": opening_keep(flows[order]),
         "keep_step": KEEP_STEP,
+        "open_edges": OPEN_EDGES,
         "route": route_data(graph),
         "max_drawn": MAX_DRAWN,
         "pairs": top_pairs(graph.pair_flows, order, ends),

@@ -274,7 +274,8 @@
       shown.textContent = percent(state.keep);
       note.textContent = count(kept) + ' of ' + count(n) + ' edges carry ' +
         percent(kept ? rank.cumulative[kept - 1] / rank.total : 0) + ' of ' + word +
-        (drawn < kept ? '; drawing the largest ' + count(drawn) + ', ' + count(kept - drawn) + ' hidden' : '');
+        (drawn < kept ? '; drawing the largest ' + count(drawn) + ', ' + count(kept - drawn) + ' hidden' : '') +
+        (state.keep === d.keep && d.keep < 1 ? ' (the most that keeps ≤ ' + d.open_edges + ' edges, to open; slide for more)' : '');
       hint.textContent = 'green: ' + rank.score + ' that raises m, red: lowers it; width ∝ ' + word + ' (widest ' +
         lib.fmt(rank.biggest, false, 3) + '). Hover for numbers; click a node for its in- and out-flow.';
       var top = main.getBoundingClientRect().top + window.scrollY;
