@@ -15,8 +15,12 @@ from captum_iglens.graph.model_graph import ModelGraph
 from captum_iglens.settings import model_name
 from captum_iglens.viewer._payload import RESIDUAL_DIGITS, sig
 
-#: The share of ``|flow|`` the page keeps when it opens.
-DEFAULT_KEEP = 0.5
+#: The most edges the page keeps when it opens. A person follows a hundred
+#: edges or so one by one; beyond that they cross into a tangle (half of
+#: ``|flow|`` is some 600 edges of SmolLM2's 44,371). The slider keeps more.
+OPEN_EDGES = 100
+#: The slider's step, and its least value: the shares of ``|flow|`` it keeps.
+KEEP_STEP = 0.01
 #: The most edges the page draws; the rest of the kept set is counted, not drawn.
 MAX_DRAWN = 3000
 #: Where a graph has its flows by sender and receiver position, the largest
@@ -121,6 +125,55 @@ def top_pairs(
     }
 
 
+def opening_keep(flows: np.ndarray) -> float:
+    r"""
+    The share of ``|flow|`` the page keeps when it opens: the largest slider
+    value (a multiple of :data:`KEEP_STEP`) whose kept set, counted as
+    ``FlowGraph.prune(keep)`` and the page count it, has at most
+    :data:`OPEN_EDGES` edges; the least value where even that keeps more.
+
+    Args:
+
+        flows (np.ndarray): The page's flows, largest ``|flow|`` first.
+
+    Returns:
+        *float*: the opening ``keep``, in ``[KEEP_STEP, 1]``.
+    """
+    steps = round(1 / KEEP_STEP)
+    keeps = np.arange(1, steps + 1) / steps
+    carried = np.cumsum(np.abs(flows))
+    if not len(carried):
+        return 1.0
+    counts = np.searchsorted(carried, keeps * carried[-1] * (1 - 1e-12)) + 1
+    fits = np.flatnonzero(np.minimum(counts, len(carried)) <= OPEN_EDGES)
+    return float(keeps[fits[-1]]) if len(fits) else KEEP_STEP
+
+
+def route_data(graph: Any) -> Optional[Dict[str, Any]]:
+    r"""
+    The route that carries the most of ``Δm``
+    (:meth:`~captum_iglens.attr.flow.graph.FlowGraph.route`), for the page.
+
+    Args:
+
+        graph (FlowGraph): The graph.
+
+    Returns:
+        *dict* or None: ``nodes`` (node indices, ``input`` to ``logits``),
+        ``flows`` (each hop's) and ``bottleneck``; None where no kept edges
+        join ``input`` to ``logits``.
+    """
+    route = graph.route()
+    if route is None:
+        return None
+    index = graph.graph.node_index
+    return {
+        "nodes": [index[node] for node in route.nodes],
+        "flows": route.flows,
+        "bottleneck": route.bottleneck,
+    }
+
+
 def graph_page(graph: Any) -> Dict[str, Any]:
     r"""
     The page data of a probability-flow graph.
@@ -141,8 +194,10 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         ``m_prompt``, ``m_base``, ``delta_m``, ``completeness_error`` and
         ``conservation_error`` (over every edge), ``kept_into_logits`` (what
         a pruned graph's kept edges carry into ``logits``, or None), ``keep``
-        (the share kept on opening), ``max_drawn``, ``pairs``
-        (:func:`top_pairs`, or None) and ``pairs_per_node``
+        (the share kept on opening, :func:`opening_keep`), ``keep_step``
+        (:data:`KEEP_STEP`), ``open_edges`` (:data:`OPEN_EDGES`), ``route``
+        (:func:`route_data`), ``max_drawn``, ``pairs`` (:func:`top_pairs`, or
+        None) and ``pairs_per_node``
         (:data:`PAIRS_PER_NODE`, the rows of a node's lists by position).
     """
     model = graph.graph
@@ -175,7 +230,10 @@ def graph_page(graph: Any) -> Dict[str, Any]:
         "completeness_error": sig(graph.completeness_error, RESIDUAL_DIGITS),
         "conservation_error": sig(graph.conservation_error, RESIDUAL_DIGITS),
         "kept_into_logits": sig(graph.kept_into_logits),
-        "keep": DEFAULT_KEEP,
+        "keep": opening_keep(flows[order]),
+        "keep_step": KEEP_STEP,
+        "open_edges": OPEN_EDGES,
+        "route": route_data(graph),
         "max_drawn": MAX_DRAWN,
         "pairs": top_pairs(graph.pair_flows, order, ends),
         "pairs_per_node": PAIRS_PER_NODE,

@@ -3,6 +3,8 @@ model of ``L`` blocks and ``H`` heads has, heavy-tailed random flows made
 without a model, of any size, that add up as a real graph's do (each node's
 outflow split among its out-edges)."""
 
+from dataclasses import replace
+
 import numpy as np
 
 from captum_iglens.attr.flow.graph import FlowGraph
@@ -70,4 +72,25 @@ def synthetic_graph(
         },
         m_prompt=0.9,
         m_base=0.1,
+    )
+
+
+def even_graph(layers: int = 8, heads: int = 4, seed: int = 0) -> FlowGraph:
+    r"""
+    A graph whose flows are all of about one size (``|flow|`` in ``[0.5,
+    1.5]``, a fifth of them negative), as a real graph's many middling edges
+    are: half of ``|flow|`` takes half the edges. Not conserved; its method
+    is ``first_order``, whose graphs are checked only against their input
+    flows.
+    """
+    graph = synthetic_graph(layers, heads, seed=seed)
+    rng = np.random.default_rng(seed)
+    size = len(graph.flows)
+    flows = rng.uniform(0.5, 1.5, size) * rng.choice([1.0, -1.0], size, p=[0.8, 0.2])
+    out_of_input = flows[graph.graph.edge_senders == 0].sum()
+    return replace(
+        graph,
+        flows=flows,
+        input_flows=np.full(len(graph.tokens), out_of_input / len(graph.tokens)),
+        settings={**graph.settings, "method": "first_order"},
     )

@@ -10,9 +10,9 @@ import re
 import numpy as np
 import pytest
 
-from captum_iglens.viewer._graph import MAX_DRAWN
+from captum_iglens.viewer._graph import MAX_DRAWN, OPEN_EDGES
 from tests.viewer.conftest import HOSTILE, NEEDS_CHROMIUM
-from tests.viewer.synthetic_graph import synthetic_graph
+from tests.viewer.synthetic_graph import even_graph, synthetic_graph
 from tests.viewer.test_browser import (
     close_to,
     console_errors,
@@ -45,6 +45,19 @@ def graph_page(request, browser, tmp_path, tiny_flow_graph):
 def _drawn(browser) -> list:
     paths = browser.find_elements("css selector", "#graph path.edge")
     return [p.get_attribute("data-edge") for p in paths]
+
+
+def _route(browser) -> list:
+    """The route's hops as drawn, and whether they lie on top of every edge."""
+    return browser.execute_script(
+        "var paths = Array.prototype.slice.call(document.querySelectorAll("
+        "'#graph path')), classes = paths.map(function (p) { return p.className"
+        ".baseVal; }), first = classes.indexOf('route');"
+        "return [paths.filter(function (p, i) { return classes[i] === 'route'; })"
+        ".map(function (p) { return p.getAttribute('data-edge'); }),"
+        "first >= 0 && classes.slice(first).every(function (c) "
+        "{ return c === 'route'; })]"
+    )
 
 
 def _set_keep(browser, value: float) -> float:
@@ -87,6 +100,53 @@ def test_the_page_opens_offline_and_fits_the_window(browser, graph_page):
     screenshot(browser, f"graph-{width}.png")
 
 
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_page_opens_on_at_most_100_edges_and_draws_the_route_at_any_share(
+    browser, tmp_path, width
+):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    graph = even_graph()  # half of |flow| is some 300 of its 813 edges
+    browser.set_window_size(width, 900)
+    graph.to_html(tmp_path / "g.html")
+    open_page(browser, tmp_path / "g.html")
+    keep = float(browser.find_element("id", "keep").get_attribute("value"))
+    drawn = _drawn(browser)
+    assert sorted(drawn) == sorted(graph.prune(keep).edge_scores())
+    assert len(drawn) <= OPEN_EDGES < len(graph.prune(round(keep + 0.01, 2)).kept)
+    route = graph.route()
+    hops = [f"{u}->{w}" for u, w in zip(route.nodes, route.nodes[1:])]
+    assert _route(browser) == [hops, True]
+    legend = browser.find_element("id", "route").text
+    assert legend.startswith(
+        "route carrying the most of Δm: " + " → ".join(route.nodes) + ", bottleneck +"
+    )
+    assert close_to(legend.split("bottleneck ")[1].split()[0], route.bottleneck, 2)
+    screenshot(browser, f"graph-route-{width}.png")
+    # hovering a hop shows its flow, the q, k, v reads summed
+    path = browser.find_elements("css selector", "#graph path.route")[-1]
+    svg = browser.find_element("id", "graph")
+    x, y = browser.execute_script(
+        "var p = arguments[0], m = p.getPointAtLength(p.getTotalLength() / 2);"
+        "var at = m.matrixTransform(p.getScreenCTM()), box = arguments[1]"
+        ".getBoundingClientRect(); return [at.x - box.left, at.y - box.top]",
+        path,
+        svg,
+    )
+    ActionChains(browser).move_to_element_with_offset(
+        svg, int(x - svg.rect["width"] / 2), int(y - svg.rect["height"] / 2)
+    ).perform()
+    lines = _tip(browser).splitlines()
+    assert (
+        lines[0] == hops[-1].replace("->", " → ") + ", on the route carrying the most"
+    )
+    assert close_to(lines[1].split()[1], route.flows[-1])
+    for keep in (0.01, 1.0, 0.3):  # the route stays, whatever the share
+        _set_keep(browser, keep)
+        assert _route(browser) == [hops, True], keep
+    assert console_errors(browser) == []
+
+
 def test_the_slider_keeps_prunes_edges_and_redraws(browser, graph_page):
     graph, _ = graph_page
     counts = []
@@ -117,14 +177,19 @@ def test_hovering_an_edge_shows_its_flow_and_share(browser, graph_page):
 
     graph, _ = graph_page
     svg = browser.find_element("id", "graph")
-    # A point on the widest edge's stroke; whichever edge is on top there.
+    # A point on the widest edge's stroke where an edge, not the route, is on
+    # top; whichever edge that is.
     name = browser.execute_script(
-        "var p = document.querySelector('#graph path[data-i=\"0\"]');"
-        "var m = p.getPointAtLength(p.getTotalLength() / 2);"
-        "var at = m.matrixTransform(p.getScreenCTM());"
         "var svg = document.getElementById('graph').getBoundingClientRect();"
-        "window.__at = [at.x - svg.left, at.y - svg.top];"
-        "return document.elementFromPoint(at.x, at.y).getAttribute('data-edge')"
+        "var paths = document.querySelectorAll('#graph path.edge');"
+        "for (var i = paths.length - 1; i >= 0; i--) {"
+        "  var p = paths[i], m = p.getPointAtLength(p.getTotalLength() / 2);"
+        "  var at = m.matrixTransform(p.getScreenCTM());"
+        "  var top = document.elementFromPoint(at.x, at.y);"
+        "  if (!top.hasAttribute('data-i')) continue;"
+        "  window.__at = [at.x - svg.left, at.y - svg.top];"
+        "  return top.getAttribute('data-edge');"
+        "}"
     )
     x, y = browser.execute_script("return window.__at")
     ActionChains(browser).move_to_element_with_offset(
@@ -158,7 +223,7 @@ def test_the_edges_can_be_ranked_and_drawn_by_their_own_effect(browser, graph_pa
     note = browser.find_element("id", "drawn").text
     assert note.startswith(f"{count} of {len(graph.edges)} edges carry")
     assert note.endswith("of |effect|")
-    widest = browser.find_element("css selector", "#graph path.edge:last-of-type")
+    widest = browser.find_elements("css selector", "#graph path.edge")[-1]
     assert widest.get_attribute("data-edge") == expected[0]  # drawn on top
 
 

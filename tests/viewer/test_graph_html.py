@@ -13,11 +13,19 @@ import numpy as np
 import pytest
 
 from captum_iglens.graph.model_graph import model_graph
-from captum_iglens.viewer._graph import MAX_DRAWN, PAIRS_PER_NODE, node_places
+from captum_iglens.viewer._graph import (
+    KEEP_STEP,
+    MAX_DRAWN,
+    OPEN_EDGES,
+    PAIRS_PER_NODE,
+    node_places,
+    opening_keep,
+)
 from captum_iglens.viewer._page import result_html
 from tests.viewer.conftest import HOSTILE
 from tests.viewer.test_html import SVG_NAMESPACE, page_data
-from tests.viewer.synthetic_graph import synthetic_graph, tied
+from tests.test_flow_route import brute_force_route, negated_graph
+from tests.viewer.synthetic_graph import even_graph, synthetic_graph, tied
 
 NODE = shutil.which("node") or shutil.which("nodejs")
 
@@ -75,6 +83,47 @@ def test_the_page_keeps_each_nodes_largest_flows_by_position(tiny_flow_graph):
             found = [r for r in kept if r[0].split("->")[end].split("<")[0] == node]
             assert found[:PAIRS_PER_NODE] == expected, (node, end)
     assert any(row[0].startswith("input->") for row in kept)
+
+
+@pytest.mark.parametrize("which", ["even", "synthetic", "tiny_llama"])
+def test_the_page_opens_at_the_largest_share_keeping_at_most_100_edges(
+    which, tiny_flow_graph
+):
+    graph = {
+        "even": even_graph(),
+        "synthetic": synthetic_graph(8, 4, qkv=True),
+        "tiny_llama": tiny_flow_graph,
+    }[which]
+    data = page_data(result_html(graph))
+    keep = data["keep"]
+    assert data["keep_step"] == KEEP_STEP == 0.01
+    assert keep == round(keep, 2) and KEEP_STEP <= keep <= 1
+    assert len(graph.prune(keep).kept) <= OPEN_EDGES
+    if keep < 1:  # the slider's next step keeps more
+        assert len(graph.prune(round(keep + KEEP_STEP, 2)).kept) > OPEN_EDGES
+    else:
+        assert len(graph.flows) <= OPEN_EDGES
+
+
+def test_the_opening_share_is_the_least_where_even_that_keeps_too_many():
+    assert opening_keep(np.ones(250)) == 0.4  # 100 edges; 0.41 keeps 103
+    assert opening_keep(np.ones(20_000)) == KEEP_STEP  # 0.01 keeps 200
+    assert opening_keep(np.ones(OPEN_EDGES)) == 1.0
+
+
+@pytest.mark.parametrize("negated", [False, True])
+@pytest.mark.parametrize("qkv", [False, True])
+def test_the_page_carries_the_route_of_the_brute_force(qkv, negated):
+    graph = synthetic_graph(3, 2, qkv=qkv, seed=1)
+    if negated:
+        graph = negated_graph(graph)
+    route = page_data(result_html(graph))["route"]
+    nodes, flows, bottleneck = brute_force_route(graph)
+    assert [graph.nodes[k] for k in route["nodes"]] == nodes
+    assert route["flows"] == pytest.approx(flows, rel=1e-12)
+    assert route["bottleneck"] == pytest.approx(bottleneck, rel=1e-12)
+    assert (bottleneck < 0) == negated
+    assert page_data(result_html(graph.prune(0.01)))["route"] is None
 
 
 def test_the_header_holds_the_run_and_its_checks_and_no_local_path():
@@ -205,7 +254,7 @@ def _page_kept_counts(flows: list, keeps: list) -> list:
 def test_the_pages_kept_set_is_prunes(which, tiny_flow_graph):
     graph = tiny_flow_graph if which == "tiny_llama" else synthetic_graph(4, 3)
     data = page_data(result_html(graph))
-    keeps = [0.01, 0.1, 0.25, 0.5, 0.73, 0.9, 0.99, 1.0]
+    keeps = [0.01, 0.1, 0.25, 0.5, 0.73, 0.9, 0.99, 1.0, data["keep"]]
     counts = _page_kept_counts(data["edges"]["flow"], keeps)
     names = _edge_names(data)
     for keep, count in zip(keeps, counts):

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -106,6 +106,60 @@ _PAIR_COLUMNS = (
     "receiver_token",
     "flow",
 )
+
+
+class Route(NamedTuple):
+    """The route that carries the most of ``Δm`` (:meth:`FlowGraph.route`)."""
+
+    #: The node names from ``input`` to ``logits``.
+    nodes: List[str]
+    #: The flow of each hop, node to node (a head's reads summed).
+    flows: List[float]
+    #: The smallest of them in the direction of ``Δm``'s sign, signed.
+    bottleneck: float
+
+
+def widest_path(
+    senders: np.ndarray, receivers: np.ndarray, widths: np.ndarray, n_nodes: int
+) -> Optional[List[int]]:
+    r"""
+    The path from the first node to the last of a DAG whose narrowest edge is
+    the widest; of those, the one of fewest edges, then the first in node
+    order.
+
+    Args:
+
+        senders (np.ndarray): ``(E,)`` int: each edge's first node.
+        receivers (np.ndarray): ``(E,)`` int: each edge's second node, after
+                    its first in node order (``senders < receivers``).
+        widths (np.ndarray): ``(E,)`` float: each edge's width.
+        n_nodes (int): The nodes, ``0`` to ``n_nodes - 1``.
+
+    Returns:
+        *list[int]* or None: the path's nodes, first to last; None where no
+        path joins them.
+    """
+    best = np.full(n_nodes, -np.inf)  # the widest bottleneck from node 0
+    best[0] = np.inf
+    for node in range(1, n_nodes):
+        into = receivers == node
+        if into.any():
+            best[node] = np.minimum(best[senders[into]], widths[into]).max()
+    if best[-1] == -np.inf:
+        return None
+    wide = widths >= best[-1]  # every path of these edges is a widest one
+    senders, receivers = senders[wide], receivers[wide]
+    hops = np.full(n_nodes, np.inf)  # the fewest wide edges to the last node
+    hops[-1] = 0
+    for node in range(n_nodes - 2, -1, -1):
+        out = senders == node
+        if out.any():
+            hops[node] = 1 + hops[receivers[out]].min()
+    path = [0]
+    while path[-1] != n_nodes - 1:
+        out = receivers[senders == path[-1]]
+        path.append(int(out[hops[out] == hops[path[-1]] - 1].min()))
+    return path
 
 
 def graph_of(cfg: Dict[str, Any]) -> ModelGraph:
@@ -442,6 +496,44 @@ class FlowGraph(JsonDocument, Viewable):
         (see :func:`~captum_iglens.viewer._graph.graph_page`): layers as
         columns, edges drawn by ``|flow|``, a slider for the share kept."""
         return graph_page(self)
+
+    def route(self) -> Optional[Route]:
+        r"""
+        The route that carries the most of ``Δm``: of the paths from ``input``
+        to ``logits`` over the kept edges, node to node (a head's query, key
+        and value reads summed into the head), the one whose smallest flow in
+        the direction of ``Δm``'s sign is largest (its bottleneck); of those,
+        the one of fewest hops, then the first in node order. What flows along
+        it is at least the bottleneck at every hop: the widest single channel
+        from the prompt's change to the target's.
+
+        Returns:
+            *Route* or None: its ``nodes``, the ``flows`` of its hops and its
+            ``bottleneck`` (signed); None where no kept edges join ``input``
+            to ``logits`` (a pruned graph).
+
+        Examples::
+
+            >>> route = graph.route()
+            >>> " -> ".join(route.nodes), route.bottleneck
+        """
+        graph, kept = self.graph, self.kept
+        n = len(graph.nodes)
+        pair = graph.edge_senders[kept] * n
+        pair += graph.receiver_node[graph.edge_receivers[kept]]
+        pairs, at = np.unique(pair, return_inverse=True)
+        flows = np.bincount(at, weights=self.flows[kept], minlength=len(pairs))
+        sign = -1.0 if self.delta_m < 0 else 1.0
+        path = widest_path(pairs // n, pairs % n, sign * flows, n)
+        if path is None:
+            return None
+        hop = np.searchsorted(pairs, np.array(path[:-1]) * n + path[1:])
+        hops = flows[hop].tolist()
+        return Route(
+            nodes=[graph.nodes[node] for node in path],
+            flows=hops,
+            bottleneck=sign * min(sign * flow for flow in hops),
+        )
 
     def crossings(self) -> np.ndarray:
         r"""

@@ -90,14 +90,46 @@
     svg.appendChild(lib.sv('text', { x: 4, y: 12, 'class': 'rowlabel' }, 'block'));
   }
 
-  // The names of the heads and MLPs that pass the most flow, of those drawn.
+  // The names of the heads and MLPs that pass the most flow, of those drawn,
+  // and of those on the route.
   function nameTop(lib, svg, d, at, totals, used) {
     var inner = d.nodes.map(function (name, k) { return k; }).filter(function (k) { return used[k] && d.places[k][1] >= 0; });
     inner.sort(function (a, b) { return Math.abs(totals.into[b]) - Math.abs(totals.into[a]); });
-    inner.slice(0, TOP_NAMED).forEach(function (k) {
+    var named = inner.slice(0, TOP_NAMED);
+    (d.route ? d.route.nodes : []).forEach(function (k) {
+      if (d.places[k][1] >= 0 && named.indexOf(k) < 0) named.push(k);
+    });
+    named.forEach(function (k) {
       svg.appendChild(lib.sv('text', { x: (at.pos[k].x + 6).toFixed(1), y: (at.pos[k].y - 6).toFixed(1),
         'class': 'nodelabel' }, d.nodes[k]));
     });
+  }
+
+  // The route that carries the most of Δm (d.route), whatever the slider
+  // keeps: one stroke per hop, node to node, on top of the edges.
+  function drawRoute(lib, svg, d, at) {
+    var nodes = d.route ? d.route.nodes : [];
+    for (var q = 1; q < nodes.length; q++) {
+      var u = nodes[q - 1], w = nodes[q];
+      svg.appendChild(lib.sv('path', { d: edgePath(at.pos[u], at.pos[w], at.rowHeight), 'class': 'route',
+        'data-hop': q - 1, 'data-edge': d.nodes[u] + '->' + d.nodes[w] }));
+    }
+  }
+
+  function routeLine(d, lib) {
+    var r = d.route;
+    return 'route carrying the most of Δm: ' + r.nodes.map(function (k) { return d.nodes[k]; }).join(' → ') +
+      ', bottleneck ' + lib.fmt(r.bottleneck, true, 2) + ' (its smallest flow; drawn whatever the share kept)';
+  }
+
+  // The tooltip's lines for hop q of the route.
+  function routeLines(d, lib, q) {
+    var r = d.route, u = r.nodes[q], w = r.nodes[q + 1];
+    var lines = [d.nodes[u] + ' → ' + d.nodes[w] + ', on the route carrying the most', 'flow ' + lib.fmt(r.flows[q], true)];
+    var reads = d.receivers.filter(function (name, i) { return d.receiver_node[i] === w; });
+    if (reads.length > 1) lines.push('its ' + reads.length + ' reads summed');
+    if (r.flows[q] === r.bottleneck) lines.push('the bottleneck: the route\'s smallest flow');
+    return lines;
   }
 
   function header(root, d, lib) {
@@ -205,12 +237,18 @@
     }
     var label = lib.add(controls, lib.h('label', null, 'share of |flow| kept '));
     var slider = lib.add(label, lib.h('input'));
-    slider.type = 'range'; slider.id = 'keep'; slider.min = '0.01'; slider.max = '1'; slider.step = '0.01';
+    slider.type = 'range'; slider.id = 'keep'; slider.min = slider.step = String(d.keep_step); slider.max = '1';
     slider.value = String(d.keep);
     var shown = lib.add(controls, lib.h('b'));
     var note = lib.add(controls, lib.h('span'));
     note.id = 'drawn';
     var hint = lib.add(controls, lib.h('span', 'hint'));
+    if (d.route) {
+      var legend = lib.add(root, lib.h('div', 'routeline'));
+      legend.id = 'route';
+      lib.add(legend, lib.h('span', 'swatch'));
+      lib.add(legend, lib.h('span', null, routeLine(d, lib)));
+    }
 
     var main = lib.add(root, lib.h('div', 'graph'));
     var panel = lib.add(root, lib.h('div', 'panel hint', 'Click a node to list its largest in- and out-flows.'));
@@ -236,7 +274,8 @@
       shown.textContent = percent(state.keep);
       note.textContent = count(kept) + ' of ' + count(n) + ' edges carry ' +
         percent(kept ? rank.cumulative[kept - 1] / rank.total : 0) + ' of ' + word +
-        (drawn < kept ? '; drawing the largest ' + count(drawn) + ', ' + count(kept - drawn) + ' hidden' : '');
+        (drawn < kept ? '; drawing the largest ' + count(drawn) + ', ' + count(kept - drawn) + ' hidden' : '') +
+        (state.keep === d.keep && d.keep < 1 ? ' (the most that keeps ≤ ' + d.open_edges + ' edges, to open; slide for more)' : '');
       hint.textContent = 'green: ' + rank.score + ' that raises m, red: lowers it; width ∝ ' + word + ' (widest ' +
         lib.fmt(rank.biggest, false, 3) + '). Hover for numbers; click a node for its in- and out-flow.';
       var top = main.getBoundingClientRect().top + window.scrollY;
@@ -254,6 +293,7 @@
           'class': 'edge ' + (v >= 0 ? 'up' : 'down'), 'data-i': j,
           'data-edge': d.nodes[e.sender[j]] + '->' + d.receivers[r] }));
       }
+      drawRoute(lib, svg, d, at);
       var scale = 0;
       d.nodes.forEach(function (name, k) { if (d.places[k][1] >= 0) scale = Math.max(scale, Math.abs(totals.into[k])); });
       d.nodes.forEach(function (name, k) {
@@ -277,6 +317,7 @@
     root.addEventListener('mouseover', function (ev) {
       var t = ev.target;
       if (t.hasAttribute && t.hasAttribute('data-i')) showTip(ev, edgeLines(d, lib, Number(t.getAttribute('data-i')), rank));
+      else if (t.hasAttribute && t.hasAttribute('data-hop')) showTip(ev, routeLines(d, lib, Number(t.getAttribute('data-hop'))));
       else if (t.hasAttribute && t.hasAttribute('data-k')) showTip(ev, nodeLines(d, lib, totals, Number(t.getAttribute('data-k'))));
       else if (t.hasAttribute && t.hasAttribute('data-pos')) {
         var p = Number(t.getAttribute('data-pos'));
@@ -285,7 +326,7 @@
     });
     main.addEventListener('click', function (ev) {
       var k = ev.target.hasAttribute('data-k') ? Number(ev.target.getAttribute('data-k')) : -1;
-      if (k < 0 && ev.target.hasAttribute('data-i')) return;  // an edge: the selection stays
+      if (k < 0 && (ev.target.hasAttribute('data-i') || ev.target.hasAttribute('data-hop'))) return;  // an edge: the selection stays
       select(k === state.selected ? -1 : k);
       if (state.selected < 0) panel.textContent = 'Click a node to list its largest in- and out-flows.';
     });
