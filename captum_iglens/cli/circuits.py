@@ -40,9 +40,15 @@ def _methods_help() -> str:
     for name, scorer in SCORERS.items():
         form = f"{name}[:STEPS, default {scorer.steps}]" if scorer.steps else name
         form = f"{name}:PATH" if scorer.reads_file else form
+        form = f"{name}:A+B[+C...]" if scorer.averages else form
         truth = ", a ground truth for rank correlations" if scorer.truth else ""
         forms.append(f"{form} ({scorer.summary}{truth})")
-    return f"comma-separated methods: {'; '.join(forms)} (default: {DEFAULT_METHODS})"
+    return (
+        f"comma-separated methods: {'; '.join(forms)} (default: {DEFAULT_METHODS}); "
+        "mean's parts are two or more other methods, not ground truths or files "
+        "(mean:eap+eap-ig-inputs:5): each part's scores ranked by |score| over "
+        "the edges, as rank / edges (ties averaged) with their sign, averaged"
+    )
 
 
 def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:

@@ -5,7 +5,7 @@ scorers so that a scorer in a module of its own can take it.
 """
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 from torch import Tensor
 
@@ -36,6 +36,8 @@ class ScoringContext:
         sample (int): Edges exactly patched by ``patching``.
         path (str, optional): The file of a method that reads one
                     (``eap-json:PATH``).
+        parts (tuple[Tensor, ...]): The ``(S, R)`` scores of the parts of a
+                    method that averages them (``mean:A+B``), in order.
     """
 
     model: CircuitModel
@@ -47,3 +49,4 @@ class ScoringContext:
     seed: int = 0
     sample: int = 100
     path: Optional[str] = None
+    parts: Tuple[Tensor, ...] = ()

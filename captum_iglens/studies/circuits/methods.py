@@ -4,6 +4,9 @@ scorers (:data:`SCORERS`, read-only; :func:`register` adds one), a method's
 text on the command line (:func:`parse_method`) and its record in a resumable
 folder (:func:`method_stem`, :func:`check_record`).
 
+An ensemble, ``mean:A+B[+C…]``, is a scorer whose argument is other methods
+(:attr:`Scorer.averages`): :func:`parse_method` parses and checks its parts.
+
 The shipped records name their functions in
 :mod:`~captum_iglens.studies.circuits.scorers` (and the modules it uses), which
 are imported on a function's first call, so that the command's help and its
@@ -16,7 +19,16 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+)
 
 from captum_iglens._utils.schema import (
     Default,
@@ -92,10 +104,14 @@ class Scorer:
                     first forward it is called once on a context without
                     pairs, where it reads the file and checks it against the
                     model (a ``ValueError`` refuses the file). Default: False
+        averages (bool, optional): Its argument is two or more methods
+                    joined by ``+`` (``NAME:A+B``), each scored first (or
+                    reused where the run has scored it) and given in
+                    ``context.parts``. Default: False
 
     Raises:
         ValueError: If ``steps`` is not a positive int, or is given with
-            ``reads_file``.
+            ``reads_file`` or ``averages``, or both of those are set.
         TypeError: If ``function`` or ``truth`` is not callable.
     """
 
@@ -104,6 +120,7 @@ class Scorer:
     steps: Optional[int] = None
     truth: Optional[Comparison] = None
     reads_file: bool = False
+    averages: bool = False
 
     def __post_init__(self) -> None:
         for name in ("function", "truth"):
@@ -117,6 +134,10 @@ class Scorer:
             raise ValueError(f"steps: expected a positive int or None, got {steps!r}")
         if steps is not None and self.reads_file:
             raise ValueError("steps: a scorer that reads a file takes no step count")
+        if self.averages and (steps is not None or self.reads_file):
+            raise ValueError(
+                "averages: a scorer of other methods takes no step count or file"
+            )
 
 
 _REGISTRY: Dict[str, Scorer] = {}
@@ -205,6 +226,14 @@ for _name, _record in (
         ),
     ),
     (
+        "mean",
+        Scorer(
+            _Later("ensemble_scores", "mean_scores"),
+            "the mean of its parts' signed rank-normalized scores",
+            averages=True,
+        ),
+    ),
+    (
         "patching",
         Scorer(
             _scorer("patching"),
@@ -235,21 +264,25 @@ for _name, _record in (
 def parse_method(text: str) -> Dict[str, Any]:
     r"""
     A method of the command line: a scorer's name, with a step count for the
-    scorers that take one (``"eap-ig-inputs:20"``, else their default) or a
+    scorers that take one (``"eap-ig-inputs:20"``, else their default), a
     file for those that read one (``"eap-json:PATH"``; the path may hold
-    ``:``). Nothing is read.
+    ``:``), or two or more methods joined by ``+`` for those that average
+    them (``"mean:eap+eap-ig-inputs:5"``, :func:`parse_parts`). Nothing is
+    read.
 
     Args:
         text (str): The method.
 
     Returns:
         *dict* with ``name`` (the text), ``scorer``, ``steps`` (0 for a
-        scorer without steps) and ``path`` (None but for a file).
+        scorer without steps), ``path`` (None but for a file) and ``parts``
+        (the parsed parts of an average, else empty).
 
     Raises:
         ValueError: If the scorer is unknown, a step count is not a positive
-            int in ASCII digits or is given to a scorer without steps, or a
-            file scorer has no path.
+            int in ASCII digits or is given to a scorer without steps, a
+            file scorer has no path, or an average's parts are refused
+            (:func:`parse_parts`).
     """
     scorer, _, argument = text.partition(":")
     if scorer not in SCORERS:
@@ -257,13 +290,16 @@ def parse_method(text: str) -> Dict[str, Any]:
             f"--methods: expected names from {list(SCORERS)}, got {scorer!r}"
         )
     record = SCORERS[scorer]
+    if record.averages:
+        parts = parse_parts(text)
+        return dict(name=text, scorer=scorer, steps=0, path=None, parts=parts)
     if record.reads_file:
         if not argument:
             raise ValueError(
                 f"--methods: {scorer} scores a file, expected {scorer}:PATH, "
                 f"got {text!r}"
             )
-        return dict(name=text, scorer=scorer, steps=0, path=argument)
+        return dict(name=text, scorer=scorer, steps=0, path=argument, parts=[])
     if argument and record.steps is None:
         raise ValueError(f"--methods: {scorer} takes no step count, got {text!r}")
     digits = argument.isascii() and argument.isdigit()
@@ -272,7 +308,71 @@ def parse_method(text: str) -> Dict[str, Any]:
             f"--methods: expected a positive step count in ASCII digits in {text!r}"
         )
     steps = int(argument) if argument else record.steps or 0
-    return dict(name=text, scorer=scorer, steps=steps, path=None)
+    return dict(name=text, scorer=scorer, steps=steps, path=None, parts=[])
+
+
+def parse_parts(text: str) -> List[Dict[str, Any]]:
+    r"""
+    The parts of an average, ``NAME:A+B[+C…]``: two or more methods as
+    :func:`parse_method` takes them, each scored as circuits (no ground
+    truth), reading no file, not an average itself, and no two the same
+    scorer at the same step count (``eap-ig-inputs`` is
+    ``eap-ig-inputs:5``).
+
+    Args:
+        text (str): The average's method text.
+
+    Returns:
+        *list[dict]*: :func:`parse_method`'s dict of each part, in order.
+
+    Raises:
+        ValueError: Naming ``--methods``, the average and the refused part.
+    """
+    scorer, _, argument = text.partition(":")
+    texts = argument.split("+") if argument else []
+    if len(texts) < 2:
+        raise ValueError(
+            f"--methods: {scorer} averages two or more methods, expected "
+            f"{scorer}:A+B[+C...], got {text!r}"
+        )
+    parts: List[Dict[str, Any]] = []
+    for part in texts:
+        name = part.partition(":")[0]
+        if name in SCORERS and SCORERS[name].averages:
+            raise ValueError(
+                f"--methods: {text!r} holds the part {part!r}, itself an average; "
+                f"list every part in one {scorer}:A+B+..."
+            )
+        try:
+            parsed = parse_method(part)
+        except ValueError as error:
+            problem = str(error).removeprefix("--methods: ")
+            raise ValueError(f"--methods: in {text!r}, {problem}") from None
+        if SCORERS[name].truth is not None:
+            raise ValueError(
+                f"--methods: {text!r} holds the part {part!r}, a ground truth, "
+                "not a method scored as circuits; average methods only"
+            )
+        if SCORERS[name].reads_file:
+            raise ValueError(
+                f"--methods: {text!r} holds the part {part!r}, which reads a file; "
+                "score it as a method of its own"
+            )
+        twin = next((p for p in parts if method_key(p) == method_key(parsed)), None)
+        if twin is not None:
+            same = "" if twin["name"] == part else f" (as {twin['name']!r} too)"
+            raise ValueError(
+                f"--methods: {text!r} holds {part!r} twice{same}; list each part once"
+            )
+        parts.append(parsed)
+    return parts
+
+
+def method_key(method: Dict[str, Any]) -> Tuple[str, int, Optional[str]]:
+    r"""What a method that is not an average scores, whatever its text:
+    ``(scorer, steps, path)`` (``eap-ig-inputs`` and ``eap-ig-inputs:5`` are
+    one method)."""
+    return method["scorer"], method["steps"], method["path"]
 
 
 def method_stem(method: Dict[str, Any]) -> str:

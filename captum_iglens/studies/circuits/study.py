@@ -11,13 +11,17 @@ rerun with anything else is refused, and each method's record
 (``methods/STEM.json`` and its scores ``methods/STEM.pt``,
 :func:`~captum_iglens.studies.circuits.methods.method_stem`) is written as
 soon as it is done and reused by a rerun.
+
+Each method is scored once per run (:func:`method_scores`): an average's parts
+(``mean:eap+eap-ig-inputs:5``) reuse the scores of the same methods scored or
+resumed in the run, and a method listed after an average reuses its part's.
 """
 
 import hashlib
 import json
 import pickle
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -53,6 +57,7 @@ from captum_iglens.studies.circuits.context import ScoringContext
 from captum_iglens.studies.circuits.methods import (
     CURVE,
     SCORERS,
+    method_key,
     parse_method,
     record_error,
     record_paths,
@@ -184,18 +189,21 @@ class CircuitsResult(JsonDocument):
 
     def format_table(self) -> str:
         """The per-method table the command prints."""
-        head = "method              " + " ".join(f"{p:>6g}%" for p in self.percents)
+        width = max([20, *(len(c.method) + 1 for c in self.curves)])
+        head = f"{'method':<{width}}" + " ".join(f"{p:>6g}%" for p in self.percents)
         lines = [f"f(k), {self.metric}, edges ranked by signed score:", head]
         for c in self.curves:
-            lines.append(f"{c.method:<20}" + " ".join(f"{v:7.3f}" for v in c.f))
+            lines.append(f"{c.method:<{width}}" + " ".join(f"{v:7.3f}" for v in c.f))
         lines.append("")
         lines.append(
-            f"{'method':<20} {'CPR':>7} {'95% CI':>17} {'CMD':>7} {'95% CI':>17}  cost"
+            f"{'method':<{width - 1}} {'CPR':>7} {'95% CI':>17} {'CMD':>7} "
+            f"{'95% CI':>17}  cost"
         )
         for c in self.curves:
             cost = ", ".join(f"{k} {v:.1f}s" for k, v in c.seconds.items())
             lines.append(
-                f"{c.method:<20} {c.cpr:7.3f} [{c.cpr_ci[0]:6.3f}, {c.cpr_ci[1]:6.3f}] "
+                f"{c.method:<{width - 1}} {c.cpr:7.3f} "
+                f"[{c.cpr_ci[0]:6.3f}, {c.cpr_ci[1]:6.3f}] "
                 f"{c.cmd:7.3f} [{c.cmd_ci[0]:6.3f}, {c.cmd_ci[1]:6.3f}]  {cost}"
             )
         for truth, by_method in self.correlations.items():
@@ -282,43 +290,85 @@ def check_record_scores(out: Path, methods: Sequence[str], graph: ModelGraph) ->
             raise record_error(path, problem, text)
 
 
-def score_method(
-    context: ScoringContext, text: str, scorer: str, n_boot: int
-) -> Dict[str, Any]:
+#: Scores a run has computed, by
+#: :func:`~captum_iglens.studies.circuits.methods.method_key`: each method's
+#: ``(S, R)`` float64 scores and the seconds they took.
+Scored = Dict[Tuple[str, int, Optional[str]], Tuple[Tensor, float]]
+
+
+def method_scores(
+    base: ScoringContext, method: Dict[str, Any], scored: Scored
+) -> Tuple[Tensor, float]:
     r"""
-    One method's scores and, unless it is ground truth, its curves.
+    A method's scores, computed once per run: a method that is not an average
+    is taken from ``scored`` where the run has scored it, else scored and
+    added; an average's parts are found so first and given to it in
+    ``context.parts``, and its seconds are its parts' and its own (what it
+    costs alone, whatever the run reused).
 
     Args:
 
-        context (ScoringContext): What the scorer gets.
-        text (str): The method's text (its name in the result).
-        scorer (str): The name of its scorer.
+        base (ScoringContext): The run's context; the method's step count,
+                    file and parts replace those of ``base``.
+        method (dict): :func:`parse_method`'s dict.
+        scored (Scored): The run's scores so far (updated).
+
+    Returns:
+        2-element tuple of **scores** ``(S, R)`` float64 and **seconds**.
+    """
+    key = method_key(method)
+    if not method["parts"] and key in scored:
+        return scored[key]
+    parts = [method_scores(base, part, scored) for part in method["parts"]]
+    context = replace(
+        base,
+        steps=method["steps"],
+        path=method["path"],
+        parts=tuple(scores for scores, _ in parts),
+    )
+    start = time.perf_counter()
+    found = SCORERS[method["scorer"]].function(context)
+    if isinstance(found, Tensor):
+        scores = found.double().cpu()
+    else:
+        scores = scores_from_dict(base.model.graph, found, method["name"])
+    seconds = time.perf_counter() - start + sum(took for _, took in parts)
+    if not method["parts"]:
+        scored[key] = (scores, seconds)
+    return scores, seconds
+
+
+def score_method(
+    base: ScoringContext, method: Dict[str, Any], n_boot: int, scored: Scored
+) -> Dict[str, Any]:
+    r"""
+    One method's scores (:func:`method_scores`) and, unless it is ground
+    truth, its curves.
+
+    Args:
+
+        base (ScoringContext): The run's context.
+        method (dict): :func:`parse_method`'s dict (its text is its name in
+                    the result).
         n_boot (int): Bootstrap resamples.
+        scored (Scored): The run's scores so far (updated).
 
     Returns:
         *dict*: ``name``, ``curve`` (a :class:`Curve` as a dict, or None),
         ``scores`` (``(S, R)`` float64) and ``seconds``.
     """
-    model, graph, n = context.model, context.model.graph, context.n_pairs
-    start = time.perf_counter()
-    found = SCORERS[scorer].function(context)
-    if isinstance(found, Tensor):
-        scores = found.double().cpu()
-    else:
-        scores = scores_from_dict(graph, found, text)
-    seconds = {"score": time.perf_counter() - start}
+    model, graph, n = base.model, base.model.graph, base.n_pairs
+    text = method["name"]
+    scores, took = method_scores(base, method, scored)
+    seconds = {"score": took}
     record: Dict[str, Any] = dict(name=text, curve=None, seconds=seconds)
-    if SCORERS[scorer].truth is None:
+    if SCORERS[method["scorer"]].truth is None:
         start = time.perf_counter()
         signed, absolute = circuits(graph, scores, False), circuits(graph, scores, True)
         keeps = signed + absolute
-        full, empty, m = patched_metrics(
-            model, context.batches, keeps, context.metric, n
-        )
+        full, empty, m = patched_metrics(model, base.batches, keeps, base.metric, n)
         k = len(PERCENTS)
-        found_curve = curve(
-            text, signed, full, empty, m[:k], m[k:], n_boot, context.seed
-        )
+        found_curve = curve(text, signed, full, empty, m[:k], m[k:], n_boot, base.seed)
         seconds["evaluate"] = time.perf_counter() - start
         found_curve.seconds = seconds
         record["curve"] = asdict(found_curve)
@@ -371,6 +421,10 @@ def run_circuits(
     if out is not None:
         (out / "methods").mkdir(exist_ok=True)
         write_atomic(out / RUN_RECORD, json.dumps(plain(identity or {})))
+    base = ScoringContext(
+        model, tokenizer, batches, len(pairs), metric, seed=seed, sample=sample
+    )
+    scored: Scored = {}
     records: List[Dict[str, Any]] = []
     for text in methods:
         method = parse_method(text)
@@ -378,21 +432,15 @@ def run_circuits(
         if saved is not None and saved[0].exists():
             resumed = json.loads(saved[0].read_text(encoding="utf-8"))
             resumed["scores"] = torch.load(saved[1], weights_only=True)
+            if not method["parts"]:  # an average's parts may reuse it
+                scored[method_key(method)] = (
+                    resumed["scores"],
+                    resumed["seconds"]["score"],
+                )
             records.append(resumed)
             report(f"{text}: resumed from {saved[0].parent}")
             continue
-        context = ScoringContext(
-            model,
-            tokenizer,
-            batches,
-            len(pairs),
-            metric,
-            steps=method["steps"],
-            seed=seed,
-            sample=sample,
-            path=method["path"],
-        )
-        record = score_method(context, text, method["scorer"], n_boot)
+        record = score_method(base, method, n_boot, scored)
         seconds = record["seconds"]
         if saved is not None:
             torch.save(record["scores"], saved[1])

@@ -79,7 +79,11 @@ def test_a_bad_task_line_is_refused_by_number_before_loading(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--help"], ["--task", "TASK", "--methods", "nope", "--model", "/nonexistent"]],
+    [
+        ["--help"],
+        ["--task", "TASK", "--methods", "nope", "--model", "/nonexistent"],
+        ["--task", "TASK", "--methods", "mean:eap+eap", "--model", "/nonexistent"],
+    ],
 )
 def test_help_and_refusals_import_no_torch_and_answer_at_once(tmp_path, argv):
     task = _task(tmp_path, [json.dumps(GOOD)])
@@ -97,6 +101,7 @@ def test_help_and_refusals_import_no_torch_and_answer_at_once(tmp_path, argv):
     assert seconds < 2.0
     if "--help" in argv:
         assert "eap-ig-inputs[:STEPS, default 5]" in " ".join(ran.stdout.split())
+        assert "mean:A+B[+C...]" in " ".join(ran.stdout.split())
         assert "ioi" in ran.stdout
 
 

@@ -29,6 +29,9 @@ def test_the_registry_is_read_only_and_register_refuses_bad_entries(monkeypatch)
         Scorer(_constant, "mine", steps=0)
     with pytest.raises(ValueError, match="steps: a scorer that reads a file"):
         Scorer(_constant, "mine", steps=3, reads_file=True)
+    for other in (dict(steps=3), dict(reads_file=True)):
+        with pytest.raises(ValueError, match="averages: a scorer of other methods"):
+            Scorer(_constant, "mine", averages=True, **other)
     with pytest.raises(TypeError, match="truth: expected a callable"):
         Scorer(_constant, "mine", truth=3)  # type: ignore[arg-type]
     monkeypatch.setattr(methods, "_REGISTRY", dict(methods._REGISTRY))
@@ -51,7 +54,7 @@ def test_the_torch_free_registry_is_the_scorers_and_names_real_functions():
 
 def test_methods_are_parsed_from_the_records():
     assert parse_method("eap-ig-inputs") == dict(
-        name="eap-ig-inputs", scorer="eap-ig-inputs", steps=5, path=None
+        name="eap-ig-inputs", scorer="eap-ig-inputs", steps=5, path=None, parts=[]
     )
     assert parse_method("eap")["steps"] == 0
     assert parse_method("eap-json:C:/runs/a:b.json")["path"] == "C:/runs/a:b.json"
