@@ -5,7 +5,7 @@ text on the command line (:func:`parse_method`) and its record in a resumable
 folder (:func:`method_stem`, :func:`check_record`).
 
 An ensemble, ``mean:A+B[+C…]``, is a scorer whose argument is other methods
-(:attr:`Scorer.averages`): :func:`parse_method` parses and checks its parts.
+(``Scorer.averages``): :func:`parse_method` parses and checks its parts.
 
 The shipped records name their functions in
 :mod:`~captum_iglens.studies.circuits.scorers` (and the modules it uses), which
