@@ -10,7 +10,8 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-from captum_iglens.attr.flow.graph import FlowGraph, widest_path
+from captum_iglens.attr.flow.graph import FlowGraph
+from captum_iglens.attr.flow.route import widest_path
 from captum_iglens.graph.model_graph import model_graph
 from tests.viewer.synthetic_graph import synthetic_graph
 

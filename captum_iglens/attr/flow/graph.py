@@ -13,14 +13,12 @@ be conserved at every node; the errors shown are recomputed, never read.
 :meth:`FlowGraph.to_eap_json` writes EAP-IG's and MIB's graph file.
 """
 
-import csv
-import io
 import json
 import math
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -44,6 +42,15 @@ from captum_iglens._utils.serialization import (
     write_atomic,
 )
 from captum_iglens.attr.flow.options import SCORES
+from captum_iglens.attr.flow.route import Route, best_route
+from captum_iglens.attr.flow.tables import (
+    EDGE_COLUMNS,
+    PAIR_COLUMNS,
+    edge_rows,
+    pair_lines,
+    pair_rows,
+    write_csv,
+)
 from captum_iglens.graph.eap_json import eap_document
 from captum_iglens.graph.model_graph import ModelGraph, model_graph
 from captum_iglens.viewer import Viewable
@@ -95,71 +102,6 @@ EXACT_RTOL = 1e-9
 #: The same for the plain first-order terms, float32 products summed per
 #: position and over positions.
 PLAIN_RTOL = 1e-5
-
-#: The columns of :meth:`FlowGraph.to_csv`'s tables.
-_EDGE_COLUMNS = ("edge", "sender", "receiver", "flow", "share")
-_PAIR_COLUMNS = (
-    "edge",
-    "sender_position",
-    "receiver_position",
-    "sender_token",
-    "receiver_token",
-    "flow",
-)
-
-
-class Route(NamedTuple):
-    """The route that carries the most of ``Δm`` (:meth:`FlowGraph.route`)."""
-
-    #: The node names from ``input`` to ``logits``.
-    nodes: List[str]
-    #: The flow of each hop, node to node (a head's reads summed).
-    flows: List[float]
-    #: The smallest of them in the direction of ``Δm``'s sign, signed.
-    bottleneck: float
-
-
-def widest_path(
-    senders: np.ndarray, receivers: np.ndarray, widths: np.ndarray, n_nodes: int
-) -> Optional[List[int]]:
-    r"""
-    The path from the first node to the last of a DAG whose narrowest edge is
-    the widest; of those, the one of fewest edges, then the first in node
-    order.
-
-    Args:
-
-        senders (np.ndarray): ``(E,)`` int: each edge's first node.
-        receivers (np.ndarray): ``(E,)`` int: each edge's second node, after
-                    its first in node order (``senders < receivers``).
-        widths (np.ndarray): ``(E,)`` float: each edge's width.
-        n_nodes (int): The nodes, ``0`` to ``n_nodes - 1``.
-
-    Returns:
-        *list[int]* or None: the path's nodes, first to last; None where no
-        path joins them.
-    """
-    best = np.full(n_nodes, -np.inf)  # the widest bottleneck from node 0
-    best[0] = np.inf
-    for node in range(1, n_nodes):
-        into = receivers == node
-        if into.any():
-            best[node] = np.minimum(best[senders[into]], widths[into]).max()
-    if best[-1] == -np.inf:
-        return None
-    wide = widths >= best[-1]  # every path of these edges is a widest one
-    senders, receivers = senders[wide], receivers[wide]
-    hops = np.full(n_nodes, np.inf)  # the fewest wide edges to the last node
-    hops[-1] = 0
-    for node in range(n_nodes - 2, -1, -1):
-        out = senders == node
-        if out.any():
-            hops[node] = 1 + hops[receivers[out]].min()
-    path = [0]
-    while path[-1] != n_nodes - 1:
-        out = receivers[senders == path[-1]]
-        path.append(int(out[hops[out] == hops[path[-1]] - 1].min()))
-    return path
 
 
 def graph_of(cfg: Dict[str, Any]) -> ModelGraph:
@@ -398,23 +340,7 @@ class FlowGraph(JsonDocument, Viewable):
         Returns:
             *list[dict]*.
         """
-        graph, kept = self.graph, self.kept
-        flows = self.flows[kept]
-        total = float(np.abs(flows).sum()) or 1.0
-        rows = []
-        for i in kept[np.argsort(-np.abs(flows), kind="stable")]:
-            flow = float(self.flows[i])
-            row = dict(
-                edge=graph.edges[i],
-                sender=graph.senders[graph.edge_senders[i]],
-                receiver=graph.receivers[graph.edge_receivers[i]],
-                flow=flow,
-                share=abs(flow) / total,
-            )
-            if self.effects is not None:
-                row["effect"] = float(self.effects[i])
-            rows.append(row)
-        return rows
+        return edge_rows(self.graph, self.flows, self.kept, self.effects)
 
     def pairs_table(self, top: Optional[int] = None) -> List[Dict[str, Any]]:
         r"""
@@ -439,29 +365,7 @@ class FlowGraph(JsonDocument, Viewable):
             ...                        receiver_positions=True)
             >>> graph.pairs_table(top=5)[0]["receiver_token"]
         """
-        if self.pair_flows is None:
-            raise ValueError(
-                "pair_flows: this graph has none; build it with "
-                "receiver_positions=True (CLI: --receiver-positions)"
-            )
-        kept = self.kept
-        pairs = self.pair_flows[kept]
-        flat = pairs.reshape(-1)
-        order = np.argsort(-np.abs(flat), kind="stable")
-        order = order[flat[order] != 0][:top]
-        edge, sender, receiver = np.unravel_index(order, pairs.shape)
-        edges = self.edges
-        return [
-            dict(
-                edge=edges[kept[e]],
-                sender_position=int(s),
-                receiver_position=int(t),
-                sender_token=self.tokens[s],
-                receiver_token=self.tokens[t],
-                flow=float(pairs[e, s, t]),
-            )
-            for e, s, t in zip(edge, sender, receiver)
-        ]
+        return pair_rows(self.pair_flows, self.kept, self.edges, self.tokens, top)
 
     def to_csv(self, path: Union[str, Path], pairs: bool = False) -> None:
         r"""
@@ -477,19 +381,11 @@ class FlowGraph(JsonDocument, Viewable):
         Raises:
             ValueError: With ``pairs``, if the graph has no ``pair_flows``.
         """
-        path = check_writable(path, "path")
-        rows = self.pairs_table() if pairs else self.edges_table()
-        columns: Tuple[str, ...] = _PAIR_COLUMNS if pairs else _EDGE_COLUMNS
-        if not pairs and self.effects is not None:
-            columns += ("effect",)
-        out = io.StringIO()
-        writer = csv.DictWriter(out, columns, lineterminator="\n")
-        writer.writeheader()
-        for row in rows:  # floats as repr: read back exactly
-            writer.writerow(
-                {k: repr(v) if isinstance(v, float) else v for k, v in row.items()}
-            )
-        write_atomic(path, out.getvalue())
+        if pairs:
+            write_csv(path, self.pairs_table(), PAIR_COLUMNS)
+        else:
+            extra = () if self.effects is None else ("effect",)
+            write_csv(path, self.edges_table(), EDGE_COLUMNS + extra)
 
     def page_data(self) -> Dict[str, Any]:
         r"""The data of this graph's viewer page, which :meth:`to_html` writes
@@ -500,40 +396,21 @@ class FlowGraph(JsonDocument, Viewable):
     def route(self) -> Optional[Route]:
         r"""
         The route that carries the most of ``Δm``: of the paths from ``input``
-        to ``logits`` over the kept edges, node to node (a head's query, key
-        and value reads summed into the head), the one whose smallest flow in
-        the direction of ``Δm``'s sign is largest (its bottleneck); of those,
-        the one of fewest hops, then the first in node order. What flows along
-        it is at least the bottleneck at every hop: the widest single channel
-        from the prompt's change to the target's.
+        to ``logits`` over the kept edges, node to node (a head's reads summed),
+        the one whose smallest flow in ``Δm``'s direction is largest; of those,
+        the one of fewest hops, then the first in node order
+        (:func:`~captum_iglens.attr.flow.route.widest_path`).
 
         Returns:
-            *Route* or None: its ``nodes``, the ``flows`` of its hops and its
-            ``bottleneck`` (signed); None where no kept edges join ``input``
-            to ``logits`` (a pruned graph).
+            *Route* or None: its ``nodes``, its hops' ``flows`` and its signed
+            ``bottleneck``; None where no kept edges join ``input`` to ``logits``.
 
         Examples::
 
             >>> route = graph.route()
             >>> " -> ".join(route.nodes), route.bottleneck
         """
-        graph, kept = self.graph, self.kept
-        n = len(graph.nodes)
-        pair = graph.edge_senders[kept] * n
-        pair += graph.receiver_node[graph.edge_receivers[kept]]
-        pairs, at = np.unique(pair, return_inverse=True)
-        flows = np.bincount(at, weights=self.flows[kept], minlength=len(pairs))
-        sign = -1.0 if self.delta_m < 0 else 1.0
-        path = widest_path(pairs // n, pairs % n, sign * flows, n)
-        if path is None:
-            return None
-        hop = np.searchsorted(pairs, np.array(path[:-1]) * n + path[1:])
-        hops = flows[hop].tolist()
-        return Route(
-            nodes=[graph.nodes[node] for node in path],
-            flows=hops,
-            bottleneck=sign * min(sign * flow for flow in hops),
-        )
+        return best_route(self.graph, self.flows, self.kept, self.delta_m)
 
     def crossings(self) -> np.ndarray:
         r"""
@@ -718,14 +595,7 @@ class FlowGraph(JsonDocument, Viewable):
                 f"{row['edge']:<28} {row['flow']:>+12.4e} {row['share']:>7.3f}"
             )
         if self.pair_flows is not None:
-            lines.append(
-                f"{'edge, by position (sender@s -> receiver@t)':<44} {'flow':>12}"
-            )
-            for row in self.pairs_table(top):
-                at = f"@{row['sender_position']}->"
-                where = row["edge"].replace("->", at, 1)
-                where += f"@{row['receiver_position']}"
-                lines.append(f"{where:<44} {row['flow']:>+12.4e}")
+            lines += pair_lines(self.pairs_table(top))
         lines.append(
             f"completeness: |Σ F(u->logits) - Δm| = {self.completeness_error:.2e}; "
             f"worst conservation error: {self.conservation_error:.2e} "
@@ -734,7 +604,8 @@ class FlowGraph(JsonDocument, Viewable):
         if self.kept_into_logits is not None:
             lines.append(
                 f"the {len(self.kept)} kept edges carry Σ F(u->logits) = "
-                f"{self.kept_into_logits:.6g} of Δm = {self.delta_m:.6g} into logits"
+                f"{self.kept_into_logits:.6g} of Δm = {self.delta_m:.6g} "
+                "into logits"
             )
         return "\n".join(lines)
 

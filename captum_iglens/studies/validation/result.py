@@ -803,25 +803,42 @@ def _traced_lines(result: "RestorationResult") -> List[str]:
 
 def _cost_lines(result: "RestorationResult") -> List[str]:
     """The study's cost: the IG-Lens pass with the methods run on it, each
-    corruption's restoration and each traced method's runs beside it."""
-    parts = result.settings.get("seconds_by_part")
-    if not parts:  # files written before the parts were timed
+    corruption's restoration and each traced method's runs beside it; none
+    where the settings do not hold the figures (files written before the parts
+    were timed)."""
+    settings = result.settings
+    parts = settings.get("seconds_by_part") or {}
+    if not _numbers(parts, ["lens", *result.corruptions]) or not _numbers(
+        settings, ["seconds"]
+    ):
         return []
     restored = ", ".join(f"{c} {parts[c]:.1f} s" for c in result.corruptions)
     lines = [
         "",
-        f"cost: {result.settings['seconds']:.1f} s; IG-Lens and the methods on "
+        f"cost: {settings['seconds']:.1f} s; IG-Lens and the methods on "
         f"its pass {parts['lens']:.1f} s; restoration: {restored}",
     ]
-    steps = result.settings.get("flow_steps")
-    for m, by_corruption in result.settings.get("traced_runs", {}).items():
+    steps = settings.get("flow_steps")
+    traced = settings.get("traced_runs")
+    for m, by_corruption in (traced if isinstance(traced, dict) else {}).items():
+        runs = by_corruption if isinstance(by_corruption, dict) else {}
         cells = [
             f"{c} {run['seconds']:.1f} s, {run['runs']} runs "
             f"({run['seconds'] / max(parts[c], 1e-9):.1f}× restoration)"
-            for c, run in by_corruption.items()
+            for c, run in runs.items()
+            if c in parts and _numbers(run, ["seconds", "runs"])
         ]
         lines.append(f"  {m} (n_steps={steps}): " + "; ".join(cells))
     return lines
+
+
+def _numbers(record: Any, keys: List[str]) -> bool:
+    """Whether ``record`` is a dict holding a number (not a bool) at each key."""
+    return isinstance(record, dict) and all(
+        isinstance(record.get(key), (int, float))
+        and not isinstance(record.get(key), bool)
+        for key in keys
+    )
 
 
 def _shape(result: "RestorationResult", name: str) -> Optional[Tuple[int, ...]]:
