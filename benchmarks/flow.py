@@ -189,7 +189,7 @@ def _eap_ig_inputs(model, ids, other, answer, n_steps):
 class _NoEffects(EffectSums):
     """The walk without the sums of each edge's own effect (their cost only)."""
 
-    def start(self, prev, grad, n_receivers):
+    def add_final(self, prev, grad, n_receivers):
         pass
 
     def add(self, rows, rho):

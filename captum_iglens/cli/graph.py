@@ -238,12 +238,9 @@ def check_options(args: argparse.Namespace) -> str:
                 "--baseline: give either --counterfactual or --baseline, not both"
             )
     _check_subject(args, prompt)
-    try:
-        check_steps(args.n_steps, "--n-steps")
-    except ValueError as error:
-        raise CommandError(str(error)) from None
     names = dict(kind="--target-kind", foil="--foil", counterfactual="--counterfactual")
     try:
+        check_steps(args.n_steps, "--n-steps")
         check_foil(
             args.target_kind, args.foil is not None, bool(args.counterfactual), names
         )
@@ -262,10 +259,10 @@ def check_options(args: argparse.Namespace) -> str:
             "receivers; add --qkv"
         )
     check_outputs(args, "json", "csv", "pairs_csv", "eap_json", "html")
-    _check_receiver_positions(args, prompt.strip())
+    _check_receiver_positions(args, prompt)
     _device(args.device or "cpu")  # imports torch: after the checks that need none
     _device_map(args)
-    return prompt.strip()
+    return prompt
 
 
 def _check_receiver_positions(args: argparse.Namespace, prompt: str) -> None:
@@ -305,7 +302,7 @@ def _check_subject(args: argparse.Namespace, prompt: str) -> None:
         raise CommandError("--corrupt-subject: expected the subject's text")
     if subject not in prompt:
         raise CommandError(
-            f"--corrupt-subject: {subject!r} is not in the prompt {prompt.strip()!r}"
+            f"--corrupt-subject: {subject!r} is not in the prompt {prompt!r}"
         )
 
 

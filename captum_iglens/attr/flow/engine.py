@@ -276,7 +276,7 @@ class _Stepper:
         work = torch.promote_types(cur.writes.dtype, torch.float32)
         dz = cur.writes[j].to(work) - prev.writes[0].to(work)  # (S, T', d)
         grad = (cur.grad_final[j].to(work) + prev.grad_final[0].to(work)) / 2
-        self.effects.start(prev, grad, cur.rho.shape[1])
+        self.effects.add_final(prev, grad, cur.rho.shape[1])
         direct = torch.einsum("td,std->st", grad, dz).double()
         (n_receivers, split), (n_senders, length, _) = cur.rho.shape[1:3], dz.shape
         sums = torch.zeros(n_receivers, n_senders, dtype=torch.float64)
@@ -358,7 +358,7 @@ class EffectSums:
         self.rho: Optional[Tensor] = None
         self.grad: Optional[Tensor] = None
 
-    def start(self, prev: PointState, grad: Tensor, n_receivers: int) -> None:
+    def add_final(self, prev: PointState, grad: Tensor, n_receivers: int) -> None:
         r"""Adds a step's mean final gradient ``grad`` ``(T', d)``; on the
         first step, keeps ``prev``'s writes, the path's start."""
         if self.first is None:
