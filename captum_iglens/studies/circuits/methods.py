@@ -40,7 +40,7 @@ from captum_iglens._utils.schema import (
     Text,
 )
 from captum_iglens._utils.serialization import parse_json
-from captum_iglens.attr.flow.options import DEFAULT_STEPS
+from captum_iglens.attr.flow.options import DEFAULT_STEPS, check_steps
 
 if TYPE_CHECKING:
     import torch
@@ -108,11 +108,17 @@ class Scorer:
                     joined by ``+`` (``NAME:A+B``), each scored first (or
                     reused where the run has scored it) and given in
                     ``context.parts``. Default: False
+        check_steps (callable, optional): ``(steps, name) -> None``, raising
+                    a ``ValueError`` that names ``name`` for a step count it
+                    cannot take, called as the method is parsed (the flow's
+                    :func:`~captum_iglens.attr.flow.options.check_steps`).
+                    Default: None (any positive count)
 
     Raises:
         ValueError: If ``steps`` is not a positive int, or is given with
             ``reads_file`` or ``averages``, or both of those are set.
-        TypeError: If ``function`` or ``truth`` is not callable.
+        TypeError: If ``function``, ``truth`` or ``check_steps`` is not
+            callable.
     """
 
     function: Callable[["ScoringContext"], "Scores"]
@@ -121,11 +127,12 @@ class Scorer:
     truth: Optional[Comparison] = None
     reads_file: bool = False
     averages: bool = False
+    check_steps: Optional[Callable[[int, str], None]] = None
 
     def __post_init__(self) -> None:
-        for name in ("function", "truth"):
+        for name in ("function", "truth", "check_steps"):
             value = getattr(self, name)
-            if not callable(value) and not (name == "truth" and value is None):
+            if not callable(value) and not (name != "function" and value is None):
                 raise TypeError(f"{name}: expected a callable, got {value!r}")
         steps = self.steps
         if steps is not None and (
@@ -179,6 +186,7 @@ for _name, _record in (
             _Later("flow_scores", "flow_scores"),
             "the exact probability flow",
             DEFAULT_STEPS,
+            check_steps=check_steps,
         ),
     ),
     (
@@ -187,6 +195,7 @@ for _name, _record in (
             _Later("flow_scores", "flow_scores", method="first_order"),
             "the flow's first-order terms",
             DEFAULT_STEPS,
+            check_steps=check_steps,
         ),
     ),
     (
@@ -195,6 +204,7 @@ for _name, _record in (
             _Later("flow_scores", "flow_scores", score="effect"),
             "each edge's own effect from the flow's walk",
             DEFAULT_STEPS,
+            check_steps=check_steps,
         ),
     ),
     (
@@ -308,6 +318,8 @@ def parse_method(text: str) -> Dict[str, Any]:
             f"--methods: expected a positive step count in ASCII digits in {text!r}"
         )
     steps = int(argument) if argument else record.steps or 0
+    if record.check_steps is not None:
+        record.check_steps(steps, f"--methods: {text}")
     return dict(name=text, scorer=scorer, steps=steps, path=None, parts=[])
 
 

@@ -57,6 +57,14 @@ def _error(capsys):
         (["--methods", "eap,eap"], "--methods: a method is named twice"),
         (["--pairs", "0"], "--pairs: expected an int >= 1, got 0"),
         (
+            ["--methods", "eap,effect:5000"],
+            "--methods: effect:5000: expected at most 1024, got 5000",
+        ),
+        (
+            ["--methods", "mean:eap+flow:2000"],
+            "--methods: in 'mean:eap+flow:2000', flow:2000: expected at most 1024",
+        ),
+        (
             ["--methods", "flow:\u00b2"],
             "--methods: expected a positive step count in ASCII digits in "
             "'flow:\u00b2'",

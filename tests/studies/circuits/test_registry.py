@@ -34,6 +34,8 @@ def test_the_registry_is_read_only_and_register_refuses_bad_entries(monkeypatch)
             Scorer(_constant, "mine", averages=True, **other)
     with pytest.raises(TypeError, match="truth: expected a callable"):
         Scorer(_constant, "mine", truth=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="check_steps: expected a callable"):
+        Scorer(_constant, "mine", check_steps=3)  # type: ignore[arg-type]
     monkeypatch.setattr(methods, "_REGISTRY", dict(methods._REGISTRY))
     monkeypatch.setattr(methods, "SCORERS", methods.MappingProxyType(methods._REGISTRY))
     register("mine", Scorer(_constant, "mine", steps=7))
