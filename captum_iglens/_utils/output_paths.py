@@ -120,6 +120,34 @@ def _an_output(path: Path) -> bool:
         return handle.read(8) == b'{"kind":'
 
 
+def check_apart(folder: PathLike, what: str, inputs: Mapping[str, PathLike]) -> None:
+    r"""
+    Refuses an output folder that is one of the run's inputs, lies inside an
+    input folder or holds an input (its records would be written among the
+    inputs, or an input among its records). Paths are compared as real paths;
+    inputs that do not exist as paths (an embedded model's name) are skipped.
+
+    Args:
+
+        folder (str or Path): The output folder (it need not exist yet).
+        what (str): Its argument's name, for the error, e.g. ``"--out"``.
+        inputs (Mapping[str, str or Path]): The run's inputs, by argument name.
+
+    Raises:
+        ValueError: Naming ``what`` and the input.
+    """
+    real = Path(os.path.realpath(folder))
+    for name, given in inputs.items():
+        if not os.path.exists(given):
+            continue
+        source = Path(os.path.realpath(given))
+        if source == real or source in real.parents or real in source.parents:
+            raise ValueError(
+                f"{what}: {folder} holds or lies in the run's input {name} "
+                f"({given}); give the output folder a path apart from its inputs"
+            )
+
+
 def check_folder(path: PathLike, what: str) -> Path:
     r"""
     The path of an output folder, checked before any work: an existing,

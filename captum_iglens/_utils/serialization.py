@@ -62,6 +62,17 @@ def write_atomic(path: PathLike, data: Union[str, bytes]) -> None:
         raise
 
 
+def remove_partials(folder: PathLike) -> None:
+    r"""Removes the temporary files that :func:`write_atomic` calls killed
+    before their rename (``kill -9``) left in ``folder``: the files named
+    ``.NAME.`` and 16 hex digits. Only for a folder no other process is
+    writing."""
+    for path in Path(folder).glob(".*.*"):
+        stem, _, tag = path.name.rpartition(".")
+        if stem and len(tag) == 16 and set(tag) <= set("0123456789abcdef"):
+            path.unlink(missing_ok=True)
+
+
 def save_json(path: PathLike, kind: str, data: Dict[str, Any]) -> None:
     r"""Writes ``data`` as a tagged JSON document, atomically."""
     check_writable(path, "path")

@@ -4,7 +4,7 @@ change of the target (see
 :class:`~captum_iglens.attr.flow.ProbabilityFlow`)."""
 
 import argparse
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Dict, List
 
 from captum_iglens.cli.common import (
     CommandError,
@@ -155,6 +155,26 @@ def _add_options(graph: argparse.ArgumentParser) -> None:
         "point may exceed it)",
     )
     _add_outputs(graph)
+    _add_pairs(graph)
+
+
+def _add_pairs(graph: argparse.ArgumentParser) -> None:
+    """The options of the pair-file form (:mod:`~captum_iglens.cli.graph_pairs`)."""
+    graph.add_argument(
+        "--pairs",
+        metavar="FILE",
+        help="a graph for every row of this JSON Lines file of {id, prompt, "
+        "counterfactual | corrupt_subject, target, foil} (a row's fields replace "
+        "the options; every other option applies to each row), in place of the "
+        "prompt; resumable, and shared across processes under torchrun",
+    )
+    graph.add_argument(
+        "--out",
+        metavar="DIR",
+        help="with --pairs: the folder of the graphs, OUT/graphs/<id>.json, and "
+        "of the run's record OUT/run.json (a rerun resumes it, with the same "
+        "options, rows and model only)",
+    )
 
 
 def _add_start(graph: argparse.ArgumentParser) -> None:
@@ -230,27 +250,22 @@ def check_options(args: argparse.Namespace) -> str:
     r"""Every option of ``graph`` that can be checked without the model; the
     prompt, stripped. A bad option raises :class:`CommandError`."""
     prompt = read_prompt(args)
-    if args.counterfactual is not None:
-        if not args.counterfactual.strip():
-            raise CommandError("--counterfactual: expected a non-empty prompt")
-        if args.baseline is not None:
-            raise CommandError(
-                "--baseline: give either --counterfactual or --baseline, not both"
-            )
-    _check_subject(args, prompt)
+    for name in ("pairs", "out"):
+        if getattr(args, name) is not None:
+            raise CommandError(f"--{name}: give --pairs FILE and --out DIR together")
+    check_shared_options(args)
+    subject = args.corrupt_subject
+    if subject is not None and subject not in prompt:
+        raise CommandError(
+            f"--corrupt-subject: {subject!r} is not in the prompt {prompt!r}"
+        )
     names = dict(kind="--target-kind", foil="--foil", counterfactual="--counterfactual")
     try:
-        check_steps(args.n_steps, "--n-steps")
         check_foil(
             args.target_kind, args.foil is not None, bool(args.counterfactual), names
         )
     except ValueError as error:
         raise CommandError(str(error)) from None
-    for name in ("target", "foil"):
-        if getattr(args, name) == "":
-            raise CommandError(f"--{name}: expected a token's text")
-    if args.device_map is not None:
-        raise CommandError("--device-map: graph runs the model on one --device")
     if args.pairs_csv and not args.receiver_positions:
         raise CommandError("--pairs-csv: needs --receiver-positions")
     if args.eap_json and not args.qkv:
@@ -258,17 +273,45 @@ def check_options(args: argparse.Namespace) -> str:
             "--eap-json: EAP-IG's graph has separate query, key and value "
             "receivers; add --qkv"
         )
-    check_outputs(args, "json", "csv", "pairs_csv", "eap_json", "html")
-    _check_receiver_positions(args, prompt)
+    check_outputs(args, *OUTPUTS)
+    check_receiver_positions(args, [prompt])
     _device(args.device or "cpu")  # imports torch: after the checks that need none
     _device_map(args)
     return prompt
 
 
-def _check_receiver_positions(args: argparse.Namespace, prompt: str) -> None:
-    """``--receiver-positions`` against the memory available, from the model's
-    ``config.json`` and ``tokenizer.json`` where they can be read before the
-    load (the loaded model is checked again, with its path points)."""
+#: The options that name the files one graph is written to.
+OUTPUTS = ("json", "csv", "pairs_csv", "eap_json", "html")
+
+
+def check_shared_options(args: argparse.Namespace) -> None:
+    r"""The checks of ``graph``'s options that hold for one prompt and for a
+    pair file alike: the path's start, the step count, the target and foil
+    texts and the device. A bad option raises :class:`CommandError`."""
+    if args.counterfactual is not None:
+        if not args.counterfactual.strip():
+            raise CommandError("--counterfactual: expected a non-empty prompt")
+        if args.baseline is not None:
+            raise CommandError(
+                "--baseline: give either --counterfactual or --baseline, not both"
+            )
+    _check_subject(args)
+    try:
+        check_steps(args.n_steps, "--n-steps")
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    for name in ("target", "foil"):
+        if getattr(args, name) == "":
+            raise CommandError(f"--{name}: expected a token's text")
+    if args.device_map is not None:
+        raise CommandError("--device-map: graph runs the model on one --device")
+
+
+def check_receiver_positions(args: argparse.Namespace, prompts: List[str]) -> None:
+    r"""``--receiver-positions`` against the memory available for the longest
+    of ``prompts``, from the model's ``config.json`` and ``tokenizer.json``
+    where they can be read before the load (the loaded model is checked
+    again, with its path points)."""
     if not args.receiver_positions:
         return
     from captum_iglens.hf.model_files import read_text_config, read_tokenizer
@@ -283,12 +326,12 @@ def _check_receiver_positions(args: argparse.Namespace, prompt: str) -> None:
     from captum_iglens.attr.flow.pair_memory import check_pair_memory
     from captum_iglens.graph.model_graph import model_graph
 
-    length = len(tokenizer(prompt)["input_ids"])
+    length = max(len(tokenizer(prompt)["input_ids"]) for prompt in prompts)
     check_pair_memory(model_graph(blocks, heads, args.qkv), length)
 
 
-def _check_subject(args: argparse.Namespace, prompt: str) -> None:
-    """``--corrupt-subject``: one start of the path, found in the prompt."""
+def _check_subject(args: argparse.Namespace) -> None:
+    """``--corrupt-subject``: one start of the path."""
     subject = args.corrupt_subject
     if subject is None:
         return
@@ -300,14 +343,10 @@ def _check_subject(args: argparse.Namespace, prompt: str) -> None:
             )
     if not subject.strip():
         raise CommandError("--corrupt-subject: expected the subject's text")
-    if subject not in prompt:
-        raise CommandError(
-            f"--corrupt-subject: {subject!r} is not in the prompt {prompt!r}"
-        )
 
 
-def _as_options(message: str) -> str:
-    """A Python argument's name at the head of ``message`` as the option."""
+def as_options(message: str) -> str:
+    r"""A Python argument's name at the head of ``message`` as the option."""
     name, sep, rest = message.partition(": ")
     renamed = {
         "inputs": "prompt",
@@ -320,7 +359,12 @@ def _as_options(message: str) -> str:
 
 def prepare(args: argparse.Namespace) -> Job:
     r"""Checks every option, loads the model; the job computes the graph,
-    prints its largest edges and writes the outputs."""
+    prints its largest edges and writes the outputs (with ``--pairs``, every
+    row's graph: :func:`~captum_iglens.cli.graph_pairs.prepare_pairs`)."""
+    if args.pairs is not None:
+        from captum_iglens.cli.graph_pairs import prepare_pairs
+
+        return prepare_pairs(args)
     prompt = check_options(args)  # before torch: input errors answer at once
     model, tokenizer = load_model_of(args)
     compute = plan_graph(model, tokenizer, prompt, args)
@@ -367,27 +411,9 @@ def plan_graph(
 
     flow = ProbabilityFlow(model, tokenizer)
     try:
-        plan = flow.plan(
-            prompt,
-            # stripped as the prompt is, so that equal prompts have equal lengths
-            counterfactual=args.counterfactual and args.counterfactual.strip(),
-            corrupt_subject=args.corrupt_subject,
-            noise_seed=args.noise_seed,
-            baselines=args.baseline or "mean",
-            target=args.target,
-            target_kind=args.target_kind,
-            foil=args.foil,
-            position=args.position,
-            n_steps=args.n_steps,
-            method=args.method,
-            qkv=args.qkv,
-            per_position=args.per_position,
-            receiver_positions=args.receiver_positions,
-            internal_batch_size=args.internal_batch_size,
-            max_chunk_bytes=args.max_chunk_mib * 2**20,
-        )
+        plan = flow.plan(prompt, **flow_options(args))
     except (ValueError, TypeError) as error:
-        raise CommandError(_as_options(str(error))) from None
+        raise CommandError(as_options(str(error))) from None
 
     def compute() -> "FlowGraph":
         graph = flow.run(plan)
@@ -395,3 +421,35 @@ def plan_graph(
         return graph
 
     return compute
+
+
+def flow_options(args: argparse.Namespace) -> Dict[str, Any]:
+    r"""
+    The arguments of :meth:`ProbabilityFlow.plan` that ``graph``'s options
+    give, all but the prompt.
+
+    Args:
+
+        args (argparse.Namespace): ``graph``'s options.
+
+    Returns:
+        *dict*.
+    """
+    return dict(
+        # stripped as the prompt is, so that equal prompts have equal lengths
+        counterfactual=args.counterfactual and args.counterfactual.strip(),
+        corrupt_subject=args.corrupt_subject,
+        noise_seed=args.noise_seed,
+        baselines=args.baseline or "mean",
+        target=args.target,
+        target_kind=args.target_kind,
+        foil=args.foil,
+        position=args.position,
+        n_steps=args.n_steps,
+        method=args.method,
+        qkv=args.qkv,
+        per_position=args.per_position,
+        receiver_positions=args.receiver_positions,
+        internal_batch_size=args.internal_batch_size,
+        max_chunk_bytes=args.max_chunk_mib * 2**20,
+    )

@@ -12,6 +12,7 @@ from captum_iglens._utils.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from captum_iglens.studies.batch import (
+        graph_pairs,
         init_distributed,
         read_results,
         run_batch,
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     )
     from captum_iglens.studies.comparison import ComparisonResult, compare, compare_text
     from captum_iglens.studies.methods import COMPARED_METHODS, SCORED_METHODS
+    from captum_iglens.studies.pair_file import read_pairs
     from captum_iglens.studies.prompts import read_prompts
     from captum_iglens.studies.validation import (
         StudyOptions,
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "graph_pairs": "captum_iglens.studies.batch",
         "init_distributed": "captum_iglens.studies.batch",
         "read_results": "captum_iglens.studies.batch",
         "run_batch": "captum_iglens.studies.batch",
@@ -40,6 +43,7 @@ __getattr__, __dir__ = lazy_exports(
         "compare_text": "captum_iglens.studies.comparison",
         "COMPARED_METHODS": "captum_iglens.studies.methods",
         "SCORED_METHODS": "captum_iglens.studies.methods",
+        "read_pairs": "captum_iglens.studies.pair_file",
         "read_prompts": "captum_iglens.studies.prompts",
         "StudyOptions": "captum_iglens.studies.validation",
         "ValidationResult": "captum_iglens.studies.validation",
@@ -56,8 +60,10 @@ __all__ = [
     "ValidationResult",
     "compare",
     "compare_text",
+    "graph_pairs",
     "init_distributed",
     "load_facts",
+    "read_pairs",
     "read_prompts",
     "read_results",
     "run_batch",

@@ -484,9 +484,7 @@ def test_a_second_run_on_a_locked_folder_is_refused(tmp_path):
     model, tokenizer = tiny_model("llama"), word_tokenizer(VOCAB)
     holder = _holder(tmp_path, 60)
     try:
-        with pytest.raises(
-            ValueError, match=f"another batch run \\(pid {holder.pid} on "
-        ):
+        with pytest.raises(ValueError, match=f"another run \\(pid {holder.pid} on "):
             run_batch(model, tokenizer, PROMPTS[:2], tmp_path, progress=False)
         assert not (tmp_path / "results.jsonl").exists()
     finally:
@@ -569,7 +567,7 @@ def _refused_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
     torch.set_num_threads(1)
     init_distributed()
     try:
-        with pytest.raises(ValueError, match="another batch run"):
+        with pytest.raises(ValueError, match="another run"):
             _run(out_dir)  # rank 0 finds the lock; rank 1 hears it, no hang
     finally:
         torch.distributed.destroy_process_group()

@@ -1,5 +1,5 @@
 r"""
-The lock of a batch folder, so that two runs never write one folder at once.
+The lock of a batch or graph folder, so that two runs never write one folder at once.
 """
 
 import json
@@ -17,7 +17,7 @@ _LOCK_WRITE_S = 10.0
 
 class BatchLock:
     r"""
-    The exclusive lock of a batch folder: the file ``.batch.lock`` in it,
+    The exclusive lock of a batch or graph folder: the file ``.batch.lock`` in it,
     created only if absent, holding the host and pid of the process that runs
     the folder. A lock whose process is gone (same host) is stale and taken
     over; a process that holds the lock may take it again (it is then released
@@ -46,7 +46,7 @@ class BatchLock:
                 if holder is not None and not _is_stale(holder):
                     raise ValueError(
                         f"out_dir: {self.path.parent} is being written by another "
-                        f"batch run (pid {holder.get('pid')} on "
+                        f"run (pid {holder.get('pid')} on "
                         f"{holder.get('host')}); wait for it to finish, or delete "
                         f"{self.path} if that process is gone"
                     ) from None

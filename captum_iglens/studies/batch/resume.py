@@ -111,14 +111,37 @@ def check_model(
     _compare(out, recorded, ours, "readout")
 
 
-def claim_run(out: Path, run: Dict[str, Any], model: Module) -> None:
-    """Records ``run`` (the settings, the batch size, the model's name and the
-    readout) with the
-    checksum of ``model``'s weights in ``out/run.json``, or checks them against
-    the ones there."""
+def claim_run(
+    out: Path,
+    run: Dict[str, Any],
+    model: Module,
+    results: Optional[Sequence[Path]] = None,
+) -> None:
+    r"""
+    Records ``run`` with the dtype and the checksum of ``model``'s weights in
+    ``out/run.json``, or checks a rerun against the record there: every key
+    of ``run`` but those of :data:`UNCOMPARED`, then the weights.
+
+    Args:
+
+        out (Path): The folder.
+        run (dict): What identifies the run: for a batch its settings, batch
+                    size, readout and model name
+                    (:func:`~captum_iglens.settings.provenance`); any plain
+                    values.
+        model (Module): The model, whose weights are recorded.
+        results (list[Path], optional): The files that hold results, which
+                    a folder without ``run.json`` must not. Default: None (a
+                    batch's results files)
+
+    Raises:
+        ValueError: If a key or the weights differ from the record, showing
+            both, or ``results`` exist without a record.
+    """
     path = out / RUN
     if not path.exists():
-        if any(f.exists() for f in result_files(out)):
+        found = result_files(out) if results is None else results
+        if any(f.exists() for f in found):
             raise ValueError(
                 f"out_dir: {out} holds results but no {RUN}, so their settings are "
                 "unknown; choose a new --out folder"
@@ -126,12 +149,47 @@ def claim_run(out: Path, run: Dict[str, Any], model: Module) -> None:
         record = {**run, DTYPE: _dtype(model), WEIGHTS: weights_checksum(model)}
         write_atomic(path, json.dumps(plain(record), indent=1))
         return
+    check_run(out, run, model)
+
+
+def check_run(out: Path, run: Dict[str, Any], model: Module) -> None:
+    r"""
+    Checks a rerun against ``out/run.json``, as :func:`claim_run` does, without
+    writing: every key of ``run`` but those of :data:`UNCOMPARED`
+    (:func:`compare_run`), then the dtype and checksum of ``model``'s weights.
+    Nothing is checked where the folder holds no ``run.json``.
+
+    Raises:
+        ValueError: If a key or the weights differ from the record.
+    """
+    if not (out / RUN).exists():
+        return
     recorded = read_run(out)
     ours = json.loads(json.dumps(plain(run)))
-    _compare(out, recorded, ours, "settings")
-    check_batch_size(out, recorded, ours[BATCH_SIZE])
-    _compare(out, recorded, ours, "readout")
+    compare_run(out, recorded, ours)
     _check_weights(out, recorded, model, ours["model"])
+
+
+#: The keys of a run record a rerun need not match: the model's name (a
+#: folder given relatively is the same model; its weights' checksum is
+#: compared) and the package versions.
+UNCOMPARED = ("model", "versions")
+
+
+def compare_run(out: Path, recorded: Dict[str, Any], ours: Dict[str, Any]) -> None:
+    r"""
+    Refuses a rerun whose record ``ours`` differs from the ``recorded`` one of
+    ``out`` in a key but those of :data:`UNCOMPARED` (the batch size with its
+    own message, :func:`check_batch_size`), in the order of ``ours``.
+
+    Raises:
+        ValueError: Showing the first key's differing values in full.
+    """
+    for key in ours:
+        if key == BATCH_SIZE:
+            check_batch_size(out, recorded, ours[key])
+        elif key not in UNCOMPARED:
+            _compare(out, recorded, ours, key)
 
 
 def check_batch_size(out: Path, recorded: Dict[str, Any], batch_size: int) -> None:

@@ -5,18 +5,21 @@ with ``torch.distributed`` (e.g. under ``torchrun``) and merged at the end.
 """
 
 import json
-import os
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
-import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from captum_iglens._utils.output_paths import check_folder
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.settings import Settings, provenance
+from captum_iglens.studies.batch.distributed import (
+    barrier,
+    from_rank_zero,
+    in_group,
+    rank_and_world,
+)
 from captum_iglens.studies.batch.lock import BatchLock
 from captum_iglens.studies.batch.padded import attribute_batch
 from captum_iglens.studies.batch.records import (
@@ -29,28 +32,6 @@ from captum_iglens.studies.batch.records import (
 from captum_iglens.readout.layer_readout import LensType, readout_record
 from captum_iglens.studies.batch.resume import BATCH_SIZE, claim_run
 from captum_iglens.studies.prompts import check_prompts, prompt_key
-
-
-def init_distributed() -> torch.device:
-    r"""
-    Joins the process group that ``torchrun`` describes in the environment
-    (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``),
-    with the NCCL backend when CUDA is available and Gloo otherwise. Does nothing
-    outside ``torchrun`` or when the group is already initialised.
-
-    Returns:
-        *torch.device*: the device this process should put the model on:
-        ``cuda:LOCAL_RANK`` with CUDA, else the CPU.
-    """
-    cuda = torch.cuda.is_available()
-    device = torch.device(
-        f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu"
-    )
-    if cuda:
-        torch.cuda.set_device(device)
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
-    return device
 
 
 def run_batch(
@@ -81,7 +62,8 @@ def run_batch(
     another model raises ``ValueError`` before any work, so one folder never
     mixes runs.
 
-    When ``torch.distributed`` is initialised (see :func:`init_distributed`), each
+    When ``torch.distributed`` is initialised (see
+    :func:`~captum_iglens.studies.batch.init_distributed`), each
     process takes every ``world_size``-th batch and writes
     ``results.rank<r>.jsonl``; after a barrier, rank 0 merges every file into
     ``results.jsonl``, in input order, and removes the per-process files. Every
@@ -141,8 +123,6 @@ def run_batch(
     attributor.segment_names(settings.granularity)  # fails now, not after generation
     out = check_folder(out_dir, "out_dir")
     out.mkdir(exist_ok=True)
-    distributed = dist.is_available() and dist.is_initialized()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     run = {
         **provenance(model, settings),
         BATCH_SIZE: batch_size,
@@ -154,12 +134,11 @@ def run_batch(
         lock.acquire()
         claim_run(out, run, model)
 
-    error = _on_rank_zero(rank, claim)
-    if distributed:
-        error = _shared(error)  # every process stops, not only rank 0
-    if error is not None:
+    try:
+        from_rank_zero(claim)  # every process stops on its error, not only rank 0
+    except ValueError:
         lock.release()
-        raise ValueError(error)
+        raise
     try:
         _run_prompts(
             model, tokenizer, attributor, prompts, out, settings, batch_size, progress
@@ -180,14 +159,13 @@ def _run_prompts(
     progress: bool,
 ) -> None:
     """The prompts not done yet, attributed and merged (every process)."""
-    distributed = dist.is_available() and dist.is_initialized()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    rank, world = rank_and_world()
+    distributed = in_group()
     own = out / (f"results.rank{rank}.jsonl" if distributed else RESULTS)
     drop_incomplete_line(own)
     done = done_records(out)
     check_texts(out, prompts, done)
-    if distributed:
-        dist.barrier()  # every process has read the same finished set before any writes
+    barrier()  # every process has read the same finished set before any writes
     batches = [
         batch
         for batch in _batches(prompts, batch_size)[rank::world]
@@ -209,12 +187,10 @@ def _run_prompts(
                 bar.update(1)
     bar.close()
 
-    if distributed:
-        dist.barrier()
+    barrier()
     if rank == 0:
         merge_results(out, prompts)
-    if distributed:
-        dist.barrier()
+    barrier()
 
 
 def _batches(
@@ -226,21 +202,3 @@ def _batches(
     prompts' records are not rewritten) and every map comes out the same to the
     last bit."""
     return [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
-
-
-def _on_rank_zero(rank: int, step: Callable[[], None]) -> Optional[str]:
-    """Runs ``step`` on rank 0; the message of the ``ValueError`` it raised."""
-    if rank != 0:
-        return None
-    try:
-        step()
-    except ValueError as error:
-        return str(error)
-    return None
-
-
-def _shared(error: Optional[str]) -> Optional[str]:
-    """Rank 0's ``error``, on every process."""
-    box = [error]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
