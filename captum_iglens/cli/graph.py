@@ -4,7 +4,7 @@ change of the target (see
 :class:`~captum_iglens.attr.flow.ProbabilityFlow`)."""
 
 import argparse
-from typing import TYPE_CHECKING, Any, Callable, Dict, List
+from typing import TYPE_CHECKING, Any, Callable
 
 from captum_iglens.cli.common import (
     CommandError,
@@ -25,7 +25,12 @@ from captum_iglens.attr.flow.options import (
     FLOW_METHODS,
     MAX_STEPS,
     SCORES,
-    check_steps,
+)
+from captum_iglens.cli.graph_options import (
+    GRAPH_OUTPUTS,
+    check_receiver_positions,
+    check_shared_options,
+    flow_options,
 )
 from captum_iglens.graph.target import TARGETS, check_foil
 
@@ -273,76 +278,11 @@ def check_options(args: argparse.Namespace) -> str:
             "--eap-json: EAP-IG's graph has separate query, key and value "
             "receivers; add --qkv"
         )
-    check_outputs(args, *OUTPUTS)
+    check_outputs(args, *GRAPH_OUTPUTS)
     check_receiver_positions(args, [prompt])
     _device(args.device or "cpu")  # imports torch: after the checks that need none
     _device_map(args)
     return prompt
-
-
-#: The options that name the files one graph is written to.
-OUTPUTS = ("json", "csv", "pairs_csv", "eap_json", "html")
-
-
-def check_shared_options(args: argparse.Namespace) -> None:
-    r"""The checks of ``graph``'s options that hold for one prompt and for a
-    pair file alike: the path's start, the step count, the target and foil
-    texts and the device. A bad option raises :class:`CommandError`."""
-    if args.counterfactual is not None:
-        if not args.counterfactual.strip():
-            raise CommandError("--counterfactual: expected a non-empty prompt")
-        if args.baseline is not None:
-            raise CommandError(
-                "--baseline: give either --counterfactual or --baseline, not both"
-            )
-    _check_subject(args)
-    try:
-        check_steps(args.n_steps, "--n-steps")
-    except ValueError as error:
-        raise CommandError(str(error)) from None
-    for name in ("target", "foil"):
-        if getattr(args, name) == "":
-            raise CommandError(f"--{name}: expected a token's text")
-    if args.device_map is not None:
-        raise CommandError("--device-map: graph runs the model on one --device")
-
-
-def check_receiver_positions(args: argparse.Namespace, prompts: List[str]) -> None:
-    r"""``--receiver-positions`` against the memory available for the longest
-    of ``prompts``, from the model's ``config.json`` and ``tokenizer.json``
-    where they can be read before the load (the loaded model is checked
-    again, with its path points)."""
-    if not args.receiver_positions:
-        return
-    from captum_iglens.hf.model_files import read_text_config, read_tokenizer
-
-    config, tokenizer = read_text_config(args.model), read_tokenizer(args.model)
-    if config is None or tokenizer is None:
-        return
-    blocks = config.get("num_hidden_layers")
-    heads = config.get("num_attention_heads")
-    if not (isinstance(blocks, int) and isinstance(heads, int)):
-        return
-    from captum_iglens.attr.flow.pair_memory import check_pair_memory
-    from captum_iglens.graph.model_graph import model_graph
-
-    length = max(len(tokenizer(prompt)["input_ids"]) for prompt in prompts)
-    check_pair_memory(model_graph(blocks, heads, args.qkv), length)
-
-
-def _check_subject(args: argparse.Namespace) -> None:
-    """``--corrupt-subject``: one start of the path."""
-    subject = args.corrupt_subject
-    if subject is None:
-        return
-    for other in ("counterfactual", "baseline"):
-        if getattr(args, other) is not None:
-            raise CommandError(
-                f"--corrupt-subject: give either --{other} or --corrupt-subject, "
-                "not both"
-            )
-    if not subject.strip():
-        raise CommandError("--corrupt-subject: expected the subject's text")
 
 
 def as_options(message: str) -> str:
@@ -421,35 +361,3 @@ def plan_graph(
         return graph
 
     return compute
-
-
-def flow_options(args: argparse.Namespace) -> Dict[str, Any]:
-    r"""
-    The arguments of :meth:`ProbabilityFlow.plan` that ``graph``'s options
-    give, all but the prompt.
-
-    Args:
-
-        args (argparse.Namespace): ``graph``'s options.
-
-    Returns:
-        *dict*.
-    """
-    return dict(
-        # stripped as the prompt is, so that equal prompts have equal lengths
-        counterfactual=args.counterfactual and args.counterfactual.strip(),
-        corrupt_subject=args.corrupt_subject,
-        noise_seed=args.noise_seed,
-        baselines=args.baseline or "mean",
-        target=args.target,
-        target_kind=args.target_kind,
-        foil=args.foil,
-        position=args.position,
-        n_steps=args.n_steps,
-        method=args.method,
-        qkv=args.qkv,
-        per_position=args.per_position,
-        receiver_positions=args.receiver_positions,
-        internal_batch_size=args.internal_batch_size,
-        max_chunk_bytes=args.max_chunk_mib * 2**20,
-    )

@@ -18,8 +18,8 @@ from captum_iglens.cli.common import (
     load_model_of,
     progress,
 )
-from captum_iglens.cli.graph import (
-    OUTPUTS,
+from captum_iglens.cli.graph_options import (
+    GRAPH_OUTPUTS,
     check_receiver_positions,
     check_shared_options,
     flow_options,
@@ -61,7 +61,7 @@ def _check_pair_options(args: argparse.Namespace) -> None:
             "--pairs: the prompts are the file's rows; give no prompt argument "
             "or --stdin"
         )
-    for name in OUTPUTS:
+    for name in GRAPH_OUTPUTS:
         if getattr(args, name) is not None:
             option = "--" + name.replace("_", "-")
             raise CommandError(

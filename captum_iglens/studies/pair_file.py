@@ -196,11 +196,12 @@ def as_pairs(pairs: Sequence[Any]) -> List[GraphPair]:
     rows = []
     for index, pair in enumerate(pairs):
         where = f"pairs[{index}]"
+        data = pair
         if isinstance(pair, GraphPair):
-            pair, where = pair.row(), pair.where or where
-        if isinstance(pair, dict):
-            pair = {"id": index, **pair}
-        rows.append(GraphPair.from_dict(pair, where))
+            data, where = pair.row(), pair.where or where
+        if isinstance(data, dict):
+            data = {"id": index, **data}
+        rows.append(GraphPair.from_dict(data, where))
     check_pairs(rows)
     return rows
 

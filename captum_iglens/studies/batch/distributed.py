@@ -11,7 +11,7 @@ from typing import Any, Callable, Tuple, TypeVar
 import torch
 import torch.distributed as dist
 
-T = TypeVar("T")
+Value = TypeVar("Value")
 
 
 def init_distributed() -> torch.device:
@@ -53,7 +53,7 @@ def barrier() -> None:
         dist.barrier()
 
 
-def from_rank_zero(step: Callable[[], T]) -> T:
+def from_rank_zero(step: Callable[[], Value]) -> Value:
     r"""
     Runs ``step`` on rank 0 only and gives every process its value; a
     ``ValueError`` it raises is raised on every process, so that all stop, not
@@ -61,10 +61,10 @@ def from_rank_zero(step: Callable[[], T]) -> T:
 
     Args:
 
-        step (Callable[[], T]): The work of rank 0; its value must pickle.
+        step (Callable[[], Value]): The work of rank 0; its value must pickle.
 
     Returns:
-        *T*: ``step``'s value, on every process.
+        *Value*: ``step``'s value, on every process.
 
     Raises:
         ValueError: The one ``step`` raised, with its message.
