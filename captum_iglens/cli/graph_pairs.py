@@ -91,7 +91,10 @@ def _load(args: argparse.Namespace, pairs: list, options: dict, out: Path) -> Jo
     lock, made = BatchLock(out), not out.exists()
     if rank_and_world()[0] == 0:
         out.mkdir(exist_ok=True)
-        lock.acquire()  # the others wait for rank 0 in run_graphs
+        try:
+            lock.acquire()  # the others wait for rank 0 in run_graphs
+        except ValueError as error:
+            raise CommandError(_named(str(error))) from None
     try:
         model, tokenizer = load_model_of(args)
         try:

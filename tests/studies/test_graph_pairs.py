@@ -292,3 +292,20 @@ def test_graph_pairs_in_python_names_the_row(llama, tmp_path):
     )
     graph = FlowGraph.load(folder / "0.json")
     assert graph.settings["pruned"]["keep"] == 0.5
+
+
+def test_a_folder_another_run_writes_is_refused_before_the_model_loads(
+    tmp_path, capsys, monkeypatch
+):
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("captum_iglens.hf.models.load_model", _no_model)
+    Path("p.jsonl").write_text('{"prompt": "t5 t6"}')
+    Path("out").mkdir()
+    holder = {"host": socket.gethostname(), "pid": os.getppid()}  # alive, not us
+    Path("out/.batch.lock").write_text(json.dumps(holder))
+    assert main(["graph", "--pairs", "p.jsonl", "--out", "out", "--model", "m"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out: out is being written by another run (pid {os.getppid()}" in err
+    assert Path("out/.batch.lock").exists()

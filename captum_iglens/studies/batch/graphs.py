@@ -60,7 +60,7 @@ class GraphsPlan:
         out (Path): The output folder.
         run (dict): The run's identity, as ``run.json`` records it.
         keep (float, optional): The share of ``|flow|`` each file keeps
-                    (:meth:`FlowGraph.prune`); None keeps every edge.
+                    (``FlowGraph.prune``); None keeps every edge.
     """
 
     flow: ProbabilityFlow
@@ -87,8 +87,8 @@ def graph_pairs(
 ) -> Path:
     r"""
     The probability-flow graph of every row of a pair file, one file a row, in
-    ``out_dir/graphs/<id>.json`` (:meth:`FlowGraph.save`; read with
-    :meth:`FlowGraph.load`).
+    ``out_dir/graphs/<id>.json`` (``FlowGraph.save``'s file; read it with
+    ``FlowGraph.load``).
 
     Resumable: a row whose file exists is not redone, and a file is written
     atomically, so a run killed at any point (``kill -9`` included) and rerun
