@@ -110,6 +110,8 @@ def _load(args: argparse.Namespace, pairs: list, options: dict, out: Path) -> Jo
     def job() -> int:
         try:
             folder = run_graphs(plan, progress=progress(args))
+        except ValueError as error:  # the folder or the processes changed since
+            raise CommandError(_named(str(error))) from None
         finally:
             lock.release()
         if rank_and_world()[0] == 0:

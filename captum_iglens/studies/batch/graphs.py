@@ -267,8 +267,9 @@ def run_graphs(plan: GraphsPlan, progress: bool = True) -> Path:
                 f"{sorted(set(arithmetic))}; their files would differ in the "
                 "last bits. Give every process the same OMP_NUM_THREADS (or GPU)"
             )
-        folder.mkdir(parents=True, exist_ok=True)
+        out.mkdir(exist_ok=True)
         lock.acquire()
+        folder.mkdir(exist_ok=True)
         claim_run(out, plan.run, plan.flow.parts.model, sorted(folder.glob("*.json")))
         remove_partials(folder)
         return [i for i, pair in enumerate(plan.pairs) if not plan.path(pair).exists()]
@@ -277,7 +278,7 @@ def run_graphs(plan: GraphsPlan, progress: bool = True) -> Path:
         left = from_rank_zero(claim)
         rank, world = rank_and_world()
         own = left[rank::world]
-        bar = tqdm(own, desc="graphs", unit="graph", disable=not progress or rank)
+        bar = tqdm(own, desc="graphs", unit="graph", disable=not progress or rank != 0)
         for index in bar:
             graph = plan.flow.run(plan.plans[index])
             kept = graph if plan.keep is None else graph.prune(plan.keep)
