@@ -189,6 +189,7 @@ def _load(
     args: argparse.Namespace, methods: List[str], pairs: Any, out: Optional[Path]
 ) -> Job:
     """The rest of :func:`prepare`, from loading the model on."""
+    from captum_iglens._utils.distributed import init_distributed
     from captum_iglens.studies.circuits.generators import generate
     from captum_iglens.studies.circuits.patching import CircuitModel
     from captum_iglens.studies.circuits.study import (
@@ -202,6 +203,9 @@ def _load(
     from captum_iglens.settings import Settings
 
     shipped = pairs is None
+    device = init_distributed()  # under torchrun: the pairs' batches are shared
+    if device.type == "cuda":
+        args.device = str(device)
     start = time.perf_counter()
     parts, tokenizer = load(args, Settings())
     stages = {"load": time.perf_counter() - start}
@@ -259,11 +263,14 @@ def _none_left(counts: Dict[str, int]) -> str:
 def _run(job: _Prepared) -> int:
     """Filters the pairs, scores every method, prints the table and writes
     the outputs."""
+    from captum_iglens._utils.distributed import rank_and_world
     from captum_iglens.studies.circuits.batches import filter_pairs
     from captum_iglens.studies.circuits.study import gather, run_circuits
     from captum_iglens.cli.common import save_figure
 
     args, stages = job.args, job.stages
+    lead = rank_and_world()[0] == 0  # under torchrun rank 0 prints and writes
+    say = print if lead else _silent
     start = time.perf_counter()
     model = job.model
     kept, filtered = filter_pairs(model.model, job.encoded, args.batch_size)
@@ -272,15 +279,15 @@ def _run(job: _Prepared) -> int:
     if not kept:
         raise CommandError(f"--task: {args.task}: {_none_left(job.counts)}")
     if len(kept) < args.pairs:
-        print(
+        say(
             f"captum-iglens: warning: {len(kept)} pairs kept, "
             f"fewer than --pairs {args.pairs}",
             file=sys.stderr,
         )
     kept = kept[: args.pairs]
     job.counts["scored"] = len(kept)
-    print(f"task {args.task}: " + ", ".join(f"{k} {v}" for k, v in job.counts.items()))
-    print(f"graph: {model.graph.n_edges} edges; scoring {len(kept)} pairs", flush=True)
+    say(f"task {args.task}: " + ", ".join(f"{k} {v}" for k, v in job.counts.items()))
+    say(f"graph: {model.graph.n_edges} edges; scoring {len(kept)} pairs", flush=True)
     start = time.perf_counter()
     records = run_circuits(
         model,
@@ -294,7 +301,7 @@ def _run(job: _Prepared) -> int:
         n_boot=args.bootstrap,
         out=job.out,
         identity=job.identity,
-        report=lambda line: print(line, file=sys.stderr, flush=True),
+        report=lambda line: say(line, file=sys.stderr, flush=True),
     )
     stages["methods"] = time.perf_counter() - start
     result = gather(
@@ -307,6 +314,8 @@ def _run(job: _Prepared) -> int:
         options=job.options,
         seconds=stages,
     )
+    if not lead:
+        return 0
     print(result.format_table())
     print("time: " + ", ".join(f"{k} {v:.1f}s" for k, v in stages.items()))
     if args.json:
@@ -316,3 +325,7 @@ def _run(job: _Prepared) -> int:
     if args.html:
         result.to_html(args.html)
     return 0
+
+
+def _silent(*args: Any, **kwargs: Any) -> None:
+    """``print`` on a process that does not print (under torchrun, rank > 0)."""

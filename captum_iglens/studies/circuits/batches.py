@@ -1,16 +1,20 @@
 r"""
 Tokenized pairs in batches of one length (no padding: a pair's two prompts
-have as many tokens, and a batch holds pairs of one length), and the
-per-model filter: a pair is kept where the model prefers the answer to the
-foil on the clean prompt.
+have as many tokens, and a batch holds pairs of one length), the sum of a
+value over the batches, and the per-model filter: a pair is kept where the
+model prefers the answer to the foil on the clean prompt. Under ``torchrun``
+each process computes every ``world_size``-th batch and the values come back
+in batch order (:func:`~captum_iglens._utils.distributed.computed_in_order`),
+so that sums and filters are one process's to the last bit.
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from captum_iglens._utils.distributed import computed_in_order
 from captum_iglens.studies.circuits.tasks import Encoded
 
 
@@ -80,6 +84,29 @@ def make_batches(
     return out
 
 
+def batch_sum(
+    batches: Sequence[Batch], per_batch: Callable[[Batch], Tensor], total: Tensor
+) -> Tensor:
+    r"""
+    ``total`` plus every batch's value, added in batch order; under
+    ``torchrun`` each process computes its share of the batches and every
+    process gets the same sum, bit for bit one process's.
+
+    Args:
+
+        batches (list[Batch]): The batches.
+        per_batch (Callable[[Batch], Tensor]): A batch's value, on the CPU,
+                    of ``total``'s shape.
+        total (Tensor): Where the sum starts (added to in place).
+
+    Returns:
+        *Tensor*: ``total``.
+    """
+    for value in computed_in_order(batches, per_batch):
+        total += value
+    return total
+
+
 @torch.no_grad()
 def filter_pairs(
     model: Any, encoded: Sequence[Encoded], batch_size: int = 16
@@ -101,11 +128,15 @@ def filter_pairs(
     """
     device = next(model.parameters()).device
     keep = [False] * len(encoded)
-    for batch in make_batches(encoded, batch_size, device):
+
+    def prefers(batch: Batch) -> List[bool]:
         logits = model(input_ids=batch.clean).logits[:, -1].float()
         rows = torch.arange(len(batch.index), device=device)
-        prefers = logits[rows, batch.answer] > logits[rows, batch.foil]
-        for i, ok in zip(batch.index.tolist(), prefers.tolist()):
+        return (logits[rows, batch.answer] > logits[rows, batch.foil]).tolist()
+
+    batches = make_batches(encoded, batch_size, device)
+    for batch, flags in zip(batches, computed_in_order(batches, prefers)):
+        for i, ok in zip(batch.index.tolist(), flags):
             keep[i] = bool(ok)
     kept = [pair for pair, ok in zip(encoded, keep) if ok]
     counts = {

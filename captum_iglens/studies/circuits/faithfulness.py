@@ -20,6 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from captum_iglens._utils.distributed import computed_in_order
 from captum_iglens.studies.circuits.batches import Batch
 from captum_iglens.studies.circuits.patching import CircuitModel
 from captum_iglens.graph.circuit import top_edges
@@ -81,17 +82,27 @@ def patched_metrics(
     circuit = torch.zeros(len(keeps), n_pairs, dtype=torch.float64)
     first: Dict[bytes, int] = {}  # equal circuits (CPR's and CMD's) run once
     same = [first.setdefault(k.cpu().numpy().tobytes(), i) for i, k in enumerate(keeps)]
-    for batch in batches:
+
+    def metrics(batch: Batch) -> Tuple[Tensor, Tensor, Dict[int, Tensor]]:
         other = model.run(batch.counterfactual, return_writes=True)
         clean = model.run(batch.clean)
-        full[batch.index] = m(clean.logits, batch.answer, batch.foil).double().cpu()
-        empty[batch.index] = m(other.logits, batch.answer, batch.foil).double().cpu()
+        values = {}
         for i, keep in enumerate(keeps):
-            if same[i] != i:
-                continue
-            run = model.run(batch.clean, keep=keep, counterfactual=other.writes)
-            value = m(run.logits, batch.answer, batch.foil).double().cpu()
-            circuit[i, batch.index] = value
+            if same[i] == i:
+                run = model.run(batch.clean, keep=keep, counterfactual=other.writes)
+                values[i] = m(run.logits, batch.answer, batch.foil).double().cpu()
+        return (
+            m(clean.logits, batch.answer, batch.foil).double().cpu(),
+            m(other.logits, batch.answer, batch.foil).double().cpu(),
+            values,
+        )
+
+    # shared across processes under torchrun, every pair's values on each
+    for batch, found in zip(batches, computed_in_order(batches, metrics)):
+        index = batch.index.cpu()
+        full[index], empty[index] = found[0], found[1]
+        for i, value in found[2].items():
+            circuit[i, index] = value
     for i, j in enumerate(same):
         circuit[i] = circuit[j]
     return full, empty, circuit

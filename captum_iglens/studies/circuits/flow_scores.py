@@ -13,11 +13,15 @@ the same walk, ``Δz_u · mean_k ρ_w`` (``FlowGraph.effects``): what patching
 the edge alone changes, to first order.
 """
 
+from typing import Tuple
+
 import torch
 from torch import Tensor
 
+from captum_iglens._utils.distributed import computed_in_order
 from captum_iglens.attr.flow.engine import flow_graph_of
 from captum_iglens.attr.flow.probability_flow import ProbabilityFlow
+from captum_iglens.studies.circuits.batches import Batch
 from captum_iglens.studies.circuits.context import ScoringContext
 from captum_iglens.graph.circuit import edge_matrix
 from captum_iglens.graph.target import takes_foil
@@ -65,19 +69,25 @@ def flow_scores(
             f"model: the flow's graph ({flow_graph.describe()}) is not the "
             f"circuit harness's ({graph.describe()})"
         )
+
+    def per_pair(pair: Tuple[Batch, int]) -> Tensor:
+        batch, b = pair
+        plan = flow.plan(
+            batch.clean[b : b + 1],
+            counterfactual=batch.counterfactual[b : b + 1],
+            target=int(batch.answer[b]),
+            target_kind=context.metric,
+            foil=int(batch.foil[b]) if takes_foil(context.metric) else None,
+            n_steps=context.steps,
+            method=method,
+            qkv=True,
+        )
+        flows = torch.from_numpy(flow.run(plan).scores(score))
+        return edge_matrix(graph, flows).nan_to_num(0.0)
+
+    # pair by pair, shared across processes under torchrun, added in order
+    pairs = [(batch, b) for batch in context.batches for b in range(len(batch.index))]
     scores = torch.zeros(graph.legal.shape, dtype=torch.float64)
-    for batch in context.batches:
-        for b in range(len(batch.index)):
-            plan = flow.plan(
-                batch.clean[b : b + 1],
-                counterfactual=batch.counterfactual[b : b + 1],
-                target=int(batch.answer[b]),
-                target_kind=context.metric,
-                foil=int(batch.foil[b]) if takes_foil(context.metric) else None,
-                n_steps=context.steps,
-                method=method,
-                qkv=True,
-            )
-            flows = torch.from_numpy(flow.run(plan).scores(score))
-            scores += edge_matrix(graph, flows).nan_to_num(0.0)
+    for value in computed_in_order(pairs, per_pair):
+        scores += value
     return scores / context.n_pairs

@@ -28,7 +28,9 @@ from typing import Dict
 import torch
 from torch import Tensor
 
+from captum_iglens._utils.distributed import computed_in_order
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
+from captum_iglens.studies.circuits.batches import Batch
 from captum_iglens.studies.circuits.context import ScoringContext
 from captum_iglens.columns import INPUT, Column
 from captum_iglens.graph.circuit import legal_edges
@@ -124,8 +126,8 @@ def node_credits(context: ScoringContext, path: str) -> Tensor:
     """
     graph = context.model.graph
     lens = LayerIGLens.from_model(context.model.model)
-    rows = []
-    for batch in context.batches:
+
+    def rows(batch: Batch) -> Tensor:
         result = lens.attribute_map(
             batch.clean,
             target=batch.answer,
@@ -135,8 +137,10 @@ def node_credits(context: ScoringContext, path: str) -> Tensor:
         )
         columns = sender_columns(lens, graph, list(result.layer_names))
         order = torch.tensor([columns[s] for s in range(len(graph.senders))])
-        rows.append(result.attributions[:, 0, order].to(torch.float64).cpu())
-    return torch.cat(rows)
+        return result.attributions[:, 0, order].to(torch.float64).cpu()
+
+    # shared across processes under torchrun, in the batches' order
+    return torch.cat(list(computed_in_order(context.batches, rows)))
 
 
 def lifted_scores(context: ScoringContext, path: str) -> Tensor:

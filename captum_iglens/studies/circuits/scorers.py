@@ -51,12 +51,12 @@ sampled edges, or node by node on each sender's total over its out-edges).
 """
 
 from functools import partial
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from captum_iglens.studies.circuits.batches import Batch
+from captum_iglens.studies.circuits.batches import Batch, batch_sum
 from captum_iglens.studies.circuits.context import ScoringContext
 from captum_iglens.graph.target import metric
 from captum_iglens.graph.circuit import legal_edges
@@ -101,14 +101,22 @@ def _edge_scores(diff: Tensor, grads: Tensor) -> Tensor:
     return torch.einsum("bstd,brtd->sr", diff.double(), grads.double())
 
 
+def _summed(context: ScoringContext, per_batch: Callable[[Batch], Tensor]) -> Tensor:
+    """``per_batch`` summed over the context's batches from zeros ``(S, R)``
+    (:func:`~captum_iglens.studies.circuits.batches.batch_sum`: shared across
+    processes under ``torchrun``)."""
+    zeros = torch.zeros(context.model.graph.legal.shape, dtype=torch.float64)
+    return batch_sum(context.batches, per_batch, zeros)
+
+
 def eap(context: ScoringContext) -> Tensor:
     """EAP: the activation difference times the gradient at the clean input."""
-    graph = context.model.graph
-    scores = torch.zeros(graph.legal.shape, dtype=torch.float64)
-    for batch in context.batches:
+
+    def per_batch(batch: Batch) -> Tensor:
         clean, other = _writes(context, batch)
-        scores += _edge_scores(clean - other, _receiver_grads(context, batch))
-    return scores / context.n_pairs
+        return _edge_scores(clean - other, _receiver_grads(context, batch)).cpu()
+
+    return _summed(context, per_batch) / context.n_pairs
 
 
 def _group_slices(context: ScoringContext) -> List[slice]:
@@ -124,8 +132,8 @@ def _group_slices(context: ScoringContext) -> List[slice]:
 def eap_ig_inputs(context: ScoringContext) -> Tensor:
     """EAP-IG-inputs: gradients averaged along the embeddings' straight path."""
     graph = context.model.graph
-    scores = torch.zeros(graph.legal.shape, dtype=torch.float64)
-    for batch in context.batches:
+
+    def per_batch(batch: Batch) -> Tensor:
         clean, other = _writes(context, batch)
         grads = (
             torch.zeros_like(clean[:, :1])
@@ -135,15 +143,17 @@ def eap_ig_inputs(context: ScoringContext) -> Tensor:
         for k in range(context.steps):
             embed = other[:, :1] + k / context.steps * (clean[:, :1] - other[:, :1])
             grads += _receiver_grads(context, batch, (0, embed))
-        scores += _edge_scores(clean - other, grads / context.steps)
-    return scores / context.n_pairs
+        return _edge_scores(clean - other, grads / context.steps).cpu()
+
+    return _summed(context, per_batch) / context.n_pairs
 
 
 def eap_ig_activations(context: ScoringContext) -> Tensor:
     """EAP-IG-activations: each sender group's writes interpolated alone."""
     graph = context.model.graph
-    scores = torch.zeros(graph.legal.shape, dtype=torch.float64)
-    for batch in context.batches:
+
+    def per_batch(batch: Batch) -> Tensor:
+        scores = torch.zeros(graph.legal.shape, dtype=torch.float64)
         clean, other = _writes(context, batch)
         for group, senders in enumerate(_group_slices(context)):
             grads = None
@@ -155,8 +165,10 @@ def eap_ig_activations(context: ScoringContext) -> Tensor:
                 grads = step if grads is None else grads + step
             assert grads is not None
             diff = (clean - other)[:, senders]
-            scores[senders] += _edge_scores(diff, grads / context.steps)
-    return scores / context.n_pairs
+            scores[senders] += _edge_scores(diff, grads / context.steps).cpu()
+        return scores
+
+    return _summed(context, per_batch) / context.n_pairs
 
 
 def random_scores(context: ScoringContext) -> Tensor:
@@ -175,18 +187,22 @@ def patching(context: ScoringContext) -> Tensor:
     scores = torch.full(legal.shape, float("nan"), dtype=torch.float64)
     scores[chosen[:, 0], chosen[:, 1]] = 0.0
     m = partial(metric, context.metric)
-    with torch.no_grad():
-        for batch in context.batches:
-            other = context.model.run(batch.counterfactual, return_writes=True).writes
-            full = m(context.model.run(batch.clean).logits, batch.answer, batch.foil)
-            for s, r in chosen.tolist():
-                keep = legal.clone()
-                keep[s, r] = False
-                run = context.model.run(batch.clean, keep=keep, counterfactual=other)
-                scores[s, r] += float(
-                    (full - m(run.logits, batch.answer, batch.foil)).sum()
-                )
-    return scores / context.n_pairs
+
+    @torch.no_grad()
+    def per_batch(batch: Batch) -> Tensor:
+        effects = torch.zeros(legal.shape, dtype=torch.float64)
+        other = context.model.run(batch.counterfactual, return_writes=True).writes
+        full = m(context.model.run(batch.clean).logits, batch.answer, batch.foil)
+        for s, r in chosen.tolist():
+            keep = legal.clone()
+            keep[s, r] = False
+            run = context.model.run(batch.clean, keep=keep, counterfactual=other)
+            effects[s, r] += float(
+                (full - m(run.logits, batch.answer, batch.foil)).sum()
+            )
+        return effects
+
+    return batch_sum(context.batches, per_batch, scores) / context.n_pairs
 
 
 def node_patching(context: ScoringContext, denoising: bool = False) -> Tensor:
@@ -199,21 +215,26 @@ def node_patching(context: ScoringContext, denoising: bool = False) -> Tensor:
     """
     graph = context.model.graph
     m = partial(metric, context.metric)
-    effects = torch.zeros(len(graph.senders), dtype=torch.float64)
-    with torch.no_grad():
-        for batch in context.batches:
-            clean, other = _writes(context, batch)
-            ids, base, patch, sign = batch.clean, clean, other, 1.0
-            if denoising:
-                ids, base, patch, sign = batch.counterfactual, other, clean, -1.0
-            unpatched = m(context.model.run(ids).logits, batch.answer, batch.foil)
-            for group, senders in enumerate(_group_slices(context)):
-                for node in range(senders.start, senders.stop):
-                    mixed = base[:, senders].clone()
-                    mixed[:, node - senders.start] = patch[:, node]
-                    run = context.model.run(ids, override=(group, mixed))
-                    patched = m(run.logits, batch.answer, batch.foil)
-                    effects[node] += sign * float((unpatched - patched).sum())
+
+    @torch.no_grad()
+    def per_batch(batch: Batch) -> Tensor:
+        effects = torch.zeros(len(graph.senders), dtype=torch.float64)
+        clean, other = _writes(context, batch)
+        ids, base, patch, sign = batch.clean, clean, other, 1.0
+        if denoising:
+            ids, base, patch, sign = batch.counterfactual, other, clean, -1.0
+        unpatched = m(context.model.run(ids).logits, batch.answer, batch.foil)
+        for group, senders in enumerate(_group_slices(context)):
+            for node in range(senders.start, senders.stop):
+                mixed = base[:, senders].clone()
+                mixed[:, node - senders.start] = patch[:, node]
+                run = context.model.run(ids, override=(group, mixed))
+                patched = m(run.logits, batch.answer, batch.foil)
+                effects[node] += sign * float((unpatched - patched).sum())
+        return effects
+
+    zeros = torch.zeros(len(graph.senders), dtype=torch.float64)
+    effects = batch_sum(context.batches, per_batch, zeros)
     legal = legal_edges(graph).double()
     return legal * (effects / context.n_pairs / legal.sum(1)).unsqueeze(1)
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from captum_iglens._utils.distributed import from_rank_zero, rank_and_world
 from captum_iglens._utils.schema import (
     Default,
     Integer,
@@ -418,7 +419,8 @@ def run_circuits(
     """
     device = next(model.model.parameters()).device
     batches = make_batches(pairs, batch_size, device)
-    if out is not None:
+    rank, _ = rank_and_world()  # under torchrun rank 0 writes, all score
+    if out is not None and rank == 0:
         (out / "methods").mkdir(exist_ok=True)
         write_atomic(out / RUN_RECORD, json.dumps(plain(identity or {})))
     base = ScoringContext(
@@ -429,7 +431,7 @@ def run_circuits(
     for text in methods:
         method = parse_method(text)
         saved = None if out is None else record_paths(out, method)
-        if saved is not None and saved[0].exists():
+        if saved is not None and from_rank_zero(saved[0].exists):
             resumed = json.loads(saved[0].read_text(encoding="utf-8"))
             resumed["scores"] = torch.load(saved[1], weights_only=True)
             if not method["parts"]:  # an average's parts may reuse it
@@ -442,7 +444,7 @@ def run_circuits(
             continue
         record = score_method(base, method, n_boot, scored)
         seconds = record["seconds"]
-        if saved is not None:
+        if saved is not None and rank == 0:
             torch.save(record["scores"], saved[1])
             kept = {k: v for k, v in record.items() if k != "scores"}
             write_atomic(saved[0], json.dumps(plain(kept)))

@@ -1,17 +1,19 @@
 r"""
 The processes of a run under ``torchrun``: joining the group, each process's
-rank, and the steps only rank 0 takes (claiming a folder, deciding what is left
-to do) shared with the others. Outside a process group every function acts as
-the one process of a group of one.
+rank, the steps only rank 0 takes (claiming a folder, deciding what is left
+to do) shared with the others, and work shared item by item with every value
+back on every process in the items' order. Outside a process group every
+function acts as the one process of a group of one.
 """
 
 import os
-from typing import Any, Callable, Tuple, TypeVar
+from typing import Any, Callable, Iterator, Sequence, Tuple, TypeVar
 
 import torch
 import torch.distributed as dist
 
 Value = TypeVar("Value")
+Item = TypeVar("Item")
 
 
 def init_distributed() -> torch.device:
@@ -90,3 +92,31 @@ def gathered(value: Any) -> list:
     values: list = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
     return values
+
+
+def computed_in_order(
+    items: Sequence[Item], compute: Callable[[Item], Value]
+) -> Iterator[Value]:
+    r"""
+    Every item's value, in the items' order, on every process, each process
+    computing every ``world_size``-th item: in round ``k`` process ``r``
+    computes item ``k · world_size + r`` and the round's values are gathered,
+    so that at most one value per process is held at a time. A caller that
+    adds the values up in the order they come adds them as one process does,
+    to the last bit.
+
+    Args:
+
+        items (Sequence): The work, the same on every process.
+        compute (Callable): An item's value; it must pickle (tensors on the
+                    CPU).
+
+    Returns:
+        *Iterator*: ``compute(item)`` for each item, in order.
+    """
+    rank, world = rank_and_world()
+    for first in range(0, len(items), world):
+        mine = first + rank
+        value = compute(items[mine]) if mine < len(items) else None
+        values = gathered(value)
+        yield from values[: len(items) - first]
