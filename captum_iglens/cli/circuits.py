@@ -189,7 +189,7 @@ def _load(
     args: argparse.Namespace, methods: List[str], pairs: Any, out: Optional[Path]
 ) -> Job:
     """The rest of :func:`prepare`, from loading the model on."""
-    from captum_iglens._utils.distributed import init_distributed
+    from captum_iglens.studies.distributed import init_distributed
     from captum_iglens.studies.circuits.generators import generate
     from captum_iglens.studies.circuits.patching import CircuitModel
     from captum_iglens.studies.circuits.study import (
@@ -263,7 +263,7 @@ def _none_left(counts: Dict[str, int]) -> str:
 def _run(job: _Prepared) -> int:
     """Filters the pairs, scores every method, prints the table and writes
     the outputs."""
-    from captum_iglens._utils.distributed import rank_and_world
+    from captum_iglens.studies.distributed import rank_and_world
     from captum_iglens.studies.circuits.batches import filter_pairs
     from captum_iglens.studies.circuits.study import gather, run_circuits
     from captum_iglens.cli.common import save_figure

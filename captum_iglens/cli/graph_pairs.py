@@ -74,7 +74,7 @@ def _check_pair_options(args: argparse.Namespace) -> None:
 def _load(args: argparse.Namespace, pairs: list, options: dict, out: Path) -> Job:
     """The rest of :func:`prepare_pairs`, from the folder's record on."""
     from captum_iglens.studies.batch import BatchLock, init_distributed
-    from captum_iglens._utils.distributed import rank_and_world
+    from captum_iglens.studies.distributed import rank_and_world
     from captum_iglens.studies.batch.graphs import (
         check_graph_run,
         plan_graphs,

@@ -2,8 +2,9 @@ r"""
 What is not the attribution itself: IG-Lens compared with other methods
 (:mod:`~captum_iglens.studies.comparison`), checked against causal ablation
 (:mod:`~captum_iglens.studies.validation`), both over the methods of one
-registry (:mod:`~captum_iglens.studies.methods`), and run over prompt sets
-(:mod:`~captum_iglens.studies.batch`).
+registry (:mod:`~captum_iglens.studies.methods`), and run over prompt sets and
+pair files (:mod:`~captum_iglens.studies.batch`), shared across processes under
+``torchrun`` (:mod:`~captum_iglens.studies.distributed`).
 """
 
 from typing import TYPE_CHECKING
@@ -13,11 +14,11 @@ from captum_iglens._utils.lazy import lazy_exports
 if TYPE_CHECKING:
     from captum_iglens.studies.batch import (
         graph_pairs,
-        init_distributed,
         read_results,
         run_batch,
         to_result,
     )
+    from captum_iglens.studies.distributed import init_distributed
     from captum_iglens.studies.comparison import ComparisonResult, compare, compare_text
     from captum_iglens.studies.methods import COMPARED_METHODS, SCORED_METHODS
     from captum_iglens.studies.pair_file import read_pairs
@@ -34,7 +35,7 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "graph_pairs": "captum_iglens.studies.batch",
-        "init_distributed": "captum_iglens.studies.batch",
+        "init_distributed": "captum_iglens.studies.distributed",
         "read_results": "captum_iglens.studies.batch",
         "run_batch": "captum_iglens.studies.batch",
         "to_result": "captum_iglens.studies.batch",

@@ -5,12 +5,12 @@ IG-Lens maps of a prompt set: padded batches
 (:mod:`~captum_iglens.studies.batch.resume`) under a lock
 (:mod:`~captum_iglens.studies.batch.lock`), and splitting across processes with
 ``torch.distributed`` (:mod:`~captum_iglens.studies.batch.run`, the process
-group in :mod:`~captum_iglens._utils.distributed`). The graphs of a pair
+group in :mod:`~captum_iglens.studies.distributed`). The graphs of a pair
 file (:mod:`~captum_iglens.studies.batch.graphs`) run on the same lock, record
 and processes.
 """
 
-from captum_iglens._utils.distributed import init_distributed
+from captum_iglens.studies.distributed import init_distributed
 from captum_iglens.studies.batch.graphs import GRAPHS, graph_pairs
 from captum_iglens.studies.batch.lock import LOCK, BatchLock
 from captum_iglens.studies.batch.page import write_html

@@ -22,7 +22,7 @@ from captum_iglens._utils.serialization import plain, remove_partials
 from captum_iglens.attr.flow import ProbabilityFlow
 from captum_iglens.attr.flow.probability_flow import FlowPlan
 from captum_iglens.settings import model_name, provenance, Settings
-from captum_iglens._utils.distributed import (
+from captum_iglens.studies.distributed import (
     barrier,
     from_rank_zero,
     gathered,

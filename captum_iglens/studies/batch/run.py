@@ -14,7 +14,7 @@ from captum_iglens._utils.output_paths import check_folder
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.settings import Settings, provenance
-from captum_iglens._utils.distributed import (
+from captum_iglens.studies.distributed import (
     barrier,
     from_rank_zero,
     in_group,

@@ -4,7 +4,7 @@ have as many tokens, and a batch holds pairs of one length), the sum of a
 value over the batches, and the per-model filter: a pair is kept where the
 model prefers the answer to the foil on the clean prompt. Under ``torchrun``
 each process computes every ``world_size``-th batch and the values come back
-in batch order (:func:`~captum_iglens._utils.distributed.computed_in_order`),
+in batch order (:func:`~captum_iglens.studies.distributed.computed_in_order`),
 so that sums and filters are one process's to the last bit.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from captum_iglens._utils.distributed import computed_in_order
+from captum_iglens.studies.distributed import computed_in_order
 from captum_iglens.studies.circuits.tasks import Encoded
 
 

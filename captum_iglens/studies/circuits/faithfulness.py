@@ -20,7 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from captum_iglens._utils.distributed import computed_in_order
+from captum_iglens.studies.distributed import computed_in_order
 from captum_iglens.studies.circuits.batches import Batch
 from captum_iglens.studies.circuits.patching import CircuitModel
 from captum_iglens.graph.circuit import top_edges

@@ -18,7 +18,7 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from captum_iglens._utils.distributed import computed_in_order
+from captum_iglens.studies.distributed import computed_in_order
 from captum_iglens.attr.flow.engine import flow_graph_of
 from captum_iglens.attr.flow.probability_flow import ProbabilityFlow
 from captum_iglens.studies.circuits.batches import Batch

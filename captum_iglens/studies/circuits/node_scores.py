@@ -28,7 +28,7 @@ from typing import Dict
 import torch
 from torch import Tensor
 
-from captum_iglens._utils.distributed import computed_in_order
+from captum_iglens.studies.distributed import computed_in_order
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.studies.circuits.batches import Batch
 from captum_iglens.studies.circuits.context import ScoringContext

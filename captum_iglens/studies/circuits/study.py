@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from captum_iglens._utils.distributed import from_rank_zero, rank_and_world
+from captum_iglens.studies.distributed import from_rank_zero, rank_and_world
 from captum_iglens._utils.schema import (
     Default,
     Integer,
@@ -394,6 +394,12 @@ def run_circuits(
 ) -> List[Dict[str, Any]]:
     r"""
     Scores every method on the pairs and evaluates its circuits.
+
+    Under ``torchrun`` (:func:`~captum_iglens.studies.distributed.init_distributed`)
+    every process calls it alike: the scorers and the patched runs share the
+    batches (:func:`~captum_iglens.studies.circuits.batches.batch_sum`), every
+    process gets one process's records to the last bit, and rank 0 writes
+    ``out`` and decides which records resume.
 
     Args:
 
