@@ -274,3 +274,25 @@ def test_circuits_rules_match_the_two_methods_they_cross(tmp_path, tiny_folder):
         for crossed in ("product-trapezoid:5", "steps-left:5"):
             assert not near(scores(crossed), scores("eap-ig-inputs"))
             assert not near(scores(crossed), scores("flow-plain:5"))
+
+
+@pytest.mark.slow
+def test_task_signal_from_a_model_folder_and_a_task_file(tmp_path, tiny_folder):
+    """The table's Δm is the mean over the kept pairs of m(clean) − m(cf)."""
+    folder, pair = tiny_folder
+    task = tmp_path / "mine.jsonl"
+    pairs = [pair, dict(pair, counterfactual="t9 t6 t7 t8")]
+    task.write_text("".join(json.dumps(p) + "\n" for p in pairs), encoding="utf-8")
+    command = [sys.executable, str(ROOT / "benchmarks" / "task_signal.py")]
+    command += ["--models", str(folder), "--tasks", str(task), "--pairs", "2"]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(
+        x for x in done.stdout.splitlines() if x.startswith(f"| {folder.name} |")
+    )
+    cells = row.split(" | ")
+    assert cells[1:3] == ["mine", "2 / 2"]  # the fixture's answer is the top token
+    clean, other, delta = float(cells[3]), float(cells[4]), cells[5]
+    assert float(delta.split(" ")[0]) == pytest.approx(clean - other, abs=2e-3)
