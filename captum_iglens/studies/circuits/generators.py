@@ -33,6 +33,8 @@ IOI_TEMPLATES = (
     "After {a} and {b} arrived at the {place}, {s} passed the {obj} to",
 )
 NOUNS = ("war", "expedition", "drought", "reign", "siege", "journey", "strike")
+
+
 @dataclass
 class Generated:
     r"""
