@@ -4,9 +4,10 @@ The exact probability flow as an edge scorer of the circuit harness
 path of the first block's input from the counterfactual prompt to the clean
 one, through the same front door as ``captum-iglens graph``
 (:meth:`~captum_iglens.attr.flow.probability_flow.ProbabilityFlow.plan` and
-``run``: the exact step rule, separate query, key and value receivers, the
-flow's graph the harness's), on the batch's token ids as they are (nothing is
-retokenised). ``SCORERS["flow-plain"]`` is the same path's first-order terms
+``run_batch``, one call per batch of pairs: the exact step rule, separate
+query, key and value receivers, the flow's graph the harness's), on the
+batch's token ids as they are (nothing is retokenised).
+``SCORERS["flow-plain"]`` is the same path's first-order terms
 (``"first_order"``), which the exact rule corrects: what the correction
 changes in a circuit. ``SCORERS["effect"]`` is each edge's own effect from
 the same walk, ``Δz_u · mean_k ρ_w`` (``FlowGraph.effects``): what patching
@@ -32,8 +33,11 @@ def flow_scores(
     ``method="first_order"``); or, with ``score="effect"``, each edge's own
     effect from the same walk.
 
-    Each pair runs on its own path (``context.steps`` equal steps,
-    ``steps + 1`` forward and backward passes of the model), with the flow's
+    Each batch of pairs is one call of the flow's batched path
+    (:meth:`~captum_iglens.attr.flow.probability_flow.ProbabilityFlow.run_batch`):
+    each pair runs on its own path (``context.steps`` equal steps,
+    ``steps + 1`` forward and backward passes of the model, shared with the
+    batch's other pairs where the memory budget holds them), with the flow's
     target ``m`` the harness's metric at the last position: ``"prob"``
     (``p(answer)``), ``"prob_diff"`` (``p(answer) − p(foil)``) or
     ``"logit_diff"`` (``logit(answer) − logit(foil)``), answer and foil from
@@ -67,17 +71,17 @@ def flow_scores(
         )
     scores = torch.zeros(graph.legal.shape, dtype=torch.float64)
     for batch in context.batches:
-        for b in range(len(batch.index)):
-            plan = flow.plan(
-                batch.clean[b : b + 1],
-                counterfactual=batch.counterfactual[b : b + 1],
-                target=int(batch.answer[b]),
-                target_kind=context.metric,
-                foil=int(batch.foil[b]) if takes_foil(context.metric) else None,
-                n_steps=context.steps,
-                method=method,
-                qkv=True,
-            )
-            flows = torch.from_numpy(flow.run(plan).scores(score))
+        plan = flow.plan(
+            batch.clean,
+            counterfactual=batch.counterfactual,
+            target=batch.answer,
+            target_kind=context.metric,
+            foil=batch.foil if takes_foil(context.metric) else None,
+            n_steps=context.steps,
+            method=method,
+            qkv=True,
+        )
+        for pair in flow.run_batch(plan):
+            flows = torch.from_numpy(pair.scores(score))
             scores += edge_matrix(graph, flows).nan_to_num(0.0)
     return scores / context.n_pairs
