@@ -338,13 +338,15 @@ def batch_throughput(size, n_steps, repeat, chunk_mib, dry_run=False):
 
     runs = {"alone": alone, "batch": partial(flow.run_batch, plan)}
     found = {what: run() for what, run in runs.items()}  # also warms up
-    times = {what: [] for what in runs}
+    clocks = {"wall": time.perf_counter, "CPU": time.process_time}
+    times = {(what, clock): [] for what in runs for clock in clocks}
     for _ in range(repeat):  # interleaved, so that a slow spell hits them all
         for what, run in runs.items():
-            start = time.perf_counter()
+            start = {clock: read() for clock, read in clocks.items()}
             run()
-            times[what].append(time.perf_counter() - start)
-    t = {what: statistics.median(values) for what, values in times.items()}
+            for clock, read in clocks.items():
+                times[what, clock].append(read() - start[clock])
+    t = {key: statistics.median(values) for key, values in times.items()}
     gaps = [
         max(
             abs(getattr(b, field) - getattr(a, field)).max()
@@ -361,12 +363,20 @@ def batch_throughput(size, n_steps, repeat, chunk_mib, dry_run=False):
     print(
         f"{name}, {size} pairs of {ids.shape[1]} tokens, n_steps {n_steps}, budget "
         f"{chunk_mib} MiB, {torch.get_num_threads()} thread(s): {plan.batch} path "
-        f"points per forward, {together} pair(s) per forward; median of {repeat}: "
-        f"one at a time {t['alone']:.2f} s ({size / t['alone']:.3f} pairs/s), "
-        f"batch of {size} {t['batch']:.2f} s ({size / t['batch']:.3f} pairs/s); "
-        f"throughput per pair {t['alone'] / t['batch']:.2f} x; {same}/{size} "
-        f"graphs bit-identical to alone, largest gap {max(gaps):.1e} of the "
-        f"largest |value|; worst |Σ-Δm| or conservation {worst:.1e}"
+        f"points per forward, {together} pair(s) per forward; median of {repeat}:"
+    )
+    for clock in clocks:
+        alone_s, batch_s = t["alone", clock], t["batch", clock]
+        print(
+            f"  {clock} time: one at a time {alone_s:.2f} s "
+            f"({size / alone_s:.3f} pairs/s), batch of {size} {batch_s:.2f} s "
+            f"({size / batch_s:.3f} pairs/s); throughput per pair "
+            f"{alone_s / batch_s:.2f} x"
+        )
+    print(
+        f"  {same}/{size} graphs bit-identical to alone, largest gap "
+        f"{max(gaps):.1e} of the largest |value|; worst |Σ-Δm| or conservation "
+        f"{worst:.1e}; peak resident {_resident_gib()[1]:.2f} GiB"
     )
 
 
