@@ -182,7 +182,7 @@ def flow_totals(
     n_pairs, length, width = prompt_inputs.shape
     together, size = pairs_at_once(internal_batch_size, n_steps + 1, n_pairs)
     alphas = torch.linspace(0, 1, n_steps + 1, dtype=torch.float64)
-    found: List[FlowTotals] = []
+    rule, found = STEP_RULES[method], []
     for low in range(0, n_pairs, together):
         group = slice(low, low + together)
         prompts, bases = prompt_inputs[group], base_inputs[group]
@@ -193,7 +193,6 @@ def flow_totals(
             rows = receivers_at_once(
                 graph, length - moving, width, max_chunk_bytes, split
             )
-            rule = STEP_RULES[method]
             stepper = _Stepper(rule, graph, rows, per_position, receiver_positions)
             walks.append(_Walk(moving, stepper))
         first = min(walk.first for walk in walks)

@@ -62,9 +62,10 @@ def check_pair_memory(
     free = free_memory()
     if free is not None and needed > free:
         pairs = f" for {n_pairs} pairs" if n_pairs > 1 else ""
+        fewer = " pass fewer pairs at once," if n_pairs > 1 else ""
         raise ValueError(
             f"receiver_positions: the flows by sender and receiver position need "
             f"about {needed / 2**30:,.1f} GiB (R x S x T x T){pairs}, more than the "
-            f"{free / 2**30:,.1f} GiB available; shorten the prompt, or leave "
+            f"{free / 2**30:,.1f} GiB available; shorten the prompt,{fewer} or leave "
             "receiver_positions off (per_position keeps the sender's positions)"
         )

@@ -112,17 +112,17 @@ class ProbabilityFlow:
     model (each query head's gradient of its group's keys and values is its
     own).
 
+    A batch of ``B`` pairs of one token length, ``(B, T)`` prompts and
+    counterfactuals, gives one graph per pair, each the graph the pair gives
+    alone (the pairs' points share the model's forwards where the memory
+    budget holds their whole paths).
+
     Args:
         model (nn.Module): A Hugging Face causal LM with sequential blocks
                     split into heads and one MLP (Llama, Qwen, Mistral, Gemma
                     1/2/3 families, ...).
         tokenizer (PreTrainedTokenizerBase, optional): For text prompts,
                     token texts and the graph's ``tokens``. Default: None
-
-    A batch of ``B`` pairs of one token length, ``(B, T)`` prompts and
-    counterfactuals, gives one graph per pair, each the graph the pair gives
-    alone (the pairs' points share the model's forwards where the memory
-    budget holds their whole paths).
 
     Examples::
 
