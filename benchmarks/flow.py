@@ -7,6 +7,8 @@
     python benchmarks/flow.py long --tokens 1000 --n-steps 2 [--qkv]
     python benchmarks/flow.py long --shape llama-1b --tokens 128 --n-steps 2
     python benchmarks/flow.py long --dry-run  # a tiny random model (CI)
+    python benchmarks/flow.py batch --batch-size 8 --n-steps 16 --repeat 3
+    python benchmarks/flow.py batch --dry-run  # a tiny random model (CI)
 
 ``exactness`` runs both models at ``n_steps`` 1, 8 and the default (with
 queries, keys and values separate) and the plain trapezoid terms against
@@ -34,7 +36,12 @@ process's peak resident memory and its exactness; run it once per process, so
 that the peak is that graph's. With ``--shape`` (and ``--dtype``) it runs a
 random model of ``benchmarks/scale.py``'s shapes, whole, on random tokens
 against the same tokens with the second-to-last one changed, the target the
-model's top token.
+model's top token. ``batch`` times ``--batch-size`` IOI pairs of one token
+length on SmolLM2 (``p(A) − p(B)``, the names differ per pair) as one batch
+against the same pairs one at a time, within ``--max-chunk-mib`` (the median
+of ``--repeat`` timings of each, interleaved), and prints the throughput per
+pair of each, their ratio, and how far each pair's graph from the batch is
+from its graph alone.
 """
 
 import argparse
@@ -50,6 +57,7 @@ from captum.attr import LayerIntegratedGradients
 
 from captum_iglens.attr.flow import DEFAULT_STEPS, ProbabilityFlow
 from captum_iglens.attr.flow import engine
+from captum_iglens.attr.flow.budget import pairs_at_once
 from captum_iglens.attr.flow.engine import EffectSums, first_block_inputs
 from captum_iglens.graph.target import Target
 from captum_iglens.studies.circuits.batches import Batch
@@ -68,6 +76,19 @@ IOI = (
     "When Mary and John went to the store, John gave a drink to",
     "When Mary and John went to the store, Mary gave a drink to",
     " Mary",
+)
+
+#: IOI names (one SmolLM2 token each, with the leading space): pair ``(A, B)``
+#: is ``IOI``'s template with ``A`` and ``B`` for Mary and John.
+NAMES = (
+    ("Mary", "John"),
+    ("Tom", "Anna"),
+    ("James", "Sarah"),
+    ("David", "Emma"),
+    ("Paul", "Lisa"),
+    ("Mark", "Kate"),
+    ("Peter", "Alice"),
+    ("Jack", "Laura"),
 )
 
 
@@ -257,6 +278,108 @@ def cost(n_steps, batch, repeat):
     )
 
 
+def ioi_batch(tok, size):
+    """``size`` IOI pairs of one token length: the prompts and counterfactuals
+    ``(size, T)``, each pair's target (the indirect object) and foil."""
+    template = "When {} and {} went to the store, {} gave a drink to"
+    names = NAMES[:size]
+    ids, other = (
+        tok([template.format(a, b, c) for a, b, c in rows], return_tensors="pt")
+        for rows in ([(a, b, b) for a, b in names], [(a, b, a) for a, b in names])
+    )
+    answer, foil = (
+        torch.tensor([tok(" " + n, add_special_tokens=False).input_ids for n in col])
+        for col in zip(*names)
+    )
+    return ids.input_ids, other.input_ids, answer[:, 0], foil[:, 0]
+
+
+def _random_batch(model, size, length=12):
+    """``size`` random pairs of a random model: two positions changed, random
+    targets and foils."""
+    generator = torch.Generator().manual_seed(size)
+    vocab = model.config.vocab_size
+    ids = torch.randint(3, vocab, (size, length), generator=generator)
+    other = ids.clone()
+    other[:, [3, 7]] = torch.randint(3, vocab, (size, 2), generator=generator)
+    answer = torch.randint(3, vocab, (size,), generator=generator)
+    return ids, other, answer, (answer + 1) % vocab
+
+
+def batch_throughput(size, n_steps, repeat, chunk_mib, dry_run=False):
+    if dry_run:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from scale import build
+
+        model, tok, name = build("tiny", torch.float32), None, "tiny"
+        ids, other, answer, foil = _random_batch(model, size)
+    else:
+        if size > len(NAMES):
+            sys.exit(f"--batch-size: at most {len(NAMES)} IOI pairs")
+        model, tok = load_embedded("smollm2", progress=False)
+        ids, other, answer, foil = ioi_batch(tok, size)
+        name = "SmolLM2"
+    flow = ProbabilityFlow(model, tok)
+    settings = dict(
+        target_kind="prob_diff", n_steps=n_steps, max_chunk_bytes=chunk_mib * 2**20
+    )
+    pairs = dict(counterfactual=other, target=answer, foil=foil)
+    plan = flow.plan(ids, **pairs, **settings)
+    together, _ = pairs_at_once(plan.batch, n_steps + 1, size)
+
+    def alone():
+        return [
+            flow.run(flow.plan(ids[b : b + 1], **one, **settings))
+            for b, one in enumerate(
+                dict(counterfactual=c[None], target=int(y), foil=int(f))
+                for c, y, f in zip(other, answer, foil)
+            )
+        ]
+
+    runs = {"alone": alone, "batch": partial(flow.run_batch, plan)}
+    found = {what: run() for what, run in runs.items()}  # also warms up
+    clocks = {"wall": time.perf_counter, "CPU": time.process_time}
+    times = {(what, clock): [] for what in runs for clock in clocks}
+    for _ in range(repeat):  # interleaved, so that a slow spell hits them all
+        for what, run in runs.items():
+            start = {clock: read() for clock, read in clocks.items()}
+            run()
+            for clock, read in clocks.items():
+                times[what, clock].append(read() - start[clock])
+    t = {key: statistics.median(values) for key, values in times.items()}
+    gaps = [
+        max(
+            abs(getattr(b, field) - getattr(a, field)).max()
+            / max(abs(getattr(a, field)).max(), 1e-30)
+            for field in ("flows", "effects", "input_flows")
+        )
+        for a, b in zip(found["alone"], found["batch"])
+    ]
+    same = sum(
+        (a.flows == b.flows).all() and (a.effects == b.effects).all()
+        for a, b in zip(found["alone"], found["batch"])
+    )
+    worst = max(max(g.completeness_error, g.conservation_error) for g in found["batch"])
+    print(
+        f"{name}, {size} pairs of {ids.shape[1]} tokens, n_steps {n_steps}, budget "
+        f"{chunk_mib} MiB, {torch.get_num_threads()} thread(s): {plan.batch} path "
+        f"points per forward, {together} pair(s) per forward; median of {repeat}:"
+    )
+    for clock in clocks:
+        alone_s, batch_s = t["alone", clock], t["batch", clock]
+        print(
+            f"  {clock} time: one at a time {alone_s:.2f} s "
+            f"({size / alone_s:.3f} pairs/s), batch of {size} {batch_s:.2f} s "
+            f"({size / batch_s:.3f} pairs/s); throughput per pair "
+            f"{alone_s / batch_s:.2f} x"
+        )
+    print(
+        f"  {same}/{size} graphs bit-identical to alone, largest gap "
+        f"{max(gaps):.1e} of the largest |value|; worst |Σ-Δm| or conservation "
+        f"{worst:.1e}; peak resident {_resident_gib()[1]:.2f} GiB"
+    )
+
+
 def _resident_gib():
     """The process's resident memory now and its peak, in GiB (Linux)."""
     now = next(
@@ -321,7 +444,7 @@ def long(tokens, n_steps, qkv, chunk_mib, shape=None, dtype="float32"):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "what", choices=("exactness", "convergence", "plain", "cost", "long")
+        "what", choices=("exactness", "convergence", "plain", "cost", "long", "batch")
     )
     parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
@@ -336,7 +459,12 @@ def main():
         "--repeat", type=int, default=3, help="cost: timings per run (the median)"
     )
     parser.add_argument("--max-chunk-mib", type=int, default=256)
-    parser.add_argument("--dry-run", action="store_true", help="long: tiny model")
+    parser.add_argument(
+        "--batch-size", type=int, default=8, help="batch: the pairs of the batch"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="long, batch: a tiny random model"
+    )
     parser.add_argument(
         "--shape", help="long: a random model of benchmarks/scale.py's SHAPES"
     )
@@ -362,6 +490,13 @@ def main():
         plain(args.models, args.steps)
     elif args.what == "cost":
         cost(args.n_steps, args.batch, args.repeat)
+    elif args.what == "batch":
+        if args.dry_run:
+            batch_throughput(3, 2, 1, args.max_chunk_mib, dry_run=True)
+        else:
+            batch_throughput(
+                args.batch_size, args.n_steps, args.repeat, args.max_chunk_mib
+            )
     elif args.dry_run:
         long(16, 2, True, 1, shape="tiny")
     else:

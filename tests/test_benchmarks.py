@@ -296,3 +296,26 @@ def test_task_signal_from_a_model_folder_and_a_task_file(tmp_path, tiny_folder):
     assert cells[1:3] == ["mine", "2 / 2"]  # the fixture's answer is the top token
     clean, other, delta = float(cells[3]), float(cells[4]), cells[5]
     assert float(delta.split(" ")[0]) == pytest.approx(clean - other, abs=2e-3)
+
+
+@pytest.mark.slow
+def test_flow_batch_dry_run():
+    """A batch of 3 pairs of a tiny model against the pairs one at a time: the
+    budget puts all three in one forward, and each graph is its graph alone."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "flow.py"), "batch", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    head, wall, cpu, check = done.stdout.strip().splitlines()[-4:]
+    assert head.startswith("tiny, 3 pairs of 12 tokens, n_steps 2, budget 256 MiB")
+    assert "9 path points per forward, 3 pair(s) per forward" in head
+    for line, clock in ((wall, "wall"), (cpu, "CPU")):
+        assert re.match(
+            rf"  {clock} time: one at a time \S+ s .* per pair \S+ x$", line
+        )
+    found = re.search(r"largest gap (\S+) of .* conservation (\S+);", check)
+    assert found and max(float(found[1]), float(found[2])) <= 1e-6

@@ -7,7 +7,7 @@ options before anything heavy loads.
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -173,13 +173,32 @@ class Target:
         Returns:
             *Tensor* ``(P,)`` float32: ``m`` per row.
         """
-        import torch
-
-        answer = torch.full((row.shape[0],), self.token, device=row.device)
-        foil = torch.full_like(answer, self.token if self.foil is None else self.foil)
-        return metric(self.kind, row, answer, foil)
+        return rows_metric([self] * row.shape[0], row)
 
     def describe(self, text: Callable[[int], str]) -> str:
         """``m`` in words, each token written by ``text``: ``p(' Mary')``."""
         foil = "" if self.foil is None else text(self.foil)
         return FORMULAS[self.kind].format(y=text(self.token), f=foil)
+
+
+def rows_metric(targets: Sequence[Target], row: "Tensor") -> "Tensor":
+    r"""
+    ``m`` of rows of logits, each row read by its own target (a batch of pairs
+    whose tokens differ).
+
+    Args:
+        targets (Sequence[Target]): One per row, of one kind and position.
+        row (Tensor): ``(P, V)``: the logits at their position.
+
+    Returns:
+        *Tensor* ``(P,)`` float32.
+    """
+    import torch
+
+    kinds = {(target.kind, target.position) for target in targets}
+    assert len(kinds) == 1 and len(targets) == row.shape[0], (kinds, len(targets))
+    answer = torch.tensor([t.token for t in targets], device=row.device)
+    foil = torch.tensor(
+        [t.token if t.foil is None else t.foil for t in targets], device=row.device
+    )
+    return metric(kinds.pop()[0], row, answer, foil)

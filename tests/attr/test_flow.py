@@ -174,7 +174,7 @@ def test_writes_rebuild_the_residual_stream(models, family):
         handle.remove()
     layout = flow_graph_of(parts, qkv=False)
     state = run_points(
-        parts, IDS, first_block_inputs(parts, IDS), Target("prob", 3, 6), layout
+        parts, IDS, first_block_inputs(parts, IDS), [Target("prob", 3, 6)], layout
     )
     rebuilt = state.writes[0].sum(0)
     assert torch.allclose(rebuilt, kept["h"][0], atol=1e-5 * kept["h"].abs().max())

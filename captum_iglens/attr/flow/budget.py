@@ -10,7 +10,9 @@ what the model's forward keeps for the backward (the eager attention's
 MLPs' inner activations). :func:`point_bytes` estimates it from the model's
 shape; :func:`points_at_once` fits the points of one forward in the budget. A
 single point is the floor: it may exceed a small budget, since a forward
-cannot run on less than one point.
+cannot run on less than one point. A batch of pairs shares the same budget:
+:func:`pairs_at_once` puts the whole paths of several pairs in one forward
+where it holds them, else one pair's points at a time.
 
 Split by receiver position, a point holds each receiver's gradient ``T`` times
 (one per position of its output) and the graph ``R × S × T × T`` flows: that
@@ -19,7 +21,7 @@ is bounded by the memory the machine has available
 budget, since it is the result.
 """
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from captum_iglens.attr._utils.block_parts import projection_weight
 from captum_iglens.graph.model_graph import ModelGraph
@@ -102,6 +104,25 @@ def points_at_once(
             "max_chunk_bytes"
         )
     return internal_batch_size
+
+
+def pairs_at_once(points: int, n_points: int, n_pairs: int) -> Tuple[int, int]:
+    r"""
+    How the paths of ``n_pairs`` pairs are cut into forwards of at most
+    ``points`` path points: the whole paths of as many pairs as it holds,
+    else one pair at a time in chunks of ``points`` (as the pair runs alone).
+
+    Args:
+        points (int): Path points per forward (:func:`points_at_once`).
+        n_points (int): Each path's points, ``n_steps + 1``.
+        n_pairs (int): The pairs ``B``.
+
+    Returns:
+        2-element tuple of the pairs whose points share a forward and each
+        one's points per forward.
+    """
+    together = max(1, min(n_pairs, points // n_points))
+    return together, min(n_points, points // together)
 
 
 def receivers_at_once(

@@ -30,7 +30,7 @@ import threading
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -54,7 +54,7 @@ from captum_iglens.attr.flow.head_reads import (
     split_head_reads,
 )
 from captum_iglens.graph.model_graph import ModelGraph
-from captum_iglens.graph.target import Target
+from captum_iglens.graph.target import Target, rows_metric
 from captum_iglens.hf.parts import ModelParts
 
 #: The name our attention implementation is registered under.
@@ -221,7 +221,7 @@ def run_points(
     parts: ModelParts,
     input_ids: Tensor,
     first_inputs: Tensor,
-    target: Target,
+    targets: Sequence[Target],
     graph: ModelGraph,
     first: int = 0,
     split: bool = False,
@@ -233,11 +233,13 @@ def run_points(
     Args:
         parts (ModelParts): The model's parts (checked by
                     :func:`~captum_iglens.attr.flow.engine.flow_graph_of`).
-        input_ids (Tensor): ``(1, T)`` long: the prompt's tokens.
+        input_ids (Tensor): ``(P, T)`` long: each point's prompt tokens (or
+                    ``(1, T)``, one prompt for every point).
         first_inputs (Tensor): ``(P, T, d)``: the first block's input at each
                     point.
-        target (Target): The target ``m``; the model computes the logits
-                    of its position only (``logits_to_keep``).
+        targets (Sequence[Target]): Each point's target ``m``, of one kind
+                    and position; the model computes the logits of that
+                    position only (``logits_to_keep``).
         graph (ModelGraph): The graph's nodes.
         first (int, optional): The first position kept: the writes and
                     gradients are those of positions ``first`` to ``T − 1``
@@ -250,7 +252,7 @@ def run_points(
     """
     h0 = first_inputs.detach().clone().requires_grad_(True)
     m, grad_final, rho, seen = _gradients(
-        parts, input_ids, h0, target, graph, first, split
+        parts, input_ids, h0, targets, graph, first, split
     )
     # the forward's graph is freed here, before the writes are gathered
     writes = _writes(parts, graph, seen, h0, first)
@@ -261,7 +263,7 @@ def _gradients(
     parts: ModelParts,
     input_ids: Tensor,
     h0: Tensor,
-    target: Target,
+    targets: Sequence[Target],
     graph: ModelGraph,
     first: int,
     split: bool,
@@ -272,8 +274,8 @@ def _gradients(
     ids = input_ids.expand(h0.shape[0], -1)
     with torch.enable_grad(), _flow_forward(parts, hooks) as attentions:
         _install(parts, hooks, h0, attentions)
-        logits = target_logits(parts, ids, target.position)
-        m = target.of_row(logits)
+        logits = target_logits(parts, ids, targets[0].position)
+        m = rows_metric(targets, logits)
         records = [_RECORDS[a] for a in attentions]
         seen = hooks.seen
         hooks.remove()

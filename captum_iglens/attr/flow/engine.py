@@ -6,14 +6,14 @@ checked arguments, so that a path class can call it as well as
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from captum_iglens.attr._utils.capture import hidden_of
 from captum_iglens.attr.flow.capture import PointState, run_points
-from captum_iglens.attr.flow.budget import receivers_at_once
+from captum_iglens.attr.flow.budget import pairs_at_once, receivers_at_once
 from captum_iglens.attr.flow.estimator import STEP_RULES, StepRule, StepTerms
 from captum_iglens.attr.flow.reads import allowed, read_positions
 from captum_iglens.graph.model_graph import ModelGraph, model_graph
@@ -129,7 +129,7 @@ def flow_totals(
     parts: ModelParts,
     input_ids: Tensor,
     base_inputs: Tensor,
-    target: Target,
+    targets: Sequence[Target],
     graph: ModelGraph,
     *,
     n_steps: int,
@@ -138,70 +138,83 @@ def flow_totals(
     receiver_positions: bool,
     internal_batch_size: int,
     max_chunk_bytes: int,
-) -> FlowTotals:
+) -> List[FlowTotals]:
     r"""
-    The edge flows along the straight path of the first block's input from
-    ``base_inputs`` to the prompt's, on ``n_steps`` equal steps.
+    The edge flows of each pair along the straight path of the first block's
+    input from its ``base_inputs`` to its prompt's, on ``n_steps`` equal steps.
+
+    Each of the ``B`` pairs is walked as it would be alone, from its own first
+    moving position and with its own sums; the points of several pairs share a
+    forward where ``internal_batch_size`` holds their whole paths
+    (:func:`~captum_iglens.attr.flow.budget.pairs_at_once`), and otherwise
+    one pair's points run in chunks of ``internal_batch_size``, as alone.
 
     Memory: one forward's points (``internal_batch_size``, chosen by
-    :func:`~captum_iglens.attr.flow.budget.points_at_once`), the previous
-    point's state, and a step's terms computed for a group of receivers at a
-    time within ``max_chunk_bytes``; with ``per_position`` also the graph's
-    ``(R, S, T)`` float64 flows, with ``receiver_positions`` its
-    ``(R, S, T, T)`` ones and each point's gradients ``T`` times over.
+    :func:`~captum_iglens.attr.flow.budget.points_at_once`), each pair's
+    previous point's state, and a step's terms computed for a group of
+    receivers at a time within ``max_chunk_bytes``; with ``per_position``
+    also each pair's ``(R, S, T)`` float64 flows, with ``receiver_positions``
+    its ``(R, S, T, T)`` ones and each point's gradients ``T`` times over.
 
     Args:
         parts (ModelParts): The model's parts (:func:`flow_graph_of`).
-        input_ids (Tensor): ``(1, T)`` long: the prompt.
-        base_inputs (Tensor): ``(1, T, d)``: the first block's input at the
+        input_ids (Tensor): ``(B, T)`` long: the prompts.
+        base_inputs (Tensor): ``(B, T, d)``: the first block's input at each
                     path's start (a counterfactual prompt's, or a baseline).
-        target (Target): What is attributed.
+        targets (Sequence[Target]): What is attributed, one per pair (of one
+                    kind and position).
         graph (ModelGraph): The graph's nodes.
         n_steps (int): Steps of the path (``n_steps + 1`` forward and backward
-                    passes).
+                    passes per pair).
         method (str): ``"exact"`` or ``"first_order"``
                     (:mod:`~captum_iglens.attr.flow.estimator`).
         per_position (bool): Keep every edge per sender position.
         receiver_positions (bool): Also split those by the receiver's
                     position (implies ``per_position``).
-        internal_batch_size (int): Grid points per forward.
+        internal_batch_size (int): Grid points per forward, all pairs
+                    together.
         max_chunk_bytes (int): The budget of a step's terms.
 
     Returns:
-        *FlowTotals*.
+        *list[FlowTotals]*, one per pair, in order.
     """
     prompt_inputs = first_block_inputs(parts, input_ids)
-    _, length, width = prompt_inputs.shape
-    first = first_moving(prompt_inputs, base_inputs)
-    split = length - first if receiver_positions else 1
-    stepper = _Stepper(
-        STEP_RULES[method],
-        graph,
-        receivers_at_once(graph, length - first, width, max_chunk_bytes, split),
-        per_position,
-        receiver_positions,
-    )
+    n_pairs, length, width = prompt_inputs.shape
+    together, size = pairs_at_once(internal_batch_size, n_steps + 1, n_pairs)
     alphas = torch.linspace(0, 1, n_steps + 1, dtype=torch.float64)
-    prev: Optional[PointState] = None
-    values: List[Tensor] = []
-    for start in range(0, n_steps + 1, internal_batch_size):
-        a = alphas[start : start + internal_batch_size].to(prompt_inputs.device)
-        a = a.to(prompt_inputs.dtype).view(-1, 1, 1)
-        points = base_inputs + a * (prompt_inputs - base_inputs)
-        cur = run_points(
-            parts, input_ids, points, target, graph, first, receiver_positions
-        )
-        values.append(cur.m)
-        for j in range(len(a)):
-            if prev is not None:
-                stepper.add(prev, cur, j)
-            prev = _point(cur, j)
-        del cur, points  # freed before the next forward
-    assert stepper.totals is not None and prev is not None  # n_steps >= 1
-    totals = _from_position(stepper.totals, first, length)
-    totals.m = torch.cat(values)
-    totals.effects, totals.direct_effects = stepper.effects.effects(prev, n_steps)
-    return totals
+    rule, found = STEP_RULES[method], []
+    for low in range(0, n_pairs, together):
+        group = slice(low, low + together)
+        prompts, bases = prompt_inputs[group], base_inputs[group]
+        walks = []
+        for prompt, base in zip(prompts, bases):
+            moving = first_moving(prompt[None], base[None])
+            split = length - moving if receiver_positions else 1
+            rows = receivers_at_once(
+                graph, length - moving, width, max_chunk_bytes, split
+            )
+            stepper = _Stepper(rule, graph, rows, per_position, receiver_positions)
+            walks.append(_Walk(moving, stepper))
+        first = min(walk.first for walk in walks)
+        for start in range(0, n_steps + 1, size):
+            a = alphas[start : start + size].to(prompt_inputs.device)
+            a = a.to(prompt_inputs.dtype).view(1, -1, 1, 1)
+            points = bases[:, None] + a * (prompts - bases)[:, None]
+            n = a.shape[1]
+            cur = run_points(
+                parts,
+                input_ids[group].repeat_interleave(n, 0),
+                points.flatten(0, 1),
+                [target for target in targets[group] for _ in range(n)],
+                graph,
+                first,
+                receiver_positions,
+            )
+            for i, walk in enumerate(walks):
+                walk.add(_rows(cur, i * n, n, walk.first - first, receiver_positions))
+            del cur, points  # freed before the next forward
+        found += [walk.totals(length, n_steps) for walk in walks]
+    return found
 
 
 def first_moving(prompt_inputs: Tensor, base_inputs: Tensor) -> int:
@@ -414,6 +427,47 @@ def _bands(allowed: Tensor, rows: int) -> List[Tuple[slice, int]]:
         read = int(allowed[band].any(0).nonzero().max()) + 1
         bands.append((band, read))
     return bands
+
+
+class _Walk:
+    """One pair's walk: its first moving position, its stepper, its previous
+    point and the target's values at the points so far."""
+
+    def __init__(self, first: int, stepper: "_Stepper") -> None:
+        self.first, self.stepper = first, stepper
+        self.prev: Optional[PointState] = None
+        self.values: List[Tensor] = []
+
+    def add(self, state: PointState) -> None:
+        """Adds the steps to each of ``state``'s points, in order."""
+        self.values.append(state.m)
+        for j in range(len(state.m)):
+            if self.prev is not None:
+                self.stepper.add(self.prev, state, j)
+            self.prev = _point(state, j)
+
+    def totals(self, length: int, n_steps: int) -> FlowTotals:
+        """The walk's sums over every position of the ``length``-token prompt."""
+        assert self.stepper.totals is not None and self.prev is not None
+        totals = _from_position(self.stepper.totals, self.first, length)
+        totals.m = torch.cat(self.values)
+        effects = self.stepper.effects.effects(self.prev, n_steps)
+        totals.effects, totals.direct_effects = effects
+        return totals
+
+
+def _rows(state: PointState, low: int, n: int, skip: int, split: bool) -> PointState:
+    """Points ``low`` to ``low + n`` of ``state`` (one pair's) from ``skip``
+    positions further on (the pair's first moving position; ``split``:
+    the receivers' gradients are split by position too)."""
+    rows = slice(low, low + n)
+    rho = state.rho[rows, :, skip:] if split else state.rho[rows]
+    return PointState(
+        state.m[rows],
+        state.grad_final[rows, skip:],
+        state.writes[rows, :, skip:],
+        rho[..., skip:, :],
+    )
 
 
 def _point(state: PointState, j: int) -> PointState:

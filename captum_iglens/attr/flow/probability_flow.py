@@ -6,12 +6,21 @@ token's probability between a counterfactual (or baseline) and the prompt.
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple, Union, cast
+from typing import Any, List, Optional, Tuple, Union, cast
 
 import torch
 from torch import Tensor
 
 from captum_iglens.attr.flow.budget import point_bytes, points_at_once
+from captum_iglens.attr.flow.inputs import (
+    Prompt,
+    TokenSpec,
+    check_baselines,
+    check_counterfactual,
+    check_distinct,
+    pair_tokens,
+    prompt_ids,
+)
 from captum_iglens.attr.subject_noise import NOISE_SCALE
 from captum_iglens.attr.flow.capture import target_logits
 from captum_iglens.attr.flow.engine import (
@@ -21,13 +30,7 @@ from captum_iglens.attr.flow.engine import (
     flow_totals,
 )
 from captum_iglens.attr.flow.subject_start import noised_start, subject_positions
-from captum_iglens.graph.target import (
-    Target,
-    check_foil,
-    check_kind,
-    resolve_token,
-    takes_foil,
-)
+from captum_iglens.graph.target import Target, check_foil, check_kind, takes_foil
 from captum_iglens.attr.flow.graph import FlowGraph, graph_of
 from captum_iglens.attr.flow.pair_memory import check_pair_memory
 from captum_iglens.attr.flow.options import (
@@ -42,10 +45,6 @@ from captum_iglens.hf.architectures import model_parts
 from captum_iglens.settings import model_name
 
 
-Prompt = Union[str, Tensor]
-TokenSpec = Union[None, int, str]
-
-
 @dataclass(frozen=True)
 class FlowPlan:
     r"""
@@ -53,23 +52,26 @@ class FlowPlan:
     (:meth:`ProbabilityFlow.plan`).
 
     Args:
-        ids (Tensor): ``(1, T)`` long: the prompt, on the model's device.
-        start (str or Tensor): The path's start: a counterfactual's ids
-                    ``(1, T)``, a baseline's name or the first block's input
-                    ``(1, T, d)``.
-        subject (tuple, optional): With ``corrupt_subject``: its text, the
-                    positions it noises (``(T,)`` bool) and the noise's seed.
+        ids (Tensor): ``(B, T)`` long: the prompts of the ``B`` pairs, on the
+                    model's device.
+        start (str or Tensor): The paths' start: the counterfactuals' ids
+                    ``(B, T)``, a baseline's name or the first block's input
+                    ``(1, T, d)`` (every pair's) or ``(B, T, d)``.
+        subject (tuple, optional): With ``corrupt_subject`` (one pair): its
+                    text, the positions it noises (``(T,)`` bool) and the
+                    noise's seed.
         graph (ModelGraph): The graph's nodes and edges.
         target_kind (str): The kind of ``m``.
-        token (int, optional): The target token (None: the greedy prediction).
-        foil (int, optional): The foil (None: none, or the counterfactual's
-                    prediction).
+        tokens (tuple[int, ...], optional): Each pair's target token (None:
+                    the greedy predictions).
+        foils (tuple[int, ...], optional): Each pair's foil (None: none, or
+                    the counterfactuals' predictions).
         position (int): The position whose logits are read, in ``[0, T)``.
         n_steps (int): Steps of the path.
         method (str): The step rule.
         per_position (bool): Keep each edge by its sender's position.
         receiver_positions (bool): Also by the receiver's.
-        batch (int): Path points per forward.
+        batch (int): Path points per forward, all pairs together.
         max_chunk_bytes (int): The memory budget.
     """
 
@@ -78,8 +80,8 @@ class FlowPlan:
     subject: Optional[Tuple[str, Tensor, int]]
     graph: ModelGraph
     target_kind: str
-    token: Optional[int]
-    foil: Optional[int]
+    tokens: Optional[Tuple[int, ...]]
+    foils: Optional[Tuple[int, ...]]
     position: int
     n_steps: int
     method: str
@@ -110,6 +112,11 @@ class ProbabilityFlow:
     model (each query head's gradient of its group's keys and values is its
     own).
 
+    A batch of ``B`` pairs of one token length, ``(B, T)`` prompts and
+    counterfactuals, gives one graph per pair, each the graph the pair gives
+    alone (the pairs' points share the model's forwards where the memory
+    budget holds their whole paths).
+
     Args:
         model (nn.Module): A Hugging Face causal LM with sequential blocks
                     split into heads and one MLP (Llama, Qwen, Mistral, Gemma
@@ -125,6 +132,12 @@ class ProbabilityFlow:
         >>> graph = flow.attribute(prompt, counterfactual=other, target=" Mary",
         ...                        target_kind="prob_diff", foil=" John")
         >>> graph.edge_scores()["a9.h6->logits"]
+        >>> # a batch: (B, T) ids, one target and foil per pair
+        >>> graphs = flow.attribute(ids, counterfactual=other_ids,
+        ...                         target=[mary, john], target_kind="prob_diff",
+        ...                         foil=[john, mary])
+        >>> len(graphs)
+        2
     """
 
     def __init__(self, model: Any, tokenizer: Any = None) -> None:
@@ -151,39 +164,48 @@ class ProbabilityFlow:
         receiver_positions: bool = False,
         internal_batch_size: Optional[int] = None,
         max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    ) -> FlowGraph:
+    ) -> Union[FlowGraph, List[FlowGraph]]:
         r"""
         Args:
             inputs (str or Tensor): The prompt: text (with a tokenizer) or
-                        token ids ``(1, T)``.
+                        token ids ``(1, T)``; or a batch of ``B`` prompts of
+                        one token length, ``(B, T)`` (a padded batch is not
+                        supported: every position of every row is read).
             counterfactual (str or Tensor, optional): The path's start: a
-                        prompt of the same token length ``T``. Default: None
+                        prompt of the same token length ``T``, one per prompt
+                        (``(B, T)`` for a batch). Default: None
             corrupt_subject (str, optional): The path's start instead of a
                         counterfactual: the prompt with ROME's noise (the
                         restoration study's: Gaussian, of
                         :data:`~captum_iglens.attr.subject_noise.NOISE_SCALE`
                         times the embeddings' standard deviation) added to the
                         embeddings of the tokens that overlap the last
-                        occurrence of this text in the prompt (text prompts
-                        only). ``baselines`` is then not used. Default: None
+                        occurrence of this text in the prompt (one text
+                        prompt, not a batch). ``baselines`` is then not used.
+                        Default: None
             noise_seed (int, optional): The seed of ``corrupt_subject``'s
                         draw (the study's first draw is seed 0). Default: 0
             baselines (str or Tensor, optional): The path's start where there
                         is no counterfactual: ``"pad"`` (the pad token's
                         embedding), ``"mean"`` (the embedding module's mean
                         output over the vocabulary) or the first block's input
-                        itself, ``(1, T, d)``. Positions holding the model's
-                        BOS token keep their embedding. Default: ``"mean"``
-            target (int or str, optional): The token ``y`` (id or one-token
-                        text). Default: the model's greedy prediction at
-                        ``position`` on the prompt.
+                        itself, ``(1, T, d)`` (every pair's) or ``(B, T, d)``.
+                        Positions holding the model's BOS token keep their
+                        embedding. Default: ``"mean"``
+            target (int, str, sequence or Tensor, optional): The token ``y``
+                        (id or one-token text), for every pair, or one per
+                        pair (a sequence of ``B`` ids or texts, or a
+                        ``(B,)`` integer tensor). Default: the model's greedy
+                        prediction at ``position`` on each prompt.
             target_kind (str, optional): ``"prob"`` (``p(y)``), ``"prob_diff"``
                         (``p(y) − p(foil)``) or ``"logit_diff"``
                         (``logit(y) − logit(foil)``). Default: ``"prob"``
-            foil (int or str, optional): The foil token of the differences.
-                        Default: the greedy prediction on the counterfactual.
-            position (int, optional): The position whose logits are read.
-                        Default: -1
+            foil (int, str, sequence or Tensor, optional): The foil token of
+                        the differences, for every pair or one per pair (as
+                        ``target``). Default: the greedy prediction on each
+                        counterfactual.
+            position (int, optional): The position whose logits are read, in
+                        every pair. Default: -1
             n_steps (int, optional): Steps of the path; it costs
                         ``n_steps + 1`` forward and backward passes.
                         Default: :data:`~captum_iglens.attr.flow.options.DEFAULT_STEPS`
@@ -203,9 +225,10 @@ class ProbabilityFlow:
                         gradients and the result grow by ``T``; meant for
                         short prompts, and refused before the model runs where
                         it would not fit the memory available. Default: False
-            internal_batch_size (int, optional): Path points per forward;
-                        more than one must fit ``max_chunk_bytes``. Default:
-                        None (as many as fit it)
+            internal_batch_size (int, optional): Path points per forward,
+                        all pairs together; more than one must fit
+                        ``max_chunk_bytes``. Default: None (as many as fit
+                        it)
             max_chunk_bytes (int, optional): The memory budget of one
                         forward's path points (each holds every node's write
                         and every receiver's gradient, ``(S + R) · T · d``, and
@@ -214,13 +237,15 @@ class ProbabilityFlow:
                         maps' readout chunk
 
         Returns:
-            *FlowGraph*.
+            *FlowGraph* of one pair (text, or ids ``(1, T)``), or for a batch
+            (``B > 1``) *list[FlowGraph]*, one per pair in order.
 
         Raises:
             ValueError: If an argument is invalid (checked before the model
                 runs), naming it.
+            TypeError: Naming an argument of the wrong type (see :meth:`plan`).
         """
-        return self.run(
+        graphs = self.run_batch(
             self.plan(
                 inputs,
                 counterfactual=counterfactual,
@@ -240,6 +265,7 @@ class ProbabilityFlow:
                 max_chunk_bytes=max_chunk_bytes,
             )
         )
+        return graphs[0] if len(graphs) == 1 else graphs
 
     def plan(
         self,
@@ -263,23 +289,27 @@ class ProbabilityFlow:
     ) -> "FlowPlan":
         r"""
         Every argument of :meth:`attribute` resolved and checked once, without
-        running the model: the prompt's ids, the path's start, the graph, the
-        target's tokens and position, the step rule and the path points per
-        forward from the memory budget. :meth:`run` computes the graph; the
-        command line plans before its job, so that a bad argument is refused
-        at once.
+        running the model: the prompts' ids, the paths' start, the graph, each
+        pair's target tokens and the position, the step rule and the path
+        points per forward from the memory budget (for all the pairs of a
+        batch). :meth:`run_batch` computes the graphs; the command line plans
+        before its job, so that a bad argument is refused at once.
 
         Returns:
             *FlowPlan*.
 
         Raises:
-            ValueError: If an argument is invalid, naming it.
+            ValueError: If an argument is invalid, naming it: a batch's
+                counterfactuals, baselines, targets or foils that are not one
+                per prompt, prompts of unequal lengths, ``corrupt_subject``
+                with a batch.
             TypeError: Naming ``noise_seed``, ``internal_batch_size`` or
-                ``max_chunk_bytes`` where it is not an int.
+                ``max_chunk_bytes`` where it is not an int, ``target`` or
+                ``foil`` where it is a tensor of floats.
         """
         ids = self._ids(inputs, "inputs")
-        length = ids.shape[1]
-        start = self._start(counterfactual, baselines, length)
+        n_pairs, length = ids.shape
+        start = self._start(counterfactual, baselines, ids)
         subject = self._subject(inputs, corrupt_subject, counterfactual, noise_seed)
         flags = dict(
             qkv=qkv, per_position=per_position, receiver_positions=receiver_positions
@@ -289,12 +319,16 @@ class ProbabilityFlow:
         )
         graph = flow_graph_of(self.parts, qkv)
         point = point_bytes(self.parts, graph, length, receiver_positions)
-        batch = points_at_once(point, n_steps + 1, internal_batch_size, max_chunk_bytes)
+        batch = points_at_once(
+            point, (n_steps + 1) * n_pairs, internal_batch_size, max_chunk_bytes
+        )
         if receiver_positions:
-            check_pair_memory(graph, length, 2 * batch * point)
-        foil_id = self._token(foil, "foil")
+            check_pair_memory(graph, length, 2 * batch * point, n_pairs)
+        tokens = self._tokens(target, "target", n_pairs)
+        foils = self._tokens(foil, "foil", n_pairs)
         prompt_start = isinstance(start, Tensor) and not start.is_floating_point()
-        check_foil(target_kind, foil_id is not None, prompt_start)
+        check_foil(target_kind, foils is not None, prompt_start)
+        check_distinct(tokens, foils)
         return FlowPlan(
             ids=ids,
             start=start,
@@ -303,8 +337,8 @@ class ProbabilityFlow:
             else (corrupt_subject, subject, noise_seed),
             graph=graph,
             target_kind=target_kind,
-            token=self._token(target, "target"),
-            foil=foil_id,
+            tokens=tokens,
+            foils=foils,
             position=_position(position, length),
             n_steps=n_steps,
             method=method,
@@ -316,34 +350,62 @@ class ProbabilityFlow:
 
     def run(self, plan: "FlowPlan") -> FlowGraph:
         r"""
-        The graph of a :meth:`plan`: the path's start, the target (the greedy
-        predictions where no token was given), the flows.
+        The graph of a :meth:`plan` of one pair (:meth:`run_batch` for a
+        batch).
+
+        Args:
+            plan (FlowPlan): From :meth:`plan`, on this model, of one pair.
+
+        Returns:
+            *FlowGraph*.
+
+        Raises:
+            ValueError: Naming ``plan``, if it holds several pairs.
+        """
+        if len(plan.ids) != 1:
+            raise ValueError(
+                f"plan: holds {len(plan.ids)} pairs; run_batch returns a graph for each"
+            )
+        return self.run_batch(plan)[0]
+
+    def run_batch(self, plan: "FlowPlan") -> List[FlowGraph]:
+        r"""
+        The graphs of a :meth:`plan`, one per pair: the paths' start, the
+        targets (the greedy predictions where no token was given), the flows.
+        Each pair's graph is the one it gives alone (its own first moving
+        position, steps and sums; its points share the model's forwards with
+        other pairs' where ``plan.batch`` holds whole paths).
 
         Args:
             plan (FlowPlan): From :meth:`plan`, on this model.
 
         Returns:
-            *FlowGraph*.
+            *list[FlowGraph]*, one per pair in order (one for one pair).
         """
         ids, start = plan.ids, plan.start
         if plan.subject is None:
-            base, origin = self._base_inputs(ids, start), self._origin(start)
+            base = self._base_inputs(ids, start)
+            origins = [self._origin(start, b) for b in range(len(ids))]
         else:
             text, positions, seed = plan.subject
             base, origin = noised_start(self.parts, ids, positions, NOISE_SCALE, seed)
-            origin["subject"] = text
-        token, foil = plan.token, plan.foil
-        if token is None:
-            token = self._greedy(ids, plan.position)
-        if foil is None and takes_foil(plan.target_kind):
+            origins = [{**origin, "subject": text}]
+        tokens = plan.tokens or self._greedy(ids, plan.position)
+        foils: Tuple[Optional[int], ...] = (None,) * len(ids)
+        if plan.foils is not None:
+            foils = plan.foils
+        elif takes_foil(plan.target_kind):
             assert isinstance(start, Tensor)
-            foil = self._greedy(start, plan.position)
-        goal = Target(plan.target_kind, token, plan.position, foil)
+            foils = self._greedy(start, plan.position)
+        goals = [
+            Target(plan.target_kind, token, plan.position, foil)
+            for token, foil in zip(tokens, foils)
+        ]
         totals = flow_totals(
             self.parts,
             ids,
             base,
-            goal,
+            goals,
             plan.graph,
             n_steps=plan.n_steps,
             method=plan.method,
@@ -352,7 +414,6 @@ class ProbabilityFlow:
             internal_batch_size=plan.batch,
             max_chunk_bytes=plan.max_chunk_bytes,
         )
-        settings = self._settings(goal, method=plan.method, n_steps=plan.n_steps)
         graph = plan.graph
         cfg = dict(
             n_layers=graph.n_layers,
@@ -362,7 +423,13 @@ class ProbabilityFlow:
             qkv=graph.qkv,
             parallel_attn_mlp=graph.parallel,
         )
-        return build_graph(totals, cfg, self._texts(ids), origin, settings)
+        graphs = []
+        for row, goal in enumerate(goals):
+            settings = self._settings(goal, method=plan.method, n_steps=plan.n_steps)
+            sums = totals.pop(0)  # let go once its graph holds them
+            texts = self._texts(ids[row])
+            graphs.append(build_graph(sums, cfg, texts, origins[row], settings))
+        return graphs
 
     def _settings(self, goal: Target, **run: Any) -> dict:
         """The graph's ``settings``: the run's, the target's and the model's."""
@@ -397,49 +464,29 @@ class ProbabilityFlow:
             raise TypeError(f"noise_seed: expected an int, got {type(seed).__name__}")
         if not 0 <= seed < 2**63:
             raise ValueError(f"noise_seed: expected an int in [0, 2**63), got {seed}")
-        length = self._ids(inputs, "inputs").shape[1]
-        return subject_positions(self.tokenizer, inputs, subject, length)
+        ids = self._ids(inputs, "inputs")
+        if len(ids) > 1:
+            raise ValueError(
+                f"corrupt_subject: takes one text prompt, not a batch of {len(ids)}; "
+                "run each pair alone, or pass each prompt's noised start as "
+                "baselines (B, T, d)"
+            )
+        return subject_positions(self.tokenizer, inputs, subject, ids.shape[1])
 
     def _ids(self, prompt: Prompt, name: str) -> Tensor:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(
-                    f"{name}: text needs a tokenizer; pass token ids (1, T)"
-                )
-            prompt = self.tokenizer(prompt, return_tensors="pt").input_ids
-        if (
-            not isinstance(prompt, Tensor)
-            or prompt.dtype != torch.long
-            or prompt.dim() != 2
-        ):
-            raise ValueError(
-                f"{name}: expected text or token ids, a (1, T) long tensor"
-            )
-        if prompt.shape[0] != 1 or prompt.shape[1] == 0:
-            raise ValueError(
-                f"{name}: expected one non-empty sequence (1, T), "
-                f"got {tuple(prompt.shape)}"
-            )
         vocab = self._embeddings().num_embeddings
-        if bool(((prompt < 0) | (prompt >= vocab)).any()):
-            raise ValueError(f"{name}: token ids must lie in [0, {vocab})")
-        device = next(self.parts.model.parameters()).device
-        return prompt.to(device)
+        ids = prompt_ids(prompt, name, self.tokenizer, vocab)
+        return ids.to(next(self.parts.model.parameters()).device)
 
     def _start(
         self,
         counterfactual: Optional[Prompt],
         baselines: Union[str, Tensor],
-        length: int,
+        prompts: Tensor,
     ) -> Union[str, Tensor]:
         if counterfactual is not None:
             ids = self._ids(counterfactual, "counterfactual")
-            if ids.shape[1] != length:
-                raise ValueError(
-                    f"counterfactual: {ids.shape[1]} tokens, but the prompt has "
-                    f"{length}; the flow's path needs prompts of equal token length "
-                    "(reword one of them)"
-                )
+            check_counterfactual(ids, prompts)
             return ids
         if isinstance(baselines, str):
             if baselines not in BASELINES:
@@ -453,25 +500,14 @@ class ProbabilityFlow:
                 )
             return baselines
         d = self._embeddings().embedding_dim
-        if (
-            not isinstance(baselines, Tensor)
-            or tuple(baselines.shape) not in ((1, length, d),)
-            or not baselines.dtype.is_floating_point
-        ):
-            raise ValueError(
-                "baselines: expected 'pad', 'mean' or a float tensor "
-                f"(1, {length}, {d})"
-            )
-        if not bool(torch.isfinite(baselines).all()):
-            raise ValueError(
-                "baselines: the tensor holds NaN or infinite values; the path "
-                "starts from it, so every value must be finite"
-            )
+        check_baselines(baselines, len(prompts), prompts.shape[1], d)
         return baselines
 
-    def _token(self, token: TokenSpec, name: str) -> Optional[int]:
+    def _tokens(
+        self, token: TokenSpec, name: str, n_pairs: int
+    ) -> Optional[Tuple[int, ...]]:
         vocab = self._embeddings().num_embeddings
-        return resolve_token(token, name, self.tokenizer, vocab)
+        return pair_tokens(token, name, n_pairs, self.tokenizer, vocab)
 
     # ------------------------------------------------------------ the model
 
@@ -486,14 +522,15 @@ class ProbabilityFlow:
         return None if pad is None else int(pad)
 
     @torch.no_grad()
-    def _greedy(self, ids: Tensor, position: int) -> int:
-        return int(target_logits(self.parts, ids, position)[0].argmax())
+    def _greedy(self, ids: Tensor, position: int) -> Tuple[int, ...]:
+        """Each row's greedy prediction at ``position``."""
+        return tuple(target_logits(self.parts, ids, position).argmax(-1).tolist())
 
     @torch.no_grad()
     def _base_inputs(self, ids: Tensor, start: Union[str, Tensor]) -> Tensor:
-        """The first block's input at the path's start, ``(1, T, d)``."""
+        """The first block's input at each path's start, ``(B, T, d)``."""
         if isinstance(start, Tensor) and start.dtype.is_floating_point:
-            return start.to(ids.device)
+            return start.to(ids.device).expand(len(ids), -1, -1)
         if isinstance(start, Tensor):
             return first_block_inputs(self.parts, start)
         prompt = first_block_inputs(self.parts, ids)
@@ -524,16 +561,18 @@ class ProbabilityFlow:
     # ------------------------------------------------------------ text
 
     def _texts(self, ids: Tensor) -> list:
+        """The texts of the tokens ``ids`` ``(T,)``."""
         if self.tokenizer is None:
-            return [str(int(i)) for i in ids[0]]
-        return [self.tokenizer.decode([int(i)]) for i in ids[0]]
+            return [str(int(i)) for i in ids]
+        return [self.tokenizer.decode([int(i)]) for i in ids]
 
-    def _origin(self, start: Union[str, Tensor]) -> dict:
+    def _origin(self, start: Union[str, Tensor], row: int) -> dict:
+        """The graph's ``counterfactual`` record of pair ``row``'s start."""
         if isinstance(start, str):
             return {"kind": start}
         if start.dtype.is_floating_point:
             return {"kind": "tensor"}
-        return {"kind": "prompt", "tokens": self._texts(start)}
+        return {"kind": "prompt", "tokens": self._texts(start[row])}
 
     def _describe(self, goal: Target) -> str:
         if self.tokenizer is None:

@@ -4,16 +4,15 @@ The exact probability flow as an edge scorer of the circuit harness
 path of the first block's input from the counterfactual prompt to the clean
 one, through the same front door as ``captum-iglens graph``
 (:meth:`~captum_iglens.attr.flow.probability_flow.ProbabilityFlow.plan` and
-``run``: the exact step rule, separate query, key and value receivers, the
-flow's graph the harness's), on the batch's token ids as they are (nothing is
-retokenised). ``SCORERS["flow-plain"]`` is the same path's first-order terms
+``run_batch``, one call per batch of pairs: the exact step rule, separate
+query, key and value receivers, the flow's graph the harness's), on the
+batch's token ids as they are (nothing is retokenised).
+``SCORERS["flow-plain"]`` is the same path's first-order terms
 (``"first_order"``), which the exact rule corrects: what the correction
 changes in a circuit. ``SCORERS["effect"]`` is each edge's own effect from
 the same walk, ``Δz_u · mean_k ρ_w`` (``FlowGraph.effects``): what patching
 the edge alone changes, to first order.
 """
-
-from typing import Tuple
 
 import torch
 from torch import Tensor
@@ -36,8 +35,11 @@ def flow_scores(
     ``method="first_order"``); or, with ``score="effect"``, each edge's own
     effect from the same walk.
 
-    Each pair runs on its own path (``context.steps`` equal steps,
-    ``steps + 1`` forward and backward passes of the model), with the flow's
+    Each batch of pairs is one call of the flow's batched path
+    (:meth:`~captum_iglens.attr.flow.probability_flow.ProbabilityFlow.run_batch`):
+    each pair runs on its own path (``context.steps`` equal steps,
+    ``steps + 1`` forward and backward passes of the model, shared with the
+    batch's other pairs where the memory budget holds them), with the flow's
     target ``m`` the harness's metric at the last position: ``"prob"``
     (``p(answer)``), ``"prob_diff"`` (``p(answer) − p(foil)``) or
     ``"logit_diff"`` (``logit(answer) − logit(foil)``), answer and foil from
@@ -70,24 +72,26 @@ def flow_scores(
             f"circuit harness's ({graph.describe()})"
         )
 
-    def per_pair(pair: Tuple[Batch, int]) -> Tensor:
-        batch, b = pair
+    def per_batch(batch: Batch) -> Tensor:
         plan = flow.plan(
-            batch.clean[b : b + 1],
-            counterfactual=batch.counterfactual[b : b + 1],
-            target=int(batch.answer[b]),
+            batch.clean,
+            counterfactual=batch.counterfactual,
+            target=batch.answer,
             target_kind=context.metric,
-            foil=int(batch.foil[b]) if takes_foil(context.metric) else None,
+            foil=batch.foil if takes_foil(context.metric) else None,
             n_steps=context.steps,
             method=method,
             qkv=True,
         )
-        flows = torch.from_numpy(flow.run(plan).scores(score))
-        return edge_matrix(graph, flows).nan_to_num(0.0)
+        pairs = flow.run_batch(plan)
+        return torch.stack(
+            [edge_matrix(graph, torch.from_numpy(p.scores(score))) for p in pairs]
+        ).nan_to_num(0.0)
 
-    # pair by pair, shared across processes under torchrun, added in order
-    pairs = [(batch, b) for batch in context.batches for b in range(len(batch.index))]
+    # batch by batch, shared across processes under torchrun, added pair by
+    # pair in order (one process's sum, to the last bit)
     scores = torch.zeros(graph.legal.shape, dtype=torch.float64)
-    for value in computed_in_order(pairs, per_pair):
-        scores += value
+    for value in computed_in_order(context.batches, per_batch):
+        for pair in value:
+            scores += pair
     return scores / context.n_pairs

@@ -8,13 +8,13 @@ of restoring that block's output at the attributed position.
 """
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
 from torch import Tensor
 
 from captum_iglens.attr.flow import ProbabilityFlow
+from captum_iglens.attr.flow.graph import FlowGraph
 from captum_iglens.attr.flow.subject_start import noised_start
 from captum_iglens.hf.parts import ModelParts
 
@@ -74,13 +74,18 @@ def ig_lens_flow(trace: Trace) -> np.ndarray:
         *ndarray* ``(k,)``: 1 after the last block (every cut carries ``Δp``).
     """
     flow = ProbabilityFlow(trace.parts.model, trace.tokenizer)
-    graph = partial(
-        flow.attribute,
-        trace.input_ids,
-        target=trace.target,
-        n_steps=trace.n_steps,
-        per_position=True,
-    )
+
+    def graph(**start: Any) -> FlowGraph:  # one pair: one graph
+        return flow.run(
+            flow.plan(
+                trace.input_ids,
+                target=trace.target,
+                n_steps=trace.n_steps,
+                per_position=True,
+                **start,
+            )
+        )
+
     if trace.counterfactual is not None:
         found = [graph(counterfactual=trace.counterfactual)]
     else:

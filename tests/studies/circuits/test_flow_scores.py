@@ -121,3 +121,17 @@ def test_flow_takes_a_step_count_defaulting_to_the_flows():
 
     assert parse_method("flow")["steps"] == DEFAULT_STEPS == SCORERS["flow"].steps
     assert parse_method("flow:4")["steps"] == 4
+
+
+@pytest.mark.parametrize("scorer", ["flow", "flow-plain", "effect"])
+def test_a_batch_scores_as_its_pairs_one_at_a_time(pairs, scorer):
+    """One batched call per batch of pairs gives the scores of the pairs run one
+    at a time (the scorer's loop before batching), to float64 rounding."""
+    model, bound, batch = pairs
+    together = ScoringContext(bound, None, [batch], 3, "logit_diff", steps=2)
+    apart = ScoringContext(
+        bound, None, [_one_pair(batch, b) for b in range(3)], 3, "logit_diff", steps=2
+    )
+    got, expected = (SCORERS[scorer].function(c) for c in (together, apart))
+    assert expected.abs().max() > 1e-4
+    assert (got - expected).abs().max() <= 1e-12 * expected.abs().max()
