@@ -40,7 +40,7 @@ each family. A size whose step is refused is not searched again.
 """
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -164,6 +164,7 @@ def _step(
     sizes: Sequence[int],
     k: int,
     tries: int,
+    report: Callable[[str], None],
 ) -> Tuple[bool, int]:
     r"""
     One step at size ``k`` (the module's 1 to 3).
@@ -190,6 +191,8 @@ def _step(
         new[position[added[:count]]] = removed[:count]
         (measured,) = objective.faithfulness([_mask(graph, new[:n])])
         passes += 1
+        family = "CMD" if ranking.absolute else "CPR"
+        report(f"{family} {n} edges: {count} swaps, f {f:.4f} -> {measured:.4f}")
         if ranking.better(measured, f):
             ranking.order, ranking.f[k] = new, measured
             ranking.gains[k] = abs(measured - f)
@@ -207,6 +210,7 @@ def _search(
     weights: Tensor,
     budget: int,
     tries: int,
+    report: Callable[[str], None],
 ) -> None:
     r"""Steps on one ranking, the size of highest priority first, while the
     budget of passes allows a whole step."""
@@ -235,7 +239,7 @@ def _search(
             )
             spent += 1
             continue  # its priority now knows its gap
-        spent += _step(graph, objective, ranking, sizes, k, tries)[1]
+        spent += _step(graph, objective, ranking, sizes, k, tries, report)[1]
 
 
 def search_rankings(
@@ -246,6 +250,7 @@ def search_rankings(
     percents: Sequence[float] = PERCENTS,
     budget: int = BUDGET,
     tries: int = TRIES,
+    report: Callable[[str], None] = lambda line: None,
 ) -> Tensor:
     r"""
     CPR's and CMD's circuits searched from a warm start (the module's
@@ -262,6 +267,7 @@ def search_rankings(
         budget (int): Passes over the training pairs to spend, half for
                     each ranking. Default: :data:`BUDGET`
         tries (int): Measurements per step. Default: :data:`TRIES`
+        report (callable): Takes a line per measured step.
 
     Returns:
         *Tensor*: ``(2, S, R)`` float64 scores, CPR's ranking then CMD's,
@@ -292,7 +298,7 @@ def search_rankings(
         start = values.abs() if absolute else values
         order = torch.argsort(start, descending=True, stable=True)
         ranking = Ranking(order, absolute, [None] * len(sizes), [1.0] * len(sizes))
-        _search(graph, objective, ranking, sizes, weights, budget // 2, tries)
+        _search(graph, objective, ranking, sizes, weights, budget // 2, tries, report)
         rank = torch.empty(E, dtype=torch.float64)
         rank[ranking.order] = torch.arange(E, dtype=torch.float64)
         out.append(edge_matrix(graph, (E - rank) / E))
