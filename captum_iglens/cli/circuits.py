@@ -292,7 +292,10 @@ def _split(job: "_Prepared", kept: List[Any]) -> Tuple[List[Any], List[Any], Any
         raise CommandError(f"--train: {error}; {_more_pairs(args, shipped)}") from None
     job.identity["split"] = split.to_dict()
     if job.out is not None:
-        check_folder_run(job.out, job.identity)
+        try:
+            check_folder_run(job.out, job.identity)
+        except ValueError as error:
+            raise CommandError(str(error)) from None
     return test, train, split.to_dict()
 
 

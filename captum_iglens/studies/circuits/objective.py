@@ -132,9 +132,8 @@ class PatchedObjective:
             assert run.writes is not None
             value = self._m(run.logits, batch).sum()
             grads = torch.autograd.grad(value, run.inputs, materialize_grads=True)
-            total += torch.einsum(
-                "bstd,brtd->sr",
-                (run.writes - other).double(),
-                torch.cat(grads, 1).double(),
-            ).cpu()
+            products = torch.einsum(  # float32: a ranking's precision
+                "bstd,brtd->sr", run.writes - other, torch.cat(grads, 1)
+            )
+            total += products.double().cpu()
         return total / self.n_pairs / (self.full - self.empty)

@@ -53,7 +53,7 @@ from captum_iglens.studies.circuits.objective import Objective, PatchedObjective
 
 #: The passes over the training pairs a search may spend (a measured circuit
 #: is one, a gradient :data:`GRADIENT_PASSES`), half for each ranking.
-BUDGET = 48
+BUDGET = 72
 #: What a gradient costs, in passes (a forward keeping the graph, the
 #: backward and the edge products).
 GRADIENT_PASSES = 3
