@@ -39,7 +39,7 @@ Steps go to the sizes by their weight in the area (the trapezoid rule over
 each family. A size whose step is refused is not searched again.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -94,18 +94,26 @@ class Ranking:
                     (``f`` maximized).
         f (list[float or None]): The training ``f`` of each size's circuit,
                     where measured.
-        gains (list[float]): The last measured gain of each size (a
-                    size's priority); 0 once a step there is refused.
+        gains (list[float]): The last measured gain of each size (1 before
+                    its first step); 0 once a step there is refused.
     """
 
     order: Tensor
     absolute: bool
     f: List[Optional[float]]
-    gains: List[float] = field(default_factory=list)
+    gains: List[float]
 
     def better(self, new: float, old: float) -> bool:
         """Whether ``f = new`` is better than ``old`` for this family."""
         return abs(1 - new) < abs(1 - old) if self.absolute else new > old
+
+    def priority(self, k: int, weight: float) -> float:
+        """What a step at size ``k`` may add to the area: its weight times
+        its last gain (for CMD, no more than its gap to ``f = 1``)."""
+        f, gain = self.f[k], self.gains[k]
+        if self.absolute and f is not None:
+            gain = min(gain, abs(1 - f))
+        return weight * gain
 
 
 def _mask(graph: ModelGraph, edges: Tensor) -> Tensor:
@@ -165,12 +173,12 @@ def _step(
     k: int,
     tries: int,
     report: Callable[[str], None],
-) -> Tuple[bool, int]:
+) -> int:
     r"""
     One step at size ``k`` (the module's 1 to 3).
 
     Returns:
-        2-element tuple of **accepted** and the **passes** spent.
+        *int*: the passes spent.
     """
     low, n, high = sizes[k - 1] if k else 0, sizes[k], sizes[k + 1]
     order, f = ranking.order, ranking.f[k]
@@ -196,10 +204,10 @@ def _step(
         if ranking.better(measured, f):
             ranking.order, ranking.f[k] = new, measured
             ranking.gains[k] = abs(measured - f)
-            return True, passes
+            return passes
         count //= 2
     ranking.gains[k] = 0.0
-    return False, passes
+    return passes
 
 
 def _search(
@@ -221,25 +229,18 @@ def _search(
     ]
     spent = 0
     while spent + GRADIENT_PASSES + tries <= budget:
-
-        def priority(k: int) -> float:
-            f = ranking.f[k]
-            gain = ranking.gains[k]
-            if ranking.absolute and f is not None:
-                gain = min(gain, abs(1 - f))
-            return float(weights[k]) * gain
-
-        ready = [k for k in searched if priority(k) > 0]
+        priority = {k: ranking.priority(k, float(weights[k])) for k in searched}
+        ready = [k for k in searched if priority[k] > 0]
         if not ready:
             return
-        k = max(ready, key=priority)
+        k = max(ready, key=priority.__getitem__)
         if ranking.f[k] is None:
             (ranking.f[k],) = objective.faithfulness(
                 [_mask(graph, ranking.order[: sizes[k]])]
             )
             spent += 1
             continue  # its priority now knows its gap
-        spent += _step(graph, objective, ranking, sizes, k, tries, report)[1]
+        spent += _step(graph, objective, ranking, sizes, k, tries, report)
 
 
 def search_rankings(
