@@ -219,6 +219,9 @@ def test_searched_circuits_keep_mibs_sizes_and_pruning_and_never_see_the_scored(
     assert improved  # the search moved something
 
 
-def test_a_search_without_training_pairs_is_refused(tiny):
+def test_a_search_without_training_pairs_or_with_shared_prompts_is_refused(tiny):
+    pairs = _pairs(3, 5)
     with pytest.raises(ValueError, match="search:eap searches on training pairs"):
-        run_circuits(tiny, None, _pairs(2, 5), ["search:eap"], n_boot=5)
+        run_circuits(tiny, None, pairs, ["search:eap"], n_boot=5)
+    with pytest.raises(ValueError, match="training pair 1 shares the prompt"):
+        run_circuits(tiny, None, pairs[:2], ["eap"], train=pairs[2:] + pairs[:1])
