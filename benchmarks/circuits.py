@@ -72,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
             command += ["--pairs", str(args.pairs), "--generate", str(args.generate)]
             command += ["--methods", args.methods, "--batch-size", str(args.batch_size)]
             command += ["--metric", args.metric, "--sample", str(args.sample)]
+            command += ["--bootstrap", str(args.bootstrap)]
+            command += [] if args.train is None else ["--train", str(args.train)]
             command += ["--out", str(out / name), "--json", str(out / f"{name}.json")]
             status = main(command)
             if status != 0:
@@ -105,6 +107,10 @@ def parse_args(
     parser.add_argument("--methods", default=methods)
     parser.add_argument("--metric", default="logit_diff")
     parser.add_argument("--sample", type=int, default=100)
+    parser.add_argument("--bootstrap", type=int, default=1000)
+    parser.add_argument(
+        "--train", type=int, help="training pairs of search: methods (circuits --train)"
+    )
     parser.add_argument("--out", required=True, help="folder of the runs")
     return parser.parse_args()
 

@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from captum_iglens.cli.common import (
     CommandError,
@@ -41,13 +41,17 @@ def _methods_help() -> str:
         form = f"{name}[:STEPS, default {scorer.steps}]" if scorer.steps else name
         form = f"{name}:PATH" if scorer.reads_file else form
         form = f"{name}:A+B[+C...]" if scorer.averages else form
+        form = f"{name}:METHOD" if scorer.searches else form
         truth = ", a ground truth for rank correlations" if scorer.truth else ""
         forms.append(f"{form} ({scorer.summary}{truth})")
     return (
         f"comma-separated methods: {'; '.join(forms)} (default: {DEFAULT_METHODS}); "
         "mean's parts are two or more other methods, not ground truths or files "
         "(mean:eap+eap-ig-inputs:5): each part's scores ranked by |score| over "
-        "the edges, as rank / edges (ties averaged) with their sign, averaged"
+        "the edges, as rank / edges (ties averaged) with their sign, averaged; "
+        "search's METHOD is one such method (search:eap-ig-inputs:5), scored on "
+        "the --train pairs, where the search improves CPR's and CMD's circuits "
+        "against their faithfulness"
     )
 
 
@@ -92,6 +96,14 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         help="pairs scored, after the filter (default: %(default)s)",
     )
     parser.add_argument(
+        "--train",
+        type=int,
+        metavar="N",
+        help="draw N training pairs by --seed from the filtered pairs after the "
+        "scored ones, none sharing a prompt with a scored pair: only search: "
+        "methods see them (default: none)",
+    )
+    parser.add_argument(
         "--generate",
         type=int,
         default=300,
@@ -131,7 +143,7 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
 def _check_options(args: argparse.Namespace) -> List[str]:
     """The methods (a method's file exists and is readable), the counts and
     the output files, checked; the methods."""
-    from captum_iglens.studies.circuits.methods import parse_method
+    from captum_iglens.studies.circuits.methods import SCORERS, parse_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
@@ -143,6 +155,14 @@ def _check_options(args: argparse.Namespace) -> List[str]:
         if path is not None and not (Path(path).is_file() and os.access(path, os.R_OK)):
             raise CommandError(f"--methods: {method}: no readable file {path!r}")
     _positive(args, "pairs", "generate", "batch-size", "sample", "bootstrap")
+    if args.train is not None:
+        _positive(args, "train")
+    elif any(SCORERS[parse_method(m)["scorer"]].searches for m in methods):
+        first = next(m for m in methods if SCORERS[parse_method(m)["scorer"]].searches)
+        raise CommandError(
+            f"--methods: {first} searches on training pairs apart from the scored "
+            "ones; add --train N"
+        )
     check_outputs(args, "json", "png", "html")
     return methods
 
@@ -178,6 +198,15 @@ def prepare(args: argparse.Namespace) -> Job:
     methods = _check_options(args)
     shipped = args.task in GENERATORS and not Path(args.task).exists()
     pairs = None if shipped else read_task(args.task)
+    if args.train is not None:
+        available = args.generate if pairs is None else len(pairs)
+        if args.pairs + args.train > available:
+            where = "--generate is" if pairs is None else "the task has"
+            raise CommandError(
+                f"--train: {args.train} training pairs apart from --pairs "
+                f"{args.pairs} need {args.pairs + args.train} pairs, and {where} "
+                f"{available}; {_more_pairs(args, pairs is None)}"
+            )
     out = check_folder(args.out, "--out") if args.out else None
     if out is not None:
         for method in methods:
@@ -227,6 +256,7 @@ def _load(
         sample=args.sample,
         bootstrap=args.bootstrap,
         pairs=args.pairs,
+        train=args.train,
         generate=args.generate if shipped else None,
         batch_size=args.batch_size,
         model=args.model or "smollm2",
@@ -235,12 +265,42 @@ def _load(
     identity = run_identity(encoded, weights_checksum(parts.model), options)
     if out is not None:
         out.mkdir(exist_ok=True)
-        check_folder_run(out, identity)
+        check_folder_run(out, identity, later=("split",))
         check_record_scores(out, methods, model.graph)
     prepared = _Prepared(
         args, methods, model, tokenizer, encoded, counts, options, identity, out, stages
     )
     return lambda: _run(prepared)
+
+
+def _more_pairs(args: argparse.Namespace, shipped: bool) -> str:
+    """How to get more pairs: generate more, or add to the task file."""
+    if shipped:
+        return f"raise --generate (now {args.generate}) or lower --pairs or --train"
+    return "add pairs to the task file, or lower --pairs or --train"
+
+
+def _split(job: "_Prepared", kept: List[Any]) -> Tuple[List[Any], List[Any], Any]:
+    """The scored pairs, the training pairs and the split's record (None
+    without ``--train``), the folder's run checked against the split."""
+    from captum_iglens.studies.circuits.split import TooFewPairs, draw_split
+    from captum_iglens.studies.circuits.study import check_folder_run
+
+    args = job.args
+    if args.train is None:
+        return kept[: args.pairs], [], None
+    try:
+        split, test, train = draw_split(kept, args.pairs, args.train, args.seed)
+    except TooFewPairs as error:
+        shipped = job.options["generate"] is not None
+        raise CommandError(f"--train: {error}; {_more_pairs(args, shipped)}") from None
+    job.identity["split"] = split.to_dict()
+    if job.out is not None:
+        try:
+            check_folder_run(job.out, job.identity)
+        except ValueError as error:
+            raise CommandError(str(error)) from None
+    return test, train, split.to_dict()
 
 
 def _none_left(counts: Dict[str, int]) -> str:
@@ -284,8 +344,10 @@ def _run(job: _Prepared) -> int:
             f"fewer than --pairs {args.pairs}",
             file=sys.stderr,
         )
-    kept = kept[: args.pairs]
+    kept, train, split = _split(job, kept)
     job.counts["scored"] = len(kept)
+    if train:
+        job.counts["train"] = len(train)
     say(f"task {args.task}: " + ", ".join(f"{k} {v}" for k, v in job.counts.items()))
     say(f"graph: {model.graph.n_edges} edges; scoring {len(kept)} pairs", flush=True)
     start = time.perf_counter()
@@ -294,6 +356,7 @@ def _run(job: _Prepared) -> int:
         job.tokenizer,
         kept,
         job.methods,
+        train=train,
         metric=args.metric,
         batch_size=args.batch_size,
         seed=args.seed,
@@ -313,6 +376,7 @@ def _run(job: _Prepared) -> int:
         counts=job.counts,
         options=job.options,
         seconds=stages,
+        split=split,
     )
     if not lead:
         return 0

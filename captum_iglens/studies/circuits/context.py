@@ -12,7 +12,8 @@ from torch import Tensor
 from captum_iglens.studies.circuits.batches import Batch
 from captum_iglens.studies.circuits.patching import CircuitModel
 
-#: An ``(S, R)`` tensor over the graph's senders × receivers, or a score per
+#: An ``(S, R)`` tensor over the graph's senders × receivers (a search's
+#: ``(2, S, R)``: the ranking of CPR's circuits, then CMD's), or a score per
 #: edge name.
 Scores = Union[Tensor, Dict[str, float]]
 
@@ -37,7 +38,11 @@ class ScoringContext:
         path (str, optional): The file of a method that reads one
                     (``eap-json:PATH``).
         parts (tuple[Tensor, ...]): The ``(S, R)`` scores of the parts of a
-                    method that averages them (``mean:A+B``), in order.
+                    method that averages them (``mean:A+B``), in order, or
+                    of the method a search starts from (``search:A``).
+        train (ScoringContext, optional): The training pairs' context
+                    (``--train``), which only a search and the method it
+                    starts from are scored in. Default: None
     """
 
     model: CircuitModel
@@ -50,3 +55,4 @@ class ScoringContext:
     sample: int = 100
     path: Optional[str] = None
     parts: Tuple[Tensor, ...] = ()
+    train: Optional["ScoringContext"] = None

@@ -31,6 +31,23 @@ from captum_iglens.graph.target import metric as metric_of
 PERCENTS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 
 
+def ranking(scores: Tensor, absolute: bool) -> Tensor:
+    r"""
+    The scores one family of circuits is ranked by: a method's ``(S, R)``
+    scores for both, or of a search's ``(2, S, R)`` the first for CPR's and
+    the second for CMD's.
+
+    Args:
+
+        scores (Tensor): ``(S, R)`` or ``(2, S, R)``.
+        absolute (bool): CMD's family (ranked by ``|score|``) or CPR's.
+
+    Returns:
+        *Tensor*: ``(S, R)``.
+    """
+    return scores[int(absolute)] if scores.dim() == 3 else scores
+
+
 def circuits(graph: ModelGraph, scores: Tensor, absolute: bool) -> List[Tensor]:
     r"""
     The pruned top-``k%`` circuits of one scoring, for ``k`` in :data:`PERCENTS`.
@@ -38,14 +55,16 @@ def circuits(graph: ModelGraph, scores: Tensor, absolute: bool) -> List[Tensor]:
     Args:
 
         graph (ModelGraph): The model's graph.
-        scores (Tensor): ``(S, R)`` edge scores.
+        scores (Tensor): ``(S, R)`` edge scores, or a search's ``(2, S, R)``
+                    (:func:`ranking`).
         absolute (bool): Rank by ``|score|`` (CMD) or signed (CPR).
 
     Returns:
         *list[Tensor]*: one ``(S, R)`` bool circuit per size.
     """
+    ranked = ranking(scores, absolute)
     return [
-        top_edges(graph, scores, int(pct / 100 * graph.n_edges), absolute)
+        top_edges(graph, ranked, int(pct / 100 * graph.n_edges), absolute)
         for pct in PERCENTS
     ]
 

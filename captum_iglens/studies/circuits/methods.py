@@ -5,7 +5,9 @@ text on the command line (:func:`parse_method`) and its record in a resumable
 folder (:func:`method_stem`, :func:`check_record`).
 
 An ensemble, ``mean:A+B[+C…]``, is a scorer whose argument is other methods
-(``Scorer.averages``): :func:`parse_method` parses and checks its parts.
+(``Scorer.averages``), and a search, ``search:METHOD``, one whose argument is
+one method scored on the training pairs (``Scorer.searches``):
+:func:`parse_method` parses and checks their parts.
 
 The shipped records name their functions in
 :mod:`~captum_iglens.studies.circuits.scorers` (and the modules it uses), which
@@ -108,6 +110,13 @@ class Scorer:
                     joined by ``+`` (``NAME:A+B``), each scored first (or
                     reused where the run has scored it) and given in
                     ``context.parts``. Default: False
+        searches (bool, optional): Its argument is one method
+                    (``NAME:METHOD``), scored on the training pairs and given
+                    in ``context.parts``; the scorer itself runs on the
+                    training pairs (``context.batches``), never on the scored
+                    ones, and returns ``(2, S, R)`` scores: the ranking of
+                    CPR's circuits, then CMD's. A run without training pairs
+                    refuses it. Default: False
         check_steps (callable, optional): ``(steps, name) -> None``, raising
                     a ``ValueError`` that names ``name`` for a step count it
                     cannot take, called as the method is parsed (the flow's
@@ -116,7 +125,8 @@ class Scorer:
 
     Raises:
         ValueError: If ``steps`` is not a positive int, or is given with
-            ``reads_file`` or ``averages``, or both of those are set.
+            ``reads_file``, ``averages`` or ``searches``, or two of those
+            are set.
         TypeError: If ``function``, ``truth`` or ``check_steps`` is not
             callable.
     """
@@ -128,6 +138,7 @@ class Scorer:
     reads_file: bool = False
     averages: bool = False
     check_steps: Optional[Callable[[int, str], None]] = None
+    searches: bool = False
 
     def __post_init__(self) -> None:
         for name in ("function", "truth", "check_steps"):
@@ -141,10 +152,13 @@ class Scorer:
             raise ValueError(f"steps: expected a positive int or None, got {steps!r}")
         if steps is not None and self.reads_file:
             raise ValueError("steps: a scorer that reads a file takes no step count")
-        if self.averages and (steps is not None or self.reads_file):
-            raise ValueError(
-                "averages: a scorer of other methods takes no step count or file"
-            )
+        for name in ("averages", "searches"):
+            if getattr(self, name) and (steps is not None or self.reads_file):
+                raise ValueError(
+                    f"{name}: a scorer of other methods takes no step count or file"
+                )
+        if self.averages and self.searches:
+            raise ValueError("searches: a scorer either averages or searches")
 
 
 _REGISTRY: Dict[str, Scorer] = {}
@@ -244,6 +258,15 @@ for _name, _record in (
         ),
     ),
     (
+        "search",
+        Scorer(
+            _Later("search", "search_scores"),
+            "circuits searched against faithfulness on the --train pairs, "
+            "from METHOD's scores there",
+            searches=True,
+        ),
+    ),
+    (
         "patching",
         Scorer(
             _scorer("patching"),
@@ -277,8 +300,9 @@ def parse_method(text: str) -> Dict[str, Any]:
     scorers that take one (``"eap-ig-inputs:20"``, else their default), a
     file for those that read one (``"eap-json:PATH"``; the path may hold
     ``:``), or two or more methods joined by ``+`` for those that average
-    them (``"mean:eap+eap-ig-inputs:5"``, :func:`parse_parts`). Nothing is
-    read.
+    them (``"mean:eap+eap-ig-inputs:5"``, :func:`parse_parts`), or one
+    method for those that search from its scores
+    (``"search:eap-ig-inputs:5"``, :func:`parse_start`). Nothing is read.
 
     Args:
         text (str): The method.
@@ -286,13 +310,14 @@ def parse_method(text: str) -> Dict[str, Any]:
     Returns:
         *dict* with ``name`` (the text), ``scorer``, ``steps`` (0 for a
         scorer without steps), ``path`` (None but for a file) and ``parts``
-        (the parsed parts of an average, else empty).
+        (the parsed parts of an average, or a search's one method, else
+        empty).
 
     Raises:
         ValueError: If the scorer is unknown, a step count is not a positive
             int in ASCII digits or is given to a scorer without steps, a
-            file scorer has no path, or an average's parts are refused
-            (:func:`parse_parts`).
+            file scorer has no path, or an average's parts or a search's
+            method are refused (:func:`parse_parts`, :func:`parse_start`).
     """
     scorer, _, argument = text.partition(":")
     if scorer not in SCORERS:
@@ -300,8 +325,8 @@ def parse_method(text: str) -> Dict[str, Any]:
             f"--methods: expected names from {list(SCORERS)}, got {scorer!r}"
         )
     record = SCORERS[scorer]
-    if record.averages:
-        parts = parse_parts(text)
+    if record.averages or record.searches:
+        parts = parse_parts(text) if record.averages else [parse_start(text)]
         return dict(name=text, scorer=scorer, steps=0, path=None, parts=parts)
     if record.reads_file:
         if not argument:
@@ -355,6 +380,11 @@ def parse_parts(text: str) -> List[Dict[str, Any]]:
                 f"--methods: {text!r} holds the part {part!r}, itself an average; "
                 f"list every part in one {scorer}:A+B+..."
             )
+        if name in SCORERS and SCORERS[name].searches:
+            raise ValueError(
+                f"--methods: {text!r} holds the part {part!r}, a search; "
+                "score it as a method of its own"
+            )
         try:
             parsed = parse_method(part)
         except ValueError as error:
@@ -378,6 +408,52 @@ def parse_parts(text: str) -> List[Dict[str, Any]]:
             )
         parts.append(parsed)
     return parts
+
+
+def parse_start(text: str) -> Dict[str, Any]:
+    r"""
+    The method a search starts from, ``NAME:METHOD``: one method as
+    :func:`parse_method` takes it (an average included), scored as circuits
+    (no ground truth), reading no file (its scores must come from the
+    training pairs) and not a search itself.
+
+    Args:
+        text (str): The search's method text.
+
+    Returns:
+        *dict*: :func:`parse_method`'s dict of the method.
+
+    Raises:
+        ValueError: Naming ``--methods``, the search and the refused method.
+    """
+    scorer, _, argument = text.partition(":")
+    if not argument:
+        raise ValueError(
+            f"--methods: {scorer} starts from a method's scores, expected "
+            f"{scorer}:METHOD ({scorer}:eap-ig-inputs:5), got {text!r}"
+        )
+    name = argument.partition(":")[0]
+    if name in SCORERS and SCORERS[name].searches:
+        raise ValueError(
+            f"--methods: {text!r} starts from {argument!r}, itself a search; "
+            "start from a method's scores"
+        )
+    try:
+        start = parse_method(argument)
+    except ValueError as error:
+        problem = str(error).removeprefix("--methods: ")
+        raise ValueError(f"--methods: in {text!r}, {problem}") from None
+    if SCORERS[name].truth is not None:
+        raise ValueError(
+            f"--methods: {text!r} starts from {argument!r}, a ground truth, "
+            "not a method scored as circuits"
+        )
+    if SCORERS[name].reads_file:
+        raise ValueError(
+            f"--methods: {text!r} starts from {argument!r}, which reads a file; "
+            "a search starts from scores of the training pairs"
+        )
+    return start
 
 
 def method_key(method: Dict[str, Any]) -> Tuple[str, int, Optional[str]]:

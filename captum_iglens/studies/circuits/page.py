@@ -42,15 +42,40 @@ def plot(result: Any) -> Tuple[Any, Any]:
         ax.set_title(title)
         ax.legend(fontsize=7)
     axes[0].set_ylabel(f"faithfulness f ({result.metric})")
+    trained = f", {len(result.split['train'])} training" if result.split else ""
     fig.suptitle(
-        f"{result.task} on {result.model}: {result.counts.get('scored', 0)} pairs"
+        f"{result.task} on {result.model}: "
+        f"{result.counts.get('scored', 0)} pairs scored{trained}"
     )
     return fig, axes
 
 
+def _kinds(result: Any) -> str:
+    """What the page says of its searched and averaged methods, if any."""
+    names = [c.method for c in result.curves]
+    notes = []
+    searched = [n for n in names if n.startswith("search:")]
+    if searched:
+        notes.append(
+            f"Searched ({', '.join(searched)}): circuits improved against "
+            "faithfulness on the training pairs, from the named method's scores "
+            "there (CPR's circuits to raise f, CMD's to bring it to 1), then "
+            "scored on the scored pairs like every method."
+        )
+    averaged = [n for n in names if n.startswith("mean:")]
+    if averaged:
+        notes.append(
+            f"Ensembles ({', '.join(averaged)}): the mean of their parts' signed "
+            "rank-normalized scores."
+        )
+    return "".join(f"<p>{html.escape(note)}</p>" for note in notes)
+
+
 def to_html(result: Any, path: str) -> None:
-    r"""Writes a self-contained page: the table, the curves and each method's
-    best circuit (the first :data:`MAX_LISTED` edges)."""
+    r"""Writes a self-contained page: the pairs scored and where searches
+    trained, the table, the curves, what the searched and averaged methods
+    are, and each method's best circuit (the first :data:`MAX_LISTED`
+    edges)."""
     import matplotlib.pyplot as plt
 
     fig, _ = plot(result)
@@ -71,7 +96,8 @@ def to_html(result: Any, path: str) -> None:
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
         "<style>body{font-family:sans-serif;margin:2em}pre{font-size:12px}</style>"
         f"</head><body><h1>{title}</h1><p>counts: {html.escape(str(result.counts))}; "
-        f"{result.n_edges} edges</p><pre>{html.escape(result.format_table())}</pre>"
+        f"{result.n_edges} edges</p><p>{html.escape(result.describe_split())}</p>"
+        f"{_kinds(result)}<pre>{html.escape(result.format_table())}</pre>"
         f"<img alt='faithfulness curves' src='data:image/png;base64,{image}'>"
         "<h2>Best circuit per method (size whose f is nearest 1)</h2>"
         + "".join(circuits)

@@ -236,7 +236,9 @@ class CircuitModel:
                         Default: None
             return_writes (bool): Return every sender's write. Default: False
             receiver_grads (bool): Make the receivers' inputs tensors of the
-                        autograd graph and return them. Default: False
+                        autograd graph and return them (a receiver the circuit
+                        cuts off from every sender reads the counterfactual
+                        stream, then a leaf of its own). Default: False
 
         Returns:
             *Run*.
@@ -252,7 +254,7 @@ class CircuitModel:
             embed = embed.detach().requires_grad_(True)
         writes: List[Tensor] = []  # one (B, n, T, d) tensor per sender group
         inputs: List[Tensor] = []
-        state = _Stream(keep, counterfactual)
+        state = _Stream(keep, counterfactual, leaves=receiver_grads)
 
         def add(group: Tensor) -> None:
             if override is not None and override[0] == len(writes) > 0:
@@ -336,9 +338,9 @@ class _Stream:
     counterfactual's, and each receiver's patched mix of the two."""
 
     def __init__(
-        self, keep: Optional[Tensor], counterfactual: Optional[Tensor]
+        self, keep: Optional[Tensor], counterfactual: Optional[Tensor], leaves: bool
     ) -> None:
-        self.counterfactual = counterfactual
+        self.counterfactual, self.leaves = counterfactual, leaves
         self.keep = None
         if keep is not None and counterfactual is not None:
             self.keep = keep.to(counterfactual.device, torch.float32)
@@ -363,7 +365,15 @@ class _Stream:
         self.n += group.shape[1]
 
     def read(self, n: int) -> Tensor:
-        """The inputs ``(B, n, T, d)`` of the next ``n`` receivers."""
+        """The inputs ``(B, n, T, d)`` of the next ``n`` receivers; with
+        ``leaves``, part of the autograd graph (a leaf where nothing the run
+        wrote reaches them)."""
+        x = self._mix(n)
+        if self.leaves and not x.requires_grad:
+            x = x.clone().requires_grad_(True)
+        return x
+
+    def _mix(self, n: int) -> Tensor:
         assert self.total is not None
         rows = slice(self.next_receiver, self.next_receiver + n)
         self.next_receiver += n

@@ -15,9 +15,14 @@ soon as it is done and reused by a rerun.
 Each method is scored once per run (:func:`method_scores`): an average's parts
 (``mean:eap+eap-ig-inputs:5``) reuse the scores of the same methods scored or
 resumed in the run, and a method listed after an average reuses its part's.
+
+A search (``search:eap-ig-inputs:5``, :mod:`~captum_iglens.studies.circuits.search`)
+runs on training pairs apart from the scored ones
+(:mod:`~captum_iglens.studies.circuits.split`), and only it and the method it
+starts from see them; its circuits are evaluated on the scored pairs like
+every method's.
 """
 
-import hashlib
 import json
 import pickle
 import time
@@ -52,6 +57,7 @@ from captum_iglens.studies.circuits.faithfulness import (
     circuits,
     curve,
     patched_metrics,
+    ranking,
 )
 from captum_iglens.studies.circuits.patching import CircuitModel
 from captum_iglens.studies.circuits.context import ScoringContext
@@ -63,6 +69,7 @@ from captum_iglens.studies.circuits.methods import (
     record_error,
     record_paths,
 )
+from captum_iglens.studies.circuits.split import check_disjoint, pairs_sha256
 from captum_iglens.studies.circuits.tasks import Encoded
 from captum_iglens.graph.circuit import circuit_edges, scores_from_dict, top_edges
 from captum_iglens.graph.model_graph import ModelGraph
@@ -114,6 +121,7 @@ CIRCUITS_SCHEMA = Record(
     seconds=Default(MapOf(Number(low=0))),
     best=Default(MapOf(ListOf(Text()))),
     options=Default(Json()),
+    split=Default(Json()),
 )
 
 
@@ -142,6 +150,10 @@ class CircuitsResult(JsonDocument):
         best (dict[str, list[str]]): Per method, the edges of its circuit
                     (absolute ranking) at its :func:`best_size`.
         options (dict[str, Any]): The run's options.
+        split (dict[str, Any]): Where a search trained
+                    (:meth:`~captum_iglens.studies.circuits.split.Split.to_dict`:
+                    the scored and training pairs' indices in the filtered
+                    pairs, the sha256 of each, the seed), or empty.
     """
 
     KIND = "captum_iglens.studies.circuits"
@@ -157,6 +169,7 @@ class CircuitsResult(JsonDocument):
     seconds: Dict[str, float] = field(default_factory=dict)
     best: Dict[str, List[str]] = field(default_factory=dict)
     options: Dict[str, Any] = field(default_factory=dict)
+    split: Dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-ready dict (:meth:`from_dict` reads it back)."""
@@ -188,11 +201,25 @@ class CircuitsResult(JsonDocument):
 
         to_html(self, path)
 
+    def describe_split(self) -> str:
+        """The pairs scored and, with training pairs, where a search trained."""
+        scored = f"{self.counts.get('scored', 0)} pairs scored"
+        if not self.split:
+            return scored
+        train, seed = self.split["train"], self.split["seed"]
+        return (
+            f"{scored} (the first filtered); search: methods trained on "
+            f"{len(train)} other pairs drawn by seed {seed}, none sharing a prompt "
+            f"with a scored one (train sha256 {self.split['train_sha256'][:12]}, "
+            f"scored {self.split['test_sha256'][:12]})"
+        )
+
     def format_table(self) -> str:
         """The per-method table the command prints."""
         width = max([20, *(len(c.method) + 1 for c in self.curves)])
         head = f"{'method':<{width}}" + " ".join(f"{p:>6g}%" for p in self.percents)
-        lines = [f"f(k), {self.metric}, edges ranked by signed score:", head]
+        lines = [self.describe_split()]
+        lines += [f"f(k), {self.metric}, edges ranked by signed score:", head]
         for c in self.curves:
             lines.append(f"{c.method:<{width}}" + " ".join(f"{v:7.3f}" for v in c.f))
         lines.append("")
@@ -235,17 +262,24 @@ def run_identity(
 ) -> Dict[str, Any]:
     """What defines a run: the pairs' token ids, the weights' checksum and
     the options (a folder never mixes runs)."""
-    text = json.dumps([[p.clean, p.counterfactual, p.answer, p.foil] for p in pairs])
     return dict(
-        pairs_sha256=hashlib.sha256(text.encode()).hexdigest(),
+        pairs_sha256=pairs_sha256(pairs),
         weights_checksum=weights,
         **options,
     )
 
 
-def check_folder_run(out: Path, identity: Dict[str, Any]) -> None:
+def check_folder_run(
+    out: Path, identity: Dict[str, Any], later: Sequence[str] = ()
+) -> None:
     r"""
     Refuses a folder written by another run.
+
+    Args:
+        out (Path): The folder.
+        identity (dict): :func:`run_identity`.
+        later (list[str]): Fields not yet known (the split, known once the
+                    pairs are filtered), checked by a later call. Default: none
 
     Raises:
         ValueError: Naming the first field that differs.
@@ -256,7 +290,7 @@ def check_folder_run(out: Path, identity: Dict[str, Any]) -> None:
             raise ValueError(f"--out: {out} holds method records but no {RUN_RECORD}")
         return
     recorded = parse_json(path.read_text(encoding="utf-8"), path)
-    for key in sorted(set(recorded) | set(identity)):
+    for key in sorted((set(recorded) | set(identity)) - set(later)):
         if recorded.get(key) != plain(identity.get(key)):
             raise ValueError(
                 f"--out: {out} holds a run with another {key} "
@@ -268,18 +302,22 @@ def check_folder_run(out: Path, identity: Dict[str, Any]) -> None:
 def check_record_scores(out: Path, methods: Sequence[str], graph: ModelGraph) -> None:
     r"""
     Refuses a method's record in the resumable folder ``out`` whose scores
-    are not an ``(S, R)`` tensor of ``graph``'s shape, before any forward (the
+    are not an ``(S, R)`` tensor of ``graph``'s shape (a search's
+    ``(2, S, R)``), before any forward (the
     files are checked before the model loads,
     :func:`~captum_iglens.studies.circuits.methods.check_record`).
 
     Raises:
         ValueError: Naming the file and to delete it.
     """
-    shape = tuple(graph.legal.shape)
     for text in methods:
-        saved, path = record_paths(out, parse_method(text))
+        method = parse_method(text)
+        saved, path = record_paths(out, method)
         if not saved.exists():
             continue
+        shape = tuple(graph.legal.shape)
+        if SCORERS[method["scorer"]].searches:
+            shape = (2, *shape)
         try:
             scores = torch.load(path, weights_only=True)
         except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as error:
@@ -305,7 +343,9 @@ def method_scores(
     is taken from ``scored`` where the run has scored it, else scored and
     added; an average's parts are found so first and given to it in
     ``context.parts``, and its seconds are its parts' and its own (what it
-    costs alone, whatever the run reused).
+    costs alone, whatever the run reused). A search and the method it starts
+    from are scored in ``base.train``, the training pairs, with nothing
+    reused: no score of the scored pairs reaches a search.
 
     Args:
 
@@ -315,8 +355,18 @@ def method_scores(
         scored (Scored): The run's scores so far (updated).
 
     Returns:
-        2-element tuple of **scores** ``(S, R)`` float64 and **seconds**.
+        2-element tuple of **scores** ``(S, R)`` (a search's ``(2, S, R)``)
+        float64 and **seconds**.
+
+    Raises:
+        ValueError: For a search in a run without training pairs.
     """
+    if SCORERS[method["scorer"]].searches:
+        if base.train is None:
+            raise ValueError(
+                f"--methods: {method['name']} searches on training pairs; add --train"
+            )
+        base, scored = base.train, {}
     key = method_key(method)
     if not method["parts"] and key in scored:
         return scored[key]
@@ -383,6 +433,7 @@ def run_circuits(
     pairs: Sequence[Encoded],
     methods: Sequence[str],
     *,
+    train: Sequence[Encoded] = (),
     metric: str = "logit_diff",
     batch_size: int = 8,
     seed: int = 0,
@@ -405,8 +456,10 @@ def run_circuits(
 
         model (CircuitModel): The bound model.
         tokenizer (Any): Its tokenizer.
-        pairs (list[Encoded]): The filtered pairs.
+        pairs (list[Encoded]): The scored pairs.
         methods (list[str]): Method texts (:func:`parse_method`).
+        train (list[Encoded]): The training pairs of the search methods,
+                    sharing no prompt with ``pairs``. Default: none
         metric (str): The name of ``m``. Default: ``"logit_diff"``
         batch_size (int): Pairs per batch. Default: 8
         seed (int): Seed of random scores, subsamples and the bootstrap.
@@ -422,15 +475,38 @@ def run_circuits(
         *list[dict]*: one record per method: ``name``, ``curve`` (a
         :class:`Curve` as a dict, or None for ground truth), ``scores``
         (``(S, R)`` tensor) and ``seconds``.
+
+    Raises:
+        ValueError: If a training pair shares a prompt with a scored pair.
     """
+    check_disjoint(pairs, train)
     device = next(model.model.parameters()).device
     batches = make_batches(pairs, batch_size, device)
     rank, _ = rank_and_world()  # under torchrun rank 0 writes, all score
     if out is not None and rank == 0:
         (out / "methods").mkdir(exist_ok=True)
         write_atomic(out / RUN_RECORD, json.dumps(plain(identity or {})))
+    training = None
+    if train:
+        train_batches = make_batches(train, batch_size, device)
+        training = ScoringContext(
+            model,
+            tokenizer,
+            train_batches,
+            len(train),
+            metric,
+            seed=seed,
+            sample=sample,
+        )
     base = ScoringContext(
-        model, tokenizer, batches, len(pairs), metric, seed=seed, sample=sample
+        model,
+        tokenizer,
+        batches,
+        len(pairs),
+        metric,
+        seed=seed,
+        sample=sample,
+        train=training,
     )
     scored: Scored = {}
     records: List[Dict[str, Any]] = []
@@ -493,9 +569,12 @@ def gather(
     counts: Dict[str, int],
     options: Dict[str, Any],
     seconds: Dict[str, float],
+    split: Optional[Dict[str, Any]] = None,
 ) -> CircuitsResult:
     r"""The result of :func:`run_circuits`' records: curves, the rank
-    correlations with exact patching, and each method's best circuit."""
+    correlations with exact patching (but for a search, whose rankings are
+    its circuits' nesting, not edge scores), and each method's best
+    circuit."""
     graph = model.graph
     curves = [Curve(**r["curve"]) for r in records if r["curve"] is not None]
     correlations: Dict[str, Dict[str, float]] = {}
@@ -505,14 +584,15 @@ def gather(
         correlations[truth["name"]] = {
             r["name"]: spearman(*compared(graph, r["scores"], truth["scores"]))
             for r in records
-            if r["curve"] is not None
+            if r["curve"] is not None and r["scores"].dim() == 2
         }
     best: Dict[str, List[str]] = {}
     for r in records:
         if r["curve"] is None:
             continue
         k = best_size(r["curve"]["f_abs"])
-        keep = top_edges(graph, r["scores"], int(k / 100 * graph.n_edges), True)
+        absolute = ranking(r["scores"], True)
+        keep = top_edges(graph, absolute, int(k / 100 * graph.n_edges), True)
         best[r["name"]] = circuit_edges(graph, keep)
     return CircuitsResult(
         task=task,
@@ -526,4 +606,5 @@ def gather(
         seconds=seconds,
         best=best,
         options=options,
+        split=split or {},
     )

@@ -65,6 +65,21 @@ def _error(capsys):
             "--methods: in 'mean:eap+flow:2000', flow:2000: expected at most 1024",
         ),
         (
+            ["--methods", "eap,search:eap-ig-inputs:5"],
+            "--methods: search:eap-ig-inputs:5 searches on training pairs apart from "
+            "the scored ones; add --train N",
+        ),
+        (["--train", "0"], "--train: expected an int >= 1, got 0"),
+        (
+            ["--pairs", "1", "--train", "1"],
+            "--train: 1 training pairs apart from --pairs 1 need 2 pairs, and the "
+            "task has 1; add pairs to the task file, or lower --pairs or --train",
+        ),
+        (
+            ["--methods", "search:patching", "--train", "1"],
+            "--methods: 'search:patching' starts from 'patching', a ground truth",
+        ),
+        (
             ["--methods", "flow:\u00b2"],
             "--methods: expected a positive step count in ASCII digits in "
             "'flow:\u00b2'",
@@ -91,6 +106,8 @@ def test_a_bad_task_line_is_refused_by_number_before_loading(tmp_path, capsys):
         ["--help"],
         ["--task", "TASK", "--methods", "nope", "--model", "/nonexistent"],
         ["--task", "TASK", "--methods", "mean:eap+eap", "--model", "/nonexistent"],
+        ["--task", "TASK", "--methods", "search:eap", "--model", "/nonexistent"],
+        ["--task", "ioi", "--train", "90", "--generate", "100", "--model", "/x"],
     ],
 )
 def test_help_and_refusals_import_no_torch_and_answer_at_once(tmp_path, argv):
@@ -110,7 +127,10 @@ def test_help_and_refusals_import_no_torch_and_answer_at_once(tmp_path, argv):
     if "--help" in argv:
         assert "eap-ig-inputs[:STEPS, default 5]" in " ".join(ran.stdout.split())
         assert "mean:A+B[+C...]" in " ".join(ran.stdout.split())
+        assert "search:METHOD" in " ".join(ran.stdout.split())
         assert "ioi" in ran.stdout
+    else:
+        assert len(ran.stderr.strip().splitlines()) == 1, ran.stderr
 
 
 @pytest.mark.parametrize(
@@ -298,3 +318,89 @@ def test_both_ground_truths_are_correlated_end_to_end(tmp_path, capsys, tiny_fol
         assert data["correlations"]["patching-nodes"][name] == pytest.approx(nodes)
         assert data["correlations"]["patching"][name] == pytest.approx(edges)
     assert data["correlations"]["patching-nodes"]["eap"] > 0.5  # first-order term
+
+
+def _spread(folder, n):
+    """``n`` pairs of distinct prompts (words the tiny tokenizer keeps whole),
+    each answered by the tiny model: its top token among t4-t9 as the answer,
+    its last as the foil."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    rng = random.Random(0)
+    lines = []
+    for _ in range(n):
+        ids = [rng.randint(40, 70) for _ in range(4)]
+        other = list(ids)
+        other[1] = rng.randint(71, 99)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([[1, *ids]])).logits[0, -1]
+        top = [int(i) for i in logits.argsort(descending=True) if 3 < int(i) < 10]
+        lines.append(
+            json.dumps(
+                dict(
+                    clean=" ".join(f"t{i}" for i in ids),
+                    counterfactual=" ".join(f"t{i}" for i in other),
+                    answer=f"t{top[0]}",
+                    foil=f"t{top[-1]}",
+                )
+            )
+        )
+    return lines
+
+
+def test_a_search_trains_apart_records_the_split_and_resumes(
+    tmp_path, capsys, tiny_folder
+):
+    folder, pair = tiny_folder
+    task = _task(tmp_path, _spread(folder, 8))
+    out, page, result = tmp_path / "out", tmp_path / "c.html", tmp_path / "c.json"
+    common = ["circuits", "--task", task, "--model", str(folder), "--pairs", "3"]
+    common += ["--methods", "eap,search:eap", "--bootstrap", "20", "--train", "4"]
+    assert (
+        main([*common, "--out", str(out), "--json", str(result), "--html", str(page)])
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "scored 3, train 4" in printed
+    assert (
+        "3 pairs scored (the first filtered); search: methods trained on 4 other"
+        in printed
+    )
+    data = json.loads(result.read_text())
+    split = data["split"]
+    assert split["test"] == [0, 1, 2] and len(split["train"]) == 4
+    assert not set(split["train"]) & {0, 1, 2} and split["seed"] == 0
+    assert data["options"]["train"] == 4
+    assert [c["method"] for c in data["curves"]] == ["eap", "search:eap"]
+    assert data["curves"][1]["f"][-1] == pytest.approx(1.0, abs=1e-4)
+    assert "search:eap" in data["best"] and "search:eap" in str(data["curves"])
+    text = page.read_text()
+    assert "trained on 4 other pairs" in text and "Searched (search:eap)" in text
+    run = json.loads((out / "run.json").read_text())
+    assert run["split"] == split
+    assert main([*common, "--out", str(out)]) == 0
+    assert "search:eap: resumed" in capsys.readouterr().err
+    run["split"]["train"] = [3, 4, 5, 7]  # another split in the folder
+    (out / "run.json").write_text(json.dumps(run))
+    assert main([*common, "--out", str(out)]) == 2
+    assert "holds a run with another split" in _error(capsys)
+    assert main([*common, "--out", str(tmp_path / "o2"), "--train", "9"]) == 2
+    assert "need 12 pairs, and the task has 8" in _error(capsys)
+
+
+def test_too_few_pairs_left_to_train_on_after_the_filter_is_one_line(
+    tmp_path, capsys, tiny_folder
+):
+    folder, pair = tiny_folder
+    task = _task(tmp_path, _distinct(pair, 3))  # one clean prompt, three foils
+    command = ["circuits", "--task", task, "--model", str(folder), "--pairs", "1"]
+    assert main([*command, "--train", "1", "--methods", "search:eap"]) == 2
+    assert _error(capsys).endswith(
+        "--train: 0 of the 3 kept pairs are left to train on apart from the 1 "
+        "scored, 2 more share a prompt with one; expected 1; add pairs to the task "
+        "file, or lower --pairs or --train"
+    )
