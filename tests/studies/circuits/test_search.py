@@ -199,7 +199,9 @@ def test_searched_circuits_keep_mibs_sizes_and_pruning_and_never_see_the_scored(
     warm = objective.gradient(legal_edges(graph))  # EAP on the training pairs
     context = ScoringContext(tiny, None, make_batches(train, 8), 6, "logit_diff")
     scale = objective.full - objective.empty
-    torch.testing.assert_close(warm * scale, eap(context))  # EAP at the model
+    # EAP at the model, to the search's float32 products (whose rounding
+    # depends on the thread count)
+    torch.testing.assert_close(warm * scale, eap(context), rtol=1e-4, atol=1e-6)
     improved = 0
     for absolute in (False, True):
         found = circuits(graph, searched, absolute)
