@@ -186,7 +186,7 @@ def test_a_rerun_resumes_and_other_options_or_weights_are_refused(
     weights = load_file(changed / "model.safetensors")
     weights[sorted(weights)[0]] += 1
     save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
-    assert main([*argv[:6], str(changed), *argv[7:]]) == 2
+    assert _one_thread_main([*argv[:6], str(changed), *argv[7:]]) == 2
     err = capsys.readouterr().err
     assert "other weights checksum" in err and len(err.splitlines()) == 1
     assert _files(out) == files
