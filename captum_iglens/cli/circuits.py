@@ -197,6 +197,11 @@ def prepare(args: argparse.Namespace) -> Job:
 
     methods = _check_options(args)
     shipped = args.task in GENERATORS and not Path(args.task).exists()
+    if not shipped and not Path(args.task).exists():
+        raise CommandError(
+            f"--task: no such file: {args.task}; expected a JSON Lines file or a "
+            f"shipped task: {', '.join(GENERATORS)}"
+        )
     pairs = None if shipped else read_task(args.task)
     if args.train is not None:
         available = args.generate if pairs is None else len(pairs)

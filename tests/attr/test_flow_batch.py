@@ -210,6 +210,7 @@ D = 32  # the tiny models' width
         (dict(target=torch.tensor([11, 12, 13, 14])), ValueError, "target: 4 tok"),
         (dict(target=[11, 12, 1000]), ValueError, "target[2]: expected a token id"),
         (dict(target=torch.tensor([1.0, 2, 3])), TypeError, "target: expected a"),
+        (dict(target=torch.tensor([True, False, True])), TypeError, "target: "),
         (dict(target=torch.ones(3, 1, dtype=torch.long)), TypeError, "target: "),
         (dict(target=[11, None, 12]), ValueError, "target: a token per pair"),
         (dict(foil=[3, 4], target_kind="prob_diff"), ValueError, "foil: 2 tokens"),

@@ -142,7 +142,8 @@ def pair_tokens(
     if token is None:
         return None
     if isinstance(token, Tensor):
-        if token.dtype.is_floating_point or token.dtype.is_complex or token.dim() > 1:
+        bad = token.dtype.is_floating_point or token.dtype.is_complex
+        if bad or token.dtype == torch.bool or token.dim() > 1:
             raise TypeError(
                 f"{name}: expected a token id, text, or one id per pair (a 1-D "
                 f"integer tensor of {n_pairs}), got a {token.dtype} tensor of "

@@ -238,7 +238,9 @@ class ProbabilityFlow:
 
         Returns:
             *FlowGraph* of one pair (text, or ids ``(1, T)``), or for a batch
-            (``B > 1``) *list[FlowGraph]*, one per pair in order.
+            (``B > 1``) *list[FlowGraph]*, one per pair in order
+            (:meth:`plan` then :meth:`run_batch` always gives a list, for
+            callers typed on one).
 
         Raises:
             ValueError: If an argument is invalid (checked before the model

@@ -97,7 +97,9 @@ def test_a_bad_task_line_is_refused_by_number_before_loading(tmp_path, capsys):
     assert main(["circuits", "--task", task, "--model", "/nonexistent"]) == 2
     assert "task.jsonl:2: 'answer' and 'foil' are the same text" in _error(capsys)
     assert main(["circuits", "--task", "no-such-task", "--model", "/nonexistent"]) == 2
-    assert "--task: no such file: no-such-task" in _error(capsys)
+    error = _error(capsys)
+    assert "--task: no such file: no-such-task" in error
+    assert "shipped task: ioi, greater-than, addition, facts" in error
 
 
 @pytest.mark.parametrize(
