@@ -252,6 +252,7 @@ def test_every_row_is_checked_before_the_model_loads(
         (["--pairs", "p.jsonl", "--out", "."], "--out: . holds or lies in the run's"),
         (["--pairs", "p.jsonl", "--out", "m/out"], "--out: m/out holds or lies in"),
         (["--pairs", "no.jsonl", "--out", "out"], "--pairs: no.jsonl: no such file"),
+        (["--pairs", "m", "--out", "out"], "--pairs: m: is a folder; expected a JSON"),
         (
             ["--pairs", "p.jsonl", "--out", "out", "--target-kind", "prob_diff"],
             "--pairs: p.jsonl:2: foil: target_kind 'prob_diff' needs a foil",
@@ -277,6 +278,23 @@ def test_options_and_folders_are_checked_before_the_model_loads(
     assert main(["graph", *argv, "--model", "m"]) == 2
     err = capsys.readouterr().err
     assert named in err and len(err.splitlines()) == 1, err
+
+
+def test_a_null_id_is_absent_and_prompts_are_stripped_in_a_file_and_in_python(
+    tmp_path,
+):
+    from captum_iglens.studies.pair_file import as_pairs, read_pairs
+
+    rows = [
+        {"id": None, "prompt": " t5 t6 ", "counterfactual": "t5 t7\n"},
+        {"id": "b", "prompt": "t6"},
+    ]
+    from_file = read_pairs(_pairs(tmp_path / "p.jsonl", rows))
+    in_python = as_pairs(rows)
+    assert [p.id for p in from_file] == [1, "b"]
+    assert [p.id for p in in_python] == [0, "b"]
+    for pairs in (from_file, in_python):
+        assert (pairs[0].prompt, pairs[0].counterfactual) == ("t5 t6", "t5 t7")
 
 
 def test_graph_pairs_in_python_names_the_row(llama, tmp_path):
