@@ -312,6 +312,32 @@ def test_graph_pairs_in_python_names_the_row(llama, tmp_path):
     assert graph.settings["pruned"]["keep"] == 0.5
 
 
+def test_a_resume_checksums_the_weights_once_and_removes_a_killed_run_json(
+    llama, tmp_path, monkeypatch
+):
+    from captum_iglens.hf.checksum import weights_checksum
+    from captum_iglens.studies.batch import graph_pairs
+    from tests.tiny_models import tiny_tokenizer
+
+    rows, out = [{"prompt": "t5 t6"}], tmp_path / "out"
+    graph_pairs(llama, tiny_tokenizer(), rows, out, n_steps=2, progress=False)
+    partial = out / ".run.json.0123456789abcdef"  # a kill -9 in run.json's write
+    partial.write_text("{")
+    calls = []
+
+    def counted(model):
+        calls.append(model)
+        return weights_checksum(model)
+
+    for module in ("graphs", "resume"):
+        monkeypatch.setattr(
+            f"captum_iglens.studies.batch.{module}.weights_checksum", counted
+        )
+    graph_pairs(llama, tiny_tokenizer(), rows, out, n_steps=2, progress=False)
+    assert len(calls) == 1
+    assert sorted(p.name for p in out.iterdir()) == ["graphs", "run.json"]
+
+
 def test_a_folder_another_run_writes_is_refused_before_the_model_loads(
     tmp_path, capsys, monkeypatch
 ):

@@ -21,6 +21,7 @@ from captum_iglens._utils.output_paths import check_folder
 from captum_iglens._utils.serialization import plain, remove_partials
 from captum_iglens.attr.flow import ProbabilityFlow
 from captum_iglens.attr.flow.probability_flow import FlowPlan
+from captum_iglens.hf.checksum import weights_checksum
 from captum_iglens.settings import model_name, provenance, Settings
 from captum_iglens.studies.distributed import (
     barrier,
@@ -59,6 +60,9 @@ class GraphsPlan:
         plans (list[FlowPlan]): Each row's planned graph.
         out (Path): The output folder.
         run (dict): The run's identity, as ``run.json`` records it.
+        weights (str): The model's
+                    :func:`~captum_iglens.hf.checksum.weights_checksum`,
+                    computed once for the check and the claim of the run.
         keep (float, optional): The share of ``|flow|`` each file keeps
                     (``FlowGraph.prune``); None keeps every edge.
     """
@@ -68,6 +72,7 @@ class GraphsPlan:
     plans: List[FlowPlan]
     out: Path
     run: Dict[str, Any]
+    weights: str
     keep: Optional[float]
 
     def path(self, pair: GraphPair) -> Path:
@@ -181,8 +186,9 @@ def plan_graphs(
         "model": name,
         "versions": provenance(model, Settings())["versions"],
     }
-    check_run(out, run, model)
-    return GraphsPlan(flow, rows, plans, out, plain(run), keep)
+    weights = weights_checksum(model)
+    check_run(out, run, model, weights)
+    return GraphsPlan(flow, rows, plans, out, plain(run), weights, keep)
 
 
 def graph_record(
@@ -269,8 +275,10 @@ def run_graphs(plan: GraphsPlan, progress: bool = True) -> Path:
             )
         out.mkdir(exist_ok=True)
         lock.acquire()
+        remove_partials(out)  # a run.json whose write was killed
         folder.mkdir(exist_ok=True)
-        claim_run(out, plan.run, plan.flow.parts.model, sorted(folder.glob("*.json")))
+        files = sorted(folder.glob("*.json"))
+        claim_run(out, plan.run, plan.flow.parts.model, files, plan.weights)
         remove_partials(folder)
         return [i for i, pair in enumerate(plan.pairs) if not plan.path(pair).exists()]
 
