@@ -2,7 +2,8 @@ r"""
 The options of ``graph`` that its one-prompt form
 (:mod:`~captum_iglens.cli.graph`) and its pair-file form
 (:mod:`~captum_iglens.cli.graph_pairs`) share: their checks before the model
-loads, and the arguments of the flow they give.
+loads, the arguments of the flow they give, and the option a refusal's
+argument name stands for.
 """
 
 import argparse
@@ -106,3 +107,15 @@ def flow_options(args: argparse.Namespace) -> Dict[str, Any]:
         internal_batch_size=args.internal_batch_size,
         max_chunk_bytes=args.max_chunk_mib * 2**20,
     )
+
+
+def as_options(message: str) -> str:
+    r"""A Python argument's name at the head of ``message`` as the option."""
+    name, sep, rest = message.partition(": ")
+    renamed = {
+        "inputs": "prompt",
+        "baselines": "--baseline",
+        "max_chunk_bytes": "--max-chunk-mib",
+    }
+    option = renamed.get(name, "--" + name.replace("_", "-"))
+    return option + sep + rest if sep and name.isidentifier() else message

@@ -23,6 +23,7 @@ from captum_iglens.cli.common import (
 )
 from captum_iglens.cli.graph_options import (
     GRAPH_OUTPUTS,
+    as_options,
     check_receiver_positions,
     check_shared_options,
     flow_options,
@@ -123,7 +124,15 @@ def _load(
 
 def _named(message: str) -> str:
     """A refusal of the study as the command line names it: the folder as
-    ``--out``, a row as ``--pairs`` with its file and line."""
+    ``--out``, a row as ``--pairs`` with its file and line, an argument of the
+    flow as its option (a row's field keeps its name)."""
+    from captum_iglens.studies.pair_file import PAIR_FIELDS
+
     if message.startswith("out_dir: "):
         return "--out: " + message.removeprefix("out_dir: ")
+    where, sep, rest = message.partition(": ")
+    if where.isidentifier():  # no row: an option's own refusal
+        return as_options(message)
+    if rest.partition(": ")[0] not in PAIR_FIELDS:
+        message = where + sep + as_options(rest)
     return f"--pairs: {message}"

@@ -280,6 +280,15 @@ def test_options_and_folders_are_checked_before_the_model_loads(
     assert named in err and len(err.splitlines()) == 1, err
 
 
+def test_a_row_s_refusal_names_the_option_and_the_row(single, tmp_path, capsys):
+    pairs, model, _, _ = single
+    argv = [*_argv(pairs, tmp_path / "out", model), "--position", "99"]
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"--pairs: {pairs}:1: --position: " in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_null_id_is_absent_and_prompts_are_stripped_in_a_file_and_in_python(
     tmp_path,
 ):
