@@ -19,7 +19,15 @@ GRAPH_OUTPUTS = ("json", "csv", "pairs_csv", "eap_json", "html")
 def check_shared_options(args: argparse.Namespace) -> None:
     r"""The checks of ``graph``'s options that hold for one prompt and for a
     pair file alike: the path's start, the step count, the target and foil
-    texts and the device. A bad option raises :class:`CommandError`."""
+    texts and the device.
+
+    Args:
+
+        args (argparse.Namespace): ``graph``'s parsed options.
+
+    Raises:
+        CommandError: Naming the first bad option, in one line.
+    """
     if args.counterfactual is not None:
         if not args.counterfactual.strip():
             raise CommandError("--counterfactual: expected a non-empty prompt")
@@ -43,7 +51,17 @@ def check_receiver_positions(args: argparse.Namespace, prompts: List[str]) -> No
     r"""``--receiver-positions`` against the memory available for the longest
     of ``prompts``, from the model's ``config.json`` and ``tokenizer.json``
     where they can be read before the load (the loaded model is checked
-    again, with its path points)."""
+    again, with its path points). Nothing is checked where they cannot be read.
+
+    Args:
+
+        args (argparse.Namespace): ``graph``'s parsed options.
+        prompts (list[str]): The prompts of the graphs, one for each.
+
+    Raises:
+        CommandError: If the longest prompt's pairs would not fit, naming
+            ``--receiver-positions``.
+    """
     if not args.receiver_positions:
         return
     from captum_iglens.hf.model_files import read_text_config, read_tokenizer
