@@ -944,3 +944,54 @@ def test_the_first_runs_conversion_is_said_into_a_log_unless_quiet(
     args = build_parser().parse_args(["graph", "p", *(["--quiet"] if quiet else [])])
     load_model_of(args)
     assert asked["progress"] is not quiet
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_outside_torchrun_the_device_stays_as_given_with_cuda(device, monkeypatch):
+    from captum_iglens.cli.common import join_processes
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        "captum_iglens.studies.distributed.init_distributed",
+        lambda: pytest.fail("joined a group outside torchrun"),
+    )
+    for world in (None, "1"):  # torchrun with one process is one process too
+        if world is not None:
+            monkeypatch.setenv("WORLD_SIZE", world)
+        given = [] if device is None else ["--device", device]
+        args = build_parser().parse_args(["graph", *given])
+        join_processes(args)
+        assert args.device == device
+
+
+@pytest.mark.parametrize("cuda, given", [(True, None), (False, None), (False, "cpu")])
+def test_under_torchrun_each_process_takes_its_gpu(cuda, given, monkeypatch):
+    from captum_iglens.cli.common import join_processes
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    device = torch.device("cuda:1" if cuda else "cpu")
+    monkeypatch.setattr(
+        "captum_iglens.studies.distributed.init_distributed", lambda: device
+    )
+    args = build_parser().parse_args(
+        ["graph", *([] if given is None else ["--device", given])]
+    )
+    join_processes(args)
+    assert args.device == ("cuda:1" if cuda else given)
+
+
+@pytest.mark.parametrize("option", [["--device", "cpu"], ["--device-map", "auto"]])
+def test_under_torchrun_with_cuda_a_device_is_refused(option, monkeypatch):
+    from captum_iglens.cli.common import CommandError, join_processes
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        "captum_iglens.studies.distributed.init_distributed",
+        lambda: pytest.fail("joined a group before refusing"),
+    )
+    args = build_parser().parse_args(["graph", *option])
+    with pytest.raises(CommandError, match=f"^{option[0]}: under torchrun each"):
+        join_processes(args)

@@ -66,7 +66,12 @@ def remove_partials(folder: PathLike) -> None:
     r"""Removes the temporary files that :func:`write_atomic` calls killed
     before their rename (``kill -9``) left in ``folder``: the files named
     ``.NAME.`` and 16 hex digits. Only for a folder no other process is
-    writing."""
+    writing.
+
+    Args:
+
+        folder (str or Path): The folder; its subfolders are left alone.
+    """
     for path in Path(folder).glob(".*.*"):
         stem, _, tag = path.name.rpartition(".")
         if stem and len(tag) == 16 and set(tag) <= set("0123456789abcdef"):

@@ -2,10 +2,13 @@ r"""``captum-iglens batch``: attribute a prompt set in padded batches, resumably
 (see :func:`~captum_iglens.studies.run_batch`)."""
 
 import argparse
+from typing import Any, Tuple
 
 from captum_iglens.cli.common import (
     CommandError,
     Job,
+    claimed_folder,
+    join_processes,
     lens_readout,
     lens_folder,
     load,
@@ -50,14 +53,10 @@ def prepare(args: argparse.Namespace) -> Job:
     checking a rerun's settings and prompt texts against what it holds), joins
     the distributed group (under torchrun), loads the model and checks it
     against the folder's; the job runs the set."""
-    import torch.distributed as dist
-
     from captum_iglens._utils.output_paths import check_folder
     from captum_iglens.studies.batch import (
-        BatchLock,
         check_model,
         check_resume,
-        init_distributed,
         run_batch,
         write_html,
     )
@@ -69,21 +68,16 @@ def prepare(args: argparse.Namespace) -> Job:
     prompts = read_prompts(args.prompts)
     lens = lens_folder(args.lens, args.path)
     out = check_folder(args.out, "--out")
-    device = init_distributed()
-    if device.type == "cuda":
-        args.device = str(device)
-    lock = BatchLock(out)
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        out.mkdir(exist_ok=True)
-        lock.acquire()  # the others wait for rank 0 in run_batch
-    try:
+    join_processes(args)
+
+    def load_checked() -> Tuple[Any, Any, Any]:
         check_resume(out, prompts, settings, args.batch_size)
         parts, tokenizer = load(args, settings)
         readout = lens_readout(lens, parts, tokenizer, args, settings)
         check_model(out, parts, readout)
-    except BaseException:
-        lock.release()
-        raise
+        return parts, tokenizer, readout
+
+    lock, (parts, tokenizer, readout) = claimed_folder(out, load_checked)
 
     def job() -> int:
         try:

@@ -14,6 +14,7 @@ from captum_iglens.cli.common import (
     Job,
     check_outputs,
     deferred,
+    join_processes,
     load,
     model_parent,
 )
@@ -223,7 +224,6 @@ def _load(
     args: argparse.Namespace, methods: List[str], pairs: Any, out: Optional[Path]
 ) -> Job:
     """The rest of :func:`prepare`, from loading the model on."""
-    from captum_iglens.studies.distributed import init_distributed
     from captum_iglens.studies.circuits.generators import generate
     from captum_iglens.studies.circuits.patching import CircuitModel
     from captum_iglens.studies.circuits.study import (
@@ -237,9 +237,7 @@ def _load(
     from captum_iglens.settings import Settings
 
     shipped = pairs is None
-    device = init_distributed()  # under torchrun: the pairs' batches are shared
-    if device.type == "cuda":
-        args.device = str(device)
+    join_processes(args)  # under torchrun: the pairs' batches are shared
     start = time.perf_counter()
     parts, tokenizer = load(args, Settings())
     stages = {"load": time.perf_counter() - start}

@@ -31,6 +31,7 @@ from typing import (
     Optional,
     Sequence,
     Tuple,
+    TypeVar,
     Union,
     cast,
     overload,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # imported when a command runs, after its options are checked
 
     from captum_iglens.readout.translators import Translators
     from captum_iglens.settings import Settings
+    from captum_iglens.studies.batch import BatchLock
 
 #: The ``--dtype`` names, each a ``torch`` dtype.
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
@@ -52,6 +54,7 @@ HTML_HELP = "write the interactive viewer, one self-contained HTML file"
 
 #: A prepared subcommand; it runs the expensive work, returns the exit status.
 Job = Callable[[], int]
+Loaded = TypeVar("Loaded")
 
 
 class CommandError(Exception):
@@ -724,6 +727,68 @@ def _device_type(text: str) -> str:
             f"--device: expected a torch device such as cpu or cuda:0, got {text!r}"
         )
     return kind
+
+
+def join_processes(args: argparse.Namespace) -> None:
+    r"""Joins the process group ``torchrun`` describes when it starts more than
+    one process (:func:`~captum_iglens.studies.distributed.init_distributed`);
+    with CUDA each process then takes its own GPU, ``cuda:LOCAL_RANK``, as
+    ``args.device``, and a ``--device`` or ``--device-map`` given is refused.
+    Outside ``torchrun``, or with one process, ``args`` stays as given."""
+    if int(os.environ.get("WORLD_SIZE", 1)) <= 1:
+        return
+    import torch
+
+    from captum_iglens.studies.distributed import init_distributed
+
+    given = args.device is not None or getattr(args, "device_map", None) is not None
+    if torch.cuda.is_available() and given:
+        option = "--device" if args.device is not None else "--device-map"
+        raise CommandError(
+            f"{option}: under torchrun each process takes its own GPU "
+            "(cuda:LOCAL_RANK); give neither --device nor --device-map"
+        )
+    device = init_distributed()
+    if device.type == "cuda":
+        args.device = str(device)
+
+
+def claimed_folder(out: Path, load: Callable[[], Loaded]) -> Tuple["BatchLock", Loaded]:
+    r"""Rank 0 makes the folder ``out`` and takes its lock (the other processes
+    wait for rank 0 in the run), then every process runs ``load``. If ``load``
+    raises, the lock is released and a folder this run made and left empty is
+    removed, so that a refused first run leaves none.
+
+    Args:
+
+        out (Path): The output folder, already checked.
+        load (Callable[[], Loaded]): The model's load and the run's plan.
+
+    Returns:
+        *(BatchLock, Loaded)*: the folder's lock (held on rank 0) and
+        ``load``'s value.
+
+    Raises:
+        CommandError: The folder is another run's, named as ``--out``.
+    """
+    from captum_iglens.studies.batch import BatchLock
+    from captum_iglens.studies.distributed import rank_and_world
+
+    lock, made = BatchLock(out), not out.exists()
+    if rank_and_world()[0] == 0:
+        out.mkdir(exist_ok=True)
+        try:
+            lock.acquire()
+        except ValueError as error:
+            message = str(error).removeprefix("out_dir: ")
+            raise CommandError(f"--out: {message}") from None
+    try:
+        return lock, load()
+    except BaseException:
+        lock.release()
+        if made and out.exists() and not any(out.iterdir()):
+            out.rmdir()
+        raise
 
 
 def _device(text: str) -> "torch.device":

@@ -28,6 +28,7 @@ from captum_iglens.attr.flow.options import (
 )
 from captum_iglens.cli.graph_options import (
     GRAPH_OUTPUTS,
+    as_options,
     check_receiver_positions,
     check_shared_options,
     flow_options,
@@ -283,18 +284,6 @@ def check_options(args: argparse.Namespace) -> str:
     _device(args.device or "cpu")  # imports torch: after the checks that need none
     _device_map(args)
     return prompt
-
-
-def as_options(message: str) -> str:
-    r"""A Python argument's name at the head of ``message`` as the option."""
-    name, sep, rest = message.partition(": ")
-    renamed = {
-        "inputs": "prompt",
-        "baselines": "--baseline",
-        "max_chunk_bytes": "--max-chunk-mib",
-    }
-    option = renamed.get(name, "--" + name.replace("_", "-"))
-    return option + sep + rest if sep and name.isidentifier() else message
 
 
 def prepare(args: argparse.Namespace) -> Job:

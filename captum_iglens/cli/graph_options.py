@@ -2,7 +2,8 @@ r"""
 The options of ``graph`` that its one-prompt form
 (:mod:`~captum_iglens.cli.graph`) and its pair-file form
 (:mod:`~captum_iglens.cli.graph_pairs`) share: their checks before the model
-loads, and the arguments of the flow they give.
+loads, the arguments of the flow they give, and the option a refusal's
+argument name stands for.
 """
 
 import argparse
@@ -18,7 +19,15 @@ GRAPH_OUTPUTS = ("json", "csv", "pairs_csv", "eap_json", "html")
 def check_shared_options(args: argparse.Namespace) -> None:
     r"""The checks of ``graph``'s options that hold for one prompt and for a
     pair file alike: the path's start, the step count, the target and foil
-    texts and the device. A bad option raises :class:`CommandError`."""
+    texts and the device.
+
+    Args:
+
+        args (argparse.Namespace): ``graph``'s parsed options.
+
+    Raises:
+        CommandError: Naming the first bad option, in one line.
+    """
     if args.counterfactual is not None:
         if not args.counterfactual.strip():
             raise CommandError("--counterfactual: expected a non-empty prompt")
@@ -42,7 +51,17 @@ def check_receiver_positions(args: argparse.Namespace, prompts: List[str]) -> No
     r"""``--receiver-positions`` against the memory available for the longest
     of ``prompts``, from the model's ``config.json`` and ``tokenizer.json``
     where they can be read before the load (the loaded model is checked
-    again, with its path points)."""
+    again, with its path points). Nothing is checked where they cannot be read.
+
+    Args:
+
+        args (argparse.Namespace): ``graph``'s parsed options.
+        prompts (list[str]): The prompts of the graphs, one for each.
+
+    Raises:
+        CommandError: If the longest prompt's pairs would not fit, naming
+            ``--receiver-positions``.
+    """
     if not args.receiver_positions:
         return
     from captum_iglens.hf.model_files import read_text_config, read_tokenizer
@@ -106,3 +125,15 @@ def flow_options(args: argparse.Namespace) -> Dict[str, Any]:
         internal_batch_size=args.internal_batch_size,
         max_chunk_bytes=args.max_chunk_mib * 2**20,
     )
+
+
+def as_options(message: str) -> str:
+    r"""A Python argument's name at the head of ``message`` as the option."""
+    name, sep, rest = message.partition(": ")
+    renamed = {
+        "inputs": "prompt",
+        "baselines": "--baseline",
+        "max_chunk_bytes": "--max-chunk-mib",
+    }
+    option = renamed.get(name, "--" + name.replace("_", "-"))
+    return option + sep + rest if sep and name.isidentifier() else message

@@ -10,20 +10,28 @@ target and the foil.
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from captum_iglens.cli.common import (
     CommandError,
     Job,
     _device,
+    claimed_folder,
+    join_processes,
     load_model_of,
     progress,
 )
 from captum_iglens.cli.graph_options import (
     GRAPH_OUTPUTS,
+    as_options,
     check_receiver_positions,
     check_shared_options,
     flow_options,
 )
+
+if TYPE_CHECKING:  # imported when the command runs, after its options are checked
+    from captum_iglens.studies.batch.graphs import GraphsPlan
+    from captum_iglens.studies.pair_file import GraphPair
 
 
 def prepare_pairs(args: argparse.Namespace) -> Job:
@@ -71,9 +79,13 @@ def _check_pair_options(args: argparse.Namespace) -> None:
     check_shared_options(args)
 
 
-def _load(args: argparse.Namespace, pairs: list, options: dict, out: Path) -> Job:
+def _load(
+    args: argparse.Namespace,
+    pairs: List["GraphPair"],
+    options: Dict[str, Any],
+    out: Path,
+) -> Job:
     """The rest of :func:`prepare_pairs`, from the folder's record on."""
-    from captum_iglens.studies.batch import BatchLock, init_distributed
     from captum_iglens.studies.distributed import rank_and_world
     from captum_iglens.studies.batch.graphs import (
         check_graph_run,
@@ -85,27 +97,16 @@ def _load(args: argparse.Namespace, pairs: list, options: dict, out: Path) -> Jo
         check_graph_run(out, pairs, args.keep, **options)
     except ValueError as error:
         raise CommandError(_named(str(error))) from None
-    device = init_distributed()
-    if device.type == "cuda":
-        args.device = str(device)
-    lock, made = BatchLock(out), not out.exists()
-    if rank_and_world()[0] == 0:
-        out.mkdir(exist_ok=True)
-        try:
-            lock.acquire()  # the others wait for rank 0 in run_graphs
-        except ValueError as error:
-            raise CommandError(_named(str(error))) from None
-    try:
+    join_processes(args)
+
+    def load() -> "GraphsPlan":
         model, tokenizer = load_model_of(args)
         try:
-            plan = plan_graphs(model, tokenizer, pairs, out, keep=args.keep, **options)
+            return plan_graphs(model, tokenizer, pairs, out, keep=args.keep, **options)
         except ValueError as error:
             raise CommandError(_named(str(error))) from None
-    except BaseException:
-        lock.release()
-        if made and out.exists() and not any(out.iterdir()):
-            out.rmdir()  # a refused first run leaves no folder
-        raise
+
+    lock, plan = claimed_folder(out, load)
 
     def job() -> int:
         try:
@@ -123,7 +124,15 @@ def _load(args: argparse.Namespace, pairs: list, options: dict, out: Path) -> Jo
 
 def _named(message: str) -> str:
     """A refusal of the study as the command line names it: the folder as
-    ``--out``, a row as ``--pairs`` with its file and line."""
+    ``--out``, a row as ``--pairs`` with its file and line, an argument of the
+    flow as its option (a row's field keeps its name)."""
+    from captum_iglens.studies.pair_file import PAIR_FIELDS
+
     if message.startswith("out_dir: "):
         return "--out: " + message.removeprefix("out_dir: ")
+    where, sep, rest = message.partition(": ")
+    if where.isidentifier():  # no row: an option's own refusal
+        return as_options(message)
+    if rest.partition(": ")[0] not in PAIR_FIELDS:
+        message = where + sep + as_options(rest)
     return f"--pairs: {message}"

@@ -7,7 +7,7 @@ function acts as the one process of a group of one.
 """
 
 import os
-from typing import Any, Callable, Iterator, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Iterator, List, Sequence, Tuple, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -44,8 +44,13 @@ def in_group() -> bool:
 
 
 def rank_and_world() -> Tuple[int, int]:
-    r"""This process's rank and the number of processes; ``(0, 1)`` outside a
-    group."""
+    r"""
+    This process's rank and the number of processes.
+
+    Returns:
+        *(int, int)*: the rank, from 0, and the world size; ``(0, 1)`` outside
+        a group.
+    """
     return (dist.get_rank(), dist.get_world_size()) if in_group() else (0, 1)
 
 
@@ -85,11 +90,21 @@ def from_rank_zero(step: Callable[[], Value]) -> Value:
     return box[0]
 
 
-def gathered(value: Any) -> list:
-    r"""Every process's ``value``, by rank (``[value]`` outside a group)."""
+def gathered(value: Any) -> List[Any]:
+    r"""
+    Every process's ``value``, on every process (a collective: each process
+    of the group must call it).
+
+    Args:
+
+        value (Any): This process's value; it must pickle.
+
+    Returns:
+        *list*: ``world_size`` values, by rank (``[value]`` outside a group).
+    """
     if not in_group():
         return [value]
-    values: list = [None] * dist.get_world_size()
+    values: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
     return values
 

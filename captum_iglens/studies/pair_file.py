@@ -71,14 +71,21 @@ class GraphPair:
         return {k: v for k, v in asdict(self).items() if k != "where"}
 
     @classmethod
-    def from_dict(cls, data: Any, where: str) -> "GraphPair":
+    def from_dict(
+        cls, data: Any, where: str, default_id: Optional[PromptId] = None
+    ) -> "GraphPair":
         r"""
-        A row from its JSON object, checked; a ``null`` field is absent.
+        A row from its JSON object, checked; a ``null`` field is absent. The
+        prompt and counterfactual are stripped of surrounding white space (as
+        ``graph``'s arguments are).
 
         Args:
 
-            data (Any): The object, with an ``"id"``.
+            data (Any): The object.
             where (str): Where it came from, for messages.
+            default_id (str or int, optional): The id of a row that gives none
+                        (or ``null``): its line number or index. Default: None
+                        (an id is needed)
 
         Returns:
             *GraphPair*.
@@ -98,12 +105,17 @@ class GraphPair:
                 f"{where}: unknown fields {unknown}; a row holds {list(PAIR_FIELDS)}"
             )
         given = {k: v for k, v in data.items() if v is not None}
+        if default_id is not None:
+            given.setdefault("id", default_id)
         if "prompt" not in given:
             raise ValueError(f"{where}: missing field 'prompt'")
         for name in ("prompt", "counterfactual", "corrupt_subject"):
             value = given.get(name, "text")
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"{where}: {name}: expected a non-empty string")
+        for name in ("prompt", "counterfactual"):
+            if name in given:
+                given[name] = given[name].strip()
         for name in ("target", "foil"):
             _check_token(given.get(name), f"{where}: {name}")
         _check_id(given.get("id"), where)
@@ -116,10 +128,9 @@ class GraphPair:
 
 def read_pairs(path: Union[str, Path]) -> List[GraphPair]:
     r"""
-    Reads a pair file: every line checked (:meth:`GraphPair.from_dict`), the
-    prompts and counterfactuals stripped of surrounding white space (as
-    ``graph``'s arguments are), and the ids unique as file names
-    (:func:`check_pairs`).
+    Reads a pair file: every line checked (:meth:`GraphPair.from_dict`; a row
+    without an id, or with a ``null`` one, has its line number), and the ids
+    unique as file names (:func:`check_pairs`).
 
     Args:
 
@@ -130,11 +141,14 @@ def read_pairs(path: Union[str, Path]) -> List[GraphPair]:
         and line.
 
     Raises:
-        FileNotFoundError: If ``path`` is not a file.
+        FileNotFoundError: If ``path`` does not exist.
+        ValueError: If ``path`` is a folder.
         ValueError: Naming the file and line of the first bad row (not UTF-8,
             not JSON, a bad field, a duplicate id), or a file with no row.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder; expected a JSON Lines file")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     pairs = []
@@ -147,12 +161,7 @@ def read_pairs(path: Union[str, Path]) -> List[GraphPair]:
             data = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{where}: not a JSON object ({err.msg})") from None
-        if isinstance(data, dict):
-            data.setdefault("id", number)
-            for name in ("prompt", "counterfactual"):
-                if isinstance(data.get(name), str):
-                    data[name] = data[name].strip()
-        pairs.append(GraphPair.from_dict(data, where))
+        pairs.append(GraphPair.from_dict(data, where, default_id=number))
     if not pairs:
         raise ValueError(f"{path}: no rows")
     check_pairs(pairs)
@@ -164,6 +173,10 @@ def check_pairs(pairs: Sequence[GraphPair]) -> None:
     Refuses two rows whose graphs would be one file: equal ids, or ids equal
     as text (``3`` and ``"3"``) or but for case (``"A"`` and ``"a"``, one file
     on some file systems).
+
+    Args:
+
+        pairs (Sequence[GraphPair]): The rows.
 
     Raises:
         ValueError: Naming both rows.
@@ -182,8 +195,16 @@ def check_pairs(pairs: Sequence[GraphPair]) -> None:
 def as_pairs(pairs: Sequence[Any]) -> List[GraphPair]:
     r"""
     Rows given in Python: :class:`GraphPair` objects (each keeping its
-    ``where``), or dicts of :data:`PAIR_FIELDS` (an absent ``"id"`` is the
-    index), checked as a file's.
+    ``where``), or dicts of :data:`PAIR_FIELDS` (an absent or ``null``
+    ``"id"`` is the index), checked as a file's.
+
+    Args:
+
+        pairs (Sequence[GraphPair or dict]): The rows, at least one.
+
+    Returns:
+        *list[GraphPair]*: the rows, checked, in order, each ``where``
+        ``pairs[i]`` unless a :class:`GraphPair` had its own.
 
     Raises:
         TypeError: If ``pairs`` is not a sequence.
@@ -199,9 +220,7 @@ def as_pairs(pairs: Sequence[Any]) -> List[GraphPair]:
         data = pair
         if isinstance(pair, GraphPair):
             data, where = pair.row(), pair.where or where
-        if isinstance(data, dict):
-            data = {"id": index, **data}
-        rows.append(GraphPair.from_dict(data, where))
+        rows.append(GraphPair.from_dict(data, where, default_id=index))
     check_pairs(rows)
     return rows
 
@@ -252,8 +271,17 @@ def pair_arguments(pair: GraphPair, options: Mapping[str, Any]) -> Dict[str, Any
 
 
 def pairs_checksum(pairs: Sequence[GraphPair]) -> str:
-    r"""The sha256 of the rows' fields (not where they came from): what a
-    folder of their graphs records, so that a rerun on other rows is refused."""
+    r"""
+    The sha256 of the rows' fields (not where they came from): what a folder
+    of their graphs records, so that a rerun on other rows is refused.
+
+    Args:
+
+        pairs (Sequence[GraphPair]): The rows.
+
+    Returns:
+        *str*: 64 hexadecimal digits.
+    """
     text = json.dumps([pair.row() for pair in pairs], ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

@@ -252,6 +252,7 @@ def test_every_row_is_checked_before_the_model_loads(
         (["--pairs", "p.jsonl", "--out", "."], "--out: . holds or lies in the run's"),
         (["--pairs", "p.jsonl", "--out", "m/out"], "--out: m/out holds or lies in"),
         (["--pairs", "no.jsonl", "--out", "out"], "--pairs: no.jsonl: no such file"),
+        (["--pairs", "m", "--out", "out"], "--pairs: m: is a folder; expected a JSON"),
         (
             ["--pairs", "p.jsonl", "--out", "out", "--target-kind", "prob_diff"],
             "--pairs: p.jsonl:2: foil: target_kind 'prob_diff' needs a foil",
@@ -279,6 +280,32 @@ def test_options_and_folders_are_checked_before_the_model_loads(
     assert named in err and len(err.splitlines()) == 1, err
 
 
+def test_a_row_s_refusal_names_the_option_and_the_row(single, tmp_path, capsys):
+    pairs, model, _, _ = single
+    argv = [*_argv(pairs, tmp_path / "out", model), "--position", "99"]
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"--pairs: {pairs}:1: --position: " in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_null_id_is_absent_and_prompts_are_stripped_in_a_file_and_in_python(
+    tmp_path,
+):
+    from captum_iglens.studies.pair_file import as_pairs, read_pairs
+
+    rows = [
+        {"id": None, "prompt": " t5 t6 ", "counterfactual": "t5 t7\n"},
+        {"id": "b", "prompt": "t6"},
+    ]
+    from_file = read_pairs(_pairs(tmp_path / "p.jsonl", rows))
+    in_python = as_pairs(rows)
+    assert [p.id for p in from_file] == [1, "b"]
+    assert [p.id for p in in_python] == [0, "b"]
+    for pairs in (from_file, in_python):
+        assert (pairs[0].prompt, pairs[0].counterfactual) == ("t5 t6", "t5 t7")
+
+
 def test_graph_pairs_in_python_names_the_row(llama, tmp_path):
     from captum_iglens.studies.batch import graph_pairs
     from tests.tiny_models import tiny_tokenizer
@@ -292,6 +319,32 @@ def test_graph_pairs_in_python_names_the_row(llama, tmp_path):
     )
     graph = FlowGraph.load(folder / "0.json")
     assert graph.settings["pruned"]["keep"] == 0.5
+
+
+def test_a_resume_checksums_the_weights_once_and_removes_a_killed_run_json(
+    llama, tmp_path, monkeypatch
+):
+    from captum_iglens.hf.checksum import weights_checksum
+    from captum_iglens.studies.batch import graph_pairs
+    from tests.tiny_models import tiny_tokenizer
+
+    rows, out = [{"prompt": "t5 t6"}], tmp_path / "out"
+    graph_pairs(llama, tiny_tokenizer(), rows, out, n_steps=2, progress=False)
+    partial = out / ".run.json.0123456789abcdef"  # a kill -9 in run.json's write
+    partial.write_text("{")
+    calls = []
+
+    def counted(model):
+        calls.append(model)
+        return weights_checksum(model)
+
+    for module in ("graphs", "resume"):
+        monkeypatch.setattr(
+            f"captum_iglens.studies.batch.{module}.weights_checksum", counted
+        )
+    graph_pairs(llama, tiny_tokenizer(), rows, out, n_steps=2, progress=False)
+    assert len(calls) == 1
+    assert sorted(p.name for p in out.iterdir()) == ["graphs", "run.json"]
 
 
 def test_a_folder_another_run_writes_is_refused_before_the_model_loads(

@@ -21,6 +21,7 @@ from captum_iglens._utils.output_paths import check_folder
 from captum_iglens._utils.serialization import plain, remove_partials
 from captum_iglens.attr.flow import ProbabilityFlow
 from captum_iglens.attr.flow.probability_flow import FlowPlan
+from captum_iglens.hf.checksum import weights_checksum
 from captum_iglens.settings import model_name, provenance, Settings
 from captum_iglens.studies.distributed import (
     barrier,
@@ -59,6 +60,9 @@ class GraphsPlan:
         plans (list[FlowPlan]): Each row's planned graph.
         out (Path): The output folder.
         run (dict): The run's identity, as ``run.json`` records it.
+        weights (str): The model's
+                    :func:`~captum_iglens.hf.checksum.weights_checksum`,
+                    computed once for the check and the claim of the run.
         keep (float, optional): The share of ``|flow|`` each file keeps
                     (``FlowGraph.prune``); None keeps every edge.
     """
@@ -68,6 +72,7 @@ class GraphsPlan:
     plans: List[FlowPlan]
     out: Path
     run: Dict[str, Any]
+    weights: str
     keep: Optional[float]
 
     def path(self, pair: GraphPair) -> Path:
@@ -153,8 +158,18 @@ def plan_graphs(
     (:meth:`ProbabilityFlow.plan`), the folder checked and, where it holds a
     run, the run checked against it (the weights' checksum included).
 
+    Args:
+
+        model (PreTrainedModel): As in :func:`graph_pairs`.
+        tokenizer (PreTrainedTokenizerBase): Its tokenizer.
+        pairs (list): The rows, as in :func:`graph_pairs`.
+        out_dir (str or Path): The output folder (it need not exist yet).
+        keep (float, optional): As in :func:`graph_pairs`. Default: None
+        **options (Any): As in :func:`graph_pairs`.
+
     Returns:
-        *GraphsPlan*.
+        *GraphsPlan*: every row's plan, the run's record and the weights'
+        checksum, for :func:`run_graphs`.
 
     Raises:
         ValueError: As :func:`graph_pairs`.
@@ -181,8 +196,9 @@ def plan_graphs(
         "model": name,
         "versions": provenance(model, Settings())["versions"],
     }
-    check_run(out, run, model)
-    return GraphsPlan(flow, rows, plans, out, plain(run), keep)
+    weights = weights_checksum(model)
+    check_run(out, run, model, weights)
+    return GraphsPlan(flow, rows, plans, out, plain(run), weights, keep)
 
 
 def graph_record(
@@ -192,6 +208,18 @@ def graph_record(
     What identifies a run of :func:`graph_pairs` before the model loads: every
     argument of the flow (``options``, the others at their defaults) and
     ``keep`` as ``"graph"``, the rows' count and checksum as ``"pairs"``.
+
+    Args:
+
+        pairs (list[GraphPair]): The rows.
+        keep (float, optional): The share of ``|flow|`` each file keeps; None
+                    keeps every edge.
+        options (dict): The arguments of the flow given, as in
+                    :func:`graph_pairs`.
+
+    Returns:
+        *dict*: ``{"graph": {...}, "pairs": {"rows": n, "checksum": ...}}``,
+        plain JSON values.
 
     Raises:
         TypeError: If an option is not an argument of the flow.
@@ -232,6 +260,13 @@ def check_graph_run(
     ``run.json`` (:func:`graph_record`); :func:`plan_graphs` makes them again
     with the model's.
 
+    Args:
+
+        out_dir (str or Path): The output folder (it need not exist).
+        pairs (list[GraphPair]): The rows.
+        keep (float, optional): As in :func:`graph_pairs`. Default: None
+        **options (Any): As in :func:`graph_pairs`.
+
     Raises:
         ValueError: If they differ, or the folder holds graphs but no
             ``run.json``.
@@ -253,8 +288,19 @@ def run_graphs(plan: GraphsPlan, progress: bool = True) -> Path:
     a killed write left and finds the rows without a file; every process
     computes its share of them; rank 0 releases the lock once all are done.
 
+    Args:
+
+        plan (GraphsPlan): The plan of :func:`plan_graphs`, made on every
+                    process.
+        progress (bool, optional): A progress bar on stderr (rank 0 only).
+                    Default: True
+
     Returns:
         *Path*: ``out/graphs``.
+
+    Raises:
+        ValueError: If the processes compute with different arithmetic, the
+            folder is another run's or its ``run.json`` differs from the plan's.
     """
     out, folder = plan.out, plan.out / GRAPHS
     lock = BatchLock(out)
@@ -269,8 +315,10 @@ def run_graphs(plan: GraphsPlan, progress: bool = True) -> Path:
             )
         out.mkdir(exist_ok=True)
         lock.acquire()
+        remove_partials(out)  # a run.json whose write was killed
         folder.mkdir(exist_ok=True)
-        claim_run(out, plan.run, plan.flow.parts.model, sorted(folder.glob("*.json")))
+        files = sorted(folder.glob("*.json"))
+        claim_run(out, plan.run, plan.flow.parts.model, files, plan.weights)
         remove_partials(folder)
         return [i for i, pair in enumerate(plan.pairs) if not plan.path(pair).exists()]
 

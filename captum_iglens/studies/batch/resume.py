@@ -116,6 +116,7 @@ def claim_run(
     run: Dict[str, Any],
     model: Module,
     results: Optional[Sequence[Path]] = None,
+    weights: Optional[str] = None,
 ) -> None:
     r"""
     Records ``run`` with the dtype and the checksum of ``model``'s weights in
@@ -133,6 +134,9 @@ def claim_run(
         results (list[Path], optional): The files that hold results, which
                     a folder without ``run.json`` must not. Default: None (a
                     batch's results files)
+        weights (str, optional): ``model``'s
+                    :func:`~captum_iglens.hf.checksum.weights_checksum`, where
+                    the caller has it. Default: None (computed here)
 
     Raises:
         ValueError: If a key or the weights differ from the record, showing
@@ -146,18 +150,32 @@ def claim_run(
                 f"out_dir: {out} holds results but no {RUN}, so their settings are "
                 "unknown; choose a new --out folder"
             )
-        record = {**run, DTYPE: _dtype(model), WEIGHTS: weights_checksum(model)}
+        checksum = weights_checksum(model) if weights is None else weights
+        record = {**run, DTYPE: _dtype(model), WEIGHTS: checksum}
         write_atomic(path, json.dumps(plain(record), indent=1))
         return
-    check_run(out, run, model)
+    check_run(out, run, model, weights)
 
 
-def check_run(out: Path, run: Dict[str, Any], model: Module) -> None:
+def check_run(
+    out: Path, run: Dict[str, Any], model: Module, weights: Optional[str] = None
+) -> None:
     r"""
     Checks a rerun against ``out/run.json``, as :func:`claim_run` does, without
     writing: every key of ``run`` but those of :data:`UNCOMPARED`
     (:func:`compare_run`), then the dtype and checksum of ``model``'s weights.
     Nothing is checked where the folder holds no ``run.json``.
+
+    Args:
+
+        out (Path): The folder.
+        run (dict): What identifies the rerun, as in :func:`claim_run`; its
+                    ``"model"`` is the model's name, shown when the weights
+                    differ.
+        model (Module): The model, whose weights are checked.
+        weights (str, optional): ``model``'s
+                    :func:`~captum_iglens.hf.checksum.weights_checksum`, where
+                    the caller has it. Default: None (computed here)
 
     Raises:
         ValueError: If a key or the weights differ from the record.
@@ -167,7 +185,7 @@ def check_run(out: Path, run: Dict[str, Any], model: Module) -> None:
     recorded = read_run(out)
     ours = json.loads(json.dumps(plain(run)))
     compare_run(out, recorded, ours)
-    _check_weights(out, recorded, model, ours["model"])
+    _check_weights(out, recorded, model, ours["model"], weights)
 
 
 #: The keys of a run record a rerun need not match: the model's name (a
@@ -181,6 +199,12 @@ def compare_run(out: Path, recorded: Dict[str, Any], ours: Dict[str, Any]) -> No
     Refuses a rerun whose record ``ours`` differs from the ``recorded`` one of
     ``out`` in a key but those of :data:`UNCOMPARED` (the batch size with its
     own message, :func:`check_batch_size`), in the order of ``ours``.
+
+    Args:
+
+        out (Path): The folder, for messages.
+        recorded (dict): Its ``run.json`` (:func:`read_run`).
+        ours (dict): The rerun's record, as plain JSON values.
 
     Raises:
         ValueError: Showing the first key's differing values in full.
@@ -220,11 +244,16 @@ def read_run(out: Path) -> Dict[str, Any]:
 
 
 def _check_weights(
-    out: Path, recorded: Dict[str, Any], model: Module, name: str
+    out: Path,
+    recorded: Dict[str, Any],
+    model: Module,
+    name: str,
+    weights: Optional[str] = None,
 ) -> None:
     """Refuses to resume when ``model``'s weights are not the recorded ones, by
     the checksum ``run.json`` holds (the older form for a folder written by
-    version 0.1.0); ``name`` is the model's name now, shown beside the one then."""
+    version 0.1.0); ``name`` is the model's name now, shown beside the one then;
+    ``weights`` is the model's checksum where the caller has it."""
     ours_dtype = _dtype(model)
     if recorded.get(DTYPE, ours_dtype) != ours_dtype:
         raise ValueError(
@@ -235,7 +264,10 @@ def _check_weights(
         )
     old = WEIGHTS_0_1 in recorded and WEIGHTS not in recorded
     key = WEIGHTS_0_1 if old else WEIGHTS
-    ours = {key: _weights_sha256_0_1(model) if old else weights_checksum(model)}
+    if old:
+        ours = {key: _weights_sha256_0_1(model)}
+    else:
+        ours = {key: weights_checksum(model) if weights is None else weights}
     names = f"; model {recorded.get('model')!r} then, {name!r} now"
     _compare(out, recorded, ours, key, names)
 
