@@ -199,7 +199,7 @@ def test_searched_circuits_keep_mibs_sizes_and_pruning_and_never_see_the_scored(
     warm = objective.gradient(legal_edges(graph))  # EAP on the training pairs
     context = ScoringContext(tiny, None, make_batches(train, 8), 6, "logit_diff")
     scale = objective.full - objective.empty
-    torch.testing.assert_close(warm * scale, eap(context))  # EAP at the model
+    torch.testing.assert_close(warm * scale, eap(context), rtol=1e-3, atol=1e-5)  # EAP
     improved = 0
     for absolute in (False, True):
         found = circuits(graph, searched, absolute)
