@@ -59,9 +59,9 @@ from captum_iglens.studies.circuits.objective import Objective, PatchedObjective
 
 #: The passes over the training pairs a search may spend (a measured circuit
 #: is one, a gradient :data:`GRADIENT_PASSES`), half for each ranking: on
-#: SmolLM2 a gradient costs about what EAP-IG-inputs' 5 steps cost, so the
-#: search and its warm start cost about 8 times that method's scoring.
-BUDGET = 40
+#: SmolLM2 one pass costs about a ninth of EAP-IG-inputs' scoring (5 steps),
+#: so the search and its warm start cost about 8 times that method's.
+BUDGET = 60
 #: What a gradient costs, in passes: a forward keeping the graph, the backward
 #: and the edge products (4.2 to 7.2 passes measured on SmolLM2, at the 50%
 #: and the 5% circuits).
