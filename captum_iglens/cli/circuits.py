@@ -156,13 +156,13 @@ def _check_options(args: argparse.Namespace) -> List[str]:
         if path is not None and not (Path(path).is_file() and os.access(path, os.R_OK)):
             raise CommandError(f"--methods: {method}: no readable file {path!r}")
     _positive(args, "pairs", "generate", "batch-size", "sample", "bootstrap")
+    searches = [m for m in methods if SCORERS[parse_method(m)["scorer"]].searches]
     if args.train is not None:
         _positive(args, "train")
-    elif any(SCORERS[parse_method(m)["scorer"]].searches for m in methods):
-        first = next(m for m in methods if SCORERS[parse_method(m)["scorer"]].searches)
+    elif searches:
         raise CommandError(
-            f"--methods: {first} searches on training pairs apart from the scored "
-            "ones; add --train N"
+            f"--methods: {searches[0]} searches on training pairs apart from the "
+            "scored ones; add --train N"
         )
     check_outputs(args, "json", "png", "html")
     return methods

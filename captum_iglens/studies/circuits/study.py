@@ -208,7 +208,7 @@ class CircuitsResult(JsonDocument):
             return scored
         train, seed = self.split["train"], self.split["seed"]
         return (
-            f"{scored} (the first filtered); search: methods trained on "
+            f"{scored} (the first filtered); searches trained on "
             f"{len(train)} other pairs drawn by seed {seed}, none sharing a prompt "
             f"with a scored one (train sha256 {self.split['train_sha256'][:12]}, "
             f"scored {self.split['test_sha256'][:12]})"

@@ -368,10 +368,7 @@ def test_a_search_trains_apart_records_the_split_and_resumes(
     )
     printed = capsys.readouterr().out
     assert "scored 3, train 4" in printed
-    assert (
-        "3 pairs scored (the first filtered); search: methods trained on 4 other"
-        in printed
-    )
+    assert "3 pairs scored (the first filtered); searches trained on 4 other" in printed
     data = json.loads(result.read_text())
     split = data["split"]
     assert split["test"] == [0, 1, 2] and len(split["train"]) == 4

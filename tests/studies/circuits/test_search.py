@@ -201,7 +201,7 @@ def test_searched_circuits_keep_mibs_sizes_and_pruning_and_never_see_the_scored(
     scale = objective.full - objective.empty
     # EAP at the model, to the search's float32 products (whose rounding
     # depends on the thread count)
-    torch.testing.assert_close(warm * scale, eap(context), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(warm * scale, eap(context), rtol=1e-3, atol=1e-5)
     improved = 0
     for absolute in (False, True):
         found = circuits(graph, searched, absolute)
