@@ -159,6 +159,11 @@ def _check_options(args: argparse.Namespace) -> List[str]:
     searches = [m for m in methods if SCORERS[parse_method(m)["scorer"]].searches]
     if args.train is not None:
         _positive(args, "train")
+        if not searches:
+            raise CommandError(
+                "--train: no search: method uses training pairs; add "
+                "search:METHOD to --methods or drop --train"
+            )
     elif searches:
         raise CommandError(
             f"--methods: {searches[0]} searches on training pairs apart from the "

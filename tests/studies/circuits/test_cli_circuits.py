@@ -71,7 +71,11 @@ def _error(capsys):
         ),
         (["--train", "0"], "--train: expected an int >= 1, got 0"),
         (
-            ["--pairs", "1", "--train", "1"],
+            ["--methods", "eap", "--train", "2"],
+            "--train: no search: method uses training pairs; add search:METHOD",
+        ),
+        (
+            ["--methods", "search:eap", "--pairs", "1", "--train", "1"],
             "--train: 1 training pairs apart from --pairs 1 need 2 pairs, and the "
             "task has 1; add pairs to the task file, or lower --pairs or --train",
         ),
