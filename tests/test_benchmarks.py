@@ -178,6 +178,50 @@ def test_flow_onset_dry_run(tmp_path):
     assert len(last) == 8 and np.allclose(last, 1.0, atol=1e-9)
 
 
+@pytest.mark.slow
+def test_flow_noise_dry_run_resumes_from_its_records(tmp_path):
+    def run():
+        return subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "flow_noise.py"),
+                "--dry-run",
+                "--state-paths",
+                "1",
+                "--cache",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+        )
+
+    first = run()
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert len(re.findall(r"^fact \d/4: t\d$", first.stdout, re.M)) == 4
+    assert re.search(
+        r"^4 facts \(2 even, 2 odd\); threshold [\d.]+ ", first.stdout, re.M
+    )
+    for corruption in ("noise", "counterfactual"):
+        assert re.search(
+            rf"^\| {corruption} \| all \| share >= 1/2 \| \d \|", first.stdout, re.M
+        )
+    assert re.search(
+        r"^\| noise \| \w+ \| state path >= 1/2 \| 1 \|", first.stdout, re.M
+    )
+    assert re.search(r"^\| 0\.1 \| \d \|", first.stdout, re.M)  # a reduced scale
+    records = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
+    assert len(records) == 4
+    for record in records:
+        # the flow's share after the last block is 1 (cut completeness)
+        assert np.isclose(record["noise"]["shares"][-1], 1.0, atol=1e-9)
+    again = run()  # every record is read back: nothing recomputed, same tables
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "fact " not in again.stdout
+    assert again.stdout == first.stdout[first.stdout.index("4 facts") :]
+
+
 def test_flow_onset_checks_the_output_first(tmp_path):
     done = subprocess.run(
         [
