@@ -45,7 +45,7 @@ def main() -> None:
     if args.json is not None:
         check_writable(args.json, "--json")
     if args.dry_run:
-        model, tokenizer, facts = _tiny()
+        model, tokenizer, facts = tiny_study()
         args.limit, args.noise_seeds, args.n_steps = len(facts), 2, 2
     elif args.model is None:
         parser.error("model: expected smollm2 or gemma3 (or --dry-run)")
@@ -69,7 +69,7 @@ def main() -> None:
         print(f"wrote {args.json}")
 
 
-def _tiny():
+def tiny_study():
     """A 4-block random Llama, a word tokenizer and four facts whose subjects
     pair up (as the tests' restoration study), from the tests' helpers."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -178,6 +178,77 @@ def test_flow_onset_dry_run(tmp_path):
     assert len(last) == 8 and np.allclose(last, 1.0, atol=1e-9)
 
 
+@pytest.mark.slow
+def test_flow_noise_dry_run_resumes_from_its_records(tmp_path):
+    def run():
+        return subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "flow_noise.py"),
+                "--dry-run",
+                "--state-paths",
+                "1",
+                "--cache",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+        )
+
+    first = run()
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert len(re.findall(r"^fact \d/4: t\d$", first.stdout, re.M)) == 4
+    assert re.search(
+        r"^4 facts \(2 even, 2 odd\); threshold [\d.]+ ", first.stdout, re.M
+    )
+    for corruption in ("noise", "counterfactual"):
+        assert re.search(
+            rf"^\| {corruption} \| all \| share >= 1/2 \| \d \|", first.stdout, re.M
+        )
+    assert re.search(
+        r"^\| noise \| \w+ \| state path >= 1/2 \| 1 \|", first.stdout, re.M
+    )
+    assert re.search(r"^\| 0\.1 \| \d \|", first.stdout, re.M)  # a reduced scale
+    records = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
+    assert len(records) == 4
+    for record in records:
+        # the flow's share after the last block is 1 (cut completeness)
+        assert np.isclose(record["noise"]["shares"][-1], 1.0, atol=1e-9)
+    again = run()  # every record is read back: nothing recomputed, same tables
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "fact " not in again.stdout
+    assert again.stdout == first.stdout[first.stdout.index("4 facts") :]
+
+
+def test_flow_noise_chooses_its_threshold_on_the_even_facts_only(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import flow_noise
+
+    def record(index, shares):
+        # restoring recovers everything from block 6 on: the causal onset is 6
+        restored = [0.1] * 6 + [1.0] * 4
+        cell = dict(shares=shares, clean=1.0, corrupt=0.1, restored=restored)
+        return dict(index=index, target=0, noise=cell)
+
+    rises_late = [0.0, 0.0, 0.6, 0.6, 0.6, 0.6, 1.0, 1.0, 1.0, 1.0]  # > 0.6 at 6
+    rises_early = [0.0, 0.0, 0.9, 0.9, 0.9, 0.9, 1.0, 1.0, 1.0, 1.0]  # > 0.9 at 6
+    study = flow_noise.STUDY
+    even = [record(i, rises_late) for i in (0, 2, 4)]
+    odd = [record(i, rises_early) for i in (1, 3, 5, 7, 9)]
+    assert flow_noise.choose_threshold(even + odd, study) == 0.65
+    assert (
+        flow_noise.choose_threshold(
+            [dict(r, index=r["index"] + 1) for r in even + odd], study
+        )
+        == 0.95
+    )
+    table = "\n".join(flow_noise.rule_table(even + odd, 0.65, study))
+    assert "| noise | even | share >= 0.65 | 3 | 1.00 [1.00, 1.00] | +0.00" in table
+    assert "| noise | odd | share >= 1/2 | 5 | 0.00 [0.00, 0.00] | -4.00" in table
+
+
 def test_flow_onset_checks_the_output_first(tmp_path):
     done = subprocess.run(
         [
