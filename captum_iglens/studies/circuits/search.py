@@ -249,7 +249,9 @@ def _search(
 
     while True:
         priority = {k: ranking.priority(k, float(weights[k])) for k in searched}
-        ready = sorted((k for k in searched if priority[k] > 0), key=priority.get)
+        ready = sorted(
+            (k for k in searched if priority[k] > 0), key=priority.__getitem__
+        )
         if not ready:
             return
         top = ready.pop()
