@@ -1,5 +1,7 @@
-"""Shared test helpers: hook snapshots and left-padded batches."""
+"""Shared test helpers: hook snapshots, left-padded batches and circuit tasks."""
 
+import json
+import random
 from typing import Dict, List, Tuple
 
 import torch
@@ -132,3 +134,33 @@ def fixed_weights(model: Module) -> Module:
                 steps = torch.arange(tensor.numel(), dtype=torch.float64) % 7 / 8
                 tensor.copy_(steps.reshape(tensor.shape))
     return model
+
+
+def task_lines(folder, n: int) -> List[str]:
+    """A circuit task's lines: ``n`` pairs of distinct prompts (words the
+    tiny tokenizer keeps whole) for the model folder ``folder``, each answered
+    by its model: its top token among t4-t9 as the answer, its last as the
+    foil."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    rng = random.Random(0)
+    lines = []
+    for _ in range(n):
+        ids = [rng.randint(40, 70) for _ in range(4)]
+        other = list(ids)
+        other[1] = rng.randint(71, 99)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([[1, *ids]])).logits[0, -1]
+        top = [int(i) for i in logits.argsort(descending=True) if 3 < int(i) < 10]
+        lines.append(
+            json.dumps(
+                dict(
+                    clean=" ".join(f"t{i}" for i in ids),
+                    counterfactual=" ".join(f"t{i}" for i in other),
+                    answer=f"t{top[0]}",
+                    foil=f"t{top[-1]}",
+                )
+            )
+        )
+    return lines

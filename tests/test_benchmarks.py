@@ -390,3 +390,37 @@ def test_flow_batch_dry_run():
         )
     found = re.search(r"largest gap (\S+) of .* conservation (\S+);", check)
     assert found and max(float(found[1]), float(found[2])) <= 1e-6
+
+
+@pytest.mark.slow
+def test_circuits_search_runs_the_search_its_ablation_and_its_start(
+    tmp_path, tiny_folder
+):
+    """The search's benchmark: one row per method, the split recorded, and
+    ``trained``'s two rankings the warm start's (the same scores twice)."""
+    import torch
+
+    from tests.helpers import task_lines
+
+    folder, _ = tiny_folder
+    task = tmp_path / "mine.jsonl"
+    task.write_text("\n".join(task_lines(folder, 7)) + "\n", encoding="utf-8")
+    command = [sys.executable, str(ROOT / "benchmarks" / "circuits_search.py")]
+    command += ["--models", str(folder), "--tasks", str(task), "--pairs", "3"]
+    command += ["--train", "4", "--bootstrap", "20", "--out", str(tmp_path / "r")]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if "| mine |" in line]
+    assert [row.split(" | ")[3] for row in rows] == [
+        "eap-ig-inputs:5",
+        "trained:eap-ig-inputs:5",
+        "search:eap-ig-inputs:5",
+        "search-at-model:eap-ig-inputs:5",
+    ]
+    result = json.loads((tmp_path / "r" / f"{folder.name}-mine.json").read_text())
+    assert len(result["split"]["train"]) == 4
+    saved = tmp_path / "r" / f"{folder.name}-mine" / "methods"
+    trained = torch.load(saved / "trained-eap-ig-inputs-5.pt", weights_only=True)
+    assert trained.shape[0] == 2 and torch.equal(trained[0], trained[1])

@@ -12,6 +12,7 @@ import pytest
 
 import captum_iglens
 from captum_iglens.cli import main
+from tests.helpers import task_lines
 
 GOOD = {"clean": "a b", "counterfactual": "a c", "answer": " d", "foil": " e"}
 #: Runs the command, then prints which of torch and transformers it imported.
@@ -326,43 +327,11 @@ def test_both_ground_truths_are_correlated_end_to_end(tmp_path, capsys, tiny_fol
     assert data["correlations"]["patching-nodes"]["eap"] > 0.5  # first-order term
 
 
-def _spread(folder, n):
-    """``n`` pairs of distinct prompts (words the tiny tokenizer keeps whole),
-    each answered by the tiny model: its top token among t4-t9 as the answer,
-    its last as the foil."""
-    import random
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    rng = random.Random(0)
-    lines = []
-    for _ in range(n):
-        ids = [rng.randint(40, 70) for _ in range(4)]
-        other = list(ids)
-        other[1] = rng.randint(71, 99)
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([[1, *ids]])).logits[0, -1]
-        top = [int(i) for i in logits.argsort(descending=True) if 3 < int(i) < 10]
-        lines.append(
-            json.dumps(
-                dict(
-                    clean=" ".join(f"t{i}" for i in ids),
-                    counterfactual=" ".join(f"t{i}" for i in other),
-                    answer=f"t{top[0]}",
-                    foil=f"t{top[-1]}",
-                )
-            )
-        )
-    return lines
-
-
 def test_a_search_trains_apart_records_the_split_and_resumes(
     tmp_path, capsys, tiny_folder
 ):
     folder, pair = tiny_folder
-    task = _task(tmp_path, _spread(folder, 8))
+    task = _task(tmp_path, task_lines(folder, 8))
     out, page, result = tmp_path / "out", tmp_path / "c.html", tmp_path / "c.json"
     common = ["circuits", "--task", task, "--model", str(folder), "--pairs", "3"]
     common += ["--methods", "eap,search:eap", "--bootstrap", "20", "--train", "4"]

@@ -32,6 +32,10 @@ def test_the_registry_is_read_only_and_register_refuses_bad_entries(monkeypatch)
     for other in (dict(steps=3), dict(reads_file=True)):
         with pytest.raises(ValueError, match="averages: a scorer of other methods"):
             Scorer(_constant, "mine", averages=True, **other)
+        with pytest.raises(ValueError, match="searches: a scorer of other methods"):
+            Scorer(_constant, "mine", searches=True, **other)
+    with pytest.raises(ValueError, match="searches: a scorer either averages or"):
+        Scorer(_constant, "mine", averages=True, searches=True)
     with pytest.raises(TypeError, match="truth: expected a callable"):
         Scorer(_constant, "mine", truth=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="check_steps: expected a callable"):
