@@ -204,7 +204,7 @@ class CircuitsResult(JsonDocument):
     def describe_split(self) -> str:
         """The pairs scored and, with training pairs, where a search trained."""
         scored = f"{self.counts.get('scored', 0)} pairs scored"
-        if not self.split:
+        if not {"train", "seed", "train_sha256", "test_sha256"} <= set(self.split):
             return scored
         train, seed = self.split["train"], self.split["seed"]
         return (
