@@ -374,32 +374,16 @@ def parse_parts(text: str) -> List[Dict[str, Any]]:
         )
     parts: List[Dict[str, Any]] = []
     for part in texts:
-        name = part.partition(":")[0]
-        if name in SCORERS and SCORERS[name].averages:
-            raise ValueError(
-                f"--methods: {text!r} holds the part {part!r}, itself an average; "
-                f"list every part in one {scorer}:A+B+..."
-            )
-        if name in SCORERS and SCORERS[name].searches:
-            raise ValueError(
-                f"--methods: {text!r} holds the part {part!r}, a search; "
-                "score it as a method of its own"
-            )
-        try:
-            parsed = parse_method(part)
-        except ValueError as error:
-            problem = str(error).removeprefix("--methods: ")
-            raise ValueError(f"--methods: in {text!r}, {problem}") from None
-        if SCORERS[name].truth is not None:
-            raise ValueError(
-                f"--methods: {text!r} holds the part {part!r}, a ground truth, "
-                "not a method scored as circuits; average methods only"
-            )
-        if SCORERS[name].reads_file:
-            raise ValueError(
-                f"--methods: {text!r} holds the part {part!r}, which reads a file; "
-                "score it as a method of its own"
-            )
+        parsed = _inner_method(
+            text,
+            part,
+            "holds the part",
+            averages=f"itself an average; list every part in one {scorer}:A+B+...",
+            searches="a search; score it as a method of its own",
+            truth="a ground truth, not a method scored as circuits; "
+            "average methods only",
+            reads_file="which reads a file; score it as a method of its own",
+        )
         twin = next((p for p in parts if method_key(p) == method_key(parsed)), None)
         if twin is not None:
             same = "" if twin["name"] == part else f" (as {twin['name']!r} too)"
@@ -432,28 +416,58 @@ def parse_start(text: str) -> Dict[str, Any]:
             f"--methods: {scorer} starts from a method's scores, expected "
             f"{scorer}:METHOD ({scorer}:eap-ig-inputs:5), got {text!r}"
         )
-    name = argument.partition(":")[0]
-    if name in SCORERS and SCORERS[name].searches:
-        raise ValueError(
-            f"--methods: {text!r} starts from {argument!r}, itself a search; "
-            "start from a method's scores"
-        )
+    return _inner_method(
+        text,
+        argument,
+        "starts from",
+        searches="itself a search; start from a method's scores",
+        truth="a ground truth, not a method scored as circuits",
+        reads_file="which reads a file; a search starts from scores of the "
+        "training pairs",
+    )
+
+
+def _inner_method(
+    text: str, inner: str, relation: str, **refused: str
+) -> Dict[str, Any]:
+    r"""
+    ``inner``, a method inside the method ``text`` (an average's part, a
+    search's start), parsed by :func:`parse_method`.
+
+    Args:
+        text (str): The outer method's text.
+        inner (str): The inner method's text.
+        relation (str): How the message relates them (``"starts from"``).
+        **refused (str): For each kind of inner method refused here, of
+                    ``averages``, ``searches``, ``truth`` and ``reads_file``
+                    (the :class:`Scorer` fields), the message's end.
+
+    Returns:
+        *dict*: :func:`parse_method`'s dict of ``inner``.
+
+    Raises:
+        ValueError: ``--methods: 'TEXT' RELATION 'INNER', `` and the refusal's
+            end, or :func:`parse_method`'s message in ``text``.
+    """
+
+    def refuse(kind: str) -> None:
+        raise ValueError(f"--methods: {text!r} {relation} {inner!r}, {refused[kind]}")
+
+    record = SCORERS.get(inner.partition(":")[0])
+    for kind in ("averages", "searches"):
+        if record is not None and kind in refused and getattr(record, kind):
+            refuse(kind)
     try:
-        start = parse_method(argument)
+        parsed = parse_method(inner)
     except ValueError as error:
         problem = str(error).removeprefix("--methods: ")
         raise ValueError(f"--methods: in {text!r}, {problem}") from None
-    if SCORERS[name].truth is not None:
-        raise ValueError(
-            f"--methods: {text!r} starts from {argument!r}, a ground truth, "
-            "not a method scored as circuits"
-        )
-    if SCORERS[name].reads_file:
-        raise ValueError(
-            f"--methods: {text!r} starts from {argument!r}, which reads a file; "
-            "a search starts from scores of the training pairs"
-        )
-    return start
+    record = SCORERS[parsed["scorer"]]
+    if record.truth is not None:
+        refuse("truth")
+    if record.reads_file:
+        refuse("reads_file")
+    return parsed
 
 
 def method_key(method: Dict[str, Any]) -> Tuple[str, int, Optional[str]]:
