@@ -42,9 +42,7 @@ def plot(result: Any) -> Tuple[Any, Any]:
         ax.set_title(title)
         ax.legend(fontsize=7)
     axes[0].set_ylabel(f"faithfulness f ({result.metric})")
-    trained = (
-        f", {len(result.split['train'])} training" if "train" in result.split else ""
-    )
+    trained = f", {len(result.split['train'])} training" if result.split else ""
     fig.suptitle(
         f"{result.task} on {result.model}: "
         f"{result.counts.get('scored', 0)} pairs scored{trained}"

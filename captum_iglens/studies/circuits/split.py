@@ -14,6 +14,7 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Sequence, Set, Tuple
 
+from captum_iglens._utils.schema import Integer, ListOf, Record, Text
 from captum_iglens.studies.circuits.tasks import Encoded
 
 
@@ -85,6 +86,18 @@ class Split:
         data = asdict(self)
         data["test"], data["train"] = list(self.test), list(self.train)
         return data
+
+
+#: A :class:`Split` as saved (:meth:`Split.to_dict`), checked where a result
+#: that holds one loads (:mod:`captum_iglens._utils.schema`).
+SPLIT = Record(
+    test=ListOf(Integer()),
+    train=ListOf(Integer(), nonempty=True),
+    test_sha256=Text(nonempty=True),
+    train_sha256=Text(nonempty=True),
+    seed=Integer(low=-(2**63)),
+    shared=Integer(),
+)
 
 
 class TooFewPairs(ValueError):

@@ -40,6 +40,7 @@ from captum_iglens._utils.schema import (
     Json,
     ListOf,
     MapOf,
+    Maybe,
     Number,
     Record,
     Text,
@@ -69,7 +70,7 @@ from captum_iglens.studies.circuits.methods import (
     record_error,
     record_paths,
 )
-from captum_iglens.studies.circuits.split import check_disjoint, pairs_sha256
+from captum_iglens.studies.circuits.split import SPLIT, check_disjoint, pairs_sha256
 from captum_iglens.studies.circuits.tasks import Encoded
 from captum_iglens.graph.circuit import circuit_edges, scores_from_dict, top_edges
 from captum_iglens.graph.model_graph import ModelGraph
@@ -121,7 +122,7 @@ CIRCUITS_SCHEMA = Record(
     seconds=Default(MapOf(Number(low=0))),
     best=Default(MapOf(ListOf(Text()))),
     options=Default(Json()),
-    split=Default(Json()),
+    split=Maybe(SPLIT),
 )
 
 
@@ -150,10 +151,10 @@ class CircuitsResult(JsonDocument):
         best (dict[str, list[str]]): Per method, the edges of its circuit
                     (absolute ranking) at its :func:`best_size`.
         options (dict[str, Any]): The run's options.
-        split (dict[str, Any]): Where a search trained
+        split (dict[str, Any], optional): Where a search trained
                     (:meth:`~captum_iglens.studies.circuits.split.Split.to_dict`:
                     the scored and training pairs' indices in the filtered
-                    pairs, the sha256 of each, the seed), or empty.
+                    pairs, the sha256 of each, the seed), or None.
     """
 
     KIND = "captum_iglens.studies.circuits"
@@ -169,7 +170,7 @@ class CircuitsResult(JsonDocument):
     seconds: Dict[str, float] = field(default_factory=dict)
     best: Dict[str, List[str]] = field(default_factory=dict)
     options: Dict[str, Any] = field(default_factory=dict)
-    split: Dict[str, Any] = field(default_factory=dict)
+    split: Optional[Dict[str, Any]] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-ready dict (:meth:`from_dict` reads it back)."""
@@ -204,7 +205,7 @@ class CircuitsResult(JsonDocument):
     def describe_split(self) -> str:
         """The pairs scored and, with training pairs, where a search trained."""
         scored = f"{self.counts.get('scored', 0)} pairs scored"
-        if not {"train", "seed", "train_sha256", "test_sha256"} <= set(self.split):
+        if self.split is None:
             return scored
         train, seed = self.split["train"], self.split["seed"]
         return (
@@ -606,5 +607,5 @@ def gather(
         seconds=seconds,
         best=best,
         options=options,
-        split=split or {},
+        split=split,
     )

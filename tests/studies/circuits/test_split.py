@@ -58,3 +58,18 @@ def test_an_overlapping_split_is_refused():
     with pytest.raises(ValueError, match="training pair 0 shares the prompt 'o"):
         check_disjoint(test, [_pair(7, other=test[0].clean)])
     check_disjoint(test, [_pair(5), _pair(6)])
+
+
+def test_a_result_holds_its_split_and_refuses_a_broken_one_by_field():
+    from captum_iglens.studies.circuits.study import CircuitsResult
+
+    split, _, _ = draw_split([_pair(i) for i in range(30)], 10, 8, seed=3)
+    result = CircuitsResult("t", "m", "logit_diff", {"scored": 10}, 1, [1.0], [])
+    assert result.split is None and result.describe_split() == "10 pairs scored"
+    data = dict(result.to_dict(), split=split.to_dict())
+    loaded = CircuitsResult.from_dict(data)
+    assert loaded.split == split.to_dict()
+    assert "trained on 8 other pairs drawn by seed 3" in loaded.describe_split()
+    del data["split"]["train"]
+    with pytest.raises(ValueError, match=r"split\.train"):
+        CircuitsResult.from_dict(data)
