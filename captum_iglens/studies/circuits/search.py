@@ -46,7 +46,7 @@ searched again.
 """
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -182,7 +182,6 @@ def _try(
     k: int,
     gradient: Tensor,
     tries: int,
-    report: Callable[[str], None],
 ) -> Tuple[bool, int]:
     r"""
     A step at size ``k`` from ``gradient`` (``(E,)``, ``∂f/∂c`` at this
@@ -206,8 +205,6 @@ def _try(
         new[position[added[:count]]] = removed[:count]
         (measured,) = objective.faithfulness([_mask(graph, new[:n])])
         passes += 1
-        family = "CMD" if ranking.absolute else "CPR"
-        report(f"{family} {n} edges: {count} swaps, f {f:.4f} -> {measured:.4f}")
         if ranking.better(measured, f):
             ranking.order, ranking.f[k] = new, measured
             ranking.gains[k] = abs(measured - f)
@@ -224,7 +221,6 @@ def _search(
     weights: Tensor,
     budget: int,
     tries: int,
-    report: Callable[[str], None],
 ) -> None:
     r"""
     Rounds on one ranking while the budget of passes allows: a gradient at
@@ -265,9 +261,7 @@ def _search(
         keep = _mask(graph, ranking.order[: sizes[top]])
         gradient = edge_values(graph, objective.gradient(keep))
         spent += GRADIENT_PASSES
-        accepted, passes = _try(
-            graph, objective, ranking, sizes, top, gradient, tries, report
-        )
+        accepted, passes = _try(graph, objective, ranking, sizes, top, gradient, tries)
         spent += passes
         if not accepted:
             ranking.gains[top] = 0.0
@@ -276,7 +270,7 @@ def _search(
                 measure(k)
             if spent >= budget:
                 return
-            spent += _try(graph, objective, ranking, sizes, k, gradient, 1, report)[1]
+            spent += _try(graph, objective, ranking, sizes, k, gradient, 1)[1]
 
 
 def search_rankings(
@@ -287,7 +281,6 @@ def search_rankings(
     percents: Sequence[float] = PERCENTS,
     budget: int = BUDGET,
     tries: int = TRIES,
-    report: Callable[[str], None] = lambda line: None,
 ) -> Tensor:
     r"""
     CPR's and CMD's circuits searched from a warm start (the module's
@@ -304,7 +297,6 @@ def search_rankings(
         budget (int): Passes over the training pairs to spend, half for
                     each ranking. Default: :data:`BUDGET`
         tries (int): Measurements per step. Default: :data:`TRIES`
-        report (callable): Takes a line per measured step.
 
     Returns:
         *Tensor*: ``(2, S, R)`` float64 scores, CPR's ranking then CMD's,
@@ -335,7 +327,7 @@ def search_rankings(
         start = values.abs() if absolute else values
         order = torch.argsort(start, descending=True, stable=True)
         ranking = Ranking(order, absolute, [None] * len(sizes), [1.0] * len(sizes))
-        _search(graph, objective, ranking, sizes, weights, budget // 2, tries, report)
+        _search(graph, objective, ranking, sizes, weights, budget // 2, tries)
         rank = torch.empty(E, dtype=torch.float64)
         rank[ranking.order] = torch.arange(E, dtype=torch.float64)
         out.append(edge_matrix(graph, (E - rank) / E))
