@@ -304,7 +304,7 @@ def run_graphs(plan: GraphsPlan, progress: bool = True) -> Path:
     """
     out, folder = plan.out, plan.out / GRAPHS
     lock = BatchLock(out)
-    arithmetic = gathered(_arithmetic(plan.flow.parts.model))
+    arithmetic = gathered(plan.run["arithmetic"])  # each process's plan's
 
     def claim() -> List[int]:
         if len(set(arithmetic)) > 1:
