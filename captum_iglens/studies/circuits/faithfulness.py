@@ -144,6 +144,25 @@ def faithfulness(full: Tensor, empty: Tensor, circuit: Tensor) -> Tensor:
     return (circuit.mean(-1) - low) / (high - low)
 
 
+def area_weights(percents: Sequence[float]) -> Tensor:
+    r"""
+    The weight of each size's ``f`` in the area under the curve (the
+    trapezoid rule over the fractions ``k / 100``).
+
+    Args:
+        percents (list[float]): The sizes, ascending.
+
+    Returns:
+        *Tensor*: ``(K,)`` float64, summing to the last fraction minus the first.
+    """
+    x = torch.tensor(percents, dtype=torch.float64) / 100
+    width = x[1:] - x[:-1]
+    weights = torch.zeros_like(x)
+    weights[1:] += width / 2
+    weights[:-1] += width / 2
+    return weights
+
+
 def areas(f: Tensor) -> Tuple[Tensor, Tensor]:
     r"""
     CPR and CMD of curves over :data:`PERCENTS`.
@@ -155,12 +174,8 @@ def areas(f: Tensor) -> Tuple[Tensor, Tensor]:
     Returns:
         2-element tuple of **cpr** and **cmd**, each ``(...)``.
     """
-    x = torch.tensor(PERCENTS, dtype=f.dtype) / 100
-    width = (x[1:] - x[:-1]).view(-1, *([1] * (f.dim() - 1)))
-    cpr = (width * (f[1:] + f[:-1]) / 2).sum(0)
-    gap = (1 - f).abs()
-    cmd = (width * (gap[1:] + gap[:-1]) / 2).sum(0)
-    return cpr, cmd
+    weights = area_weights(PERCENTS).to(f.dtype).view(-1, *([1] * (f.dim() - 1)))
+    return (weights * f).sum(0), (weights * (1 - f).abs()).sum(0)
 
 
 @dataclass

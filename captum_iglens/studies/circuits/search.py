@@ -54,7 +54,7 @@ from torch import Tensor
 from captum_iglens.graph.circuit import edge_matrix, edge_values
 from captum_iglens.graph.model_graph import ModelGraph
 from captum_iglens.studies.circuits.context import ScoringContext
-from captum_iglens.studies.circuits.faithfulness import PERCENTS
+from captum_iglens.studies.circuits.faithfulness import PERCENTS, area_weights
 from captum_iglens.studies.circuits.objective import Objective, PatchedObjective
 
 #: The passes over the training pairs a search may spend (a measured circuit
@@ -68,25 +68,6 @@ BUDGET = 60
 GRADIENT_PASSES = 5
 #: Measurements per step: the swaps are halved after each refused one.
 TRIES = 2
-
-
-def area_weights(percents: Sequence[float]) -> Tensor:
-    r"""
-    The weight of each size's ``f`` in the area under the curve (the
-    trapezoid rule over the fractions ``k / 100``).
-
-    Args:
-        percents (list[float]): The sizes, ascending.
-
-    Returns:
-        *Tensor*: ``(K,)`` float64, summing to the last fraction minus the first.
-    """
-    x = torch.tensor(percents, dtype=torch.float64) / 100
-    width = x[1:] - x[:-1]
-    weights = torch.zeros_like(x)
-    weights[1:] += width / 2
-    weights[:-1] += width / 2
-    return weights
 
 
 @dataclass

@@ -8,6 +8,7 @@ import torch
 from captum_iglens.studies.circuits.batches import Batch
 from captum_iglens.studies.circuits.faithfulness import (
     PERCENTS,
+    area_weights,
     areas,
     circuits,
     curve,
@@ -66,6 +67,13 @@ def test_patching_one_edge_into_the_logits_by_hand(llama):
         writes = bound.run(other, return_writes=True).writes
         got = bound.run(clean, keep=keep, counterfactual=writes).logits
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_area_weights_are_the_trapezoid_rule():
+    weights = area_weights(PERCENTS)
+    f = torch.rand(len(PERCENTS), dtype=torch.float64)
+    x = torch.tensor(PERCENTS, dtype=torch.float64) / 100
+    assert float((weights * f).sum()) == pytest.approx(float(torch.trapezoid(f, x)))
 
 
 def test_areas_by_hand():

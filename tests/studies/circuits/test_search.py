@@ -15,7 +15,7 @@ from captum_iglens.studies.circuits.faithfulness import PERCENTS, circuits, rank
 from captum_iglens.studies.circuits.objective import PatchedObjective
 from captum_iglens.studies.circuits.patching import CircuitModel
 from captum_iglens.studies.circuits.scorers import eap
-from captum_iglens.studies.circuits.search import area_weights, search_rankings
+from captum_iglens.studies.circuits.search import search_rankings
 from captum_iglens.studies.circuits.study import run_circuits
 from captum_iglens.studies.circuits.tasks import Encoded, Pair
 from tests.tiny_models import tiny_model
@@ -114,13 +114,6 @@ def test_the_search_recovers_a_planted_circuit_that_the_ranking_misses():
     for absolute in (False, True):  # CPR's ranking, then CMD's
         found = top_edges(graph, ranking(searched, absolute), 4, absolute)
         assert _names(graph, found) == PLANTED
-
-
-def test_area_weights_are_the_trapezoid_rule():
-    weights = area_weights(PERCENTS)
-    f = torch.rand(len(PERCENTS), dtype=torch.float64)
-    x = torch.tensor(PERCENTS, dtype=torch.float64) / 100
-    assert float((weights * f).sum()) == pytest.approx(float(torch.trapezoid(f, x)))
 
 
 def _pairs(n, seed, length=5):
