@@ -13,6 +13,7 @@ from captum_iglens.cli.common import (
     CommandError,
     Job,
     check_outputs,
+    claimed_folder,
     deferred,
     join_processes,
     load,
@@ -228,7 +229,28 @@ def prepare(args: argparse.Namespace) -> Job:
 def _load(
     args: argparse.Namespace, methods: List[str], pairs: Any, out: Optional[Path]
 ) -> Job:
-    """The rest of :func:`prepare`, from loading the model on."""
+    """The rest of :func:`prepare`, from loading the model on; with ``--out``,
+    under the folder's lock, taken before the load and held until the job
+    ends, so two runs never write one folder."""
+    join_processes(args)  # under torchrun: the pairs' batches are shared
+    if out is None:
+        return _loaded(args, methods, pairs, None)
+    lock, job = claimed_folder(out, lambda: _loaded(args, methods, pairs, out))
+
+    def locked() -> int:
+        try:
+            return job()
+        finally:
+            lock.release()
+
+    return locked
+
+
+def _loaded(
+    args: argparse.Namespace, methods: List[str], pairs: Any, out: Optional[Path]
+) -> Job:
+    """The model loaded, its methods' files and pairs checked, the folder's
+    run checked."""
     from captum_iglens.studies.circuits.generators import generate
     from captum_iglens.studies.circuits.patching import CircuitModel
     from captum_iglens.studies.circuits.study import (
@@ -242,7 +264,6 @@ def _load(
     from captum_iglens.settings import Settings
 
     shipped = pairs is None
-    join_processes(args)  # under torchrun: the pairs' batches are shared
     start = time.perf_counter()
     parts, tokenizer = load(args, Settings())
     stages = {"load": time.perf_counter() - start}
@@ -272,7 +293,6 @@ def _load(
     )
     identity = run_identity(encoded, weights_checksum(parts.model), options)
     if out is not None:
-        out.mkdir(exist_ok=True)
         check_folder_run(out, identity, later=("split",))
         check_record_scores(out, methods, model.graph)
     prepared = _Prepared(

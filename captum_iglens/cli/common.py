@@ -527,7 +527,14 @@ def load_model_of(
     )
     if args.model is None or args.model in EMBEDDED_MODELS:
         return load_embedded(args.model or "smollm2", **options)
-    return load_model(args.model, trust_remote_code=args.trust_remote_code, **options)
+    try:
+        return load_model(
+            args.model, trust_remote_code=args.trust_remote_code, **options
+        )
+    except (FileNotFoundError, ValueError) as error:  # the path's, named as --model
+        if not str(error).startswith("path: "):
+            raise
+        raise CommandError("--model: " + str(error).removeprefix("path: ")) from None
 
 
 def check_model_files(args: argparse.Namespace) -> None:

@@ -353,10 +353,12 @@ def load_model(
     path = Path(path).expanduser()
     expected = "a Hugging Face model folder with config.json, or a .gguf file"
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; expected {expected}")
+        raise FileNotFoundError(f"path: {path} does not exist; expected {expected}")
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} has no config.json; expected {expected}")
+            raise FileNotFoundError(
+                f"path: {path} has no config.json; expected {expected}"
+            )
         with _transformers_bars(_show(progress)):
             model = AutoModelForCausalLM.from_pretrained(
                 path,
@@ -369,7 +371,7 @@ def load_model(
         )
         return _finish(model, dtype, device, device_map), tokenizer
     if path.suffix.lower() != ".gguf":
-        raise ValueError(f"{path} is not a .gguf file; expected {expected}")
+        raise ValueError(f"path: {path} is not a .gguf file; expected {expected}")
     resolved = path.resolve()
     tag = hashlib.sha256(str(resolved).encode()).hexdigest()[:8]
     return _load_gguf(

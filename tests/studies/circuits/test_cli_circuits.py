@@ -376,3 +376,24 @@ def test_too_few_pairs_left_to_train_on_after_the_filter_is_one_line(
         "scored, 2 more share a prompt with one; expected 1; add pairs to the task "
         "file, or lower --pairs or --train"
     )
+
+
+def test_a_folder_another_run_writes_is_refused_before_loading(tmp_path, capsys):
+    import socket
+
+    task, out = _task(tmp_path, [json.dumps(GOOD)]), tmp_path / "out"
+    out.mkdir()
+    holder = {"host": socket.gethostname(), "pid": os.getppid()}  # alive, not us
+    (out / ".batch.lock").write_text(json.dumps(holder))
+    command = ["circuits", "--task", task, "--model", "/nonexistent", "--out", str(out)]
+    assert main(command) == 2
+    assert f"--out: {out} is being written by another run (pid" in _error(capsys)
+    assert (out / ".batch.lock").exists()
+
+
+def test_a_refused_load_leaves_no_folder_and_no_lock(tmp_path, capsys):
+    task, out = _task(tmp_path, [json.dumps(GOOD)]), tmp_path / "out"
+    command = ["circuits", "--task", task, "--model", "/nonexistent", "--out", str(out)]
+    assert main(command) == 2
+    assert "--model: /nonexistent does not exist" in _error(capsys)
+    assert not out.exists()
