@@ -60,6 +60,7 @@ def prepare(args: argparse.Namespace) -> Job:
         run_batch,
         write_html,
     )
+    from captum_iglens.studies.distributed import rank_and_world
     from captum_iglens.studies.prompts import read_prompts
 
     settings = settings_from(args)
@@ -93,9 +94,10 @@ def prepare(args: argparse.Namespace) -> Job:
             )
         finally:
             lock.release()
-        print(f"results: {path}")
-        if args.html:
-            print(f"viewer: {write_html(out)}")
+        if rank_and_world()[0] == 0:  # every process returns after the merge
+            print(f"results: {path}")
+            if args.html:
+                print(f"viewer: {write_html(out)}")
         return 0
 
     return job

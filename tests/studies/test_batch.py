@@ -116,6 +116,19 @@ def test_resume_after_interruption_redoes_nothing(single_run, tmp_path, monkeypa
     assert attributed == [] and path.read_text() == "".join(lines)
 
 
+def test_a_resume_removes_the_partial_files_a_killed_write_left(single_run, tmp_path):
+    path, _ = single_run
+    for name in ("run.json", "results.jsonl"):
+        (tmp_path / name).write_text((path.parent / name).read_text())
+    killed = [tmp_path / ".results.jsonl.0123456789abcdef", tmp_path / ".run.json.x"]
+    for partial in killed:
+        partial.write_text("{")
+    _run(tmp_path)
+    assert not killed[0].exists()  # write_atomic's: a dot, the name, 16 hex digits
+    assert killed[1].exists()  # not one of them: the user's, left alone
+    assert (tmp_path / "results.jsonl").read_text() == path.read_text()
+
+
 @pytest.mark.parametrize(
     "cut",
     [
@@ -629,3 +642,28 @@ def test_cli_resume_under_another_dtype_says_the_dtype_differs(tmp_path, capsys)
     assert len(err.splitlines()) == 1
     assert "the model in float32, this run has it in bfloat16" in err
     assert "--dtype float32" in err
+
+
+@pytest.mark.slow
+def test_under_torchrun_rank_0_alone_says_where_and_writes_the_page(
+    tiny_folder, tmp_path
+):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"t{i} t6"}) + "\n" for i in (4, 5, 7))
+    )
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", "-m", "captum_iglens", "batch"]
+    command += [str(prompts), "--out", str(tmp_path / "out"), "--html"]
+    command += ["--model", str(tiny_folder[0]), "--no-chat", "--max-new-tokens", "1"]
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("results: ") == 1 and done.stdout.count("viewer: ") == 1
+    assert len(read_results(tmp_path / "out" / "results.jsonl")) == 3

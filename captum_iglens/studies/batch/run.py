@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from tqdm import tqdm
 
 from captum_iglens._utils.output_paths import check_folder
+from captum_iglens._utils.serialization import remove_partials
 from captum_iglens.attr.layer_ig_lens import LayerIGLens
 from captum_iglens.hf.architectures import model_parts
 from captum_iglens.settings import Settings, provenance
@@ -132,6 +133,7 @@ def run_batch(
 
     def claim() -> None:
         lock.acquire()
+        remove_partials(out)  # a record whose write was killed
         claim_run(out, run, model)
 
     try:
