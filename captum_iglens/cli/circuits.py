@@ -145,14 +145,25 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
 def _check_options(args: argparse.Namespace) -> List[str]:
     """The methods (a method's file exists and is readable), the counts and
     the output files, checked; the methods."""
-    from captum_iglens.studies.circuits.methods import SCORERS, parse_method
+    from captum_iglens.studies.circuits.methods import (
+        SCORERS,
+        method_identity,
+        parse_method,
+    )
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise CommandError("--methods: expected at least one method")
     if len(set(methods)) != len(methods):
         raise CommandError(f"--methods: a method is named twice in {args.methods!r}")
+    seen: Dict[Any, str] = {}
     for method in methods:
+        twin = seen.setdefault(method_identity(parse_method(method)), method)
+        if twin != method:
+            raise CommandError(
+                f"--methods: {twin!r} and {method!r} are one method in "
+                f"{args.methods!r}; list it once"
+            )
         path = parse_method(method)["path"]
         if path is not None and not (Path(path).is_file() and os.access(path, os.R_OK)):
             raise CommandError(f"--methods: {method}: no readable file {path!r}")

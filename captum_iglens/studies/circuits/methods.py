@@ -17,6 +17,7 @@ refusals of bad methods or records answer before torch loads.
 
 import hashlib
 import importlib
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import (
     Any,
     Callable,
     Dict,
+    Hashable,
     List,
     Mapping,
     Optional,
@@ -475,6 +477,30 @@ def method_key(method: Dict[str, Any]) -> Tuple[str, int, Optional[str]]:
     ``(scorer, steps, path)`` (``eap-ig-inputs`` and ``eap-ig-inputs:5`` are
     one method)."""
     return method["scorer"], method["steps"], method["path"]
+
+
+def method_identity(method: Dict[str, Any]) -> Hashable:
+    r"""
+    What a method scores, whatever its text: two methods of one identity
+    give the same circuits. :func:`method_key` for a method of its own (a
+    file by its real path); for an average, its parts' identities in any
+    order (``mean:eap+flow`` is ``mean:flow+eap``); for a search, its
+    start's.
+
+    Args:
+        method (dict): :func:`parse_method`'s dict.
+
+    Returns:
+        *Hashable*.
+    """
+    record = SCORERS[method["scorer"]]
+    if record.averages:
+        parts = sorted(repr(method_identity(p)) for p in method["parts"])
+        return method["scorer"], tuple(parts)
+    if record.searches:
+        return method["scorer"], method_identity(method["parts"][0])
+    scorer, steps, path = method_key(method)
+    return scorer, steps, None if path is None else os.path.realpath(path)
 
 
 def method_stem(method: Dict[str, Any]) -> str:

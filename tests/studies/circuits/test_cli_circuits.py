@@ -56,6 +56,19 @@ def _error(capsys):
         (["--methods", "eap:5"], "--methods: eap takes no step count"),
         (["--methods", "eap-ig-inputs:0"], "--methods: expected a positive step count"),
         (["--methods", "eap,eap"], "--methods: a method is named twice"),
+        (
+            ["--methods", "eap-ig-inputs,eap-ig-inputs:5"],
+            "--methods: 'eap-ig-inputs' and 'eap-ig-inputs:5' are one method in",
+        ),
+        (
+            ["--methods", "mean:eap+flow:4+effect,mean:effect:16+eap+flow:4"],
+            "--methods: 'mean:eap+flow:4+effect' and 'mean:effect:16+eap+flow:4' are "
+            "one method",
+        ),
+        (
+            ["--methods", "search:flow,search:flow:16", "--train", "1"],
+            "--methods: 'search:flow' and 'search:flow:16' are one method",
+        ),
         (["--pairs", "0"], "--pairs: expected an int >= 1, got 0"),
         (
             ["--methods", "eap,effect:5000"],
