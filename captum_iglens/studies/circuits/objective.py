@@ -21,7 +21,7 @@ circuit it is EAP). It is the first-order change of ``m`` when the edge is
 added (outside the circuit) or removed (inside, with the opposite sign).
 """
 
-from typing import List, Protocol, Sequence
+from typing import Callable, Dict, Iterator, List, Protocol, Sequence, Tuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -29,6 +29,9 @@ from torch import Tensor
 from captum_iglens.graph.target import metric as metric_of
 from captum_iglens.studies.circuits.batches import Batch
 from captum_iglens.studies.circuits.patching import CircuitModel
+from captum_iglens.studies.distributed import computed_in_order
+
+Value = TypeVar("Value")
 
 
 class Objective(Protocol):
@@ -64,7 +67,11 @@ class PatchedObjective:
     r"""
     MIB's faithfulness on a model's pairs by edge patching, the
     counterfactual writes and ``m`` of the full model and the empty circuit
-    computed once.
+    computed once. Under ``torch.distributed`` each process runs every
+    ``world_size``-th batch and keeps only its writes; the batches' values are
+    gathered and added in batch order
+    (:func:`~captum_iglens.studies.distributed.computed_in_order`), so every
+    process sees one process's ``f`` and gradients to the last bit.
 
     Args:
 
@@ -85,15 +92,20 @@ class PatchedObjective:
             raise ValueError("batches: expected at least one batch of pairs")
         self.model, self.batches, self.metric = model, list(batches), metric
         self.n_pairs = sum(len(b.index) for b in self.batches)
-        self.writes: List[Tensor] = []
-        full = empty = 0.0
-        with torch.no_grad():
-            for batch in self.batches:
+        self.writes: Dict[int, Tensor] = {}  # this process's batches'
+
+        def ends(i: int) -> Tuple[float, float]:
+            batch = self.batches[i]
+            with torch.no_grad():
                 other = model.run(batch.counterfactual, return_writes=True)
                 assert other.writes is not None
-                self.writes.append(other.writes)
-                full += float(self._m(model.run(batch.clean).logits, batch).sum())
-                empty += float(self._m(other.logits, batch).sum())
+                self.writes[i] = other.writes
+                full = self._m(model.run(batch.clean).logits, batch).sum()
+            return float(full), float(self._m(other.logits, batch).sum())
+
+        full = empty = 0.0
+        for batch_full, batch_empty in self._each_batch(ends):
+            full, empty = full + batch_full, empty + batch_empty
         self.full, self.empty = full / self.n_pairs, empty / self.n_pairs
         if self.full == self.empty:
             raise ValueError(
@@ -101,27 +113,35 @@ class PatchedObjective:
                 "f is undefined"
             )
 
+    def _each_batch(self, compute: Callable[[int], Value]) -> Iterator[Value]:
+        """``compute`` of each batch's index, in order, shared by the processes."""
+        return computed_in_order(range(len(self.batches)), compute)
+
     def _m(self, logits: Tensor, batch: Batch) -> Tensor:
         return metric_of(self.metric, logits, batch.answer, batch.foil).double()
 
-    def _scale(self, total: float) -> float:
-        """The mean over pairs of a sum, as a change of ``f``."""
-        return total / self.n_pairs / (self.full - self.empty)
-
     def faithfulness(self, keeps: Sequence[Tensor]) -> List[float]:
         """``f`` of each circuit (:meth:`Objective.faithfulness`)."""
+
+        def sums(i: int) -> List[float]:
+            batch, other = self.batches[i], self.writes[i]
+            with torch.no_grad():
+                runs = [
+                    self.model.run(batch.clean, keep=keep, counterfactual=other)
+                    for keep in keeps
+                ]
+                return [float(self._m(run.logits, batch).sum()) for run in runs]
+
         totals = [0.0] * len(keeps)
-        with torch.no_grad():
-            for batch, other in zip(self.batches, self.writes):
-                for i, keep in enumerate(keeps):
-                    run = self.model.run(batch.clean, keep=keep, counterfactual=other)
-                    totals[i] += float(self._m(run.logits, batch).sum())
+        for values in self._each_batch(sums):
+            totals = [t + v for t, v in zip(totals, values)]
         return [self._scale(t - self.empty * self.n_pairs) for t in totals]
 
     def gradient(self, keep: Tensor) -> Tensor:
         """``∂f / ∂c`` at ``keep`` (:meth:`Objective.gradient`)."""
-        total = torch.zeros(self.model.graph.legal.shape, dtype=torch.float64)
-        for batch, other in zip(self.batches, self.writes):
+
+        def products(i: int) -> Tensor:
+            batch, other = self.batches[i], self.writes[i]
             run = self.model.run(
                 batch.clean,
                 keep=keep,
@@ -132,8 +152,19 @@ class PatchedObjective:
             assert run.writes is not None
             value = self._m(run.logits, batch).sum()
             grads = torch.autograd.grad(value, run.inputs, materialize_grads=True)
-            products = torch.einsum(  # float32: a ranking's precision
-                "bstd,brtd->sr", run.writes - other, torch.cat(grads, 1)
+            return (
+                torch.einsum(  # float32: a ranking's precision
+                    "bstd,brtd->sr", run.writes - other, torch.cat(grads, 1)
+                )
+                .double()
+                .cpu()
             )
-            total += products.double().cpu()
+
+        total = torch.zeros(self.model.graph.legal.shape, dtype=torch.float64)
+        for batch_products in self._each_batch(products):
+            total += batch_products
+        return total / self.n_pairs / (self.full - self.empty)
+
+    def _scale(self, total: float) -> float:
+        """The mean over pairs of a sum, as a change of ``f``."""
         return total / self.n_pairs / (self.full - self.empty)
