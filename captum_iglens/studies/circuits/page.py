@@ -92,11 +92,14 @@ def to_html(result: Any, path: str) -> None:
             f"<pre>{listed}</pre></details>"
         )
     title = html.escape(f"Circuits: {result.task} on {result.model}")
+    counts = ", ".join(f"{name} {n}" for name, n in result.counts.items())
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
-        "<style>body{font-family:sans-serif;margin:2em}pre{font-size:12px}</style>"
-        f"</head><body><h1>{title}</h1><p>counts: {html.escape(str(result.counts))}; "
-        f"{result.n_edges} edges</p><p>{html.escape(result.describe_split())}</p>"
+        "<style>body{font-family:sans-serif;margin:2em}"
+        "pre{font-size:12px;white-space:pre-wrap}</style>"
+        f"</head><body><h1>{title}</h1><p>{html.escape(counts)}; "
+        f"{result.n_edges} edges in the model's graph</p>"
+        f"<p>{html.escape(result.describe_split())}</p>"
         f"{_kinds(result)}<pre>{html.escape(result.format_table())}</pre>"
         f"<img alt='faithfulness curves' src='data:image/png;base64,{image}'>"
         "<h2>Best circuit per method (size whose f is nearest 1)</h2>"
