@@ -126,11 +126,11 @@ class PatchedObjective:
         def sums(i: int) -> List[float]:
             batch, other = self.batches[i], self.writes[i]
             with torch.no_grad():
-                runs = [
-                    self.model.run(batch.clean, keep=keep, counterfactual=other)
+                logits = (  # one circuit's run held at a time
+                    self.model.run(batch.clean, keep=keep, counterfactual=other).logits
                     for keep in keeps
-                ]
-                return [float(self._m(run.logits, batch).sum()) for run in runs]
+                )
+                return [float(self._m(z, batch).sum()) for z in logits]
 
         totals = [0.0] * len(keeps)
         for values in self._each_batch(sums):
