@@ -49,7 +49,7 @@ def prepare_pairs(args: argparse.Namespace) -> Job:
     try:
         pairs = read_pairs(args.pairs)
         for pair in pairs:
-            pair_arguments(pair, options)
+            pair_arguments(pair, options, kind_name="--target-kind")
     except (ValueError, FileNotFoundError) as error:
         raise CommandError(f"--pairs: {error}") from None
     out = check_folder(args.out, "--out")

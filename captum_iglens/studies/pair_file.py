@@ -225,7 +225,9 @@ def as_pairs(pairs: Sequence[Any]) -> List[GraphPair]:
     return rows
 
 
-def pair_arguments(pair: GraphPair, options: Mapping[str, Any]) -> Dict[str, Any]:
+def pair_arguments(
+    pair: GraphPair, options: Mapping[str, Any], kind_name: str = "target_kind"
+) -> Dict[str, Any]:
     r"""
     The arguments of :meth:`~captum_iglens.attr.flow.ProbabilityFlow.plan` for
     one row: ``options`` with the row's fields in their place, checked where
@@ -236,6 +238,9 @@ def pair_arguments(pair: GraphPair, options: Mapping[str, Any]) -> Dict[str, Any
         pair (GraphPair): The row.
         options (Mapping[str, Any]): The arguments of every row, without
                     ``inputs``.
+        kind_name (str, optional): The caller's name of ``target_kind`` for
+                    the foil rule's message (the command line's option).
+                    Default: ``"target_kind"``
 
     Returns:
         *dict*: ``inputs`` the row's prompt, and ``options`` with the row's
@@ -264,6 +269,11 @@ def pair_arguments(pair: GraphPair, options: Mapping[str, Any]) -> Dict[str, Any
             arguments.get("target_kind", "prob"),
             arguments.get("foil") is not None,
             arguments.get("counterfactual") is not None,
+            names={
+                "kind": kind_name,
+                "foil": "foil",
+                "counterfactual": "counterfactual",
+            },
         )
     except ValueError as error:
         raise ValueError(f"{pair.where}: {error}") from None

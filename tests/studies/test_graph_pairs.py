@@ -223,7 +223,7 @@ def _no_model(*args, **kwargs):
         ),
         (
             ['{"prompt": "t5 t6", "foil": "t7"}'],
-            "p.jsonl:1: foil: target_kind 'prob' takes no foil",
+            "p.jsonl:1: foil: --target-kind 'prob' takes no foil",
         ),
         ([b'{"prompt": "t5 \xff"}'], "p.jsonl:1: not valid UTF-8 (byte 0xff"),
         ([], "p.jsonl: no rows"),
@@ -255,7 +255,7 @@ def test_every_row_is_checked_before_the_model_loads(
         (["--pairs", "m", "--out", "out"], "--pairs: m: is a folder; expected a JSON"),
         (
             ["--pairs", "p.jsonl", "--out", "out", "--target-kind", "prob_diff"],
-            "--pairs: p.jsonl:2: foil: target_kind 'prob_diff' needs a foil",
+            "--pairs: p.jsonl:2: foil: --target-kind 'prob_diff' needs a foil",
         ),
         (
             ["--pairs", "p.jsonl", "--out", "out", "--corrupt-subject", "t5"],
