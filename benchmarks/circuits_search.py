@@ -5,11 +5,10 @@ Does the search need the gradient at each circuit's own patched state?
 here, ``search-at-model:METHOD`` is the same search with the gradient taken
 once, at the full model (EAP's own score on the training pairs), so its swaps
 are the first-order guesses a ranking already has, checked by the same
-measurements and under the same budget of passes; and ``trained:METHOD`` is
-the search's starting point alone, ``METHOD`` scored on the training pairs and
-not searched (the other methods are scored on the very pairs they are judged
-on). All are scored by ``benchmarks/circuits.py``'s runs on the same scored
-pairs, beside the method they start from.
+measurements and under the same budget of passes. With ``--train`` every
+method, ``METHOD`` included, is scored on the training pairs, so ``METHOD``'s
+row is the search's starting point unsearched. All are scored by
+``benchmarks/circuits.py``'s runs on the same scored pairs.
 
     python benchmarks/circuits_search.py --models smollm2 --tasks ioi --pairs 8 \
         --train 8 --generate 40 --bootstrap 200 --out runs-search
@@ -18,7 +17,6 @@ pairs, beside the method they start from.
 import sys
 from typing import List, Sequence
 
-import torch
 from torch import Tensor
 
 from captum_iglens.graph.circuit import legal_edges
@@ -45,11 +43,6 @@ class AtModel:
         return self.at_model
 
 
-def trained(context: ScoringContext) -> Tensor:
-    """The warm start alone, as the search's two rankings."""
-    return torch.stack([context.parts[0], context.parts[0]])
-
-
 def search_at_model(context: ScoringContext) -> Tensor:
     """The search with every gradient taken at the full model."""
     objective = AtModel(
@@ -63,9 +56,7 @@ if __name__ == "__main__":
         "search-at-model",
         Scorer(search_at_model, "the search, gradients at the model", searches=True),
     )
-    register("trained", Scorer(trained, "the warm start alone", searches=True))
     methods = ",".join(
-        f"{name}eap-ig-inputs:5"
-        for name in ("", "trained:", "search:", "search-at-model:")
+        f"{name}eap-ig-inputs:5" for name in ("", "search:", "search-at-model:")
     )
     sys.exit(circuits.run(circuits.parse_args(__doc__, methods)))

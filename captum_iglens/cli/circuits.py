@@ -102,8 +102,10 @@ def add_parser(commands: "argparse._SubParsersAction", name: str) -> None:
         type=int,
         metavar="N",
         help="draw N training pairs by --seed from the filtered pairs after the "
-        "scored ones, none sharing a prompt with a scored pair: only search: "
-        "methods see them (default: none)",
+        "scored ones, none sharing a prompt with a scored pair: every method "
+        "finds its circuits on them and is evaluated on the scored pairs, as in "
+        "MIB; search: methods need them (default: none, every method scored on "
+        "the scored pairs)",
     )
     parser.add_argument(
         "--generate",
@@ -171,11 +173,6 @@ def _check_options(args: argparse.Namespace) -> List[str]:
     searches = [m for m in methods if SCORERS[parse_method(m)["scorer"]].searches]
     if args.train is not None:
         _positive(args, "train")
-        if not searches:
-            raise CommandError(
-                "--train: no search: method uses training pairs; add "
-                "search:METHOD to --methods or drop --train"
-            )
     elif searches:
         raise CommandError(
             f"--methods: {searches[0]} searches on training pairs apart from the "
@@ -302,6 +299,8 @@ def _loaded(
         model=args.model or "smollm2",
         dtype=args.dtype,
     )
+    if args.train is not None:  # a folder whose run trained searches alone lacks it
+        options["circuits_found_on"] = "train"
     identity = run_identity(encoded, weights_checksum(parts.model), options)
     if out is not None:
         check_folder_run(out, identity, later=("split",))

@@ -60,7 +60,7 @@ def _kinds(result: Any) -> str:
             f"Searched ({', '.join(searched)}): circuits improved against "
             "faithfulness on the training pairs, from the named method's scores "
             "there (CPR's circuits to raise f, CMD's to bring it to 1), then "
-            "scored on the scored pairs like every method."
+            "evaluated on the scored pairs like every method."
         )
     averaged = [n for n in names if n.startswith("mean:")]
     if averaged:

@@ -16,11 +16,14 @@ Each method is scored once per run (:func:`method_scores`): an average's parts
 (``mean:eap+eap-ig-inputs:5``) reuse the scores of the same methods scored or
 resumed in the run, and a method listed after an average reuses its part's.
 
-A search (``search:eap-ig-inputs:5``, :mod:`~captum_iglens.studies.circuits.search`)
-runs on training pairs apart from the scored ones
-(:mod:`~captum_iglens.studies.circuits.split`), and only it and the method it
-starts from see them; its circuits are evaluated on the scored pairs like
-every method's.
+With training pairs apart from the scored ones
+(:mod:`~captum_iglens.studies.circuits.split`) the run follows MIB's protocol:
+every method finds its circuits on the training pairs (its edge scores, a
+search's improvements, a ground truth's patching), and every circuit is
+evaluated on the scored pairs, which no method sees. A search
+(``search:eap-ig-inputs:5``, :mod:`~captum_iglens.studies.circuits.search`)
+needs them; without them every method is scored on the pairs it is evaluated
+on.
 """
 
 import json
@@ -151,7 +154,8 @@ class CircuitsResult(JsonDocument):
         best (dict[str, list[str]]): Per method, the edges of its circuit
                     (absolute ranking) at its :func:`best_size`.
         options (dict[str, Any]): The run's options.
-        split (dict[str, Any], optional): Where a search trained
+        split (dict[str, Any], optional): Where the methods found their
+                    circuits
                     (:meth:`~captum_iglens.studies.circuits.split.Split.to_dict`:
                     the scored and training pairs' indices in the filtered
                     pairs, the sha256 of each, the seed), or None.
@@ -203,16 +207,18 @@ class CircuitsResult(JsonDocument):
         to_html(self, path)
 
     def describe_split(self) -> str:
-        """The pairs scored and, with training pairs, where a search trained."""
+        """The pairs scored and, with training pairs, where every method
+        found its circuits."""
         scored = f"{self.counts.get('scored', 0)} pairs scored"
         if self.split is None:
             return scored
         train, seed = self.split["train"], self.split["seed"]
         return (
-            f"{scored} (the first filtered); searches trained on "
-            f"{len(train)} other pairs drawn by seed {seed}, none sharing a prompt "
-            f"with a scored one (train sha256 {self.split['train_sha256'][:12]}, "
-            f"scored {self.split['test_sha256'][:12]})"
+            f"{scored} (the first filtered); every method found its circuits on "
+            f"{len(train)} training pairs drawn by seed {seed}, none sharing a "
+            f"prompt with a scored one (train sha256 "
+            f"{self.split['train_sha256'][:12]}, scored "
+            f"{self.split['test_sha256'][:12]})"
         )
 
     def format_table(self) -> str:
@@ -344,9 +350,9 @@ def method_scores(
     is taken from ``scored`` where the run has scored it, else scored and
     added; an average's parts are found so first and given to it in
     ``context.parts``, and its seconds are its parts' and its own (what it
-    costs alone, whatever the run reused). A search and the method it starts
-    from are scored in ``base.train``, the training pairs, with nothing
-    reused: no score of the scored pairs reaches a search.
+    costs alone, whatever the run reused). With training pairs
+    (``base.train``) every method is scored there, never on the scored
+    pairs, and a search starts from its method's scores there.
 
     Args:
 
@@ -362,12 +368,12 @@ def method_scores(
     Raises:
         ValueError: For a search in a run without training pairs.
     """
-    if SCORERS[method["scorer"]].searches:
-        if base.train is None:
-            raise ValueError(
-                f"--methods: {method['name']} searches on training pairs; add --train"
-            )
-        base, scored = base.train, {}
+    if base.train is not None:
+        base = base.train
+    elif SCORERS[method["scorer"]].searches:
+        raise ValueError(
+            f"--methods: {method['name']} searches on training pairs; add --train"
+        )
     key = method_key(method)
     if not method["parts"] and key in scored:
         return scored[key]
@@ -445,7 +451,8 @@ def run_circuits(
     report: Callable[[str], None] = lambda line: None,
 ) -> List[Dict[str, Any]]:
     r"""
-    Scores every method on the pairs and evaluates its circuits.
+    Scores every method, on the training pairs if any (else on the pairs),
+    and evaluates its circuits on the pairs.
 
     Under ``torchrun`` (:func:`~captum_iglens.studies.distributed.init_distributed`)
     every process calls it alike: the scorers and the patched runs share the
@@ -459,8 +466,10 @@ def run_circuits(
         tokenizer (Any): Its tokenizer.
         pairs (list[Encoded]): The scored pairs.
         methods (list[str]): Method texts (:func:`parse_method`).
-        train (list[Encoded]): The training pairs of the search methods,
-                    sharing no prompt with ``pairs``. Default: none
+        train (list[Encoded]): Training pairs, sharing no prompt with
+                    ``pairs``: every method is scored on them (MIB's
+                    protocol), a search needs them. Default: none (every
+                    method scored on ``pairs``)
         metric (str): The name of ``m``. Default: ``"logit_diff"``
         batch_size (int): Pairs per batch. Default: 8
         seed (int): Seed of random scores, subsamples and the bootstrap.

@@ -85,10 +85,6 @@ def _error(capsys):
         ),
         (["--train", "0"], "--train: expected an int >= 1, got 0"),
         (
-            ["--methods", "eap", "--train", "2"],
-            "--train: no search: method uses training pairs; add search:METHOD",
-        ),
-        (
             ["--methods", "search:eap", "--pairs", "1", "--train", "1"],
             "--train: 1 training pairs apart from --pairs 1 need 2 pairs, and the "
             "task has 1; add pairs to the task file, or lower --pairs or --train",
@@ -354,17 +350,22 @@ def test_a_search_trains_apart_records_the_split_and_resumes(
     )
     printed = capsys.readouterr().out
     assert "scored 3, train 4" in printed
-    assert "3 pairs scored (the first filtered); searches trained on 4 other" in printed
+    assert (
+        "3 pairs scored (the first filtered); every method found its circuits on 4 "
+        "training pairs" in printed
+    )
     data = json.loads(result.read_text())
     split = data["split"]
     assert split["test"] == [0, 1, 2] and len(split["train"]) == 4
     assert not set(split["train"]) & {0, 1, 2} and split["seed"] == 0
     assert data["options"]["train"] == 4
+    assert data["options"]["circuits_found_on"] == "train"
     assert [c["method"] for c in data["curves"]] == ["eap", "search:eap"]
     assert data["curves"][1]["f"][-1] == pytest.approx(1.0, abs=1e-4)
     assert "search:eap" in data["best"] and "search:eap" in str(data["curves"])
     text = page.read_text()
-    assert "trained on 4 other pairs" in text and "Searched (search:eap)" in text
+    assert "found its circuits on 4 training pairs" in text
+    assert "Searched (search:eap)" in text
     run = json.loads((out / "run.json").read_text())
     assert run["split"] == split
     assert main([*common, "--out", str(out)]) == 0
@@ -375,6 +376,18 @@ def test_a_search_trains_apart_records_the_split_and_resumes(
     assert "holds a run with another split" in _error(capsys)
     assert main([*common, "--out", str(tmp_path / "o2"), "--train", "9"]) == 2
     assert "need 12 pairs, and the task has 8" in _error(capsys)
+    del run["circuits_found_on"]  # a run that scored only its searches there
+    run["split"] = split
+    (out / "run.json").write_text(json.dumps(run))
+    assert main([*common, "--out", str(out)]) == 2
+    assert "holds a run with another circuits_found_on (None" in _error(capsys)
+    alone = tmp_path / "eap.json"  # no search: eap is still found on the training pairs
+    eap = [{"eap,search:eap": "eap"}.get(word, word) for word in common]
+    assert main([*eap, "--json", str(alone)]) == 0
+    found = json.loads(alone.read_text())["curves"][0]
+    assert (found["f"], found["cpr"], found["cmd"]) == tuple(
+        data["curves"][0][k] for k in ("f", "cpr", "cmd")
+    )
 
 
 def test_too_few_pairs_left_to_train_on_after_the_filter_is_one_line(

@@ -69,7 +69,9 @@ def test_a_result_holds_its_split_and_refuses_a_broken_one_by_field():
     data = dict(result.to_dict(), split=split.to_dict())
     loaded = CircuitsResult.from_dict(data)
     assert loaded.split == split.to_dict()
-    assert "trained on 8 other pairs drawn by seed 3" in loaded.describe_split()
+    assert "found its circuits on 8 training pairs drawn by seed 3" in (
+        loaded.describe_split()
+    )
     del data["split"]["train"]
     with pytest.raises(ValueError, match=r"split\.train"):
         CircuitsResult.from_dict(data)
