@@ -41,8 +41,8 @@ class ScoringContext:
                     method that averages them (``mean:A+B``), in order, or
                     of the method a search starts from (``search:A``).
         train (ScoringContext, optional): The training pairs' context
-                    (``--train``), which only a search and the method it
-                    starts from are scored in. Default: None
+                    (``--train``), which every method is scored in when
+                    given. Default: None
     """
 
     model: CircuitModel

@@ -1,6 +1,6 @@
 r"""
-The training pairs of a circuit search (``--train N``), apart from the scored
-ones: the scored (test) pairs are the first ``--pairs`` filtered pairs, as
+The training pairs (``--train N``), on which every method finds its circuits
+(MIB's train split), apart from the scored ones they are evaluated on: the scored (test) pairs are the first ``--pairs`` filtered pairs, as
 without ``--train``, and the ``N`` training pairs are drawn by seed from the
 rest, leaving out every pair that shares a prompt (clean or counterfactual,
 compared as token ids) with a scored pair. The split is recorded by the
@@ -60,7 +60,7 @@ def check_disjoint(test: Sequence[Encoded], train: Sequence[Encoded]) -> None:
 @dataclass(frozen=True)
 class Split:
     r"""
-    Which filtered pairs are scored and which train a search.
+    Which filtered pairs are scored and which the methods learn from.
 
     Attributes:
 
