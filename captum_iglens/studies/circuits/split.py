@@ -1,8 +1,9 @@
 r"""
 The training pairs (``--train N``), on which every method finds its circuits
-(MIB's train split), apart from the scored ones they are evaluated on: the scored (test) pairs are the first ``--pairs`` filtered pairs, as
-without ``--train``, and the ``N`` training pairs are drawn by seed from the
-rest, leaving out every pair that shares a prompt (clean or counterfactual,
+(MIB's train split), apart from the scored ones they are evaluated on: the
+scored (test) pairs are the first ``--pairs`` filtered pairs, as without
+``--train``, and the ``N`` training pairs are drawn by seed from the rest,
+leaving out every pair that shares a prompt (clean or counterfactual,
 compared as token ids) with a scored pair. The split is recorded by the
 pairs' indices in the filtered list and the sha256 of their token ids
 (:class:`Split`), and :func:`check_disjoint` refuses any overlap.
