@@ -158,19 +158,20 @@ def _check_options(args: argparse.Namespace) -> List[str]:
         raise CommandError("--methods: expected at least one method")
     if len(set(methods)) != len(methods):
         raise CommandError(f"--methods: a method is named twice in {args.methods!r}")
+    parsed = {method: parse_method(method) for method in methods}
     seen: Dict[Any, str] = {}
-    for method in methods:
-        twin = seen.setdefault(method_identity(parse_method(method)), method)
+    for method, found in parsed.items():
+        twin = seen.setdefault(method_identity(found), method)
         if twin != method:
             raise CommandError(
                 f"--methods: {twin!r} and {method!r} are one method in "
                 f"{args.methods!r}; list it once"
             )
-        path = parse_method(method)["path"]
+        path = found["path"]
         if path is not None and not (Path(path).is_file() and os.access(path, os.R_OK)):
             raise CommandError(f"--methods: {method}: no readable file {path!r}")
     _positive(args, "pairs", "generate", "batch-size", "sample", "bootstrap")
-    searches = [m for m in methods if SCORERS[parse_method(m)["scorer"]].searches]
+    searches = [m for m, found in parsed.items() if SCORERS[found["scorer"]].searches]
     if args.train is not None:
         _positive(args, "train")
     elif searches:
