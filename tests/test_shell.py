@@ -3,6 +3,7 @@ pseudo-terminal (pexpect), so that readline, the prompt, Ctrl-D and Ctrl-C are
 the terminal's own."""
 
 import os
+import signal
 import sys
 
 import pexpect
@@ -26,6 +27,13 @@ def tiny_folder(tmp_path_factory):
     return str(folder)
 
 
+def _as_at_a_terminal() -> None:
+    """Ctrl-C interrupts, as at a user's terminal, even when the tests run
+    where SIGINT is ignored and every child inherits that (a background job
+    of a shell without job control: ``nohup … &``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(tmp_path, *args: str, timeout: int = 180) -> pexpect.spawn:
     env = {
         **os.environ,
@@ -39,6 +47,7 @@ def _spawn(tmp_path, *args: str, timeout: int = 180) -> pexpect.spawn:
         encoding="utf-8",
         timeout=timeout,
         dimensions=(40, 160),
+        preexec_fn=_as_at_a_terminal,
     )
     shell.expect_exact(PROMPT)
     return shell
@@ -235,6 +244,7 @@ def test_shell_on_the_default_model(tmp_path):
         encoding="utf-8",
         timeout=600,
         dimensions=(40, 200),
+        preexec_fn=_as_at_a_terminal,
     )
     shell.expect_exact(PROMPT)
     shell.sendline("What is the capital of France?")
